@@ -1,0 +1,166 @@
+"""
+### train_pipeline
+
+One training job through the whole production line:
+
+`validate_spec` → `resolve_dataset` → `validate_data` → `prepare_data` → `train` → `evaluate` → `gate`
+→ `export_onnx` → `register`
+
+The **JobSpec** is this DAG's Params (the trigger form) or the REST `conf`. It is validated once, by the
+first task; an invalid spec fails that task and nothing else runs. The `train` task runs in the GPU pool
+of `resources.gpu_type` and holds `resources.gpus_per_node` slots (set per run by the cluster policy in
+`plugins/airflow_local_settings.py`).
+
+Results: the model version in MLflow (alias `staging`), metrics and curves in MLflow and TensorBoard,
+the ONNX file in the run's directory.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from trainyard.scheduling.resources import pool_name
+from trainyard.spec import JobSpec
+
+DEFAULT = JobSpec().model_dump(mode="json")
+
+PARAM_DOCS = {
+    "name": "Job name; also the registered model's name.",
+    "recipe": "Built-in training recipe.",
+    "dataset": "Dataset store, repository and ref (branch, tag or commit id); the run pins the commit.",
+    "split": "Train/val split: val_fraction and seed (assignment by a hash of each sample key).",
+    "hyperparameters": "epochs, batch_size, learning_rate, momentum, seed.",
+    "resources": "nodes, gpus_per_node (= processes = pool slots), gpu_type (= pool), team, priority.",
+    "gates": "Metric thresholds the model must meet to be exported and registered.",
+    "backends": "launcher, tracking and registry backends.",
+    "export": "ONNX parity tolerances (rtol, atol) and allowed accuracy difference.",
+}
+_TYPES = {str: "string", dict: "object", list: "array"}
+
+default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
+
+
+def _raw_spec() -> tuple[dict, str]:
+    """Params merged with the run's conf (conf wins, unknown keys kept so the spec can refuse them)."""
+    ctx = get_current_context()
+    dag_run = ctx["dag_run"]
+    raw = dict(ctx["params"])
+    raw.update(dag_run.conf or {})
+    return raw, f"{dag_run.dag_id}/{dag_run.run_id}"
+
+
+@dag(
+    dag_id="train_pipeline",
+    schedule=None,
+    catchup=False,
+    max_active_runs=2,
+    default_args=default_args,
+    tags=["trainyard", "training"],
+    doc_md=__doc__,
+    params={
+        key: Param(value, type=_TYPES[type(value)], description=PARAM_DOCS[key], title=key)
+        for key, value in DEFAULT.items()
+    },
+)
+def train_pipeline():
+    @task(retries=0)
+    def validate_spec() -> dict:
+        """Validate the JobSpec; fails at once, naming every bad field."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from trainyard.pipeline import validate_spec as check
+        from trainyard.spec import SpecError
+
+        raw, _ = _raw_spec()
+        try:
+            return check(raw)
+        except SpecError as err:
+            raise AirflowFailException(str(err)) from None
+
+    @task
+    def resolve_dataset(spec: dict) -> dict:
+        """Ingest the built-in source if named, and pin the dataset ref to an immutable commit."""
+        from trainyard.pipeline import resolve_dataset as resolve
+
+        return resolve(spec)
+
+    @task(retries=0)
+    def validate_data(spec: dict, dataset: dict) -> dict:
+        """great-expectations suite over the pinned commit: bad data stops the run here."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from trainyard.pipeline import DataValidationError, validate_data as check
+
+        try:
+            return check(spec, dataset, _raw_spec()[1])
+        except DataValidationError as err:
+            raise AirflowFailException(str(err)) from None
+
+    @task
+    def prepare_data(spec: dict, dataset: dict, _validated: dict) -> dict:
+        """Hash-based train/val split written to LMDB, cached by (commit, split settings)."""
+        from trainyard.pipeline import prepare_data as prepare
+
+        return prepare(spec, dataset)
+
+    @task(pool=pool_name(DEFAULT["resources"]["gpu_type"]), pool_slots=DEFAULT["resources"]["gpus_per_node"])
+    def train(spec: dict, dataset: dict, data: dict) -> dict:
+        """torchrun DDP workers; output streamed here; resumes from the last checkpoint on retry."""
+        from trainyard.pipeline import train as run
+
+        return run(spec, dataset, data, _raw_spec()[1])
+
+    @task
+    def evaluate(spec: dict, trained: dict, data: dict) -> dict:
+        """Metrics on the val split, logged to the MLflow run."""
+        from trainyard.pipeline import evaluate as run
+
+        return run(spec, trained, data)
+
+    @task(retries=0)
+    def gate(spec: dict, metrics: dict) -> dict:
+        """Thresholds from the spec; the full result goes to XCom, a breach fails the run here."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from trainyard.pipeline import gate as check
+
+        result = check(spec, metrics)
+        get_current_context()["ti"].xcom_push(key="gate_result", value=result)
+        if not result["passed"]:
+            raise AirflowFailException(result["message"])
+        return result
+
+    @task
+    def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
+        """ONNX export; onnxruntime must match PyTorch on a fixed batch and on val accuracy."""
+        from trainyard.pipeline import export_onnx as run
+
+        return run(spec, trained, data)
+
+    @task
+    def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict) -> dict:
+        """MLflow model version (signature, input example, lineage tags), alias staging; once per run."""
+        from trainyard.pipeline import register as run
+
+        ctx = get_current_context()
+        run_key = _raw_spec()[1]
+        return run(spec, dataset, trained, exported, metrics, run_key,
+                   extra_tags={"dag_id": ctx["dag_run"].dag_id, "airflow_run_id": ctx["dag_run"].run_id})
+
+    spec = validate_spec()
+    dataset = resolve_dataset(spec)
+    checked = validate_data(spec, dataset)
+    data = prepare_data(spec, dataset, checked)
+    trained = train(spec, dataset, data)
+    metrics = evaluate(spec, trained, data)
+    verdict = gate(spec, metrics)
+    exported = export_onnx(spec, trained, data, verdict)
+    register(spec, dataset, trained, exported, metrics)
+
+
+dag = train_pipeline()
+
+if __name__ == "__main__":
+    dag.test()

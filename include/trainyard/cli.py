@@ -1,0 +1,88 @@
+"""The ``trainyard`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def cmd_pools(args) -> int:
+    from trainyard.scheduling.resources import load_resources, pools
+
+    result = pools(load_resources(args.resources))
+    if args.format == "airflow":
+        print(json.dumps(result, indent=1))
+    else:
+        for name, pool in result.items():
+            print(f"{name:20s} {pool['slots']:4d}  {pool['description']}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from trainyard.pipeline import validate_spec
+    from trainyard.spec import SpecError, load_spec_file
+
+    try:
+        spec = validate_spec(load_spec_file(args.job).model_dump(mode="json"))
+    except SpecError as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(json.dumps(spec, indent=1))
+    return 0
+
+
+def cmd_show(args) -> int:
+    """Where a model's results are: its staging version, metrics, lineage, files and UIs."""
+    from mlflow.exceptions import MlflowException
+
+    from trainyard import paths
+    from trainyard.tracking.mlflow_tracking import client
+
+    c = client()
+    try:
+        mv = c.get_model_version_by_alias(args.model, args.alias)
+    except MlflowException as err:
+        print(f"no version of {args.model!r} has alias {args.alias!r}: {err.message}", file=sys.stderr)
+        return 1
+    run = c.get_run(mv.run_id)
+    tags = mv.tags
+    print(f"model            {mv.name} version {mv.version} (alias {args.alias})")
+    for key in sorted(k for k in tags if k.startswith("metric.")):
+        print(f"  {key[7:]:<15}{tags[key]}")
+    print(f"dataset          {tags.get('dataset.store')}:{tags.get('dataset.repo')}@{tags.get('dataset.commit')}")
+    print(f"code version     {tags.get('code_version')}")
+    print(f"airflow run      {tags.get('dag_run_id')}")
+    print(f"ONNX file        {tags.get('onnx_path')}")
+    print(f"run directory    {tags.get('run_dir')}")
+    print(f"MLflow run       {run.info.run_id} (experiment {run.info.experiment_id})")
+    print(f"MLflow store     {paths.mlflow_tracking_uri()}")
+    print("UIs              make up  (Airflow http://localhost:8080, MLflow http://localhost:5000)")
+    print(f"TensorBoard      tensorboard --logdir {paths.tensorboard_root()}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: AI training on Apache Airflow")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pools", help="the Airflow pools that resources.yaml defines")
+    p.add_argument("--format", choices=["airflow", "table"], default="table")
+    p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
+    p.set_defaults(func=cmd_pools)
+
+    p = sub.add_parser("validate", help="validate a JobSpec YAML file and print it with defaults filled in")
+    p.add_argument("job")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("show", help="where a registered model's results are")
+    p.add_argument("model")
+    p.add_argument("--alias", default="staging")
+    p.set_defaults(func=cmd_show)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

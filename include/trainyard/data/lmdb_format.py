@@ -1,0 +1,83 @@
+"""LMDB record files for training: one record per sample, keyed by the sample key.
+
+Value = 8-byte little-endian label + the image as .npy bytes. ``__keys__`` holds the key order and
+``__meta__`` the dataset metadata, so a reader needs nothing but the file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+_LABEL = struct.Struct("<q")
+
+
+def encode(label: int, image: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, image, allow_pickle=False)
+    return _LABEL.pack(int(label)) + buf.getvalue()
+
+
+def decode(value: bytes, where: str) -> tuple[int, np.ndarray]:
+    if len(value) < _LABEL.size:
+        raise ValueError(f"{where}: record truncated ({len(value)} bytes)")
+    (label,) = _LABEL.unpack_from(value)
+    try:
+        image = np.load(io.BytesIO(value[_LABEL.size :]), allow_pickle=False)
+    except (ValueError, EOFError, OSError) as err:
+        raise ValueError(f"{where}: corrupt image record: {err}") from None
+    return label, image
+
+
+def write(path: str | Path, records: Iterable[tuple[str, int, np.ndarray]], meta: dict) -> int:
+    import lmdb
+
+    path = Path(path)
+    records = list(records)
+    size = sum(r[2].nbytes + 256 for r in records) * 2 + (1 << 20)
+    env = lmdb.open(str(path), map_size=size, subdir=True, lock=False)
+    keys = []
+    with env.begin(write=True) as txn:
+        for key, label, image in records:
+            txn.put(key.encode(), encode(label, image))
+            keys.append(key)
+        txn.put(b"__keys__", json.dumps(keys).encode())
+        txn.put(b"__meta__", json.dumps(meta).encode())
+    env.sync()
+    env.close()
+    return len(keys)
+
+
+def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
+    """All records of a (small) LMDB file as (keys, labels, images stacked, meta)."""
+    import lmdb
+
+    path = Path(path)
+    if not (path / "data.mdb").exists():
+        raise ValueError(f"{path}: not an LMDB dataset (no data.mdb)")
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
+    except lmdb.Error as err:
+        raise ValueError(f"{path}: cannot open LMDB file: {err}") from None
+    with env.begin() as txn:
+        raw_keys = txn.get(b"__keys__")
+        if raw_keys is None:
+            raise ValueError(f"{path}: missing __keys__ record")
+        keys = json.loads(raw_keys)
+        meta = json.loads(txn.get(b"__meta__") or b"{}")
+        labels, images = [], []
+        for key in keys:
+            value = txn.get(key.encode())
+            if value is None:
+                raise ValueError(f"{path}: record {key!r} listed in __keys__ is missing")
+            label, image = decode(value, f"{path} record {key!r}")
+            labels.append(label)
+            images.append(image)
+    env.close()
+    stacked = np.stack(images) if images else np.zeros((0,), dtype=np.uint8)
+    return keys, np.asarray(labels, dtype=np.int64), stacked, meta

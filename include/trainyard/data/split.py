@@ -1,0 +1,27 @@
+"""Deterministic train/val split by a hash of each sample's key.
+
+A sample's split depends only on (seed, key), never on the other samples, so appending data never moves
+an existing sample from one split to another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable
+
+
+def bucket(key: str, seed: int) -> float:
+    """A uniform number in [0, 1) from (seed, key)."""
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def assign(key: str, val_fraction: float, seed: int) -> str:
+    return "val" if bucket(key, seed) < val_fraction else "train"
+
+
+def split_keys(keys: Iterable[str], val_fraction: float, seed: int) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"train": [], "val": []}
+    for key in keys:
+        out[assign(key, val_fraction, seed)].append(key)
+    return out

@@ -1,0 +1,118 @@
+"""Data validation with great-expectations 1.x: a suite file per data kind, run on a pandas profile.
+
+The suite files live in include/config/expectations/<kind>.yaml. String values of the form ``${name}``
+are replaced by typed values from the dataset's own metadata before the suite is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainyard.scheduling.resources import default_config_dir
+
+
+@dataclass
+class CheckResult:
+    expectation: str
+    kwargs: dict
+    success: bool
+    unexpected_count: int | None = None
+    element_count: int | None = None
+    sample: list = field(default_factory=list)
+    observed: object = None
+
+    def line(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.kwargs.items() if k != "batch_id")
+        detail = ""
+        if self.unexpected_count is not None:
+            detail = f": {self.unexpected_count} of {self.element_count} rows fail"
+            if self.sample:
+                detail += f", e.g. {self.sample[:5]}"
+        elif self.observed is not None:
+            detail = f": observed {self.observed}"
+        return f"{self.expectation}({args}){detail}"
+
+
+@dataclass
+class ValidationReport:
+    suite: str
+    success: bool
+    checks: list[CheckResult]
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [c for c in self.checks if not c.success]
+
+    def summary(self) -> str:
+        head = f"suite {self.suite!r}: {len(self.checks) - len(self.failed)}/{len(self.checks)} expectations passed"
+        if self.success:
+            return head
+        return head + "\n" + "\n".join(f"  FAILED {c.line()}" for c in self.failed)
+
+    def to_dict(self) -> dict:
+        return {
+            "suite": self.suite,
+            "success": self.success,
+            "checks": [c.__dict__ for c in self.checks],
+        }
+
+
+def load_suite_config(kind: str, values: dict, config_dir: Path | None = None) -> dict:
+    import yaml
+
+    path = (config_dir or default_config_dir()) / "expectations" / f"{kind}.yaml"
+    if not path.exists():
+        raise ValueError(f"no expectation suite for data kind {kind!r} (looked for {path})")
+    raw = yaml.safe_load(path.read_text())
+
+    def subst(obj):
+        if isinstance(obj, str) and obj.startswith("${") and obj.endswith("}"):
+            name = obj[2:-1]
+            if name not in values:
+                raise ValueError(f"{path}: placeholder {obj} has no value; known: {sorted(values)}")
+            return values[name]
+        if isinstance(obj, list):
+            return [subst(v) for v in obj]
+        if isinstance(obj, dict):
+            return {k: subst(v) for k, v in obj.items()}
+        return obj
+
+    return subst(raw)
+
+
+def validate_dataframe(df, suite_config: dict) -> ValidationReport:
+    """Run a suite over a dataframe with an ephemeral GX context; return every expectation's result."""
+    os.environ.setdefault("TQDM_DISABLE", "1")  # GX's per-metric progress bars flood task logs
+    import great_expectations as gx
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    context = gx.get_context(mode="ephemeral")
+    batch_def = (
+        context.data_sources.add_pandas("trainyard")
+        .add_dataframe_asset("samples")
+        .add_batch_definition_whole_dataframe("all")
+    )
+    suite = gx.ExpectationSuite(name=suite_config["name"])
+    for exp in suite_config["expectations"]:
+        suite.add_expectation(ExpectationConfiguration(type=exp["type"], kwargs=exp["kwargs"]).to_domain_obj())
+    suite = context.suites.add(suite)
+    definition = context.validation_definitions.add(gx.ValidationDefinition(name="check", data=batch_def, suite=suite))
+    result = definition.run(batch_parameters={"dataframe": df}, result_format="SUMMARY")
+    checks = []
+    for r in result.results:
+        res = r.result or {}
+        checks.append(
+            CheckResult(
+                expectation=r.expectation_config.type,
+                kwargs={k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"},
+                success=bool(r.success),
+                unexpected_count=res.get("unexpected_count"),
+                element_count=res.get("element_count"),
+                sample=json.loads(json.dumps(res.get("partial_unexpected_list") or [], default=str)),
+                observed=json.loads(json.dumps(res.get("observed_value"), default=str)),
+            )
+        )
+    return ValidationReport(suite=suite_config["name"], success=bool(result.success), checks=checks)

@@ -1,0 +1,32 @@
+"""Classification metrics on a prepared split."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def predict(model, x, batch: int = 512) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return np.concatenate([model(x[i : i + batch]).numpy() for i in range(0, len(x), batch)])
+
+
+def classification_metrics(logits: np.ndarray, labels: np.ndarray, prefix: str = "val") -> dict[str, float]:
+    from sklearn.metrics import accuracy_score, f1_score
+
+    pred = logits.argmax(axis=1)
+    return {
+        f"{prefix}_accuracy": float(accuracy_score(labels, pred)),
+        f"{prefix}_macro_f1": float(f1_score(labels, pred, average="macro")),
+        f"{prefix}_samples": float(len(labels)),
+    }
+
+
+def evaluate_model(model_path: str, lmdb_path: str, prefix: str = "val") -> dict[str, float]:
+    from trainyard.data import lmdb_format
+    from trainyard.training.model import load_model, to_input
+
+    _, labels, images, meta = lmdb_format.read(lmdb_path)
+    logits = predict(load_model(model_path), to_input(images, meta["pixel_max"]))
+    return classification_metrics(logits, labels, prefix)

@@ -1,0 +1,39 @@
+"""Where trainyard keeps its state. Everything derives from TRAINYARD_HOME (default: ./var)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def home() -> Path:
+    return Path(os.environ.get("TRAINYARD_HOME", Path.cwd() / "var")).resolve()
+
+
+def store_root() -> Path:
+    return home() / "datasets"
+
+
+def cache_root() -> Path:
+    return home() / "cache"
+
+
+def runs_root() -> Path:
+    return home() / "runs"
+
+
+def tensorboard_root() -> Path:
+    return home() / "tensorboard"
+
+
+def mlflow_tracking_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    db = home() / "mlflow" / "mlflow.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{db}"
+
+
+def mlflow_artifact_root() -> str:
+    return (home() / "mlflow" / "artifacts").as_uri()

@@ -1,0 +1,278 @@
+"""The steps of train_pipeline as plain functions: JSON-able dicts in, JSON-able dicts out.
+
+The DAG only wires these together; tests and the CLI call them directly. Every step reads pinned inputs
+(a dataset commit, a model file) and writes under a key derived from them, so re-running a step never
+duplicates anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from trainyard import paths
+from trainyard.spec import JobSpec, SpecError, parse_spec, safe_key
+
+log = logging.getLogger(__name__)
+
+
+class DataValidationError(Exception):
+    """The dataset failed its expectation suite; the message lists every failed expectation."""
+
+
+class GateFailed(Exception):
+    """The model missed a threshold; the message lists every breach and by how much."""
+
+
+class ExportFailed(Exception):
+    """ONNX and PyTorch disagree beyond tolerance."""
+
+
+def _spec(spec: dict) -> JobSpec:
+    return JobSpec.model_validate(spec)
+
+
+def run_dir(spec: dict, run_key: str) -> Path:
+    d = paths.runs_root() / spec["name"] / safe_key(run_key)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# -- 1. spec ---------------------------------------------------------------------------------------------
+def validate_spec(raw: dict) -> dict:
+    """Parse and check a raw spec (Params merged with conf); raise SpecError naming every bad field."""
+    from trainyard.scheduling.resources import check_spec, load_resources
+
+    spec = parse_spec(raw)
+    check_spec(spec, load_resources())
+    return spec.model_dump(mode="json")
+
+
+# -- 2. data -----------------------------------------------------------------------------------------------
+def _store(kind: str):
+    from trainyard.data.store import LocalStore
+
+    if kind != "local":
+        raise SpecError(f"invalid JobSpec:\n  dataset.store: {kind!r} is not available; allowed: ['local']")
+    return LocalStore(paths.store_root())
+
+
+def resolve_dataset(spec: dict) -> dict:
+    """Ingest the built-in source if the spec names one, then pin the ref to an immutable commit id."""
+    from trainyard.data.classification import ingest_digits
+    from trainyard.data.store import tree_digest
+
+    ds = spec["dataset"]
+    store = _store(ds["store"])
+    if ds["source"] == "sklearn_digits":
+        commit = ingest_digits(store, ds["repo"], branch="main")
+        log.info("ingested sklearn digits into %s: commit %s", ds["repo"], commit.id)
+    commit_id = store.resolve(ds["repo"], ds["ref"])
+    digest = tree_digest(store.list(ds["repo"], commit_id))
+    files = len(store.list(ds["repo"], commit_id))
+    log.info("dataset %s@%s pinned to commit %s (%d files, digest %s)", ds["repo"], ds["ref"], commit_id, files, digest[:12])
+    return {"store": store.kind, "repo": ds["repo"], "ref": ds["ref"], "commit": commit_id, "digest": digest, "files": files}
+
+
+def checkout(dataset: dict) -> Path:
+    """The commit's files on local disk (immutable, so cached by commit id)."""
+    dest = paths.cache_root() / "checkouts" / dataset["repo"] / dataset["commit"]
+    return _store(dataset["store"]).export(dataset["repo"], dataset["commit"], dest)
+
+
+def validate_data(spec: dict, dataset: dict, run_key: str) -> dict:
+    from trainyard.data.classification import load_classification, profile
+    from trainyard.data.validation import load_suite_config, validate_dataframe
+
+    data = load_classification(checkout(dataset))
+    n = len(data.meta["classes"])
+    suite = load_suite_config(
+        "image_classification",
+        {
+            "max_label": n - 1,
+            "all_labels": list(range(n)),
+            "height": data.meta["height"],
+            "width": data.meta["width"],
+            "pixel_max": data.meta["pixel_max"],
+        },
+    )
+    report = validate_dataframe(profile(data), suite)
+    out = run_dir(spec, run_key) / "validation.json"
+    out.write_text(json.dumps(report.to_dict(), indent=1, default=str))
+    log.info("%s (report: %s)", report.summary(), out)
+    if not report.success:
+        raise DataValidationError(f"dataset {dataset['repo']}@{dataset['commit'][:12]} failed validation, "
+                                  f"training skipped.\n{report.summary()}")
+    return {"success": True, "report": str(out), "checks": len(report.checks)}
+
+
+def prepare_data(spec: dict, dataset: dict) -> dict:
+    from trainyard.data.prepare import prepare_classification
+
+    split = spec["split"]
+    manifest = prepare_classification(
+        checkout(dataset), dataset["commit"], paths.cache_root() / "prepared", split["val_fraction"], split["seed"]
+    )
+    log.info("prepared %s (%s): %s", manifest["path"], "cache hit" if manifest["cached"] else "built", manifest["counts"])
+    return manifest
+
+
+# -- 3. training -------------------------------------------------------------------------------------------
+def start_tracking(spec: dict, dataset: dict, run_key: str, tags: dict[str, str] | None = None) -> str:
+    from trainyard.tracking import mlflow_tracking as mt
+
+    c = mt.client()
+    run_id = mt.ensure_run(
+        c,
+        experiment=spec["name"],
+        run_key=run_key,
+        run_name=safe_key(run_key),
+        tags={
+            "dataset.store": dataset["store"],
+            "dataset.repo": dataset["repo"],
+            "dataset.commit": dataset["commit"],
+            "dataset.digest": dataset["digest"],
+            "code_version": mt.code_version(),
+            **(tags or {}),
+        },
+    )
+    mt.log_params(c, run_id, {k: spec[k] for k in ("recipe", "hyperparameters", "resources", "split")})
+    return run_id
+
+
+def train(spec: dict, dataset: dict, data: dict, run_key: str, on_line: Callable[[str], None] | None = None) -> dict:
+    """torchrun with ``resources.gpus_per_node`` processes; resumes from the run's newest checkpoint."""
+    from trainyard.scheduling.resources import load_resources, run_cost
+    from trainyard.training.launchers import local
+    from trainyard.training.trainer import RunConfig
+
+    s = _spec(spec)
+    out_dir = run_dir(spec, run_key)
+    mlflow_run_id = start_tracking(spec, dataset, run_key)
+    cfg = RunConfig(
+        spec=spec,
+        data=data,
+        out_dir=str(out_dir),
+        tracking_uri=paths.mlflow_tracking_uri(),
+        mlflow_run_id=mlflow_run_id,
+        tensorboard_dir=str(paths.tensorboard_root() / spec["name"] / safe_key(run_key)),
+    )
+    cfg_path = out_dir / "run_config.json"
+    cfg_path.write_text(json.dumps(cfg.__dict__, indent=1))
+    nproc = s.resources.gpus_per_node
+    argv = local.torchrun_argv(nproc, str(cfg_path))
+    log.info("launching: %s", " ".join(argv))
+    started = time.time()
+    local.run(argv, env=local.worker_env(nproc), on_line=on_line or (lambda line: log.info("%s", line)))
+    seconds = time.time() - started
+    result = json.loads((out_dir / "train_result.json").read_text())
+    cost = run_cost(load_resources(), s.resources.gpu_type, s.resources.total_gpus, seconds)
+    from trainyard.tracking import mlflow_tracking as mt
+
+    mt.client().log_metric(mlflow_run_id, "run_cost", cost)
+    return {
+        **result,
+        "mlflow_run_id": mlflow_run_id,
+        "run_dir": str(out_dir),
+        "wall_seconds": round(seconds, 3),
+        "cost": cost,
+        "tensorboard_dir": cfg.tensorboard_dir,
+    }
+
+
+# -- 4. evaluation and gate --------------------------------------------------------------------------------
+def evaluate(spec: dict, trained: dict, data: dict) -> dict:
+    from trainyard.evaluation.classification import evaluate_model
+    from trainyard.tracking import mlflow_tracking as mt
+
+    metrics = evaluate_model(trained["model_path"], data["val"], prefix="val")
+    c = mt.client()
+    for k, v in metrics.items():
+        c.log_metric(trained["mlflow_run_id"], f"eval_{k}", v)
+    log.info("evaluation: %s", metrics)
+    return metrics
+
+
+def gate(spec: dict, metrics: dict) -> dict:
+    """Return the full gate result; the caller fails the run if ``passed`` is false."""
+    from trainyard.evaluation.gate import evaluate_gate
+
+    result = evaluate_gate(metrics, spec["gates"])
+    return {**result.to_dict(), "message": result.message()}
+
+
+# -- 5. export and registry --------------------------------------------------------------------------------
+def export_onnx(spec: dict, trained: dict, data: dict) -> dict:
+    import numpy as np
+
+    from trainyard.data import lmdb_format
+    from trainyard.evaluation.classification import classification_metrics, predict
+    from trainyard.export.onnx_export import check_parity, export, onnx_predict
+    from trainyard.training.model import load_model, to_input
+
+    tol = spec["export"]
+    model = load_model(trained["model_path"])
+    _, labels, images, meta = lmdb_format.read(data["val"])
+    x = to_input(images, meta["pixel_max"])
+    onnx_path = export(model, x[:2], Path(trained["run_dir"]) / "model.onnx")
+
+    fixed = x[:64]
+    parity = check_parity(predict(model, fixed), onnx_predict(onnx_path, fixed.numpy()), tol["rtol"], tol["atol"])
+    acc_torch = classification_metrics(predict(model, x), labels)["val_accuracy"]
+    acc_onnx = classification_metrics(onnx_predict(onnx_path, x.numpy()), labels)["val_accuracy"]
+    out = {
+        "onnx_path": str(onnx_path),
+        "parity": parity.to_dict(),
+        "val_accuracy_torch": acc_torch,
+        "val_accuracy_onnx": acc_onnx,
+        "input_example": np.asarray(fixed[:1].numpy()).tolist(),
+    }
+    log.info("ONNX parity on %d outputs: max |diff| %.3g, mismatched %d; accuracy torch %.4f onnx %.4f",
+             parity.total, parity.max_abs_diff, parity.mismatched, acc_torch, acc_onnx)
+    problems = []
+    if not parity.passed:
+        problems.append(f"{parity.mismatched}/{parity.total} outputs differ beyond rtol={parity.rtol} atol={parity.atol} "
+                        f"(max abs diff {parity.max_abs_diff:.3g})")
+    if abs(acc_torch - acc_onnx) > tol["accuracy_tolerance"]:
+        problems.append(f"val_accuracy onnx {acc_onnx:.4f} != torch {acc_torch:.4f} "
+                        f"(tolerance {tol['accuracy_tolerance']})")
+    if problems:
+        raise ExportFailed("ONNX export rejected: " + "; ".join(problems))
+    return out
+
+
+def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict, run_key: str,
+             extra_tags: dict[str, str] | None = None) -> dict:
+    import numpy as np
+
+    from trainyard.registry.mlflow_registry import register_onnx
+    from trainyard.tracking import mlflow_tracking as mt
+
+    tags = {
+        "dataset.store": dataset["store"],
+        "dataset.repo": dataset["repo"],
+        "dataset.commit": dataset["commit"],
+        "dataset.digest": dataset["digest"],
+        "code_version": mt.code_version(),
+        "recipe": spec["recipe"],
+        "params": json.dumps(spec["hyperparameters"], sort_keys=True),
+        "onnx_path": exported["onnx_path"],
+        "run_dir": trained["run_dir"],
+        **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()},
+        **(extra_tags or {}),
+    }
+    info = register_onnx(
+        mt.client(),
+        model_name=spec["name"],
+        run_id=trained["mlflow_run_id"],
+        run_key=run_key,
+        onnx_path=exported["onnx_path"],
+        extra_artifacts={"pytorch": trained["model_path"]},
+        input_example=np.asarray(exported["input_example"], dtype=np.float32),
+        tags=tags,
+    )
+    log.info("registered %s version %s (%s)", info["name"], info["version"], "new" if info["created"] else "existing")
+    return info

@@ -1,0 +1,68 @@
+"""MLflow Model Registry: one version per DAG run, with signature, input example and lineage tags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from trainyard.tracking.mlflow_tracking import quote
+
+RUN_TAG = "dag_run_id"
+
+
+def find_version(c, model_name: str, run_key: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = c.search_model_versions(f"name = {quote(model_name)} and tags.{RUN_TAG} = {quote(run_key)}")
+    except MlflowException:
+        return None
+    return found[0] if found else None
+
+
+def register_onnx(
+    c,
+    *,
+    model_name: str,
+    run_id: str,
+    run_key: str,
+    onnx_path: str | Path,
+    extra_artifacts: dict[str, str | Path],
+    input_example: np.ndarray,
+    tags: dict[str, str],
+    alias: str = "staging",
+) -> dict:
+    """Log the ONNX model to ``run_id`` and register it as a version of ``model_name``.
+
+    If this DAG run already has a version (a retry, or a re-run of the task), that version is returned
+    and nothing new is created."""
+    import mlflow
+    import onnx
+    from mlflow.exceptions import MlflowException
+    from mlflow.models import infer_signature
+
+    existing = find_version(c, model_name, run_key)
+    if existing is not None:
+        c.set_registered_model_alias(model_name, alias, existing.version)
+        return {"name": model_name, "version": int(existing.version), "created": False, "source": existing.source}
+
+    from trainyard.export.onnx_export import onnx_predict
+
+    signature = infer_signature(input_example, onnx_predict(onnx_path, input_example))
+    mlflow.set_tracking_uri(c.tracking_uri)
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.onnx.log_model(
+            onnx.load(str(onnx_path)), name="model", signature=signature, input_example=input_example
+        )
+        for subdir, path in extra_artifacts.items():
+            mlflow.log_artifact(str(path), artifact_path=subdir)
+    try:
+        c.create_registered_model(model_name, description="trained and registered by trainyard")
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    # The run tag goes in with the version itself, so no crash can leave an untagged duplicate.
+    mv = c.create_model_version(model_name, source=info.model_uri, run_id=run_id, tags={RUN_TAG: run_key, **tags})
+    c.set_registered_model_alias(model_name, alias, mv.version)
+    return {"name": model_name, "version": int(mv.version), "created": True, "source": info.model_uri}

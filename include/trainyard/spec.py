@@ -1,0 +1,164 @@
+"""JobSpec: the single source of truth for one training job.
+
+It enters as Airflow DAG Params (the UI form), as the REST ``conf``, or from a YAML file, is validated
+once by the first task and then passed as a plain dict to every later task.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+RECIPES = ("digits_cnn",)
+NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+class SpecError(ValueError):
+    """An invalid JobSpec; the message names every bad field and what is allowed."""
+
+
+class _Model(BaseModel):
+    # Unknown keys are typos far more often than intent: refuse them so the user hears about it.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetRef(_Model):
+    """Which dataset, and which version of it, the job trains on."""
+
+    store: Literal["local"] = "local"
+    repo: str = Field("digits", pattern=NAME_RE)
+    ref: str = Field("main", min_length=1, description="branch, tag or commit id; resolved to a commit")
+    source: Literal["sklearn_digits", "none"] = Field(
+        "sklearn_digits",
+        description="built-in source ingested into the store before resolving; 'none' = the data is already there",
+    )
+
+
+class SplitSpec(_Model):
+    """Deterministic split by a hash of each sample's key."""
+
+    val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    seed: int = Field(0, ge=0)
+
+
+class Hyperparameters(_Model):
+    epochs: int = Field(3, ge=1, le=1000)
+    batch_size: int = Field(64, ge=1, le=65536)
+    learning_rate: float = Field(0.05, gt=0.0, le=10.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    seed: int = Field(42, ge=0)
+
+
+class Resources(_Model):
+    """What the job needs. ``gpus_per_node`` is also the local process count, the Airflow pool_slots
+    of the train task and, on Kubernetes, the pod's ``nvidia.com/gpu`` limit."""
+
+    nodes: int = Field(1, ge=1, le=1)  # multi-node arrives with the Kubernetes launcher
+    gpus_per_node: int = Field(2, ge=1, le=64)
+    gpu_type: str = Field("cpu", pattern=NAME_RE, description="a key of resources.yaml gpu_types")
+    team: str = Field("default", pattern=NAME_RE)
+    priority: int = Field(1, ge=1, le=1000, description="Airflow priority_weight of the train task")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class Threshold(_Model):
+    """One gate: ``metric`` must be >= min and/or <= max."""
+
+    metric: str = Field(pattern=r"^[a-z0-9_]+$")
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _has_bound(self) -> "Threshold":
+        if self.min is None and self.max is None:
+            raise ValueError(f"gate on {self.metric!r} needs min or max")
+        return self
+
+
+class Backends(_Model):
+    launcher: Literal["local"] = "local"
+    tracking: Literal["mlflow"] = "mlflow"
+    registry: Literal["mlflow"] = "mlflow"
+
+
+class ExportSpec(_Model):
+    rtol: float = Field(1e-3, gt=0.0)
+    atol: float = Field(1e-5, gt=0.0)
+    # ONNX and PyTorch must agree on val accuracy to within this (0 = identical).
+    accuracy_tolerance: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class JobSpec(_Model):
+    name: str = Field("digits", pattern=NAME_RE, description="job name; also the registered model name")
+    recipe: Literal[RECIPES] = "digits_cnn"  # type: ignore[valid-type]
+    dataset: DatasetRef = DatasetRef()
+    split: SplitSpec = SplitSpec()
+    hyperparameters: Hyperparameters = Hyperparameters()
+    resources: Resources = Resources()
+    gates: tuple[Threshold, ...] = (Threshold(metric="val_accuracy", min=0.9),)
+    backends: Backends = Backends()
+    export: ExportSpec = ExportSpec()
+
+    @field_validator("gates")
+    @classmethod
+    def _unique_gates(cls, gates: tuple[Threshold, ...]) -> tuple[Threshold, ...]:
+        seen = [g.metric for g in gates]
+        dupes = sorted({m for m in seen if seen.count(m) > 1})
+        if dupes:
+            raise ValueError(f"one gate per metric; repeated: {dupes}")
+        return gates
+
+    @property
+    def model_name(self) -> str:
+        return self.name
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(spec)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
+            msg = f"must be one of {e['ctx']['expected']}"
+        lines.append(f"{loc}: {msg} (got {e.get('input')!r})" if e["type"] != "missing" else f"{loc}: required")
+    return "invalid JobSpec:\n  " + "\n  ".join(lines)
+
+
+def parse_spec(data: dict[str, Any] | None) -> JobSpec:
+    """Validate a raw dict (Params, REST conf, YAML) into a JobSpec, or raise SpecError naming the fields."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"invalid JobSpec: expected a mapping, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_format_errors(err)) from None
+
+
+def load_spec_file(path: str) -> JobSpec:
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        return parse_spec(yaml.safe_load(fh))
+
+
+def spec_digest(spec: JobSpec) -> str:
+    """Short stable digest of a spec, for keys derived from inputs."""
+    import hashlib
+    import json
+
+    raw = json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def safe_key(text: str) -> str:
+    """A filesystem-safe form of an identifier such as an Airflow run id."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:200]

@@ -1,0 +1,74 @@
+"""MLflow runs keyed by the Airflow DAG run, so retries reuse the same MLflow run."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from trainyard import paths
+
+RUN_KEY_TAG = "trainyard.dag_run_id"
+
+
+def client(tracking_uri: str | None = None):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri or paths.mlflow_tracking_uri())
+
+
+def quote(value: str) -> str:
+    """A value for an MLflow filter string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def experiment_id(c, name: str) -> str:
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return c.create_experiment(name, artifact_location=f"{paths.mlflow_artifact_root()}/{name}")
+    except MlflowException:  # created concurrently by another task
+        return c.get_experiment_by_name(name).experiment_id
+
+
+def ensure_run(c, experiment: str, run_key: str, run_name: str, tags: dict[str, str]) -> str:
+    """The MLflow run for ``run_key`` (an Airflow dag_id/run_id), created on first call only."""
+    exp_id = experiment_id(c, experiment)
+    found = c.search_runs([exp_id], filter_string=f"tags.`{RUN_KEY_TAG}` = {quote(run_key)}", max_results=1)
+    if found:
+        return found[0].info.run_id
+    run = c.create_run(exp_id, run_name=run_name, tags={RUN_KEY_TAG: run_key, **tags})
+    return run.info.run_id
+
+
+def log_params(c, run_id: str, params: dict) -> None:
+    """Flattened params (``hyperparameters.epochs``); existing equal values are left alone."""
+    from mlflow.entities import Param
+
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, obj) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = str(obj)[:6000]
+
+    walk("", params)
+    existing = c.get_run(run_id).data.params
+    todo = [Param(k, v) for k, v in flat.items() if k not in existing]
+    for i in range(0, len(todo), 100):
+        c.log_batch(run_id, params=todo[i : i + 100])
+
+
+def code_version(repo_dir: str | Path | None = None) -> str:
+    """The git commit of the code that runs (with '-dirty' for uncommitted changes), or 'unknown'."""
+    cwd = Path(repo_dir) if repo_dir else Path(__file__).resolve().parents[3]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"

@@ -1,0 +1,45 @@
+"""Per-run GPU reservation: route a training task to the pool, slots and priority its JobSpec asks for.
+
+Airflow fixes ``pool`` and ``pool_slots`` when a DAG is parsed, but a JobSpec arrives per run (trigger
+form, REST ``conf``). Airflow's ``task_instance_mutation_hook`` runs in the scheduler when task instances
+are created, with the run at hand, so it is where ``resources.gpu_type`` becomes the pool,
+``resources.nodes x gpus_per_node`` the pool_slots (a gang reservation: all of the job's GPUs or none)
+and ``resources.priority`` the priority_weight.
+
+It touches only tasks already placed in a GPU pool (``gpu-*``) by their DAG, and only when the run's
+conf carries ``resources``; an invalid conf is left alone, because the first task rejects it with a
+message naming the field.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def reservation(conf: dict | None) -> tuple[str, int, int] | None:
+    """(pool, pool_slots, priority_weight) for a run's conf, or None to keep the DAG's own values."""
+    from pydantic import ValidationError
+
+    from trainyard.scheduling.resources import pool_name
+    from trainyard.spec import Resources
+
+    if not isinstance(conf, dict) or not isinstance(conf.get("resources"), dict):
+        return None
+    try:
+        res = Resources.model_validate(conf["resources"])
+    except ValidationError:
+        return None
+    return pool_name(res.gpu_type), res.total_gpus, res.priority
+
+
+def task_instance_mutation_hook(task_instance, dag_run=None) -> None:
+    from trainyard.scheduling.resources import POOL_PREFIX
+
+    if dag_run is None or not (task_instance.pool or "").startswith(POOL_PREFIX):
+        return
+    found = reservation(getattr(dag_run, "conf", None))
+    if found is None:
+        return
+    task_instance.pool, task_instance.pool_slots, task_instance.priority_weight = found

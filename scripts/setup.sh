@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) set-up of a fresh machine: venv, packages, Airflow config, database, pools.
+# Every `make` target that needs the environment runs this first; re-runs take a few seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+VENV=$REPO/.venv
+export AIRFLOW_HOME=${AIRFLOW_HOME:-$REPO/.airflow}
+export TRAINYARD_HOME=${TRAINYARD_HOME:-$REPO/var}
+
+log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating virtualenv $VENV ($($PY --version))"
+  "$PY" -m venv "$VENV"
+fi
+stamp=$VENV/.installed
+if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  log "installing requirements (about 3 minutes on a fresh machine)"
+  # pip prints a warning per package for this machine's empty local indexes; keep the log readable.
+  "$VENV/bin/pip" install --disable-pip-version-check -q -r requirements.txt -c constraints.txt 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps -e . 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  "$VENV/bin/pip" check
+  touch "$stamp"
+fi
+export PATH=$VENV/bin:$PATH
+
+"$VENV/bin/python" scripts/render_airflow_cfg.py
+log "migrating the Airflow database"
+airflow db migrate >"$AIRFLOW_HOME/db-migrate.log" 2>&1 || { cat "$AIRFLOW_HOME/db-migrate.log"; exit 1; }
+log "creating pools from include/config/resources.yaml"
+trainyard pools --format airflow >"$AIRFLOW_HOME/pools.json"
+airflow pools import "$AIRFLOW_HOME/pools.json" >/dev/null
+mkdir -p "$TRAINYARD_HOME"
+log "ready: AIRFLOW_HOME=$AIRFLOW_HOME TRAINYARD_HOME=$TRAINYARD_HOME"

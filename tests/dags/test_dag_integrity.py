@@ -1,0 +1,102 @@
+"""Every DAG file imports cleanly, fast, without heavy libraries or connections at parse time."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_FILES = sorted((REPO / "dags").glob("*.py"))
+HEAVY = ["torch", "mlflow", "great_expectations", "onnx", "onnxruntime", "sklearn", "lmdb", "pandas",
+         "numpy", "pycocotools", "sacrebleu", "lakefs", "kubernetes", "tensorboard"]
+
+PROBE = r"""
+import json, sys, time
+import airflow.sdk  # the DAG's own top-level import; its cost is Airflow's, not the DAG file's
+from airflow.models.connection import Connection
+from airflow.sdk import Variable
+calls = []
+Connection.get_connection_from_secrets = classmethod(lambda cls, *a, **k: calls.append("connection"))
+Variable.get = staticmethod(lambda *a, **k: calls.append("variable"))
+before = set(sys.modules)
+t0 = time.perf_counter()
+from airflow.dag_processing.dagbag import DagBag
+t1 = time.perf_counter()
+bag = DagBag(dag_folder=sys.argv[1], include_examples=False)
+seconds = time.perf_counter() - t1
+dags = {d: {"owners": [t.owner for t in dag.tasks], "tags": sorted(dag.tags), "doc": bool(dag.doc_md),
+            "retries": {t.task_id: t.retries for t in dag.tasks}, "pools": {t.task_id: [t.pool, t.pool_slots] for t in dag.tasks},
+            "file": dag.fileloc}
+        for d, dag in bag.dags.items()}
+print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "seconds": seconds,
+                  "modules": sorted(set(sys.modules) - before), "dags": dags, "calls": calls}))
+"""
+
+
+@pytest.fixture(scope="module", params=DAG_FILES, ids=lambda p: p.name)
+def parsed(request):
+    out = subprocess.run([sys.executable, "-c", PROBE, str(request.param)], capture_output=True, text=True, check=True)
+    return request.param, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_there_are_dags():
+    assert DAG_FILES
+
+
+def test_imports_without_errors(parsed):
+    _, info = parsed
+    assert info["errors"] == {}
+    assert info["dags"], "no DAG found"
+
+
+def test_one_dag_per_file_named_after_it(parsed):
+    path, info = parsed
+    assert list(info["dags"]) == [path.stem]
+
+
+def test_parses_fast_without_heavy_imports(parsed):
+    _, info = parsed
+    assert info["seconds"] < 0.5, f"parse took {info['seconds']:.2f}s"
+    heavy = sorted({m.split(".")[0] for m in info["modules"]} & set(HEAVY))
+    assert heavy == [], f"heavy modules imported at parse time: {heavy}"
+
+
+def test_no_connections_or_variables_at_parse(parsed):
+    _, info = parsed
+    assert info["calls"] == []
+
+
+def test_owner_tags_docs_retries(parsed):
+    _, info = parsed
+    for dag_id, dag in info["dags"].items():
+        assert all(o and o != "airflow" for o in dag["owners"]), dag_id
+        assert dag["tags"], dag_id
+        assert dag["doc"], dag_id
+        assert any(r >= 1 for r in dag["retries"].values()), f"{dag_id}: no task retries"
+
+
+def test_every_pool_exists_in_resources(parsed):
+    from trainyard.scheduling.resources import load_resources, pools
+
+    _, info = parsed
+    known = set(pools(load_resources())) | {"default_pool"}
+    resources = load_resources()
+    for dag_id, dag in info["dags"].items():
+        for task_id, (pool, slots) in dag["pools"].items():
+            assert pool in known, f"{dag_id}.{task_id}: pool {pool!r} is not in resources.yaml"
+            if pool != "default_pool":
+                size = resources.gpu_types[pool.removeprefix("gpu-")].count
+                assert slots <= size, f"{dag_id}.{task_id}: {slots} slots > pool size {size}"
+
+
+def test_top_level_imports_are_light():
+    allowed = ("airflow.sdk", "trainyard", "__future__", "datetime", "pathlib", "os", "json", "typing")
+    for path in DAG_FILES:
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                assert mod.startswith(allowed), f"{path.name}: top-level import of {mod}"

@@ -1,0 +1,11 @@
+import pytest
+
+SMALL = {
+    "hyperparameters": {"epochs": 2, "batch_size": 64, "learning_rate": 0.05, "seed": 3},
+    "gates": [{"metric": "val_accuracy", "min": 0.85}],
+}
+
+
+@pytest.fixture
+def small_spec():
+    return {k: (v.copy() if isinstance(v, dict) else list(v)) for k, v in SMALL.items()}

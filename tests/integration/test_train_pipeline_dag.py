@@ -1,0 +1,138 @@
+"""train_pipeline through Airflow (`dag.test()`): real tasks, real torchrun, real MLflow."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dag():
+    if not os.environ.get("AIRFLOW_HOME"):
+        pytest.fail("AIRFLOW_HOME is not set: run the suite with `make test`")
+    sys.path.insert(0, str(REPO / "dags"))
+    from train_pipeline import dag as the_dag
+
+    return the_dag
+
+
+def _states(dr):
+    return {ti.task_id: ti.state for ti in dr.get_task_instances()}
+
+
+def _xcoms(dr) -> dict:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(XComModel).filter_by(dag_id=dr.dag_id, run_id=dr.run_id, key="return_value").all()
+        return {r.task_id: XComModel.deserialize_value(r) for r in rows}
+
+
+def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec):
+    from trainyard import pipeline
+    from trainyard.tracking.mlflow_tracking import client
+
+    dr = dag.test(run_conf=small_spec)
+    states = _states(dr)
+    assert dr.state == "success", states
+    assert set(states.values()) == {"success"}
+
+    c = client()
+    versions = c.search_model_versions("name = 'digits'")
+    assert len(versions) == 1
+    mv = c.get_model_version_by_alias("digits", "staging")
+    tags = mv.tags
+    run_key = f"train_pipeline/{dr.run_id}"
+    assert tags["dag_run_id"] == run_key
+    assert len(tags["dataset.commit"]) == 64 and tags["dataset.store"] == "local"
+    assert tags["code_version"] != ""
+    assert '"epochs": 2' in tags["params"]
+    assert float(tags["metric.val_accuracy"]) >= 0.85
+
+    onnx_path = Path(tags["onnx_path"])
+    assert onnx_path.is_file() and onnx_path.stat().st_size > 10_000
+
+    # The registered model carries a signature and an input example.
+    from mlflow.models import get_model_info
+
+    info = get_model_info(mv.source)
+    assert info.signature is not None and info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"] == [-1, 1, 8, 8]
+    assert info.saved_input_example_info is not None
+
+    run = c.get_run(mv.run_id)
+    assert run.data.tags["dataset.commit"] == tags["dataset.commit"]
+    assert run.data.params["hyperparameters.epochs"] == "2"
+    loss = c.get_metric_history(mv.run_id, "train_loss")
+    assert len(loss) >= 2 * 6 and loss[-1].value < loss[0].value  # per step, and it learned
+    assert len(c.get_metric_history(mv.run_id, "train_lr")) == len(loss)
+    assert c.get_metric_history(mv.run_id, "val_accuracy")
+    assert list((trainyard_home / "tensorboard").rglob("events.out.tfevents.*"))
+
+    # A retry of register for the same DAG run creates no second version.
+    x = _xcoms(dr)
+    again = pipeline.register(x["validate_spec"], x["resolve_dataset"], x["train"], x["export_onnx"], x["evaluate"], run_key)
+    assert again == {**again, "version": int(mv.version), "created": False}
+    assert len(c.search_model_versions("name = 'digits'")) == 1
+
+    # prepare_data is cached by (commit, split settings).
+    assert pipeline.prepare_data(x["validate_spec"], x["resolve_dataset"])["cached"] is True
+
+
+def test_failing_gate_stops_before_export(dag, trainyard_home, small_spec):
+    from trainyard.tracking.mlflow_tracking import client
+
+    small_spec["hyperparameters"]["epochs"] = 1
+    small_spec["gates"] = [{"metric": "val_accuracy", "min": 0.9999}, {"metric": "val_macro_f1", "min": 0.9999}]
+    dr = dag.test(run_conf=small_spec)
+    states = _states(dr)
+    assert dr.state == "failed"
+    assert states["train"] == "success" and states["gate"] == "failed"
+    assert states["export_onnx"] == "upstream_failed" and states["register"] == "upstream_failed"
+    gate = _xcoms_key(dr, "gate", "gate_result")
+    assert not gate["passed"] and [c["metric"] for c in gate["checks"] if not c["passed"]] == ["val_accuracy", "val_macro_f1"]
+    assert "val_accuracy" in gate["message"] and "FAILED by" in gate["message"]
+    assert client().search_registered_models() == []
+
+
+def _xcoms_key(dr, task_id, key):
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.query(XComModel).filter_by(dag_id=dr.dag_id, run_id=dr.run_id, task_id=task_id, key=key).one()
+        return XComModel.deserialize_value(row)
+
+
+def test_invalid_spec_fails_first_task_only(dag, trainyard_home):
+    dr = dag.test(run_conf={"hyperparameters": {"epochs": 0}})
+    states = _states(dr)
+    assert dr.state == "failed"
+    assert states["validate_spec"] == "failed"
+    assert {s for t, s in states.items() if t != "validate_spec"} == {"upstream_failed"}
+
+
+def test_bad_data_never_reaches_training(dag, trainyard_home):
+    import numpy as np
+
+    from trainyard.data.classification import digits_files
+    from trainyard.data.store import LocalStore
+
+    files = digits_files()
+    labels = files["labels.csv"].decode().splitlines()
+    labels[5] = labels[5].split(",")[0] + ",42"  # a label out of range
+    files["labels.csv"] = ("\n".join(labels) + "\n").encode()
+    store = LocalStore(trainyard_home / "datasets")
+    store.create_repo("broken")
+    store.upload_many("broken", "main", files)
+    store.commit("broken", "main", "bad labels")
+
+    dr = dag.test(run_conf={"dataset": {"repo": "broken", "ref": "main", "source": "none"}})
+    states = _states(dr)
+    assert states["validate_data"] == "failed"
+    assert states["prepare_data"] == "upstream_failed" and states["train"] == "upstream_failed"
+    assert not (trainyard_home / "cache" / "prepared").exists()
