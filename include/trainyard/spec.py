@@ -44,9 +44,9 @@ class SplitSpec(_Model):
 
 
 class Hyperparameters(_Model):
-    epochs: int = Field(3, ge=1, le=1000)
-    batch_size: int = Field(64, ge=1, le=65536)
-    learning_rate: float = Field(0.05, gt=0.0, le=10.0)
+    epochs: int = Field(10, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=65536)
+    learning_rate: float = Field(0.1, gt=0.0, le=10.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     seed: int = Field(42, ge=0)
 

@@ -25,7 +25,7 @@ before = set(sys.modules)
 t0 = time.perf_counter()
 from airflow.dag_processing.dagbag import DagBag
 t1 = time.perf_counter()
-bag = DagBag(dag_folder=sys.argv[1], include_examples=False)
+bag = DagBag(dag_folder=sys.argv[1])
 seconds = time.perf_counter() - t1
 dags = {d: {"owners": [t.owner for t in dag.tasks], "tags": sorted(dag.tags), "doc": bool(dag.doc_md),
             "retries": {t.task_id: t.retries for t in dag.tasks}, "pools": {t.task_id: [t.pool, t.pool_slots] for t in dag.tasks},

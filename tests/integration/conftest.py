@@ -1,7 +1,7 @@
 import pytest
 
 SMALL = {
-    "hyperparameters": {"epochs": 2, "batch_size": 64, "learning_rate": 0.05, "seed": 3},
+    "hyperparameters": {"epochs": 4, "batch_size": 32, "learning_rate": 0.1, "seed": 3},
     "gates": [{"metric": "val_accuracy", "min": 0.85}],
 }
 

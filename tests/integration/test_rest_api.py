@@ -140,7 +140,7 @@ def test_trigger_with_conf_runs_to_success(airflow):
     airflow.wait(lambda: requests.get(f"{airflow.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok,
                  180, "the DAG to be parsed")
     conf = {
-        "hyperparameters": {"epochs": 2, "batch_size": 64, "learning_rate": 0.05, "seed": 1},
+        "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
         "resources": {"gpus_per_node": 1, "gpu_type": "cpu", "priority": 7},
         "gates": [{"metric": "val_accuracy", "min": 0.8}],
     }
