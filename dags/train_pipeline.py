@@ -43,11 +43,10 @@ default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(sec
 
 
 def _raw_spec() -> tuple[dict, str]:
-    """Params merged with the run's conf (conf wins, unknown keys kept so the spec can refuse them)."""
-    ctx = get_current_context()
-    dag_run = ctx["dag_run"]
-    raw = dict(ctx["params"])
-    raw.update(dag_run.conf or {})
+    """The JobSpec defaults (= the Params) overlaid with the run's conf: the trigger form sends every
+    field as conf, a REST call sends what it overrides. Unknown keys stay, so the spec can refuse them."""
+    dag_run = get_current_context()["dag_run"]
+    raw = {**DEFAULT, **(dag_run.conf or {})}
     return raw, f"{dag_run.dag_id}/{dag_run.run_id}"
 
 

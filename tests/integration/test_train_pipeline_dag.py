@@ -61,7 +61,7 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec):
     from mlflow.models import get_model_info
 
     info = get_model_info(mv.source)
-    assert info.signature is not None and info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"] == [-1, 1, 8, 8]
+    assert info.signature is not None and tuple(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == (-1, 1, 8, 8)
     assert info.saved_input_example_info is not None
 
     run = c.get_run(mv.run_id)
