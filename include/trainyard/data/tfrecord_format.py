@@ -1,0 +1,181 @@
+"""TFRecord files of ``tf.train.Example`` records: one record per sample, same API as lmdb_format.
+
+Framing is TensorFlow's (uint64 length, masked CRC32C of the length, data, masked CRC32C of the
+data), so ``tf.data.TFRecordDataset`` + ``tf.io.parse_single_example`` read these files as they
+are. Record 0 is an Example holding only ``__meta__`` (JSON), so the file is self-contained.
+Sample features: ``key``, ``label``, ``image/raw``, ``image/height``, ``image/width``,
+``image/dtype``. TensorFlow itself is not needed: the CRC comes from tensorboard's stub.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import struct
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator
+
+import numpy as np
+from google.protobuf import descriptor_pb2
+from google.protobuf.message import DecodeError
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+META_FEATURE = "__meta__"
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+
+@functools.cache
+def example_class():
+    """``tensorflow.Example``, built from its descriptor.
+
+    tensorboard ships no example_pb2/feature_pb2, so the messages of
+    tensorflow/core/example/{feature,example}.proto are declared here with the same names, field
+    numbers and packing, which makes the wire bytes identical. A private pool keeps them from
+    clashing with TensorFlow's own protos should both be loaded in one process.
+    """
+    from google.protobuf import descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="trainyard/tf_example.proto", package="tensorflow", syntax="proto3"
+    )
+
+    def add(msg, name, number, ftype, repeated=False, ref=None, packed=False, oneof=None):
+        field = msg.field.add(name=name, number=number, type=ftype, oneof_index=oneof)
+        field.label = F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL
+        if ref:
+            field.type_name = f".tensorflow.{ref}"
+        if packed:
+            field.options.packed = True
+
+    lists = (("BytesList", F.TYPE_BYTES), ("FloatList", F.TYPE_FLOAT), ("Int64List", F.TYPE_INT64))
+    for name, ftype in lists:
+        packed = ftype != F.TYPE_BYTES  # as TF's feature.proto declares
+        add(fdp.message_type.add(name=name), "value", 1, ftype, repeated=True, packed=packed)
+    feature = fdp.message_type.add(name="Feature")
+    feature.oneof_decl.add(name="kind")
+    for number, name in enumerate(("BytesList", "FloatList", "Int64List"), 1):
+        snake = name[:-4].lower() + "_list"
+        add(feature, snake, number, F.TYPE_MESSAGE, ref=name, oneof=0)
+    features = fdp.message_type.add(name="Features")
+    add(features, "feature", 1, F.TYPE_MESSAGE, repeated=True, ref="Features.FeatureEntry")
+    entry = features.nested_type.add(name="FeatureEntry")
+    entry.options.map_entry = True
+    add(entry, "key", 1, F.TYPE_STRING)
+    add(entry, "value", 2, F.TYPE_MESSAGE, ref="Feature")
+    add(fdp.message_type.add(name="Example"), "features", 1, F.TYPE_MESSAGE, ref="Features")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
+
+
+def frame(data: bytes) -> bytes:
+    length = _LENGTH.pack(len(data))
+    return length + _CRC.pack(masked_crc32c(length)) + data + _CRC.pack(masked_crc32c(data))
+
+
+def encode(key: str, label: int, image: np.ndarray) -> bytes:
+    image = np.asarray(image)
+    if image.ndim != 2:
+        raise ValueError(f"sample {key!r}: expected a 2-D (H, W) image, got shape {image.shape}")
+    ex = example_class()()
+    f = ex.features.feature
+    f["key"].bytes_list.value.append(key.encode())
+    f["label"].int64_list.value.append(int(label))
+    # TF's decode_raw defaults to little-endian, so that is the byte order on disk.
+    raw = np.ascontiguousarray(image, dtype=image.dtype.newbyteorder("<")).tobytes()
+    f["image/raw"].bytes_list.value.append(raw)
+    f["image/height"].int64_list.value.append(image.shape[0])
+    f["image/width"].int64_list.value.append(image.shape[1])
+    f["image/dtype"].bytes_list.value.append(image.dtype.name.encode())
+    return ex.SerializeToString()
+
+
+def decode(data: bytes, where: str) -> tuple[str, int, np.ndarray]:
+    try:
+        f = example_class().FromString(data).features.feature
+    except DecodeError as err:
+        raise ValueError(f"{where}: unparseable Example: {err}") from None
+    key = None
+    try:
+        key = f["key"].bytes_list.value[0].decode()
+        label = f["label"].int64_list.value[0]
+        h, w = f["image/height"].int64_list.value[0], f["image/width"].int64_list.value[0]
+        dtype = np.dtype(f["image/dtype"].bytes_list.value[0].decode()).newbyteorder("<")
+        image = np.frombuffer(f["image/raw"].bytes_list.value[0], dtype=dtype).reshape(h, w)
+    except (IndexError, ValueError, TypeError, UnicodeDecodeError) as err:
+        sample = f" (sample {key!r})" if key is not None else ""
+        raise ValueError(f"{where}{sample}: bad sample Example: {err}") from None
+    return key, int(label), image.astype(dtype.newbyteorder("="), copy=False)
+
+
+def iter_records(stream: BinaryIO, path) -> Iterator[bytes]:
+    """The payload of each record, both CRCs checked."""
+    i = 0
+    while True:
+        head = stream.read(_LENGTH.size + _CRC.size)
+        if not head:
+            return
+        if len(head) < _LENGTH.size + _CRC.size:
+            raise ValueError(f"{path}: record {i} truncated (header is {len(head)} bytes)")
+        length = head[: _LENGTH.size]
+        if _CRC.unpack_from(head, _LENGTH.size)[0] != masked_crc32c(length):
+            raise ValueError(f"{path}: record {i} has a bad length CRC (corrupt, or not TFRecord)")
+        (n,) = _LENGTH.unpack(length)
+        data = stream.read(n)
+        tail = stream.read(_CRC.size)
+        if len(data) < n or len(tail) < _CRC.size:
+            got = len(head) + len(data) + len(tail)
+            want = len(head) + n + _CRC.size
+            raise ValueError(f"{path}: record {i} truncated ({got} of {want} bytes)")
+        if _CRC.unpack(tail)[0] != masked_crc32c(data):
+            raise ValueError(f"{path}: record {i} has a bad data CRC (corrupt)")
+        yield data
+        i += 1
+
+
+def write(path: str | Path, records: Iterable[tuple[str, int, np.ndarray]], meta: dict) -> int:
+    path = Path(path)
+    # A crashed or failed write must never leave a half file under the real name.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    meta_ex = example_class()()
+    meta_ex.features.feature[META_FEATURE].bytes_list.value.append(json.dumps(meta).encode())
+    count = 0
+    try:
+        with open(tmp, "wb") as out:
+            out.write(frame(meta_ex.SerializeToString()))
+            for key, label, image in records:
+                out.write(frame(encode(key, label, image)))
+                count += 1
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count
+
+
+def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
+    """All records of a (small) TFRecord file as (keys, labels, images stacked, meta)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: not a TFRecord dataset (no such file)")
+    keys, labels, images, meta = [], [], [], None
+    with open(path, "rb") as stream:
+        for i, data in enumerate(iter_records(stream, path)):
+            where = f"{path}: record {i}"
+            if i == 0:
+                try:
+                    feature = example_class().FromString(data).features.feature
+                    meta = json.loads(feature[META_FEATURE].bytes_list.value[0])
+                except (DecodeError, IndexError, ValueError) as err:
+                    raise ValueError(f"{where}: bad {META_FEATURE} Example: {err!r}") from None
+                continue
+            key, label, image = decode(data, where)
+            keys.append(key)
+            labels.append(label)
+            images.append(image)
+    if meta is None:
+        raise ValueError(f"{path}: empty file, missing the {META_FEATURE} record")
+    stacked = np.stack(images) if images else np.zeros((0,), dtype=np.uint8)
+    return keys, np.asarray(labels, dtype=np.int64), stacked, meta
