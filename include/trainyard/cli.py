@@ -62,6 +62,48 @@ def cmd_show(args) -> int:
     return 0
 
 
+def _store(args):
+    from trainyard.data.stores import open_store
+
+    return open_store(args.store)
+
+
+def cmd_data_upload(args) -> int:
+    from trainyard.data.store import StoreError
+    from trainyard.data.upload import upload_folder
+
+    try:
+        result = upload_folder(_store(args), args.repo, args.branch, args.folder, kind=args.kind, message=args.message)
+    except (StoreError, ValueError) as err:
+        print(f"upload refused: {err}", file=sys.stderr)
+        return 1
+    print(result["validation"], file=sys.stderr)
+    print(f"committed {result['files']} files to {args.repo}/{args.branch}: {result['commit']}", file=sys.stderr)
+    print(result["commit"])
+    return 0
+
+
+def cmd_data_log(args) -> int:
+    store = _store(args)
+    commit = store.get_commit(args.repo, args.ref)
+    while True:
+        print(f"{commit.id}  {commit.message}  {json.dumps(commit.metadata, sort_keys=True)}")
+        if not commit.parents or not args.all:
+            return 0
+        commit = store.get_commit(args.repo, commit.parents[0])
+
+
+def cmd_data_tag(args) -> int:
+    print(_store(args).tag(args.repo, args.tag, args.ref))
+    return 0
+
+
+def cmd_data_ls(args) -> int:
+    for e in _store(args).list(args.repo, args.ref, args.prefix):
+        print(f"{e.sha256[:12]}  {e.size:>10}  {e.path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: AI training on Apache Airflow")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +116,29 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("validate", help="validate a JobSpec YAML file and print it with defaults filled in")
     p.add_argument("job")
     p.set_defaults(func=cmd_validate)
+
+    data = sub.add_parser("data", help="versioned datasets").add_subparsers(dest="data_command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", choices=["local", "lakefs"], default="local")
+    common.add_argument("--repo", required=True)
+    p = data.add_parser("upload", parents=[common], help="validate a folder and commit it as a new version")
+    p.add_argument("folder")
+    p.add_argument("--branch", default="main")
+    p.add_argument("--kind", default="auto", choices=["auto", "image_classification", "coco_detection", "parallel_text"])
+    p.add_argument("--message", default="")
+    p.set_defaults(func=cmd_data_upload)
+    p = data.add_parser("log", parents=[common], help="commits of a ref")
+    p.add_argument("--ref", default="main")
+    p.add_argument("--all", action="store_true", help="follow parents")
+    p.set_defaults(func=cmd_data_log)
+    p = data.add_parser("tag", parents=[common], help="tag a commit")
+    p.add_argument("tag")
+    p.add_argument("--ref", default="main")
+    p.set_defaults(func=cmd_data_tag)
+    p = data.add_parser("ls", parents=[common], help="files at a ref")
+    p.add_argument("--ref", default="main")
+    p.add_argument("--prefix", default="")
+    p.set_defaults(func=cmd_data_ls)
 
     p = sub.add_parser("show", help="where a registered model's results are")
     p.add_argument("model")

@@ -53,11 +53,9 @@ def validate_spec(raw: dict) -> dict:
 
 # -- 2. data -----------------------------------------------------------------------------------------------
 def _store(kind: str):
-    from trainyard.data.store import LocalStore
+    from trainyard.data.stores import open_store
 
-    if kind != "local":
-        raise SpecError(f"invalid JobSpec:\n  dataset.store: {kind!r} is not available; allowed: ['local']")
-    return LocalStore(paths.store_root())
+    return open_store(kind)
 
 
 def resolve_dataset(spec: dict) -> dict:
@@ -99,14 +97,14 @@ def validate_data(spec: dict, dataset: dict, run_key: str) -> dict:
             "pixel_max": data.meta["pixel_max"],
         },
     )
-    report = validate_dataframe(profile(data), suite)
+    report = validate_dataframe(profile(data), suite, docs_dir=run_dir(spec, run_key) / "data_docs")
     out = run_dir(spec, run_key) / "validation.json"
     out.write_text(json.dumps(report.to_dict(), indent=1, default=str))
-    log.info("%s (report: %s)", report.summary(), out)
+    log.info("%s (report: %s, data docs: %s)", report.summary(), out, report.docs)
     if not report.success:
         raise DataValidationError(f"dataset {dataset['repo']}@{dataset['commit'][:12]} failed validation, "
                                   f"training skipped.\n{report.summary()}")
-    return {"success": True, "report": str(out), "checks": len(report.checks)}
+    return {"success": True, "report": str(out), "docs": report.docs, "checks": len(report.checks)}
 
 
 def prepare_data(spec: dict, dataset: dict) -> dict:
@@ -114,7 +112,13 @@ def prepare_data(spec: dict, dataset: dict) -> dict:
 
     split = spec["split"]
     manifest = prepare_classification(
-        checkout(dataset), dataset["commit"], paths.cache_root() / "prepared", split["val_fraction"], split["seed"]
+        checkout(dataset),
+        dataset["commit"],
+        paths.cache_root() / "prepared",
+        split["val_fraction"],
+        split["seed"],
+        fmt=spec["dataset"]["format"],
+        test_fraction=split["test_fraction"],
     )
     log.info("prepared %s (%s): %s", manifest["path"], "cache hit" if manifest["cached"] else "built", manifest["counts"])
     return manifest
@@ -140,6 +144,13 @@ def start_tracking(spec: dict, dataset: dict, run_key: str, tags: dict[str, str]
         },
     )
     mt.log_params(c, run_id, {k: spec[k] for k in ("recipe", "hyperparameters", "resources", "split")})
+    # The data-validation report and its Data Docs travel with the run they gated.
+    rdir = run_dir(spec, run_key)
+    if (rdir / "validation.json").exists():
+        c.log_artifact(run_id, str(rdir / "validation.json"), "data_validation")
+    docs = rdir / "data_docs" / "gx" / "uncommitted" / "data_docs"
+    if docs.is_dir():
+        c.log_artifacts(run_id, str(docs), "data_validation/data_docs")
     return run_id
 
 
@@ -188,7 +199,9 @@ def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     from trainyard.evaluation.classification import evaluate_model
     from trainyard.tracking import mlflow_tracking as mt
 
-    metrics = evaluate_model(trained["model_path"], data["val"], prefix="val")
+    metrics = evaluate_model(trained["model_path"], data["format"], data["val"], prefix="val")
+    if "test" in data:
+        metrics.update(evaluate_model(trained["model_path"], data["format"], data["test"], prefix="test"))
     c = mt.client()
     for k, v in metrics.items():
         c.log_metric(trained["mlflow_run_id"], f"eval_{k}", v)
@@ -208,14 +221,14 @@ def gate(spec: dict, metrics: dict) -> dict:
 def export_onnx(spec: dict, trained: dict, data: dict) -> dict:
     import numpy as np
 
-    from trainyard.data import lmdb_format
+    from trainyard.data import formats
     from trainyard.evaluation.classification import classification_metrics, predict
     from trainyard.export.onnx_export import check_parity, export, onnx_predict
     from trainyard.training.model import load_model, to_input
 
     tol = spec["export"]
     model = load_model(trained["model_path"])
-    _, labels, images, meta = lmdb_format.read(data["val"])
+    _, labels, images, meta = formats.read(data["format"], data["val"])
     x = to_input(images, meta["pixel_max"])
     onnx_path = export(model, x[:2], Path(trained["run_dir"]) / "model.onnx")
 

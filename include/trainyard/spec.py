@@ -27,9 +27,10 @@ class _Model(BaseModel):
 class DatasetRef(_Model):
     """Which dataset, and which version of it, the job trains on."""
 
-    store: Literal["local"] = "local"
+    store: Literal["local", "lakefs"] = "local"
     repo: str = Field("digits", pattern=NAME_RE)
     ref: str = Field("main", min_length=1, description="branch, tag or commit id; resolved to a commit")
+    format: Literal["lmdb", "tfrecord"] = Field("lmdb", description="record format the training loaders read")
     source: Literal["sklearn_digits", "none"] = Field(
         "sklearn_digits",
         description="built-in source ingested into the store before resolving; 'none' = the data is already there",
@@ -37,10 +38,17 @@ class DatasetRef(_Model):
 
 
 class SplitSpec(_Model):
-    """Deterministic split by a hash of each sample's key."""
+    """Deterministic train/val/test split by a hash of each sample's key; train gets the rest."""
 
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    test_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _leaves_training_data(self) -> "SplitSpec":
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError("val_fraction + test_fraction must be < 1 (train gets the rest)")
+        return self
 
 
 class Hyperparameters(_Model):

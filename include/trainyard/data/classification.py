@@ -95,7 +95,10 @@ def load_classification(root: str | Path) -> ClassificationData:
             img_path = root / "images" / f"{key}.npy"
             if not img_path.exists():
                 raise ValueError(f"{labels_file}:{lineno}: image {img_path.name} is missing")
-            images.append(np.load(img_path, allow_pickle=False))
+            try:
+                images.append(np.load(img_path, allow_pickle=False))
+            except (ValueError, OSError, EOFError) as err:
+                raise ValueError(f"{labels_file}:{lineno}: image {img_path.name} is unreadable: {err}") from None
     return ClassificationData(keys, np.asarray(labels, dtype=np.int64), images, meta)
 
 

@@ -1,4 +1,4 @@
-"""Deterministic train/val split by a hash of each sample's key.
+"""Deterministic train/val/test split by a hash of each sample's key.
 
 A sample's split depends only on (seed, key), never on the other samples, so appending data never moves
 an existing sample from one split to another.
@@ -16,12 +16,17 @@ def bucket(key: str, seed: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def assign(key: str, val_fraction: float, seed: int) -> str:
-    return "val" if bucket(key, seed) < val_fraction else "train"
+def assign(key: str, val_fraction: float, seed: int, test_fraction: float = 0.0) -> str:
+    b = bucket(key, seed)
+    if b < val_fraction:
+        return "val"
+    if b < val_fraction + test_fraction:
+        return "test"
+    return "train"
 
 
-def split_keys(keys: Iterable[str], val_fraction: float, seed: int) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {"train": [], "val": []}
+def split_keys(keys: Iterable[str], val_fraction: float, seed: int, test_fraction: float = 0.0) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"train": [], "val": [], "test": []}
     for key in keys:
-        out[assign(key, val_fraction, seed)].append(key)
+        out[assign(key, val_fraction, seed, test_fraction)].append(key)
     return out

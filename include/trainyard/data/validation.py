@@ -7,7 +7,6 @@ are replaced by typed values from the dataset's own metadata before the suite is
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +40,7 @@ class ValidationReport:
     suite: str
     success: bool
     checks: list[CheckResult]
+    docs: str | None = None  # Data Docs index.html, when built
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -57,6 +57,7 @@ class ValidationReport:
             "suite": self.suite,
             "success": self.success,
             "checks": [c.__dict__ for c in self.checks],
+            "docs": self.docs,
         }
 
 
@@ -83,13 +84,21 @@ def load_suite_config(kind: str, values: dict, config_dir: Path | None = None) -
     return subst(raw)
 
 
-def validate_dataframe(df, suite_config: dict) -> ValidationReport:
-    """Run a suite over a dataframe with an ephemeral GX context; return every expectation's result."""
-    os.environ.setdefault("TQDM_DISABLE", "1")  # GX's per-metric progress bars flood task logs
+def validate_dataframe(df, suite_config: dict, docs_dir: str | Path | None = None) -> ValidationReport:
+    """Run a suite over a dataframe; return every expectation's result.
+
+    With ``docs_dir``, a file-backed GX project is made there and its Data Docs (HTML) are built, so each
+    run keeps a browsable report (``report.docs``); without it, an ephemeral context leaves nothing behind."""
     import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
-    context = gx.get_context(mode="ephemeral")
+    if docs_dir is not None:
+        context = gx.get_context(mode="file", project_root_dir=str(docs_dir))
+    else:
+        context = gx.get_context(mode="ephemeral")
+    # GX's per-metric progress bars would flood the Airflow task log.
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     batch_def = (
         context.data_sources.add_pandas("trainyard")
         .add_dataframe_asset("samples")
@@ -100,7 +109,12 @@ def validate_dataframe(df, suite_config: dict) -> ValidationReport:
         suite.add_expectation(ExpectationConfiguration(type=exp["type"], kwargs=exp["kwargs"]).to_domain_obj())
     suite = context.suites.add(suite)
     definition = context.validation_definitions.add(gx.ValidationDefinition(name="check", data=batch_def, suite=suite))
-    result = definition.run(batch_parameters={"dataframe": df}, result_format="SUMMARY")
+    actions = [gx.checkpoint.UpdateDataDocsAction(name="data_docs")] if docs_dir is not None else []
+    checkpoint = context.checkpoints.add(
+        gx.Checkpoint(name="validate", validation_definitions=[definition], actions=actions, result_format="SUMMARY")
+    )
+    run = checkpoint.run(batch_parameters={"dataframe": df})
+    result = next(iter(run.run_results.values()))
     checks = []
     for r in result.results:
         res = r.result or {}
@@ -115,4 +129,8 @@ def validate_dataframe(df, suite_config: dict) -> ValidationReport:
                 observed=json.loads(json.dumps(res.get("observed_value"), default=str)),
             )
         )
-    return ValidationReport(suite=suite_config["name"], success=bool(result.success), checks=checks)
+    docs = None
+    if docs_dir is not None:
+        index = sorted(Path(docs_dir).glob("gx/uncommitted/data_docs/*/index.html"))
+        docs = str(index[0]) if index else None
+    return ValidationReport(suite=suite_config["name"], success=bool(result.success), checks=checks, docs=docs)

@@ -23,10 +23,10 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray, prefix: str =
     }
 
 
-def evaluate_model(model_path: str, lmdb_path: str, prefix: str = "val") -> dict[str, float]:
-    from trainyard.data import lmdb_format
+def evaluate_model(model_path: str, fmt: str, path: str, prefix: str = "val") -> dict[str, float]:
+    from trainyard.data import formats
     from trainyard.training.model import load_model, to_input
 
-    _, labels, images, meta = lmdb_format.read(lmdb_path)
+    _, labels, images, meta = formats.read(fmt, path)
     logits = predict(load_model(model_path), to_input(images, meta["pixel_max"]))
     return classification_metrics(logits, labels, prefix)

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from trainyard.data import lmdb_format
+from trainyard.data import formats
 from trainyard.training.model import SmallCNN, to_input
 
 CKPT_RE = re.compile(r"^epoch-(\d{4})\.pt$")
@@ -130,8 +130,8 @@ def train(cfg: RunConfig) -> dict:
 
     hp = cfg.spec["hyperparameters"]
     torch.manual_seed(hp["seed"])
-    _, y_train, img_train, meta = lmdb_format.read(cfg.data["train"])
-    _, y_val, img_val, _ = lmdb_format.read(cfg.data["val"])
+    _, y_train, img_train, meta = formats.read(cfg.data["format"], cfg.data["train"])
+    _, y_val, img_val, _ = formats.read(cfg.data["format"], cfg.data["val"])
     x_train, x_val = to_input(img_train, meta["pixel_max"]), to_input(img_val, meta["pixel_max"])
     y_train, y_val = torch.from_numpy(y_train), torch.from_numpy(y_val)
     dataset = TensorDataset(x_train, y_train)

@@ -1,0 +1,82 @@
+"""
+### ingest_dataset
+
+Upload a folder as a new, validated dataset version:
+
+`check_upload` (file checks + great-expectations suite for the data kind, Data Docs written) →
+`commit_upload` (the same bytes, by digest, committed to the branch; the commit id is the result).
+
+Nothing is committed when a check fails. Each commit is announced as an event on the
+`trainyard_datasets` asset (extra: store, repo, branch, commit), which a retraining DAG can listen to.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Asset, Param, dag, task
+
+DATASETS = Asset(name="trainyard_datasets", uri="trainyard://datasets")
+
+default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
+
+
+@dag(
+    dag_id="ingest_dataset",
+    schedule=None,
+    catchup=False,
+    default_args=default_args,
+    tags=["trainyard", "data"],
+    doc_md=__doc__,
+    params={
+        "folder": Param("", type="string", description="Folder on the worker to upload.", minLength=1),
+        "repo": Param("digits", type="string", description="Dataset repository.", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"),
+        "branch": Param("main", type="string", description="Branch to commit to."),
+        "store": Param("local", enum=["local", "lakefs"], description="Dataset store backend."),
+        "kind": Param("auto", enum=["auto", "image_classification", "coco_detection", "parallel_text"],
+                      description="Data kind (selects the expectation suite); auto = from the folder's files."),
+        "message": Param("", type="string", description="Commit message."),
+    },
+)
+def ingest_dataset():
+    @task(retries=0)
+    def check_upload(params: dict | None = None) -> dict:
+        """Refuse traversal, outside symlinks and empty folders; run the data kind's suite."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from trainyard import paths
+        from trainyard.data.upload import UploadError, collect_folder, detect_kind, folder_digest, validate_folder
+        from trainyard.spec import safe_key
+
+        try:
+            files = collect_folder(params["folder"])
+            kind = detect_kind(params["folder"]) if params["kind"] == "auto" else params["kind"]
+            docs = paths.home() / "ingest" / safe_key(f"{params['repo']}-{folder_digest(files)[:12]}")
+            report = validate_folder(params["folder"], kind, docs_dir=docs)
+        except (UploadError, ValueError) as err:
+            raise AirflowFailException(f"upload refused: {err}") from None
+        if not report.success:
+            raise AirflowFailException(f"{params['folder']} failed validation; nothing committed.\n{report.summary()}")
+        return {"digest": folder_digest(files), "kind": kind, "files": len(files), "docs": report.docs,
+                "validation": report.summary()}
+
+    @task(outlets=[DATASETS])
+    def commit_upload(checked: dict, params: dict | None = None, outlet_events=None) -> dict:
+        """Commit exactly the validated bytes (same digest) and announce the new commit."""
+        from trainyard.data.stores import open_store
+        from trainyard.data.upload import upload_folder
+
+        result = upload_folder(
+            open_store(params["store"]), params["repo"], params["branch"], params["folder"], kind=checked["kind"],
+            message=params["message"], expected_digest=checked["digest"],
+        )
+        outlet_events[DATASETS].extra = {k: result[k] for k in ("store", "repo", "branch", "commit", "digest")}
+        return result
+
+    commit_upload(check_upload())
+
+
+dag = ingest_dataset()
+
+if __name__ == "__main__":
+    dag.test()

@@ -1,0 +1,99 @@
+import os
+
+import pytest
+
+from trainyard.cli import main as cli
+from trainyard.data.classification import digits_files
+from trainyard.data.store import LocalStore, NotFound
+from trainyard.data.upload import UploadError, collect_folder, upload_folder
+
+
+def _write(folder, files):
+    for rel, data in files.items():
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return digits_files()
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LocalStore(tmp_path / "store")
+
+
+def test_upload_commits_a_validated_folder(tmp_path, store, digits):
+    folder = _write(tmp_path / "ds", digits)
+    first = upload_folder(store, "d", "main", folder)
+    assert first["kind"] == "image_classification" and first["files"] == len(digits)
+    assert store.resolve("d", "main") == first["commit"]
+    assert store.get_commit("d", first["commit"]).metadata["validated_by"] == "image_classification"
+    # Same bytes again: same commit. A removed sample disappears from the next version only.
+    assert upload_folder(store, "d", "main", folder)["commit"] == first["commit"]
+    os.remove(folder / "images" / "digits-01796.npy")
+    (folder / "labels.csv").write_text("\n".join((folder / "labels.csv").read_text().splitlines()[:-1]) + "\n")
+    second = upload_folder(store, "d", "main", folder)
+    assert second["commit"] != first["commit"]
+    assert store.diff("d", first["commit"], second["commit"]) == {
+        "added": [], "removed": ["images/digits-01796.npy"], "changed": ["labels.csv"]}
+    assert store.read("d", first["commit"], "images/digits-01796.npy")
+
+
+def test_invalid_data_is_never_committed(tmp_path, store, digits):
+    bad = dict(digits)
+    lines = bad["labels.csv"].decode().splitlines()
+    lines[1] = lines[1].split(",")[0] + ",11"
+    bad["labels.csv"] = ("\n".join(lines) + "\n").encode()
+    folder = _write(tmp_path / "bad", bad)
+    with pytest.raises(UploadError, match="nothing committed") as err:
+        upload_folder(store, "d", "main", folder)
+    assert "expect_column_values_to_be_between(column=label" in str(err.value)
+    assert not store.repo_exists("d")
+
+
+def test_empty_folder_refused(tmp_path, store):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(UploadError, match="has no files"):
+        upload_folder(store, "d", "main", tmp_path / "empty")
+
+
+def test_symlink_out_of_the_folder_refused(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (tmp_path / "secret").write_text("x")
+    (folder / "ok.txt").write_text("y")
+    os.symlink(tmp_path / "secret", folder / "leak")
+    with pytest.raises(UploadError, match="leak: symlink points outside the folder"):
+        collect_folder(folder)
+
+
+def test_symlink_inside_the_folder_is_fine(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "a.txt").write_text("y")
+    os.symlink(folder / "a.txt", folder / "b.txt")
+    assert sorted(collect_folder(folder)) == ["a.txt", "b.txt"]
+
+
+def test_changed_after_validation_refused(tmp_path, store, digits):
+    folder = _write(tmp_path / "ds", digits)
+    with pytest.raises(UploadError, match="changed since validation"):
+        upload_folder(store, "d", "main", folder, expected_digest="0" * 64)
+    with pytest.raises(NotFound):
+        store.resolve("d", "main")
+
+
+def test_cli_upload_prints_the_commit(tmp_path, trainyard_home, digits, capsys):
+    folder = _write(tmp_path / "ds", digits)
+    assert cli(["data", "upload", str(folder), "--repo", "r", "--branch", "main"]) == 0
+    commit = capsys.readouterr().out.strip()
+    assert len(commit) == 64
+    assert LocalStore(trainyard_home / "datasets").resolve("r", "main") == commit
+    assert cli(["data", "tag", "v1", "--repo", "r"]) == 0
+    assert capsys.readouterr().out.strip() == commit
+    assert cli(["data", "upload", str(tmp_path / "nope"), "--repo", "r"]) == 1
+    assert "not a directory" in capsys.readouterr().err
