@@ -65,6 +65,9 @@ def ingest_dataset():
         """Commit exactly the validated bytes (same digest) and announce the new commit."""
         from trainyard.data.stores import open_store
         from trainyard.data.upload import upload_folder
+        from trainyard_airflow.hooks.lakefs import register_store
+
+        register_store()
 
         result = upload_folder(
             open_store(params["store"]), params["repo"], params["branch"], params["folder"], kind=checked["kind"],

@@ -83,6 +83,32 @@ def cmd_data_upload(args) -> int:
     return 0
 
 
+def cmd_data_import(args) -> int:
+    """Convert an annotation tool's export into the dataset layout, then validate the result."""
+    from trainyard.data.upload import validate_folder
+
+    try:
+        if args.format == "coco":
+            from trainyard.data.importers.coco import import_coco
+
+            summary, kind = import_coco(args.export, args.images, args.dest), "coco_detection"
+        else:
+            from trainyard.data.importers.labelstudio import import_labelstudio
+
+            summary = import_labelstudio(args.export, args.images, args.dest, args.kind)
+            kind = "coco_detection" if args.kind == "detection" else "image_classification"
+        report = validate_folder(args.dest, kind)
+    except ValueError as err:
+        print(f"import refused: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary))
+    print(report.summary(), file=sys.stderr)
+    if not report.success:
+        return 1
+    print(f"ready to upload: trainyard data upload {args.dest} --repo <name>", file=sys.stderr)
+    return 0
+
+
 def cmd_data_log(args) -> int:
     store = _store(args)
     commit = store.get_commit(args.repo, args.ref)
@@ -127,6 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kind", default="auto", choices=["auto", "image_classification", "coco_detection", "parallel_text"])
     p.add_argument("--message", default="")
     p.set_defaults(func=cmd_data_upload)
+    p = data.add_parser("import", help="convert a COCO or Label Studio export into a dataset folder")
+    p.add_argument("format", choices=["coco", "labelstudio"])
+    p.add_argument("export", help="the exported JSON file")
+    p.add_argument("--images", required=True, help="folder with the images the export refers to")
+    p.add_argument("--dest", required=True, help="new (or empty) folder to write the dataset to")
+    p.add_argument("--kind", choices=["detection", "classification"], default="detection",
+                   help="Label Studio only: what the labelling project produced")
+    p.set_defaults(func=cmd_data_import)
     p = data.add_parser("log", parents=[common], help="commits of a ref")
     p.add_argument("--ref", default="main")
     p.add_argument("--all", action="store_true", help="follow parents")

@@ -56,3 +56,10 @@ class LakeFSHook(BaseHook):
         options = {k: extra[k] for k in ("pre_sign", "verify_etag") if k in extra}
         return LakeFSStore(self._endpoint(conn), conn.login, conn.password,
                            storage_namespace_root=extra.get("storage_namespace") or None, **options)
+
+
+def register_store() -> None:
+    """Let trainyard's ``open_store("lakefs")`` use the lakefs_default connection when LAKEFS_* are unset."""
+    from trainyard.data.stores import register
+
+    register("lakefs", lambda: LakeFSHook().get_store())

@@ -1,0 +1,54 @@
+import json
+
+import numpy as np
+import pytest
+
+from trainyard.cli import main as cli
+from trainyard.data import stores
+from trainyard.data.store import LocalStore, StoreError
+
+
+def test_local_by_default_under_trainyard_home(trainyard_home):
+    store = stores.open_store("local")
+    assert isinstance(store, LocalStore) and store.root == trainyard_home / "datasets"
+
+
+def test_lakefs_prefers_env_then_registered_factory(monkeypatch):
+    for name in ("LAKEFS_ENDPOINT", "LAKEFS_ACCESS_KEY_ID", "LAKEFS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(stores, "_factories", {})
+    with pytest.raises(StoreError, match="LAKEFS_ENDPOINT"):
+        stores.open_store("lakefs")
+    sentinel = object()
+    stores.register("lakefs", lambda: sentinel)
+    assert stores.open_store("lakefs") is sentinel
+    monkeypatch.setenv("LAKEFS_ENDPOINT", "http://lakefs.invalid:8000")
+    monkeypatch.setenv("LAKEFS_ACCESS_KEY_ID", "AKIA")
+    monkeypatch.setenv("LAKEFS_SECRET_ACCESS_KEY", "secret")
+    store = stores.open_store("lakefs")
+    assert store.kind == "lakefs" and store.uri("imgs", "main", "a/b") == "lakefs://imgs/main/a/b"
+
+
+def test_unknown_store():
+    with pytest.raises(ValueError, match="allowed"):
+        stores.open_store("s3")
+
+
+def test_cli_import_coco_validates(tmp_path, capsys):
+    images = tmp_path / "img"
+    images.mkdir()
+    np.save(images / "a.npy", np.zeros((20, 30), dtype=np.uint8))
+    coco = {
+        "images": [{"id": 1, "file_name": "a.npy", "width": 30, "height": 20}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [2, 3, 10, 5], "area": 50, "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "box"}],
+    }
+    (tmp_path / "export.json").write_text(json.dumps(coco))
+    dest = tmp_path / "ds"
+    assert cli(["data", "import", "coco", str(tmp_path / "export.json"), "--images", str(images), "--dest", str(dest)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"images": 1, "annotations": 1, "categories": 1}
+    coco["annotations"][0]["bbox"] = [25, 3, 10, 5]  # runs off the right edge
+    (tmp_path / "export.json").write_text(json.dumps(coco))
+    assert cli(["data", "import", "coco", str(tmp_path / "export.json"), "--images", str(images),
+                "--dest", str(tmp_path / "ds2")]) == 1
+    assert "FAILED" in capsys.readouterr().err
