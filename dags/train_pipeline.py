@@ -34,10 +34,14 @@ PARAM_DOCS = {
     "hyperparameters": "epochs, batch_size, learning_rate, momentum, seed.",
     "resources": "nodes, gpus_per_node (= processes = pool slots), gpu_type (= pool), team, priority.",
     "gates": "Metric thresholds the model must meet to be exported and registered.",
-    "backends": "launcher, tracking and registry backends.",
+    "backends": "launcher (local | kubernetes), tracking and registry backends.",
+    "distributed": "strategy (ddp | horovod | deepspeed), max_restarts, zero_stage, precision.",
+    "checkpointing": "every_steps or every_minutes (default: every epoch), keep_last.",
+    "kubernetes": "namespace, image, pull policy, priority class, node selector, tolerations, MIG profile, PVC, env.",
+    "custom": "Bring your own training (recipe 'custom'): command and optional image.",
     "export": "ONNX parity tolerances (rtol, atol) and allowed accuracy difference.",
 }
-_TYPES = {str: "string", dict: "object", list: "array"}
+_TYPES = {str: "string", dict: "object", list: "array", type(None): ["null", "object"]}
 
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
 

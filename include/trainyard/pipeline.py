@@ -158,7 +158,7 @@ def train(spec: dict, dataset: dict, data: dict, run_key: str, on_line: Callable
     """torchrun with ``resources.gpus_per_node`` processes; resumes from the run's newest checkpoint."""
     from trainyard.scheduling.resources import load_resources, run_cost
     from trainyard.training.launchers import local
-    from trainyard.training.trainer import RunConfig
+    from trainyard.training.common import RunConfig
 
     s = _spec(spec)
     out_dir = run_dir(spec, run_key)
@@ -174,7 +174,7 @@ def train(spec: dict, dataset: dict, data: dict, run_key: str, on_line: Callable
     cfg_path = out_dir / "run_config.json"
     cfg_path.write_text(json.dumps(cfg.__dict__, indent=1))
     nproc = s.resources.gpus_per_node
-    argv = local.torchrun_argv(nproc, str(cfg_path))
+    argv = local.command_for(spec, str(cfg_path))
     log.info("launching: %s", " ".join(argv))
     started = time.time()
     local.run(argv, env=local.worker_env(nproc), on_line=on_line or (lambda line: log.info("%s", line)))

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-RECIPES = ("digits_cnn",)
+RECIPES = ("digits_cnn", "custom")
 NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
@@ -59,11 +59,29 @@ class Hyperparameters(_Model):
     seed: int = Field(42, ge=0)
 
 
+class Distributed(_Model):
+    """How the workers cooperate. ``ddp`` = torchrun + DistributedDataParallel; ``horovod`` = horovodrun
+    (gloo) + DistributedOptimizer; ``deepspeed`` = the deepspeed launcher + a ZeRO config made from here."""
+
+    strategy: Literal["ddp", "horovod", "deepspeed"] = "ddp"
+    max_restarts: int = Field(1, ge=0, le=100, description="worker-group restarts after a crash (torchrun)")
+    zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage")
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+
+
+class Checkpointing(_Model):
+    """When to checkpoint (default: every epoch) and how many to keep."""
+
+    every_steps: int | None = Field(None, ge=1)
+    every_minutes: float | None = Field(None, gt=0)
+    keep_last: int = Field(3, ge=1, le=1000)
+
+
 class Resources(_Model):
     """What the job needs. ``gpus_per_node`` is also the local process count, the Airflow pool_slots
     of the train task and, on Kubernetes, the pod's ``nvidia.com/gpu`` limit."""
 
-    nodes: int = Field(1, ge=1, le=1)  # multi-node arrives with the Kubernetes launcher
+    nodes: int = Field(1, ge=1, le=256, description="> 1 needs the kubernetes launcher")
     gpus_per_node: int = Field(2, ge=1, le=64)
     gpu_type: str = Field("cpu", pattern=NAME_RE, description="a key of resources.yaml gpu_types")
     team: str = Field("default", pattern=NAME_RE)
@@ -88,8 +106,36 @@ class Threshold(_Model):
         return self
 
 
+class KubernetesSpec(_Model):
+    """Where and how the pods of a ``launcher: kubernetes`` job run."""
+
+    namespace: str = Field("trainyard", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    image: str = Field("ghcr.io/trainyard/trainer:0.1.0", min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    service_account: str | None = None
+    priority_class: str | None = Field(None, description="Kubernetes PriorityClass name")
+    node_selector: dict[str, str] = Field({}, description="added to the GPU type's selector from resources.yaml")
+    tolerations: tuple[dict[str, Any], ...] = (
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    )
+    mig_profile: str | None = Field(None, pattern=r"^[0-9]+g\.[0-9]+gb$", description="e.g. 1g.10gb -> nvidia.com/mig-1g.10gb")
+    data_pvc: str = Field("trainyard-data", description="PVC mounted at TRAINYARD_HOME in every pod and on the worker")
+    env: dict[str, str] = {}
+    cpu_per_gpu: str = "4"
+    memory_per_gpu: str = "16Gi"
+
+
+class CustomCommand(_Model):
+    """Bring your own training: an image and a command instead of a built-in recipe. The platform still
+    provides the rendezvous environment (MASTER_ADDR, RANK, ...), TRAINYARD_DATA_DIR,
+    TRAINYARD_CHECKPOINT_DIR and TRAINYARD_METRICS_FILE (JSON lines: {"step": n, "name": value, ...})."""
+
+    command: tuple[str, ...] = Field(min_length=1)
+    image: str | None = None
+
+
 class Backends(_Model):
-    launcher: Literal["local"] = "local"
+    launcher: Literal["local", "kubernetes"] = "local"
     tracking: Literal["mlflow"] = "mlflow"
     registry: Literal["mlflow"] = "mlflow"
 
@@ -108,8 +154,12 @@ class JobSpec(_Model):
     split: SplitSpec = SplitSpec()
     hyperparameters: Hyperparameters = Hyperparameters()
     resources: Resources = Resources()
+    distributed: Distributed = Distributed()
+    checkpointing: Checkpointing = Checkpointing()
     gates: tuple[Threshold, ...] = (Threshold(metric="val_accuracy", min=0.9),)
     backends: Backends = Backends()
+    kubernetes: KubernetesSpec = KubernetesSpec()
+    custom: CustomCommand | None = None
     export: ExportSpec = ExportSpec()
 
     @field_validator("gates")
@@ -120,6 +170,14 @@ class JobSpec(_Model):
         if dupes:
             raise ValueError(f"one gate per metric; repeated: {dupes}")
         return gates
+
+    @model_validator(mode="after")
+    def _launcher_fits(self) -> "JobSpec":
+        if self.backends.launcher == "local" and self.resources.nodes > 1:
+            raise ValueError("resources.nodes > 1 needs backends.launcher = 'kubernetes' (local runs one node)")
+        if self.recipe == "custom" and self.custom is None:
+            raise ValueError("recipe 'custom' needs the custom section (command, optional image)")
+        return self
 
     @property
     def model_name(self) -> str:
@@ -135,7 +193,12 @@ def _format_errors(err: ValidationError) -> str:
             msg = "unknown field"
         elif e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
             msg = f"must be one of {e['ctx']['expected']}"
-        lines.append(f"{loc}: {msg} (got {e.get('input')!r})" if e["type"] != "missing" else f"{loc}: required")
+        if e["type"] == "missing":
+            lines.append(f"{loc}: required")
+        elif not e["loc"]:  # a rule across fields: the message names them
+            lines.append(msg.removeprefix("Value error, "))
+        else:
+            lines.append(f"{loc}: {msg} (got {e.get('input')!r})")
     return "invalid JobSpec:\n  " + "\n  ".join(lines)
 
 

@@ -33,6 +33,23 @@ def torchrun_argv(nproc_per_node: int, config_path: str, *, max_restarts: int = 
     ]
 
 
+def command_for(spec: dict, config_path: str) -> list[str]:
+    """The local launch command for a JobSpec: the strategy picks the launcher."""
+    strategy = spec.get("distributed", {}).get("strategy", "ddp")
+    nproc = spec["resources"]["gpus_per_node"]
+    if strategy == "ddp":
+        return torchrun_argv(nproc, config_path, max_restarts=spec["distributed"]["max_restarts"])
+    if strategy == "horovod":
+        from trainyard.training.launchers.horovod import horovodrun_argv
+
+        return horovodrun_argv(nproc, config_path)
+    if strategy == "deepspeed":
+        from trainyard.training.launchers.deepspeed import deepspeed_argv
+
+        return deepspeed_argv(nproc, config_path)
+    raise ValueError(f"unknown distributed.strategy {strategy!r}; allowed: ddp, horovod, deepspeed")
+
+
 def worker_env(nproc_per_node: int, base: dict | None = None) -> dict:
     env = dict(os.environ if base is None else base)
     # Without this each worker starts one thread per core and N workers fight over 2 cores.
@@ -66,5 +83,5 @@ def run(argv: list[str], *, env: dict | None = None, on_line: Callable[[str], No
             os.killpg(proc.pid, signal.SIGKILL)
         raise
     if rc != 0:
-        raise LaunchError(f"{argv[2] if len(argv) > 2 else argv[0]} exited with {rc}; last lines:\n" + "\n".join(last))
+        raise LaunchError(f"{' '.join(argv[:3])} exited with {rc}; last lines:\n" + "\n".join(last))
 

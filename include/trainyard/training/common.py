@@ -1,0 +1,216 @@
+"""Pieces every trainer (DDP, Horovod, DeepSpeed) shares: run config, data, tracking, checkpoints,
+progress. Rank 0 alone writes checkpoints, the final model and tracking records."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainyard.data import formats
+from trainyard.training.model import SmallCNN, to_input
+
+CKPT_RE = re.compile(r"^step-(\d{8})\.pt$")
+
+
+@dataclass
+class RunConfig:
+    """What the train task hands to the workers (written as JSON next to the run's outputs)."""
+
+    spec: dict
+    data: dict  # the prepared-data manifest
+    out_dir: str
+    tracking_uri: str | None = None
+    mlflow_run_id: str | None = None
+    tensorboard_dir: str | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunConfig":
+        return cls(**json.loads(Path(path).read_text()))
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.out_dir) / "checkpoints"
+
+
+def log0(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"[trainer] {msg}", flush=True)
+
+
+def load_data(cfg: RunConfig):
+    """(x_train, y_train, x_val, y_val, meta) as tensors, whatever the record format."""
+    _, y_train, img_train, meta = formats.read(cfg.data["format"], cfg.data["train"])
+    _, y_val, img_val, _ = formats.read(cfg.data["format"], cfg.data["val"])
+    return (
+        to_input(img_train, meta["pixel_max"]),
+        torch.from_numpy(y_train),
+        to_input(img_val, meta["pixel_max"]),
+        torch.from_numpy(y_val),
+        meta,
+    )
+
+
+def build_model(meta: dict) -> SmallCNN:
+    return SmallCNN(len(meta["classes"]), meta["height"], meta["width"])
+
+
+def atomic_save(obj, path: Path) -> None:
+    """Write to a temp file, fsync, rename: a crash leaves the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Checkpoints:
+    """Atomic checkpoints named by global step, at a step or time interval (else every epoch), keeping
+    the last ``keep``; loading falls back past unreadable files to the newest good one."""
+
+    def __init__(self, directory: Path, every_steps: int | None = None, every_minutes: float | None = None,
+                 keep: int = 3) -> None:
+        self.dir = Path(directory)
+        self.every_steps, self.every_minutes, self.keep = every_steps, every_minutes, keep
+        self._last_time = time.monotonic()
+
+    @classmethod
+    def from_spec(cls, cfg: RunConfig) -> "Checkpoints":
+        c = cfg.spec.get("checkpointing", {})
+        return cls(cfg.checkpoint_dir, c.get("every_steps"), c.get("every_minutes"), c.get("keep_last", 3))
+
+    def files(self) -> list[Path]:
+        """Newest first."""
+        found = [p for p in self.dir.glob("step-*.pt") if CKPT_RE.match(p.name)] if self.dir.exists() else []
+        return sorted(found, key=lambda p: int(CKPT_RE.match(p.name).group(1)), reverse=True)
+
+    def due(self, step: int, end_of_epoch: bool) -> bool:
+        if self.every_steps:
+            return step % self.every_steps == 0
+        if self.every_minutes:
+            return (time.monotonic() - self._last_time) >= self.every_minutes * 60
+        return end_of_epoch
+
+    def save(self, state: dict, step: int) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"step-{step:08d}.pt"
+        atomic_save(state, path)
+        self._last_time = time.monotonic()
+        for old in self.files()[self.keep :]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def load_latest(self, log=print) -> dict | None:
+        for path in self.files():
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=False)
+                state["_path"] = path.name
+                return state
+            except Exception as err:  # noqa: BLE001 - any unreadable file means "try the previous one"
+                log(f"checkpoint {path.name} is unreadable ({type(err).__name__}: {err}); trying the previous one")
+        return None
+
+
+class Tracker:
+    """Rank-0 metric sink: MLflow (batched) and TensorBoard."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.client = None
+        self.writer = None
+        if cfg.tracking_uri and cfg.mlflow_run_id:
+            from mlflow.tracking import MlflowClient
+
+            self.client = MlflowClient(cfg.tracking_uri)
+            self.run_id = cfg.mlflow_run_id
+        if cfg.tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(cfg.tensorboard_dir)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.client is not None:
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        if self.writer is not None:
+            for k, v in metrics.items():
+                self.writer.add_scalar(k.replace("_", "/", 1), float(v), step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Progress:
+    """Throughput and ETA for the log."""
+
+    def __init__(self, total_steps: int, start_step: int) -> None:
+        self.total, self.start, self.t0 = total_steps, start_step, time.monotonic()
+
+    def line(self, epoch: int, epochs: int, step: int, samples: int, **metrics: float) -> str:
+        elapsed = max(time.monotonic() - self.t0, 1e-9)
+        done = step - self.start
+        eta = elapsed / done * (self.total - step) if done else float("nan")
+        shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        return (f"epoch {epoch}/{epochs} step {step}/{self.total} {shown} "
+                f"{samples / elapsed:.0f} samples/s ETA {eta:.0f}s")
+
+
+def grad_norm(model: torch.nn.Module) -> float:
+    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> tuple[float, float]:
+    import torch.nn.functional as F
+
+    was_training = model.training
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            logits = model(x[i : i + batch]).float()
+            loss_sum += float(F.cross_entropy(logits, y[i : i + batch], reduction="sum"))
+            correct += int((logits.argmax(1) == y[i : i + batch]).sum())
+    model.train(was_training)
+    return correct / max(len(x), 1), loss_sum / max(len(x), 1)
+
+
+def fault_injection(step: int, out_dir: str) -> None:
+    """Chaos hook for the resume tests: TRAINYARD_FAIL_ONCE_AT_STEP=N crashes this process hard the first
+    time step N is reached in this run directory (a marker file makes it once)."""
+    target = os.environ.get("TRAINYARD_FAIL_ONCE_AT_STEP")
+    if target and step == int(target):
+        marker = Path(out_dir) / f".fault-injected-{target}"
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            print(f"[trainer] fault injection: crashing at step {step}", flush=True)
+            os._exit(17)
+
+
+def finish(model: torch.nn.Module, cfg: RunConfig, x_val, y_val, steps: int, world: int, t0: float,
+           tracker: Tracker | None) -> dict:
+    """Rank 0: the final model file and the result record the train task reads."""
+    out_dir = Path(cfg.out_dir)
+    atomic_save({"config": model.config, "state_dict": model.state_dict()}, out_dir / "model.pt")
+    val_acc, val_loss = evaluate(model, x_val, y_val)
+    result = {
+        "model_path": str(out_dir / "model.pt"),
+        "steps": steps,
+        "epochs": cfg.spec["hyperparameters"]["epochs"],
+        "world_size": world,
+        "strategy": cfg.spec.get("distributed", {}).get("strategy", "ddp"),
+        "train_seconds": round(time.time() - t0, 3),
+        "val_accuracy": val_acc,
+        "val_loss": val_loss,
+    }
+    (out_dir / "train_result.json").write_text(json.dumps(result, indent=1))
+    if tracker:
+        tracker.close()
+    return result
