@@ -65,7 +65,7 @@ def ingest_dataset():
         """Commit exactly the validated bytes (same digest) and announce the new commit."""
         from trainyard.data.stores import open_store
         from trainyard.data.upload import upload_folder
-        from trainyard_airflow.hooks.lakefs import register_store
+        from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
 

@@ -86,7 +86,7 @@ def train_pipeline():
     def resolve_dataset(spec: dict) -> dict:
         """Ingest the built-in source if named, and pin the dataset ref to an immutable commit."""
         from trainyard.pipeline import resolve_dataset as resolve
-        from trainyard_airflow.hooks.lakefs import register_store
+        from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
 
@@ -98,7 +98,7 @@ def train_pipeline():
         from airflow.sdk.exceptions import AirflowFailException
 
         from trainyard.pipeline import DataValidationError, validate_data as check
-        from trainyard_airflow.hooks.lakefs import register_store
+        from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
 
@@ -111,7 +111,7 @@ def train_pipeline():
     def prepare_data(spec: dict, dataset: dict, _validated: dict) -> dict:
         """Hash-based train/val split written to LMDB, cached by (commit, split settings)."""
         from trainyard.pipeline import prepare_data as prepare
-        from trainyard_airflow.hooks.lakefs import register_store
+        from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
 

@@ -27,6 +27,8 @@ if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ constraints.txt -
   "$VENV/bin/pip" check
   touch "$stamp"
 fi
+# Horovod 0.28.1 needs a patched build against torch 2.13 (C++17); seconds when already built.
+"$REPO/scripts/build_horovod.sh"
 export PATH=$VENV/bin:$PATH
 
 "$VENV/bin/python" scripts/render_airflow_cfg.py

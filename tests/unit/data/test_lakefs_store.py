@@ -74,7 +74,7 @@ def _connection(**overrides):
 
 
 def test_hook_builds_a_store_from_the_connection(monkeypatch):
-    from trainyard_airflow.hooks.lakefs import LakeFSHook
+    from trainyard_airflow.hooks.lakefs_hook import LakeFSHook
 
     seen = []
 
@@ -96,7 +96,7 @@ def test_hook_builds_a_store_from_the_connection(monkeypatch):
 
 
 def test_hook_bare_host_takes_scheme_and_port(monkeypatch):
-    from trainyard_airflow.hooks.lakefs import LakeFSHook
+    from trainyard_airflow.hooks.lakefs_hook import LakeFSHook
 
     conn = _connection(host="lakefs.internal", port=8000, schema="https", extra=None)
     monkeypatch.setattr(LakeFSHook, "get_connection", classmethod(lambda cls, cid: conn))
@@ -106,7 +106,7 @@ def test_hook_bare_host_takes_scheme_and_port(monkeypatch):
 
 
 def test_hook_names_missing_connection_fields(monkeypatch):
-    from trainyard_airflow.hooks.lakefs import LakeFSHook
+    from trainyard_airflow.hooks.lakefs_hook import LakeFSHook
 
     conn = _connection(login=None, password=None)
     monkeypatch.setattr(LakeFSHook, "get_connection", classmethod(lambda cls, cid: conn))

@@ -56,6 +56,10 @@ def worker_env(nproc_per_node: int, base: dict | None = None) -> dict:
     cores = os.cpu_count() or 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc_per_node)))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # torchrun's workers otherwise share the agent's rendezvous TCPStore across restarts, and a restarted
+    # group can read the dead workers' gloo addresses from it ("Connection refused", or a hang). A store
+    # per restart round makes --max-restarts work (tests/integration/test_resume.py kills a worker).
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 

@@ -1,0 +1,175 @@
+"""The Horovod training loop run in every horovodrun worker (``distributed.strategy: horovod``).
+
+Launched as ``horovodrun -np N -H localhost:N --gloo python -m trainyard.training.entry --config run.json``.
+The same loop as the DDP trainer (``trainer.py``): the same data sharding, optimizer, schedule,
+checkpoint format (model, optimizer, scheduler, RNG, epoch + batches done + step) and result record;
+only the collective layer differs: ``hvd.DistributedOptimizer`` averages the gradients, rank 0 alone
+reads the newest checkpoint and broadcasts the weights, optimizer state and data position to the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from trainyard.training.common import (
+    Checkpoints,
+    Progress,
+    RunConfig,
+    Tracker,
+    build_model,
+    evaluate,
+    fault_injection,
+    finish,
+    grad_norm,
+    load_data,
+    log0,
+)
+
+
+def _import_horovod():
+    try:
+        import horovod.torch as hvd
+    except ImportError as err:  # pragma: no cover - depends on the machine
+        raise ImportError(
+            f"distributed.strategy 'horovod' needs horovod.torch ({err}); build it into the venv with "
+            "scripts/build_horovod.sh"
+        ) from err
+    return hvd
+
+
+def _gloo_env_from_torchrun() -> None:
+    """On Kubernetes there is no horovodrun (it needs ssh): torchrun starts the workers, and this maps its
+    environment onto Horovod's gloo bootstrap (HOROVOD_RANK, ... and an HTTP rendezvous server run by
+    rank 0 on HOROVOD_GLOO_RENDEZVOUS_PORT). Under horovodrun, HOROVOD_RANK is already set and this is a no-op."""
+    if "HOROVOD_RANK" in os.environ or "GROUP_RANK" not in os.environ:
+        return
+    rank = int(os.environ["RANK"])
+    os.environ.update(
+        HOROVOD_RANK=os.environ["RANK"],
+        HOROVOD_LOCAL_RANK=os.environ["LOCAL_RANK"],
+        HOROVOD_CROSS_RANK=os.environ["GROUP_RANK"],
+        HOROVOD_HOSTNAME=socket.gethostname(),
+        HOROVOD_GLOO_RENDEZVOUS_ADDR=os.environ["MASTER_ADDR"],
+    )
+    port = int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
+    if rank == 0:
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        server = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return
+    deadline = time.time() + 120
+    while True:
+        try:
+            socket.create_connection((os.environ["MASTER_ADDR"], port), timeout=2).close()
+            return
+        except OSError:
+            if time.time() > deadline:
+                raise RuntimeError(f"Horovod rendezvous server {os.environ['MASTER_ADDR']}:{port} never came up")
+            time.sleep(0.2)
+
+
+def train(cfg: RunConfig) -> dict:
+    hvd = _import_horovod()
+    _gloo_env_from_torchrun()
+    hvd.init()
+    rank, world = hvd.rank(), hvd.size()
+    # GPU tensors need a Horovod built with NCCL; the CPU (Gloo-only) build trains on the CPU.
+    use_cuda = torch.cuda.is_available() and bool(hvd.nccl_built())
+    if use_cuda:
+        torch.cuda.set_device(hvd.local_rank())
+    device = torch.device(f"cuda:{hvd.local_rank()}" if use_cuda else "cpu")
+    log = lambda msg: log0(rank, msg)  # noqa: E731
+
+    hp = cfg.spec["hyperparameters"]
+    torch.manual_seed(hp["seed"])
+    x_train, y_train, x_val, y_val, meta = load_data(cfg)
+    dataset = TensorDataset(x_train, y_train)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=hp["seed"])
+    loader = DataLoader(dataset, batch_size=hp["batch_size"], sampler=sampler, drop_last=False)
+
+    model = build_model(meta).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=hp["learning_rate"], momentum=hp["momentum"])
+    # Averages the gradients over the workers (allreduce hooks fire during backward), like DDP.
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    total_steps = hp["epochs"] * len(loader)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1))
+
+    ckpts = Checkpoints.from_spec(cfg)
+    start_epoch, skip, step = 0, 0, 0
+    # Rank 0 reads the checkpoint; the others get everything from it, so they can never disagree on
+    # which file (or which data position) they resume from.
+    state = ckpts.load_latest(log) if rank == 0 else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    position = None
+    if state is not None:
+        position = {k: state[k] for k in ("scheduler", "rng", "epoch", "batches_done", "step", "_path")}
+    position = hvd.broadcast_object(position, root_rank=0, name="resume_position")
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if position is not None:
+        sched.load_state_dict(position["scheduler"])
+        torch.set_rng_state(position["rng"])
+        start_epoch, skip, step = position["epoch"], position["batches_done"], position["step"]
+        if skip >= len(loader):
+            start_epoch, skip = start_epoch + 1, 0
+        log(f"resumed from checkpoint {position['_path']} at step {step} (epoch {start_epoch + 1}, batch {skip})")
+
+    tracker = Tracker(cfg) if rank == 0 else None
+    log(f"strategy=horovod world_size={world} backend=gloo device={device} train={len(dataset)} "
+        f"val={len(x_val)} epochs={hp['epochs']} steps/epoch={len(loader)} start_step={step}")
+    t0 = time.time()
+    progress = Progress(total_steps, step)
+    samples = 0
+    x_val, y_val = x_val.to(device), y_val.to(device)
+    for epoch in range(start_epoch, hp["epochs"]):
+        sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
+        for i, (xb, yb) in enumerate(loader):
+            if epoch == start_epoch and i < skip:
+                continue
+            xb, yb = xb.to(device), yb.to(device)
+            loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad()  # Horovod's override takes no set_to_none (torch's default is already None)
+            loss.backward()
+            opt.synchronize()  # wait for the averaged gradients, so the logged norm is the one applied
+            norm = grad_norm(model)
+            with opt.skip_synchronize():
+                opt.step()
+            lr = sched.get_last_lr()[0]
+            sched.step()
+            step += 1
+            samples += len(xb) * world
+            reduced = hvd.allreduce(loss.detach(), op=hvd.Average, name="train_loss")
+            if tracker:
+                tracker.log({"train_loss": float(reduced), "train_lr": lr, "train_grad_norm": norm}, step)
+            end_of_epoch = i + 1 == len(loader)
+            if rank == 0 and ckpts.due(step, end_of_epoch):
+                path = ckpts.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                   "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
+                                   "epoch": epoch, "batches_done": i + 1, "step": step}, step)
+                log(f"checkpoint {path.name} saved at step {step}")
+            fault_injection(step, cfg.out_dir)
+        val_acc, val_loss = evaluate(model, x_val, y_val)
+        log(progress.line(epoch + 1, hp["epochs"], step, samples, loss=float(reduced), val_accuracy=val_acc,
+                          val_loss=val_loss))
+        if tracker:
+            tracker.log({"val_accuracy": val_acc, "val_loss": val_loss, "epoch": epoch + 1}, step)
+        hvd.barrier()
+
+    result = finish(model, cfg, x_val, y_val, step, world, t0, tracker) if rank == 0 else {}
+    if result:
+        log(f"done: {json.dumps(result)}")
+    hvd.barrier()  # the others wait for rank 0's model and result before Horovod goes down
+    hvd.shutdown()
+    return result

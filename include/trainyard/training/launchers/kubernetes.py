@@ -1,0 +1,331 @@
+"""Kubernetes launcher: a JobSpec becomes an Indexed Job (one pod per node) and a headless Service.
+
+Pure functions over the ``kubernetes`` client models; no Airflow, no cluster. The Airflow operators in
+``plugins/trainyard_airflow/operators/training.py`` create what these functions build.
+
+How the pods find each other: the Job is Indexed, so pod ``i`` gets the hostname ``<job>-<i>``; with
+``subdomain`` = the headless Service, it resolves as ``<job>-<i>.<service>.<namespace>.svc.<domain>``.
+Every built-in strategy runs **torchrun** in each pod as the per-node process launcher (``--nproc_per_node``
+= the pod's GPUs) with the **c10d** rendezvous hosted by pod 0, because it needs nothing but TCP to pod 0:
+
+- ddp: torchrun + DistributedDataParallel, as locally.
+- deepspeed: ``deepspeed.init_distributed()`` takes RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK from
+  the environment torchrun sets. The ``deepspeed`` launcher is not used: across nodes it starts workers
+  through pdsh/ssh, which the pods do not run.
+- horovod: ``horovodrun`` starts remote workers through ssh (or the MPI Operator's kubectl-exec), which
+  the pods do not run either. Horovod's gloo controller can start from environment variables instead
+  (read in ``horovod/common/gloo/gloo_context.cc``: HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/
+  CROSS_SIZE/HOSTNAME + HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, an HTTP key-value store as served by
+  ``horovod.runner.http.http_server.RendezvousHTTPServer``). The pod env carries what is the same for
+  every process (sizes, controller, port ``HOROVOD_RDZV_PORT``); the horovod trainer must map torchrun's
+  RANK/LOCAL_RANK/GROUP_RANK to HOROVOD_RANK/LOCAL_RANK/CROSS_RANK, take the address from MASTER_ADDR (the
+  node of global rank 0) and serve the rendezvous store in rank 0 before ``hvd.init()``.
+- custom (bring your own): the user's command, one per pod, with MASTER_ADDR/MASTER_PORT (pod 0),
+  NNODES/NODE_RANK/NPROC_PER_NODE and the one-process-per-pod RANK/WORLD_SIZE; Kubernetes expands
+  ``$(NODE_RANK)`` etc. in the command.
+
+Why c10d and no ``--node_rank``: torchrun ignores node_rank outside the static backend; c10d assigns group
+ranks itself and, unlike static, re-rendezvouses every node when one restarts (``--max_restarts``). Pod 0
+hosts the store because the endpoint is its fully qualified name, which its own /etc/hosts already maps
+(torch's ``_matches_machine_hostname``), so hosting does not wait for DNS; other pods retry name lookup
+and connection until ``RDZV_TIMEOUT_S``. Starting the gang together is the cluster's job (e.g. Kueue).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from decimal import Decimal
+
+from kubernetes import client as k8s
+
+from trainyard.scheduling.resources import ResourcesConfig, load_resources
+from trainyard.spec import JobSpec, SpecError, parse_spec
+
+TRAINYARD_HOME = "/var/trainyard"  # the data PVC's mount point in every pod
+CONTAINER = "trainer"
+RDZV_PORT = 29400
+HOROVOD_RDZV_PORT = 29401
+RDZV_TIMEOUT_S = 900  # how far apart the pods of one job may start (image pulls, scheduling)
+CLUSTER_DOMAIN = "cluster.local"
+JOB_TTL_S = 24 * 3600  # the cluster removes a finished Job (and, by owner reference, its Service) a day later
+NAME_MAX = 52  # leaves room for "-<index>" in the 63-character pod hostname
+INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+# Set for readable, restartable logs; the user's kubernetes.env may replace them.
+HINTS = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME",
+         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_TOLERATION_FIELDS = {"key": "key", "operator": "operator", "value": "value", "effect": "effect",
+                      "tolerationSeconds": "toleration_seconds"}
+
+
+def as_spec(spec: JobSpec | dict) -> JobSpec:
+    return spec if isinstance(spec, JobSpec) else parse_spec(spec)
+
+
+def _bad(field: str, msg: str) -> SpecError:
+    return SpecError(f"invalid JobSpec:\n  {field}: {msg}")
+
+
+def _label_value(text: str) -> str:
+    """Label values must start and end alphanumeric; NAME_RE allows a trailing '.', '-' or '_'."""
+    return re.sub(r"^[^a-z0-9]+|[^a-z0-9]+$", "", text.lower())[:63]
+
+
+def run_hash(run_key: str) -> str:
+    """A label-safe, stable id for a run key (an Airflow run id holds ':' and '+', labels may not)."""
+    return hashlib.sha256(run_key.encode()).hexdigest()[:16]
+
+
+def job_name(spec: JobSpec | dict, run_key: str, *, attempt: int = 1) -> str:
+    """``<name>-<hash of name and run key>-<attempt>``: DNS-1035 (also the Service's name), <= 52 chars.
+
+    The attempt (Airflow try number) keeps a retry from colliding with a Job of an earlier try that the
+    cluster has not removed yet; the operator finds and deletes those by their labels."""
+    s = as_spec(spec)
+    if attempt < 1:
+        raise ValueError(f"attempt must be >= 1, got {attempt}")
+    digest = hashlib.sha256(f"{s.name}/{run_key}".encode()).hexdigest()[:8]
+    tail = f"-{digest}-{attempt}"
+    slug = re.sub(r"[^a-z0-9-]+", "-", s.name).strip("-")
+    if not slug[:1].isalpha():  # Service names must start with a letter
+        slug = f"t-{slug}"
+    return slug[: NAME_MAX - len(tail)].rstrip("-") + tail
+
+
+def run_labels(spec: JobSpec | dict, run_key: str) -> dict[str, str]:
+    """The identity of a run's objects: the Service selects by these, the operator finds by these."""
+    s = as_spec(spec)
+    return {
+        "app.kubernetes.io/name": "trainyard",
+        "trainyard.io/job": _label_value(s.name),
+        "trainyard.io/run": run_hash(run_key),
+        "trainyard.io/team": _label_value(s.resources.team),
+        "trainyard.io/gpu-type": _label_value(s.resources.gpu_type),
+    }
+
+
+def gpu_resource(spec: JobSpec | dict) -> tuple[str, int] | None:
+    """The extended resource each pod asks for; None for ``gpu_type: cpu`` (CPU pods).
+
+    A MIG profile assumes the NVIDIA device plugin's ``mixed`` strategy (``nvidia.com/mig-<profile>``)."""
+    s = as_spec(spec)
+    k, res = s.kubernetes, s.resources
+    if res.gpu_type == "cpu":
+        if k.mig_profile:
+            raise _bad("kubernetes.mig_profile", f"needs a GPU type, not 'cpu' (got {k.mig_profile!r})")
+        return None
+    return (f"nvidia.com/mig-{k.mig_profile}" if k.mig_profile else "nvidia.com/gpu", res.gpus_per_node)
+
+
+def pod_host(spec: JobSpec | dict, run_key: str, index: int, *, attempt: int = 1) -> str:
+    """Fully qualified DNS name of pod ``index`` (as in that pod's own /etc/hosts)."""
+    s = as_spec(spec)
+    name = job_name(s, run_key, attempt=attempt)
+    return f"{name}-{index}.{name}.{s.kubernetes.namespace}.svc.{CLUSTER_DOMAIN}"
+
+
+def worker_command(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1) -> list[str]:
+    """The container's argv (see the module docstring for the design per strategy)."""
+    s = as_spec(spec)
+    if s.recipe == "custom":
+        return list(s.custom.command)
+    res = s.resources
+    argv = ["torchrun", f"--nproc_per_node={res.gpus_per_node}", f"--max_restarts={s.distributed.max_restarts}",
+            "--tee=3"]  # tee + the prefix template in the env: each line names its global rank
+    if res.nodes == 1:
+        argv += ["--standalone", "--nnodes=1"]
+    else:
+        argv += [f"--nnodes={res.nodes}", "--rdzv_backend=c10d",
+                 f"--rdzv_endpoint={pod_host(s, run_key, 0, attempt=attempt)}:{RDZV_PORT}",
+                 f"--rdzv_id={job_name(s, run_key, attempt=attempt)}",
+                 f"--rdzv_conf=join_timeout={RDZV_TIMEOUT_S},read_timeout={RDZV_TIMEOUT_S}"]
+    return argv + ["-m", "trainyard.training.entry", "--config", config_path]
+
+
+def _times(quantity: str, n: int, field: str) -> str:
+    """``n`` x a quantity, in the same unit: '500m' x 3 = '1500m', '16Gi' x 2 = '32Gi'."""
+    m = _QUANTITY.match(quantity)
+    if not m:
+        raise _bad(field, f"not a Kubernetes quantity such as '4', '500m' or '16Gi' (got {quantity!r})")
+    return f"{format((Decimal(m.group(1)) * n).normalize(), 'f')}{m.group(2) or ''}"
+
+
+def _cores(quantity: str) -> int:
+    from kubernetes.utils import parse_quantity
+
+    return max(1, int(parse_quantity(_times(quantity, 1, "kubernetes.cpu_per_gpu"))))
+
+
+def _resources(s: JobSpec) -> k8s.V1ResourceRequirements:
+    """Requests = limits (Guaranteed QoS: a training pod is never the first one evicted). CPU and memory
+    scale with the GPUs, or with the processes on a CPU pod."""
+    n = s.resources.gpus_per_node
+    amounts = {"cpu": _times(s.kubernetes.cpu_per_gpu, n, "kubernetes.cpu_per_gpu"),
+               "memory": _times(s.kubernetes.memory_per_gpu, n, "kubernetes.memory_per_gpu")}
+    if gpu := gpu_resource(s):
+        amounts[gpu[0]] = str(gpu[1])
+    return k8s.V1ResourceRequirements(requests=dict(amounts), limits=dict(amounts))
+
+
+def _index() -> k8s.V1EnvVarSource:
+    """The pod's completion index, as the Job controller's own JOB_COMPLETION_INDEX reads it."""
+    return k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path=INDEX_FIELD))
+
+
+def _env(s: JobSpec, run_key: str, config_path: str, attempt: int, data_dir: str | None) -> list[k8s.V1EnvVar]:
+    n, g = s.resources.nodes, s.resources.gpus_per_node
+    run_dir = posixpath.dirname(config_path)
+    # torchrun would otherwise give each worker 1 thread; each worker has cpu_per_gpu cores.
+    hints = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(_cores(s.kubernetes.cpu_per_gpu))}
+    if s.resources.gpu_type != "cpu":
+        hints.update(NCCL_DEBUG="WARN", NCCL_SOCKET_IFNAME="^lo,docker")  # '^': any interface but these
+    platform: dict[str, str | k8s.V1EnvVarSource] = {
+        "TRAINYARD_HOME": TRAINYARD_HOME, "TRAINYARD_RUN_CONFIG": config_path, "TRAINYARD_NODE_INDEX": _index()}
+    if s.recipe == "custom":
+        platform.update(
+            MASTER_ADDR="localhost" if n == 1 else pod_host(s, run_key, 0, attempt=attempt),
+            MASTER_PORT=str(RDZV_PORT), NNODES=str(n), NPROC_PER_NODE=str(g), NODE_RANK=_index(),
+            RANK=_index(), WORLD_SIZE=str(n), LOCAL_RANK="0",  # one process per pod, unless the command forks
+            TRAINYARD_DATA_DIR=data_dir or posixpath.join(run_dir, "data"),
+            TRAINYARD_CHECKPOINT_DIR=posixpath.join(run_dir, "checkpoints"),
+            TRAINYARD_METRICS_FILE=posixpath.join(run_dir, "metrics.jsonl"),
+        )
+    else:
+        hints["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank ${rank}]:"  # torch's template, not a $(VAR)
+        # A fresh rendezvous store per restart round; see launchers/local.worker_env for the failure it avoids.
+        platform["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        if s.distributed.strategy == "horovod":  # what is the same for every process; see the docstring
+            platform.update(HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
+                            HOROVOD_GLOO_RENDEZVOUS_PORT=str(HOROVOD_RDZV_PORT),
+                            HOROVOD_SIZE=str(n * g), HOROVOD_LOCAL_SIZE=str(g), HOROVOD_CROSS_SIZE=str(n))
+    clash = sorted(set(s.kubernetes.env) & set(platform))
+    if clash:
+        raise _bad("kubernetes.env", f"{clash} are set by the platform and cannot be replaced "
+                                     f"(hints such as {list(HINTS)} can)")
+    merged = {**hints, **platform, **s.kubernetes.env}
+    return [k8s.V1EnvVar(name=k, value_from=v) if isinstance(v, k8s.V1EnvVarSource) else k8s.V1EnvVar(name=k, value=v)
+            for k, v in merged.items()]
+
+
+def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
+    out = []
+    for i, t in enumerate(s.kubernetes.tolerations):
+        unknown = sorted(set(t) - set(_TOLERATION_FIELDS))
+        if unknown:
+            raise _bad(f"kubernetes.tolerations.{i}", f"unknown field(s) {unknown}; allowed: {list(_TOLERATION_FIELDS)}")
+        out.append(k8s.V1Toleration(**{_TOLERATION_FIELDS[k]: v for k, v in t.items()}))
+    return out
+
+
+def node_selector(spec: JobSpec | dict, resources: ResourcesConfig | None = None) -> dict[str, str]:
+    """The GPU type's selector from resources.yaml, plus (and overridden by) the spec's own."""
+    s = as_spec(spec)
+    config = resources or load_resources()
+    gpu = config.gpu_types.get(s.resources.gpu_type)
+    if gpu is None:
+        raise _bad("resources.gpu_type", f"unknown GPU type {s.resources.gpu_type!r}; allowed: {sorted(config.gpu_types)}")
+    return {**gpu.node_selector, **s.kubernetes.node_selector}
+
+
+def pod_template(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1,
+                 resources: ResourcesConfig | None = None, data_dir: str | None = None) -> k8s.V1PodTemplateSpec:
+    """One node of the job: the trainer container with the data PVC and a RAM-backed /dev/shm."""
+    s = as_spec(spec)
+    k = s.kubernetes
+    ports = [k8s.V1ContainerPort(name="rendezvous", container_port=RDZV_PORT)]
+    if s.recipe != "custom" and s.distributed.strategy == "horovod":
+        ports.append(k8s.V1ContainerPort(name="hvd-rendezvous", container_port=HOROVOD_RDZV_PORT))
+    container = k8s.V1Container(
+        name=CONTAINER,
+        image=(s.custom.image if s.custom and s.custom.image else None) or k.image,
+        image_pull_policy=k.image_pull_policy,
+        command=worker_command(s, run_key, config_path, attempt=attempt),
+        env=_env(s, run_key, config_path, attempt, data_dir),
+        ports=ports,
+        resources=_resources(s),
+        volume_mounts=[k8s.V1VolumeMount(name="data", mount_path=TRAINYARD_HOME),
+                       k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")],
+    )
+    pod_spec = k8s.V1PodSpec(
+        containers=[container],
+        # Never: a crashed worker fails the Job (backoff 0) and Airflow decides whether to retry.
+        restart_policy="Never",
+        subdomain=job_name(s, run_key, attempt=attempt),
+        service_account_name=k.service_account,
+        priority_class_name=k.priority_class,
+        node_selector=node_selector(s, resources) or None,
+        tolerations=_tolerations(s) or None,
+        enable_service_links=False,  # no env var per Service in the namespace
+        volumes=[
+            k8s.V1Volume(name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=k.data_pvc)),
+            # Docker's 64 MiB default /dev/shm breaks DataLoader workers and NCCL's shared-memory transport.
+            k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
+        ],
+    )
+    return k8s.V1PodTemplateSpec(metadata=k8s.V1ObjectMeta(labels=run_labels(s, run_key)), spec=pod_spec)
+
+
+def build_service(spec: JobSpec | dict, run_key: str, *, attempt: int = 1) -> k8s.V1Service:
+    """Headless: no virtual IP, only the per-pod DNS records, published before the pods are ready (the
+    rendezvous happens before any readiness could be reported)."""
+    s = as_spec(spec)
+    name = job_name(s, run_key, attempt=attempt)
+    return k8s.V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=k8s.V1ObjectMeta(name=name, namespace=s.kubernetes.namespace, labels=run_labels(s, run_key)),
+        spec=k8s.V1ServiceSpec(
+            cluster_ip="None",
+            selector=run_labels(s, run_key),
+            publish_not_ready_addresses=True,
+            ports=[k8s.V1ServicePort(name="rendezvous", port=RDZV_PORT, target_port=RDZV_PORT, protocol="TCP")],
+        ),
+    )
+
+
+def build_job(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1,
+              resources: ResourcesConfig | None = None, data_dir: str | None = None) -> k8s.V1Job:
+    """An Indexed Job, one pod per node, all started together, never retried by the cluster."""
+    s = as_spec(spec)
+    return k8s.V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=k8s.V1ObjectMeta(name=job_name(s, run_key, attempt=attempt), namespace=s.kubernetes.namespace,
+                                  labels=run_labels(s, run_key)),
+        spec=k8s.V1JobSpec(
+            completion_mode="Indexed",
+            completions=s.resources.nodes,
+            parallelism=s.resources.nodes,
+            backoff_limit=0,  # retries are Airflow's: one place decides, and a retry resumes from a checkpoint
+            ttl_seconds_after_finished=JOB_TTL_S,
+            template=pod_template(s, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir),
+        ),
+    )
+
+
+def build_pod(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1,
+              resources: ResourcesConfig | None = None, data_dir: str | None = None) -> k8s.V1Pod:
+    """A single-node job as a bare Pod (no Job, no Service), for KubernetesPodOperator."""
+    s = as_spec(spec)
+    if s.resources.nodes != 1:
+        raise _bad("resources.nodes", f"a single pod runs one node; {s.resources.nodes} nodes need build_job")
+    template = pod_template(s, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir)
+    template.spec.subdomain = None
+    return k8s.V1Pod(
+        api_version="v1",
+        kind="Pod",
+        metadata=k8s.V1ObjectMeta(name=job_name(s, run_key, attempt=attempt), namespace=s.kubernetes.namespace,
+                                  labels=template.metadata.labels),
+        spec=template.spec,
+    )
+
+
+def manifests(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1,
+              resources: ResourcesConfig | None = None, data_dir: str | None = None) -> list[dict]:
+    """The Service and the Job as plain dicts, in the order they are applied."""
+    api = k8s.ApiClient()
+    return [api.sanitize_for_serialization(build_service(spec, run_key, attempt=attempt)),
+            api.sanitize_for_serialization(build_job(spec, run_key, config_path, attempt=attempt,
+                                                     resources=resources, data_dir=data_dir))]

@@ -1,0 +1,15 @@
+"""Airflow imports each .py file of the plugins folder as a top-level module named after the file; only
+airflow_local_settings.py may be loaded that way, or package modules would shadow real libraries."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_plugin_loader_sees_only_the_local_settings():
+    from airflow._shared.module_loading import find_path_from_directory
+
+    files = sorted(Path(p).relative_to(REPO / "plugins").as_posix()
+                   for p in find_path_from_directory(str(REPO / "plugins"), ".airflowignore")
+                   if p.endswith(".py"))
+    assert files == ["airflow_local_settings.py"]

@@ -1,0 +1,124 @@
+"""Checkpoints that survive failures, with real processes: a worker killed with SIGKILL mid-epoch, and an
+Airflow retry of the train task."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainyard.data.classification import digits_files
+from trainyard.data.prepare import prepare_classification
+from trainyard.spec import JobSpec
+from trainyard.training.launchers.local import torchrun_argv, worker_env
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+EVERY = 10
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits")
+    for rel, data in digits_files().items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return prepare_classification(root, "d" * 64, tmp_path_factory.mktemp("prep"), 0.2, 0)
+
+
+def _config(tmp_path, prepared, name) -> str:
+    spec = JobSpec.model_validate({
+        "hyperparameters": {"epochs": 4, "batch_size": 16, "learning_rate": 0.05, "seed": 11},
+        "distributed": {"max_restarts": 1},
+        "checkpointing": {"every_steps": EVERY, "keep_last": 3},
+    }).model_dump(mode="json")
+    out = tmp_path / name
+    out.mkdir()
+    cfg = out / "run.json"
+    cfg.write_text(json.dumps({"spec": spec, "data": prepared, "out_dir": str(out)}))
+    return str(cfg)
+
+
+def _run(argv, on_line=None, timeout=300):
+    proc = subprocess.Popen(argv, env=worker_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines = []
+    # A hung group must fail the test, not the CI run: kill the whole process group at the deadline.
+    timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if on_line:
+                on_line(proc, line)
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+    assert rc != -signal.SIGKILL, f"training hung for {timeout}s:\n" + "\n".join(lines[-30:])
+    return rc, lines
+
+
+def _workers(torchrun: subprocess.Popen) -> list[psutil.Process]:
+    children = psutil.Process(torchrun.pid).children(recursive=True)
+    return [p for p in children if "trainyard.training.entry" in " ".join(p.cmdline())
+            and "torch.distributed.run" not in " ".join(p.cmdline())]
+
+
+def test_sigkill_of_a_worker_mid_epoch_resumes(tmp_path, prepared):
+    rc, clean = _run(torchrun_argv(2, _config(tmp_path, prepared, "clean"), max_restarts=1))
+    assert rc == 0, "\n".join(clean[-30:])
+    baseline = json.loads((tmp_path / "clean" / "train_result.json").read_text())
+    steps_per_epoch = baseline["steps"] // 4
+    target = next(s for s in range(EVERY, baseline["steps"], EVERY) if s > steps_per_epoch + 3 and s % steps_per_epoch)
+
+    killed = {}
+
+    def chaos(proc, line):
+        if not killed and f"saved at step {target}" in line:
+            victim = max(_workers(proc), key=lambda p: p.pid)  # one worker, not the agent
+            killed.update(pid=victim.pid, after_checkpoint=target)
+            os.kill(victim.pid, signal.SIGKILL)
+
+    rc, chaotic = _run(torchrun_argv(2, _config(tmp_path, prepared, "chaos"), max_restarts=1), chaos)
+    text = "\n".join(chaotic)
+    assert killed, "the kill never happened:\n" + text[-3000:]
+    assert rc == 0, text[-3000:]
+    resumed = [ln for ln in chaotic if "resumed from checkpoint" in ln]
+    assert resumed, text[-3000:]
+    resumed_step = int(resumed[-1].split(" at step ")[1].split()[0])
+    # At most one checkpoint interval is lost: the restart continues from the last checkpoint seen.
+    assert resumed_step >= killed["after_checkpoint"]
+    assert 0 < resumed_step % steps_per_epoch  # mid-epoch: the data position was restored
+    result = json.loads((tmp_path / "chaos" / "train_result.json").read_text())
+    assert result["steps"] == baseline["steps"]
+    assert abs(result["val_accuracy"] - baseline["val_accuracy"]) <= 0.01
+
+
+def test_airflow_retry_resumes_from_the_checkpoint(trainyard_home, monkeypatch, capfd):
+    if not os.environ.get("AIRFLOW_HOME"):
+        pytest.fail("AIRFLOW_HOME is not set: run the suite with `make test`")
+    sys.path.insert(0, str(REPO / "dags"))
+    from train_pipeline import dag
+
+    monkeypatch.setenv("TRAINYARD_FAIL_ONCE_AT_STEP", "30")
+    dr = dag.test(run_conf={
+        "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1, "seed": 2},
+        "distributed": {"max_restarts": 0},
+        "checkpointing": {"every_steps": EVERY},
+        "gates": [{"metric": "val_accuracy", "min": 0.5}],
+    })
+    out = capfd.readouterr().out
+    tis = {ti.task_id: ti for ti in dr.get_task_instances()}
+    assert dr.state == "success", {t: ti.state for t, ti in tis.items()}
+    assert tis["train"].try_number == 2
+    assert "fault injection: crashing at step 30" in out
+    assert "resumed from checkpoint step-00000030.pt at step 30" in out
+    markers = list((trainyard_home / "runs").rglob(".fault-injected-30"))
+    assert len(markers) == 1
+    result = json.loads((markers[0].parent / "train_result.json").read_text())
+    assert result["steps"] == 3 * 23

@@ -1,0 +1,266 @@
+"""The Kubernetes launcher's manifests, table-driven over nodes x strategies x GPU types, and every one of
+them checked against the Kubernetes OpenAPI schema (kubernetes-validate, strict: unknown fields fail)."""
+
+import copy
+import re
+
+import kubernetes_validate
+import pytest
+from kubernetes import client as k8s
+
+from trainyard.spec import SpecError
+from trainyard.training.launchers import kubernetes as K
+
+RUN_KEY = "train_pipeline/manual__2026-05-01T10:00:00+00:00"
+CONFIG = "/var/trainyard/runs/digits/train_pipeline_manual/run_config.json"
+# The oldest Kubernetes release trainyard targets, and the newest schema the installed package has.
+K8S_VERSIONS = ("1.33", kubernetes_validate.latest_version())
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+BASE = {
+    "name": "digits",
+    "backends": {"launcher": "kubernetes"},
+    "resources": {"gpus_per_node": 2, "team": "vision"},
+    "kubernetes": {
+        "namespace": "ml",
+        "priority_class": "train-high",
+        "service_account": "trainer",
+        "node_selector": {"pool": "training"},
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 60},
+        ],
+        "env": {"WANDB_MODE": "offline", "NCCL_DEBUG": "INFO"},
+        "data_pvc": "datasets",
+    },
+}
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+# name -> (spec overrides, expected GPU resource name or None, expected GPU-type selector)
+GPU_TYPES = {
+    "cpu": ({"resources": {"gpu_type": "cpu"}}, None, {}),
+    "a100": ({"resources": {"gpu_type": "a100-80gb"}}, "nvidia.com/gpu", A100),
+    "a100-mig": ({"resources": {"gpu_type": "a100-80gb"}, "kubernetes": {"mig_profile": "1g.10gb"}},
+                 "nvidia.com/mig-1g.10gb", A100),
+}
+BYO = ["python", "train.py", "--node-rank", "$(NODE_RANK)"]
+# name -> (spec overrides, expected argv: None = the user's command, else the torchrun strategies' tail)
+STRATEGIES = {
+    "ddp": ({"distributed": {"strategy": "ddp", "max_restarts": 2}}, "torchrun"),
+    "horovod": ({"distributed": {"strategy": "horovod", "max_restarts": 2}}, "torchrun"),
+    "deepspeed": ({"distributed": {"strategy": "deepspeed", "max_restarts": 2}}, "torchrun"),
+    "custom": ({"recipe": "custom", "custom": {"command": BYO, "image": "registry.example/byo:1"}}, None),
+}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+def spec_for(*overrides: dict) -> dict:
+    out = BASE
+    for o in overrides:
+        out = merge(out, o)
+    return out
+
+
+GRID = [
+    pytest.param(nodes, strategy, gpu, id=f"{strategy}-{gpu}-{nodes}node")
+    for nodes in (1, 2, 3, 4)
+    for strategy in STRATEGIES
+    for gpu in GPU_TYPES
+]
+
+
+def _env(container: k8s.V1Container) -> dict:
+    return {e.name: (e.value if e.value is not None else e.value_from.field_ref.field_path) for e in container.env}
+
+
+@pytest.mark.parametrize("nodes, strategy, gpu", GRID)
+def test_job_for_every_combination(nodes, strategy, gpu):
+    gpu_over, gpu_name, gpu_selector = GPU_TYPES[gpu]
+    strat_over, launcher_kind = STRATEGIES[strategy]
+    spec = spec_for(gpu_over, strat_over, {"resources": {"nodes": nodes}})
+    job = K.build_job(spec, RUN_KEY, CONFIG)
+    name = K.job_name(spec, RUN_KEY)
+    labels = K.run_labels(spec, RUN_KEY)
+
+    assert (job.kind, job.api_version, job.metadata.name, job.metadata.namespace) == ("Job", "batch/v1", name, "ml")
+    assert job.spec.completion_mode == "Indexed"
+    assert job.spec.parallelism == job.spec.completions == nodes
+    assert job.spec.backoff_limit == 0
+    assert job.metadata.labels == job.spec.template.metadata.labels == labels
+    assert labels["trainyard.io/team"] == "vision" and labels["app.kubernetes.io/name"] == "trainyard"
+
+    pod = job.spec.template.spec
+    assert pod.restart_policy == "Never"
+    assert pod.subdomain == name
+    assert pod.priority_class_name == "train-high" and pod.service_account_name == "trainer"
+    assert pod.node_selector == {**gpu_selector, "pool": "training"}
+    assert [(t.key, t.operator, t.value, t.effect, t.toleration_seconds) for t in pod.tolerations] == [
+        ("nvidia.com/gpu", "Exists", None, "NoSchedule", None), ("spot", "Equal", "true", "NoExecute", 60)]
+    volumes = {v.name: v for v in pod.volumes}
+    assert volumes["data"].persistent_volume_claim.claim_name == "datasets"
+    assert volumes["dshm"].empty_dir.medium == "Memory"
+
+    (c,) = pod.containers
+    assert {m.name: m.mount_path for m in c.volume_mounts} == {"data": "/var/trainyard", "dshm": "/dev/shm"}
+    expected = {"cpu": "8", "memory": "32Gi"}  # 4 CPUs and 16Gi per GPU (default) x 2
+    if gpu_name:
+        expected[gpu_name] = "2"
+    assert c.resources.limits == c.resources.requests == expected
+    assert "nvidia.com/gpu" not in expected or gpu_name == "nvidia.com/gpu"
+
+    env = _env(c)
+    assert env["TRAINYARD_HOME"] == "/var/trainyard" and env["TRAINYARD_RUN_CONFIG"] == CONFIG
+    assert env["WANDB_MODE"] == "offline"
+    assert env["TRAINYARD_NODE_INDEX"] == K.INDEX_FIELD
+    assert env["OMP_NUM_THREADS"] == "4"
+    if gpu_name:
+        assert env["NCCL_DEBUG"] == "INFO"  # the user's value wins over the platform's hint
+    if strategy == "horovod":
+        assert (env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_SIZE"], env["HOROVOD_CROSS_SIZE"]) == (str(2 * nodes), "2", str(nodes))
+        assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+        assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(K.HOROVOD_RDZV_PORT)
+    else:
+        assert not any(k.startswith("HOROVOD_") for k in env)
+
+    pod0 = f"{name}-0.{name}.ml.svc.cluster.local"
+    if launcher_kind is None:
+        assert c.command == BYO and c.image == "registry.example/byo:1"
+        assert env["MASTER_ADDR"] == ("localhost" if nodes == 1 else pod0)
+        assert (env["MASTER_PORT"], env["NNODES"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("29400", str(nodes), "2", str(nodes))
+        assert env["NODE_RANK"] == env["RANK"] == K.INDEX_FIELD
+        assert env["TRAINYARD_CHECKPOINT_DIR"].endswith("/train_pipeline_manual/checkpoints")
+        assert env["TRAINYARD_METRICS_FILE"].endswith("/train_pipeline_manual/metrics.jsonl")
+        assert env["TRAINYARD_DATA_DIR"].endswith("/train_pipeline_manual/data")
+    else:
+        assert c.image == "ghcr.io/trainyard/trainer:0.1.0" and c.image_pull_policy == "IfNotPresent"
+        assert c.command[:4] == ["torchrun", "--nproc_per_node=2", "--max_restarts=2", "--tee=3"]
+        assert c.command[-4:] == ["-m", "trainyard.training.entry", "--config", CONFIG]
+        if nodes == 1:
+            assert "--standalone" in c.command and "--nnodes=1" in c.command
+        else:
+            assert f"--nnodes={nodes}" in c.command and "--rdzv_backend=c10d" in c.command
+            assert f"--rdzv_endpoint={pod0}:29400" in c.command
+            assert f"--rdzv_id={name}" in c.command
+            assert not any(a.startswith("--node_rank") for a in c.command)  # c10d assigns ranks
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("nodes, strategy, gpu", GRID)
+def test_every_manifest_is_valid_kubernetes(nodes, strategy, gpu, version):
+    spec = spec_for(GPU_TYPES[gpu][0], STRATEGIES[strategy][0], {"resources": {"nodes": nodes}})
+    manifests = K.manifests(spec, RUN_KEY, CONFIG)
+    assert [m["kind"] for m in manifests] == ["Service", "Job"]
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_the_validator_would_catch_a_mistake():
+    job = K.manifests(spec_for(), RUN_KEY, CONFIG)[1]
+    job["spec"]["template"]["spec"]["containers"][0]["gpus"] = 2  # not a field
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, "1.33", strict=True)
+
+
+def test_service_is_headless_and_selects_the_run():
+    svc = K.build_service(spec_for({"resources": {"nodes": 2}}), RUN_KEY)
+    assert svc.metadata.name == K.job_name(spec_for(), RUN_KEY)
+    assert svc.spec.cluster_ip == "None"
+    assert svc.spec.selector == K.run_labels(spec_for(), RUN_KEY)
+    assert svc.spec.publish_not_ready_addresses is True
+    assert [(p.name, p.port) for p in svc.spec.ports] == [("rendezvous", 29400)]
+
+
+@pytest.mark.parametrize(
+    "name, spec_name, run_key, attempt",
+    [
+        ("plain", "digits", RUN_KEY, 1),
+        ("retry", "digits", RUN_KEY, 3),
+        ("starts with a digit", "3d-unet", RUN_KEY, 1),
+        ("dots and underscores", "my.model_v2", RUN_KEY, 1),
+        ("longest name", "a" * 63, RUN_KEY, 999),
+        ("trailing dash", "digits-", "x", 1),
+    ],
+)
+def test_job_name_is_dns_safe_short_and_deterministic(name, spec_name, run_key, attempt):
+    spec = {"name": spec_name}
+    got = K.job_name(spec, run_key, attempt=attempt)
+    assert DNS_1035.match(got) and len(got) <= K.NAME_MAX, got
+    assert got == K.job_name(spec, run_key, attempt=attempt)
+    assert got.endswith(f"-{attempt}")
+    assert got != K.job_name(spec, run_key + "x", attempt=attempt)
+    assert got != K.job_name(spec, run_key, attempt=attempt + 1)
+
+
+def test_run_labels_are_label_safe():
+    labels = K.run_labels({"name": "digits-", "resources": {"team": "ml.", "gpu_type": "cpu"}}, "dag/run:+00:00")
+    assert labels["trainyard.io/job"] == "digits" and labels["trainyard.io/team"] == "ml"
+    assert re.fullmatch(r"[0-9a-f]{16}", labels["trainyard.io/run"])
+    assert labels["trainyard.io/run"] != K.run_labels({"name": "digits"}, "dag/run:+00:01")["trainyard.io/run"]
+
+
+@pytest.mark.parametrize(
+    "name, overrides, expected",
+    [
+        ("cpu pods ask for no GPU", {"resources": {"gpu_type": "cpu", "gpus_per_node": 4}}, None),
+        ("whole GPUs", {"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 8}}, ("nvidia.com/gpu", 8)),
+        ("MIG slices", {"resources": {"gpu_type": "a100-80gb", "gpus_per_node": 1}, "kubernetes": {"mig_profile": "3g.40gb"}},
+         ("nvidia.com/mig-3g.40gb", 1)),
+    ],
+)
+def test_gpu_resource(name, overrides, expected):
+    assert K.gpu_resource(merge({"name": "x"}, overrides)) == expected
+
+
+@pytest.mark.parametrize(
+    "name, overrides, field",
+    [
+        ("MIG on cpu", {"kubernetes": {"mig_profile": "1g.10gb"}, "resources": {"gpu_type": "cpu"}}, "kubernetes.mig_profile"),
+        ("bad cpu quantity", {"kubernetes": {"cpu_per_gpu": "four"}}, "kubernetes.cpu_per_gpu"),
+        ("bad memory quantity", {"kubernetes": {"memory_per_gpu": "16 GB"}}, "kubernetes.memory_per_gpu"),
+        ("platform env", {"kubernetes": {"env": {"MASTER_ADDR": "evil"}}, "recipe": "custom", "custom": {"command": ["x"]}},
+         "kubernetes.env"),
+        ("platform env", {"kubernetes": {"env": {"TRAINYARD_HOME": "/tmp"}}}, "kubernetes.env"),
+        ("toleration typo", {"kubernetes": {"tolerations": [{"key": "a", "efect": "NoSchedule"}]}}, "kubernetes.tolerations.0"),
+        ("unknown GPU type", {"resources": {"gpu_type": "tpu-v5"}}, "resources.gpu_type"),
+    ],
+)
+def test_errors_name_the_field(name, overrides, field):
+    with pytest.raises(SpecError, match=re.escape(field)):
+        K.build_job(merge(BASE, overrides), RUN_KEY, CONFIG)
+
+
+@pytest.mark.parametrize(
+    "cpu, memory, gpus, expected",
+    [("500m", "1Gi", 3, ("1500m", "3Gi")), ("1.5", "512Mi", 2, ("3", "1024Mi")), ("4", "16Gi", 8, ("32", "128Gi"))],
+)
+def test_cpu_and_memory_scale_with_gpus(cpu, memory, gpus, expected):
+    spec = spec_for({"resources": {"gpus_per_node": gpus}, "kubernetes": {"cpu_per_gpu": cpu, "memory_per_gpu": memory}})
+    limits = K.build_job(spec, RUN_KEY, CONFIG).spec.template.spec.containers[0].resources.limits
+    assert (limits["cpu"], limits["memory"]) == expected
+
+
+def test_single_node_pod():
+    spec = spec_for({"resources": {"gpu_type": "a100-80gb", "gpus_per_node": 4}})
+    pod = K.build_pod(spec, RUN_KEY, CONFIG, attempt=2)
+    assert pod.metadata.name == K.job_name(spec, RUN_KEY, attempt=2)
+    assert pod.spec.subdomain is None and pod.spec.restart_policy == "Never"
+    assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "4"
+    assert "--standalone" in pod.spec.containers[0].command
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(k8s.ApiClient().sanitize_for_serialization(pod), version, strict=True)
+    with pytest.raises(SpecError, match="resources.nodes"):
+        K.build_pod(spec_for({"resources": {"nodes": 2}}), RUN_KEY, CONFIG)
+
+
+def test_custom_data_dir_and_attempts_get_their_own_names():
+    spec = spec_for(STRATEGIES["custom"][0], {"resources": {"nodes": 2}})
+    job = K.build_job(spec, RUN_KEY, CONFIG, attempt=2, data_dir="/var/trainyard/cache/prepared/abc")
+    env = _env(job.spec.template.spec.containers[0])
+    assert env["TRAINYARD_DATA_DIR"] == "/var/trainyard/cache/prepared/abc"
+    assert env["MASTER_ADDR"].startswith(K.job_name(spec, RUN_KEY, attempt=2) + "-0.")
+    assert job.metadata.name != K.job_name(spec, RUN_KEY, attempt=1)
