@@ -1,0 +1,70 @@
+"""The deepspeed launcher command for one node, CPU or GPU.
+
+How DeepSpeed 0.19.8's launcher (``deepspeed/launcher/runner.py``) starts N processes without GPUs:
+
+* The resource pool of the local host is ``get_accelerator().device_count()`` slots. For the CPU
+  accelerator (``DS_ACCELERATOR=cpu``, also what it falls back to when it finds no GPU) that is the number
+  of NUMA nodes (1 on most machines), so ``--include localhost:0,1`` fails ("No slot '1' specified").
+* ``--num_accelerators N`` (the same option as ``--num_gpus``) replaces each host's slots with
+  ``range(N)`` whatever the device count, so it starts N local processes on CPU as well as on N GPUs. The
+  per-process launcher (``deepspeed.launcher.launch``) sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE,
+  MASTER_ADDR/PORT and appends ``--local_rank=N``, which ``trainyard.training.entry`` accepts.
+* ``--bind_cores_to_rank`` is left out: it needs ``numactl`` and pins OMP_NUM_THREADS itself; the
+  thread count comes from :func:`trainyard.training.launchers.local.worker_env` instead.
+* The launcher's default port is a fixed 29500, so two runs on one Airflow worker would collide; a free
+  port is picked unless one is given (torchrun's ``--standalone`` does the same).
+
+The launcher is started as ``python -m deepspeed.launcher.runner``: that is all the ``deepspeed`` console
+script does, and it keeps the interpreter (and so the virtualenv) explicit even where the script is not
+next to ``sys.executable``.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+from trainyard.training.launchers.local import worker_env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def deepspeed_argv(nproc: int, config_path: str, *, python: str | None = None,
+                   master_port: int | None = None) -> list[str]:
+    """The deepspeed launcher command for ``nproc`` processes on this node. Nothing user-supplied reaches
+    a shell; without ``master_port`` a free one is picked (the only thing here that is not pure)."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    port = free_port() if master_port is None else master_port
+    return [
+        python or sys.executable,
+        "-u",
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_nodes=1",
+        f"--num_accelerators={nproc}",
+        f"--master_port={port}",
+        "--module",
+        "trainyard.training.entry",
+        "--config",
+        config_path,
+    ]
+
+
+def deepspeed_env(nproc: int, base: dict | None = None, *, cuda: bool | None = None) -> dict:
+    """The launcher's environment: :func:`worker_env` (threads per worker), plus ``DS_ACCELERATOR=cpu``
+    when there is no CUDA GPU, so DeepSpeed does not probe for other accelerators (an explicit
+    DS_ACCELERATOR in ``base`` wins)."""
+    env = worker_env(nproc, base)
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if not cuda:
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    return env

@@ -1,0 +1,92 @@
+"""deepspeed_config(): the DeepSpeed config made from a JobSpec."""
+
+import pytest
+
+from trainyard.spec import parse_spec
+from trainyard.training.deepspeed_config import QUIET_STEPS, deepspeed_config
+
+
+def _spec(stage=1, precision="fp32", batch=32, lr=0.1, momentum=0.9) -> dict:
+    raw = {
+        "hyperparameters": {"batch_size": batch, "learning_rate": lr, "momentum": momentum},
+        "distributed": {"strategy": "deepspeed", "zero_stage": stage, "precision": precision},
+    }
+    return parse_spec(raw).model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    "stage, precision, world, cuda, micro, train_batch, blocks",
+    [
+        (0, "fp32", 1, False, 32, 32, {}),
+        (1, "fp32", 2, False, 32, 64, {}),
+        (2, "fp32", 4, False, 32, 128, {}),
+        (3, "fp32", 8, False, 32, 256, {}),
+        (1, "bf16", 2, False, 32, 64, {"bf16": {"enabled": True}}),
+        (2, "bf16", 3, True, 32, 96, {"bf16": {"enabled": True}}),
+        (3, "bf16", 2, False, 32, 64, {"bf16": {"enabled": True}}),
+        (2, "fp16", 2, True, 32, 64, {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}),
+        (0, "fp16", 1, True, 32, 32, {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}),
+    ],
+)
+def test_config_table(stage, precision, world, cuda, micro, train_batch, blocks):
+    cfg = deepspeed_config(_spec(stage, precision), world, cuda=cuda)
+    assert cfg["train_micro_batch_size_per_gpu"] == micro
+    assert cfg["gradient_accumulation_steps"] == 1
+    assert cfg["train_batch_size"] == train_batch == micro * world  # DeepSpeed checks this identity
+    assert cfg["zero_optimization"] == {"stage": stage}
+    for name in ("bf16", "fp16"):
+        assert cfg.get(name) == blocks.get(name)
+
+
+@pytest.mark.parametrize("batch, lr, momentum", [(32, 0.1, 0.9), (8, 0.05, 0.0), (512, 1.0, 0.5)])
+def test_optimizer_from_hyperparameters(batch, lr, momentum):
+    cfg = deepspeed_config(_spec(batch=batch, lr=lr, momentum=momentum), 2)
+    assert cfg["optimizer"] == {"type": "SGD", "params": {"lr": lr, "momentum": momentum}}
+    assert cfg["zero_allow_untested_optimizer"] is True  # SGD is not one of ZeRO's own optimizers
+    assert cfg["train_micro_batch_size_per_gpu"] == batch and cfg["train_batch_size"] == 2 * batch
+
+
+def test_quiet_and_unclipped():
+    cfg = deepspeed_config(_spec(), 2)
+    assert cfg["steps_per_print"] == QUIET_STEPS >= 10**9
+    assert cfg["wall_clock_breakdown"] is False
+    assert cfg["gradient_clipping"] == 0.0  # like the DDP loop
+    assert deepspeed_config({**_spec(), "hyperparameters": {**_spec()["hyperparameters"], "gradient_clipping": 1.0}},
+                            1)["gradient_clipping"] == 1.0
+
+
+def test_defaults_of_a_minimal_spec():
+    """The JobSpec's defaults: ZeRO stage 1, fp32."""
+    spec = parse_spec({"distributed": {"strategy": "deepspeed"}}).model_dump(mode="json")
+    cfg = deepspeed_config(spec, 2)
+    assert cfg["zero_optimization"]["stage"] == 1 and "bf16" not in cfg and "fp16" not in cfg
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_fp16_is_refused_on_cpu(stage):
+    with pytest.raises(ValueError, match=r"distributed\.precision 'fp16' needs CUDA GPUs.*'bf16' or 'fp32'"):
+        deepspeed_config(_spec(stage, "fp16"), 2)  # cuda defaults to False
+    with pytest.raises(ValueError, match="distributed.precision"):
+        deepspeed_config(_spec(stage, "fp16"), 2, cuda=False)
+
+
+@pytest.mark.parametrize(
+    "patch, world, match",
+    [
+        ({}, 0, "world_size must be >= 1"),
+        ({"zero_stage": 4}, 1, "distributed.zero_stage must be 0, 1, 2 or 3"),
+        ({"precision": "fp8"}, 1, "distributed.precision must be one of"),
+    ],
+)
+def test_bad_inputs(patch, world, match):
+    spec = _spec()
+    spec = {**spec, "distributed": {**spec["distributed"], **patch}}
+    with pytest.raises(ValueError, match=match):
+        deepspeed_config(spec, world)
+
+
+def test_pure():
+    spec = _spec(2, "bf16")
+    before = repr(spec)
+    assert deepspeed_config(spec, 2) == deepspeed_config(spec, 2)
+    assert repr(spec) == before
