@@ -99,7 +99,7 @@ def test_sigkill_of_a_worker_mid_epoch_resumes(tmp_path, prepared):
     assert abs(result["val_accuracy"] - baseline["val_accuracy"]) <= 0.01
 
 
-def test_airflow_retry_resumes_from_the_checkpoint(trainyard_home, monkeypatch, capfd):
+def test_airflow_retry_resumes_from_the_checkpoint(trainyard_home, monkeypatch, capfd, caplog):
     if not os.environ.get("AIRFLOW_HOME"):
         pytest.fail("AIRFLOW_HOME is not set: run the suite with `make test`")
     sys.path.insert(0, str(REPO / "dags"))
@@ -112,7 +112,8 @@ def test_airflow_retry_resumes_from_the_checkpoint(trainyard_home, monkeypatch, 
         "checkpointing": {"every_steps": EVERY},
         "gates": [{"metric": "val_accuracy", "min": 0.5}],
     })
-    out = capfd.readouterr().out
+    # The task log reaches stdout or the logging capture, depending on how earlier tests set up logging.
+    out = capfd.readouterr().out + caplog.text
     tis = {ti.task_id: ti for ti in dr.get_task_instances()}
     assert dr.state == "success", {t: ti.state for t, ti in tis.items()}
     assert tis["train"].try_number == 2
@@ -121,4 +122,4 @@ def test_airflow_retry_resumes_from_the_checkpoint(trainyard_home, monkeypatch, 
     markers = list((trainyard_home / "runs").rglob(".fault-injected-30"))
     assert len(markers) == 1
     result = json.loads((markers[0].parent / "train_result.json").read_text())
-    assert result["steps"] == 3 * 23
+    assert result["steps"] == 3 * 23 and result["resumed_from_step"] == 30

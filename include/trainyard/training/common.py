@@ -195,7 +195,7 @@ def fault_injection(step: int, out_dir: str) -> None:
 
 
 def finish(model: torch.nn.Module, cfg: RunConfig, x_val, y_val, steps: int, world: int, t0: float,
-           tracker: Tracker | None) -> dict:
+           tracker: Tracker | None, resumed_from_step: int | None = None) -> dict:
     """Rank 0: the final model file and the result record the train task reads."""
     out_dir = Path(cfg.out_dir)
     atomic_save({"config": model.config, "state_dict": model.state_dict()}, out_dir / "model.pt")
@@ -209,6 +209,7 @@ def finish(model: torch.nn.Module, cfg: RunConfig, x_val, y_val, steps: int, wor
         "train_seconds": round(time.time() - t0, 3),
         "val_accuracy": val_acc,
         "val_loss": val_loss,
+        "resumed_from_step": resumed_from_step,
     }
     (out_dir / "train_result.json").write_text(json.dumps(result, indent=1))
     if tracker:

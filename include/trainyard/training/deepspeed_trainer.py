@@ -253,12 +253,13 @@ def train(cfg: RunConfig) -> dict:
     dtype = _precision_dtype(engine)
 
     ckpts = DeepSpeedCheckpoints(Checkpoints.from_spec(cfg), engine, rank, device, log)
-    start_epoch, skip, step = 0, 0, 0
+    start_epoch, skip, step, resumed_from = 0, 0, 0, None
     loaded = ckpts.load_latest()
     if loaded is not None:
         tag, state = loaded
         torch.set_rng_state(state["rng"])
         start_epoch, skip, step = state["epoch"], state["batches_done"], state["step"]
+        resumed_from = step
         if skip >= len(loader):
             start_epoch, skip = start_epoch + 1, 0
         log(f"resumed from checkpoint {tag} at step {step} (epoch {start_epoch + 1}, batch {skip})")
@@ -310,7 +311,7 @@ def train(cfg: RunConfig) -> dict:
         dist.barrier()
 
     final = _fp32_copy(engine, meta)
-    result = finish(final, cfg, x_val, y_val, step, world, t0, tracker) if rank == 0 else {}
+    result = finish(final, cfg, x_val, y_val, step, world, t0, tracker, resumed_from) if rank == 0 else {}
     if result:
         log(f"done: {json.dumps(result)}")
     dist.barrier()

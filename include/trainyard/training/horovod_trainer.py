@@ -105,7 +105,7 @@ def train(cfg: RunConfig) -> dict:
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1))
 
     ckpts = Checkpoints.from_spec(cfg)
-    start_epoch, skip, step = 0, 0, 0
+    start_epoch, skip, step, resumed_from = 0, 0, 0, None
     # Rank 0 reads the checkpoint; the others get everything from it, so they can never disagree on
     # which file (or which data position) they resume from.
     state = ckpts.load_latest(log) if rank == 0 else None
@@ -122,6 +122,7 @@ def train(cfg: RunConfig) -> dict:
         sched.load_state_dict(position["scheduler"])
         torch.set_rng_state(position["rng"])
         start_epoch, skip, step = position["epoch"], position["batches_done"], position["step"]
+        resumed_from = step
         if skip >= len(loader):
             start_epoch, skip = start_epoch + 1, 0
         log(f"resumed from checkpoint {position['_path']} at step {step} (epoch {start_epoch + 1}, batch {skip})")
@@ -167,7 +168,7 @@ def train(cfg: RunConfig) -> dict:
             tracker.log({"val_accuracy": val_acc, "val_loss": val_loss, "epoch": epoch + 1}, step)
         hvd.barrier()
 
-    result = finish(model, cfg, x_val, y_val, step, world, t0, tracker) if rank == 0 else {}
+    result = finish(model, cfg, x_val, y_val, step, world, t0, tracker, resumed_from) if rank == 0 else {}
     if result:
         log(f"done: {json.dumps(result)}")
     hvd.barrier()  # the others wait for rank 0's model and result before Horovod goes down

@@ -58,7 +58,7 @@ def train(cfg: RunConfig) -> dict:
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1))
 
     ckpts = Checkpoints.from_spec(cfg)
-    start_epoch, skip, step = 0, 0, 0
+    start_epoch, skip, step, resumed_from = 0, 0, 0, None
     state = ckpts.load_latest(log)
     if state is not None:
         model.load_state_dict(state["model"])
@@ -66,6 +66,7 @@ def train(cfg: RunConfig) -> dict:
         sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
         start_epoch, skip, step = state["epoch"], state["batches_done"], state["step"]
+        resumed_from = step
         if skip >= len(loader):
             start_epoch, skip = start_epoch + 1, 0
         log(f"resumed from checkpoint {state['_path']} at step {step} (epoch {start_epoch + 1}, batch {skip})")
@@ -113,7 +114,7 @@ def train(cfg: RunConfig) -> dict:
         if dist.is_initialized():
             dist.barrier()
 
-    result = finish(model, cfg, x_val, y_val, step, world, t0, tracker) if rank == 0 else {}
+    result = finish(model, cfg, x_val, y_val, step, world, t0, tracker, resumed_from) if rank == 0 else {}
     if result:
         log(f"done: {json.dumps(result)}")
     if dist.is_initialized():
