@@ -3,13 +3,14 @@
 
 One training job through the whole production line:
 
-`validate_spec` → `resolve_dataset` → `validate_data` → `prepare_data` → `train` → `evaluate` → `gate`
-→ `export_onnx` → `register`
+`validate_spec` → `resolve_dataset` → `validate_data` → `prepare_data` → `choose_launcher` →
+`train` (local) | `plan_kubernetes` → `train_kubernetes` → `collect_kubernetes` → `training_result` →
+`evaluate` → `gate` → `export_onnx` → `register`
 
 The **JobSpec** is this DAG's Params (the trigger form) or the REST `conf`. It is validated once, by the
-first task; an invalid spec fails that task and nothing else runs. The `train` task runs in the GPU pool
-of `resources.gpu_type` and holds `resources.gpus_per_node` slots (set per run by the cluster policy in
-`plugins/airflow_local_settings.py`).
+first task; an invalid spec fails that task and nothing else runs. The training task (`train` or
+`train_kubernetes`) runs in the GPU pool of `resources.gpu_type` and holds `nodes x gpus_per_node` slots,
+all of the job's GPUs at once (set per run by the cluster policy in `plugins/airflow_local_settings.py`).
 
 Results: the model version in MLflow (alias `staging`), metrics and curves in MLflow and TensorBoard,
 the ONNX file in the run's directory.
@@ -23,8 +24,12 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec
+from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 
 DEFAULT = JobSpec().model_dump(mode="json")
+# Parse-time defaults; the cluster policy (plugins/trainyard_airflow/policy.py) sets them per run.
+GPU_POOL = pool_name(DEFAULT["resources"]["gpu_type"])
+GPU_SLOTS = DEFAULT["resources"]["nodes"] * DEFAULT["resources"]["gpus_per_node"]
 
 PARAM_DOCS = {
     "name": "Job name; also the registered model's name.",
@@ -117,12 +122,38 @@ def train_pipeline():
 
         return prepare(spec, dataset)
 
-    @task(pool=pool_name(DEFAULT["resources"]["gpu_type"]), pool_slots=DEFAULT["resources"]["gpus_per_node"])
+    @task.branch
+    def choose_launcher(spec: dict) -> str:
+        """backends.launcher: train here (local) or on Kubernetes."""
+        return "train" if spec["backends"]["launcher"] == "local" else "plan_kubernetes"
+
+    @task(pool=GPU_POOL, pool_slots=GPU_SLOTS)
     def train(spec: dict, dataset: dict, data: dict) -> dict:
-        """torchrun DDP workers; output streamed here; resumes from the last checkpoint on retry."""
+        """Workers of the spec's strategy on this machine (torchrun / horovodrun / deepspeed); output
+        streamed here; a retry resumes from the newest checkpoint."""
         from trainyard.pipeline import train as run
 
         return run(spec, dataset, data, _raw_spec()[1])
+
+    @task
+    def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
+        """MLflow run and run config on the shared volume, for the pods to start from."""
+        from trainyard.pipeline import plan_training
+
+        return plan_training(spec, dataset, data, _raw_spec()[1])
+
+    @task
+    def collect_kubernetes(spec: dict, plan: dict) -> dict:
+        """Read what the pods left on the shared volume (result, cost)."""
+        from trainyard.pipeline import collect_training
+
+        return collect_training(spec, plan)
+
+    @task(trigger_rule="none_failed_min_one_success")
+    def training_result() -> dict:
+        """The result of whichever launcher ran (the other branch was skipped)."""
+        ti = get_current_context()["ti"]
+        return ti.xcom_pull(task_ids="train") or ti.xcom_pull(task_ids="collect_kubernetes")
 
     @task
     def evaluate(spec: dict, trained: dict, data: dict) -> dict:
@@ -165,7 +196,23 @@ def train_pipeline():
     dataset = resolve_dataset(spec)
     checked = validate_data(spec, dataset)
     data = prepare_data(spec, dataset, checked)
-    trained = train(spec, dataset, data)
+    launcher = choose_launcher(spec)
+    local = train(spec, dataset, data)
+    plan = plan_kubernetes(spec, dataset, data)
+    on_kubernetes = KubernetesTrainingLauncher(
+        task_id="train_kubernetes",
+        spec=spec,
+        run_key="{{ dag_run.dag_id }}/{{ dag_run.run_id }}",
+        config_path=plan["config_path"],
+        pool=GPU_POOL,
+        pool_slots=GPU_SLOTS,
+        doc_md="One Indexed Job (a pod per node) + headless Service; holds all of the job's GPUs in its pool.",
+    )
+    remote = collect_kubernetes(spec, plan)
+    launcher >> [local, plan]
+    on_kubernetes >> remote
+    trained = training_result()
+    [local, remote] >> trained
     metrics = evaluate(spec, trained, data)
     verdict = gate(spec, metrics)
     exported = export_onnx(spec, trained, data, verdict)

@@ -154,44 +154,68 @@ def start_tracking(spec: dict, dataset: dict, run_key: str, tags: dict[str, str]
     return run_id
 
 
-def train(spec: dict, dataset: dict, data: dict, run_key: str, on_line: Callable[[str], None] | None = None) -> dict:
-    """torchrun with ``resources.gpus_per_node`` processes; resumes from the run's newest checkpoint."""
-    from trainyard.scheduling.resources import load_resources, run_cost
-    from trainyard.training.launchers import local
+def plan_training(spec: dict, dataset: dict, data: dict, run_key: str) -> dict:
+    """The MLflow run and the run config every launcher starts its workers with (idempotent)."""
     from trainyard.training.common import RunConfig
 
-    s = _spec(spec)
     out_dir = run_dir(spec, run_key)
-    mlflow_run_id = start_tracking(spec, dataset, run_key)
     cfg = RunConfig(
         spec=spec,
         data=data,
         out_dir=str(out_dir),
         tracking_uri=paths.mlflow_tracking_uri(),
-        mlflow_run_id=mlflow_run_id,
+        mlflow_run_id=start_tracking(spec, dataset, run_key),
         tensorboard_dir=str(paths.tensorboard_root() / spec["name"] / safe_key(run_key)),
     )
     cfg_path = out_dir / "run_config.json"
     cfg_path.write_text(json.dumps(cfg.__dict__, indent=1))
-    nproc = s.resources.gpus_per_node
-    argv = local.command_for(spec, str(cfg_path))
-    log.info("launching: %s", " ".join(argv))
-    started = time.time()
-    local.run(argv, env=local.worker_env(nproc), on_line=on_line or (lambda line: log.info("%s", line)))
-    seconds = time.time() - started
-    result = json.loads((out_dir / "train_result.json").read_text())
-    cost = run_cost(load_resources(), s.resources.gpu_type, s.resources.total_gpus, seconds)
-    from trainyard.tracking import mlflow_tracking as mt
+    return {"config_path": str(cfg_path), "run_dir": str(out_dir), "mlflow_run_id": cfg.mlflow_run_id,
+            "tensorboard_dir": cfg.tensorboard_dir, "started": time.time()}
 
-    mt.client().log_metric(mlflow_run_id, "run_cost", cost)
-    return {
-        **result,
-        "mlflow_run_id": mlflow_run_id,
-        "run_dir": str(out_dir),
-        "wall_seconds": round(seconds, 3),
-        "cost": cost,
-        "tensorboard_dir": cfg.tensorboard_dir,
-    }
+
+def launch_local(spec: dict, data: dict, plan: dict, on_line: Callable[[str], None] | None = None) -> None:
+    """The strategy's launcher (torchrun, horovodrun, deepspeed; or the custom command under torchrun) as a
+    subprocess; every output line goes to ``on_line`` (the task log)."""
+    from trainyard.training import custom
+    from trainyard.training.launchers import local
+
+    nproc = spec["resources"]["gpus_per_node"]
+    env = local.worker_env(nproc)
+    if spec["recipe"] == "custom":
+        argv = custom.local_argv(spec)
+        env.update(custom.platform_env(data, plan["run_dir"]))
+    else:
+        argv = local.command_for(spec, plan["config_path"])
+    log.info("launching: %s", " ".join(argv))
+    local.run(argv, env=env, on_line=on_line or (lambda line: log.info("%s", line)))
+
+
+def collect_training(spec: dict, plan: dict) -> dict:
+    """What the workers left: train_result.json (built-in recipes) or the custom metrics file; plus cost."""
+    from trainyard.scheduling.resources import load_resources, run_cost
+    from trainyard.tracking import mlflow_tracking as mt
+    from trainyard.training import custom
+
+    out_dir = Path(plan["run_dir"])
+    c = mt.client()
+    if spec["recipe"] == "custom":
+        result = custom.collect(out_dir, c, plan["mlflow_run_id"])
+    else:
+        result = json.loads((out_dir / "train_result.json").read_text())
+    seconds = time.time() - plan["started"]
+    res = spec["resources"]
+    cost = run_cost(load_resources(), res["gpu_type"], res["nodes"] * res["gpus_per_node"], seconds)
+    c.log_metric(plan["mlflow_run_id"], "run_cost", cost)
+    return {**result, **{k: plan[k] for k in ("mlflow_run_id", "run_dir", "tensorboard_dir")},
+            "wall_seconds": round(seconds, 3), "cost": cost}
+
+
+def train(spec: dict, dataset: dict, data: dict, run_key: str, on_line: Callable[[str], None] | None = None) -> dict:
+    """Local training in one step: plan, launch on this machine, collect. Resumes from the run's newest
+    checkpoint, so a retry continues instead of starting over."""
+    plan = plan_training(spec, dataset, data, run_key)
+    launch_local(spec, data, plan, on_line)
+    return collect_training(spec, plan)
 
 
 # -- 4. evaluation and gate --------------------------------------------------------------------------------
@@ -199,6 +223,9 @@ def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     from trainyard.evaluation.classification import evaluate_model
     from trainyard.tracking import mlflow_tracking as mt
 
+    if spec["recipe"] == "custom":  # the program measured itself; the gate reads its last reports
+        log.info("evaluation (reported by the custom command): %s", trained["final_metrics"])
+        return trained["final_metrics"]
     metrics = evaluate_model(trained["model_path"], data["format"], data["val"], prefix="val")
     if "test" in data:
         metrics.update(evaluate_model(trained["model_path"], data["format"], data["test"], prefix="test"))
@@ -227,6 +254,8 @@ def export_onnx(spec: dict, trained: dict, data: dict) -> dict:
     from trainyard.training.model import load_model, to_input
 
     tol = spec["export"]
+    if spec["recipe"] == "custom":
+        return check_custom_onnx(trained)
     model = load_model(trained["model_path"])
     _, labels, images, meta = formats.read(data["format"], data["val"])
     x = to_input(images, meta["pixel_max"])
@@ -257,6 +286,28 @@ def export_onnx(spec: dict, trained: dict, data: dict) -> dict:
     return out
 
 
+def check_custom_onnx(trained: dict) -> dict:
+    """A custom command's model.onnx: valid ONNX that onnxruntime runs to finite outputs. (Parity with a
+    framework model is the program's own business: the platform has no reference model for it.)"""
+    import numpy as np
+    import onnx
+
+    from trainyard.export.onnx_export import onnx_predict
+
+    if not trained.get("onnx_path"):
+        raise ExportFailed(f"the custom command wrote no model.onnx into {trained['run_dir']}")
+    onnx.checker.check_model(trained["onnx_path"], full_check=True)
+    import onnxruntime as ort
+
+    inp = ort.InferenceSession(trained["onnx_path"], providers=["CPUExecutionProvider"]).get_inputs()[0]
+    shape = [d if isinstance(d, int) else 1 for d in inp.shape]
+    example = np.zeros(shape, dtype=np.float32)
+    out = onnx_predict(trained["onnx_path"], example)
+    if not np.isfinite(out).all():
+        raise ExportFailed(f"{trained['onnx_path']} gives non-finite outputs on a zero input")
+    return {"onnx_path": trained["onnx_path"], "parity": None, "input_example": example.tolist()}
+
+
 def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict, run_key: str,
              extra_tags: dict[str, str] | None = None) -> dict:
     import numpy as np
@@ -283,7 +334,7 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
         run_id=trained["mlflow_run_id"],
         run_key=run_key,
         onnx_path=exported["onnx_path"],
-        extra_artifacts={"pytorch": trained["model_path"]},
+        extra_artifacts={"pytorch": trained["model_path"]} if trained.get("model_path") else {},
         input_example=np.asarray(exported["input_example"], dtype=np.float32),
         tags=tags,
     )

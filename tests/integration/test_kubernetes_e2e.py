@@ -72,7 +72,7 @@ def test_two_node_ddp_job_succeeds_and_every_worker_logs_to_the_task(cluster_run
     from kubernetes import client, config
 
     from trainyard.training.launchers.kubernetes import job_name
-    from trainyard_airflow.operators import KubernetesTrainingJobOperator
+    from trainyard_airflow.operators.training import KubernetesTrainingJobOperator
 
     op = KubernetesTrainingJobOperator(
         task_id="train", spec=cluster_run.spec, run_key=cluster_run.run_key, config_path=cluster_run.config_path,

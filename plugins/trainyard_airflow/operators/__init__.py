@@ -1,3 +1,1 @@
-from trainyard_airflow.operators.training import KubernetesTrainingJobOperator, KubernetesTrainingPodOperator
-
-__all__ = ["KubernetesTrainingJobOperator", "KubernetesTrainingPodOperator"]
+"""Airflow operators. Import the heavy ones from their modules (``.training``); ``.launch`` is parse-light."""

@@ -11,7 +11,7 @@ from kubernetes.client import models as k8s
 from kubernetes.client.rest import ApiException
 
 from trainyard.training.launchers import kubernetes as K
-from trainyard_airflow.operators import KubernetesTrainingJobOperator, KubernetesTrainingPodOperator
+from trainyard_airflow.operators.training import KubernetesTrainingJobOperator, KubernetesTrainingPodOperator
 
 RUN_KEY = "train_pipeline/manual__2026-05-01T10:00:00+00:00"
 CONFIG = "/var/trainyard/runs/digits/run/run_config.json"
