@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 
@@ -15,3 +14,26 @@ def trainyard_home(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINYARD_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return home
+
+
+def write_files(folder: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory):
+    """scikit-learn's digits in the image-classification dataset layout, once per session."""
+    from trainyard.data.classification import digits_files
+
+    return write_files(tmp_path_factory.mktemp("digits"), digits_files())
+
+
+@pytest.fixture(scope="session")
+def prepared(digits_dir, tmp_path_factory):
+    """The digits split 80/20 into LMDB: a prepared-data manifest the trainers read."""
+    from trainyard.data.prepare import prepare_classification
+
+    return prepare_classification(digits_dir, "d" * 64, tmp_path_factory.mktemp("prepared"), 0.2, 0)

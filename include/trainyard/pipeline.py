@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainyard import paths
-from trainyard.spec import JobSpec, SpecError, parse_spec, safe_key
+from trainyard.spec import JobSpec, parse_spec, safe_key
 
 log = logging.getLogger(__name__)
 

@@ -23,18 +23,6 @@ def deepspeed_installed():
         pytest.fail(f"deepspeed cannot be imported in this venv (pip install deepspeed==0.19.8):\n{probe.stderr[-2000:]}")
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    from trainyard.data.classification import digits_files
-    from trainyard.data.prepare import prepare_classification
-
-    root = tmp_path_factory.mktemp("digits")
-    for rel, data in digits_files().items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    return prepare_classification(root, "d" * 64, tmp_path_factory.mktemp("prepared"), 0.2, 0)
-
-
 def _config(tmp_path, small_spec, prepared, nproc=2, **distributed) -> str:
     from trainyard.spec import parse_spec
 

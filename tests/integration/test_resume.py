@@ -12,23 +12,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainyard.data.classification import digits_files
-from trainyard.data.prepare import prepare_classification
 from trainyard.spec import JobSpec
 from trainyard.training.launchers.local import torchrun_argv, worker_env
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 EVERY = 10
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("digits")
-    for rel, data in digits_files().items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    return prepare_classification(root, "d" * 64, tmp_path_factory.mktemp("prep"), 0.2, 0)
 
 
 def _config(tmp_path, prepared, name) -> str:

@@ -3,17 +3,7 @@ import json
 import pytest
 
 from trainyard.data import formats
-from trainyard.data.classification import digits_files
 from trainyard.data.prepare import LeakageError, check_leakage, prepare_classification
-
-
-@pytest.fixture(scope="module")
-def digits_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("digits")
-    for rel, data in digits_files().items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    return root
 
 
 def test_three_way_split_is_cached_and_disjoint(digits_dir, tmp_path):
