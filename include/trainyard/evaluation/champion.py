@@ -1,0 +1,135 @@
+"""Champion/challenger: a new model must beat the one in production, not just clear fixed thresholds.
+
+A rule ``{"metric": "val_map", "margin": 0.01, "higher_is_better": True}`` asks the challenger for
+``val_map >= champion's val_map + 0.01`` (for ``higher_is_better: False``, ``<= champion - margin``).
+Both sets of metrics must come from the same evaluation data, or the comparison means nothing; the caller
+re-evaluates the champion on the challenger's eval split rather than reusing its old numbers.
+
+Rows are ``gate.Check`` rows (the bound the challenger needed is ``min`` or ``max``, ``margin`` is how far
+it cleared that bound, negative when it fell short) extended with the champion's value, the required
+margin and a note, so threshold and champion rows render and serialise the same way.
+
+* No champion at all (the first model): every rule passes, with a note saying so.
+* The challenger lacks a metric: fail, as in ``evaluate_gate``.
+* The champion lacks a metric (a rule added after it was registered): fail, since no comparison was
+  made; re-evaluate the champion to get it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from trainyard.evaluation.gate import Check, GateResult, evaluate_gate
+
+_RULE_KEYS = ("metric", "margin", "higher_is_better")
+
+
+@dataclass(frozen=True)
+class ChampionRule:
+    metric: str
+    higher_is_better: bool
+    margin: float = 0.0
+
+    def __post_init__(self):
+        if not isinstance(self.metric, str) or not self.metric:
+            raise ValueError(f"champion rule: metric must be a non-empty string, got {self.metric!r}")
+        if not isinstance(self.higher_is_better, bool):
+            raise ValueError(
+                f"champion rule {self.metric!r}: higher_is_better must be true or false, got {self.higher_is_better!r}"
+            )
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not self.margin >= 0:
+            raise ValueError(f"champion rule {self.metric!r}: margin must be a number >= 0, got {self.margin!r}")
+
+    @classmethod
+    def from_dict(cls, rule: dict) -> ChampionRule:
+        unknown = sorted(set(rule) - set(_RULE_KEYS))
+        if unknown:
+            raise ValueError(
+                f"champion rule {rule.get('metric')!r}: unknown keys {unknown}; allowed {list(_RULE_KEYS)}"
+            )
+        if "higher_is_better" not in rule:  # no default: guessing the direction of a loss metric is how gates go wrong
+            raise ValueError(f"champion rule {rule.get('metric')!r}: higher_is_better is required (true or false)")
+        return cls(metric=rule.get("metric"), higher_is_better=rule["higher_is_better"], margin=rule.get("margin", 0.0))
+
+
+@dataclass(frozen=True)
+class ChampionCheck(Check):
+    champion: float | None = None
+    required_margin: float = 0.0
+    higher_is_better: bool = True
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.value is None:
+            return f"{self.metric}: missing (the challenger has no such metric)"
+        if self.champion is None:
+            return f"{self.metric} = {self.value:.4f}: {self.note}"
+        sign, bound = (">=", self.min) if self.higher_is_better else ("<=", self.max)
+        op = "+" if self.higher_is_better else "-"
+        verdict = "ok" if self.passed else f"FAILED by {-self.margin:.4g}"
+        return (
+            f"{self.metric} = {self.value:.4f} vs champion {self.champion:.4f}, "
+            f"needs {sign} {bound:.4f} (champion {op} margin {self.required_margin:g}): {verdict}"
+        )
+
+
+def _check(rule: ChampionRule, value, champion: dict[str, float] | None) -> ChampionCheck:
+    common = dict(metric=rule.metric, required_margin=float(rule.margin), higher_is_better=rule.higher_is_better)
+    value = None if value is None else float(value)
+    if value is None:
+        return ChampionCheck(value=None, min=None, max=None, passed=False, margin=None, **common)
+    if champion is None:
+        note = "no champion yet: first model passes"
+        return ChampionCheck(value=value, min=None, max=None, passed=True, margin=None, note=note, **common)
+    if champion.get(rule.metric) is None:
+        note = "the champion has no such metric: re-evaluate it on this eval data"
+        return ChampionCheck(value=value, min=None, max=None, passed=False, margin=None, note=note, **common)
+    best = float(champion[rule.metric])
+    if rule.higher_is_better:
+        lo, hi = best + rule.margin, None
+        slack = value - lo
+    else:
+        lo, hi = None, best - rule.margin
+        slack = hi - value
+    bound = lo if hi is None else hi
+    # "exactly the margin" passes, as in evaluate_gate; isclose keeps the float error of champion +/- margin
+    # (0.9 + 0.01 != 0.91) from failing it
+    passed = slack >= 0 or math.isclose(value, bound, rel_tol=1e-12, abs_tol=1e-12)
+    return ChampionCheck(value=value, min=lo, max=hi, passed=passed, margin=slack, champion=best, **common)
+
+
+def champion_check(
+    challenger: dict[str, float], champion: dict[str, float] | None, rules: list[dict]
+) -> list[ChampionCheck]:
+    """One row per rule, pass or fail; ``champion`` None means there is no champion yet."""
+    parsed = [r if isinstance(r, ChampionRule) else ChampionRule.from_dict(r) for r in rules]
+    return [_check(rule, challenger.get(rule.metric), champion) for rule in parsed]
+
+
+def combined_gate(
+    metrics: dict[str, float],
+    thresholds: list[dict],
+    champion_metrics: dict[str, float] | None,
+    rules: list[dict],
+) -> dict:
+    """Absolute thresholds (``evaluate_gate``) and champion rules as one JSON-able result for XCom:
+    ``{"passed", "checks": [{"kind": "threshold" | "champion", metric, value, min, max, passed, margin,
+    ...}], "message"}``."""
+    gate = evaluate_gate(metrics, thresholds)
+    duel = champion_check(metrics, champion_metrics, rules)
+    rows = [{"kind": "threshold", **asdict(c)} for c in gate.checks]
+    rows += [{"kind": "champion", **asdict(c)} for c in duel]
+    result = GateResult(gate.passed and all(c.passed for c in duel), tuple(gate.checks) + tuple(duel))
+    return {"passed": result.passed, "checks": rows, "message": result.message()}
+
+
+def message(result: dict) -> str:
+    """The message of a ``combined_gate`` result (e.g. one read back from XCom): every breach, or every
+    check when it passed."""
+    checks = []
+    for row in result["checks"]:
+        cls = ChampionCheck if row.get("kind") == "champion" else Check
+        keep = {f.name for f in fields(cls)}
+        checks.append(cls(**{k: v for k, v in row.items() if k in keep}))
+    return GateResult(result["passed"], tuple(checks)).message()
