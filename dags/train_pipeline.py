@@ -39,6 +39,7 @@ PARAM_DOCS = {
     "hyperparameters": "epochs, batch_size, learning_rate, momentum, seed.",
     "resources": "nodes, gpus_per_node (= processes = pool slots), gpu_type (= pool), team, priority.",
     "gates": "Metric thresholds the model must meet to be exported and registered.",
+    "champion": "Champion/challenger rules: [{metric, margin, higher_is_better}] against the 'production' version.",
     "backends": "launcher (local | kubernetes), tracking and registry backends.",
     "distributed": "strategy (ddp | horovod | deepspeed), max_restarts, zero_stage, precision.",
     "checkpointing": "every_steps or every_minutes (default: every epoch), keep_last.",
@@ -163,13 +164,14 @@ def train_pipeline():
         return run(spec, trained, data)
 
     @task(retries=0)
-    def gate(spec: dict, metrics: dict) -> dict:
-        """Thresholds from the spec; the full result goes to XCom, a breach fails the run here."""
+    def gate(spec: dict, metrics: dict, data: dict) -> dict:
+        """Thresholds and champion/challenger rules from the spec; the full result goes to XCom, a breach
+        fails the run here."""
         from airflow.sdk.exceptions import AirflowFailException
 
         from trainyard.pipeline import gate as check
 
-        result = check(spec, metrics)
+        result = check(spec, metrics, data)
         get_current_context()["ti"].xcom_push(key="gate_result", value=result)
         if not result["passed"]:
             raise AirflowFailException(result["message"])
@@ -214,7 +216,7 @@ def train_pipeline():
     trained = training_result()
     [local, remote] >> trained
     metrics = evaluate(spec, trained, data)
-    verdict = gate(spec, metrics)
+    verdict = gate(spec, metrics, data)
     exported = export_onnx(spec, trained, data, verdict)
     register(spec, dataset, trained, exported, metrics)
 

@@ -38,4 +38,6 @@ log "creating pools from include/config/resources.yaml"
 trainyard pools --format airflow >"$AIRFLOW_HOME/pools.json"
 airflow pools import "$AIRFLOW_HOME/pools.json" >/dev/null
 mkdir -p "$TRAINYARD_HOME"
+log "demo model-signing key pair in $TRAINYARD_HOME/keys (created once)"
+trainyard models keygen --if-missing >/dev/null
 log "ready: AIRFLOW_HOME=$AIRFLOW_HOME TRAINYARD_HOME=$TRAINYARD_HOME"

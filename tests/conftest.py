@@ -10,10 +10,16 @@ sys.path.insert(0, str(REPO / "plugins"))
 @pytest.fixture
 def trainyard_home(tmp_path, monkeypatch):
     """A fresh TRAINYARD_HOME (store, cache, runs, MLflow) per test."""
+    from trainyard.registry.signing import ensure_keypair
+
     home = tmp_path / "trainyard"
     monkeypatch.setenv("TRAINYARD_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return home
+    ensure_keypair(home / "keys")  # registered versions are signed
+    yield home
+    import mlflow
+
+    mlflow.set_tracking_uri(None)  # a test's store must not leak into the next test through MLflow's global
 
 
 def write_files(folder: Path, files: dict[str, bytes]) -> Path:

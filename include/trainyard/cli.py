@@ -179,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alias", default="staging")
     p.set_defaults(func=cmd_show)
 
+    from trainyard.registry.cli import add_models_parser
+
+    add_models_parser(sub)
+
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -236,12 +236,54 @@ def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     return metrics
 
 
-def gate(spec: dict, metrics: dict) -> dict:
-    """Return the full gate result; the caller fails the run if ``passed`` is false."""
-    from trainyard.evaluation.gate import evaluate_gate
+def champion_metrics(spec: dict, data: dict) -> dict | None:
+    """The ``production`` version's metrics on this run's eval data (its registered ONNX model, run with
+    onnxruntime), or None when the model has no production version yet."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
 
-    result = evaluate_gate(metrics, spec["gates"])
-    return {**result.to_dict(), "message": result.message()}
+    from trainyard.data import formats
+    from trainyard.evaluation.classification import classification_metrics
+    from trainyard.export.onnx_export import onnx_predict
+    from trainyard.tracking import mlflow_tracking as mt
+    from trainyard.training.model import to_input
+
+    c = mt.client()
+    try:
+        mv = c.get_model_version_by_alias(spec["name"], "production")
+    except MlflowException:
+        return None
+    import tempfile
+
+    from trainyard.registry.signing import load_public_key
+    from trainyard.registry.versions import storage_uri, verify_version
+
+    verify_version(c, spec["name"], mv.version, load_public_key())  # never compare against tampered files
+    # The storage location itself, into a temp dir: a models:/ download writes a metadata file into its
+    # destination, which must never be the artifact store.
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=storage_uri(c, spec["name"], mv.version),
+                                                     dst_path=tempfile.mkdtemp(prefix="champion-"),
+                                                     tracking_uri=c.tracking_uri))
+    onnx_file = next(iter(sorted(local.rglob("*.onnx"))), None)
+    if onnx_file is None:
+        raise ExportFailed(f"production version {mv.version} of {spec['name']!r} has no ONNX model to compare with")
+    _, labels, images, meta = formats.read(data["format"], data["val"])
+    metrics = classification_metrics(onnx_predict(onnx_file, to_input(images, meta["pixel_max"]).numpy()), labels)
+    log.info("champion: %s version %s on this run's val split: %s", spec["name"], mv.version, metrics)
+    return {**metrics, "_version": float(mv.version)}
+
+
+def gate(spec: dict, metrics: dict, data: dict | None = None) -> dict:
+    """Thresholds and champion/challenger rules; the full result (every metric, bound, margin) for XCom.
+    The caller fails the run if ``passed`` is false."""
+    from trainyard.evaluation.champion import combined_gate
+
+    rules = spec.get("champion") or []
+    champion = champion_metrics(spec, data) if rules and data is not None and spec["recipe"] != "custom" else None
+    result = combined_gate(metrics, spec["gates"], champion, rules)
+    if champion is not None:
+        result["champion_version"] = int(champion["_version"])
+    return result
 
 
 # -- 5. export and registry --------------------------------------------------------------------------------
@@ -328,8 +370,9 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
         **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()},
         **(extra_tags or {}),
     }
+    c = mt.client()
     info = register_onnx(
-        mt.client(),
+        c,
         model_name=spec["name"],
         run_id=trained["mlflow_run_id"],
         run_key=run_key,
@@ -337,6 +380,17 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
         extra_artifacts={"pytorch": trained["model_path"]} if trained.get("model_path") else {},
         input_example=np.asarray(exported["input_example"], dtype=np.float32),
         tags=tags,
+        alias=None,  # set below, after signing, through the recorded (verified) alias move
     )
-    log.info("registered %s version %s (%s)", info["name"], info["version"], "new" if info["created"] else "existing")
+    from trainyard.registry.signing import load_private_key, load_public_key
+    from trainyard.registry.versions import promote, sign_version
+
+    # A digest of every file of the version and an Ed25519 signature over them: promote and rollback
+    # refuse a version whose files no longer match. Re-signing the same content keeps the signature.
+    signed = sign_version(c, info["name"], info["version"], load_private_key())
+    info = {**info, "manifest_sha256": signed["manifest_sha256"], "signing_key_id": signed["key_id"]}
+    promote(c, info["name"], info["version"], "staging", user="train_pipeline", reason=f"registered by {run_key}",
+            public_key=load_public_key())
+    log.info("registered %s version %s (%s), signed by key %s", info["name"], info["version"],
+             "new" if info["created"] else "existing", info["signing_key_id"])
     return info

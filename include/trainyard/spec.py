@@ -134,6 +134,15 @@ class CustomCommand(_Model):
     image: str | None = None
 
 
+class ChampionRule(_Model):
+    """The challenger must beat the version under the ``production`` alias on ``metric`` by ``margin``,
+    both measured on this run's eval data."""
+
+    metric: str = Field(pattern=r"^[a-z0-9_]+$")
+    margin: float = Field(0.0, ge=0.0)
+    higher_is_better: bool = True
+
+
 class Backends(_Model):
     launcher: Literal["local", "kubernetes"] = "local"
     tracking: Literal["mlflow"] = "mlflow"
@@ -157,6 +166,7 @@ class JobSpec(_Model):
     distributed: Distributed = Distributed()
     checkpointing: Checkpointing = Checkpointing()
     gates: tuple[Threshold, ...] = (Threshold(metric="val_accuracy", min=0.9),)
+    champion: tuple[ChampionRule, ...] = Field((), description="champion/challenger rules against 'production'")
     backends: Backends = Backends()
     kubernetes: KubernetesSpec = KubernetesSpec()
     custom: CustomCommand | None = None

@@ -58,6 +58,7 @@ class Airflow:
                                capture_output=True, text=True).stdout
         (self.home / "pools.json").write_text(pools)
         self.run("airflow", "pools", "import", str(self.home / "pools.json"))
+        self.run("trainyard", "models", "keygen", "--if-missing")  # registered versions are signed
 
     def start(self):
         for name in ("api-server", "scheduler", "dag-processor"):

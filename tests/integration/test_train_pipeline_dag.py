@@ -33,8 +33,8 @@ def _xcoms(dr) -> dict:
         return {r.task_id: XComModel.deserialize_value(r) for r in rows}
 
 
-def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec):
-    from trainyard import pipeline
+def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monkeypatch):
+    from trainyard import paths, pipeline
     from trainyard.tracking.mlflow_tracking import client
 
     dr = dag.test(run_conf=small_spec)
@@ -62,6 +62,7 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec):
     # The registered model carries a signature and an input example.
     from mlflow.models import get_model_info
 
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())  # models:/ URIs resolve through it
     info = get_model_info(mv.source)
     assert info.signature is not None and tuple(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == (-1, 1, 8, 8)
     assert info.saved_input_example_info is not None
@@ -83,6 +84,26 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec):
 
     # prepare_data is cached by (commit, split settings).
     assert pipeline.prepare_data(x["validate_spec"], x["resolve_dataset"])["cached"] is True
+
+    # The version is signed, and its staging alias move is in the history ("what was live when").
+    from trainyard.registry.signing import load_public_key
+    from trainyard.registry.versions import History, verify_version
+
+    assert verify_version(c, "digits", mv.version, load_public_key())["manifest_sha256"] == again["manifest_sha256"]
+    moves = [e for e in History().entries() if e["model"] == "digits" and e["alias"] == "staging"]
+    assert [(m["from_version"], m["to_version"], m["user"]) for m in moves] == [(None, str(mv.version), "train_pipeline")]
+
+    # Champion/challenger: with this version in production, the same model is measured again through its
+    # registered ONNX file on the same val split; a challenger must beat it by the margin.
+    c.set_registered_model_alias("digits", "production", mv.version)
+    spec = dict(x["validate_spec"], champion=[{"metric": "val_accuracy", "margin": 0.0, "higher_is_better": True}])
+    tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
+    assert tie["passed"] and tie["champion_version"] == int(mv.version)
+    duel = [r for r in tie["checks"] if r["kind"] == "champion"][0]
+    assert duel["champion"] == pytest.approx(x["evaluate"]["val_accuracy"])  # same model, same data
+    spec["champion"] = [{"metric": "val_accuracy", "margin": 0.05, "higher_is_better": True}]
+    lost = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
+    assert not lost["passed"] and "val_accuracy" in lost["message"]
 
 
 def test_failing_gate_stops_before_export(dag, trainyard_home, small_spec):

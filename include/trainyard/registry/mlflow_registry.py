@@ -31,7 +31,7 @@ def register_onnx(
     extra_artifacts: dict[str, str | Path],
     input_example: np.ndarray,
     tags: dict[str, str],
-    alias: str = "staging",
+    alias: str | None = "staging",
 ) -> dict:
     """Log the ONNX model to ``run_id`` and register it as a version of ``model_name``.
 
@@ -44,14 +44,18 @@ def register_onnx(
 
     existing = find_version(c, model_name, run_key)
     if existing is not None:
-        c.set_registered_model_alias(model_name, alias, existing.version)
+        if alias:
+            c.set_registered_model_alias(model_name, alias, existing.version)
         return {"name": model_name, "version": int(existing.version), "created": False, "source": existing.source}
 
     from trainyard.export.onnx_export import onnx_predict
 
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
     signature = infer_signature(input_example, onnx_predict(onnx_path, input_example))
-    mlflow.set_tracking_uri(c.tracking_uri)
-    with mlflow.start_run(run_id=run_id):
+    # log_model works on the active run of the global tracking URI: point it at our store for this call
+    # only, so no later caller in the process (another task, a test) silently talks to this store.
+    with _use_tracking_uri(c.tracking_uri), mlflow.start_run(run_id=run_id):
         info = mlflow.onnx.log_model(
             onnx.load(str(onnx_path)), name="model", signature=signature, input_example=input_example
         )
@@ -63,6 +67,8 @@ def register_onnx(
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     # The run tag goes in with the version itself, so no crash can leave an untagged duplicate.
-    mv = c.create_model_version(model_name, source=info.model_uri, run_id=run_id, tags={RUN_TAG: run_key, **tags})
-    c.set_registered_model_alias(model_name, alias, mv.version)
+    with _use_tracking_uri(c.tracking_uri):  # a models:/ source is resolved through the global URI
+        mv = c.create_model_version(model_name, source=info.model_uri, run_id=run_id, tags={RUN_TAG: run_key, **tags})
+    if alias:
+        c.set_registered_model_alias(model_name, alias, mv.version)
     return {"name": model_name, "version": int(mv.version), "created": True, "source": info.model_uri}

@@ -1,0 +1,177 @@
+"""``trainyard models ...``: keys, signatures, promotion, rollback and the alias history."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+
+
+def _client():
+    from trainyard.tracking.mlflow_tracking import client
+
+    return client()
+
+
+def _user(args) -> str:
+    return args.user or os.environ.get("TRAINYARD_USER") or getpass.getuser()
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    """What a command reports as one line instead of a traceback."""
+    from mlflow.exceptions import MlflowException
+
+    from trainyard.registry.signing import SigningKeyError, VerificationError
+    from trainyard.registry.versions import RollbackError
+
+    return MlflowException, LookupError, RollbackError, SigningKeyError, VerificationError
+
+
+def _fail(err: Exception | str) -> int:
+    print(err, file=sys.stderr)
+    return 1
+
+
+def cmd_keygen(args) -> int:
+    from trainyard.registry import signing
+
+    try:
+        private, public = (signing.ensure_keypair if args.if_missing else signing.generate_keypair)(args.dir)
+    except FileExistsError as err:
+        return _fail(err)
+    print(f"signing key {private} (secret, mode 0600)\nverify key  {public}", file=sys.stderr)
+    print(signing.key_id(signing.load_public_key(public)))
+    return 0
+
+
+def cmd_sign(args) -> int:
+    from trainyard.registry import signing, versions
+
+    try:
+        info = versions.sign_version(_client(), args.model, args.version, signing.load_private_key(args.key))
+    except _errors() as err:
+        return _fail(err)
+    print(json.dumps(info))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from trainyard.registry import signing, versions
+
+    c = _client()
+    try:
+        version = versions.resolve_version(c, args.model, args.version, args.alias)
+        info = versions.verify_version(c, args.model, version, signing.load_public_key(args.key))
+    except _errors() as err:
+        return _fail(err)
+    print(json.dumps(info))
+    return 0
+
+
+def cmd_promote(args) -> int:
+    from trainyard.registry import signing, versions
+
+    try:
+        entry = versions.promote(_client(), args.model, args.version, args.alias, user=_user(args), reason=args.reason,
+                                 public_key=signing.load_public_key(args.key))
+    except _errors() as err:
+        return _fail(f"not promoted: {err}")
+    print(json.dumps(entry))
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    from trainyard.registry import signing, versions
+
+    try:
+        entry = versions.rollback(_client(), args.model, to_version=args.to_version, alias=args.alias,
+                                  user=_user(args), reason=args.reason, public_key=signing.load_public_key(args.key))
+    except _errors() as err:
+        return _fail(f"not rolled back: {err}")
+    print(json.dumps(entry))
+    return 0
+
+
+def cmd_history(args) -> int:
+    from trainyard.registry.versions import History
+
+    entries = History().entries(args.model, args.alias)
+    if args.json:
+        for e in entries:
+            print(json.dumps(e))
+        return 0
+    for e in entries:
+        print(f"{e['at']}  {e['alias']:<11} {str(e['from_version']):>5} -> {e['to_version']:<5} "
+              f"{e.get('action', 'promote'):<8} {e['user']}: {e['reason']}")
+    return 0
+
+
+def cmd_live_at(args) -> int:
+    from trainyard.registry.versions import History, live_at
+
+    try:
+        version = live_at(History(), args.model, args.alias, args.when)
+    except ValueError as err:
+        return _fail(f"bad time {args.when!r}: {err}")
+    if version is None:
+        print(f"no recorded {args.alias!r} version of {args.model!r} at {args.when}", file=sys.stderr)
+        return 1
+    print(version)
+    return 0
+
+
+def add_models_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``models`` and its subcommands on the top-level parser's subparsers."""
+    models = subparsers.add_parser("models", help="signed model versions, promotion, rollback, alias history")
+    sub = models.add_subparsers(dest="models_command", required=True)
+    key = argparse.ArgumentParser(add_help=False)
+    key.add_argument("--key", help="PEM file (default: $TRAINYARD_SIGNING_KEY / $TRAINYARD_VERIFY_KEY, "
+                                   "else $TRAINYARD_HOME/keys/)")
+    who = argparse.ArgumentParser(add_help=False)
+    who.add_argument("--user", help="who (default: $TRAINYARD_USER, else the login name)")
+
+    p = sub.add_parser("keygen", help="create an Ed25519 key pair (never overwrites one)")
+    p.add_argument("--dir", help="folder for signing_key.pem and verify_key.pem (default: $TRAINYARD_HOME/keys)")
+    p.add_argument("--if-missing", action="store_true", help="succeed without change if a key pair exists")
+    p.set_defaults(func=cmd_keygen)
+
+    p = sub.add_parser("sign", parents=[key], help="hash a version's files and sign the manifest")
+    p.add_argument("model")
+    p.add_argument("version")
+    p.set_defaults(func=cmd_sign)
+
+    p = sub.add_parser("verify", parents=[key], help="re-hash a version's files and check its signature")
+    p.add_argument("model")
+    p.add_argument("version", nargs="?", default="", help="default: the version under --alias")
+    p.add_argument("--alias", default="staging")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("promote", parents=[key, who], help="verify a version, then point an alias at it")
+    p.add_argument("model")
+    p.add_argument("version")
+    p.add_argument("--alias", choices=["staging", "production"], default="production")
+    p.add_argument("--reason", required=True, help="why (recorded in the alias history)")
+    p.set_defaults(func=cmd_promote)
+
+    p = sub.add_parser("rollback", parents=[key, who],
+                       help="point production back at the previous (or a named) version")
+    p.add_argument("model")
+    p.add_argument("--to-version", help="default: the version that held the alias before the current one")
+    p.add_argument("--alias", choices=["staging", "production"], default="production")
+    p.add_argument("--reason", default="rollback", help="why (recorded in the alias history)")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("history", help="every recorded alias move of a model")
+    p.add_argument("model")
+    p.add_argument("--alias")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("live-at", help="the version an alias pointed at, at a time (ISO; naive = UTC)")
+    p.add_argument("model")
+    p.add_argument("when", help="e.g. 2026-03-01T12:00:00+00:00 (a bare date means 00:00 UTC)")
+    p.add_argument("--alias", default="production")
+    p.set_defaults(func=cmd_live_at)
+    return models

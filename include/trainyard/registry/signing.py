@@ -1,0 +1,213 @@
+"""SHA-256 manifests of a model's files and Ed25519 signatures over them.
+
+A manifest lists every file (relative path -> sha256, size) plus the caller's metadata (model name,
+version, run id), serialised canonically (sorted keys, no spaces, UTF-8) so the same content always gives
+the same bytes, hence the same digest and, Ed25519 being deterministic, the same signature.
+
+Keys are PEM files: ``signing_key.pem`` (PKCS#8, private, mode 0600) signs, ``verify_key.pem``
+(SubjectPublicKeyInfo) verifies. Where they are, unless a caller passes one:
+``TRAINYARD_SIGNING_KEY`` / ``TRAINYARD_VERIFY_KEY`` (a path, or the PEM text itself), else
+``$TRAINYARD_HOME/keys/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Mapping, Union
+
+from trainyard import paths
+
+FORMAT = "trainyard-manifest/1"
+PRIVATE_NAME = "signing_key.pem"
+PUBLIC_NAME = "verify_key.pem"
+SIGNING_ENV = "TRAINYARD_SIGNING_KEY"
+VERIFY_ENV = "TRAINYARD_VERIFY_KEY"
+
+KeySource = Union[str, bytes, Path, None]
+
+
+class SigningKeyError(Exception):
+    """No usable key where one was looked for; the message says where and how to make one."""
+
+
+class VerificationError(Exception):
+    """The files do not match the signed manifest. ``problems`` lists each finding; the message all of them."""
+
+    def __init__(self, subject: str, problems: list[str]):
+        self.problems = problems
+        super().__init__(f"{subject} failed verification:\n  - " + "\n  - ".join(problems))
+
+
+# -- keys ----------------------------------------------------------------------------------------------
+def keys_dir() -> Path:
+    return paths.home() / "keys"
+
+
+def generate_keypair(directory: str | Path | None = None) -> tuple[Path, Path]:
+    """A new Ed25519 key pair in ``directory`` (default ``$TRAINYARD_HOME/keys``); never overwrites one."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    d = Path(directory) if directory else keys_dir()
+    private, public = d / PRIVATE_NAME, d / PUBLIC_NAME
+    existing = [str(p) for p in (private, public) if p.exists()]
+    if existing:
+        raise FileExistsError(f"refusing to overwrite existing key file(s): {', '.join(existing)}")
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    # O_EXCL: a concurrent keygen cannot silently replace this key; 0600 from the first byte on.
+    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def ensure_keypair(directory: str | Path | None = None) -> tuple[Path, Path]:
+    """The key pair in ``directory``, created if neither file is there (set-up scripts, test fixtures)."""
+    d = Path(directory) if directory else keys_dir()
+    private, public = d / PRIVATE_NAME, d / PUBLIC_NAME
+    if private.is_file() and public.is_file():
+        return private, public
+    return generate_keypair(d)
+
+
+def _pem(source: KeySource, env: str, default_name: str, what: str) -> tuple[bytes, str]:
+    """The PEM bytes of ``source`` (PEM text or a path), or of the env var's value, or of the default file."""
+    origin = "argument"
+    if source is None and os.environ.get(env):
+        source, origin = os.environ[env], f"${env}"
+    if source is None:
+        source, origin = keys_dir() / default_name, "default location"
+    if isinstance(source, bytes):
+        return source, origin
+    if isinstance(source, str) and source.lstrip().startswith("-----BEGIN"):
+        return source.encode(), origin
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise SigningKeyError(f"no {what} at {path} ({origin}); create a key pair with `trainyard models keygen` "
+                              f"or point ${env} at a PEM file")
+    return path.read_bytes(), str(path)
+
+
+def load_private_key(path_or_pem: KeySource = None):
+    """The Ed25519 signing key from a path, PEM text/bytes, ``$TRAINYARD_SIGNING_KEY`` or the default file."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    pem, origin = _pem(path_or_pem, SIGNING_ENV, PRIVATE_NAME, "signing key")
+    try:
+        key = load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as err:
+        raise SigningKeyError(f"signing key from {origin} is not an unencrypted PEM private key: {err}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SigningKeyError(f"signing key from {origin} is {type(key).__name__}, not Ed25519")
+    return key
+
+
+def load_public_key(path_or_pem: KeySource = None):
+    """The Ed25519 verify key (from a public PEM, or derived from a private one)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    if isinstance(path_or_pem, (Ed25519PublicKey, Ed25519PrivateKey)):
+        return path_or_pem.public_key() if isinstance(path_or_pem, Ed25519PrivateKey) else path_or_pem
+    pem, origin = _pem(path_or_pem, VERIFY_ENV, PUBLIC_NAME, "verify key")
+    if b"PRIVATE KEY" in pem:
+        return load_private_key(pem).public_key()
+    try:
+        key = load_pem_public_key(pem)
+    except (ValueError, TypeError) as err:
+        raise SigningKeyError(f"verify key from {origin} is not a PEM public key: {err}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise SigningKeyError(f"verify key from {origin} is {type(key).__name__}, not Ed25519")
+    return key
+
+
+def key_id(key) -> str:
+    """A short fingerprint of a (public or private) key: the first 16 hex digits of sha256(raw public key)."""
+    from cryptography.hazmat.primitives import serialization
+
+    pub = key.public_key() if hasattr(key, "public_key") else key
+    raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+# -- manifests -------------------------------------------------------------------------------------------
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def files_under(root: str | Path) -> dict[str, Path]:
+    """Every regular file below ``root``, keyed by its POSIX path relative to ``root``."""
+    root = Path(root)
+    if root.is_file():
+        return {root.name: root}
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def manifest(files: Mapping[str, Path], /, **metadata) -> dict:
+    """The manifest of ``files`` (relative path -> local path) with ``metadata`` (e.g. model, version, run_id)."""
+    clash = {"format", "files"} & set(metadata)
+    if clash:
+        raise ValueError(f"metadata may not set {sorted(clash)}")
+    return {
+        "format": FORMAT,
+        "files": {rel: {"sha256": sha256_file(Path(p)), "size": Path(p).stat().st_size}
+                  for rel, p in sorted(files.items())},
+        **{k: (None if v is None else str(v)) for k, v in metadata.items()},
+    }
+
+
+def canonical(m: dict) -> bytes:
+    return json.dumps(m, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def digest(m: dict) -> str:
+    return hashlib.sha256(canonical(m)).hexdigest()
+
+
+def sign(m: dict, private_key) -> str:
+    """The base64 Ed25519 signature over the canonical manifest bytes."""
+    return base64.b64encode(private_key.sign(canonical(m))).decode("ascii")
+
+
+def verify(m: dict, signature: str, public_key, files: Mapping[str, Path], subject: str = "artifact set") -> None:
+    """Check the signature over ``m`` and re-hash every file of ``files`` against it.
+
+    Raises VerificationError listing every problem: a bad signature, a changed, missing or extra file."""
+    from cryptography.exceptions import InvalidSignature
+
+    problems = []
+    if m.get("format") != FORMAT:
+        problems.append(f"manifest format {m.get('format')!r} is not {FORMAT!r}")
+    try:
+        public_key.verify(base64.b64decode(signature, validate=True), canonical(m))
+    except (InvalidSignature, ValueError, TypeError):
+        problems.append(f"signature does not match the manifest for verify key {key_id(public_key)} "
+                        "(wrong key, or the manifest or signature was altered)")
+    listed = m.get("files") or {}
+    for rel in sorted(set(listed) | set(files)):
+        if rel not in files:
+            problems.append(f"{rel}: missing (listed in the manifest)")
+        elif rel not in listed:
+            problems.append(f"{rel}: extra file (not in the manifest)")
+        else:
+            want, path = listed[rel], Path(files[rel])
+            size = path.stat().st_size
+            got = sha256_file(path)
+            if got != want["sha256"] or size != want["size"]:
+                problems.append(f"{rel}: content changed (sha256 {got[:12]}, {size} bytes; "
+                                f"signed {want['sha256'][:12]}, {want['size']} bytes)")
+    if problems:
+        raise VerificationError(subject, problems)

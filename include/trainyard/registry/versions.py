@@ -1,0 +1,327 @@
+"""Signed model versions and audited alias moves (promote, rollback) in the MLflow Model Registry.
+
+Signing: every file of a version (its storage location, as MLflow resolves it for download) is hashed
+into a manifest (see ``signing``) that is signed with Ed25519. Manifest, its digest, the signature and the
+key fingerprint are model-version tags. The manifest is one tag ``trainyard.manifest`` when it fits in
+5,000 characters, else ``trainyard.manifest.0..N-1`` plus ``trainyard.manifest_parts``: MLflow 3 stores
+version tags as TEXT (validated to 100,000 characters), but servers migrated before mid-2025 and the
+registered-model tag table still use VARCHAR(5000), so 5,000 works on every store. A version is signed
+once: signing it again over the same content is a no-op; over different content it is refused.
+
+Moves: ``promote`` verifies the version, moves the alias, then appends a history entry (who, when, from
+which version, why). ``rollback`` picks the version that held the alias before the current one (or a named
+one) and goes through ``promote``, so the same checks apply. The history is an append-only JSON-lines file,
+``$TRAINYARD_HOME/registry/alias_history.jsonl`` (locked, fsynced): the source of truth. The newest entries
+that fit in 5,000 characters are mirrored onto the registered model as tag ``trainyard.alias_history``,
+for a look in the MLflow UI; the mirror is best-effort and rebuilt from the file on every move.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+from trainyard import paths
+from trainyard.registry import signing
+from trainyard.registry.signing import VerificationError
+
+log = logging.getLogger(__name__)
+
+MANIFEST_TAG = "trainyard.manifest"
+PARTS_TAG = "trainyard.manifest_parts"
+DIGEST_TAG = "trainyard.manifest_sha256"
+SIGNATURE_TAG = "trainyard.signature"
+KEY_ID_TAG = "trainyard.signing_key_id"
+HISTORY_TAG = "trainyard.alias_history"
+TAG_LIMIT = 5000
+
+
+class RollbackError(Exception):
+    """There is nothing to roll back to (no earlier holder recorded, or the target already holds the alias)."""
+
+
+# -- files -------------------------------------------------------------------------------------------------
+def storage_uri(client, name: str, version: str) -> str:
+    """Where the version's files really are. ``runs:/`` and ``models:/`` URIs are resolved first because
+    downloading through them changes the file set: a ``runs:/`` download merges in the files of any logged
+    model of the same name in that run, a ``models:/`` download adds a ``registered_model_meta`` file."""
+    from mlflow.store.artifact.runs_artifact_repo import RunsArtifactRepository
+
+    uri = client.get_model_version_download_uri(name, version)
+    for _ in range(8):
+        if uri.startswith("runs:/"):
+            uri = RunsArtifactRepository.get_underlying_uri(uri, client.tracking_uri)
+        elif uri.startswith("models:/"):
+            ref = uri[len("models:/"):].strip("/")
+            if "/" in ref:  # models:/<name>/<version>
+                model, _, ver = ref.partition("/")
+                uri = client.get_model_version_download_uri(model, ver)
+            else:  # models:/<logged model id>
+                uri = client.get_logged_model(ref).artifact_location
+        else:
+            return uri
+    raise VerificationError(f"{name} version {version}", [f"cannot resolve its source to a storage location: {uri}"])
+
+
+def _download(client, name: str, version: str, dst: Path) -> dict[str, Path]:
+    import mlflow.artifacts
+
+    uri = storage_uri(client, name, version)
+    local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst), tracking_uri=client.tracking_uri)
+    return signing.files_under(local)
+
+
+def _manifest_tags(text: str) -> dict[str, str]:
+    if len(text) <= TAG_LIMIT:
+        return {MANIFEST_TAG: text}
+    parts = [text[i : i + TAG_LIMIT] for i in range(0, len(text), TAG_LIMIT)]
+    return {PARTS_TAG: str(len(parts)), **{f"{MANIFEST_TAG}.{i}": p for i, p in enumerate(parts)}}
+
+
+def _stored(mv) -> tuple[dict, str] | None:
+    """(manifest, signature) from a version's tags, or None if it was never signed."""
+    tags = mv.tags or {}
+    if SIGNATURE_TAG not in tags:
+        return None
+    if PARTS_TAG in tags:
+        text = "".join(tags.get(f"{MANIFEST_TAG}.{i}", "") for i in range(int(tags[PARTS_TAG])))
+    else:
+        text = tags.get(MANIFEST_TAG, "")
+    try:
+        return json.loads(text), tags[SIGNATURE_TAG]
+    except ValueError:
+        return {}, tags[SIGNATURE_TAG]
+
+
+def sign_version(client, name: str, version, private_key) -> dict:
+    """Hash every file of ``name`` version ``version``, sign the manifest and store it as version tags."""
+    version = str(version)
+    mv = client.get_model_version(name, version)
+    with tempfile.TemporaryDirectory(prefix="trainyard-sign-") as tmp:
+        files = _download(client, name, version, Path(tmp))
+        if not files:
+            raise VerificationError(f"{name} version {version}", ["no files at the version's source"])
+        m = signing.manifest(files, model=name, version=version, run_id=mv.run_id, source=mv.source)
+    digest = signing.digest(m)
+    summary = {"name": name, "version": version, "manifest_sha256": digest, "files": len(m["files"]),
+               "key_id": signing.key_id(private_key)}
+    stored = _stored(mv)
+    if stored is not None:
+        if signing.digest(stored[0]) == digest:  # signed before (a retry): keep that signature and its key
+            return {**summary, "key_id": mv.tags.get(KEY_ID_TAG), "changed": False}
+        raise VerificationError(f"{name} version {version}", [
+            f"already signed over different content (manifest {mv.tags.get(DIGEST_TAG, '?')[:12]}, now {digest[:12]}); "
+            "a registered version's files must not change: register a new version instead"])
+    tags = {**_manifest_tags(signing.canonical(m).decode("utf-8")), DIGEST_TAG: digest,
+            SIGNATURE_TAG: signing.sign(m, private_key), KEY_ID_TAG: summary["key_id"]}
+    # The signature goes last: a crash part-way leaves the version unsigned, never half-signed.
+    for key in sorted(tags, key=lambda k: k == SIGNATURE_TAG):
+        client.set_model_version_tag(name, version, key, tags[key])
+    log.info("signed %s version %s: %d files, manifest %s, key %s", name, version, summary["files"], digest[:12],
+             summary["key_id"])
+    return {**summary, "changed": True}
+
+
+def verify_version(client, name: str, version, public_key) -> dict:
+    """Download the version again and check it against its signed manifest; VerificationError if not."""
+    version = str(version)
+    subject = f"{name} version {version}"
+    mv = client.get_model_version(name, version)
+    stored = _stored(mv)
+    if stored is None:
+        raise VerificationError(subject, ["not signed (no trainyard.signature tag): run `trainyard models sign`"])
+    m, signature = stored
+    problems = []
+    if m.get("model") != name or m.get("version") != version:
+        problems.append(f"manifest is for {m.get('model')!r} version {m.get('version')!r}, not this version")
+    if mv.tags.get(DIGEST_TAG) != signing.digest(m):
+        problems.append(f"tag {DIGEST_TAG} does not match the stored manifest")
+    with tempfile.TemporaryDirectory(prefix="trainyard-verify-") as tmp:
+        files = _download(client, name, version, Path(tmp))
+        try:
+            signing.verify(m, signature, public_key, files, subject)
+        except VerificationError as err:
+            problems += err.problems
+    if problems:
+        raise VerificationError(subject, problems)
+    return {"name": name, "version": version, "manifest_sha256": signing.digest(m), "files": len(m["files"]),
+            "key_id": signing.key_id(public_key)}
+
+
+# -- history -----------------------------------------------------------------------------------------------
+class History:
+    """The append-only alias history: one JSON object per line, appended under an exclusive lock."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path else paths.home() / "registry" / "alias_history.jsonl"
+
+    def append(self, entry: dict) -> dict:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        with open(self.path, "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.seek(0, os.SEEK_END)
+                if f.tell():
+                    f.seek(-1, os.SEEK_END)
+                    # A writer that died mid-line left no newline: end that line so this entry stays whole.
+                    prefix = b"" if f.read(1) == b"\n" else b"\n"
+                else:
+                    prefix = b""
+                f.write(prefix + json.dumps(entry, sort_keys=True).encode("utf-8") + b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+        if new:
+            fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return entry
+
+    def entries(self, name: str | None = None, alias: str | None = None) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+            try:
+                lines = f.read().splitlines()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+        out = []
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                e = json.loads(line)
+            except ValueError:
+                log.warning("%s:%d: unreadable history line skipped", self.path, n)
+                continue
+            if (name is None or e.get("model") == name) and (alias is None or e.get("alias") == alias):
+                out.append(e)
+        return out
+
+
+def _entries(history, name: str, alias: str | None) -> list[dict]:
+    if isinstance(history, History):
+        return history.entries(name, alias)
+    return [e for e in history if e.get("model") == name and (alias is None or e.get("alias") == alias)]
+
+
+def _mirror(client, name: str, history: History) -> None:
+    from mlflow.exceptions import MlflowException
+
+    kept: list[dict] = []
+    for e in reversed(history.entries(name)):
+        if len(json.dumps([e, *kept], separators=(",", ":"))) > TAG_LIMIT:
+            break
+        kept.insert(0, e)
+    try:
+        client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(kept, separators=(",", ":")))
+    except MlflowException as err:
+        log.warning("alias history not mirrored to tag %s of %s: %s (the file %s is complete)", HISTORY_TAG, name,
+                    err, history.path)
+
+
+def _when(value) -> datetime:
+    t = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def live_at(history, name: str, alias: str, when) -> str | None:
+    """The version ``alias`` pointed at, at ``when`` (datetime or ISO string; naive = UTC; a bare date
+    means that day's 00:00 UTC), per the recorded moves; None before the first recorded move."""
+    when = _when(when)
+    live = None
+    for e in _entries(history, name, alias):
+        if _when(e["at"]) <= when:
+            live = e["to_version"]
+    return live
+
+
+def previous_version(entries: Iterable[dict], current: str | None) -> str | None:
+    """The version that held the alias before ``current``, skipping versions that were rolled back from:
+    promotions push onto a stack, a rollback pops back to its target, so rolling back twice goes two steps."""
+    stack: list[str] = []
+    for e in entries:
+        if e.get("action") == "rollback" and e["to_version"] in stack:
+            del stack[len(stack) - stack[::-1].index(e["to_version"]):]
+            continue
+        if e.get("from_version") is not None and (not stack or stack[-1] != e["from_version"]):
+            stack.append(e["from_version"])
+        if not stack or stack[-1] != e["to_version"]:
+            stack.append(e["to_version"])
+    if current is not None and current in stack:
+        below = stack[: len(stack) - stack[::-1].index(current) - 1]
+        return below[-1] if below else None
+    return None
+
+
+# -- moves -------------------------------------------------------------------------------------------------
+def alias_holder(client, name: str, alias: str) -> str | None:
+    holder = client.get_registered_model(name).aliases.get(alias)
+    return None if holder is None else str(holder)
+
+
+def resolve_version(client, name: str, version: str | int | None, alias: str = "staging") -> str:
+    """``version`` itself, or (when empty) the version ``alias`` points at."""
+    if version not in (None, ""):
+        return str(client.get_model_version(name, str(version)).version)
+    holder = alias_holder(client, name, alias)
+    if holder is None:
+        raise LookupError(f"no version given and {name!r} has no {alias!r} alias")
+    return holder
+
+
+def promote(client, name: str, version, alias: str, *, user: str, reason: str, public_key,
+            history: History | None = None, action: str = "promote", extra: dict | None = None) -> dict:
+    """Verify ``version``, point ``alias`` at it, record the move. Returns the history entry plus
+    ``changed`` (False when the alias already pointed there and that move is already recorded)."""
+    history = history or History()
+    version = str(version)
+    verified = verify_version(client, name, version, public_key)
+    current = alias_holder(client, name, alias)
+    recorded = _entries(history, name, alias)
+    last = recorded[-1] if recorded else None
+    if current == version:
+        if last and last["to_version"] == version:
+            return {**last, "changed": False}
+        # Moved but not recorded (a crash between the two): record the move from the last recorded holder.
+        from_version = last["to_version"] if last else None
+    else:
+        from_version = current
+    client.set_registered_model_alias(name, alias, version)
+    entry = {"model": name, "alias": alias, "from_version": from_version, "to_version": version, "user": user,
+             "reason": reason, "at": datetime.now(timezone.utc).isoformat(timespec="microseconds"), "action": action,
+             "manifest_sha256": verified["manifest_sha256"], "key_id": verified["key_id"], **(extra or {})}
+    history.append(entry)
+    _mirror(client, name, history)
+    log.info("%s: %s alias %r %s -> %s by %s (%s)", action, name, alias, from_version, version, user, reason)
+    return {**entry, "changed": True}
+
+
+def rollback(client, name: str, *, to_version=None, alias: str = "production", user: str, reason: str, public_key,
+             history: History | None = None, extra: dict | None = None) -> dict:
+    """Move ``alias`` back to ``to_version`` or, by default, to the version that held it before the current
+    one; verified like any promotion."""
+    history = history or History()
+    current = alias_holder(client, name, alias)
+    if to_version not in (None, ""):
+        target = str(to_version)
+    else:
+        target = previous_version(_entries(history, name, alias), current)
+    if target is None:
+        raise RollbackError(f"no version of {name!r} is recorded as holding {alias!r} before version {current}; "
+                            "name the version to roll back to")
+    if target == current:
+        raise RollbackError(f"version {target} of {name!r} already holds {alias!r}")
+    return promote(client, name, target, alias, user=user, reason=reason, public_key=public_key, history=history,
+                   action="rollback", extra=extra)

@@ -1,0 +1,170 @@
+"""promote_model through Airflow (`dag.test()`): a signed version moves to production; a tampered one does not."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+NAME = "digits"
+
+
+@pytest.fixture(scope="module")
+def dag():
+    if not os.environ.get("AIRFLOW_HOME"):
+        pytest.fail("AIRFLOW_HOME is not set: run the suite with `make test`")
+    sys.path.insert(0, str(REPO / "dags"))
+    from promote_model import dag as the_dag
+
+    return the_dag
+
+
+def _states(dr):
+    return {ti.task_id: ti.state for ti in dr.get_task_instances()}
+
+
+@pytest.fixture
+def staged(trainyard_home, tmp_path, monkeypatch):
+    """A signed version of NAME under the staging alias (as train_pipeline leaves one), default key pair."""
+    from trainyard import paths
+    from trainyard.registry import signing, versions
+    from trainyard.tracking import mlflow_tracking as mt
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
+    signing.ensure_keypair()  # the trainyard_home fixture may already come with one
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "MLmodel").write_text("flavors: {onnx: {}}\n")
+    (model / "model.onnx").write_bytes(bytes(range(256)) * 16)
+    c = mt.client()
+    run = c.create_run(mt.experiment_id(c, NAME)).info.run_id
+    c.log_artifacts(run, str(model), "model")
+    c.create_registered_model(NAME)
+    version = c.create_model_version(NAME, source=f"runs:/{run}/model", run_id=run).version
+    c.set_registered_model_alias(NAME, "staging", version)
+    versions.sign_version(c, NAME, version, signing.load_private_key())
+    stored = next((trainyard_home / "mlflow" / "artifacts").rglob("model.onnx"))
+    return {"client": c, "version": str(version), "onnx": stored}
+
+
+def test_promote_without_approval(dag, staged):
+    from trainyard.registry.versions import History, alias_holder
+
+    dr = dag.test(run_conf={"model": NAME, "version": "", "alias": "production", "reason": "first release"})
+    states = _states(dr)
+    assert dr.state == "success", states
+    assert states == {"verify": "success", "needs_approval": "success", "approve": "skipped", "move_alias": "success"}
+    assert alias_holder(staged["client"], NAME, "production") == staged["version"]
+    [entry] = History().entries(NAME, "production")
+    assert (entry["from_version"], entry["to_version"], entry["reason"]) == (None, staged["version"], "first release")
+    assert entry["user"] == "dag_test"  # dag.test()'s triggering user
+    assert entry["dag_run"] == f"promote_model/{dr.run_id}" and "approved_by" not in entry
+
+
+def test_tampered_version_is_not_promoted(dag, staged):
+    from trainyard.registry.versions import History, alias_holder
+
+    data = bytearray(staged["onnx"].read_bytes())
+    data[7] ^= 0x40
+    staged["onnx"].write_bytes(bytes(data))
+    dr = dag.test(run_conf={"model": NAME, "version": staged["version"], "alias": "production", "reason": "x"})
+    states = _states(dr)
+    assert dr.state == "failed"
+    assert states["verify"] == "failed" and states["move_alias"] in ("upstream_failed", "skipped"), states
+    assert alias_holder(staged["client"], NAME, "production") is None
+    assert History().entries(NAME) == []
+
+
+def test_approval_gate_is_configured(dag):
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    approve = dag.get_task("approve")
+    assert isinstance(approve, ApprovalOperator)
+    assert approve.fail_on_reject and approve.response_timeout and approve.defaults == ["Reject"]
+    assert approve.retries == 0
+    assert dag.get_task("move_alias").upstream_task_ids == {"verify", "needs_approval", "approve"}
+    assert dag.get_task("move_alias").trigger_rule == "none_failed_min_one_success"
+
+
+def test_verify_key_comes_from_the_connection(dag, staged, tmp_path, monkeypatch):
+    """A `trainyard_signing` connection overrides the key file: here it holds another key, so nothing moves."""
+    import json
+
+    from trainyard.registry import signing
+    from trainyard.registry.versions import alias_holder
+
+    _, other = signing.generate_keypair(tmp_path / "other")
+    monkeypatch.setenv("AIRFLOW_CONN_TRAINYARD_SIGNING",
+                       json.dumps({"conn_type": "generic", "extra": {"verify_key": other.read_text()}}))
+    dr = dag.test(run_conf={"model": NAME, "version": staged["version"], "alias": "production", "reason": "x"})
+    assert _states(dr)["verify"] == "failed"
+    assert alias_holder(staged["client"], NAME, "production") is None
+
+
+class _Responder:
+    """Answers the `approve` task of the newest promote_model run once it waits, as the REST PATCH
+    .../hitlDetails does (its route function, called with a user), while dag.test() runs in this thread."""
+
+    def __init__(self, option: str, user: str = "cid"):
+        import threading
+
+        self.option, self.user, self.error = option, user, None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.thread.join(timeout=60)
+
+    def _run(self):
+        import time
+
+        from airflow.api_fastapi.core_api.datamodels.hitl import UpdateHITLDetailPayload
+        from airflow.api_fastapi.core_api.routes.public.hitl import update_hitl_detail
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from airflow.utils.state import TaskInstanceState
+
+        user = type("User", (), {"get_id": lambda s: self.user, "get_name": lambda s: self.user})()
+        try:
+            for _ in range(240):
+                with create_session() as session:
+                    ti = (session.query(TaskInstance)
+                          .filter_by(dag_id="promote_model", task_id="approve", state=TaskInstanceState.AWAITING_INPUT)
+                          .order_by(TaskInstance.start_date.desc()).first())
+                    if ti is not None:
+                        update_hitl_detail(dag_id=ti.dag_id, dag_run_id=ti.run_id, task_id="approve",
+                                           update_hitl_detail_payload=UpdateHITLDetailPayload(
+                                               chosen_options=[self.option], params_input={}),
+                                           user=user, session=session)
+                        return
+                time.sleep(0.5)
+            self.error = "approve never waited for input"
+        except Exception as err:  # surfaced by the test
+            self.error = repr(err)
+
+
+@pytest.mark.parametrize("option", ["Approve", "Reject"])
+def test_with_approval(dag, staged, option):
+    from trainyard.registry.versions import History, alias_holder
+
+    conf = {"model": NAME, "version": "", "alias": "production", "reason": "launch", "require_approval": True}
+    with _Responder(option) as responder:
+        dr = dag.test(run_conf=conf)
+    assert responder.error is None, responder.error
+    states = _states(dr)
+    if option == "Approve":
+        assert dr.state == "success", states
+        assert states["approve"] == "success" and states["move_alias"] == "success"
+        assert alias_holder(staged["client"], NAME, "production") == staged["version"]
+        [entry] = History().entries(NAME, "production")
+        assert entry["approved_by"] == "cid" and entry["user"] == "dag_test"
+    else:
+        assert dr.state == "failed", states
+        assert states["approve"] == "failed" and states["move_alias"] == "upstream_failed"
+        assert alias_holder(staged["client"], NAME, "production") is None
+        assert History().entries(NAME) == []
