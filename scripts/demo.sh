@@ -12,7 +12,7 @@ if ! airflow dags test train_pipeline --conf "$CONF" >"$log" 2>&1; then
   echo "[demo] train_pipeline FAILED; full log: $log" >&2
   exit 1
 fi
-grep -E "\[trainer\]|registered|evaluation:|gate passed|ONNX parity|pinned to commit" "$log" \
+grep -E "\[trainer\]|registered|evaluation:|gate passed|ONNX parity|pinned to commit" "$log" | grep -v "Returned value" \
   | sed -E 's/^.*\[(info|warning) *\] /  /; s/ \[[a-z_.]+\] loc=[^ ]+$//' | cut -c1-200 || true
 echo "[demo] finished in $(( $(date +%s) - start ))s"
 trainyard show digits

@@ -131,6 +131,9 @@ def cmd_data_ls(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep command output readable
     parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: AI training on Apache Airflow")
     sub = parser.add_subparsers(dest="command", required=True)
 
