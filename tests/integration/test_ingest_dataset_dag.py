@@ -1,24 +1,12 @@
 """ingest_dataset through Airflow, then train_pipeline from a tag of that dataset in TFRecord."""
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
+from dag_helpers import load_dag, task_states
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _dag(name):
-    if not os.environ.get("AIRFLOW_HOME"):
-        pytest.fail("AIRFLOW_HOME is not set: run the suite with `make test`")
-    sys.path.insert(0, str(REPO / "dags"))
-    return __import__(name).dag
-
-
-def _states(dr):
-    return {ti.task_id: ti.state for ti in dr.get_task_instances()}
 
 
 def _folder(tmp_path, corrupt=False):
@@ -37,8 +25,8 @@ def test_ingest_then_train_from_a_tag_in_tfrecord(trainyard_home, tmp_path):
     from trainyard.data.store import LocalStore
     from trainyard.tracking.mlflow_tracking import client
 
-    dr = _dag("ingest_dataset").test(run_conf={"folder": str(_folder(tmp_path / "ds")), "repo": "mnistish"})
-    assert dr.state == "success", _states(dr)
+    dr = load_dag("ingest_dataset").test(run_conf={"folder": str(_folder(tmp_path / "ds")), "repo": "mnistish"})
+    assert dr.state == "success", task_states(dr)
     store = LocalStore(trainyard_home / "datasets")
     commit = store.resolve("mnistish", "main")
     assert store.get_commit("mnistish", commit).metadata["kind"] == "image_classification"
@@ -53,8 +41,8 @@ def test_ingest_then_train_from_a_tag_in_tfrecord(trainyard_home, tmp_path):
         "resources": {"gpus_per_node": 1},
         "gates": [{"metric": "val_accuracy", "min": 0.8}],
     }
-    dr = _dag("train_pipeline").test(run_conf=spec)
-    assert dr.state == "success", _states(dr)
+    dr = load_dag("train_pipeline").test(run_conf=spec)
+    assert dr.state == "success", task_states(dr)
     mv = client().get_model_version_by_alias("mnistish", "staging")
     assert mv.tags["dataset.commit"] == commit
     assert "metric.test_accuracy" in mv.tags
@@ -69,7 +57,7 @@ def test_ingest_then_train_from_a_tag_in_tfrecord(trainyard_home, tmp_path):
 def test_corrupt_upload_is_not_committed(trainyard_home, tmp_path):
     from trainyard.data.store import LocalStore
 
-    dr = _dag("ingest_dataset").test(run_conf={"folder": str(_folder(tmp_path / "bad", corrupt=True)), "repo": "bad"})
-    states = _states(dr)
+    dr = load_dag("ingest_dataset").test(run_conf={"folder": str(_folder(tmp_path / "bad", corrupt=True)), "repo": "bad"})
+    states = task_states(dr)
     assert states == {"check_upload": "failed", "commit_upload": "upstream_failed"}
     assert not LocalStore(trainyard_home / "datasets").repo_exists("bad")

@@ -1,10 +1,9 @@
 """promote_model through Airflow (`dag.test()`): a signed version moves to production; a tampered one does not."""
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
+from dag_helpers import load_dag, task_states
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -13,16 +12,7 @@ NAME = "digits"
 
 @pytest.fixture(scope="module")
 def dag():
-    if not os.environ.get("AIRFLOW_HOME"):
-        pytest.fail("AIRFLOW_HOME is not set: run the suite with `make test`")
-    sys.path.insert(0, str(REPO / "dags"))
-    from promote_model import dag as the_dag
-
-    return the_dag
-
-
-def _states(dr):
-    return {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    return load_dag("promote_model")
 
 
 @pytest.fixture
@@ -53,7 +43,7 @@ def test_promote_without_approval(dag, staged):
     from trainyard.registry.versions import History, alias_holder
 
     dr = dag.test(run_conf={"model": NAME, "version": "", "alias": "production", "reason": "first release"})
-    states = _states(dr)
+    states = task_states(dr)
     assert dr.state == "success", states
     assert states == {"verify": "success", "needs_approval": "success", "approve": "skipped", "move_alias": "success"}
     assert alias_holder(staged["client"], NAME, "production") == staged["version"]
@@ -70,7 +60,7 @@ def test_tampered_version_is_not_promoted(dag, staged):
     data[7] ^= 0x40
     staged["onnx"].write_bytes(bytes(data))
     dr = dag.test(run_conf={"model": NAME, "version": staged["version"], "alias": "production", "reason": "x"})
-    states = _states(dr)
+    states = task_states(dr)
     assert dr.state == "failed"
     assert states["verify"] == "failed" and states["move_alias"] in ("upstream_failed", "skipped"), states
     assert alias_holder(staged["client"], NAME, "production") is None
@@ -99,7 +89,7 @@ def test_verify_key_comes_from_the_connection(dag, staged, tmp_path, monkeypatch
     monkeypatch.setenv("AIRFLOW_CONN_TRAINYARD_SIGNING",
                        json.dumps({"conn_type": "generic", "extra": {"verify_key": other.read_text()}}))
     dr = dag.test(run_conf={"model": NAME, "version": staged["version"], "alias": "production", "reason": "x"})
-    assert _states(dr)["verify"] == "failed"
+    assert task_states(dr)["verify"] == "failed"
     assert alias_holder(staged["client"], NAME, "production") is None
 
 
@@ -156,7 +146,7 @@ def test_with_approval(dag, staged, option):
     with _Responder(option) as responder:
         dr = dag.test(run_conf=conf)
     assert responder.error is None, responder.error
-    states = _states(dr)
+    states = task_states(dr)
     if option == "Approve":
         assert dr.state == "success", states
         assert states["approve"] == "success" and states["move_alias"] == "success"

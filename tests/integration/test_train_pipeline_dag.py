@@ -1,10 +1,10 @@
 """train_pipeline through Airflow (`dag.test()`): real tasks, real torchrun, real MLflow."""
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from dag_helpers import load_dag, task_states
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -12,16 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def dag():
-    if not os.environ.get("AIRFLOW_HOME"):
-        pytest.fail("AIRFLOW_HOME is not set: run the suite with `make test`")
-    sys.path.insert(0, str(REPO / "dags"))
-    from train_pipeline import dag as the_dag
-
-    return the_dag
-
-
-def _states(dr):
-    return {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    return load_dag("train_pipeline")
 
 
 def _xcoms(dr) -> dict:
@@ -38,7 +29,7 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     from trainyard.tracking.mlflow_tracking import client
 
     dr = dag.test(run_conf=small_spec)
-    states = _states(dr)
+    states = task_states(dr)
     assert dr.state == "success", states
     kubernetes_path = {"plan_kubernetes", "train_kubernetes", "collect_kubernetes"}
     assert {states[t] for t in kubernetes_path} == {"skipped"}
@@ -112,7 +103,7 @@ def test_failing_gate_stops_before_export(dag, trainyard_home, small_spec):
     small_spec["hyperparameters"]["epochs"] = 1
     small_spec["gates"] = [{"metric": "val_accuracy", "min": 0.9999}, {"metric": "val_macro_f1", "min": 0.9999}]
     dr = dag.test(run_conf=small_spec)
-    states = _states(dr)
+    states = task_states(dr)
     assert dr.state == "failed"
     assert states["train"] == "success" and states["gate"] == "failed"
     assert states["export_onnx"] == "upstream_failed" and states["register"] == "upstream_failed"
@@ -133,7 +124,7 @@ def _xcoms_key(dr, task_id, key):
 
 def test_invalid_spec_fails_first_task_only(dag, trainyard_home):
     dr = dag.test(run_conf={"hyperparameters": {"epochs": 0}})
-    states = _states(dr)
+    states = task_states(dr)
     assert dr.state == "failed"
     assert states["validate_spec"] == "failed"
     assert {s for t, s in states.items() if t != "validate_spec"} == {"upstream_failed"}
@@ -153,7 +144,7 @@ def test_bad_data_never_reaches_training(dag, trainyard_home):
     store.commit("broken", "main", "bad labels")
 
     dr = dag.test(run_conf={"dataset": {"repo": "broken", "ref": "main", "source": "none"}})
-    states = _states(dr)
+    states = task_states(dr)
     assert states["validate_data"] == "failed"
     assert states["prepare_data"] == "upstream_failed" and states["train"] == "upstream_failed"
     assert not (trainyard_home / "cache" / "prepared").exists()
@@ -171,7 +162,7 @@ def test_custom_command_trains_and_registers(dag, trainyard_home):
         "custom": {"command": [sys.executable, str(script)]},
         "gates": [{"metric": "val_accuracy", "min": 0.8}],
     })
-    states = _states(dr)
+    states = task_states(dr)
     assert dr.state == "success", states
     c = client()
     mv = c.get_model_version_by_alias("byo", "staging")
@@ -186,7 +177,7 @@ def test_kubernetes_launcher_branch_without_a_cluster(dag, trainyard_home, monke
     configured here the launch itself fails, and nothing is evaluated or registered."""
     monkeypatch.delenv("KUBECONFIG", raising=False)
     dr = dag.test(run_conf={"backends": {"launcher": "kubernetes"}, "hyperparameters": {"epochs": 1}})
-    states = _states(dr)
+    states = task_states(dr)
     assert states["train"] == "skipped"
     assert states["plan_kubernetes"] == "success"
     assert states["train_kubernetes"] == "failed"

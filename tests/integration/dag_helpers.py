@@ -1,0 +1,22 @@
+"""Helpers for tests that run DAGs with dag.test()."""
+
+import pytest
+
+
+def load_dag(dag_id: str):
+    """A DAG object from dags/<dag_id>.py, for dag.test() against the migrated AIRFLOW_HOME database."""
+    import importlib
+    import os
+    import sys
+    from pathlib import Path
+
+    if not os.environ.get("AIRFLOW_HOME"):
+        pytest.fail("AIRFLOW_HOME is not set: run the suite with `make test`")
+    dags = str(Path(__file__).resolve().parents[2] / "dags")
+    if dags not in sys.path:
+        sys.path.insert(0, dags)
+    return importlib.import_module(dag_id).dag
+
+
+def task_states(dr) -> dict:
+    return {ti.task_id: ti.state for ti in dr.get_task_instances()}
