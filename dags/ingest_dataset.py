@@ -51,13 +51,14 @@ def ingest_dataset():
         try:
             files = collect_folder(params["folder"])
             kind = detect_kind(params["folder"]) if params["kind"] == "auto" else params["kind"]
-            docs = paths.home() / "ingest" / safe_key(f"{params['repo']}-{folder_digest(files)[:12]}")
+            digest = folder_digest(files)
+            docs = paths.home() / "ingest" / safe_key(f"{params['repo']}-{digest[:12]}")
             report = validate_folder(params["folder"], kind, docs_dir=docs)
         except (UploadError, ValueError) as err:
             raise AirflowFailException(f"upload refused: {err}") from None
         if not report.success:
             raise AirflowFailException(f"{params['folder']} failed validation; nothing committed.\n{report.summary()}")
-        return {"digest": folder_digest(files), "kind": kind, "files": len(files), "docs": report.docs,
+        return {"digest": digest, "kind": kind, "files": len(files), "docs": report.docs,
                 "validation": report.summary()}
 
     @task(outlets=[DATASETS])

@@ -69,8 +69,8 @@ def resolve_dataset(spec: dict) -> dict:
         commit = ingest_digits(store, ds["repo"], branch="main")
         log.info("ingested sklearn digits into %s: commit %s", ds["repo"], commit.id)
     commit_id = store.resolve(ds["repo"], ds["ref"])
-    digest = tree_digest(store.list(ds["repo"], commit_id))
-    files = len(store.list(ds["repo"], commit_id))
+    entries = store.list(ds["repo"], commit_id)
+    digest, files = tree_digest(entries), len(entries)
     log.info("dataset %s@%s pinned to commit %s (%d files, digest %s)", ds["repo"], ds["ref"], commit_id, files, digest[:12])
     return {"store": store.kind, "repo": ds["repo"], "ref": ds["ref"], "commit": commit_id, "digest": digest, "files": files}
 
