@@ -116,6 +116,16 @@ class Checkpoints:
         return None
 
 
+def resume_point(state: dict, batches_per_epoch: int, source: str, log) -> tuple[int, int, int]:
+    """(epoch, batches to skip in it, global step) to continue from a checkpoint's data position; a
+    checkpoint taken after an epoch's last batch continues with the next epoch."""
+    epoch, skip, step = state["epoch"], state["batches_done"], state["step"]
+    if skip >= batches_per_epoch:
+        epoch, skip = epoch + 1, 0
+    log(f"resumed from checkpoint {source} at step {step} (epoch {epoch + 1}, batch {skip})")
+    return epoch, skip, step
+
+
 class Tracker:
     """Rank-0 metric sink: MLflow (batched) and TensorBoard."""
 

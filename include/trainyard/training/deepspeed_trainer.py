@@ -45,6 +45,7 @@ from trainyard.training.common import (
     grad_norm,
     load_data,
     log0,
+    resume_point,
 )
 from trainyard.training.deepspeed_config import deepspeed_config
 
@@ -258,11 +259,8 @@ def train(cfg: RunConfig) -> dict:
     if loaded is not None:
         tag, state = loaded
         torch.set_rng_state(state["rng"])
-        start_epoch, skip, step = state["epoch"], state["batches_done"], state["step"]
+        start_epoch, skip, step = resume_point(state, len(loader), tag, log)
         resumed_from = step
-        if skip >= len(loader):
-            start_epoch, skip = start_epoch + 1, 0
-        log(f"resumed from checkpoint {tag} at step {step} (epoch {start_epoch + 1}, batch {skip})")
 
     tracker = Tracker(cfg) if rank == 0 else None
     log(f"strategy=deepspeed world_size={world} zero_stage={stage} precision={precision} backend={backend} "

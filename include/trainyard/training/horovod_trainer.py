@@ -32,6 +32,7 @@ from trainyard.training.common import (
     grad_norm,
     load_data,
     log0,
+    resume_point,
 )
 
 
@@ -121,11 +122,8 @@ def train(cfg: RunConfig) -> dict:
     if position is not None:
         sched.load_state_dict(position["scheduler"])
         torch.set_rng_state(position["rng"])
-        start_epoch, skip, step = position["epoch"], position["batches_done"], position["step"]
+        start_epoch, skip, step = resume_point(position, len(loader), position["_path"], log)
         resumed_from = step
-        if skip >= len(loader):
-            start_epoch, skip = start_epoch + 1, 0
-        log(f"resumed from checkpoint {position['_path']} at step {step} (epoch {start_epoch + 1}, batch {skip})")
 
     tracker = Tracker(cfg) if rank == 0 else None
     log(f"strategy=horovod world_size={world} backend=gloo device={device} train={len(dataset)} "

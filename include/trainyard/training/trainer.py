@@ -31,6 +31,7 @@ from trainyard.training.common import (
     grad_norm,
     load_data,
     log0,
+    resume_point,
 )
 
 
@@ -65,11 +66,8 @@ def train(cfg: RunConfig) -> dict:
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
-        start_epoch, skip, step = state["epoch"], state["batches_done"], state["step"]
+        start_epoch, skip, step = resume_point(state, len(loader), state["_path"], log)
         resumed_from = step
-        if skip >= len(loader):
-            start_epoch, skip = start_epoch + 1, 0
-        log(f"resumed from checkpoint {state['_path']} at step {step} (epoch {start_epoch + 1}, batch {skip})")
 
     tracker = Tracker(cfg) if rank == 0 else None
     log(f"strategy=ddp world_size={world} backend={backend} device={device} train={len(dataset)} "
