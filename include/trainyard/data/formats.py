@@ -1,7 +1,8 @@
 """Record formats for prepared training data, chosen by the JobSpec's ``dataset.format``.
 
 Each format module offers ``write(path, records, meta) -> count`` and
-``read(path) -> (keys, labels, images, meta)``.
+``read(path) -> (keys, labels, images, meta)``; a record may be (key, label, image, target) with a JSON-able
+target, which ``read_targets(path)`` returns in key order.
 """
 
 from __future__ import annotations
@@ -28,3 +29,7 @@ def read(fmt: str, path):
 
 def write(fmt: str, path, records, meta: dict) -> int:
     return module(fmt).write(path, records, meta)
+
+
+def read_targets(fmt: str, path) -> list:
+    return module(fmt).read_targets(path)

@@ -1,7 +1,8 @@
 """LMDB record files for training: one record per sample, keyed by the sample key.
 
 Value = 8-byte little-endian label + the image as .npy bytes. ``__keys__`` holds the key order and
-``__meta__`` the dataset metadata, so a reader needs nothing but the file.
+``__meta__`` the dataset metadata, so a reader needs nothing but the file. A record may carry a target
+beyond its label (detection boxes, a sentence pair): JSON under ``__target__/<key>``.
 """
 
 from __future__ import annotations
@@ -34,17 +35,24 @@ def decode(value: bytes, where: str) -> tuple[int, np.ndarray]:
     return label, image
 
 
-def write(path: str | Path, records: Iterable[tuple[str, int, np.ndarray]], meta: dict) -> int:
+TARGET_PREFIX = "__target__/"
+
+
+def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
+    """``records``: (key, label, image) or (key, label, image, target) with a JSON-able target."""
     import lmdb
 
     path = Path(path)
-    records = list(records)
-    size = sum(r[2].nbytes + 256 for r in records) * 2 + (1 << 20)
+    records = [tuple(r) + (None,) * (4 - len(r)) for r in records]
+    targets = [json.dumps(r[3]).encode() if r[3] is not None else None for r in records]
+    size = sum(r[2].nbytes + 256 for r in records) * 2 + sum(len(t or b"") * 2 for t in targets) + (1 << 20)
     env = lmdb.open(str(path), map_size=size, subdir=True, lock=False)
     keys = []
     with env.begin(write=True) as txn:
-        for key, label, image in records:
+        for (key, label, image, _), target in zip(records, targets):
             txn.put(key.encode(), encode(label, image))
+            if target is not None:
+                txn.put((TARGET_PREFIX + key).encode(), target)
             keys.append(key)
         txn.put(b"__keys__", json.dumps(keys).encode())
         txn.put(b"__meta__", json.dumps(meta).encode())
@@ -53,17 +61,32 @@ def write(path: str | Path, records: Iterable[tuple[str, int, np.ndarray]], meta
     return len(keys)
 
 
-def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
-    """All records of a (small) LMDB file as (keys, labels, images stacked, meta)."""
+def _open(path: Path):
     import lmdb
 
-    path = Path(path)
     if not (path / "data.mdb").exists():
         raise ValueError(f"{path}: not an LMDB dataset (no data.mdb)")
     try:
-        env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
+        return lmdb.open(str(path), readonly=True, lock=False, subdir=True)
     except lmdb.Error as err:
         raise ValueError(f"{path}: cannot open LMDB file: {err}") from None
+
+
+def read_targets(path: str | Path) -> list:
+    """Each record's target (None where it has none), in the order of ``read``'s keys."""
+    path = Path(path)
+    env = _open(path)
+    with env.begin() as txn:
+        keys = json.loads(txn.get(b"__keys__") or b"[]")
+        raw = [txn.get((TARGET_PREFIX + k).encode()) for k in keys]
+    env.close()
+    return [json.loads(r) if r is not None else None for r in raw]
+
+
+def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
+    """All records of a (small) LMDB file as (keys, labels, images stacked, meta)."""
+    path = Path(path)
+    env = _open(path)
     with env.begin() as txn:
         raw_keys = txn.get(b"__keys__")
         if raw_keys is None:

@@ -4,7 +4,8 @@ Framing is TensorFlow's (uint64 length, masked CRC32C of the length, data, maske
 data), so ``tf.data.TFRecordDataset`` + ``tf.io.parse_single_example`` read these files as they
 are. Record 0 is an Example holding only ``__meta__`` (JSON), so the file is self-contained.
 Sample features: ``key``, ``label``, ``image/raw``, ``image/height``, ``image/width``,
-``image/dtype``. TensorFlow itself is not needed: the CRC comes from tensorboard's stub.
+``image/dtype``; ``image/channels`` for an (H, W, C) image and ``target`` (JSON bytes) for a record
+that carries more than a label (detection boxes, a sentence pair). TensorFlow itself is not needed: the CRC comes from tensorboard's stub.
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ def frame(data: bytes) -> bytes:
     return length + _CRC.pack(masked_crc32c(length)) + data + _CRC.pack(masked_crc32c(data))
 
 
-def encode(key: str, label: int, image: np.ndarray) -> bytes:
+def encode(key: str, label: int, image: np.ndarray, target=None) -> bytes:
     image = np.asarray(image)
-    if image.ndim != 2:
-        raise ValueError(f"sample {key!r}: expected a 2-D (H, W) image, got shape {image.shape}")
+    if image.ndim not in (2, 3):
+        raise ValueError(f"sample {key!r}: expected an (H, W) or (H, W, C) image, got shape {image.shape}")
     ex = example_class()()
     f = ex.features.feature
     f["key"].bytes_list.value.append(key.encode())
@@ -90,10 +91,15 @@ def encode(key: str, label: int, image: np.ndarray) -> bytes:
     f["image/height"].int64_list.value.append(image.shape[0])
     f["image/width"].int64_list.value.append(image.shape[1])
     f["image/dtype"].bytes_list.value.append(image.dtype.name.encode())
+    if image.ndim == 3:
+        f["image/channels"].int64_list.value.append(image.shape[2])
+    if target is not None:
+        f["target"].bytes_list.value.append(json.dumps(target).encode())
     return ex.SerializeToString()
 
 
-def decode(data: bytes, where: str) -> tuple[str, int, np.ndarray]:
+def decode(data: bytes, where: str, with_target: bool = False):
+    """(key, label, image), or (key, label, image, target) with ``with_target``."""
     try:
         f = example_class().FromString(data).features.feature
     except DecodeError as err:
@@ -104,11 +110,14 @@ def decode(data: bytes, where: str) -> tuple[str, int, np.ndarray]:
         label = f["label"].int64_list.value[0]
         h, w = f["image/height"].int64_list.value[0], f["image/width"].int64_list.value[0]
         dtype = np.dtype(f["image/dtype"].bytes_list.value[0].decode()).newbyteorder("<")
-        image = np.frombuffer(f["image/raw"].bytes_list.value[0], dtype=dtype).reshape(h, w)
+        shape = (h, w) + tuple(f["image/channels"].int64_list.value[:1]) if "image/channels" in f else (h, w)
+        image = np.frombuffer(f["image/raw"].bytes_list.value[0], dtype=dtype).reshape(shape)
+        target = json.loads(f["target"].bytes_list.value[0]) if with_target and "target" in f else None
     except (IndexError, ValueError, TypeError, UnicodeDecodeError) as err:
         sample = f" (sample {key!r})" if key is not None else ""
         raise ValueError(f"{where}{sample}: bad sample Example: {err}") from None
-    return key, int(label), image.astype(dtype.newbyteorder("="), copy=False)
+    image = image.astype(dtype.newbyteorder("="), copy=False)
+    return (key, int(label), image, target) if with_target else (key, int(label), image)
 
 
 def iter_records(stream: BinaryIO, path) -> Iterator[bytes]:
@@ -136,7 +145,8 @@ def iter_records(stream: BinaryIO, path) -> Iterator[bytes]:
         i += 1
 
 
-def write(path: str | Path, records: Iterable[tuple[str, int, np.ndarray]], meta: dict) -> int:
+def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
+    """``records``: (key, label, image) or (key, label, image, target) with a JSON-able target."""
     path = Path(path)
     # A crashed or failed write must never leave a half file under the real name.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -146,8 +156,8 @@ def write(path: str | Path, records: Iterable[tuple[str, int, np.ndarray]], meta
     try:
         with open(tmp, "wb") as out:
             out.write(frame(meta_ex.SerializeToString()))
-            for key, label, image in records:
-                out.write(frame(encode(key, label, image)))
+            for record in records:
+                out.write(frame(encode(*record)))
                 count += 1
         os.replace(tmp, path)
     finally:
@@ -155,12 +165,21 @@ def write(path: str | Path, records: Iterable[tuple[str, int, np.ndarray]], meta
     return count
 
 
+def read_targets(path: str | Path) -> list:
+    """Each record's target (None where it has none), in the order of ``read``'s keys."""
+    return _read(path, with_targets=True)[4]
+
+
 def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
     """All records of a (small) TFRecord file as (keys, labels, images stacked, meta)."""
+    return _read(path, with_targets=False)[:4]
+
+
+def _read(path: str | Path, with_targets: bool):
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: not a TFRecord dataset (no such file)")
-    keys, labels, images, meta = [], [], [], None
+    keys, labels, images, targets, meta = [], [], [], [], None
     with open(path, "rb") as stream:
         for i, data in enumerate(iter_records(stream, path)):
             where = f"{path}: record {i}"
@@ -171,11 +190,13 @@ def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
                 except (DecodeError, IndexError, ValueError) as err:
                     raise ValueError(f"{where}: bad {META_FEATURE} Example: {err!r}") from None
                 continue
-            key, label, image = decode(data, where)
+            key, label, image, target = decode(data, where, with_target=True) if with_targets else (
+                *decode(data, where), None)
+            targets.append(target)
             keys.append(key)
             labels.append(label)
             images.append(image)
     if meta is None:
         raise ValueError(f"{path}: empty file, missing the {META_FEATURE} record")
     stacked = np.stack(images) if images else np.zeros((0,), dtype=np.uint8)
-    return keys, np.asarray(labels, dtype=np.int64), stacked, meta
+    return keys, np.asarray(labels, dtype=np.int64), stacked, meta, targets

@@ -183,8 +183,8 @@ def test_missing_empty_and_meta_less_files(tmp_path):
 
 def test_failed_write_leaves_no_file(tmp_path):
     path = tmp_path / "train.tfrecord"
-    bad = _records(2) + [("rgb", 0, np.zeros((2, 2, 3), np.uint8))]
-    with pytest.raises(ValueError, match="sample 'rgb': expected a 2-D"):
+    bad = _records(2) + [("video", 0, np.zeros((2, 2, 3, 4), np.uint8))]
+    with pytest.raises(ValueError, match=r"sample 'video': expected an \(H, W\) or \(H, W, C\) image"):
         tfrecord_format.write(path, bad, {})
     assert list(tmp_path.iterdir()) == []
 

@@ -1,0 +1,29 @@
+"""Records that carry a target beyond the label (detection boxes, sentence pairs), in both formats."""
+
+import numpy as np
+import pytest
+
+from trainyard.data import formats
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
+def test_targets_and_colour_images_round_trip(tmp_path, fmt):
+    rgb = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
+    records = [
+        ("a", 0, rgb, {"boxes": [[1.0, 2.0, 3.0, 4.0]], "labels": [2]}),
+        ("b", 0, rgb[::-1].copy(), None),  # a record may have no target
+        ("c", 0, rgb, {"source": "der Hund", "target": "the dog"}),
+    ]
+    path = tmp_path / formats.filename("train", fmt)
+    assert formats.write(fmt, path, records, {"kind": "test"}) == 3
+    keys, _, images, meta = formats.read(fmt, path)
+    assert keys == ["a", "b", "c"] and meta == {"kind": "test"}
+    assert images.shape == (3, 4, 5, 3) and np.array_equal(images[1], rgb[::-1])
+    assert formats.read_targets(fmt, path) == [records[0][3], None, records[2][3]]
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
+def test_plain_records_have_no_targets(tmp_path, fmt):
+    path = tmp_path / formats.filename("val", fmt)
+    formats.write(fmt, path, [("k", 1, np.zeros((2, 2), np.uint8))], {})
+    assert formats.read_targets(fmt, path) == [None]
