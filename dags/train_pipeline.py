@@ -33,10 +33,10 @@ GPU_SLOTS = DEFAULT["resources"]["nodes"] * DEFAULT["resources"]["gpus_per_node"
 
 PARAM_DOCS = {
     "name": "Job name; also the registered model's name.",
-    "recipe": "Built-in training recipe.",
+    "recipe": "Built-in recipe (digits_cnn | centernet_detector | transformer_translator) or custom.",
     "dataset": "Dataset store, repository and ref (branch, tag or commit id); the run pins the commit.",
     "split": "Train/val split: val_fraction and seed (assignment by a hash of each sample key).",
-    "hyperparameters": "epochs, batch_size, learning_rate, momentum, seed.",
+    "hyperparameters": "epochs, batch_size, learning_rate, optimizer (sgd | adamw), momentum, weight_decay, seed.",
     "resources": "nodes, gpus_per_node (= processes = pool slots), gpu_type (= pool), team, priority.",
     "gates": "Metric thresholds the model must meet to be exported and registered.",
     "champion": "Champion/challenger rules: [{metric, margin, higher_is_better}] against the 'production' version.",
@@ -45,7 +45,8 @@ PARAM_DOCS = {
     "checkpointing": "every_steps or every_minutes (default: every epoch), keep_last.",
     "kubernetes": "namespace, image, pull policy, priority class, node selector, tolerations, MIG profile, PVC, env.",
     "custom": "Bring your own training (recipe 'custom'): command and optional image.",
-    "export": "ONNX parity tolerances (rtol, atol) and allowed accuracy difference.",
+    "export": "ONNX parity tolerances (rtol, atol), allowed metric difference, optional TorchScript file.",
+    "recipe_options": "Options of the recipe, e.g. {image_size: 64} (detection) or {d_model: 64, max_len: 32} (translation).",
 }
 _TYPES = {str: "string", dict: "object", list: "array", type(None): ["null", "object"]}
 
@@ -164,14 +165,14 @@ def train_pipeline():
         return run(spec, trained, data)
 
     @task(retries=0)
-    def gate(spec: dict, metrics: dict, data: dict) -> dict:
-        """Thresholds and champion/challenger rules from the spec; the full result goes to XCom, a breach
-        fails the run here."""
+    def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
+        """Thresholds and champion/challenger rules from the spec; the full result goes to XCom and onto
+        the MLflow run (then the model version); a breach fails the run here."""
         from airflow.sdk.exceptions import AirflowFailException
 
         from trainyard.pipeline import gate as check
 
-        result = check(spec, metrics, data)
+        result = check(spec, metrics, data, trained)
         get_current_context()["ti"].xcom_push(key="gate_result", value=result)
         if not result["passed"]:
             raise AirflowFailException(result["message"])
@@ -179,7 +180,7 @@ def train_pipeline():
 
     @task
     def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
-        """ONNX export; onnxruntime must match PyTorch on a fixed batch and on val accuracy."""
+        """ONNX export; onnxruntime must match PyTorch on fixed inputs and on the recipe's val metric."""
         from trainyard.pipeline import export_onnx as run
 
         return run(spec, trained, data)
@@ -216,7 +217,7 @@ def train_pipeline():
     trained = training_result()
     [local, remote] >> trained
     metrics = evaluate(spec, trained, data)
-    verdict = gate(spec, metrics, data)
+    verdict = gate(spec, metrics, data, trained)
     exported = export_onnx(spec, trained, data, verdict)
     register(spec, dataset, trained, exported, metrics)
 

@@ -27,8 +27,7 @@ class GateFailed(Exception):
     """The model missed a threshold; the message lists every breach and by how much."""
 
 
-class ExportFailed(Exception):
-    """ONNX and PyTorch disagree beyond tolerance."""
+from trainyard.export.onnx_export import ExportFailed  # noqa: E402,F401  (raised by export_onnx)
 
 
 def _spec(spec: dict) -> JobSpec:
@@ -44,10 +43,12 @@ def run_dir(spec: dict, run_key: str) -> Path:
 # -- 1. spec ---------------------------------------------------------------------------------------------
 def validate_spec(raw: dict) -> dict:
     """Parse and check a raw spec (Params merged with conf); raise SpecError naming every bad field."""
+    from trainyard import recipes
     from trainyard.scheduling.resources import check_spec, load_resources
 
     spec = parse_spec(raw)
     check_spec(spec, load_resources())
+    recipes.check_spec(spec)
     return spec.model_dump(mode="json")
 
 
@@ -60,14 +61,14 @@ def _store(kind: str):
 
 def resolve_dataset(spec: dict) -> dict:
     """Ingest the built-in source if the spec names one, then pin the ref to an immutable commit id."""
-    from trainyard.data.classification import ingest_digits
+    from trainyard import recipes
     from trainyard.data.store import tree_digest
 
     ds = spec["dataset"]
     store = _store(ds["store"])
-    if ds["source"] == "sklearn_digits":
-        commit = ingest_digits(store, ds["repo"], branch="main")
-        log.info("ingested sklearn digits into %s: commit %s", ds["repo"], commit.id)
+    if ds["source"] != "none":
+        commit = recipes.get(spec["recipe"]).ingest(ds["source"], store, ds["repo"], branch="main")
+        log.info("ingested built-in source %s into %s: commit %s", ds["source"], ds["repo"], commit.id)
     commit_id = store.resolve(ds["repo"], ds["ref"])
     entries = store.list(ds["repo"], commit_id)
     digest, files = tree_digest(entries), len(entries)
@@ -81,23 +82,16 @@ def checkout(dataset: dict) -> Path:
     return _store(dataset["store"]).export(dataset["repo"], dataset["commit"], dest)
 
 
-def validate_data(spec: dict, dataset: dict, run_key: str) -> dict:
-    from trainyard.data.classification import load_classification, profile
-    from trainyard.data.validation import load_suite_config, validate_dataframe
+def _data_recipe(spec: dict):
+    """The recipe whose data layout the job uses; a custom command gets the image-classification one."""
+    from trainyard import recipes
 
-    data = load_classification(checkout(dataset))
-    n = len(data.meta["classes"])
-    suite = load_suite_config(
-        "image_classification",
-        {
-            "max_label": n - 1,
-            "all_labels": list(range(n)),
-            "height": data.meta["height"],
-            "width": data.meta["width"],
-            "pixel_max": data.meta["pixel_max"],
-        },
-    )
-    report = validate_dataframe(profile(data), suite, docs_dir=run_dir(spec, run_key) / "data_docs")
+    return recipes.get("digits_cnn" if spec["recipe"] == "custom" else spec["recipe"])
+
+
+def validate_data(spec: dict, dataset: dict, run_key: str) -> dict:
+    """The recipe's expectation suites over the pinned commit; Data Docs kept with the run."""
+    report = _data_recipe(spec).validate(checkout(dataset), run_dir(spec, run_key) / "data_docs")
     out = run_dir(spec, run_key) / "validation.json"
     out.write_text(json.dumps(report.to_dict(), indent=1, default=str))
     log.info("%s (report: %s, data docs: %s)", report.summary(), out, report.docs)
@@ -108,18 +102,16 @@ def validate_data(spec: dict, dataset: dict, run_key: str) -> dict:
 
 
 def prepare_data(spec: dict, dataset: dict) -> dict:
-    from trainyard.data.prepare import prepare_classification
+    """Hash split of the commit, written as the recipe's records in LMDB or TFRecord (cached)."""
+    from trainyard.data.prepare import prepare_records
 
     split = spec["split"]
-    manifest = prepare_classification(
-        checkout(dataset),
-        dataset["commit"],
-        paths.cache_root() / "prepared",
-        split["val_fraction"],
-        split["seed"],
-        fmt=spec["dataset"]["format"],
-        test_fraction=split["test_fraction"],
-    )
+    recipe = _data_recipe(spec)
+    options = recipe.opts(spec)
+    keys, record, meta = recipe.samples(checkout(dataset), options)
+    manifest = prepare_records(keys, record, meta, dataset["commit"], paths.cache_root() / "prepared",
+                               split["val_fraction"], split["seed"], fmt=spec["dataset"]["format"],
+                               test_fraction=split["test_fraction"], variant=recipe.variant(options))
     log.info("prepared %s (%s): %s", manifest["path"], "cache hit" if manifest["cached"] else "built", manifest["counts"])
     return manifest
 
@@ -143,14 +135,14 @@ def start_tracking(spec: dict, dataset: dict, run_key: str, tags: dict[str, str]
             **(tags or {}),
         },
     )
-    mt.log_params(c, run_id, {k: spec[k] for k in ("recipe", "hyperparameters", "resources", "split")})
-    # The data-validation report and its Data Docs travel with the run they gated.
+    mt.log_params(c, run_id, {k: spec[k] for k in ("recipe", "hyperparameters", "resources", "split", "recipe_options")})
+    # The data-validation report and its Data Docs (one site per suite) travel with the run they gated.
     rdir = run_dir(spec, run_key)
     if (rdir / "validation.json").exists():
         c.log_artifact(run_id, str(rdir / "validation.json"), "data_validation")
-    docs = rdir / "data_docs" / "gx" / "uncommitted" / "data_docs"
-    if docs.is_dir():
-        c.log_artifacts(run_id, str(docs), "data_validation/data_docs")
+    for docs in sorted((rdir / "data_docs").glob("**/gx/uncommitted/data_docs")):
+        suite = docs.relative_to(rdir / "data_docs").parts[0]
+        c.log_artifacts(run_id, str(docs), "data_validation/data_docs" + ("" if suite == "gx" else f"/{suite}"))
     return run_id
 
 
@@ -220,44 +212,46 @@ def train(spec: dict, dataset: dict, data: dict, run_key: str, on_line: Callable
 
 # -- 4. evaluation and gate --------------------------------------------------------------------------------
 def evaluate(spec: dict, trained: dict, data: dict) -> dict:
-    from trainyard.evaluation.classification import evaluate_model
+    """The recipe's metrics on the val (and test) split, logged to the MLflow run; metric signatures
+    (BLEU tokenizer, COCO evaluator) become run tags ``eval.*``."""
+    from trainyard import recipes
     from trainyard.tracking import mlflow_tracking as mt
 
     if spec["recipe"] == "custom":  # the program measured itself; the gate reads its last reports
         log.info("evaluation (reported by the custom command): %s", trained["final_metrics"])
         return trained["final_metrics"]
-    metrics = evaluate_model(trained["model_path"], data["format"], data["val"], prefix="val")
+    recipe = recipes.get(spec["recipe"])
+    options = recipe.opts(spec)
+    metrics, info = recipe.evaluate(trained["model_path"], data, "val", options)
     if "test" in data:
-        metrics.update(evaluate_model(trained["model_path"], data["format"], data["test"], prefix="test"))
+        metrics.update(recipe.evaluate(trained["model_path"], data, "test", options)[0])
     c = mt.client()
     for k, v in metrics.items():
         c.log_metric(trained["mlflow_run_id"], f"eval_{k}", v)
-    log.info("evaluation: %s", metrics)
+    for k, v in info.items():
+        c.set_tag(trained["mlflow_run_id"], f"eval.{k}", v)
+    log.info("evaluation: %s %s", metrics, info)
     return metrics
 
 
 def champion_metrics(spec: dict, data: dict) -> dict | None:
     """The ``production`` version's metrics on this run's eval data (its registered ONNX model, run with
     onnxruntime), or None when the model has no production version yet."""
+    import tempfile
+
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from trainyard.data import formats
-    from trainyard.evaluation.classification import classification_metrics
-    from trainyard.export.onnx_export import onnx_predict
+    from trainyard import recipes
+    from trainyard.registry.signing import load_public_key
+    from trainyard.registry.versions import storage_uri, verify_version
     from trainyard.tracking import mlflow_tracking as mt
-    from trainyard.training.model import to_input
 
     c = mt.client()
     try:
         mv = c.get_model_version_by_alias(spec["name"], "production")
     except MlflowException:
         return None
-    import tempfile
-
-    from trainyard.registry.signing import load_public_key
-    from trainyard.registry.versions import storage_uri, verify_version
-
     verify_version(c, spec["name"], mv.version, load_public_key())  # never compare against tampered files
     # The storage location itself, into a temp dir: a models:/ download writes a metadata file into its
     # destination, which must never be the artifact store.
@@ -267,15 +261,16 @@ def champion_metrics(spec: dict, data: dict) -> dict | None:
     onnx_file = next(iter(sorted(local.rglob("*.onnx"))), None)
     if onnx_file is None:
         raise ExportFailed(f"production version {mv.version} of {spec['name']!r} has no ONNX model to compare with")
-    _, labels, images, meta = formats.read(data["format"], data["val"])
-    metrics = classification_metrics(onnx_predict(onnx_file, to_input(images, meta["pixel_max"]).numpy()), labels)
+    recipe = recipes.get(spec["recipe"])
+    metrics = recipe.onnx_metrics(onnx_file, data, recipe.opts(spec))
     log.info("champion: %s version %s on this run's val split: %s", spec["name"], mv.version, metrics)
     return {**metrics, "_version": float(mv.version)}
 
 
-def gate(spec: dict, metrics: dict, data: dict | None = None) -> dict:
-    """Thresholds and champion/challenger rules; the full result (every metric, bound, margin) for XCom.
-    The caller fails the run if ``passed`` is false."""
+def gate(spec: dict, metrics: dict, data: dict | None = None, trained: dict | None = None) -> dict:
+    """Thresholds and champion/challenger rules; the full result (every metric, bound, margin) is returned
+    for XCom and, with ``trained``, stored on its MLflow run (tags ``gate.*`` + gate_result.json). The
+    caller fails the run if ``passed`` is false."""
     from trainyard.evaluation.champion import combined_gate
 
     rules = spec.get("champion") or []
@@ -283,48 +278,55 @@ def gate(spec: dict, metrics: dict, data: dict | None = None) -> dict:
     result = combined_gate(metrics, spec["gates"], champion, rules)
     if champion is not None:
         result["champion_version"] = int(champion["_version"])
+    if trained and trained.get("mlflow_run_id"):
+        record_gate(trained["mlflow_run_id"], trained["run_dir"], result)
     return result
+
+
+def gate_tags(result: dict) -> dict[str, str]:
+    """The gate result as tags: ``gate.passed``, ``gate.result`` (compact JSON of every check) and one
+    ``gate.<kind>.<metric>`` line per check (value, bound, margin, verdict)."""
+    tags = {"gate.passed": str(bool(result["passed"])).lower()}
+    for row in result["checks"]:
+        bound = ", ".join(f"{k}={row[k]:.6g}" for k in ("min", "max") if row.get(k) is not None)
+        value = "missing" if row.get("value") is None else f"{row['value']:.6g}"
+        margin = "" if row.get("margin") is None else f", margin={row['margin']:.6g}"
+        extra = f", champion={row['champion']:.6g}" if row.get("champion") is not None else ""
+        tags[f"gate.{row['kind']}.{row['metric']}"] = (
+            f"{'pass' if row['passed'] else 'FAIL'}: value={value}{', ' + bound if bound else ''}{margin}{extra}")
+    if result.get("champion_version") is not None:
+        tags["gate.champion_version"] = str(result["champion_version"])
+    compact = json.dumps(result, sort_keys=True, separators=(",", ":"), default=str)
+    tags["gate.result"] = compact if len(compact) <= 5000 else compact[:4990] + "...(cut)"
+    return tags
+
+
+def record_gate(run_id: str, out_dir: str, result: dict) -> None:
+    from trainyard.tracking import mlflow_tracking as mt
+
+    c = mt.client()
+    path = Path(out_dir) / "gate_result.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    c.log_artifact(run_id, str(path), "gate")
+    for k, v in gate_tags(result).items():
+        c.set_tag(run_id, k, v)
 
 
 # -- 5. export and registry --------------------------------------------------------------------------------
 def export_onnx(spec: dict, trained: dict, data: dict) -> dict:
-    import numpy as np
+    """ONNX export of the trained model, held to parity with PyTorch and to its metric re-computed with
+    onnxruntime (see the recipe); with ``export.torchscript``, a TorchScript file too."""
+    from trainyard import recipes
 
-    from trainyard.data import formats
-    from trainyard.evaluation.classification import classification_metrics, predict
-    from trainyard.export.onnx_export import check_parity, export, onnx_predict
-    from trainyard.training.model import load_model, to_input
-
-    tol = spec["export"]
     if spec["recipe"] == "custom":
         return check_custom_onnx(trained)
-    model = load_model(trained["model_path"])
-    _, labels, images, meta = formats.read(data["format"], data["val"])
-    x = to_input(images, meta["pixel_max"])
-    onnx_path = export(model, x[:2], Path(trained["run_dir"]) / "model.onnx")
-
-    fixed = x[:64]
-    parity = check_parity(predict(model, fixed), onnx_predict(onnx_path, fixed.numpy()), tol["rtol"], tol["atol"])
-    acc_torch = classification_metrics(predict(model, x), labels)["val_accuracy"]
-    acc_onnx = classification_metrics(onnx_predict(onnx_path, x.numpy()), labels)["val_accuracy"]
-    out = {
-        "onnx_path": str(onnx_path),
-        "parity": parity.to_dict(),
-        "val_accuracy_torch": acc_torch,
-        "val_accuracy_onnx": acc_onnx,
-        "input_example": np.asarray(fixed[:1].numpy()).tolist(),
-    }
-    log.info("ONNX parity on %d outputs: max |diff| %.3g, mismatched %d; accuracy torch %.4f onnx %.4f",
-             parity.total, parity.max_abs_diff, parity.mismatched, acc_torch, acc_onnx)
-    problems = []
-    if not parity.passed:
-        problems.append(f"{parity.mismatched}/{parity.total} outputs differ beyond rtol={parity.rtol} atol={parity.atol} "
-                        f"(max abs diff {parity.max_abs_diff:.3g})")
-    if abs(acc_torch - acc_onnx) > tol["accuracy_tolerance"]:
-        problems.append(f"val_accuracy onnx {acc_onnx:.4f} != torch {acc_torch:.4f} "
-                        f"(tolerance {tol['accuracy_tolerance']})")
-    if problems:
-        raise ExportFailed("ONNX export rejected: " + "; ".join(problems))
+    recipe = recipes.get(spec["recipe"])
+    out = recipe.export(trained["model_path"], data, Path(trained["run_dir"]), spec["export"], recipe.opts(spec))
+    p = out["parity"]
+    m = out["metric"]
+    log.info("ONNX parity on %d outputs: max |diff| %.3g, mismatched %d; %s torch %.4f onnx %.4f%s",
+             p["total"], p["max_abs_diff"], p["mismatched"], m, out[f"{m}_torch"], out[f"{m}_onnx"],
+             f"; TorchScript {out['torchscript_path']}" if out.get("torchscript_path") else "")
     return out
 
 
@@ -334,29 +336,32 @@ def check_custom_onnx(trained: dict) -> dict:
     import numpy as np
     import onnx
 
-    from trainyard.export.onnx_export import onnx_predict
+    from trainyard.export.onnx_export import onnx_predict, onnx_session
+    from trainyard.recipes.base import save_input_example
 
     if not trained.get("onnx_path"):
         raise ExportFailed(f"the custom command wrote no model.onnx into {trained['run_dir']}")
     onnx.checker.check_model(trained["onnx_path"], full_check=True)
-    import onnxruntime as ort
-
-    inp = ort.InferenceSession(trained["onnx_path"], providers=["CPUExecutionProvider"]).get_inputs()[0]
+    inp = onnx_session(trained["onnx_path"]).get_inputs()[0]
     shape = [d if isinstance(d, int) else 1 for d in inp.shape]
     example = np.zeros(shape, dtype=np.float32)
     out = onnx_predict(trained["onnx_path"], example)
     if not np.isfinite(out).all():
         raise ExportFailed(f"{trained['onnx_path']} gives non-finite outputs on a zero input")
-    return {"onnx_path": trained["onnx_path"], "parity": None, "input_example": example.tolist()}
+    return {"onnx_path": trained["onnx_path"], "parity": None,
+            "input_example": save_input_example(Path(trained["run_dir"]), {inp.name: example})}
 
 
 def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict, run_key: str,
              extra_tags: dict[str, str] | None = None) -> dict:
-    import numpy as np
-
+    """One signed MLflow model version per DAG run: ONNX model (signature, input example), PyTorch weights
+    (and TorchScript) beside it, lineage, metrics, metric signatures and the gate result as tags."""
+    from trainyard.recipes.base import load_input_example
     from trainyard.registry.mlflow_registry import register_onnx
     from trainyard.tracking import mlflow_tracking as mt
 
+    c = mt.client()
+    run_tags = c.get_run(trained["mlflow_run_id"]).data.tags
     tags = {
         "dataset.store": dataset["store"],
         "dataset.repo": dataset["repo"],
@@ -368,17 +373,21 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
         "onnx_path": exported["onnx_path"],
         "run_dir": trained["run_dir"],
         **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()},
+        # what the gate decided and how the metrics were computed, copied from the run
+        **{k: v for k, v in run_tags.items() if k.startswith(("gate.", "eval."))},
         **(extra_tags or {}),
     }
-    c = mt.client()
+    artifacts = {"pytorch": trained["model_path"]} if trained.get("model_path") else {}
+    if exported.get("torchscript_path"):
+        artifacts["torchscript"] = exported["torchscript_path"]
     info = register_onnx(
         c,
         model_name=spec["name"],
         run_id=trained["mlflow_run_id"],
         run_key=run_key,
         onnx_path=exported["onnx_path"],
-        extra_artifacts={"pytorch": trained["model_path"]} if trained.get("model_path") else {},
-        input_example=np.asarray(exported["input_example"], dtype=np.float32),
+        extra_artifacts=artifacts,
+        input_example=load_input_example(exported["input_example"]),
         tags=tags,
         alias=None,  # set below, after signing, through the recorded (verified) alias move
     )

@@ -173,14 +173,18 @@ def merge_reports(name: str, *reports: ValidationReport) -> ValidationReport:
         suite=name,
         success=all(r.success for r in reports),
         checks=[c for r in reports for c in r.checks],
+        docs=next((r.docs for r in reports if r.docs), None),
     )
 
 
-def validate_detection(root: str | Path, config_dir: Path | None = None) -> ValidationReport:
-    """Run the box suite and the image suite over a dataset folder; one merged report."""
+def validate_detection(root: str | Path, config_dir: Path | None = None,
+                       docs_dir: str | Path | None = None) -> ValidationReport:
+    """Run the box suite and the image suite over a dataset folder; one merged report. With
+    ``docs_dir``, each suite's Data Docs are built under ``docs_dir/boxes`` and ``docs_dir/images``."""
     coco = load_coco(root)
-    boxes = validate_dataframe(profile_boxes(coco), load_suite_config("coco_detection", {}, config_dir))
+    sub = (lambda name: Path(docs_dir) / name) if docs_dir is not None else (lambda name: None)
+    boxes = validate_dataframe(profile_boxes(coco), load_suite_config("coco_detection", {}, config_dir), sub("boxes"))
     images = validate_dataframe(
-        profile_images(coco, root), load_suite_config("coco_detection_images", {}, config_dir)
+        profile_images(coco, root), load_suite_config("coco_detection_images", {}, config_dir), sub("images")
     )
     return merge_reports("coco_detection", boxes, images)

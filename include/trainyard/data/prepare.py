@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from trainyard.data import formats
 from trainyard.data.classification import load_classification
@@ -38,49 +39,59 @@ def check_leakage(splits: dict[str, list[str]]) -> None:
         raise LeakageError("split leakage:\n" + report.summary())
 
 
-def prepare_classification(
-    dataset_dir: str | Path,
+def prepare_records(
+    keys: list[str],
+    record: Callable[[str], tuple],
+    meta: dict,
     commit: str,
     cache_root: str | Path,
     val_fraction: float,
     seed: int,
     fmt: str = "lmdb",
     test_fraction: float = 0.0,
+    variant: str = "",
 ) -> dict:
-    """Return the prepared dataset's manifest, building it only if the cache has none.
+    """Split ``keys`` by hash and write each split's ``record(key)`` tuples in ``fmt``; return the prepared
+    dataset's manifest, building it only if the cache has none. ``variant`` names whatever else shapes the
+    records (a recipe and its input size), so differently prepared copies of one commit never collide.
 
     The result is built in a temp dir and renamed into place, so a crash never leaves a half cache and
     two concurrent preparers agree (the loser discards its copy)."""
     cache_root = Path(cache_root)
-    out = cache_root / cache_key(commit, val_fraction, seed, fmt, test_fraction)
+    key = cache_key(commit, val_fraction, seed, fmt, test_fraction)
+    if variant:
+        key += "-" + hashlib.sha256(variant.encode()).hexdigest()[:8]
+    out = cache_root / key
     manifest_path = out / "manifest.json"
     if manifest_path.exists():
         return dict(json.loads(manifest_path.read_text()), cached=True)
 
-    data = load_classification(dataset_dir)
-    index = {k: i for i, k in enumerate(data.keys)}
-    splits = split_keys(data.keys, val_fraction, seed, test_fraction)
+    splits = split_keys(keys, val_fraction, seed, test_fraction)
     if not test_fraction:
         splits.pop("test")
     check_leakage(splits)
+    empty = [name for name, ks in splits.items() if not ks]
+    if empty:
+        raise ValueError(f"split {empty} would be empty ({len(keys)} samples, val_fraction={val_fraction}, "
+                         f"test_fraction={test_fraction}): add data or change the fractions")
     cache_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".prep-"))
     try:
         counts, files = {}, {}
-        for name, keys in splits.items():
-            records = ((k, int(data.labels[index[k]]), data.images[index[k]]) for k in sorted(keys))
+        for name, ks in splits.items():
             files[name] = formats.filename(name, fmt)
-            counts[name] = formats.write(fmt, tmp / files[name], records, data.meta)
+            counts[name] = formats.write(fmt, tmp / files[name], (record(k) for k in sorted(ks)), meta)
         manifest = {
             "commit": commit,
             "format": fmt,
             "val_fraction": val_fraction,
             "test_fraction": test_fraction,
             "seed": seed,
+            "variant": variant,
             "counts": counts,
-            "num_classes": len(data.meta["classes"]),
-            "classes": data.meta["classes"],
             "path": str(out),
+            **{k: meta[k] for k in ("classes",) if k in meta},
+            **({"num_classes": len(meta["classes"])} if "classes" in meta else {}),
             **{name: str(out / f) for name, f in files.items()},
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -94,3 +105,28 @@ def prepare_classification(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dict(json.loads(manifest_path.read_text()), cached=False)
+
+
+def prepare_classification(
+    dataset_dir: str | Path,
+    commit: str,
+    cache_root: str | Path,
+    val_fraction: float,
+    seed: int,
+    fmt: str = "lmdb",
+    test_fraction: float = 0.0,
+) -> dict:
+    """``prepare_records`` for the image-classification layout: records (key, label, image)."""
+    data = load_classification(dataset_dir)
+    index = {k: i for i, k in enumerate(data.keys)}
+    return prepare_records(
+        data.keys,
+        lambda k: (k, int(data.labels[index[k]]), data.images[index[k]]),
+        data.meta,
+        commit,
+        cache_root,
+        val_fraction,
+        seed,
+        fmt,
+        test_fraction,
+    )

@@ -29,11 +29,14 @@ def register_onnx(
     run_key: str,
     onnx_path: str | Path,
     extra_artifacts: dict[str, str | Path],
-    input_example: np.ndarray,
+    input_example: np.ndarray | dict[str, np.ndarray],
     tags: dict[str, str],
     alias: str | None = "staging",
 ) -> dict:
     """Log the ONNX model to ``run_id`` and register it as a version of ``model_name``.
+
+    ``extra_artifacts`` (e.g. the PyTorch weights) go into the logged model's own artifacts, next to the
+    ONNX file, so they are part of the version's files: downloaded with it, and covered by its signature.
 
     If this DAG run already has a version (a retry, or a re-run of the task), that version is returned
     and nothing new is created."""
@@ -48,11 +51,14 @@ def register_onnx(
             c.set_registered_model_alias(model_name, alias, existing.version)
         return {"name": model_name, "version": int(existing.version), "created": False, "source": existing.source}
 
-    from trainyard.export.onnx_export import onnx_predict
-
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
-    signature = infer_signature(input_example, onnx_predict(onnx_path, input_example))
+    from trainyard.export.onnx_export import onnx_session
+
+    session = onnx_session(onnx_path)
+    feeds = input_example if isinstance(input_example, dict) else {session.get_inputs()[0].name: input_example}
+    outputs = dict(zip((o.name for o in session.get_outputs()), session.run(None, feeds)))
+    signature = infer_signature(input_example, outputs if len(outputs) > 1 else next(iter(outputs.values())))
     # log_model works on the active run of the global tracking URI: point it at our store for this call
     # only, so no later caller in the process (another task, a test) silently talks to this store.
     with _use_tracking_uri(c.tracking_uri), mlflow.start_run(run_id=run_id):
@@ -60,7 +66,7 @@ def register_onnx(
             onnx.load(str(onnx_path)), name="model", signature=signature, input_example=input_example
         )
         for subdir, path in extra_artifacts.items():
-            mlflow.log_artifact(str(path), artifact_path=subdir)
+            c.log_model_artifact(info.model_id, str(path), artifact_path=subdir)
     try:
         c.create_registered_model(model_name, description="trained and registered by trainyard")
     except MlflowException as err:

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import torch
 
-from trainyard.data import formats
-from trainyard.training.model import SmallCNN, to_input
 
 CKPT_RE = re.compile(r"^step-(\d{8})\.pt$")
 
@@ -43,21 +41,19 @@ def log0(rank: int, msg: str) -> None:
         print(f"[trainer] {msg}", flush=True)
 
 
-def load_data(cfg: RunConfig):
-    """(x_train, y_train, x_val, y_val, meta) as tensors, whatever the record format."""
-    _, y_train, img_train, meta = formats.read(cfg.data["format"], cfg.data["train"])
-    _, y_val, img_val, _ = formats.read(cfg.data["format"], cfg.data["val"])
-    return (
-        to_input(img_train, meta["pixel_max"]),
-        torch.from_numpy(y_train),
-        to_input(img_val, meta["pixel_max"]),
-        torch.from_numpy(y_val),
-        meta,
-    )
+def recipe_for(cfg: RunConfig):
+    """The run's recipe: its data, model, loss and per-epoch metrics (see trainyard.recipes.base)."""
+    from trainyard import recipes
+
+    return recipes.get(cfg.spec.get("recipe", "digits_cnn"))
 
 
-def build_model(meta: dict) -> SmallCNN:
-    return SmallCNN(len(meta["classes"]), meta["height"], meta["width"])
+def make_optimizer(params, hp: dict) -> torch.optim.Optimizer:
+    """``hyperparameters.optimizer``: SGD with momentum, or AdamW (what transformers and detectors like)."""
+    if hp.get("optimizer", "sgd") == "adamw":
+        return torch.optim.AdamW(params, lr=hp["learning_rate"], weight_decay=hp.get("weight_decay", 0.0))
+    return torch.optim.SGD(params, lr=hp["learning_rate"], momentum=hp.get("momentum", 0.0),
+                           weight_decay=hp.get("weight_decay", 0.0))
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -204,21 +200,21 @@ def fault_injection(step: int, out_dir: str) -> None:
             os._exit(17)
 
 
-def finish(model: torch.nn.Module, cfg: RunConfig, x_val, y_val, steps: int, world: int, t0: float,
+def finish(model: torch.nn.Module, cfg: RunConfig, recipe, val, meta: dict, steps: int, world: int, t0: float,
            tracker: Tracker | None, resumed_from_step: int | None = None) -> dict:
     """Rank 0: the final model file and the result record the train task reads."""
     out_dir = Path(cfg.out_dir)
-    atomic_save({"config": model.config, "state_dict": model.state_dict()}, out_dir / "model.pt")
-    val_acc, val_loss = evaluate(model, x_val, y_val)
+    atomic_save(recipe.model_blob(model, meta), out_dir / "model.pt")
+    metrics = recipe.val_metrics(model, val, next(model.parameters()).device)
     result = {
         "model_path": str(out_dir / "model.pt"),
+        "recipe": recipe.name,
         "steps": steps,
         "epochs": cfg.spec["hyperparameters"]["epochs"],
         "world_size": world,
         "strategy": cfg.spec.get("distributed", {}).get("strategy", "ddp"),
         "train_seconds": round(time.time() - t0, 3),
-        "val_accuracy": val_acc,
-        "val_loss": val_loss,
+        **metrics,
         "resumed_from_step": resumed_from_step,
     }
     (out_dir / "train_result.json").write_text(json.dumps(result, indent=1))

@@ -1,6 +1,6 @@
 """The DeepSpeed config for a JobSpec: one pure function, so what a run trains with is visible in a test.
 
-The JobSpec is the source of truth: ``hyperparameters`` give the batch size and the SGD settings,
+The JobSpec is the source of truth: ``hyperparameters`` give the batch size and the optimizer (SGD or AdamW),
 ``distributed.zero_stage`` the ZeRO stage and ``distributed.precision`` the bf16/fp16 block. The learning
 rate schedule is not in here: the trainer hands DeepSpeed the same torch cosine schedule the DDP loop
 uses (its state is saved in DeepSpeed's checkpoints like the optimizer's).
@@ -12,6 +12,16 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 # DeepSpeed prints a throughput line every ``steps_per_print`` steps; the trainer logs its own.
 QUIET_STEPS = 1_000_000_000
+
+
+def _optimizer(hp: dict) -> dict:
+    """``hyperparameters.optimizer`` as DeepSpeed's optimizer block: the same torch optimizers the DDP loop
+    builds (``torch_adam``: torch.optim.AdamW rather than DeepSpeed's compiled CPU/fused Adam kernels)."""
+    lr, wd = float(hp["learning_rate"]), float(hp.get("weight_decay", 0.0))
+    if hp.get("optimizer", "sgd") == "adamw":
+        return {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd, "torch_adam": True}}
+    # not a DeepSpeed optimizer: DeepSpeed builds torch.optim.SGD from these params
+    return {"type": "SGD", "params": {"lr": lr, "momentum": float(hp.get("momentum", 0.0)), "weight_decay": wd}}
 
 
 def deepspeed_config(spec: dict, world_size: int, *, cuda: bool = False) -> dict:
@@ -41,10 +51,7 @@ def deepspeed_config(spec: dict, world_size: int, *, cuda: bool = False) -> dict
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": 1,
         "train_batch_size": micro * world_size,
-        "optimizer": {
-            "type": "SGD",  # not a DeepSpeed optimizer: DeepSpeed builds torch.optim.SGD from these params
-            "params": {"lr": float(hp["learning_rate"]), "momentum": float(hp.get("momentum", 0.0))},
-        },
+        "optimizer": _optimizer(hp),
         # ZeRO only vouches for its own optimizers; plain SGD is fine for stages 1-3 (checked in the tests).
         "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": stage},

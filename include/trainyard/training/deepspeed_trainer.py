@@ -29,22 +29,20 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from trainyard.recipes.base import to_device
 from trainyard.training.common import (
     Checkpoints,
     Progress,
     RunConfig,
     Tracker,
-    build_model,
-    evaluate,
     fault_injection,
     finish,
     grad_norm,
-    load_data,
     log0,
+    recipe_for,
     resume_point,
 )
 from trainyard.training.deepspeed_config import deepspeed_config
@@ -203,12 +201,12 @@ def _precision_dtype(engine) -> torch.dtype:
     return torch.float32
 
 
-def _fp32_copy(engine, meta: dict) -> torch.nn.Module:
-    """All ranks (ZeRO-3 gathers the partitioned weights): a plain fp32 SmallCNN with the trained weights,
+def _fp32_copy(engine, recipe, meta: dict, options: dict) -> torch.nn.Module:
+    """All ranks (ZeRO-3 gathers the partitioned weights): a plain fp32 model with the trained weights,
     for model.pt and the final evaluation."""
     import deepspeed
 
-    model = build_model(meta)
+    model = recipe.build_model(meta, options)
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):  # a no-op below stage 3
         model.load_state_dict({k: v.detach().float().cpu() for k, v in engine.module.state_dict().items()})
     return model
@@ -237,13 +235,14 @@ def train(cfg: RunConfig) -> dict:
     stage = ds_cfg["zero_optimization"]["stage"]
     precision = cfg.spec.get("distributed", {}).get("precision", "fp32")
     torch.manual_seed(hp["seed"])
-    x_train, y_train, x_val, y_val, meta = load_data(cfg)
-    dataset = TensorDataset(x_train, y_train)
+    recipe = recipe_for(cfg)
+    options = recipe.opts(cfg.spec)
+    dataset, val, meta = recipe.load(cfg)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=hp["seed"])
     loader = DataLoader(dataset, batch_size=hp["batch_size"], sampler=sampler, drop_last=False)
     total_steps = hp["epochs"] * len(loader)
 
-    model = build_model(meta).to(device)
+    model = recipe.build_model(meta, options).to(device)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=model.parameters(),
@@ -263,22 +262,21 @@ def train(cfg: RunConfig) -> dict:
         resumed_from = step
 
     tracker = Tracker(cfg) if rank == 0 else None
-    log(f"strategy=deepspeed world_size={world} zero_stage={stage} precision={precision} backend={backend} "
-        f"device={device} train={len(dataset)} val={len(x_val)} epochs={hp['epochs']} "
+    log(f"strategy=deepspeed recipe={recipe.name} world_size={world} zero_stage={stage} precision={precision} backend={backend} "
+        f"device={device} train={len(dataset)} epochs={hp['epochs']} "
         f"steps/epoch={len(loader)} start_step={step}")
     t0 = time.time()
     progress = Progress(total_steps, step)
     samples = 0
-    xv, yv = x_val.to(device, dtype), y_val.to(device)
     reduced = torch.tensor(float("nan"))
     engine.train()
     for epoch in range(start_epoch, hp["epochs"]):
         sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
-        for i, (xb, yb) in enumerate(loader):
+        for i, batch in enumerate(loader):
             if epoch == start_epoch and i < skip:
                 continue
-            xb, yb = xb.to(device, dtype), yb.to(device)
-            loss = F.cross_entropy(engine(xb).float(), yb)
+            batch = to_device(batch, device, dtype)
+            loss = recipe.loss(engine, batch)
             engine.backward(loss)
             lr = engine.get_lr()[0]
             local_norm = grad_norm(engine.module) if stage == 0 else None  # ZeRO keeps its own
@@ -286,7 +284,7 @@ def train(cfg: RunConfig) -> dict:
             norm = engine.get_global_grad_norm()
             norm = float(norm) if norm is not None else local_norm
             step += 1
-            samples += len(xb) * world
+            samples += len(batch[0]) * world
             reduced = loss.detach().clone()
             dist.all_reduce(reduced)  # SUM: gloo has no AVG
             reduced /= world
@@ -301,15 +299,14 @@ def train(cfg: RunConfig) -> dict:
                                   "rng": torch.get_rng_state()}, step)
                 log(f"checkpoint {tag} saved at step {step}")
             fault_injection(step, cfg.out_dir)
-        val_acc, val_loss = evaluate(engine.module, xv, yv)  # every rank: ZeRO-3 gathers weights in forward
-        log(progress.line(epoch + 1, hp["epochs"], step, samples, loss=float(reduced), val_accuracy=val_acc,
-                          val_loss=val_loss))
+        metrics = recipe.val_metrics(engine.module, val, device, dtype)  # every rank: ZeRO-3 gathers weights in forward
+        log(progress.line(epoch + 1, hp["epochs"], step, samples, loss=float(reduced), **metrics))
         if tracker:
-            tracker.log({"val_accuracy": val_acc, "val_loss": val_loss, "epoch": epoch + 1}, step)
+            tracker.log({**metrics, "epoch": epoch + 1}, step)
         dist.barrier()
 
-    final = _fp32_copy(engine, meta)
-    result = finish(final, cfg, x_val, y_val, step, world, t0, tracker, resumed_from) if rank == 0 else {}
+    final = _fp32_copy(engine, recipe, meta, options)
+    result = finish(final, cfg, recipe, val, meta, step, world, t0, tracker, resumed_from) if rank == 0 else {}
     if result:
         log(f"done: {json.dumps(result)}")
     dist.barrier()

@@ -16,22 +16,21 @@ import threading
 import time
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from trainyard.recipes.base import to_device
 from trainyard.training.common import (
     Checkpoints,
     Progress,
     RunConfig,
     Tracker,
-    build_model,
-    evaluate,
     fault_injection,
     finish,
     grad_norm,
-    load_data,
     log0,
+    make_optimizer,
+    recipe_for,
     resume_point,
 )
 
@@ -93,13 +92,13 @@ def train(cfg: RunConfig) -> dict:
 
     hp = cfg.spec["hyperparameters"]
     torch.manual_seed(hp["seed"])
-    x_train, y_train, x_val, y_val, meta = load_data(cfg)
-    dataset = TensorDataset(x_train, y_train)
+    recipe = recipe_for(cfg)
+    dataset, val, meta = recipe.load(cfg)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=hp["seed"])
     loader = DataLoader(dataset, batch_size=hp["batch_size"], sampler=sampler, drop_last=False)
 
-    model = build_model(meta).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=hp["learning_rate"], momentum=hp["momentum"])
+    model = recipe.build_model(meta, recipe.opts(cfg.spec)).to(device)
+    opt = make_optimizer(model.parameters(), hp)
     # Averages the gradients over the workers (allreduce hooks fire during backward), like DDP.
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     total_steps = hp["epochs"] * len(loader)
@@ -126,19 +125,18 @@ def train(cfg: RunConfig) -> dict:
         resumed_from = step
 
     tracker = Tracker(cfg) if rank == 0 else None
-    log(f"strategy=horovod world_size={world} backend=gloo device={device} train={len(dataset)} "
-        f"val={len(x_val)} epochs={hp['epochs']} steps/epoch={len(loader)} start_step={step}")
+    log(f"strategy=horovod recipe={recipe.name} world_size={world} backend=gloo device={device} "
+        f"train={len(dataset)} epochs={hp['epochs']} steps/epoch={len(loader)} start_step={step}")
     t0 = time.time()
     progress = Progress(total_steps, step)
     samples = 0
-    x_val, y_val = x_val.to(device), y_val.to(device)
     for epoch in range(start_epoch, hp["epochs"]):
         sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
-        for i, (xb, yb) in enumerate(loader):
+        for i, batch in enumerate(loader):
             if epoch == start_epoch and i < skip:
                 continue
-            xb, yb = xb.to(device), yb.to(device)
-            loss = F.cross_entropy(model(xb), yb)
+            batch = to_device(batch, device)
+            loss = recipe.loss(model, batch)
             opt.zero_grad()  # Horovod's override takes no set_to_none (torch's default is already None)
             loss.backward()
             opt.synchronize()  # wait for the averaged gradients, so the logged norm is the one applied
@@ -148,7 +146,7 @@ def train(cfg: RunConfig) -> dict:
             lr = sched.get_last_lr()[0]
             sched.step()
             step += 1
-            samples += len(xb) * world
+            samples += len(batch[0]) * world
             reduced = hvd.allreduce(loss.detach(), op=hvd.Average, name="train_loss")
             if tracker:
                 tracker.log({"train_loss": float(reduced), "train_lr": lr, "train_grad_norm": norm}, step)
@@ -159,14 +157,13 @@ def train(cfg: RunConfig) -> dict:
                                    "epoch": epoch, "batches_done": i + 1, "step": step}, step)
                 log(f"checkpoint {path.name} saved at step {step}")
             fault_injection(step, cfg.out_dir)
-        val_acc, val_loss = evaluate(model, x_val, y_val)
-        log(progress.line(epoch + 1, hp["epochs"], step, samples, loss=float(reduced), val_accuracy=val_acc,
-                          val_loss=val_loss))
+        metrics = recipe.val_metrics(model, val, device)
+        log(progress.line(epoch + 1, hp["epochs"], step, samples, loss=float(reduced), **metrics))
         if tracker:
-            tracker.log({"val_accuracy": val_acc, "val_loss": val_loss, "epoch": epoch + 1}, step)
+            tracker.log({**metrics, "epoch": epoch + 1}, step)
         hvd.barrier()
 
-    result = finish(model, cfg, x_val, y_val, step, world, t0, tracker, resumed_from) if rank == 0 else {}
+    result = finish(model, cfg, recipe, val, meta, step, world, t0, tracker, resumed_from) if rank == 0 else {}
     if result:
         log(f"done: {json.dumps(result)}")
     hvd.barrier()  # the others wait for rank 0's model and result before Horovod goes down

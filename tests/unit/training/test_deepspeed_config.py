@@ -41,9 +41,16 @@ def test_config_table(stage, precision, world, cuda, micro, train_batch, blocks)
 @pytest.mark.parametrize("batch, lr, momentum", [(32, 0.1, 0.9), (8, 0.05, 0.0), (512, 1.0, 0.5)])
 def test_optimizer_from_hyperparameters(batch, lr, momentum):
     cfg = deepspeed_config(_spec(batch=batch, lr=lr, momentum=momentum), 2)
-    assert cfg["optimizer"] == {"type": "SGD", "params": {"lr": lr, "momentum": momentum}}
+    assert cfg["optimizer"] == {"type": "SGD", "params": {"lr": lr, "momentum": momentum, "weight_decay": 0.0}}
     assert cfg["zero_allow_untested_optimizer"] is True  # SGD is not one of ZeRO's own optimizers
     assert cfg["train_micro_batch_size_per_gpu"] == batch and cfg["train_batch_size"] == 2 * batch
+
+
+def test_adamw_is_torch_adamw():
+    raw = {"hyperparameters": {"optimizer": "adamw", "learning_rate": 0.003, "weight_decay": 0.01}}
+    cfg = deepspeed_config(parse_spec(raw).model_dump(mode="json"), 2)
+    # torch_adam: DeepSpeed builds torch.optim.AdamW, not its compiled cpu_adam/fused kernels (no build on CPU)
+    assert cfg["optimizer"] == {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.01, "torch_adam": True}}
 
 
 def test_quiet_and_unclipped():

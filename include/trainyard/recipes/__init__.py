@@ -1,0 +1,68 @@
+"""Built-in recipes: what turns a dataset kind into a trained, measured, exported model.
+
+A recipe bundles, for one kind of task, the dataset layout and its validation suite, the records
+written at preparation, the model and its loss (used by every distributed strategy's loop), the
+evaluation metric, and the ONNX export with its parity and metric re-check. The pipeline and the
+trainers only ever talk to a recipe through :class:`trainyard.recipes.base.Recipe`.
+
+======================== ====================== ============================== =====================
+recipe                   data layout            model                          metrics
+======================== ====================== ============================== =====================
+``digits_cnn``           image classification   small CNN                      val_accuracy, macro F1
+``centernet_detector``   COCO detection         small CenterNet                COCO mAP (pycocotools)
+``transformer_translator`` parallel text        encoder-decoder transformer    BLEU, chrF (sacrebleu)
+======================== ====================== ============================== =====================
+"""
+
+from __future__ import annotations
+
+import importlib
+
+RECIPES = {
+    "digits_cnn": "trainyard.recipes.digits:DigitsCNN",
+    "centernet_detector": "trainyard.recipes.detection:CenterNetDetector",
+    "transformer_translator": "trainyard.recipes.translation:TransformerTranslator",
+}
+
+
+def get(name: str):
+    """The recipe object for a JobSpec's ``recipe`` (not for 'custom', which brings its own program)."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; built-in recipes: {sorted(RECIPES)}")
+    module, cls = RECIPES[name].split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def load_model(path):
+    """A trained model file (any built-in recipe) as an eval-mode torch module."""
+    import torch
+
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    return get(blob.get("recipe", "digits_cnn")).model_from_blob(blob)
+
+
+def check_spec(spec) -> None:
+    """Cross-checks a JobSpec's recipe against the rest of it (options, built-in source, gate metrics);
+    raises SpecError naming the field. ``spec`` is a validated JobSpec."""
+    from trainyard.spec import SpecError
+
+    if spec.recipe == "custom":
+        return
+    recipe = get(spec.recipe)
+    problems = []
+    try:
+        recipe.check_options(dict(spec.recipe_options))
+    except ValueError as err:
+        problems.append(str(err))
+    source = spec.dataset.source
+    if source != "none" and source not in recipe.sources:
+        problems.append(f"dataset.source: {source!r} does not fit recipe {spec.recipe!r}; "
+                        f"use one of {sorted(recipe.sources) + ['none']}")
+    known = {f"{split}_{m}" for split in ("val", "test") for m in recipe.metrics}
+    for where, metrics in (("gates", [g.metric for g in spec.gates]), ("champion", [r.metric for r in spec.champion])):
+        for i, metric in enumerate(metrics):
+            if metric not in known:
+                problems.append(f"{where}[{i}].metric: recipe {spec.recipe!r} reports no {metric!r}; "
+                                f"it reports {sorted(f'val_{m}' for m in recipe.metrics)} (test_* with a test split)")
+    if problems:
+        raise SpecError("invalid JobSpec:\n  " + "\n  ".join(problems))

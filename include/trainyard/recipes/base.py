@@ -1,0 +1,182 @@
+"""The interface every built-in recipe implements, and the helpers they share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+
+class Recipe:
+    """One kind of training job, end to end. Subclasses set the class attributes and implement the rest.
+
+    Worker side (inside torchrun / horovodrun / deepspeed processes): ``load``, ``build_model``, ``loss``,
+    ``val_metrics``, ``model_blob``. Task side (Airflow tasks, the CLI): the data, evaluation and export
+    methods. All inputs are plain paths and dicts, so each piece runs without Airflow.
+    """
+
+    name: str = ""
+    data_kind: str = ""  # the dataset layout, and so the expectation suites
+    sources: dict[str, str] = {}  # built-in dataset.source -> "module:function(store, repo, branch)"
+    options: dict[str, Any] = {}  # recipe_options and their defaults
+    headline: str = ""  # the metric the progress line and the docs lead with
+    metrics: tuple[str, ...] = ()  # what ``evaluate`` reports, as <split>_<name>: what gates may name
+
+    # -- spec ----------------------------------------------------------------------------------------------
+    def check_options(self, given: dict) -> dict:
+        """The recipe options with defaults filled in; ValueError naming any unknown or mistyped one."""
+        unknown = sorted(set(given) - set(self.options))
+        if unknown:
+            raise ValueError(f"recipe_options {unknown} are not options of recipe {self.name!r}; "
+                             f"it takes {sorted(self.options) or 'none'}")
+        out = dict(self.options)
+        for key, value in given.items():
+            default = self.options[key]
+            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if type(value) is not type(default):
+                raise ValueError(f"recipe_options.{key} must be a {type(default).__name__}, got {value!r}")
+            out[key] = value
+        return out
+
+    def opts(self, spec: dict) -> dict:
+        return self.check_options(spec.get("recipe_options") or {})
+
+    # -- data ----------------------------------------------------------------------------------------------
+    def ingest(self, source: str, store, repo: str, branch: str = "main"):
+        import importlib
+
+        if source not in self.sources:
+            raise ValueError(f"dataset.source {source!r} does not fit recipe {self.name!r}; "
+                             f"use one of {sorted(self.sources) + ['none']}")
+        module, fn = self.sources[source].split(":")
+        return getattr(importlib.import_module(module), fn)(store, repo, branch)
+
+    def validate(self, dataset_dir: Path, docs_dir: Path | None):
+        """The dataset's expectation suites -> a ValidationReport (Data Docs under ``docs_dir``)."""
+        raise NotImplementedError
+
+    def samples(self, dataset_dir: Path, options: dict) -> tuple[list[str], Callable[[str], tuple], dict]:
+        """(sample keys, key -> record tuple, meta) for ``prepare_records``."""
+        raise NotImplementedError
+
+    def variant(self, options: dict) -> str:
+        """What besides the commit and split shapes the prepared records (part of the cache key)."""
+        return self.name
+
+    # -- training (workers) --------------------------------------------------------------------------------
+    def load(self, cfg) -> tuple[torch.utils.data.Dataset, Any, dict]:
+        """(train dataset of tensor tuples, val data for ``val_metrics``, meta for ``build_model``)."""
+        raise NotImplementedError
+
+    def build_model(self, meta: dict, options: dict) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def loss(self, model, batch: list[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def val_metrics(self, model, val, device: torch.device, dtype: torch.dtype = torch.float32) -> dict[str, float]:
+        raise NotImplementedError
+
+    def model_blob(self, model: torch.nn.Module, meta: dict) -> dict:
+        """What model.pt holds: enough to rebuild the model with no other file."""
+        return {"recipe": self.name, "config": model.config, "state_dict": model.state_dict()}
+
+    def model_from_blob(self, blob: dict) -> torch.nn.Module:
+        raise NotImplementedError
+
+    # -- evaluation and export (tasks) ---------------------------------------------------------------------
+    def evaluate(self, model_path: str, data: dict, split: str, options: dict) -> tuple[dict[str, float], dict[str, str]]:
+        """(metrics prefixed with ``split``, info such as metric signatures) of a model file on a split."""
+        raise NotImplementedError
+
+    def export(self, model_path: str, data: dict, out_dir: Path, export: dict, options: dict) -> dict:
+        """ONNX file + parity + the metric re-computed with onnxruntime; raises ExportFailed."""
+        raise NotImplementedError
+
+    def onnx_metrics(self, onnx_path: Path, data: dict, options: dict) -> dict[str, float]:
+        """The val metrics of an ONNX model of this recipe (for champion/challenger)."""
+        raise NotImplementedError
+
+
+def to_device(batch, device: torch.device, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Move a batch; floating tensors also take the training dtype (bf16 under DeepSpeed)."""
+    return [t.to(device, dtype) if t.is_floating_point() else t.to(device) for t in batch]
+
+
+def read_split(data: dict, split: str):
+    """(keys, labels, arrays, meta, targets) of a prepared split."""
+    from trainyard.data import formats
+
+    keys, labels, arrays, meta = formats.read(data["format"], data[split])
+    return keys, labels, arrays, meta, formats.read_targets(data["format"], data[split])
+
+
+def metric_drop(name: str, torch_value: float, onnx_value: float, tolerance: float) -> str | None:
+    """A problem line when the ONNX model's metric differs from PyTorch's by more than ``tolerance``."""
+    if abs(torch_value - onnx_value) > tolerance + 1e-12:
+        return f"{name} onnx {onnx_value:.4f} != torch {torch_value:.4f} (tolerance {tolerance})"
+    return None
+
+
+def flat(outputs) -> np.ndarray:
+    """Several output arrays as one flat float64 vector, for one parity figure over all of them."""
+    return np.concatenate([np.asarray(o, dtype=np.float64).ravel() for o in outputs])
+
+
+def save_input_example(out_dir: Path, feeds: dict[str, np.ndarray]) -> str:
+    """The registered model's input example (one row per ONNX input), kept with the run as .npz."""
+    path = Path(out_dir) / "input_example.npz"
+    np.savez(path, **{k: v[:1] for k, v in feeds.items()})
+    return str(path)
+
+
+def load_input_example(path: str) -> dict[str, np.ndarray] | np.ndarray:
+    with np.load(path) as npz:
+        feeds = {k: npz[k] for k in npz.files}
+    return next(iter(feeds.values())) if len(feeds) == 1 else feeds
+
+
+def verify_export(
+    *,
+    onnx_path: Path,
+    torch_outputs,
+    onnx_outputs,
+    export: dict,
+    metric: str,
+    torch_metric: float,
+    onnx_metric: float,
+    model=None,
+    example=None,
+    out_dir: Path | None = None,
+    extra: dict | None = None,
+    problems: list[str] | None = None,
+) -> dict:
+    """The export verdict every recipe shares: output parity (rtol/atol), the metric re-computed with
+    onnxruntime (within ``export.metric_tolerance``), and with ``export.torchscript`` a traced TorchScript
+    file held to the same parity. Raises ExportFailed listing every problem; else the JSON-able record."""
+    from trainyard.export.onnx_export import ExportFailed, check_parity, export_torchscript, torchscript_predict
+
+    problems = list(problems or [])
+    parity = check_parity(flat(torch_outputs), flat(onnx_outputs), export["rtol"], export["atol"])
+    if not parity.passed:
+        problems.append(f"{parity.mismatched}/{parity.total} ONNX outputs differ beyond rtol={parity.rtol} "
+                        f"atol={parity.atol} (max abs diff {parity.max_abs_diff:.3g})")
+    drop = metric_drop(metric, torch_metric, onnx_metric, export["metric_tolerance"])
+    if drop:
+        problems.append(drop)
+    out = {"onnx_path": str(onnx_path), "parity": parity.to_dict(), "metric": metric,
+           f"{metric}_torch": torch_metric, f"{metric}_onnx": onnx_metric, **(extra or {})}
+    if export.get("torchscript") and model is not None:
+        ts_path = export_torchscript(model, example, Path(out_dir) / "model.torchscript.pt")
+        inputs = example if isinstance(example, tuple) else (example,)
+        ts = check_parity(flat(torch_outputs), flat(torchscript_predict(ts_path, *(t.numpy() for t in inputs))),
+                          export["rtol"], export["atol"])
+        if not ts.passed:
+            problems.append(f"TorchScript: {ts.mismatched}/{ts.total} outputs differ (max abs diff {ts.max_abs_diff:.3g})")
+        out.update(torchscript_path=str(ts_path), torchscript_parity=ts.to_dict())
+    if problems:
+        raise ExportFailed("export rejected: " + "; ".join(problems))
+    return out

@@ -1,0 +1,245 @@
+"""``centernet_detector``: object detection on COCO-format data with a small CenterNet.
+
+Data: any dataset commit in the COCO layout of :mod:`trainyard.data.detection` (``annotations.json`` +
+``images/``): the built-in synthetic shapes, a COCO export, or a Label Studio import. Preparation
+resizes every image to ``image_size`` square RGB and keeps the original boxes and size with the record,
+so evaluation maps the predictions back and scores them against the original annotations with COCO's
+own evaluator (pycocotools, or faster-coco-eval with ``coco_backend``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from trainyard.recipes.base import Recipe, read_split, save_input_example, to_device, verify_export
+
+BATCH = 128
+
+
+def _load_image(path: Path) -> np.ndarray:
+    """(H, W, 3) uint8 RGB from a PNG/JPEG (anything Pillow reads) or an .npy of (H, W[, C])."""
+    from PIL import Image
+
+    if path.suffix == ".npy":
+        arr = np.load(path, allow_pickle=False)
+        if arr.ndim == 2:
+            arr = np.stack([arr] * 3, axis=-1)
+        if arr.dtype != np.uint8:
+            arr = np.clip(arr, 0, 255).astype(np.uint8)
+        return arr[..., :3]
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+def _resize(image: np.ndarray, size: int) -> np.ndarray:
+    from PIL import Image
+
+    if image.shape[0] == size and image.shape[1] == size:
+        return image
+    return np.asarray(Image.fromarray(image).resize((size, size), Image.BILINEAR))
+
+
+def ground_truth(targets: list[dict], meta: dict) -> dict:
+    """The split's COCO ground truth (original image sizes and boxes) for ``coco_map``."""
+    images, annotations = [], []
+    for t in targets:
+        images.append({"id": t["image_id"], "file_name": t["file_name"], "width": t["width"], "height": t["height"]})
+        for box, cat in zip(t["boxes"], t["category_ids"]):
+            annotations.append({"id": len(annotations) + 1, "image_id": t["image_id"], "category_id": cat,
+                                "bbox": box, "area": box[2] * box[3], "iscrowd": 0})
+    return {"images": images, "annotations": annotations, "categories": meta["categories"]}
+
+
+def detections(heads: list[np.ndarray], targets: list[dict], meta: dict, top_k: int) -> list[dict]:
+    """COCO result dicts from the model's raw maps, boxes scaled back to each original image."""
+    from trainyard.training.centernet import decode
+
+    size = meta["image_size"]
+    cats = [c["id"] for c in meta["categories"]]
+    out = []
+    for t, dets in zip(targets, decode(*heads, top_k=top_k)):
+        sx, sy = t["width"] / size, t["height"] / size
+        for c, score, (x, y, w, h) in dets:
+            out.append({"image_id": t["image_id"], "category_id": cats[c], "score": score,
+                        "bbox": [x * sx, y * sy, w * sx, h * sy]})
+    return out
+
+
+def torch_heads(model, x: torch.Tensor, device=None, dtype=torch.float32) -> list[np.ndarray]:
+    was_training = model.training
+    model.eval()
+    parts = []
+    with torch.no_grad():
+        for i in range(0, len(x), BATCH):
+            xb = x[i : i + BATCH] if device is None else x[i : i + BATCH].to(device, dtype)
+            parts.append([o.float().cpu().numpy() for o in model(xb)])
+    model.train(was_training)
+    return [np.concatenate(p) for p in zip(*parts)]
+
+
+def onnx_heads(session, x: np.ndarray) -> list[np.ndarray]:
+    parts = [session.run(None, {"image": x[i : i + BATCH]}) for i in range(0, len(x), BATCH)]
+    return [np.concatenate(p) for p in zip(*parts)]
+
+
+def prefixed(metrics: dict, split: str) -> dict[str, float]:
+    """coco_map's dict as ``<split>_map`` etc.; figures COCO could not measure (None) are left out."""
+    return {f"{split}_{k}": float(v) for k, v in metrics.items() if v is not None}
+
+
+class CenterNetDetector(Recipe):
+    name = "centernet_detector"
+    data_kind = "coco_detection"
+    sources = {"synthetic_shapes": "trainyard.data.shapes:ingest_shapes"}
+    options = {"image_size": 64, "width": 32, "top_k": 50, "coco_backend": "pycocotools"}
+    headline = "val_map"
+    metrics = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large")
+
+    def check_options(self, given):
+        from trainyard.evaluation.detection import BACKENDS
+
+        out = super().check_options(given)
+        if out["image_size"] % 4 or not 16 <= out["image_size"] <= 1024:
+            raise ValueError(f"recipe_options.image_size must be a multiple of 4 in 16..1024, got {out['image_size']}")
+        if out["coco_backend"] not in BACKENDS:
+            raise ValueError(f"recipe_options.coco_backend must be one of {list(BACKENDS)}, got {out['coco_backend']!r}")
+        if not 1 <= out["top_k"] <= 1000 or not 4 <= out["width"] <= 512:
+            raise ValueError("recipe_options.top_k must be in 1..1000 and width in 4..512")
+        return out
+
+    # -- data ----------------------------------------------------------------------------------------------
+    def validate(self, dataset_dir, docs_dir):
+        from trainyard.data.detection import validate_detection
+
+        return validate_detection(dataset_dir, docs_dir=docs_dir)
+
+    def samples(self, dataset_dir, options):
+        from trainyard.data.detection import load_coco
+
+        root = Path(dataset_dir)
+        coco = load_coco(root)
+        size = options["image_size"]
+        boxes: dict[int, list] = {img["id"]: [] for img in coco["images"]}
+        for ann in coco["annotations"]:
+            if not ann.get("iscrowd", 0):  # crowd regions are not objects to find (COCO ignores them too)
+                boxes[ann["image_id"]].append(ann)
+        images = {f"image-{img['id']}": img for img in coco["images"]}
+
+        def record(key: str) -> tuple:
+            img = images[key]
+            anns = boxes[img["id"]]
+            target = {"image_id": img["id"], "file_name": img["file_name"], "width": img["width"],
+                      "height": img["height"], "boxes": [[float(v) for v in a["bbox"]] for a in anns],
+                      "category_ids": [a["category_id"] for a in anns]}
+            return key, len(anns), _resize(_load_image(root / "images" / img["file_name"]), size), target
+
+        categories = [{"id": c["id"], "name": c["name"]} for c in sorted(coco["categories"], key=lambda c: c["id"])]
+        return list(images), record, {"kind": self.data_kind, "categories": categories, "image_size": size}
+
+    def variant(self, options):
+        return f"{self.name}:{options['image_size']}"
+
+    # -- training ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _tensors(data: dict, split: str):
+        from trainyard.training.centernet import STRIDE, gaussian_targets
+
+        _, _, images, meta, targets = read_split(data, split)
+        size, grid = meta["image_size"], meta["image_size"] // STRIDE
+        index = {c["id"]: i for i, c in enumerate(meta["categories"])}
+        dense = []
+        for t in targets:
+            scale = np.array([size / t["width"], size / t["height"]] * 2, dtype=np.float64)
+            b = np.asarray(t["boxes"], dtype=np.float64).reshape(-1, 4) * scale
+            dense.append(gaussian_targets(b, np.array([index[c] for c in t["category_ids"]], dtype=int),
+                                          len(index), grid))
+        x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).float().div_(255.0)
+        maps = [torch.from_numpy(np.stack([d[i] for d in dense])) for i in range(4)]
+        return x, maps, targets, meta
+
+    def load(self, cfg):
+        x, maps, _, meta = self._tensors(cfg.data, "train")
+        xv, maps_v, targets_v, _ = self._tensors(cfg.data, "val")
+        top_k = self.opts(cfg.spec)["top_k"]
+        val = {"x": xv, "maps": maps_v, "targets": targets_v, "top_k": top_k, "meta": meta}
+        return TensorDataset(x, *maps), val, meta
+
+    def build_model(self, meta, options):
+        from trainyard.training.centernet import CenterNet
+
+        return CenterNet(len(meta["categories"]), meta["image_size"], options["width"])
+
+    def loss(self, model, batch):
+        from trainyard.training.centernet import loss
+
+        x, *maps = batch
+        return loss(model(x), *maps)
+
+    def val_metrics(self, model, val, device, dtype=torch.float32):
+        from trainyard.evaluation.detection import coco_map
+        from trainyard.training.centernet import loss
+
+        heads = torch_heads(model, val["x"], device, dtype)
+        with torch.no_grad():
+            val_loss = float(loss([torch.from_numpy(h) for h in heads], *val["maps"]))
+        meta = val["meta"]
+        m = coco_map(ground_truth(val["targets"], meta), detections(heads, val["targets"], meta, val["top_k"]))
+        return {"val_loss": val_loss, "val_map": m["map"] or 0.0, "val_map_50": m["map_50"] or 0.0}
+
+    def model_blob(self, model, meta):
+        return {**super().model_blob(model, meta), "categories": meta["categories"]}
+
+    def model_from_blob(self, blob):
+        from trainyard.training.centernet import CenterNet
+
+        model = CenterNet(**blob["config"])
+        model.load_state_dict(blob["state_dict"])
+        model.categories = blob["categories"]
+        return model.eval()
+
+    # -- evaluation and export -----------------------------------------------------------------------------
+    def _split_metrics(self, heads, targets, meta, split, options) -> dict[str, float]:
+        from trainyard.evaluation.detection import coco_map
+
+        gt = ground_truth(targets, meta)
+        found = detections(heads, targets, meta, options["top_k"])
+        return prefixed(coco_map(gt, found, backend=options["coco_backend"]), split)
+
+    def evaluate(self, model_path, data, split, options):
+        from trainyard.recipes import load_model
+
+        x, _, targets, meta = self._tensors(data, split)
+        heads = torch_heads(load_model(model_path), x)
+        metrics = self._split_metrics(heads, targets, meta, split, options)
+        return metrics, {"coco_backend": options["coco_backend"], "coco_iou_type": "bbox"}
+
+    def export(self, model_path, data, out_dir, export, options):
+        from trainyard.export.onnx_export import export as to_onnx, onnx_session
+        from trainyard.recipes import load_model
+
+        model = load_model(model_path)
+        x, _, targets, meta = self._tensors(data, "val")
+        batch = torch.export.Dim("batch", min=1, max=65536)
+        onnx_path = to_onnx(model, x[:2], Path(out_dir) / "model.onnx", input_names=("image",),
+                            output_names=("heatmap", "size", "offset"), dynamic_shapes={"x": {0: batch}})
+        session = onnx_session(onnx_path)
+        heads_torch, heads_onnx = torch_heads(model, x), onnx_heads(session, x.numpy())
+        fixed = slice(0, 16)
+        map_torch = self._split_metrics(heads_torch, targets, meta, "val", options)["val_map"]
+        map_onnx = self._split_metrics(heads_onnx, targets, meta, "val", options)["val_map"]
+        return verify_export(
+            onnx_path=onnx_path, torch_outputs=[h[fixed] for h in heads_torch],
+            onnx_outputs=[h[fixed] for h in heads_onnx], export=export, metric="val_map",
+            torch_metric=map_torch, onnx_metric=map_onnx, model=model, example=x[:2], out_dir=out_dir,
+            extra={"input_example": save_input_example(out_dir, {"image": x[:1].numpy()})},
+        )
+
+    def onnx_metrics(self, onnx_path, data, options):
+        from trainyard.export.onnx_export import onnx_session
+
+        x, _, targets, meta = self._tensors(data, "val")
+        return self._split_metrics(onnx_heads(onnx_session(onnx_path), x.numpy()), targets, meta, "val", options)

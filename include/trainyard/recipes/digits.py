@@ -1,0 +1,112 @@
+"""``digits_cnn``: image classification with a small CNN (the demo recipe, on scikit-learn's digits)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+from trainyard.recipes.base import Recipe, read_split, save_input_example, to_device, verify_export
+
+
+class DigitsCNN(Recipe):
+    name = "digits_cnn"
+    data_kind = "image_classification"
+    sources = {"sklearn_digits": "trainyard.data.classification:ingest_digits"}
+    options = {}
+    headline = "val_accuracy"
+    metrics = ("accuracy", "macro_f1")
+
+    # -- data ----------------------------------------------------------------------------------------------
+    def validate(self, dataset_dir, docs_dir):
+        from trainyard.data.classification import load_classification, profile
+        from trainyard.data.validation import load_suite_config, validate_dataframe
+
+        data = load_classification(dataset_dir)
+        n = len(data.meta["classes"])
+        suite = load_suite_config("image_classification", {
+            "max_label": n - 1, "all_labels": list(range(n)), "height": data.meta["height"],
+            "width": data.meta["width"], "pixel_max": data.meta["pixel_max"],
+        })
+        return validate_dataframe(profile(data), suite, docs_dir=docs_dir)
+
+    def samples(self, dataset_dir, options):
+        from trainyard.data.classification import load_classification
+
+        data = load_classification(dataset_dir)
+        index = {k: i for i, k in enumerate(data.keys)}
+        return data.keys, lambda k: (k, int(data.labels[index[k]]), data.images[index[k]]), data.meta
+
+    def variant(self, options):
+        return ""  # the layout is the records: same cache as before recipes existed
+
+    # -- training ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _xy(data: dict, split: str):
+        from trainyard.training.model import to_input
+
+        _, labels, images, meta, _ = read_split(data, split)
+        return to_input(images, meta["pixel_max"]), torch.from_numpy(labels), meta
+
+    def load(self, cfg):
+        x, y, meta = self._xy(cfg.data, "train")
+        xv, yv, _ = self._xy(cfg.data, "val")
+        return TensorDataset(x, y), (xv, yv), meta
+
+    def build_model(self, meta, options):
+        from trainyard.training.model import SmallCNN
+
+        return SmallCNN(len(meta["classes"]), meta["height"], meta["width"])
+
+    def loss(self, model, batch):
+        x, y = batch
+        return F.cross_entropy(model(x).float(), y)
+
+    def val_metrics(self, model, val, device, dtype=torch.float32):
+        from trainyard.training.common import evaluate
+
+        x, y = to_device(val, device, dtype)
+        acc, loss = evaluate(model, x, y)
+        return {"val_accuracy": acc, "val_loss": loss}
+
+    def model_from_blob(self, blob):
+        from trainyard.training.model import SmallCNN
+
+        model = SmallCNN(**blob["config"])
+        model.load_state_dict(blob["state_dict"])
+        return model.eval()
+
+    # -- evaluation and export -----------------------------------------------------------------------------
+    def evaluate(self, model_path, data, split, options):
+        from trainyard.evaluation.classification import evaluate_model
+
+        return evaluate_model(model_path, data["format"], data[split], prefix=split), {}
+
+    def export(self, model_path, data, out_dir, export, options):
+        from trainyard.evaluation.classification import classification_metrics, predict
+        from trainyard.export.onnx_export import export as to_onnx, onnx_predict
+        from trainyard.recipes import load_model
+
+        model = load_model(model_path)
+        x, y, _ = self._xy(data, "val")
+        labels = y.numpy()
+        onnx_path = to_onnx(model, x[:2], Path(out_dir) / "model.onnx")
+        fixed = x[:64]
+        acc_torch = classification_metrics(predict(model, x), labels)["val_accuracy"]
+        acc_onnx = classification_metrics(onnx_predict(onnx_path, x.numpy()), labels)["val_accuracy"]
+        return verify_export(
+            onnx_path=onnx_path, torch_outputs=[predict(model, fixed)], onnx_outputs=[onnx_predict(onnx_path, fixed.numpy())],
+            export=export, metric="val_accuracy", torch_metric=acc_torch, onnx_metric=acc_onnx,
+            model=model, example=fixed[:2], out_dir=out_dir,
+            extra={"input_example": save_input_example(out_dir, {"input": fixed.numpy()})},
+        )
+
+    def onnx_metrics(self, onnx_path, data, options):
+        from trainyard.evaluation.classification import classification_metrics
+        from trainyard.export.onnx_export import onnx_predict
+
+        x, y, _ = self._xy(data, "val")
+        return classification_metrics(onnx_predict(onnx_path, x.numpy()), np.asarray(y))

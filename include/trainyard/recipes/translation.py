@@ -1,0 +1,225 @@
+"""``transformer_translator``: translation on parallel text with a small encoder-decoder transformer.
+
+Data: any dataset commit in the parallel-text layout of :mod:`trainyard.data.parallel_text`
+(``pairs.tsv`` or ``pairs.jsonl``): the built-in synthetic language pair or a user's corpus. Words are
+whitespace tokens; the vocabularies are built from the train split only (so val words unseen in training
+become ``<unk>``, as they would in production) and travel inside model.pt.
+
+Evaluation decodes greedily and scores corpus BLEU and chrF with sacrebleu, recording both signatures
+(tokenizer ``bleu_tokenize``, default 13a). The ONNX file is the one-step graph (src, tgt prefix) ->
+logits with dynamic batch and lengths; the export check compares the logits, the greedy decoding token
+for token, and BLEU re-computed with onnxruntime doing the decoding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from trainyard.recipes.base import Recipe, read_split, save_input_example, to_device, verify_export
+
+BATCH = 256
+
+
+class TransformerTranslator(Recipe):
+    name = "transformer_translator"
+    data_kind = "parallel_text"
+    sources = {"synthetic_translation": "trainyard.data.synthetic_text:ingest_synthetic_text"}
+    options = {"d_model": 64, "nhead": 4, "layers": 2, "ff": 128, "max_len": 32, "dropout": 0.1,
+               "max_vocab": 10000, "bleu_tokenize": "13a"}
+    headline = "val_bleu"
+    metrics = ("bleu", "chrf")
+
+    def check_options(self, given):
+        from sacrebleu.metrics.bleu import _TOKENIZERS
+
+        out = super().check_options(given)
+        if out["d_model"] % out["nhead"]:
+            raise ValueError(f"recipe_options.d_model ({out['d_model']}) must be a multiple of nhead ({out['nhead']})")
+        if not 4 <= out["max_len"] <= 512 or not 8 <= out["max_vocab"] <= 1_000_000 or not 1 <= out["layers"] <= 24:
+            raise ValueError("recipe_options: max_len must be in 4..512, max_vocab in 8..1000000, layers in 1..24")
+        if out["bleu_tokenize"] not in _TOKENIZERS:
+            raise ValueError(f"recipe_options.bleu_tokenize must be a sacrebleu tokenizer {sorted(_TOKENIZERS)}, "
+                             f"got {out['bleu_tokenize']!r}")
+        return out
+
+    # -- data ----------------------------------------------------------------------------------------------
+    def validate(self, dataset_dir, docs_dir):
+        from trainyard.data.parallel_text import validate_parallel_text
+
+        return validate_parallel_text(dataset_dir, docs_dir=docs_dir)
+
+    def samples(self, dataset_dir, options):
+        from trainyard.data.parallel_text import load_pairs
+
+        pairs = {p.key: p for p in load_pairs(dataset_dir)}
+        empty = np.zeros((0, 0), dtype=np.uint8)  # text records carry no array
+
+        def record(key: str) -> tuple:
+            return key, 0, empty, {"source": pairs[key].source, "target": pairs[key].target}
+
+        return list(pairs), record, {"kind": self.data_kind}
+
+    # -- training ------------------------------------------------------------------------------------------
+    @staticmethod
+    def pairs(data: dict, split: str) -> tuple[list[str], list[str]]:
+        targets = read_split(data, split)[4]
+        return [t["source"] for t in targets], [t["target"] for t in targets]
+
+    @staticmethod
+    def encode(vocab, sentences: list[str], max_len: int) -> torch.Tensor:
+        from trainyard.training.seq2seq import pad
+
+        return torch.from_numpy(pad([vocab.encode(s, max_len) for s in sentences], max_len))
+
+    def load(self, cfg):
+        from trainyard.training.seq2seq import Vocab
+
+        opts = self.opts(cfg.spec)
+        src, tgt = self.pairs(cfg.data, "train")
+        src_vocab, tgt_vocab = Vocab.build(src, opts["max_vocab"]), Vocab.build(tgt, opts["max_vocab"])
+        n = opts["max_len"]
+        meta = {"src_vocab": src_vocab.words, "tgt_vocab": tgt_vocab.words}
+        vsrc, vtgt = self.pairs(cfg.data, "val")
+        train = TensorDataset(self.encode(src_vocab, src, n), self.encode(tgt_vocab, tgt, n))
+        return train, (self.encode(src_vocab, vsrc, n), self.encode(tgt_vocab, vtgt, n)), meta
+
+    def build_model(self, meta, options):
+        from trainyard.training.seq2seq import Seq2SeqTransformer
+
+        return Seq2SeqTransformer(len(meta["src_vocab"]), len(meta["tgt_vocab"]), options["d_model"], options["nhead"],
+                                  options["layers"], options["ff"], options["max_len"], options["dropout"])
+
+    def loss(self, model, batch):
+        from trainyard.training.seq2seq import loss
+
+        src, tgt = batch
+        return loss(model(src, tgt[:, :-1]), tgt[:, 1:])
+
+    def val_metrics(self, model, val, device, dtype=torch.float32):
+        """Teacher-forced loss and next-token accuracy (cheap, every epoch); BLEU comes at evaluation."""
+        from trainyard.training.seq2seq import PAD, loss
+
+        src, tgt = to_device(val, device, dtype)
+        was_training = model.training
+        model.eval()
+        total, correct, count = 0.0, 0, 0
+        with torch.no_grad():
+            for i in range(0, len(src), BATCH):
+                s, t = src[i : i + BATCH], tgt[i : i + BATCH]
+                logits = model(s, t[:, :-1]).float()
+                gold = t[:, 1:]
+                keep = gold != PAD
+                total += float(loss(logits, gold)) * int(keep.sum())
+                correct += int(((logits.argmax(-1) == gold) & keep).sum())
+                count += int(keep.sum())
+        model.train(was_training)
+        return {"val_loss": total / max(count, 1), "val_token_accuracy": correct / max(count, 1)}
+
+    def model_blob(self, model, meta):
+        return {**super().model_blob(model, meta), "vocab": {"source": meta["src_vocab"], "target": meta["tgt_vocab"]}}
+
+    def model_from_blob(self, blob):
+        from trainyard.training.seq2seq import Seq2SeqTransformer, Vocab
+
+        model = Seq2SeqTransformer(**blob["config"])
+        model.load_state_dict(blob["state_dict"])
+        model.src_vocab, model.tgt_vocab = Vocab(blob["vocab"]["source"]), Vocab(blob["vocab"]["target"])
+        return model.eval()
+
+    # -- evaluation and export -----------------------------------------------------------------------------
+    @staticmethod
+    def torch_step(model):
+        def step(src: np.ndarray, prefix: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                return model(torch.from_numpy(src), torch.from_numpy(prefix)).numpy()
+
+        return step
+
+    @staticmethod
+    def onnx_step(session):
+        return lambda src, prefix: session.run(None, {"src": src, "tgt": prefix})[0]
+
+    @staticmethod
+    def translate(step, model, src: np.ndarray) -> np.ndarray:
+        """Greedy token ids for every row of ``src``, in batches, padded to one width."""
+        from trainyard.training.seq2seq import PAD, greedy_decode
+
+        n = model.config["max_len"]
+        parts = [greedy_decode(step, src[i : i + BATCH], n) for i in range(0, len(src), BATCH)]
+        out = np.full((len(src), max((p.shape[1] for p in parts), default=0)), PAD, dtype=np.int64)
+        for i, p in zip(range(0, len(src), BATCH), parts):
+            out[i : i + len(p), : p.shape[1]] = p
+        return out
+
+    def _scores(self, model, ids: np.ndarray, references: list[str], split: str, options) -> tuple[dict, dict]:
+        from trainyard.evaluation.translation import corpus_scores
+
+        hyps = [model.tgt_vocab.decode(row) for row in ids]
+        s = corpus_scores(hyps, references, tokenize=options["bleu_tokenize"])
+        info = {k: s[k] for k in ("bleu_signature", "chrf_signature", "tokenizer")}
+        return {f"{split}_bleu": s["bleu"], f"{split}_chrf": s["chrf"]}, info
+
+    def _source_ids(self, model, data, split) -> tuple[np.ndarray, list[str]]:
+        src, refs = self.pairs(data, split)
+        return self.encode(model.src_vocab, src, model.config["max_len"]).numpy(), refs
+
+    def evaluate(self, model_path, data, split, options):
+        from trainyard.recipes import load_model
+
+        model = load_model(model_path)
+        src, refs = self._source_ids(model, data, split)
+        return self._scores(model, self.translate(self.torch_step(model), model, src), refs, split, options)
+
+    def export(self, model_path, data, out_dir, export, options):
+        from trainyard.export.onnx_export import export as to_onnx, onnx_session
+        from trainyard.recipes import load_model
+
+        model = load_model(model_path)
+        n = model.config["max_len"]
+        src, refs = self._source_ids(model, data, "val")
+        _, vtgt = self.pairs(data, "val")
+        tgt = self.encode(model.tgt_vocab, vtgt, n).numpy()
+        dims = {"src": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("src_len", min=2, max=n)},
+                "tgt": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("tgt_len", min=1, max=n)}}
+        example = (torch.from_numpy(src[:2]), torch.from_numpy(tgt[:2, :-1]))
+        onnx_path = to_onnx(model, example, Path(out_dir) / "model.onnx", input_names=("src", "tgt"),
+                            output_names=("logits",), dynamic_shapes=dims)
+        session = onnx_session(onnx_path)
+        fixed_src, fixed_tgt = src[:32], tgt[:32, :-1]
+        logits_torch = self.torch_step(model)(fixed_src, fixed_tgt)
+        logits_onnx = self.onnx_step(session)(fixed_src, fixed_tgt)
+        ids_torch = self.translate(self.torch_step(model), model, src)
+        ids_onnx = self.translate(self.onnx_step(session), model, src)
+        differ = int(sum(not np.array_equal(a, b) for a, b in zip(ids_torch, ids_onnx))) if ids_torch.shape == ids_onnx.shape else len(src)
+        problems = [f"greedy decoding differs on {differ}/{len(src)} val sentences"] if differ else []
+        bleu_torch = self._scores(model, ids_torch, refs, "val", options)[0]["val_bleu"]
+        bleu_onnx = self._scores(model, ids_onnx, refs, "val", options)[0]["val_bleu"]
+        return verify_export(
+            onnx_path=onnx_path, torch_outputs=[logits_torch], onnx_outputs=[logits_onnx], export=export,
+            metric="val_bleu", torch_metric=bleu_torch, onnx_metric=bleu_onnx, model=model,
+            example=(torch.from_numpy(fixed_src), torch.from_numpy(fixed_tgt)), out_dir=out_dir, problems=problems,
+            extra={"decode_mismatches": differ, "decoded_sentences": len(src),
+                   "input_example": save_input_example(out_dir, {"src": src[:1], "tgt": tgt[:1, :-1]})},
+        )
+
+    def onnx_metrics(self, onnx_path, data, options):
+        from trainyard.export.onnx_export import onnx_session
+
+        # the vocabularies and max_len live in the model file registered next to the ONNX one
+        model = self._companion_model(onnx_path)
+        src, refs = self._source_ids(model, data, "val")
+        ids = self.translate(self.onnx_step(onnx_session(onnx_path)), model, src)
+        return self._scores(model, ids, refs, "val", options)[0]
+
+    @staticmethod
+    def _companion_model(onnx_path: Path):
+        from trainyard.recipes import load_model
+
+        found = sorted(Path(onnx_path).parent.rglob("model.pt"))  # the version's pytorch/model.pt
+        if not found:
+            raise ValueError(f"no model.pt (vocabularies) next to {onnx_path}: a translation version needs both")
+        return load_model(found[0])
