@@ -61,13 +61,12 @@ def _store(kind: str):
 
 def resolve_dataset(spec: dict) -> dict:
     """Ingest the built-in source if the spec names one, then pin the ref to an immutable commit id."""
-    from trainyard import recipes
     from trainyard.data.store import tree_digest
 
     ds = spec["dataset"]
     store = _store(ds["store"])
     if ds["source"] != "none":
-        commit = recipes.get(spec["recipe"]).ingest(ds["source"], store, ds["repo"], branch="main")
+        commit = _data_recipe(spec).ingest(ds["source"], store, ds["repo"], branch="main")
         log.info("ingested built-in source %s into %s: commit %s", ds["source"], ds["repo"], commit.id)
     commit_id = store.resolve(ds["repo"], ds["ref"])
     entries = store.list(ds["repo"], commit_id)

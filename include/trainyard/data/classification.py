@@ -116,3 +116,14 @@ def profile(data: ClassificationData):
             "pixel_max": [float(img.max()) if img.size else None for img in data.images],
         }
     )
+
+
+def validate_classification(root: str | Path, docs_dir: str | Path | None = None):
+    """The ``image_classification`` suite over a dataset folder, bounds taken from its classes.json."""
+    from trainyard.data.validation import load_suite_config, validate_dataframe
+
+    data = load_classification(root)
+    n = len(data.meta["classes"])
+    values = {"max_label": n - 1, "all_labels": list(range(n)), "height": data.meta["height"],
+              "width": data.meta["width"], "pixel_max": data.meta["pixel_max"]}
+    return validate_dataframe(profile(data), load_suite_config("image_classification", values), docs_dir=docs_dir)

@@ -8,7 +8,7 @@ learn reordering and not just a word list:
 * inside a noun phrase the noun comes first, then its adjectives in reverse order, then the determiner;
 * plural is a separate particle ``ri`` after the noun.
 
-Example: ``the big red dog sees a cat`` -> ``doru rasa mobe ko feli na vimo``.
+Example (seed 0): ``the big red dog sees a cat`` -> ``levego bosufa pusoni pigeba balulo furu nulu``.
 
 The target words come from syllables drawn with the seed, so the lexicon (and so every pair) is the
 same for the same arguments. Output is the ``pairs.tsv`` layout of ``trainyard.data.parallel_text``.

@@ -77,22 +77,17 @@ def detect_kind(folder: str | Path) -> str:
 def validate_folder(folder: str | Path, kind: str, docs_dir: str | Path | None = None):
     """Run the data kind's expectation suite(s) over a dataset folder; returns a ValidationReport."""
     if kind == "image_classification":
-        from trainyard.data.classification import load_classification, profile
-        from trainyard.data.validation import load_suite_config, validate_dataframe
+        from trainyard.data.classification import validate_classification
 
-        data = load_classification(folder)
-        n = len(data.meta["classes"])
-        values = {"max_label": n - 1, "all_labels": list(range(n)), "height": data.meta["height"],
-                  "width": data.meta["width"], "pixel_max": data.meta["pixel_max"]}
-        return validate_dataframe(profile(data), load_suite_config(kind, values), docs_dir=docs_dir)
+        return validate_classification(folder, docs_dir=docs_dir)
     if kind == "coco_detection":
         from trainyard.data.detection import validate_detection
 
-        return validate_detection(folder)
+        return validate_detection(folder, docs_dir=docs_dir)
     if kind == "parallel_text":
         from trainyard.data.parallel_text import validate_parallel_text
 
-        return validate_parallel_text(folder)
+        return validate_parallel_text(folder, docs_dir=docs_dir)
     raise UploadError(f"unknown data kind {kind!r}; allowed: {sorted(KIND_MARKERS)}")
 
 

@@ -149,14 +149,14 @@ def verify_export(
     torch_metric: float,
     onnx_metric: float,
     model=None,
-    example=None,
+    inputs=None,
     out_dir: Path | None = None,
     extra: dict | None = None,
     problems: list[str] | None = None,
 ) -> dict:
     """The export verdict every recipe shares: output parity (rtol/atol), the metric re-computed with
-    onnxruntime (within ``export.metric_tolerance``), and with ``export.torchscript`` a traced TorchScript
-    file held to the same parity. Raises ExportFailed listing every problem; else the JSON-able record."""
+    onnxruntime (within ``export.metric_tolerance``), and with ``export.torchscript`` a TorchScript file
+    traced on ``inputs`` (the tensors ``torch_outputs`` came from) and held to the same parity. Raises ExportFailed listing every problem; else the JSON-able record."""
     from trainyard.export.onnx_export import ExportFailed, check_parity, export_torchscript, torchscript_predict
 
     problems = list(problems or [])
@@ -170,8 +170,8 @@ def verify_export(
     out = {"onnx_path": str(onnx_path), "parity": parity.to_dict(), "metric": metric,
            f"{metric}_torch": torch_metric, f"{metric}_onnx": onnx_metric, **(extra or {})}
     if export.get("torchscript") and model is not None:
-        ts_path = export_torchscript(model, example, Path(out_dir) / "model.torchscript.pt")
-        inputs = example if isinstance(example, tuple) else (example,)
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        ts_path = export_torchscript(model, inputs, Path(out_dir) / "model.torchscript.pt")
         ts = check_parity(flat(torch_outputs), flat(torchscript_predict(ts_path, *(t.numpy() for t in inputs))),
                           export["rtol"], export["atol"])
         if not ts.passed:

@@ -234,7 +234,7 @@ class CenterNetDetector(Recipe):
         return verify_export(
             onnx_path=onnx_path, torch_outputs=[h[fixed] for h in heads_torch],
             onnx_outputs=[h[fixed] for h in heads_onnx], export=export, metric="val_map",
-            torch_metric=map_torch, onnx_metric=map_onnx, model=model, example=x[:2], out_dir=out_dir,
+            torch_metric=map_torch, onnx_metric=map_onnx, model=model, inputs=x[fixed], out_dir=out_dir,
             extra={"input_example": save_input_example(out_dir, {"image": x[:1].numpy()})},
         )
 

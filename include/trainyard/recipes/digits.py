@@ -22,16 +22,9 @@ class DigitsCNN(Recipe):
 
     # -- data ----------------------------------------------------------------------------------------------
     def validate(self, dataset_dir, docs_dir):
-        from trainyard.data.classification import load_classification, profile
-        from trainyard.data.validation import load_suite_config, validate_dataframe
+        from trainyard.data.classification import validate_classification
 
-        data = load_classification(dataset_dir)
-        n = len(data.meta["classes"])
-        suite = load_suite_config("image_classification", {
-            "max_label": n - 1, "all_labels": list(range(n)), "height": data.meta["height"],
-            "width": data.meta["width"], "pixel_max": data.meta["pixel_max"],
-        })
-        return validate_dataframe(profile(data), suite, docs_dir=docs_dir)
+        return validate_classification(dataset_dir, docs_dir=docs_dir)
 
     def samples(self, dataset_dir, options):
         from trainyard.data.classification import load_classification
@@ -100,7 +93,7 @@ class DigitsCNN(Recipe):
         return verify_export(
             onnx_path=onnx_path, torch_outputs=[predict(model, fixed)], onnx_outputs=[onnx_predict(onnx_path, fixed.numpy())],
             export=export, metric="val_accuracy", torch_metric=acc_torch, onnx_metric=acc_onnx,
-            model=model, example=fixed[:2], out_dir=out_dir,
+            model=model, inputs=fixed, out_dir=out_dir,
             extra={"input_example": save_input_example(out_dir, {"input": fixed.numpy()})},
         )
 

@@ -201,7 +201,7 @@ class TransformerTranslator(Recipe):
         return verify_export(
             onnx_path=onnx_path, torch_outputs=[logits_torch], onnx_outputs=[logits_onnx], export=export,
             metric="val_bleu", torch_metric=bleu_torch, onnx_metric=bleu_onnx, model=model,
-            example=(torch.from_numpy(fixed_src), torch.from_numpy(fixed_tgt)), out_dir=out_dir, problems=problems,
+            inputs=(torch.from_numpy(fixed_src), torch.from_numpy(fixed_tgt)), out_dir=out_dir, problems=problems,
             extra={"decode_mismatches": differ, "decoded_sentences": len(src),
                    "input_example": save_input_example(out_dir, {"src": src[:1], "tgt": tgt[:1, :-1]})},
         )

@@ -262,9 +262,9 @@ def train(cfg: RunConfig) -> dict:
         resumed_from = step
 
     tracker = Tracker(cfg) if rank == 0 else None
-    log(f"strategy=deepspeed recipe={recipe.name} world_size={world} zero_stage={stage} precision={precision} backend={backend} "
+    log(f"strategy=deepspeed world_size={world} zero_stage={stage} precision={precision} backend={backend} "
         f"device={device} train={len(dataset)} epochs={hp['epochs']} "
-        f"steps/epoch={len(loader)} start_step={step}")
+        f"steps/epoch={len(loader)} start_step={step} recipe={recipe.name}")
     t0 = time.time()
     progress = Progress(total_steps, step)
     samples = 0

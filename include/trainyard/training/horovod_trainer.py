@@ -125,8 +125,8 @@ def train(cfg: RunConfig) -> dict:
         resumed_from = step
 
     tracker = Tracker(cfg) if rank == 0 else None
-    log(f"strategy=horovod recipe={recipe.name} world_size={world} backend=gloo device={device} "
-        f"train={len(dataset)} epochs={hp['epochs']} steps/epoch={len(loader)} start_step={step}")
+    log(f"strategy=horovod world_size={world} backend=gloo device={device} "
+        f"train={len(dataset)} epochs={hp['epochs']} steps/epoch={len(loader)} start_step={step} recipe={recipe.name}")
     t0 = time.time()
     progress = Progress(total_steps, step)
     samples = 0

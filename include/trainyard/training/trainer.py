@@ -69,8 +69,8 @@ def train(cfg: RunConfig) -> dict:
         resumed_from = step
 
     tracker = Tracker(cfg) if rank == 0 else None
-    log(f"strategy=ddp recipe={recipe.name} world_size={world} backend={backend} device={device} train={len(dataset)} "
-        f"epochs={hp['epochs']} steps/epoch={len(loader)} start_step={step}")
+    log(f"strategy=ddp world_size={world} backend={backend} device={device} train={len(dataset)} "
+        f"epochs={hp['epochs']} steps/epoch={len(loader)} start_step={step} recipe={recipe.name}")
     t0 = time.time()
     progress = Progress(total_steps, step)
     samples = 0

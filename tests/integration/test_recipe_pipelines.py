@@ -1,0 +1,138 @@
+"""The detection and translation recipes through train_pipeline (`dag.test()`): train with torchrun,
+evaluate (mAP / BLEU), gate, export to ONNX with parity, sign and register; then champion/challenger
+against the registered version, and both COCO evaluators on the trained model's own detections."""
+
+import json
+
+import pytest
+from dag_helpers import load_dag, task_states
+
+pytestmark = pytest.mark.integration
+
+SHAPES = {
+    "name": "shapes",
+    "recipe": "centernet_detector",
+    "dataset": {"repo": "shapes", "source": "synthetic_shapes"},
+    "hyperparameters": {"epochs": 6, "batch_size": 16, "learning_rate": 0.003, "optimizer": "adamw", "seed": 42},
+    "gates": [{"metric": "val_map_50", "min": 0.6}, {"metric": "val_map", "min": 0.3}],
+}
+TRANSLATION = {
+    "name": "translation",
+    "recipe": "transformer_translator",
+    "dataset": {"repo": "translation", "source": "synthetic_translation"},
+    "hyperparameters": {"epochs": 8, "batch_size": 32, "learning_rate": 0.002, "optimizer": "adamw", "seed": 42},
+    "gates": [{"metric": "val_bleu", "min": 50}],
+    "export": {"metric_tolerance": 0.0, "torchscript": True},
+}
+
+
+@pytest.fixture(scope="module")
+def dag():
+    return load_dag("train_pipeline")
+
+
+def _xcoms(dr) -> dict:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(XComModel).filter_by(dag_id=dr.dag_id, run_id=dr.run_id, key="return_value").all()
+        return {r.task_id: XComModel.deserialize_value(r) for r in rows}
+
+
+def _run(dag, conf) -> tuple[dict, object]:
+    dr = dag.test(run_conf=json.loads(json.dumps(conf)))
+    states = task_states(dr)
+    assert dr.state == "success", states
+    from trainyard.tracking.mlflow_tracking import client
+
+    c = client()
+    mv = c.get_model_version_by_alias(conf["name"], "staging")
+    return _xcoms(dr), mv
+
+
+def _common_checks(mv, x, metric):
+    from trainyard.registry.signing import load_public_key
+    from trainyard.registry.versions import _stored, verify_version
+    from trainyard.tracking.mlflow_tracking import client
+
+    c = client()
+    tags = mv.tags
+    # the gate result is on the run and on the version: every check, and the verdict
+    run_tags = c.get_run(mv.run_id).data.tags
+    assert run_tags["gate.passed"] == tags["gate.passed"] == "true"
+    gate = json.loads(tags["gate.result"])
+    assert gate["passed"] and {r["metric"] for r in gate["checks"]} >= {metric}
+    assert tags[f"gate.threshold.{metric}"].startswith("pass: value=")
+    assert float(tags[f"metric.{metric}"]) == pytest.approx(x["evaluate"][metric], rel=1e-5)
+    # ONNX export: parity on fixed inputs and the same metric through onnxruntime
+    ex = x["export_onnx"]
+    assert ex["parity"]["passed"] and ex[f"{metric}_onnx"] == pytest.approx(ex[f"{metric}_torch"])
+    # signed over every file of the version, the PyTorch weights included
+    verify_version(c, mv.name, mv.version, load_public_key())
+    signed, _ = _stored(c.get_model_version(mv.name, mv.version))
+    assert {"model.onnx", "pytorch/model.pt"} <= set(signed["files"])
+    return c
+
+
+def test_detection_recipe_end_to_end(dag, trainyard_home, monkeypatch):
+    from trainyard import paths, pipeline, recipes
+    from trainyard.evaluation.detection import coco_map
+    from trainyard.recipes.detection import detections, ground_truth, torch_heads
+
+    x, mv = _run(dag, SHAPES)
+    assert x["evaluate"]["val_map_50"] >= 0.6 and 0.3 <= x["evaluate"]["val_map"] <= x["evaluate"]["val_map_50"]
+    c = _common_checks(mv, x, "val_map")
+    assert mv.tags["eval.coco_backend"] == "pycocotools"
+
+    from mlflow.models import get_model_info
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
+    sig = get_model_info(mv.source).signature
+    assert [tuple(i["tensor-spec"]["shape"]) for i in sig.inputs.to_dict()] == [(-1, 3, 64, 64)]  # dynamic batch
+    assert [o["name"] for o in sig.outputs.to_dict()] == ["heatmap", "size", "offset"]
+
+    # pycocotools and faster-coco-eval on the trained model's own val detections: the same AP
+    recipe = recipes.get("centernet_detector")
+    xv, _, targets, meta = recipe._tensors(x["prepare_data"], "val")
+    heads = torch_heads(recipes.load_model(x["train"]["model_path"]), xv)
+    gt, found = ground_truth(targets, meta), detections(heads, targets, meta, top_k=50)
+    a, b = coco_map(gt, found, backend="pycocotools"), coco_map(gt, found, backend="faster_coco_eval")
+    assert a["map"] == pytest.approx(x["evaluate"]["val_map"])
+    for key in a:
+        assert (a[key] is None and b[key] is None) or a[key] == pytest.approx(b[key], abs=1e-9), key
+
+    # champion/challenger: the registered version, re-measured through its ONNX file, ties with itself
+    c.set_registered_model_alias("shapes", "production", mv.version)
+    spec = dict(x["validate_spec"], champion=[{"metric": "val_map", "margin": 0.0, "higher_is_better": True}])
+    tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
+    assert tie["passed"] and tie["champion_version"] == int(mv.version)
+    spec["champion"] = [{"metric": "val_map", "margin": 0.05, "higher_is_better": True}]
+    assert not pipeline.gate(spec, x["evaluate"], x["prepare_data"])["passed"]
+
+
+def test_translation_recipe_end_to_end(dag, trainyard_home):
+    from trainyard import pipeline
+
+    x, mv = _run(dag, TRANSLATION)
+    assert x["evaluate"]["val_bleu"] >= 50 and x["evaluate"]["val_chrf"] > x["evaluate"]["val_bleu"] / 2
+    c = _common_checks(mv, x, "val_bleu")
+    # how BLEU was computed travels with the number
+    assert mv.tags["eval.bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert "nc:6|nw:0" in mv.tags["eval.chrf_signature"]
+    # the seq2seq ONNX graph decodes exactly like PyTorch, sentence for sentence
+    ex = x["export_onnx"]
+    assert ex["decode_mismatches"] == 0 and ex["decoded_sentences"] == x["prepare_data"]["counts"]["val"]
+    assert ex["torchscript_parity"]["passed"]
+    from trainyard.registry.versions import _stored
+
+    signed, _ = _stored(c.get_model_version(mv.name, mv.version))
+    assert "torchscript/model.torchscript.pt" in signed["files"]  # the optional TorchScript file is signed too
+
+    # champion = this version (ONNX decoding + its vocabularies from pytorch/model.pt): a tie passes
+    c.set_registered_model_alias("translation", "production", mv.version)
+    spec = dict(x["validate_spec"], champion=[{"metric": "val_bleu", "margin": 0.0, "higher_is_better": True}])
+    tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
+    assert tie["passed"], tie["message"]
+    duel = [r for r in tie["checks"] if r["kind"] == "champion"][0]
+    assert duel["champion"] == pytest.approx(x["evaluate"]["val_bleu"])

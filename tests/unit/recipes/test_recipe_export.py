@@ -1,0 +1,76 @@
+"""Each recipe's ONNX export: parity and metric re-check pass for a faithful export and catch a broken one."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import write_files
+from trainyard import recipes
+from trainyard.data import shapes, synthetic_text
+from trainyard.data.prepare import prepare_records
+from trainyard.export import onnx_export
+from trainyard.export.onnx_export import ExportFailed
+
+EXPORT = {"rtol": 1e-3, "atol": 1e-5, "metric_tolerance": 0.0, "torchscript": True}
+CASES = {
+    "centernet_detector": (lambda: shapes.generate(24, seed=2), {"width": 8}),
+    "transformer_translator": (lambda: synthetic_text.generate(60, seed=2), {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request, tmp_path_factory):
+    """(recipe, options, prepared data, model.pt of an untrained model) for each recipe."""
+    name = request.param
+    make, given = CASES[name]
+    recipe = recipes.get(name)
+    options = recipe.check_options(given)
+    root = write_files(tmp_path_factory.mktemp(name), make())
+    keys, record, meta = recipe.samples(root, options)
+    data = prepare_records(keys, record, meta, "c" * 64, root / "prepared", 0.3, 0, variant=recipe.variant(options))
+
+    class Cfg:  # what a worker gets: the spec and the prepared data
+        spec = {"recipe": name, "recipe_options": given}
+
+    Cfg.data = data
+    torch.manual_seed(0)
+    _, _, meta = recipe.load(Cfg)
+    model = recipe.build_model(meta, options)
+    path = root / "model.pt"
+    torch.save(recipe.model_blob(model, meta), path)
+    return recipe, options, data, path
+
+
+def test_faithful_export_passes_with_torchscript(case, tmp_path):
+    recipe, options, data, model_path = case
+    out = recipe.export(str(model_path), data, tmp_path, EXPORT, options)
+    assert out["parity"]["passed"] and out["parity"]["mismatched"] == 0
+    metric = out["metric"]
+    assert out[f"{metric}_torch"] == out[f"{metric}_onnx"]
+    assert out["torchscript_parity"]["passed"] and (tmp_path / "model.torchscript.pt").is_file()
+    example = np.load(out["input_example"])
+    assert all(example[k].shape[0] == 1 for k in example.files)
+    # the ONNX model's metrics, as champion/challenger computes them from a registered version's files
+    # (model.onnx + pytorch/model.pt), equal the export check's
+    (tmp_path / "pytorch").mkdir()
+    (tmp_path / "pytorch" / "model.pt").write_bytes(model_path.read_bytes())
+    assert recipe.onnx_metrics(out["onnx_path"], data, options)[metric] == out[f"{metric}_onnx"]
+
+
+def test_broken_export_is_rejected(case, tmp_path, monkeypatch):
+    """An exporter that writes slightly different weights (a stand-in for a mis-converted op)."""
+    recipe, options, data, model_path = case
+    real = onnx_export.export
+
+    def broken(model, example, path, **kwargs):
+        bad = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in bad.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        return real(bad, example, path, **kwargs)
+
+    monkeypatch.setattr(onnx_export, "export", broken)
+    with pytest.raises(ExportFailed, match="ONNX outputs differ beyond rtol=0.001"):
+        recipe.export(str(model_path), data, tmp_path, EXPORT, options)

@@ -1,0 +1,70 @@
+"""The translation model's vocabulary, greedy decoding and ONNX graph."""
+
+import numpy as np
+import pytest
+import torch
+
+from trainyard.training import seq2seq as s2
+
+
+def test_vocab_is_deterministic_and_round_trips():
+    v = s2.Vocab.build(["b a", "a c", "a"])
+    assert v.words[:4] == list(s2.SPECIALS) and v.words[4:] == ["a", "b", "c"]  # by frequency, then alphabet
+    assert s2.Vocab.build(["a c", "a", "b a"]).words == v.words
+    ids = v.encode("a c zzz", max_len=8)
+    assert ids == [s2.BOS, 4, 6, s2.UNK, s2.EOS] and v.decode(ids[1:]) == "a c <unk>"
+    assert v.encode("a b c a b c", max_len=4) == [s2.BOS, 4, 5, s2.EOS]  # cut to max_len
+    assert s2.Vocab.build(["x y z"], max_size=5).words == [*s2.SPECIALS, "x"]
+
+
+def test_greedy_decode_stops_at_eos_per_row():
+    # a fake model: row 0 says 7 7 EOS, row 1 says 5 EOS
+    script = {0: [7, 7, s2.EOS], 1: [5, s2.EOS]}
+
+    def step(src, prefix):
+        t = prefix.shape[1] - 1
+        logits = np.zeros((len(src), prefix.shape[1], 10))
+        for row, words in script.items():
+            logits[row, -1, words[min(t, len(words) - 1)]] = 1.0
+        return logits
+
+    out = s2.greedy_decode(step, np.zeros((2, 3), np.int64), max_len=10)
+    assert out.tolist() == [[7, 7, s2.EOS], [5, s2.EOS, s2.PAD]]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from trainyard.export.onnx_export import export
+
+    torch.manual_seed(0)
+    model = s2.Seq2SeqTransformer(30, 40, d_model=16, nhead=2, layers=1, ff=32, max_len=12).eval()
+    src = torch.randint(4, 30, (2, 6))
+    tgt = torch.randint(4, 40, (2, 3))
+    dims = {"src": {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("src_len", min=2, max=12)},
+            "tgt": {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("tgt_len", min=1, max=12)}}
+    path = export(model, (src, tgt), tmp_path_factory.mktemp("s2s") / "m.onnx", input_names=("src", "tgt"),
+                  dynamic_shapes=dims)
+    return model, path
+
+
+@pytest.mark.parametrize("batch, src_len, tgt_len", [(1, 2, 1), (5, 12, 7), (3, 9, 12)])
+def test_onnx_graph_has_dynamic_batch_and_lengths(exported, batch, src_len, tgt_len):
+    from trainyard.export.onnx_export import check_parity, onnx_session
+
+    model, path = exported
+    src = torch.randint(4, 30, (batch, src_len))
+    src[0, src_len - 1 :] = s2.PAD  # padding is masked out, not attended to
+    tgt = torch.randint(4, 40, (batch, tgt_len))
+    with torch.no_grad():
+        ref = model(src, tgt).numpy()
+    out = onnx_session(path).run(None, {"src": src.numpy(), "tgt": tgt.numpy()})[0]
+    assert check_parity(ref, out).passed
+
+
+def test_padding_does_not_change_the_translation(exported):
+    model, _ = exported
+    src = torch.tensor([[s2.BOS, 5, 6, 7, s2.EOS]])
+    padded = torch.tensor([[s2.BOS, 5, 6, 7, s2.EOS, s2.PAD, s2.PAD]])
+    tgt = torch.tensor([[s2.BOS, 9]])
+    with torch.no_grad():
+        assert torch.allclose(model(src, tgt), model(padded, tgt), atol=1e-5)
