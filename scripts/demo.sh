@@ -3,9 +3,21 @@
 # database, in one process), then print where the results are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CONF=${TRAINYARD_DEMO_CONF:-'{}'}
+# JOB=include/config/jobs/<name>.yaml runs that job (shapes: detection, translation: seq2seq); the
+# default is the digits job. TRAINYARD_DEMO_CONF (JSON) overrides fields on top.
+JOB=${JOB:-include/config/jobs/digits.yaml}
+OVERRIDES=${TRAINYARD_DEMO_CONF:-"{}"}
+CONF=$(python - "$JOB" "$OVERRIDES" <<'PY'
+import json, sys, yaml
+spec = yaml.safe_load(open(sys.argv[1]))
+spec.update(json.loads(sys.argv[2]))
+print(json.dumps(spec))
+PY
+)
+NAME=$(python -c 'import json, sys; print(json.loads(sys.argv[1]).get("name", "digits"))' "$CONF")
 log=$AIRFLOW_HOME/demo.log
-echo "[demo] running train_pipeline with conf $CONF (about 1-2 minutes; full log: $log)"
+echo "[demo] running train_pipeline for $JOB (about 1-2 minutes; full log: $log)"
+echo "[demo] conf: $CONF"
 start=$(date +%s)
 if ! airflow dags test train_pipeline --conf "$CONF" >"$log" 2>&1; then
   tail -60 "$log"
@@ -15,4 +27,4 @@ fi
 grep -E "\[trainer\]|registered|evaluation:|gate passed|ONNX parity|pinned to commit" "$log" | grep -v "Returned value" \
   | sed -E 's/^.*\[(info|warning) *\] /  /; s/ \[[a-z_.]+\] loc=[^ ]+$//' | cut -c1-200 || true
 echo "[demo] finished in $(( $(date +%s) - start ))s"
-trainyard show digits
+trainyard show "$NAME"

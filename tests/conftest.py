@@ -2,6 +2,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from datafiles import write_files
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
@@ -20,13 +21,6 @@ def trainyard_home(tmp_path, monkeypatch):
     import mlflow
 
     mlflow.set_tracking_uri(None)  # a test's store must not leak into the next test through MLflow's global
-
-
-def write_files(folder: Path, files: dict[str, bytes]) -> Path:
-    for rel, data in files.items():
-        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-        (folder / rel).write_bytes(data)
-    return folder
 
 
 @pytest.fixture(scope="session")

@@ -50,6 +50,12 @@ def cmd_show(args) -> int:
     print(f"model            {mv.name} version {mv.version} (alias {args.alias})")
     for key in sorted(k for k in tags if k.startswith("metric.")):
         print(f"  {key[7:]:<15}{tags[key]}")
+    print(f"recipe           {tags.get('recipe')}")
+    print(f"gate             {'passed' if tags.get('gate.passed') == 'true' else tags.get('gate.passed', '?')}")
+    for key in sorted(k for k in tags if k.startswith(("gate.threshold.", "gate.champion."))):
+        print(f"  {key[5:]:<30}{tags[key]}")
+    for key in sorted(k for k in tags if k.startswith("eval.")):
+        print(f"{key[5:]:<17}{tags[key]}")
     print(f"dataset          {tags.get('dataset.store')}:{tags.get('dataset.repo')}@{tags.get('dataset.commit')}")
     print(f"code version     {tags.get('code_version')}")
     print(f"airflow run      {tags.get('dag_run_id')}")

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import write_files
+from datafiles import write_files
 from trainyard.data import shapes, synthetic_text
 from trainyard.data.detection import validate_detection
 from trainyard.data.parallel_text import load_pairs, validate_parallel_text

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import write_files
+from datafiles import write_files
 from trainyard import pipeline
 from trainyard.data import formats, shapes
 from trainyard.data.stores import open_store

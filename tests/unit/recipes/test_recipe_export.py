@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_files
+from datafiles import write_files
 from trainyard import recipes
 from trainyard.data import shapes, synthetic_text
 from trainyard.data.prepare import prepare_records
