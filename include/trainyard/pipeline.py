@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainyard import paths
+from trainyard.export.onnx_export import ExportFailed  # noqa: F401  (raised by export_onnx and the champion check)
 from trainyard.spec import JobSpec, parse_spec, safe_key
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,6 @@ class GateFailed(Exception):
     """The model missed a threshold; the message lists every breach and by how much."""
 
 
-from trainyard.export.onnx_export import ExportFailed  # noqa: E402,F401  (raised by export_onnx)
 
 
 def _spec(spec: dict) -> JobSpec:
@@ -107,8 +107,7 @@ def prepare_data(spec: dict, dataset: dict) -> dict:
     split = spec["split"]
     recipe = _data_recipe(spec)
     options = recipe.opts(spec)
-    keys, record, meta = recipe.samples(checkout(dataset), options)
-    manifest = prepare_records(keys, record, meta, dataset["commit"], paths.cache_root() / "prepared",
+    manifest = prepare_records(lambda: recipe.samples(checkout(dataset), options), dataset["commit"], paths.cache_root() / "prepared",
                                split["val_fraction"], split["seed"], fmt=spec["dataset"]["format"],
                                test_fraction=split["test_fraction"], variant=recipe.variant(options))
     log.info("prepared %s (%s): %s", manifest["path"], "cache hit" if manifest["cached"] else "built", manifest["counts"])
@@ -296,7 +295,11 @@ def gate_tags(result: dict) -> dict[str, str]:
     if result.get("champion_version") is not None:
         tags["gate.champion_version"] = str(result["champion_version"])
     compact = json.dumps(result, sort_keys=True, separators=(",", ":"), default=str)
-    tags["gate.result"] = compact if len(compact) <= 5000 else compact[:4990] + "...(cut)"
+    if len(compact) > 5000:  # still valid JSON: the verdict, what failed, and where the whole result is
+        compact = json.dumps({"passed": result["passed"], "complete": False, "artifact": "gate/gate_result.json",
+                              "failed": [r["metric"] for r in result["checks"] if not r["passed"]][:100]},
+                             separators=(",", ":"))
+    tags["gate.result"] = compact
     return tags
 
 

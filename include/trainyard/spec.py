@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 RECIPES = ("digits_cnn", "centernet_detector", "transformer_translator", "custom")
 NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -159,7 +159,10 @@ class ExportSpec(_Model):
 
     rtol: float = Field(1e-3, gt=0.0)
     atol: float = Field(1e-5, gt=0.0)
-    metric_tolerance: float = Field(0.0, ge=0.0, le=100.0, description="in the metric's own units (BLEU: 0..100)")
+    metric_tolerance: float = Field(
+        0.0, ge=0.0, le=100.0, description="in the metric's own units (BLEU: 0..100)",
+        # its name before the detection and translation recipes, when the metric was always val accuracy
+        validation_alias=AliasChoices("metric_tolerance", "accuracy_tolerance"))
     torchscript: bool = Field(False, description="also write a traced TorchScript file, held to the same parity")
 
 

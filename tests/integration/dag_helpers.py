@@ -20,3 +20,13 @@ def load_dag(dag_id: str):
 
 def task_states(dr) -> dict:
     return {ti.task_id: ti.state for ti in dr.get_task_instances()}
+
+
+def xcoms(dr, key: str = "return_value") -> dict:
+    """Every task's XCom ``key`` of a DAG run, by task id."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(XComModel).filter_by(dag_id=dr.dag_id, run_id=dr.run_id, key=key).all()
+        return {r.task_id: XComModel.deserialize_value(r) for r in rows}

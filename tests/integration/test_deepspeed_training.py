@@ -62,7 +62,7 @@ def test_zero_trains_and_resumes_past_a_damaged_checkpoint(tmp_path, small_spec,
     damaged; the retry skips it, resumes at the epoch-1 checkpoint and trains to the end."""
     from trainyard.training.deepspeed_trainer import MARKER
     from trainyard.training.launchers.local import LaunchError
-    from trainyard.training.model import load_model
+    from trainyard.recipes import load_model
 
     config = _config(tmp_path, small_spec, prepared, zero_stage=stage)
     out = RunConfig.load(config)
@@ -100,7 +100,7 @@ def test_zero3_bf16_as_a_single_process(tmp_path, small_spec, prepared):
     """Without a launcher (world of one), ZeRO-3 and bf16 on CPU; model.pt is still fp32."""
     import torch
 
-    from trainyard.training.model import load_model
+    from trainyard.recipes import load_model
 
     small_spec["hyperparameters"]["epochs"] = 2
     config = _config(tmp_path, small_spec, prepared, nproc=1, zero_stage=3, precision="bf16")

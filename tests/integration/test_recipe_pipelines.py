@@ -5,7 +5,7 @@ against the registered version, and both COCO evaluators on the trained model's 
 import json
 
 import pytest
-from dag_helpers import load_dag, task_states
+from dag_helpers import load_dag, task_states, xcoms
 
 pytestmark = pytest.mark.integration
 
@@ -15,6 +15,7 @@ SHAPES = {
     "dataset": {"repo": "shapes", "source": "synthetic_shapes"},
     "hyperparameters": {"epochs": 6, "batch_size": 16, "learning_rate": 0.003, "optimizer": "adamw", "seed": 42},
     "gates": [{"metric": "val_map_50", "min": 0.6}, {"metric": "val_map", "min": 0.3}],
+    "export": {"metric_tolerance": 0.001},
 }
 TRANSLATION = {
     "name": "translation",
@@ -31,15 +32,6 @@ def dag():
     return load_dag("train_pipeline")
 
 
-def _xcoms(dr) -> dict:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.query(XComModel).filter_by(dag_id=dr.dag_id, run_id=dr.run_id, key="return_value").all()
-        return {r.task_id: XComModel.deserialize_value(r) for r in rows}
-
-
 def _run(dag, conf) -> tuple[dict, object]:
     dr = dag.test(run_conf=json.loads(json.dumps(conf)))
     states = task_states(dr)
@@ -48,7 +40,7 @@ def _run(dag, conf) -> tuple[dict, object]:
 
     c = client()
     mv = c.get_model_version_by_alias(conf["name"], "staging")
-    return _xcoms(dr), mv
+    return xcoms(dr), mv
 
 
 def _common_checks(mv, x, metric):
@@ -94,7 +86,7 @@ def test_detection_recipe_end_to_end(dag, trainyard_home, monkeypatch):
 
     # pycocotools and faster-coco-eval on the trained model's own val detections: the same AP
     recipe = recipes.get("centernet_detector")
-    xv, _, targets, meta = recipe._tensors(x["prepare_data"], "val")
+    xv, targets, meta = recipe._tensors(x["prepare_data"], "val")
     heads = torch_heads(recipes.load_model(x["train"]["model_path"]), xv)
     gt, found = ground_truth(targets, meta), detections(heads, targets, meta, top_k=50)
     a, b = coco_map(gt, found, backend="pycocotools"), coco_map(gt, found, backend="faster_coco_eval")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainyard.data.store import Commit, LocalStore
+from trainyard.data.store import Commit, LocalStore, ingest_files
 
 
 @dataclass
@@ -58,15 +58,8 @@ def ingest_digits(store: LocalStore, repo: str, branch: str = "main") -> Commit:
     bytes always pin the same commit id."""
     import sklearn
 
-    if not store.repo_exists(repo):
-        store.create_repo(repo, default_branch=branch)
-    store.upload_many(repo, branch, digits_files())
-    return store.commit(
-        repo,
-        branch,
-        message="ingest scikit-learn digits",
-        metadata={"source": "sklearn.datasets.load_digits", "sklearn_version": sklearn.__version__},
-    )
+    return ingest_files(store, repo, branch, digits_files(), "ingest scikit-learn digits",
+                        {"source": "sklearn.datasets.load_digits", "sklearn_version": sklearn.__version__})
 
 
 def load_classification(root: str | Path) -> ClassificationData:

@@ -44,6 +44,9 @@ def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
 
     path = Path(path)
     records = [tuple(r) + (None,) * (4 - len(r)) for r in records]
+    reserved = [r[0] for r in records if r[0].startswith("__")]
+    if reserved:  # __keys__, __meta__ and __target__/<key> are this file's own records
+        raise ValueError(f"{path}: sample keys may not start with '__' (reserved): {reserved[:5]}")
     targets = [json.dumps(r[3]).encode() if r[3] is not None else None for r in records]
     size = sum(r[2].nbytes + 256 for r in records) * 2 + sum(len(t or b"") * 2 for t in targets) + (1 << 20)
     env = lmdb.open(str(path), map_size=size, subdir=True, lock=False)

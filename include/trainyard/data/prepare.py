@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Callable
 
 from trainyard.data import formats
-from trainyard.data.classification import load_classification
 from trainyard.data.split import split_keys
 
 
@@ -40,9 +39,7 @@ def check_leakage(splits: dict[str, list[str]]) -> None:
 
 
 def prepare_records(
-    keys: list[str],
-    record: Callable[[str], tuple],
-    meta: dict,
+    samples: Callable[[], tuple[list[str], Callable[[str], tuple], dict]],
     commit: str,
     cache_root: str | Path,
     val_fraction: float,
@@ -51,8 +48,9 @@ def prepare_records(
     test_fraction: float = 0.0,
     variant: str = "",
 ) -> dict:
-    """Split ``keys`` by hash and write each split's ``record(key)`` tuples in ``fmt``; return the prepared
-    dataset's manifest, building it only if the cache has none. ``variant`` names whatever else shapes the
+    """Split the dataset's keys by hash and write each split's ``record(key)`` tuples in ``fmt``; return the
+    prepared dataset's manifest, building it only if the cache has none. ``samples()`` gives (keys, record,
+    meta) and is only called on a cache miss (reading a dataset is the slow part). ``variant`` names whatever else shapes the
     records (a recipe and its input size), so differently prepared copies of one commit never collide.
 
     The result is built in a temp dir and renamed into place, so a crash never leaves a half cache and
@@ -66,6 +64,7 @@ def prepare_records(
     if manifest_path.exists():
         return dict(json.loads(manifest_path.read_text()), cached=True)
 
+    keys, record, meta = samples()
     splits = split_keys(keys, val_fraction, seed, test_fraction)
     if not test_fraction:
         splits.pop("test")
@@ -117,16 +116,7 @@ def prepare_classification(
     test_fraction: float = 0.0,
 ) -> dict:
     """``prepare_records`` for the image-classification layout: records (key, label, image)."""
-    data = load_classification(dataset_dir)
-    index = {k: i for i, k in enumerate(data.keys)}
-    return prepare_records(
-        data.keys,
-        lambda k: (k, int(data.labels[index[k]]), data.images[index[k]]),
-        data.meta,
-        commit,
-        cache_root,
-        val_fraction,
-        seed,
-        fmt,
-        test_fraction,
-    )
+    from trainyard import recipes
+
+    return prepare_records(lambda: recipes.get("digits_cnn").samples(dataset_dir, {}), commit, cache_root,
+                           val_fraction, seed, fmt, test_fraction)

@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from trainyard.data.store import Commit
+from trainyard.data.store import Commit, ingest_files
 
 CATEGORIES = ("square", "circle", "triangle")
 
@@ -97,8 +97,5 @@ def generate(n_images: int = 600, size: int = 64, max_objects: int = 3, min_side
 
 def ingest_shapes(store, repo: str, branch: str = "main", **kwargs) -> Commit:
     """Generate the shapes dataset into ``repo``/``branch``; identical bytes commit nothing new."""
-    if not store.repo_exists(repo):
-        store.create_repo(repo, default_branch=branch)
-    store.upload_many(repo, branch, generate(**kwargs))
-    return store.commit(repo, branch, message="ingest synthetic shapes (COCO)",
-                        metadata={"source": "trainyard.data.shapes", **{k: str(v) for k, v in kwargs.items()}})
+    return ingest_files(store, repo, branch, generate(**kwargs), "ingest synthetic shapes (COCO)",
+                        {"source": "trainyard.data.shapes", **{k: str(v) for k, v in kwargs.items()}})

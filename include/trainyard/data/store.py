@@ -103,6 +103,16 @@ def _canonical(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
+def ingest_files(store, repo: str, branch: str, files: Mapping[str, bytes], message: str,
+                 metadata: Mapping[str, str]) -> Commit:
+    """Commit a built-in dataset's files to ``repo``/``branch`` (created if missing). Identical content
+    commits nothing new, so the same bytes always pin the same commit id."""
+    if not store.repo_exists(repo):
+        store.create_repo(repo, default_branch=branch)
+    store.upload_many(repo, branch, files)
+    return store.commit(repo, branch, message=message, metadata=metadata)
+
+
 def tree_digest(entries: Iterable[Entry]) -> str:
     """Digest of a tree's content (paths and blob hashes): the data's identity, independent of history."""
     return hashlib.sha256(_canonical(sorted((e.path, e.sha256) for e in entries))).hexdigest()

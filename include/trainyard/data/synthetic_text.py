@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainyard.data.store import Commit
+from trainyard.data.store import Commit, ingest_files
 
 DETERMINERS = ("the", "a")
 ADJECTIVES = ("big", "small", "red", "blue", "old", "young", "happy", "quiet", "fast", "green", "tall", "dark")
@@ -88,8 +88,5 @@ def generate(n_pairs: int = 4000, seed: int = 0) -> dict[str, bytes]:
 
 def ingest_synthetic_text(store, repo: str, branch: str = "main", **kwargs) -> Commit:
     """Generate the corpus into ``repo``/``branch``; identical bytes commit nothing new."""
-    if not store.repo_exists(repo):
-        store.create_repo(repo, default_branch=branch)
-    store.upload_many(repo, branch, generate(**kwargs))
-    return store.commit(repo, branch, message="ingest synthetic parallel text",
-                        metadata={"source": "trainyard.data.synthetic_text", **{k: str(v) for k, v in kwargs.items()}})
+    return ingest_files(store, repo, branch, generate(**kwargs), "ingest synthetic parallel text",
+                        {"source": "trainyard.data.synthetic_text", **{k: str(v) for k, v in kwargs.items()}})

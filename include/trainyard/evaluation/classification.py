@@ -25,7 +25,8 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray, prefix: str =
 
 def evaluate_model(model_path: str, fmt: str, path: str, prefix: str = "val") -> dict[str, float]:
     from trainyard.data import formats
-    from trainyard.training.model import load_model, to_input
+    from trainyard.recipes import load_model
+    from trainyard.training.model import to_input
 
     _, labels, images, meta = formats.read(fmt, path)
     logits = predict(load_model(model_path), to_input(images, meta["pixel_max"]))

@@ -46,10 +46,17 @@ def check_spec(spec) -> None:
     raises SpecError naming the field. ``spec`` is a validated JobSpec."""
     from trainyard.spec import SpecError
 
-    if spec.recipe == "custom":
+    problems = []
+    if spec.recipe == "custom":  # the command brings its own model; its data uses the classification layout
+        if spec.dataset.source not in ("sklearn_digits", "none"):
+            problems.append(f"dataset.source: recipe 'custom' reads image-classification data; use "
+                            f"'sklearn_digits' or 'none', not {spec.dataset.source!r}")
+        if spec.recipe_options:
+            problems.append("recipe_options: recipe 'custom' takes none (pass settings in custom.command)")
+        if problems:
+            raise SpecError("invalid JobSpec:\n  " + "\n  ".join(problems))
         return
     recipe = get(spec.recipe)
-    problems = []
     try:
         recipe.check_options(dict(spec.recipe_options))
     except ValueError as err:

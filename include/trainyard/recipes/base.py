@@ -21,7 +21,6 @@ class Recipe:
     data_kind: str = ""  # the dataset layout, and so the expectation suites
     sources: dict[str, str] = {}  # built-in dataset.source -> "module:function(store, repo, branch)"
     options: dict[str, Any] = {}  # recipe_options and their defaults
-    headline: str = ""  # the metric the progress line and the docs lead with
     metrics: tuple[str, ...] = ()  # what ``evaluate`` reports, as <split>_<name>: what gates may name
 
     # -- spec ----------------------------------------------------------------------------------------------
@@ -102,8 +101,11 @@ class Recipe:
 
 
 def to_device(batch, device: torch.device, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    """Move a batch; floating tensors also take the training dtype (bf16 under DeepSpeed)."""
-    return [t.to(device, dtype) if t.is_floating_point() else t.to(device) for t in batch]
+    """Move a batch. The model's input (the first tensor) takes the training dtype (bf16 under DeepSpeed)
+    when it is floating; targets keep theirs: a bf16 Gaussian heatmap would round 0.998 to a false 1.0."""
+    first, *rest = batch
+    first = first.to(device, dtype) if first.is_floating_point() else first.to(device)
+    return [first, *(t.to(device) for t in rest)]
 
 
 def read_split(data: dict, split: str):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset
 
-from trainyard.recipes.base import Recipe, read_split, save_input_example, to_device, verify_export
+from trainyard.recipes.base import Recipe, read_split, save_input_example, verify_export
 
 BATCH = 128
 
@@ -44,14 +44,50 @@ def _resize(image: np.ndarray, size: int) -> np.ndarray:
 
 
 def ground_truth(targets: list[dict], meta: dict) -> dict:
-    """The split's COCO ground truth (original image sizes and boxes) for ``coco_map``."""
+    """The split's COCO ground truth for ``coco_map``: original image sizes, boxes, areas and crowd flags
+    (COCOeval ignores detections on crowd regions rather than counting them as false positives)."""
     images, annotations = [], []
     for t in targets:
         images.append({"id": t["image_id"], "file_name": t["file_name"], "width": t["width"], "height": t["height"]})
-        for box, cat in zip(t["boxes"], t["category_ids"]):
+        n = len(t["boxes"])
+        for box, cat, area, crowd in zip(t["boxes"], t["category_ids"], t.get("areas", [None] * n),
+                                         t.get("iscrowd", [0] * n)):
             annotations.append({"id": len(annotations) + 1, "image_id": t["image_id"], "category_id": cat,
-                                "bbox": box, "area": box[2] * box[3], "iscrowd": 0})
+                                "bbox": box, "area": box[2] * box[3] if area is None else area, "iscrowd": crowd})
     return {"images": images, "annotations": annotations, "categories": meta["categories"]}
+
+
+def training_boxes(target: dict, meta: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The non-crowd boxes of one record in model-input pixels, and their category indices."""
+    size = meta["image_size"]
+    index = {c["id"]: i for i, c in enumerate(meta["categories"])}
+    crowd = target.get("iscrowd", [0] * len(target["boxes"]))
+    keep = [i for i, c in enumerate(crowd) if not c]
+    scale = np.array([size / target["width"], size / target["height"]] * 2, dtype=np.float64)
+    boxes = np.asarray([target["boxes"][i] for i in keep], dtype=np.float64).reshape(-1, 4) * scale
+    return boxes, np.array([index[target["category_ids"][i]] for i in keep], dtype=int)
+
+
+class DetectionDataset(Dataset):
+    """Images as (3, S, S) floats with their dense CenterNet targets, built per item (not held for the
+    whole split: 80 classes at 512 px would be ~5 MB of targets an image)."""
+
+    def __init__(self, images: np.ndarray, targets: list[dict], meta: dict) -> None:
+        from trainyard.training.centernet import STRIDE
+
+        self.images, self.targets, self.meta = images, targets, meta
+        self.grid = meta["image_size"] // STRIDE
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        from trainyard.training.centernet import gaussian_targets
+
+        x = torch.from_numpy(np.ascontiguousarray(self.images[i].transpose(2, 0, 1))).float().div_(255.0)
+        boxes, labels = training_boxes(self.targets[i], self.meta)
+        maps = gaussian_targets(boxes, labels, len(self.meta["categories"]), self.grid)
+        return (x, *(torch.from_numpy(m) for m in maps))
 
 
 def detections(heads: list[np.ndarray], targets: list[dict], meta: dict, top_k: int) -> list[dict]:
@@ -96,7 +132,6 @@ class CenterNetDetector(Recipe):
     data_kind = "coco_detection"
     sources = {"synthetic_shapes": "trainyard.data.shapes:ingest_shapes"}
     options = {"image_size": 64, "width": 32, "top_k": 50, "coco_backend": "pycocotools"}
-    headline = "val_map"
     metrics = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large")
 
     def check_options(self, given):
@@ -125,16 +160,18 @@ class CenterNetDetector(Recipe):
         size = options["image_size"]
         boxes: dict[int, list] = {img["id"]: [] for img in coco["images"]}
         for ann in coco["annotations"]:
-            if not ann.get("iscrowd", 0):  # crowd regions are not objects to find (COCO ignores them too)
-                boxes[ann["image_id"]].append(ann)
+            boxes[ann["image_id"]].append(ann)
         images = {f"image-{img['id']}": img for img in coco["images"]}
 
         def record(key: str) -> tuple:
             img = images[key]
             anns = boxes[img["id"]]
+            # crowd regions are kept for scoring (COCO ignores detections on them) but never trained on
             target = {"image_id": img["id"], "file_name": img["file_name"], "width": img["width"],
                       "height": img["height"], "boxes": [[float(v) for v in a["bbox"]] for a in anns],
-                      "category_ids": [a["category_id"] for a in anns]}
+                      "category_ids": [a["category_id"] for a in anns],
+                      "areas": [float(a.get("area", a["bbox"][2] * a["bbox"][3])) for a in anns],
+                      "iscrowd": [int(a.get("iscrowd", 0)) for a in anns]}
             return key, len(anns), _resize(_load_image(root / "images" / img["file_name"]), size), target
 
         categories = [{"id": c["id"], "name": c["name"]} for c in sorted(coco["categories"], key=lambda c: c["id"])]
@@ -146,27 +183,17 @@ class CenterNetDetector(Recipe):
     # -- training ------------------------------------------------------------------------------------------
     @staticmethod
     def _tensors(data: dict, split: str):
-        from trainyard.training.centernet import STRIDE, gaussian_targets
-
+        """(images as one float tensor, targets, meta) of a split, for evaluation and export."""
         _, _, images, meta, targets = read_split(data, split)
-        size, grid = meta["image_size"], meta["image_size"] // STRIDE
-        index = {c["id"]: i for i, c in enumerate(meta["categories"])}
-        dense = []
-        for t in targets:
-            scale = np.array([size / t["width"], size / t["height"]] * 2, dtype=np.float64)
-            b = np.asarray(t["boxes"], dtype=np.float64).reshape(-1, 4) * scale
-            dense.append(gaussian_targets(b, np.array([index[c] for c in t["category_ids"]], dtype=int),
-                                          len(index), grid))
         x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).float().div_(255.0)
-        maps = [torch.from_numpy(np.stack([d[i] for d in dense])) for i in range(4)]
-        return x, maps, targets, meta
+        return x, targets, meta
 
     def load(self, cfg):
-        x, maps, _, meta = self._tensors(cfg.data, "train")
-        xv, maps_v, targets_v, _ = self._tensors(cfg.data, "val")
-        top_k = self.opts(cfg.spec)["top_k"]
-        val = {"x": xv, "maps": maps_v, "targets": targets_v, "top_k": top_k, "meta": meta}
-        return TensorDataset(x, *maps), val, meta
+        _, _, images, meta, targets = read_split(cfg.data, "train")
+        _, _, images_v, _, targets_v = read_split(cfg.data, "val")
+        val = {"dataset": DetectionDataset(images_v, targets_v, meta), "targets": targets_v,
+               "top_k": self.opts(cfg.spec)["top_k"], "meta": meta}
+        return DetectionDataset(images, targets, meta), val, meta
 
     def build_model(self, meta, options):
         from trainyard.training.centernet import CenterNet
@@ -183,9 +210,18 @@ class CenterNetDetector(Recipe):
         from trainyard.evaluation.detection import coco_map
         from trainyard.training.centernet import loss
 
-        heads = torch_heads(model, val["x"], device, dtype)
+        was_training = model.training
+        model.eval()
+        parts, losses = [], []
         with torch.no_grad():
-            val_loss = float(loss([torch.from_numpy(h) for h in heads], *val["maps"]))
+            for batch in torch.utils.data.DataLoader(val["dataset"], batch_size=BATCH):
+                x, *maps = batch
+                out = model(x.to(device, dtype))
+                losses.append(float(loss([o.float().cpu() for o in out], *maps)) * len(x))
+                parts.append([o.float().cpu().numpy() for o in out])
+        model.train(was_training)
+        heads = [np.concatenate(p) for p in zip(*parts)]
+        val_loss = sum(losses) / max(len(val["dataset"]), 1)
         meta = val["meta"]
         m = coco_map(ground_truth(val["targets"], meta), detections(heads, val["targets"], meta, val["top_k"]))
         return {"val_loss": val_loss, "val_map": m["map"] or 0.0, "val_map_50": m["map_50"] or 0.0}
@@ -203,16 +239,17 @@ class CenterNetDetector(Recipe):
 
     # -- evaluation and export -----------------------------------------------------------------------------
     def _split_metrics(self, heads, targets, meta, split, options) -> dict[str, float]:
+        """COCO mAP figures of the split; ``<split>_map`` is 0.0 (not absent) when the split has no boxes."""
         from trainyard.evaluation.detection import coco_map
 
         gt = ground_truth(targets, meta)
         found = detections(heads, targets, meta, options["top_k"])
-        return prefixed(coco_map(gt, found, backend=options["coco_backend"]), split)
+        return {f"{split}_map": 0.0, **prefixed(coco_map(gt, found, backend=options["coco_backend"]), split)}
 
     def evaluate(self, model_path, data, split, options):
         from trainyard.recipes import load_model
 
-        x, _, targets, meta = self._tensors(data, split)
+        x, targets, meta = self._tensors(data, split)
         heads = torch_heads(load_model(model_path), x)
         metrics = self._split_metrics(heads, targets, meta, split, options)
         return metrics, {"coco_backend": options["coco_backend"], "coco_iou_type": "bbox"}
@@ -222,7 +259,7 @@ class CenterNetDetector(Recipe):
         from trainyard.recipes import load_model
 
         model = load_model(model_path)
-        x, _, targets, meta = self._tensors(data, "val")
+        x, targets, meta = self._tensors(data, "val")
         batch = torch.export.Dim("batch", min=1, max=65536)
         onnx_path = to_onnx(model, x[:2], Path(out_dir) / "model.onnx", input_names=("image",),
                             output_names=("heatmap", "size", "offset"), dynamic_shapes={"x": {0: batch}})
@@ -239,7 +276,24 @@ class CenterNetDetector(Recipe):
         )
 
     def onnx_metrics(self, onnx_path, data, options):
+        """A registered version's val mAP through its ONNX file. Its categories and input size come from
+        its own model.pt; a champion trained on other categories or another input size is not comparable."""
         from trainyard.export.onnx_export import onnx_session
 
-        x, _, targets, meta = self._tensors(data, "val")
+        x, targets, meta = self._tensors(data, "val")
+        champion = _companion_blob(onnx_path)
+        theirs = [(c["id"], c["name"]) for c in champion["categories"]]
+        ours = [(c["id"], c["name"]) for c in meta["categories"]]
+        if theirs != ours or champion["config"]["image_size"] != meta["image_size"]:
+            raise ValueError(f"the registered model at {onnx_path} was trained on categories {theirs} at "
+                             f"{champion['config']['image_size']} px; this data has {ours} at {meta['image_size']} px: "
+                             "not comparable on this data")
         return self._split_metrics(onnx_heads(onnx_session(onnx_path), x.numpy()), targets, meta, "val", options)
+
+
+def _companion_blob(onnx_path) -> dict:
+    """The model.pt registered next to an ONNX file (pytorch/model.pt in a version's files)."""
+    found = sorted(Path(onnx_path).parent.rglob("model.pt"))
+    if not found:
+        raise ValueError(f"no model.pt next to {onnx_path}: a registered version carries pytorch/model.pt")
+    return torch.load(found[0], map_location="cpu", weights_only=True)

@@ -17,7 +17,6 @@ class DigitsCNN(Recipe):
     data_kind = "image_classification"
     sources = {"sklearn_digits": "trainyard.data.classification:ingest_digits"}
     options = {}
-    headline = "val_accuracy"
     metrics = ("accuracy", "macro_f1")
 
     # -- data ----------------------------------------------------------------------------------------------

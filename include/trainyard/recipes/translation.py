@@ -30,7 +30,6 @@ class TransformerTranslator(Recipe):
     sources = {"synthetic_translation": "trainyard.data.synthetic_text:ingest_synthetic_text"}
     options = {"d_model": 64, "nhead": 4, "layers": 2, "ff": 128, "max_len": 32, "dropout": 0.1,
                "max_vocab": 10000, "bleu_tokenize": "13a"}
-    headline = "val_bleu"
     metrics = ("bleu", "chrf")
 
     def check_options(self, given):

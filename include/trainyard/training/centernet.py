@@ -64,7 +64,9 @@ def gaussian_targets(boxes: np.ndarray, labels: np.ndarray, num_classes: int, gr
         if w <= 0 or h <= 0:
             continue
         cx, cy = (x + w / 2) / STRIDE, (y + h / 2) / STRIDE
-        ix, iy = min(int(cx), grid - 1), min(int(cy), grid - 1)
+        if not (0 <= cx < grid and 0 <= cy < grid):
+            continue  # a centre outside the image has no cell (validation reports such boxes)
+        ix, iy = int(cx), int(cy)
         sigma = max(min(w, h) / STRIDE / 3.0, 0.5)
         g = np.exp(-((xs - ix) ** 2 + (ys - iy) ** 2) / (2 * sigma**2))
         heat[c] = np.maximum(heat[c], g)

@@ -32,10 +32,3 @@ def to_input(images, pixel_max: float) -> torch.Tensor:
     """uint8 (N, H, W) numpy images -> float (N, 1, H, W) in [0, 1], the model's input."""
     return torch.from_numpy(images).float().div_(float(pixel_max)).unsqueeze(1)
 
-
-def load_model(path) -> SmallCNN:
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = SmallCNN(**blob["config"])
-    model.load_state_dict(blob["state_dict"])
-    model.eval()
-    return model

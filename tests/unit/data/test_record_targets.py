@@ -27,3 +27,8 @@ def test_plain_records_have_no_targets(tmp_path, fmt):
     path = tmp_path / formats.filename("val", fmt)
     formats.write(fmt, path, [("k", 1, np.zeros((2, 2), np.uint8))], {})
     assert formats.read_targets(fmt, path) == [None]
+
+
+def test_reserved_lmdb_keys_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="may not start with '__'"):
+        formats.write("lmdb", tmp_path / "x.lmdb", [("__meta__", 0, np.zeros((1, 1), np.uint8))], {})

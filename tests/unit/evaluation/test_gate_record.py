@@ -37,3 +37,13 @@ def test_recorded_on_the_run(trainyard_home, tmp_path):
     run = c.get_run(run_id)
     assert run.data.tags["gate.passed"] == "false" and run.data.tags["gate.threshold.val_map"].startswith("FAIL")
     assert [a.path for a in c.list_artifacts(run_id, "gate")] == ["gate/gate_result.json"]
+
+
+def test_an_oversized_result_stays_valid_json():
+    many = [{"metric": f"val_m{i:03d}", "min": 0.5} for i in range(200)]
+    result = combined_gate({f"val_m{i:03d}": 0.1 for i in range(200)}, many, None, [])
+    tag = gate_tags(result)["gate.result"]
+    assert len(tag) <= 5000
+    short = json.loads(tag)
+    assert short["passed"] is False and short["complete"] is False and short["artifact"] == "gate/gate_result.json"
+    assert short["failed"][:2] == ["val_m000", "val_m001"]

@@ -28,8 +28,7 @@ def case(request, tmp_path_factory):
     recipe = recipes.get(name)
     options = recipe.check_options(given)
     root = write_files(tmp_path_factory.mktemp(name), make())
-    keys, record, meta = recipe.samples(root, options)
-    data = prepare_records(keys, record, meta, "c" * 64, root / "prepared", 0.3, 0, variant=recipe.variant(options))
+    data = prepare_records(lambda: recipe.samples(root, options), "c" * 64, root / "prepared", 0.3, 0, variant=recipe.variant(options))
 
     class Cfg:  # what a worker gets: the spec and the prepared data
         spec = {"recipe": name, "recipe_options": given}

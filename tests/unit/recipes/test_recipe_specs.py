@@ -61,3 +61,20 @@ def test_test_split_metrics_may_be_gated():
 def test_unknown_recipe():
     with pytest.raises(ValueError, match="unknown recipe 'yolo'"):
         recipes.get("yolo")
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ({"dataset": {"source": "synthetic_shapes"}}, "recipe 'custom' reads image-classification data"),
+        ({"recipe_options": {"image_size": 64}}, "recipe 'custom' takes none"),
+    ],
+)
+def test_custom_recipe_cross_checks(raw, expected):
+    with pytest.raises(SpecError, match=expected):
+        pipeline.validate_spec({"recipe": "custom", "custom": {"command": ["python", "train.py"]}, **raw})
+
+
+def test_old_accuracy_tolerance_name_still_accepted():
+    spec = pipeline.validate_spec({"export": {"accuracy_tolerance": 0.01}})
+    assert spec["export"]["metric_tolerance"] == 0.01

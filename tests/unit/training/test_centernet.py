@@ -64,3 +64,8 @@ def test_loss_is_lowest_for_the_right_answer_and_trains():
 def test_image_size_must_fit_the_stride():
     with pytest.raises(ValueError, match="multiple of 4"):
         cn.CenterNet(3, 62)
+
+
+def test_a_centre_outside_the_image_gets_no_cell():
+    heat, _, _, mask = cn.gaussian_targets(np.array([[-30.0, 10.0, 20.0, 20.0]]), np.array([0]), 3, 16)
+    assert mask.sum() == 0 and heat.max() == 0
