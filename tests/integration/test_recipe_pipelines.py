@@ -128,3 +128,33 @@ def test_translation_recipe_end_to_end(dag, trainyard_home):
     assert tie["passed"], tie["message"]
     duel = [r for r in tie["checks"] if r["kind"] == "champion"][0]
     assert duel["champion"] == pytest.approx(x["evaluate"]["val_bleu"])
+
+
+@pytest.mark.parametrize(
+    "job, distributed, floor",
+    [
+        (SHAPES, {"strategy": "horovod"}, ("val_map_50", 0.2)),
+        (TRANSLATION, {"strategy": "deepspeed", "zero_stage": 2}, ("val_token_accuracy", 0.3)),
+    ],
+    ids=["detection-horovod", "translation-deepspeed"],
+)
+def test_recipes_train_under_the_other_strategies(trainyard_home, job, distributed, floor):
+    """The recipes are strategy-agnostic: the same JobSpec trains under Horovod and DeepSpeed ZeRO."""
+    import torch
+
+    from trainyard import pipeline, recipes
+
+    raw = json.loads(json.dumps(job))
+    raw["hyperparameters"]["epochs"] = 3
+    raw["distributed"] = distributed
+    spec = pipeline.validate_spec(raw)
+    ds = pipeline.resolve_dataset(spec)
+    data = pipeline.prepare_data(spec, ds)
+    trained = pipeline.train(spec, ds, data, "strategies")
+    assert trained["strategy"] == distributed["strategy"] and trained["world_size"] == 2
+    metric, minimum = floor
+    assert trained[metric] > minimum, trained  # learned something (chance is ~0 for both)
+    model = recipes.load_model(trained["model_path"])  # a plain fp32 module whatever the strategy
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    headline = {"centernet_detector": {"val_map", "val_map_50"}, "transformer_translator": {"val_bleu", "val_chrf"}}
+    assert set(pipeline.evaluate(spec, trained, data)) >= headline[spec["recipe"]]
