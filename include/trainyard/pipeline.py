@@ -28,8 +28,6 @@ class GateFailed(Exception):
     """The model missed a threshold; the message lists every breach and by how much."""
 
 
-
-
 def _spec(spec: dict) -> JobSpec:
     return JobSpec.model_validate(spec)
 
@@ -107,8 +105,8 @@ def prepare_data(spec: dict, dataset: dict) -> dict:
     split = spec["split"]
     recipe = _data_recipe(spec)
     options = recipe.opts(spec)
-    manifest = prepare_records(lambda: recipe.samples(checkout(dataset), options), dataset["commit"], paths.cache_root() / "prepared",
-                               split["val_fraction"], split["seed"], fmt=spec["dataset"]["format"],
+    manifest = prepare_records(lambda: recipe.samples(checkout(dataset), options), dataset["commit"],
+                               paths.cache_root() / "prepared", split["val_fraction"], split["seed"], fmt=spec["dataset"]["format"],
                                test_fraction=split["test_fraction"], variant=recipe.variant(options))
     log.info("prepared %s (%s): %s", manifest["path"], "cache hit" if manifest["cached"] else "built", manifest["counts"])
     return manifest

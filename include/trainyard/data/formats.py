@@ -2,7 +2,7 @@
 
 Each format module offers ``write(path, records, meta) -> count`` and
 ``read(path) -> (keys, labels, images, meta)``; a record may be (key, label, image, target) with a JSON-able
-target, which ``read_targets(path)`` returns in key order.
+target, which ``read_with_targets(path)`` returns, in key order, after the other four.
 """
 
 from __future__ import annotations
@@ -31,5 +31,5 @@ def write(fmt: str, path, records, meta: dict) -> int:
     return module(fmt).write(path, records, meta)
 
 
-def read_targets(fmt: str, path) -> list:
-    return module(fmt).read_targets(path)
+def read_with_targets(fmt: str, path):
+    return module(fmt).read_with_targets(path)

@@ -75,19 +75,17 @@ def _open(path: Path):
         raise ValueError(f"{path}: cannot open LMDB file: {err}") from None
 
 
-def read_targets(path: str | Path) -> list:
-    """Each record's target (None where it has none), in the order of ``read``'s keys."""
-    path = Path(path)
-    env = _open(path)
-    with env.begin() as txn:
-        keys = json.loads(txn.get(b"__keys__") or b"[]")
-        raw = [txn.get((TARGET_PREFIX + k).encode()) for k in keys]
-    env.close()
-    return [json.loads(r) if r is not None else None for r in raw]
-
-
 def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
     """All records of a (small) LMDB file as (keys, labels, images stacked, meta)."""
+    return _read(path, with_targets=False)[:4]
+
+
+def read_with_targets(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict, list]:
+    """``read`` plus each record's target (None where it has none), in key order; one pass."""
+    return _read(path, with_targets=True)
+
+
+def _read(path: str | Path, with_targets: bool):
     path = Path(path)
     env = _open(path)
     with env.begin() as txn:
@@ -96,7 +94,7 @@ def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
             raise ValueError(f"{path}: missing __keys__ record")
         keys = json.loads(raw_keys)
         meta = json.loads(txn.get(b"__meta__") or b"{}")
-        labels, images = [], []
+        labels, images, targets = [], [], []
         for key in keys:
             value = txn.get(key.encode())
             if value is None:
@@ -104,6 +102,9 @@ def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
             label, image = decode(value, f"{path} record {key!r}")
             labels.append(label)
             images.append(image)
+            if with_targets:
+                raw = txn.get((TARGET_PREFIX + key).encode())
+                targets.append(json.loads(raw) if raw is not None else None)
     env.close()
     stacked = np.stack(images) if images else np.zeros((0,), dtype=np.uint8)
-    return keys, np.asarray(labels, dtype=np.int64), stacked, meta
+    return keys, np.asarray(labels, dtype=np.int64), stacked, meta, targets

@@ -165,14 +165,14 @@ def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
     return count
 
 
-def read_targets(path: str | Path) -> list:
-    """Each record's target (None where it has none), in the order of ``read``'s keys."""
-    return _read(path, with_targets=True)[4]
-
-
 def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
     """All records of a (small) TFRecord file as (keys, labels, images stacked, meta)."""
     return _read(path, with_targets=False)[:4]
+
+
+def read_with_targets(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict, list]:
+    """``read`` plus each record's target (None where it has none), in key order; one pass."""
+    return _read(path, with_targets=True)
 
 
 def _read(path: str | Path, with_targets: bool):

@@ -112,8 +112,18 @@ def read_split(data: dict, split: str):
     """(keys, labels, arrays, meta, targets) of a prepared split."""
     from trainyard.data import formats
 
-    keys, labels, arrays, meta = formats.read(data["format"], data[split])
-    return keys, labels, arrays, meta, formats.read_targets(data["format"], data[split])
+    return formats.read_with_targets(data["format"], data[split])
+
+
+def companion_model(onnx_path) -> torch.nn.Module:
+    """The PyTorch model registered next to an ONNX file (``pytorch/model.pt`` in a version's files): what
+    the ONNX graph alone does not hold (vocabularies, categories, input size)."""
+    from trainyard.recipes import load_model
+
+    found = sorted(Path(onnx_path).parent.rglob("model.pt"))
+    if not found:
+        raise ValueError(f"no model.pt next to {onnx_path}: a registered version carries pytorch/model.pt")
+    return load_model(found[0])
 
 
 def metric_drop(name: str, torch_value: float, onnx_value: float, tolerance: float) -> str | None:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from trainyard.recipes.base import Recipe, read_split, save_input_example, verify_export
+from trainyard.recipes.base import Recipe, companion_model, read_split, save_input_example, verify_export
 
 BATCH = 128
 
@@ -281,19 +281,11 @@ class CenterNetDetector(Recipe):
         from trainyard.export.onnx_export import onnx_session
 
         x, targets, meta = self._tensors(data, "val")
-        champion = _companion_blob(onnx_path)
-        theirs = [(c["id"], c["name"]) for c in champion["categories"]]
+        champion = companion_model(onnx_path)
+        theirs = [(c["id"], c["name"]) for c in champion.categories]
         ours = [(c["id"], c["name"]) for c in meta["categories"]]
-        if theirs != ours or champion["config"]["image_size"] != meta["image_size"]:
+        if theirs != ours or champion.config["image_size"] != meta["image_size"]:
             raise ValueError(f"the registered model at {onnx_path} was trained on categories {theirs} at "
-                             f"{champion['config']['image_size']} px; this data has {ours} at {meta['image_size']} px: "
+                             f"{champion.config['image_size']} px; this data has {ours} at {meta['image_size']} px: "
                              "not comparable on this data")
         return self._split_metrics(onnx_heads(onnx_session(onnx_path), x.numpy()), targets, meta, "val", options)
-
-
-def _companion_blob(onnx_path) -> dict:
-    """The model.pt registered next to an ONNX file (pytorch/model.pt in a version's files)."""
-    found = sorted(Path(onnx_path).parent.rglob("model.pt"))
-    if not found:
-        raise ValueError(f"no model.pt next to {onnx_path}: a registered version carries pytorch/model.pt")
-    return torch.load(found[0], map_location="cpu", weights_only=True)

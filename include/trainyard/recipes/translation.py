@@ -19,7 +19,14 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from trainyard.recipes.base import Recipe, read_split, save_input_example, to_device, verify_export
+from trainyard.recipes.base import (
+    Recipe,
+    companion_model,
+    read_split,
+    save_input_example,
+    to_device,
+    verify_export,
+)
 
 BATCH = 256
 
@@ -180,8 +187,7 @@ class TransformerTranslator(Recipe):
         model = load_model(model_path)
         n = model.config["max_len"]
         src, refs = self._source_ids(model, data, "val")
-        _, vtgt = self.pairs(data, "val")
-        tgt = self.encode(model.tgt_vocab, vtgt, n).numpy()
+        tgt = self.encode(model.tgt_vocab, refs, n).numpy()
         dims = {"src": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("src_len", min=2, max=n)},
                 "tgt": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("tgt_len", min=1, max=n)}}
         example = (torch.from_numpy(src[:2]), torch.from_numpy(tgt[:2, :-1]))
@@ -209,16 +215,7 @@ class TransformerTranslator(Recipe):
         from trainyard.export.onnx_export import onnx_session
 
         # the vocabularies and max_len live in the model file registered next to the ONNX one
-        model = self._companion_model(onnx_path)
+        model = companion_model(onnx_path)
         src, refs = self._source_ids(model, data, "val")
         ids = self.translate(self.onnx_step(onnx_session(onnx_path)), model, src)
         return self._scores(model, ids, refs, "val", options)[0]
-
-    @staticmethod
-    def _companion_model(onnx_path: Path):
-        from trainyard.recipes import load_model
-
-        found = sorted(Path(onnx_path).parent.rglob("model.pt"))  # the version's pytorch/model.pt
-        if not found:
-            raise ValueError(f"no model.pt (vocabularies) next to {onnx_path}: a translation version needs both")
-        return load_model(found[0])

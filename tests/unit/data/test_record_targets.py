@@ -19,14 +19,14 @@ def test_targets_and_colour_images_round_trip(tmp_path, fmt):
     keys, _, images, meta = formats.read(fmt, path)
     assert keys == ["a", "b", "c"] and meta == {"kind": "test"}
     assert images.shape == (3, 4, 5, 3) and np.array_equal(images[1], rgb[::-1])
-    assert formats.read_targets(fmt, path) == [records[0][3], None, records[2][3]]
+    assert formats.read_with_targets(fmt, path)[4] == [records[0][3], None, records[2][3]]
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
 def test_plain_records_have_no_targets(tmp_path, fmt):
     path = tmp_path / formats.filename("val", fmt)
     formats.write(fmt, path, [("k", 1, np.zeros((2, 2), np.uint8))], {})
-    assert formats.read_targets(fmt, path) == [None]
+    assert formats.read_with_targets(fmt, path)[4] == [None]
 
 
 def test_reserved_lmdb_keys_are_refused(tmp_path):

@@ -39,7 +39,7 @@ def test_own_coco_data_of_another_size(trainyard_home, tmp_path, fmt):
     by_image = {}
     for a in coco["annotations"]:
         by_image.setdefault(a["image_id"], []).append(a["bbox"])
-    for key, target in zip(keys, formats.read_targets(fmt, data["train"])):
+    for key, target in zip(keys, formats.read_with_targets(fmt, data["train"])[4]):
         assert key == f"image-{target['image_id']}" and (target["width"], target["height"]) == (48, 48)
         assert target["boxes"] == by_image.get(target["image_id"], [])
     # another input size is another prepared copy, never a stale cache hit
@@ -57,7 +57,7 @@ def test_own_jsonl_parallel_text(trainyard_home, tmp_path):
     ds = pipeline.resolve_dataset(spec)
     assert pipeline.validate_data(spec, ds, "run-1")["success"]
     data = pipeline.prepare_data(spec, ds)
-    targets = formats.read_targets("lmdb", data["val"]) + formats.read_targets("lmdb", data["train"])
+    targets = formats.read_with_targets("lmdb", data["val"])[4] + formats.read_with_targets("lmdb", data["train"])[4]
     assert sorted(t["target"] for t in targets) == sorted(r["target"] for r in rows)
 
 
