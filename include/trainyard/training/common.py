@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from trainyard.recipes.base import to_device
 
 CKPT_RE = re.compile(r"^step-(\d{8})\.pt$")
 
@@ -166,6 +167,63 @@ class Progress:
         shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         return (f"epoch {epoch}/{epochs} step {step}/{self.total} {shown} "
                 f"{samples / elapsed:.0f} samples/s ETA {eta:.0f}s")
+
+
+@dataclass
+class Loop:
+    """What the DDP and Horovod loops share, with the three points where the strategies differ:
+    ``optimize(loss) -> grad norm`` (backward, gradient averaging, optimizer step), ``mean(loss) -> float``
+    (the loss averaged over the workers) and ``barrier()``."""
+
+    cfg: RunConfig
+    recipe: object
+    model: torch.nn.Module  # the plain module: checkpoints, metrics
+    forward: torch.nn.Module  # what the loss runs through (the DDP wrapper, or the model itself)
+    opt: torch.optim.Optimizer
+    sched: object
+    sampler: object
+    loader: object
+    val: object
+    device: torch.device
+    rank: int
+    world: int
+    optimize: object
+    mean: object
+    barrier: object
+
+    def run(self, start_epoch: int, skip: int, step: int, tracker: Tracker | None, log) -> int:
+        """Train from (epoch, batches to skip, global step) to the last epoch; returns the final step."""
+        hp = self.cfg.spec["hyperparameters"]
+        ckpts = Checkpoints.from_spec(self.cfg)
+        progress = Progress(hp["epochs"] * len(self.loader), step)
+        samples, reduced = 0, float("nan")
+        for epoch in range(start_epoch, hp["epochs"]):
+            self.sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
+            for i, batch in enumerate(self.loader):
+                if epoch == start_epoch and i < skip:
+                    continue
+                batch = to_device(batch, self.device)
+                loss = self.recipe.loss(self.forward, batch)
+                norm = self.optimize(loss)
+                lr = self.sched.get_last_lr()[0]
+                self.sched.step()
+                step += 1
+                samples += len(batch[0]) * self.world
+                reduced = self.mean(loss)
+                if tracker:
+                    tracker.log({"train_loss": reduced, "train_lr": lr, "train_grad_norm": norm}, step)
+                if self.rank == 0 and ckpts.due(step, i + 1 == len(self.loader)):
+                    path = ckpts.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                                       "scheduler": self.sched.state_dict(), "rng": torch.get_rng_state(),
+                                       "epoch": epoch, "batches_done": i + 1, "step": step}, step)
+                    log(f"checkpoint {path.name} saved at step {step}")
+                fault_injection(step, self.cfg.out_dir)
+            metrics = self.recipe.val_metrics(self.model, self.val, self.device)
+            log(progress.line(epoch + 1, hp["epochs"], step, samples, loss=reduced, **metrics))
+            if tracker:
+                tracker.log({**metrics, "epoch": epoch + 1}, step)
+            self.barrier()
+        return step
 
 
 def grad_norm(model: torch.nn.Module) -> float:

@@ -19,13 +19,11 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from trainyard.recipes.base import to_device
 from trainyard.training.common import (
     Checkpoints,
-    Progress,
+    Loop,
     RunConfig,
     Tracker,
-    fault_injection,
     finish,
     grad_norm,
     log0,
@@ -104,11 +102,10 @@ def train(cfg: RunConfig) -> dict:
     total_steps = hp["epochs"] * len(loader)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1))
 
-    ckpts = Checkpoints.from_spec(cfg)
     start_epoch, skip, step, resumed_from = 0, 0, 0, None
     # Rank 0 reads the checkpoint; the others get everything from it, so they can never disagree on
     # which file (or which data position) they resume from.
-    state = ckpts.load_latest(log) if rank == 0 else None
+    state = Checkpoints.from_spec(cfg).load_latest(log) if rank == 0 else None
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -128,40 +125,22 @@ def train(cfg: RunConfig) -> dict:
     log(f"strategy=horovod world_size={world} backend=gloo device={device} "
         f"train={len(dataset)} epochs={hp['epochs']} steps/epoch={len(loader)} start_step={step} recipe={recipe.name}")
     t0 = time.time()
-    progress = Progress(total_steps, step)
-    samples = 0
-    for epoch in range(start_epoch, hp["epochs"]):
-        sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
-        for i, batch in enumerate(loader):
-            if epoch == start_epoch and i < skip:
-                continue
-            batch = to_device(batch, device)
-            loss = recipe.loss(model, batch)
-            opt.zero_grad()  # Horovod's override takes no set_to_none (torch's default is already None)
-            loss.backward()
-            opt.synchronize()  # wait for the averaged gradients, so the logged norm is the one applied
-            norm = grad_norm(model)
-            with opt.skip_synchronize():
-                opt.step()
-            lr = sched.get_last_lr()[0]
-            sched.step()
-            step += 1
-            samples += len(batch[0]) * world
-            reduced = hvd.allreduce(loss.detach(), op=hvd.Average, name="train_loss")
-            if tracker:
-                tracker.log({"train_loss": float(reduced), "train_lr": lr, "train_grad_norm": norm}, step)
-            end_of_epoch = i + 1 == len(loader)
-            if rank == 0 and ckpts.due(step, end_of_epoch):
-                path = ckpts.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                   "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
-                                   "epoch": epoch, "batches_done": i + 1, "step": step}, step)
-                log(f"checkpoint {path.name} saved at step {step}")
-            fault_injection(step, cfg.out_dir)
-        metrics = recipe.val_metrics(model, val, device)
-        log(progress.line(epoch + 1, hp["epochs"], step, samples, loss=float(reduced), **metrics))
-        if tracker:
-            tracker.log({**metrics, "epoch": epoch + 1}, step)
-        hvd.barrier()
+
+    def optimize(loss: torch.Tensor) -> float:
+        opt.zero_grad()  # Horovod's override takes no set_to_none (torch's default is already None)
+        loss.backward()
+        opt.synchronize()  # wait for the averaged gradients, so the logged norm is the one applied
+        norm = grad_norm(model)
+        with opt.skip_synchronize():
+            opt.step()
+        return norm
+
+    def mean(loss: torch.Tensor) -> float:
+        return float(hvd.allreduce(loss.detach(), op=hvd.Average, name="train_loss"))
+
+    loop = Loop(cfg, recipe, model, model, opt, sched, sampler, loader, val, device, rank, world, optimize, mean,
+                hvd.barrier)
+    step = loop.run(start_epoch, skip, step, tracker, log)
 
     result = finish(model, cfg, recipe, val, meta, step, world, t0, tracker, resumed_from) if rank == 0 else {}
     if result:

@@ -18,13 +18,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from trainyard.recipes.base import to_device
 from trainyard.training.common import (
     Checkpoints,
-    Progress,
+    Loop,
     RunConfig,
     Tracker,
-    fault_injection,
     finish,
     grad_norm,
     log0,
@@ -57,9 +55,8 @@ def train(cfg: RunConfig) -> dict:
     total_steps = hp["epochs"] * len(loader)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1))
 
-    ckpts = Checkpoints.from_spec(cfg)
     start_epoch, skip, step, resumed_from = 0, 0, 0, None
-    state = ckpts.load_latest(log)
+    state = Checkpoints.from_spec(cfg).load_latest(log)
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -72,42 +69,24 @@ def train(cfg: RunConfig) -> dict:
     log(f"strategy=ddp world_size={world} backend={backend} device={device} train={len(dataset)} "
         f"epochs={hp['epochs']} steps/epoch={len(loader)} start_step={step} recipe={recipe.name}")
     t0 = time.time()
-    progress = Progress(total_steps, step)
-    samples = 0
-    for epoch in range(start_epoch, hp["epochs"]):
-        sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
-        for i, batch in enumerate(loader):
-            if epoch == start_epoch and i < skip:
-                continue
-            batch = to_device(batch, device)
-            loss = recipe.loss(ddp, batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            norm = grad_norm(model)
-            opt.step()
-            lr = sched.get_last_lr()[0]
-            sched.step()
-            step += 1
-            samples += len(batch[0]) * world
-            reduced = loss.detach().clone()
-            if dist.is_initialized():
-                dist.all_reduce(reduced)  # SUM: gloo has no AVG
-                reduced /= world
-            if tracker:
-                tracker.log({"train_loss": float(reduced), "train_lr": lr, "train_grad_norm": norm}, step)
-            end_of_epoch = i + 1 == len(loader)
-            if rank == 0 and ckpts.due(step, end_of_epoch):
-                path = ckpts.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                   "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
-                                   "epoch": epoch, "batches_done": i + 1, "step": step}, step)
-                log(f"checkpoint {path.name} saved at step {step}")
-            fault_injection(step, cfg.out_dir)
-        metrics = recipe.val_metrics(model, val, device)
-        log(progress.line(epoch + 1, hp["epochs"], step, samples, loss=float(reduced), **metrics))
-        if tracker:
-            tracker.log({**metrics, "epoch": epoch + 1}, step)
+
+    def optimize(loss: torch.Tensor) -> float:
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # DDP averages the gradients during backward
+        norm = grad_norm(model)
+        opt.step()
+        return norm
+
+    def mean(loss: torch.Tensor) -> float:
+        reduced = loss.detach().clone()
         if dist.is_initialized():
-            dist.barrier()
+            dist.all_reduce(reduced)  # SUM: gloo has no AVG
+            reduced /= world
+        return float(reduced)
+
+    barrier = dist.barrier if dist.is_initialized() else (lambda: None)
+    loop = Loop(cfg, recipe, model, ddp, opt, sched, sampler, loader, val, device, rank, world, optimize, mean, barrier)
+    step = loop.run(start_epoch, skip, step, tracker, log)
 
     result = finish(model, cfg, recipe, val, meta, step, world, t0, tracker, resumed_from) if rank == 0 else {}
     if result:
