@@ -2,7 +2,7 @@
 
 Each format module offers ``write(path, records, meta) -> count`` and
 ``read(path) -> (keys, labels, images, meta)``; a record may be (key, label, image, target) with a JSON-able
-target, which ``read_with_targets(path)`` returns, in key order, after the other four.
+target, which ``read_records(path, with_targets=True)`` returns, in key order, after the other four.
 """
 
 from __future__ import annotations
@@ -32,4 +32,4 @@ def write(fmt: str, path, records, meta: dict) -> int:
 
 
 def read_with_targets(fmt: str, path):
-    return module(fmt).read_with_targets(path)
+    return module(fmt).read_records(path, with_targets=True)

@@ -77,15 +77,12 @@ def _open(path: Path):
 
 def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
     """All records of a (small) LMDB file as (keys, labels, images stacked, meta)."""
-    return _read(path, with_targets=False)[:4]
+    return read_records(path, with_targets=False)[:4]
 
 
-def read_with_targets(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict, list]:
-    """``read`` plus each record's target (None where it has none), in key order; one pass."""
-    return _read(path, with_targets=True)
-
-
-def _read(path: str | Path, with_targets: bool):
+def read_records(path: str | Path, with_targets: bool):
+    """(keys, labels, images stacked, meta, targets): with ``with_targets`` each record's target (None
+    where it has none), in key order, read in the same pass; else an empty list."""
     path = Path(path)
     env = _open(path)
     with env.begin() as txn:

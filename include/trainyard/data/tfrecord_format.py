@@ -167,15 +167,12 @@ def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
 
 def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
     """All records of a (small) TFRecord file as (keys, labels, images stacked, meta)."""
-    return _read(path, with_targets=False)[:4]
+    return read_records(path, with_targets=False)[:4]
 
 
-def read_with_targets(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict, list]:
-    """``read`` plus each record's target (None where it has none), in key order; one pass."""
-    return _read(path, with_targets=True)
-
-
-def _read(path: str | Path, with_targets: bool):
+def read_records(path: str | Path, with_targets: bool):
+    """(keys, labels, images stacked, meta, targets): with ``with_targets`` each record's target (None
+    where it has none), in key order, read in the same pass; else an empty list."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: not a TFRecord dataset (no such file)")
