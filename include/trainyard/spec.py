@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainyard import TRAINER_IMAGE
+
 RECIPES = ("digits_cnn", "centernet_detector", "transformer_translator", "custom")
 NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
@@ -114,7 +116,7 @@ class KubernetesSpec(_Model):
     """Where and how the pods of a ``launcher: kubernetes`` job run."""
 
     namespace: str = Field("trainyard", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
-    image: str = Field("ghcr.io/trainyard/trainer:0.1.0", min_length=1)
+    image: str = Field(TRAINER_IMAGE, min_length=1, description="the trainer image; `make image` builds the default")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     service_account: str | None = None
     priority_class: str | None = Field(None, description="Kubernetes PriorityClass name")
@@ -127,6 +129,9 @@ class KubernetesSpec(_Model):
     env: dict[str, str] = {}
     cpu_per_gpu: str = "4"
     memory_per_gpu: str = "16Gi"
+    schedule_timeout_s: int = Field(
+        6 * 3600, ge=60, le=7 * 24 * 3600,
+        description="how long the pods may wait to be scheduled (a cluster queue, quota, scale-up) before the try fails")
 
 
 class CustomCommand(_Model):

@@ -8,6 +8,7 @@ import kubernetes_validate
 import pytest
 from kubernetes import client as k8s
 
+from trainyard import TRAINER_IMAGE
 from trainyard.spec import SpecError
 from trainyard.training.launchers import kubernetes as K
 
@@ -137,7 +138,7 @@ def test_job_for_every_combination(nodes, strategy, gpu):
         assert env["TRAINYARD_METRICS_FILE"].endswith("/train_pipeline_manual/metrics.jsonl")
         assert env["TRAINYARD_DATA_DIR"].endswith("/train_pipeline_manual/data")
     else:
-        assert c.image == "ghcr.io/trainyard/trainer:0.1.0" and c.image_pull_policy == "IfNotPresent"
+        assert c.image == TRAINER_IMAGE and c.image_pull_policy == "IfNotPresent"
         assert c.command[:4] == ["torchrun", "--nproc_per_node=2", "--max_restarts=2", "--tee=3"]
         assert c.command[-4:] == ["-m", "trainyard.training.entry", "--config", CONFIG]
         if nodes == 1:
