@@ -40,8 +40,11 @@ class Recipe:
             out[key] = value
         return out
 
-    def opts(self, spec: dict) -> dict:
-        return self.check_options(spec.get("recipe_options") or {})
+    def opts(self, spec) -> dict:
+        # TRANSITION: a JobSpec (typed workers) or its JSON dict (pipeline steps); the typed-spec work
+        # replaces this with one options model per recipe.
+        given = spec.recipe_options if hasattr(spec, "recipe_options") else spec.get("recipe_options")
+        return self.check_options(dict(given or {}))
 
     # -- data ----------------------------------------------------------------------------------------------
     def ingest(self, source: str, store, repo: str, branch: str = "main"):
