@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trainyard.training.common import RunConfig
+from trainyard.training.run_config import RunConfig
 
 pytestmark = pytest.mark.integration
 
@@ -27,29 +27,32 @@ def _config(tmp_path, small_spec, prepared, nproc=2, **distributed) -> str:
     from trainyard.spec import parse_spec
 
     raw = dict(small_spec, distributed={"strategy": "deepspeed", **distributed}, resources={"gpus_per_node": nproc})
-    spec = parse_spec(raw).model_dump(mode="json")
+    spec = parse_spec(raw)
     out = tmp_path / "run"
     out.mkdir()
     cfg = RunConfig(spec=spec, data=prepared, out_dir=str(out), tracking_uri=None)
-    path = out / "run_config.json"
-    path.write_text(json.dumps(cfg.__dict__, indent=1))
-    return str(path)
+    return str(cfg.dump(out / "run_config.json"))
 
 
-def _run(argv, nproc, lines: list[str] | None = None, **env) -> list[str]:
-    from trainyard.training.launchers.deepspeed import deepspeed_env
+def _run(argv, env, lines: list[str] | None = None) -> list[str]:
     from trainyard.training.launchers.local import run
 
     lines = [] if lines is None else lines
-    run(["timeout", "-k", "10", str(LIMIT_S), *argv], env=deepspeed_env(nproc, base={**os.environ, **env}),
-        on_line=lines.append)
+    run(["timeout", "-k", "10", str(LIMIT_S), *argv], env=env, on_line=lines.append)
     return lines
 
 
 def _train(config_path: str, lines: list[str] | None = None, **env) -> list[str]:
-    from trainyard.training.launchers.deepspeed import deepspeed_argv
+    """The command production runs (launchers.command.local_command), with ``env`` added."""
+    import dataclasses
 
-    return _run(deepspeed_argv(2, config_path), 2, lines, **env)
+    from trainyard.training.launchers.command import local_command
+    from trainyard.training.launchers.local import this_host
+
+    cfg = RunConfig.load(config_path)
+    host = dataclasses.replace(this_host(), env={**os.environ, **env})
+    command = local_command(cfg.spec, host, config_path=config_path, data_dir=cfg.data["path"], run_dir=cfg.out_dir)
+    return _run(command.argv, command.env, lines)
 
 
 def _has(lines, text) -> bool:
@@ -60,7 +63,7 @@ def _has(lines, text) -> bool:
 def test_zero_trains_and_resumes_past_a_damaged_checkpoint(tmp_path, small_spec, prepared, stage):
     """A worker dies in epoch 3 (checkpoints of epochs 1 and 2 written), the newest checkpoint is then
     damaged; the retry skips it, resumes at the epoch-1 checkpoint and trains to the end."""
-    from trainyard.training.deepspeed_trainer import MARKER
+    from trainyard.training.strategies.deepspeed import MARKER
     from trainyard.training.launchers.local import LaunchError
     from trainyard.recipes import load_model
 
@@ -104,7 +107,9 @@ def test_zero3_bf16_as_a_single_process(tmp_path, small_spec, prepared):
 
     small_spec["hyperparameters"]["epochs"] = 2
     config = _config(tmp_path, small_spec, prepared, nproc=1, zero_stage=3, precision="bf16")
-    lines = _run([sys.executable, "-m", "trainyard.training.entry", "--config", config], 1)
+    from trainyard.training.launchers.deepspeed import deepspeed_env
+
+    lines = _run([sys.executable, "-m", "trainyard.training.entry", "--config", config], deepspeed_env(1, os.environ))
     log = "\n".join(lines)
     assert _has(lines, "strategy=deepspeed world_size=1 zero_stage=3 precision=bf16"), log
     out = RunConfig.load(config)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trainyard.training.common import RunConfig
+from trainyard.training.run_config import RunConfig
 
 pytestmark = pytest.mark.integration
 
@@ -31,23 +31,26 @@ def _config(tmp_path, small_spec, prepared) -> str:
     from trainyard.spec import parse_spec
 
     raw = dict(small_spec, distributed={"strategy": "horovod"}, resources={"gpus_per_node": 2})
-    spec = parse_spec(raw).model_dump(mode="json")
+    spec = parse_spec(raw)
     out = tmp_path / "run"
     out.mkdir()
     cfg = RunConfig(spec=spec, data=prepared, out_dir=str(out), tracking_uri=None)
-    path = out / "run_config.json"
-    path.write_text(json.dumps(cfg.__dict__, indent=1))
-    return str(path)
+    return str(cfg.dump(out / "run_config.json"))
 
 
 def _train(config_path: str, **env) -> list[str]:
-    _require_horovod()
-    from trainyard.training.launchers.horovod import horovodrun_argv
-    from trainyard.training.launchers.local import run, worker_env
+    """The command production runs (launchers.command.local_command), with ``env`` added."""
+    import dataclasses
 
+    from trainyard.training.launchers.command import local_command
+    from trainyard.training.launchers.local import run, this_host
+
+    _require_horovod()
+    cfg = RunConfig.load(config_path)
+    host = dataclasses.replace(this_host(), env={**os.environ, **env})
+    command = local_command(cfg.spec, host, config_path=config_path, data_dir=cfg.data["path"], run_dir=cfg.out_dir)
     lines: list[str] = []
-    run(horovodrun_argv(2, config_path), env=worker_env(2, base={**os.environ, **env}),
-        on_line=lines.append)
+    run(command.argv, env=command.env, on_line=lines.append)
     return lines
 
 

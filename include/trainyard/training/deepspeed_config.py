@@ -2,61 +2,49 @@
 
 The JobSpec is the source of truth: ``hyperparameters`` give the batch size and the optimizer (SGD or AdamW),
 ``distributed.zero_stage`` the ZeRO stage and ``distributed.precision`` the bf16/fp16 block. The learning
-rate schedule is not in here: the trainer hands DeepSpeed the same torch cosine schedule the DDP loop
-uses (its state is saved in DeepSpeed's checkpoints like the optimizer's).
+rate schedule is not in here: the DeepSpeed strategy hands DeepSpeed the same torch cosine schedule the
+other strategies use (its state is saved in DeepSpeed's checkpoints like the optimizer's). There is no
+gradient clipping, as in the other strategies (0.0 = off).
 """
 
 from __future__ import annotations
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+from trainyard.spec import Hyperparameters, JobSpec
+from trainyard.training.strategies.precision import check_precision
 
 # DeepSpeed prints a throughput line every ``steps_per_print`` steps; the trainer logs its own.
 QUIET_STEPS = 1_000_000_000
 
 
-def _optimizer(hp: dict) -> dict:
-    """``hyperparameters.optimizer`` as DeepSpeed's optimizer block: the same torch optimizers the DDP loop
-    builds (``torch_adam``: torch.optim.AdamW rather than DeepSpeed's compiled CPU/fused Adam kernels)."""
-    lr, wd = float(hp["learning_rate"]), float(hp.get("weight_decay", 0.0))
-    if hp.get("optimizer", "sgd") == "adamw":
-        return {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd, "torch_adam": True}}
+def _optimizer(hp: Hyperparameters) -> dict:
+    """``hyperparameters.optimizer`` as DeepSpeed's optimizer block: the same torch optimizers
+    :func:`trainyard.training.common.make_optimizer` builds (``torch_adam``: torch.optim.AdamW rather than
+    DeepSpeed's compiled CPU/fused Adam kernels)."""
+    if hp.optimizer == "adamw":
+        return {"type": "AdamW", "params": {"lr": hp.learning_rate, "weight_decay": hp.weight_decay, "torch_adam": True}}
     # not a DeepSpeed optimizer: DeepSpeed builds torch.optim.SGD from these params
-    return {"type": "SGD", "params": {"lr": lr, "momentum": float(hp.get("momentum", 0.0)), "weight_decay": wd}}
+    return {"type": "SGD", "params": {"lr": hp.learning_rate, "momentum": hp.momentum, "weight_decay": hp.weight_decay}}
 
 
-def deepspeed_config(spec: dict, world_size: int, *, cuda: bool = False) -> dict:
-    """The ``config`` for ``deepspeed.initialize`` for a validated JobSpec dict and ``world_size`` processes.
+def deepspeed_config(spec: JobSpec, world_size: int, *, cuda: bool = False) -> dict:
+    """The ``config`` for ``deepspeed.initialize`` for a JobSpec and ``world_size`` processes.
 
-    ``cuda`` says whether the workers train on CUDA GPUs; fp16 (dynamic loss scaling) is CUDA-only, so on
-    CPU it is refused here, with the field to change, before any process starts.
+    ``cuda`` says whether the workers train on CUDA GPUs; fp16 is CUDA-only, so on CPU it is refused here
+    (:func:`check_precision`), with the field to change.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    hp = spec["hyperparameters"]
-    dist = spec.get("distributed", {})
-    stage = int(dist.get("zero_stage", 1))
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"distributed.zero_stage must be 0, 1, 2 or 3, got {stage!r}")
-    precision = dist.get("precision", "fp32")
-    if precision not in PRECISIONS:
-        raise ValueError(f"distributed.precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "fp16" and not cuda:
-        raise ValueError(
-            "distributed.precision 'fp16' needs CUDA GPUs (DeepSpeed's CPU accelerator has no fp16: "
-            "'Type fp16 is not supported on your device'); use 'bf16' or 'fp32' for CPU workers"
-        )
-
-    micro = int(hp["batch_size"])
+    check_precision(spec, cuda)
+    hp, precision = spec.hyperparameters, spec.distributed.precision
     config: dict = {
-        "train_micro_batch_size_per_gpu": micro,
+        "train_micro_batch_size_per_gpu": hp.batch_size,
         "gradient_accumulation_steps": 1,
-        "train_batch_size": micro * world_size,
+        "train_batch_size": hp.batch_size * world_size,
         "optimizer": _optimizer(hp),
         # ZeRO only vouches for its own optimizers; plain SGD is fine for stages 1-3 (checked in the tests).
         "zero_allow_untested_optimizer": True,
-        "zero_optimization": {"stage": stage},
-        # 0 = no clipping, like the DDP loop. Not a JobSpec field (yet); a hyperparameter if one appears.
-        "gradient_clipping": float(hp.get("gradient_clipping", 0.0)),
+        "zero_optimization": {"stage": spec.distributed.zero_stage},
+        "gradient_clipping": 0.0,
         "steps_per_print": QUIET_STEPS,
         "wall_clock_breakdown": False,
     }

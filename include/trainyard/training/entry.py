@@ -1,19 +1,14 @@
 """Worker entry point for every strategy: ``-m trainyard.training.entry --config run.json``.
 
-torchrun (ddp), horovodrun (horovod) and the deepspeed launcher all start this module; the strategy in
-the run's JobSpec picks the loop."""
+torchrun (ddp), horovodrun (horovod) and the deepspeed launcher all start this module; the one loop
+(:mod:`trainyard.training.loop`) runs with the strategy the run's JobSpec names."""
 
 import argparse
-import importlib
 import sys
 
-from trainyard.training.common import RunConfig
-
-TRAINERS = {
-    "ddp": "trainyard.training.trainer",
-    "horovod": "trainyard.training.horovod_trainer",
-    "deepspeed": "trainyard.training.deepspeed_trainer",
-}
+from trainyard.training import strategies
+from trainyard.training.loop import train
+from trainyard.training.run_config import RunConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cfg = RunConfig.load(args.config)
-    strategy = cfg.spec.get("distributed", {}).get("strategy", "ddp")
-    importlib.import_module(TRAINERS[strategy]).train(cfg)
+    train(cfg, strategies.for_run(cfg))
     return 0
 
 

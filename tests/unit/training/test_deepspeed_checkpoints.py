@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainyard.training.common import Checkpoints
-from trainyard.training.deepspeed_trainer import MARKER, DeepSpeedCheckpoints
+from trainyard.training.strategies.deepspeed import MARKER, DeepSpeedCheckpoints
 
 
 class FakeEngine:

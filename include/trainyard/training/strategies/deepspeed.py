@@ -1,12 +1,8 @@
-"""The DeepSpeed (ZeRO) training loop run in every process the deepspeed launcher starts.
+"""``distributed.strategy: deepspeed``: the processes the deepspeed launcher starts, one ZeRO engine.
 
-Launched as ``python -m deepspeed.launcher.runner ... --module trainyard.training.entry --config run.json``
-(see :mod:`trainyard.training.launchers.deepspeed`). Same data, model, logging, tracking and result as the
-DDP loop in :mod:`trainyard.training.trainer`; the differences:
-
-* ``deepspeed.initialize`` with the config made from the JobSpec (:mod:`.deepspeed_config`): SGD from the
-  config, ZeRO stage and bf16 from ``distributed``, and the DDP loop's cosine schedule passed in as a torch
-  scheduler, so DeepSpeed steps it and keeps its state in its checkpoints.
+* ``deepspeed.initialize`` with the config made from the JobSpec (:mod:`trainyard.training.deepspeed_config`):
+  the optimizer, ZeRO stage and bf16 / fp16 from the spec, and the loop's cosine schedule passed in as a
+  torch scheduler, so DeepSpeed steps it and keeps its state in its checkpoints.
 * Checkpoints are DeepSpeed's own (``save_checkpoint``/``load_checkpoint``): a directory per tag
   ``step-XXXXXXXX`` under ``<out_dir>/checkpoints`` holding every rank's ZeRO partition, written by all
   ranks together. When every rank has written, rank 0 fsyncs the files and writes ``trainyard.json`` (the
@@ -29,23 +25,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 
-from trainyard.recipes.base import to_device
-from trainyard.training.common import (
-    Checkpoints,
-    Progress,
-    RunConfig,
-    Tracker,
-    fault_injection,
-    finish,
-    grad_norm,
-    log0,
-    recipe_for,
-    resume_point,
-)
+from trainyard.training.common import Checkpoints, make_scheduler
 from trainyard.training.deepspeed_config import deepspeed_config
+from trainyard.training.strategies.base import Strategy, cuda_device, total_norm
 
 TAG_RE = re.compile(r"^step-(\d{8})$")
 MARKER = "trainyard.json"
@@ -105,7 +88,7 @@ class DeepSpeedCheckpoints:
         if not self.dir.is_dir():
             return []
         found = [p.name for p in self.dir.iterdir() if p.is_dir() and TAG_RE.match(p.name)]
-        return sorted(found, key=lambda t: int(TAG_RE.match(t).group(1)), reverse=True)
+        return sorted(found, key=_tag_step, reverse=True)
 
     def check(self, tag: str) -> str | None:
         """Why ``tag`` cannot be loaded, or None when its files are all there as written."""
@@ -138,8 +121,7 @@ class DeepSpeedCheckpoints:
         if self.rank == 0:
             self._seal(tag, state)
             self._prune()
-        # Checkpoints.due() measures every_minutes from its last save (common.Checkpoints.save sets this).
-        self.ckpts._last_time = time.monotonic()
+        self.ckpts.saved()
         return tag
 
     def _seal(self, tag: str, state: dict) -> None:
@@ -160,13 +142,12 @@ class DeepSpeedCheckpoints:
     def _prune(self) -> None:
         """Keep the newest ``keep`` complete tags. Drop older complete ones and any cut-short tag older than
         the newest complete one; a cut-short tag newer than that is left to be overwritten."""
-        step = lambda tag: int(TAG_RE.match(tag).group(1))  # noqa: E731
         complete = [t for t in self.tags() if (self.dir / t / MARKER).is_file()]
         if not complete:
             return
-        kept, newest = set(complete[: self.ckpts.keep]), step(complete[0])
+        kept, newest = set(complete[: self.ckpts.keep]), _tag_step(complete[0])
         for tag in self.tags():
-            if tag not in kept and step(tag) < newest:
+            if tag not in kept and _tag_step(tag) < newest:
                 shutil.rmtree(self.dir / tag, ignore_errors=True)
 
     def load_latest(self) -> tuple[str, dict] | None:
@@ -193,122 +174,92 @@ class DeepSpeedCheckpoints:
         return None
 
 
-def _precision_dtype(engine) -> torch.dtype:
-    if engine.bfloat16_enabled():
-        return torch.bfloat16
-    if engine.fp16_enabled():
-        return torch.float16
-    return torch.float32
+def _tag_step(tag: str) -> int:
+    match = TAG_RE.match(tag)
+    assert match is not None, tag  # tags() lists matching names only
+    return int(match.group(1))
 
 
-def _fp32_copy(engine, recipe, meta: dict, options: dict) -> torch.nn.Module:
-    """All ranks (ZeRO-3 gathers the partitioned weights): a plain fp32 model with the trained weights,
-    for model.pt and the final evaluation."""
-    import deepspeed
+class DeepSpeedStrategy(Strategy):
+    name = "deepspeed"
+    evaluate_on_every_rank = True
 
-    model = recipe.build_model(meta, options)
-    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):  # a no-op below stage 3
-        model.load_state_dict({k: v.detach().float().cpu() for k, v in engine.module.state_dict().items()})
-    return model
+    def init(self) -> None:
+        # ZeRO calls all_gather_into_tensor/reduce_scatter_tensor, which torch 2.13 deprecates: noise in every log.
+        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+        cuda = torch.cuda.is_available()
+        if not cuda:
+            _cpu_setup()
+        import deepspeed
 
+        _single_process_env()
+        if cuda:
+            self.device, self.backend = cuda_device(int(os.environ.get("LOCAL_RANK", 0))), "nccl"
+        deepspeed.init_distributed(dist_backend=self.backend)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
-def train(cfg: RunConfig) -> dict:
-    # ZeRO calls all_gather_into_tensor/reduce_scatter_tensor, which torch 2.13 deprecates: noise in every log.
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
-    use_cuda = torch.cuda.is_available()
-    if not use_cuda:
-        _cpu_setup()
-    import deepspeed
+    def prepare(self, model, total_steps):
+        import deepspeed
 
-    _single_process_env()
-    backend = "nccl" if use_cuda else "gloo"
-    deepspeed.init_distributed(dist_backend=backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    log = lambda msg: log0(rank, msg)  # noqa: E731
+        ds_cfg = deepspeed_config(self.spec, self.world, cuda=self.cuda)
+        self.stage = ds_cfg["zero_optimization"]["stage"]
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            model_parameters=model.parameters(),
+            config=ds_cfg,
+            # The torch strategies' schedule; DeepSpeed steps it in engine.step() and checkpoints its state.
+            lr_scheduler=lambda opt: make_scheduler(opt, total_steps),
+        )
+        self.model, self.forward = self.engine.module, self.engine
+        if self.engine.bfloat16_enabled():
+            self.input_dtype = torch.bfloat16
+        elif self.engine.fp16_enabled():
+            self.input_dtype = torch.float16
+        self.engine.train()
+        self.sharded = DeepSpeedCheckpoints(self.ckpts, self.engine, self.rank, self.device, self.log)
 
-    hp = cfg.spec["hyperparameters"]
-    ds_cfg = deepspeed_config(cfg.spec, world, cuda=use_cuda)
-    stage = ds_cfg["zero_optimization"]["stage"]
-    precision = cfg.spec.get("distributed", {}).get("precision", "fp32")
-    torch.manual_seed(hp["seed"])
-    recipe = recipe_for(cfg)
-    options = recipe.opts(cfg.spec)
-    dataset, val, meta = recipe.load(cfg)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=hp["seed"])
-    loader = DataLoader(dataset, batch_size=hp["batch_size"], sampler=sampler, drop_last=False)
-    total_steps = hp["epochs"] * len(loader)
+    def lr(self) -> float:
+        return self.engine.get_lr()[0]
 
-    model = recipe.build_model(meta, options).to(device)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model,
-        model_parameters=model.parameters(),
-        config=ds_cfg,
-        # The DDP loop's schedule; DeepSpeed steps it in engine.step() and checkpoints its state.
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1)),
-    )
-    dtype = _precision_dtype(engine)
+    def step(self, loss, want_norm):
+        self.engine.backward(loss)
+        local = total_norm(self.engine.module) if want_norm and self.stage == 0 else None  # ZeRO keeps its own
+        self.engine.step()
+        if not want_norm:
+            return None
+        norm = self.engine.get_global_grad_norm()
+        return norm if norm is not None else local
 
-    ckpts = DeepSpeedCheckpoints(Checkpoints.from_spec(cfg), engine, rank, device, log)
-    start_epoch, skip, step, resumed_from = 0, 0, 0, None
-    loaded = ckpts.load_latest()
-    if loaded is not None:
-        tag, state = loaded
-        torch.set_rng_state(state["rng"])
-        start_epoch, skip, step = resume_point(state, len(loader), tag, log)
-        resumed_from = step
+    def mean(self, t):
+        t = t.detach().clone()
+        dist.all_reduce(t)  # SUM: gloo has no AVG
+        return t / self.world
 
-    tracker = Tracker(cfg) if rank == 0 else None
-    log(f"strategy=deepspeed world_size={world} zero_stage={stage} precision={precision} backend={backend} "
-        f"device={device} train={len(dataset)} epochs={hp['epochs']} "
-        f"steps/epoch={len(loader)} start_step={step} recipe={recipe.name}")
-    t0 = time.time()
-    progress = Progress(total_steps, step)
-    samples = 0
-    reduced = torch.tensor(float("nan"))
-    engine.train()
-    for epoch in range(start_epoch, hp["epochs"]):
-        sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
-        for i, batch in enumerate(loader):
-            if epoch == start_epoch and i < skip:
-                continue
-            batch = to_device(batch, device, dtype)
-            loss = recipe.loss(engine, batch)
-            engine.backward(loss)
-            lr = engine.get_lr()[0]
-            local_norm = grad_norm(engine.module) if stage == 0 else None  # ZeRO keeps its own
-            engine.step()
-            norm = engine.get_global_grad_norm()
-            norm = float(norm) if norm is not None else local_norm
-            step += 1
-            samples += len(batch[0]) * world
-            reduced = loss.detach().clone()
-            dist.all_reduce(reduced)  # SUM: gloo has no AVG
-            reduced /= world
-            metrics = {"train_loss": float(reduced), "train_lr": lr}
-            if norm is not None:
-                metrics["train_grad_norm"] = norm
-            if tracker:
-                tracker.log(metrics, step)
-            end_of_epoch = i + 1 == len(loader)
-            if ckpts.due(step, end_of_epoch, world):
-                tag = ckpts.save({"epoch": epoch, "batches_done": i + 1, "step": step,
-                                  "rng": torch.get_rng_state()}, step)
-                log(f"checkpoint {tag} saved at step {step}")
-            fault_injection(step, cfg.out_dir)
-        metrics = recipe.val_metrics(engine.module, val, device, dtype)  # every rank: ZeRO-3 gathers weights in forward
-        log(progress.line(epoch + 1, hp["epochs"], step, samples, loss=float(reduced), **metrics))
-        if tracker:
-            tracker.log({**metrics, "epoch": epoch + 1}, step)
+    def barrier(self) -> None:
         dist.barrier()
 
-    final = _fp32_copy(engine, recipe, meta, options)
-    result = finish(final, cfg, recipe, val, meta, step, world, t0, tracker, resumed_from) if rank == 0 else {}
-    if result:
-        log(f"done: {json.dumps(result)}")
-    dist.barrier()
-    dist.destroy_process_group()
-    return result
+    def due(self, step, end_of_epoch):
+        return self.sharded.due(step, end_of_epoch, self.world)
+
+    def save(self, position, step):
+        return self.sharded.save(position, step)
+
+    def load(self):
+        return self.sharded.load_latest()
+
+    def final_model(self, recipe, meta, options):
+        """All ranks (ZeRO-3 gathers the partitioned weights): a plain fp32 model with the trained weights."""
+        import deepspeed
+
+        model = recipe.build_model(meta, options)
+        with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters())):  # a no-op below stage 3
+            model.load_state_dict({k: v.detach().float().cpu() for k, v in self.engine.module.state_dict().items()})
+        return model
+
+    def describe(self) -> str:
+        return f"zero_stage={self.stage} precision={self.spec.distributed.precision} backend={self.backend} " \
+               f"device={self.device}"
+
+    def shutdown(self) -> None:
+        dist.barrier()
+        dist.destroy_process_group()

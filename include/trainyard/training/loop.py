@@ -1,0 +1,205 @@
+"""The one worker loop, for every ``distributed.strategy``: what each process started by torchrun,
+horovodrun or the deepspeed launcher runs (``trainyard.training.entry``).
+
+The strategy (:mod:`trainyard.training.strategies`) owns process group, wrapping, step, averaging,
+barrier and checkpoint format; this module owns the rest, once: seed, data sharding, the epoch loop, the
+data position saved with each checkpoint and resumed from (torchrun ``--max-restarts`` or an Airflow
+retry continue from the newest good checkpoint), logging, fault injection and the result record.
+
+The step stays hot: no host sync and no tracking call per step. Each step's loss stays on the device;
+every ``LOG_EVERY`` steps (and at each epoch end) the window of losses is averaged over the workers in
+one collective and handed, still as a tensor, to rank 0's background :class:`Tracker`, so the per-step
+curve is kept without a per-step all-reduce or ``float()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from trainyard.recipes.base import to_device
+from trainyard.training.common import atomic_save, resume_point
+from trainyard.training.run_config import RunConfig
+from trainyard.training.strategies.base import Strategy
+from trainyard.training.tracking import Tracker
+
+LOG_EVERY = 10  # steps per loss all-reduce and per grad-norm computation
+
+
+class Progress:
+    """Throughput and ETA for the log."""
+
+    def __init__(self, total_steps: int, start_step: int) -> None:
+        self.total, self.start, self.t0 = total_steps, start_step, time.monotonic()
+
+    def line(self, epoch: int, epochs: int, step: int, samples: int, **metrics: float) -> str:
+        elapsed = max(time.monotonic() - self.t0, 1e-9)
+        done = step - self.start
+        eta = elapsed / done * (self.total - step) if done else float("nan")
+        shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        return (f"epoch {epoch}/{epochs} step {step}/{self.total} {shown} "
+                f"{samples / elapsed:.0f} samples/s ETA {eta:.0f}s")
+
+
+def fail_once_at() -> int | None:
+    """Chaos hook for the resume tests: TRAINYARD_FAIL_ONCE_AT_STEP=N crashes this process hard the first
+    time step N is reached in this run directory (a marker file makes it once)."""
+    target = os.environ.get("TRAINYARD_FAIL_ONCE_AT_STEP")
+    return int(target) if target else None
+
+
+def _crash(step: int, out_dir: str) -> None:
+    marker = Path(out_dir) / f".fault-injected-{step}"
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        print(f"[trainer] fault injection: crashing at step {step}", flush=True)
+        os._exit(17)
+
+
+class Window:
+    """The steps since the last log point: losses and grad norms as device tensors, learning rates."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps: list[int] = []
+        self.losses: list[torch.Tensor] = []
+        self.lrs: list[float] = []
+        self.norms: dict[int, object] = {}
+
+    def add(self, step: int, loss: torch.Tensor, lr: float, norm) -> None:
+        self.steps.append(step)
+        self.losses.append(loss.detach())
+        self.lrs.append(lr)
+        if norm is not None:
+            self.norms[step] = norm
+
+    def close(self, strategy: Strategy, tracker: Tracker | None) -> torch.Tensor | None:
+        """Every rank: the window's losses averaged over the workers (one collective); rank 0 hands the
+        window to the tracker. Returns the averaged losses."""
+        if not self.steps:
+            return None
+        losses = strategy.mean(torch.stack(self.losses))
+        if tracker is not None:
+            tracker.log(self.steps, {"train_loss": losses, "train_lr": self.lrs})
+            if self.norms:
+                tracker.log(list(self.norms), {"train_grad_norm": list(self.norms.values())})
+        self.reset()
+        return losses
+
+
+def train(cfg: RunConfig, strategy: Strategy) -> dict:
+    from trainyard import recipes
+
+    spec, hp = cfg.spec, cfg.spec.hyperparameters
+    strategy.init()
+    rank, world, device = strategy.rank, strategy.world, strategy.device
+    log = strategy.log
+
+    torch.manual_seed(hp.seed)
+    recipe = recipes.get(spec.recipe)
+    options = recipe.opts(spec)
+    dataset, val, meta = recipe.load(cfg)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=hp.seed)
+    loader = DataLoader(dataset, batch_size=hp.batch_size, sampler=sampler, drop_last=False)
+    per_epoch = len(loader)
+    total_steps = hp.epochs * per_epoch
+    strategy.prepare(recipe.build_model(meta, options).to(device), total_steps)
+
+    start_epoch, skip, step, resumed_from = 0, 0, 0, None
+    loaded = strategy.load()
+    if loaded is not None:
+        source, position = loaded
+        torch.set_rng_state(position["rng"])
+        start_epoch, skip, step = resume_point(position, per_epoch, source, log)
+        resumed_from = step
+
+    tracker = Tracker(cfg) if rank == 0 else None
+    log(f"strategy={strategy.name} world_size={world} {strategy.describe()} train={len(dataset)} "
+        f"epochs={hp.epochs} steps/epoch={per_epoch} start_step={step} recipe={recipe.name}")
+    t0 = time.time()
+    progress = Progress(total_steps, step)
+    fail_at = fail_once_at()
+    window = Window()
+    samples, last_loss = 0, float("nan")
+    ok = False
+    loop_t0 = time.perf_counter()
+    try:
+        for epoch in range(start_epoch, hp.epochs):
+            sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
+            for i, batch in enumerate(loader):
+                if epoch == start_epoch and i < skip:
+                    continue
+                batch = to_device(batch, device, strategy.input_dtype)
+                with strategy.autocast():
+                    loss = recipe.loss(strategy.forward, batch)
+                lr = strategy.lr()
+                log_point = (step + 1) % LOG_EVERY == 0
+                norm = strategy.step(loss, want_norm=log_point)
+                step += 1
+                samples += len(batch[0]) * world
+                window.add(step, loss, lr, norm)
+                end_of_epoch = i + 1 == per_epoch
+                if log_point or end_of_epoch:
+                    losses = window.close(strategy, tracker)
+                    if end_of_epoch and losses is not None:
+                        last_loss = float(losses[-1])
+                if strategy.due(step, end_of_epoch):
+                    saved = strategy.save({"epoch": epoch, "batches_done": i + 1, "step": step,
+                                           "rng": torch.get_rng_state()}, step)
+                    log(f"checkpoint {saved} saved at step {step}")
+                if step == fail_at:
+                    _crash(step, cfg.out_dir)
+            metrics = {}
+            if rank == 0 or strategy.evaluate_on_every_rank:
+                metrics = recipe.val_metrics(strategy.model, val, device, strategy.input_dtype)
+            log(progress.line(epoch + 1, hp.epochs, step, samples, loss=last_loss, **metrics))
+            if tracker is not None:
+                tracker.log([step], {**metrics, "epoch": epoch + 1})
+                tracker.flush()
+            strategy.barrier()
+
+        loop_s = time.perf_counter() - loop_t0
+        final = strategy.final_model(recipe, meta, options)
+        result = {}
+        if rank == 0:
+            # this try's epoch loop (steps and per-epoch validation): what bench/loop.py compares
+            throughput = round(samples / loop_s, 1) if samples else None
+            result = finish(final, cfg, recipe, val, meta, step, world, t0, resumed_from, throughput)
+            log(f"done: {json.dumps(result)}")
+        ok = True
+    finally:
+        if tracker is not None:
+            tracker.close(check=ok)  # an error of the run itself is the one to report
+    strategy.shutdown()
+    return result
+
+
+def finish(model: torch.nn.Module, cfg: RunConfig, recipe, val, meta: dict, steps: int, world: int, t0: float,
+           resumed_from_step: int | None, samples_per_second: float | None) -> dict:
+    """Rank 0: the final model file and the result record the train task reads."""
+    out_dir = Path(cfg.out_dir)
+    atomic_save(recipe.model_blob(model, meta), out_dir / "model.pt")
+    metrics = recipe.val_metrics(model, val, next(model.parameters()).device)
+    result = {
+        "model_path": str(out_dir / "model.pt"),
+        "recipe": recipe.name,
+        "steps": steps,
+        "epochs": cfg.spec.hyperparameters.epochs,
+        "world_size": world,
+        "strategy": cfg.spec.distributed.strategy,
+        "train_seconds": round(time.time() - t0, 3),
+        **metrics,
+        "resumed_from_step": resumed_from_step,
+        "samples_per_second": samples_per_second,
+    }
+    (out_dir / "train_result.json").write_text(json.dumps(result, indent=1))
+    return result
+

@@ -1,0 +1,180 @@
+"""The strategy seam of the one worker loop (:mod:`trainyard.training.loop`).
+
+A strategy owns what differs between ddp, horovod and deepspeed inside a worker: starting the process
+group (the device first, on GPUs), wrapping the model and optimizer, one optimisation step (backward,
+gradient averaging, optimizer and schedule step), averaging a tensor over the workers, the barrier,
+checkpoint save / load, the fp32 model for ``model.pt``, and shutting down. The loop owns everything else
+(data, schedule of checkpoints and logging, the result record), so the strategies cannot drift apart.
+
+:class:`TorchStrategy` is the part ddp and horovod share: a plain torch optimizer and cosine schedule,
+autocast / grad scaler for ``distributed.precision``, and the atomic torch checkpoint files of
+:class:`trainyard.training.common.Checkpoints` written by rank 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from trainyard.errors import PermanentError
+from trainyard.training.common import Checkpoints, log0, make_optimizer, make_scheduler
+from trainyard.training.run_config import RunConfig
+from trainyard.training.strategies import precision as amp
+
+
+def total_norm(model: torch.nn.Module) -> torch.Tensor:
+    """The global L2 norm of the gradients, left on the device (no host sync)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+
+
+def cuda_device(local_rank: int) -> torch.device:
+    """This worker's GPU, made current before any process group exists (NCCL binds to the current device)."""
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise PermanentError(
+            f"worker with LOCAL_RANK {local_rank} found {count} CUDA device(s): resources.gpus_per_node must "
+            f"be at most {count} on this machine")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+class Strategy:
+    """One distributed strategy inside a worker. ``init`` comes first; after ``prepare`` the loop reads
+    ``model`` (the plain module), ``forward`` (what the loss runs through) and ``input_dtype``."""
+
+    name: ClassVar[str]
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+    backend: str = "gloo"
+    input_dtype: torch.dtype = torch.float32
+    # ZeRO-3 gathers partitioned weights inside forward, so every rank must take part in evaluation.
+    evaluate_on_every_rank: ClassVar[bool] = False
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg, self.spec = cfg, cfg.spec
+        self.ckpts = Checkpoints.from_spec(cfg)
+        self.model: torch.nn.Module
+        self.forward: torch.nn.Module
+
+    def log(self, msg: str) -> None:
+        log0(self.rank, msg)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def init(self) -> None:
+        raise NotImplementedError
+
+    def prepare(self, model: torch.nn.Module, total_steps: int) -> None:
+        raise NotImplementedError
+
+    def autocast(self):
+        return amp.autocast("fp32", self.device)
+
+    def lr(self) -> float:
+        raise NotImplementedError
+
+    def step(self, loss: torch.Tensor, want_norm: bool) -> torch.Tensor | float | None:
+        """Backward, averaged gradients, optimizer and schedule step; the gradient norm when asked for
+        (None where the strategy cannot give it)."""
+        raise NotImplementedError
+
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` averaged over the workers (every rank calls it)."""
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def due(self, step: int, end_of_epoch: bool) -> bool:
+        return self.ckpts.due(step, end_of_epoch)
+
+    def save(self, position: dict, step: int) -> str | None:
+        """Every rank, when ``due``: checkpoint the run at ``position`` (epoch, batches_done, step, rng);
+        the checkpoint's name on the rank that wrote it."""
+        raise NotImplementedError
+
+    def load(self) -> tuple[str, dict] | None:
+        """Every rank: restore the newest usable checkpoint; (its name, the position saved with it)."""
+        raise NotImplementedError
+
+    def final_model(self, recipe: Any, meta: dict, options: Any) -> torch.nn.Module:
+        """Every rank: a plain fp32 module with the trained weights (for model.pt)."""
+        return self.model
+
+    def describe(self) -> str:
+        return f"backend={self.backend} device={self.device} precision={self.spec.distributed.precision}"
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+
+class TorchStrategy(Strategy):
+    """A torch optimizer + cosine schedule, autocast / GradScaler, and torch checkpoint files (rank 0)."""
+
+    def prepare(self, model: torch.nn.Module, total_steps: int) -> None:
+        amp.check_precision(self.spec, self.cuda)
+        self.model = self.forward = model
+        self.opt = self.wrap_optimizer(make_optimizer(model.parameters(), self.spec.hyperparameters), model)
+        self.sched = make_scheduler(self.opt, total_steps)
+        self.scaler = amp.grad_scaler(self.spec.distributed.precision, self.device)
+
+    def wrap_optimizer(self, opt: torch.optim.Optimizer, model: torch.nn.Module) -> torch.optim.Optimizer:
+        return opt
+
+    def autocast(self):
+        return amp.autocast(self.spec.distributed.precision, self.device)
+
+    def lr(self) -> float:
+        return self.sched.get_last_lr()[0]
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def averaged(self) -> None:
+        """Wait until the gradients are averaged over the workers (DDP: done inside backward)."""
+
+    def optimizer_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
+
+    def step(self, loss, want_norm):
+        self.zero_grad()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        self.averaged()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.opt)  # the logged norm is that of the true gradients
+        norm = total_norm(self.model) if want_norm else None
+        self.optimizer_step()
+        self.sched.step()
+        return norm
+
+    def state(self, position: dict) -> dict:
+        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                 "scheduler": self.sched.state_dict(), **position}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def save(self, position, step):
+        if self.rank != 0:
+            return None
+        return self.ckpts.save(self.state(position), step).name
+
+    def load_file(self) -> dict | None:
+        return self.ckpts.load_latest(self.log)
+

@@ -1,0 +1,134 @@
+"""Rank 0's metric sink, kept off the training step: MLflow (``log_batch``) and TensorBoard, written by a
+background thread.
+
+The step only appends to a bounded queue (``put_nowait``: it never waits on SQLite, a tracking server or
+the disk). The thread imports MLflow / TensorBoard itself, so the first step does not wait for those
+imports either, turns tensors into floats (a host sync it pays, not the step) and sends one ``log_batch``
+per ``every_s`` seconds or ``MAX_BATCH`` metrics. ``flush`` asks for a send now (epoch ends); ``close``
+drains and waits (end of run). A failure in the thread is printed when it happens and raised again by
+``close``, so a run whose metrics were lost does not pass as clean.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainyard.training.run_config import RunConfig
+
+MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch request
+QUEUE_ITEMS = 10_000  # windows of steps; a full queue drops (and counts) rather than block the step
+
+
+class TrackingError(RuntimeError):
+    """Metrics could not be written to MLflow / TensorBoard."""
+
+
+def _floats(values: Any, n: int) -> list[float]:
+    if hasattr(values, "tolist"):  # a tensor (maybe on a GPU): synced here, in the thread
+        values = values.tolist()
+    if not isinstance(values, Sequence):
+        values = [values] * n
+    return [float(v) for v in values]
+
+
+class Tracker:
+    """``log(steps, {name: values})``: one value per step, as a tensor, a list of floats, or one float
+    for all of them. Nothing is written unless the run config names an MLflow run or a TensorBoard dir."""
+
+    def __init__(self, cfg: RunConfig, every_s: float = 5.0) -> None:
+        self.uri, self.run_id, self.tb_dir = cfg.tracking_uri, cfg.mlflow_run_id, cfg.tensorboard_dir
+        self.enabled = bool(self.uri and self.run_id) or bool(self.tb_dir)
+        self.every_s = every_s
+        self.dropped = 0
+        self.error: BaseException | None = None
+        self._q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
+        self._thread = threading.Thread(target=self._run, name="trainyard-tracker", daemon=True)
+        if self.enabled:
+            self._thread.start()
+
+    # -- the training thread -------------------------------------------------------------------------------
+    def log(self, steps: Sequence[int], metrics: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        try:
+            self._q.put_nowait(("log", list(steps), dict(metrics)))
+        except queue.Full:
+            self.dropped += len(steps)
+
+    def flush(self) -> None:
+        """Ask for everything queued to be sent now, without waiting for it."""
+        if self.enabled:
+            try:
+                self._q.put_nowait(("flush", None, None))
+            except queue.Full:
+                pass  # the thread is behind; it sends in order anyway
+
+    def close(self, check: bool = True) -> None:
+        """Send everything and stop; with ``check``, raise TrackingError if anything could not be written."""
+        if self.enabled and self._thread.is_alive():
+            self._q.put(("close", None, None))  # blocking is fine here: the run is over
+            self._thread.join()
+        if self.error is not None and check:
+            raise TrackingError(f"metrics were lost: {type(self.error).__name__}: {self.error}") from self.error
+        if self.dropped:
+            print(f"[trainer] tracking: {self.dropped} steps' metrics dropped (the writer fell behind)", flush=True)
+
+    # -- the tracker thread --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        client = writer = None
+        pending: list = []  # mlflow Metric objects
+        last = time.monotonic()
+        try:
+            if self.uri and self.run_id:  # imported here, off the step: MLflow takes seconds to import
+                from mlflow.entities import Metric
+                from mlflow.tracking import MlflowClient
+
+                client = MlflowClient(self.uri)
+            if self.tb_dir:
+                from torch.utils.tensorboard import SummaryWriter
+
+                writer = SummaryWriter(self.tb_dir)
+        except BaseException as err:  # noqa: BLE001 - reported now and raised by close()
+            self._fail(err)
+        while True:
+            try:
+                kind, steps, metrics = self._q.get(timeout=self.every_s)
+            except queue.Empty:
+                kind, steps, metrics = "tick", None, None
+            if kind == "log" and self.error is None:
+                try:
+                    now = int(time.time() * 1000)
+                    for name, values in metrics.items():
+                        for step, value in zip(steps, _floats(values, len(steps))):
+                            if client is not None:
+                                pending.append(Metric(name, value, now, step))
+                            if writer is not None:
+                                writer.add_scalar(name.replace("_", "/", 1), value, step)
+                except BaseException as err:  # noqa: BLE001
+                    self._fail(err)
+            due = kind in ("flush", "close", "tick") or len(pending) >= MAX_BATCH \
+                or time.monotonic() - last >= self.every_s
+            if due and self.error is None:
+                try:
+                    while pending:
+                        client.log_batch(self.run_id, metrics=pending[:MAX_BATCH])
+                        del pending[:MAX_BATCH]
+                    if writer is not None:
+                        writer.flush()
+                except BaseException as err:  # noqa: BLE001
+                    self._fail(err)
+                last = time.monotonic()
+            if kind == "close":
+                if writer is not None:
+                    writer.close()
+                return
+
+    def _fail(self, err: BaseException) -> None:
+        if self.error is None:
+            self.error = err
+            print(f"[trainer] tracking failed, metrics from here on are lost: {type(err).__name__}: {err}",
+                  flush=True)

@@ -1,0 +1,76 @@
+"""The one worker loop in this process (ddp strategy, a world of one): the result record, per-step
+metrics kept without a per-step sync, checkpoints and resume, and distributed.precision honoured."""
+
+import json
+
+import pytest
+import torch
+
+from trainyard.spec import parse_spec
+from trainyard.training import strategies
+from trainyard.training.loop import LOG_EVERY, train
+from trainyard.training.run_config import RunConfig
+
+
+@pytest.fixture(autouse=True)
+def world_of_one(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TRAINYARD_FAIL_ONCE_AT_STEP"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _cfg(tmp_path, prepared, **spec) -> RunConfig:
+    raw = {"hyperparameters": {"epochs": 2, "batch_size": 64, "learning_rate": 0.1, "seed": 5}, **spec}
+    return RunConfig(spec=parse_spec(raw), data=prepared, out_dir=str(tmp_path), tensorboard_dir=str(tmp_path / "tb"))
+
+
+def _scalars(tb_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tb_dir))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def test_trains_records_every_step_and_resumes(tmp_path, prepared, capsys):
+    cfg = _cfg(tmp_path, prepared)
+    result = train(cfg, strategies.for_run(cfg))
+    steps = result["steps"]
+    per_epoch = int(capsys.readouterr().out.split("steps/epoch=")[1].split()[0])
+    assert steps == 2 * per_epoch
+    assert set(result) >= {"model_path", "recipe", "steps", "epochs", "world_size", "strategy", "train_seconds",
+                           "val_accuracy", "resumed_from_step"}
+    assert (result["strategy"], result["world_size"], result["resumed_from_step"]) == ("ddp", 1, None)
+    assert json.loads((tmp_path / "train_result.json").read_text()) == result
+    # Every step's loss reaches TensorBoard although it is all-reduced once per window.
+    assert [s for s, _ in _scalars(tmp_path / "tb", "train/loss")] == list(range(1, steps + 1))
+    norms = [s for s, _ in _scalars(tmp_path / "tb", "train/grad_norm")]
+    assert norms == list(range(LOG_EVERY, steps + 1, LOG_EVERY))
+    ckpts = sorted(p.name for p in cfg.checkpoint_dir.glob("step-*.pt"))
+    assert ckpts == [f"step-{steps // 2:08d}.pt", f"step-{steps:08d}.pt"]  # one per epoch
+
+    again = train(cfg, strategies.for_run(cfg))  # a retry of a finished run resumes at its end
+    assert again["resumed_from_step"] == steps == again["steps"]
+    assert f"resumed from checkpoint step-{steps:08d}.pt at step {steps}" in capsys.readouterr().out
+
+
+def test_bf16_runs_the_forward_in_bf16_and_saves_fp32(tmp_path, prepared):
+    seen = set()
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: seen.add(out.dtype) if isinstance(module, torch.nn.Conv2d) and module.training else None)
+    try:
+        cfg = _cfg(tmp_path, prepared, distributed={"precision": "bf16"})
+        result = train(cfg, strategies.for_run(cfg))
+    finally:
+        hook.remove()
+    assert seen == {torch.bfloat16}
+    blob = torch.load(result["model_path"], weights_only=True)
+    assert {t.dtype for t in blob["state_dict"].values()} == {torch.float32}
+    assert result["val_accuracy"] > 0.5
+
+
+def test_fp16_on_cpu_is_refused_naming_the_field(tmp_path, prepared):
+    from trainyard.training.strategies.precision import PrecisionError
+
+    cfg = _cfg(tmp_path, prepared, distributed={"precision": "fp16"})
+    with pytest.raises(PrecisionError, match="distributed.precision 'fp16' needs CUDA GPUs"):
+        train(cfg, strategies.for_run(cfg))
