@@ -16,6 +16,8 @@ from datetime import timedelta
 
 from airflow.sdk import Asset, Param, dag, task
 
+from trainyard_airflow.errors import fail_permanently
+
 DATASETS = Asset(name="trainyard_datasets", uri="trainyard://datasets")
 
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
@@ -40,28 +42,26 @@ default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(sec
 )
 def ingest_dataset():
     @task(retries=0)
+    @fail_permanently
     def check_upload(params: dict | None = None) -> dict:
         """Refuse traversal, outside symlinks and empty folders; run the data kind's suite."""
-        from airflow.sdk.exceptions import AirflowFailException
-
         from trainyard import paths
-        from trainyard.data.upload import UploadError, collect_folder, detect_kind, folder_digest, validate_folder
+        from trainyard.data.upload import collect_folder, detect_kind, folder_digest, validate_folder
+        from trainyard.pipeline import DataValidationError
         from trainyard.spec import safe_key
 
-        try:
-            files = collect_folder(params["folder"])
-            kind = detect_kind(params["folder"]) if params["kind"] == "auto" else params["kind"]
-            digest = folder_digest(files)
-            docs = paths.home() / "ingest" / safe_key(f"{params['repo']}-{digest[:12]}")
-            report = validate_folder(params["folder"], kind, docs_dir=docs)
-        except (UploadError, ValueError) as err:
-            raise AirflowFailException(f"upload refused: {err}") from None
+        files = collect_folder(params["folder"])
+        kind = detect_kind(params["folder"]) if params["kind"] == "auto" else params["kind"]
+        digest = folder_digest(files)
+        docs = paths.home() / "ingest" / safe_key(f"{params['repo']}-{digest[:12]}")
+        report = validate_folder(params["folder"], kind, docs_dir=docs)
         if not report.success:
-            raise AirflowFailException(f"{params['folder']} failed validation; nothing committed.\n{report.summary()}")
+            raise DataValidationError(f"{params['folder']} failed validation; nothing committed.\n{report.summary()}")
         return {"digest": digest, "kind": kind, "files": len(files), "docs": report.docs,
                 "validation": report.summary()}
 
     @task(outlets=[DATASETS])
+    @fail_permanently
     def commit_upload(checked: dict, params: dict | None = None, outlet_events=None) -> dict:
         """Commit exactly the validated bytes (same digest) and announce the new commit."""
         from trainyard.data.stores import open_store

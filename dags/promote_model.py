@@ -23,6 +23,8 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from trainyard_airflow.errors import fail_permanently
+
 CONN_ID = "trainyard_signing"
 APPROVAL_TIMEOUT = timedelta(hours=24)
 
@@ -63,23 +65,19 @@ def promote_model():
     from airflow.providers.standard.operators.hitl import ApprovalOperator
 
     @task
+    @fail_permanently
     def verify(params: dict | None = None) -> dict:
         """Re-hash every file of the version and check the signed manifest; a mismatch fails the run."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from trainyard.registry.signing import SigningKeyError, VerificationError
         from trainyard.registry.versions import alias_holder, resolve_version, verify_version
         from trainyard.tracking.mlflow_tracking import client
 
         c = client()
-        try:
-            version = resolve_version(c, params["model"], params["version"])
-            info = verify_version(c, params["model"], version, _verify_key())
-        except (LookupError, SigningKeyError, VerificationError) as err:
-            raise AirflowFailException(str(err)) from None
+        version = resolve_version(c, params["model"], params["version"])
+        info = verify_version(c, params["model"], version, _verify_key())
         return {**info, "alias": params["alias"], "current": alias_holder(c, params["model"], params["alias"])}
 
     @task.branch
+    @fail_permanently
     def needs_approval(params: dict | None = None) -> str:
         """`approve` if the run asks for a human decision, else straight to `move_alias`."""
         return "approve" if params["require_approval"] else "move_alias"
@@ -101,11 +99,9 @@ def promote_model():
     )
 
     @task(trigger_rule="none_failed_min_one_success")
+    @fail_permanently
     def move_alias(verified: dict, params: dict | None = None) -> dict:
         """Verify again, move the alias, append who/when/from/to/why to the alias history."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from trainyard.registry.signing import SigningKeyError, VerificationError
         from trainyard.registry.versions import promote
         from trainyard.tracking.mlflow_tracking import client
 
@@ -115,12 +111,9 @@ def promote_model():
         answer = ctx["ti"].xcom_pull(task_ids="approve") if params["require_approval"] else None
         if answer:
             extra["approved_by"] = (answer.get("responded_by_user") or {}).get("name")
-        try:
-            return promote(client(), params["model"], verified["version"], params["alias"],
-                           user=getattr(dag_run, "triggering_user_name", None) or "airflow",
-                           reason=params["reason"], public_key=_verify_key(), extra=extra)
-        except (SigningKeyError, VerificationError) as err:
-            raise AirflowFailException(f"{params['alias']} not moved: {err}") from None
+        return promote(client(), params["model"], verified["version"], params["alias"],
+                       user=getattr(dag_run, "triggering_user_name", None) or "airflow",
+                       reason=params["reason"], public_key=_verify_key(), extra=extra)
 
     verified = verify()
     branch = needs_approval()

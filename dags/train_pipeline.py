@@ -27,42 +27,51 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, get_current_context, task
 
 from trainyard.scheduling.resources import pool_name
-from trainyard.spec import JobSpec
+from trainyard.spec import JobSpec, param_schemas
+from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 
-DEFAULT = JobSpec().model_dump(mode="json")
+DEFAULT_SPEC = JobSpec()
+DEFAULT = DEFAULT_SPEC.model_dump(mode="json")
 # Parse-time defaults; the cluster policy (plugins/trainyard_airflow/policy.py) sets them per run.
-GPU_POOL = pool_name(DEFAULT["resources"]["gpu_type"])
-GPU_SLOTS = DEFAULT["resources"]["nodes"] * DEFAULT["resources"]["gpus_per_node"]
-
-PARAM_DOCS = {
-    "name": "Job name; also the registered model's name.",
-    "recipe": "Built-in recipe (digits_cnn | centernet_detector | transformer_translator) or custom.",
-    "dataset": "Dataset store, repository and ref (branch, tag or commit id); the run pins the commit.",
-    "split": "Train/val split: val_fraction and seed (assignment by a hash of each sample key).",
-    "hyperparameters": "epochs, batch_size, learning_rate, optimizer (sgd | adamw), momentum, weight_decay, seed.",
-    "resources": "nodes, gpus_per_node (= processes = pool slots), gpu_type (= pool), team, priority.",
-    "gates": "Metric thresholds the model must meet to be exported and registered.",
-    "champion": "Champion/challenger rules: [{metric, margin, higher_is_better}] against the 'production' version.",
-    "backends": "launcher (local | kubernetes), tracking and registry backends.",
-    "distributed": "strategy (ddp | horovod | deepspeed), max_restarts, zero_stage, precision.",
-    "checkpointing": "every_steps or every_minutes (default: every epoch), keep_last.",
-    "kubernetes": "namespace, image, pull policy, priority class, node selector, tolerations, MIG profile, PVC, env.",
-    "custom": "Bring your own training (recipe 'custom'): command and optional image.",
-    "export": "ONNX parity tolerances (rtol, atol), allowed metric difference, optional TorchScript file.",
-    "recipe_options": "Options of the recipe, e.g. {image_size: 64} (detection) or {d_model: 64, max_len: 32} (translation).",
-}
-_TYPES = {str: "string", dict: "object", list: "array", type(None): ["null", "object"]}
+GPU_POOL = pool_name(DEFAULT_SPEC.resources.gpu_type)
+GPU_SLOTS = DEFAULT_SPEC.resources.total_gpus
 
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
 
 
-def _raw_spec() -> tuple[dict, str]:
+class _Shared(dict):
+    """JSON shared rather than copied: Airflow deep-copies the DAG's Params (default and schema) into every
+    task it parses, some 50 copies of the JobSpec's schema and defaults, which doubled this file's parse
+    time. Nothing changes a Param's default or schema at parse; a run gets its own from the serialized DAG."""
+
+    def __deepcopy__(self, memo: dict) -> _Shared:
+        return self
+
+
+def _params() -> dict[str, Param]:
+    """One Param per JobSpec field, its schema (nested fields, descriptions, enums, bounds) from the model."""
+    return {name: Param(_Shared(DEFAULT[name]) if isinstance(DEFAULT[name], dict) else DEFAULT[name],
+                        description=schema.get("description"),
+                        schema=_Shared({**{k: v for k, v in schema.items() if k not in ("default", "title")},
+                                        "title": name}))
+            for name, schema in param_schemas().items()}
+
+
+def _spec(xcom: dict) -> JobSpec:
+    """A task's spec XCom (JSON, validated by the first task) back as the JobSpec, once per task."""
+    return JobSpec.model_validate(xcom)
+
+
+def _run_key() -> str:
+    dag_run = get_current_context()["dag_run"]
+    return f"{dag_run.dag_id}/{dag_run.run_id}"
+
+
+def _raw_spec() -> dict:
     """The JobSpec defaults (= the Params) overlaid with the run's conf: the trigger form sends every
     field as conf, a REST call sends what it overrides. Unknown keys stay, so the spec can refuse them."""
-    dag_run = get_current_context()["dag_run"]
-    raw = {**DEFAULT, **(dag_run.conf or {})}
-    return raw, f"{dag_run.dag_id}/{dag_run.run_id}"
+    return {**DEFAULT, **(get_current_context()["dag_run"].conf or {})}
 
 
 @dag(
@@ -73,131 +82,123 @@ def _raw_spec() -> tuple[dict, str]:
     default_args=default_args,
     tags=["trainyard", "training"],
     doc_md=__doc__,
-    params={
-        key: Param(value, type=_TYPES[type(value)], description=PARAM_DOCS[key], title=key)
-        for key, value in DEFAULT.items()
-    },
+    params=_params(),
 )
 def train_pipeline():
     @task(retries=0)
+    @fail_permanently
     def validate_spec() -> dict:
         """Validate the JobSpec; fails at once, naming every bad field."""
-        from airflow.sdk.exceptions import AirflowFailException
-
         from trainyard.pipeline import validate_spec as check
-        from trainyard.spec import SpecError
 
-        raw, _ = _raw_spec()
-        try:
-            return check(raw)
-        except SpecError as err:
-            raise AirflowFailException(str(err)) from None
+        return check(_raw_spec()).model_dump(mode="json")
 
     @task
+    @fail_permanently
     def resolve_dataset(spec: dict) -> dict:
         """Ingest the built-in source if named, and pin the dataset ref to an immutable commit."""
         from trainyard.pipeline import resolve_dataset as resolve
         from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
-
-        return resolve(spec)
+        return resolve(_spec(spec))
 
     @task(retries=0)
+    @fail_permanently
     def validate_data(spec: dict, dataset: dict) -> dict:
         """great-expectations suite over the pinned commit: bad data stops the run here."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from trainyard.pipeline import DataValidationError, validate_data as check
+        from trainyard.pipeline import validate_data as check
         from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
-
-        try:
-            return check(spec, dataset, _raw_spec()[1])
-        except DataValidationError as err:
-            raise AirflowFailException(str(err)) from None
+        return check(_spec(spec), dataset, _run_key())
 
     @task
+    @fail_permanently
     def prepare_data(spec: dict, dataset: dict, _validated: dict) -> dict:
         """Hash-based train/val split written to LMDB, cached by (commit, split settings)."""
         from trainyard.pipeline import prepare_data as prepare
         from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
-
-        return prepare(spec, dataset)
+        return prepare(_spec(spec), dataset)
 
     @task.branch
+    @fail_permanently
     def choose_launcher(spec: dict) -> str:
         """backends.launcher: train here (local) or on Kubernetes."""
-        return "train" if spec["backends"]["launcher"] == "local" else "plan_kubernetes"
+        return "train" if _spec(spec).backends.launcher == "local" else "plan_kubernetes"
 
     @task(pool=GPU_POOL, pool_slots=GPU_SLOTS)
+    @fail_permanently
     def train(spec: dict, dataset: dict, data: dict) -> dict:
         """Workers of the spec's strategy on this machine (torchrun / horovodrun / deepspeed); output
         streamed here; a retry resumes from the newest checkpoint."""
         from trainyard.pipeline import train as run
 
-        return run(spec, dataset, data, _raw_spec()[1])
+        return run(_spec(spec), dataset, data, _run_key())
 
     @task
+    @fail_permanently
     def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
         """MLflow run and run config on the shared volume, for the pods to start from."""
         from trainyard.pipeline import plan_training
 
-        return plan_training(spec, dataset, data, _raw_spec()[1])
+        return plan_training(_spec(spec), dataset, data, _run_key())
 
     @task
+    @fail_permanently
     def collect_kubernetes(spec: dict, plan: dict) -> dict:
-        """Read what the pods left on the shared volume (result, cost)."""
+        """Read what the pods left on the shared volume (result, GPU time of every try, cost)."""
         from trainyard.pipeline import collect_training
 
-        return collect_training(spec, plan)
+        return collect_training(_spec(spec), plan)
 
     @task(trigger_rule="none_failed_min_one_success")
+    @fail_permanently
     def training_result() -> dict:
         """The result of whichever launcher ran (the other branch was skipped)."""
         ti = get_current_context()["ti"]
         return ti.xcom_pull(task_ids="train") or ti.xcom_pull(task_ids="collect_kubernetes")
 
     @task
+    @fail_permanently
     def evaluate(spec: dict, trained: dict, data: dict) -> dict:
         """Metrics on the val split, logged to the MLflow run."""
         from trainyard.pipeline import evaluate as run
 
-        return run(spec, trained, data)
+        return run(_spec(spec), trained, data)
 
     @task(retries=0)
+    @fail_permanently
     def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
         """Thresholds and champion/challenger rules from the spec; the full result goes to XCom and onto
         the MLflow run (then the model version); a breach fails the run here."""
-        from airflow.sdk.exceptions import AirflowFailException
-
+        from trainyard.evaluation.gate import GateFailed
         from trainyard.pipeline import gate as check
 
-        result = check(spec, metrics, data, trained)
+        result = check(_spec(spec), metrics, data, trained)
         get_current_context()["ti"].xcom_push(key="gate_result", value=result)
         if not result["passed"]:
-            raise AirflowFailException(result["message"])
+            raise GateFailed(result["message"])
         return result
 
     @task
+    @fail_permanently
     def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
         """ONNX export; onnxruntime must match PyTorch on fixed inputs and on the recipe's val metric."""
         from trainyard.pipeline import export_onnx as run
 
-        return run(spec, trained, data)
+        return run(_spec(spec), trained, data)
 
     @task
+    @fail_permanently
     def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict) -> dict:
-        """MLflow model version (signature, input example, lineage tags), alias staging; once per run."""
+        """MLflow model version (signature, input example, lineage tags), alias staging; once per run
+        (found again by the run key tag on a retry)."""
         from trainyard.pipeline import register as run
 
-        ctx = get_current_context()
-        run_key = _raw_spec()[1]
-        return run(spec, dataset, trained, exported, metrics, run_key,
-                   extra_tags={"dag_id": ctx["dag_run"].dag_id, "airflow_run_id": ctx["dag_run"].run_id})
+        return run(_spec(spec), dataset, trained, exported, metrics, _run_key())
 
     spec = validate_spec()
     dataset = resolve_dataset(spec)
@@ -213,7 +214,9 @@ def train_pipeline():
         config_path=plan["config_path"],
         pool=GPU_POOL,
         pool_slots=GPU_SLOTS,
-        doc_md="One Indexed Job (a pod per node) + headless Service; holds all of the job's GPUs in its pool.",
+        doc_md="A Pod (one node) or an Indexed Job + headless Service; waits deferred (no worker slot) and "
+               "keeps all of the job's GPUs in its pool meanwhile (the GPU pools count deferred tasks). "
+               "Deleted on failure, timeout or mark-failed.",
     )
     remote = collect_kubernetes(spec, plan)
     launcher >> [local, plan]

@@ -1,45 +1,41 @@
-"""The steps of train_pipeline as plain functions: JSON-able dicts in, JSON-able dicts out.
+"""The steps of train_pipeline as plain functions: a validated JobSpec and JSON-able manifests in,
+JSON-able manifests out.
 
-The DAG only wires these together; tests and the CLI call them directly. Every step reads pinned inputs
-(a dataset commit, a model file) and writes under a key derived from them, so re-running a step never
-duplicates anything.
+The DAG only wires these together (turning each spec XCom back into a JobSpec once); tests and the CLI
+call them directly. Every step reads pinned inputs (a dataset commit, a model file) and writes under a key
+derived from them, so re-running a step never duplicates anything.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from trainyard import paths
-from trainyard.export.onnx_export import ExportFailed  # noqa: F401  (raised by export_onnx and the champion check)
+from trainyard.errors import PermanentError
+from trainyard.export.onnx_export import ExportFailed
 from trainyard.spec import JobSpec, parse_spec, safe_key
+
+if TYPE_CHECKING:
+    from trainyard.recipes.base import Recipe
 
 log = logging.getLogger(__name__)
 
 
-class DataValidationError(Exception):
+class DataValidationError(PermanentError):
     """The dataset failed its expectation suite; the message lists every failed expectation."""
 
 
-class GateFailed(Exception):
-    """The model missed a threshold; the message lists every breach and by how much."""
-
-
-def _spec(spec: dict) -> JobSpec:
-    return JobSpec.model_validate(spec)
-
-
-def run_dir(spec: dict, run_key: str) -> Path:
-    d = paths.runs_root() / spec["name"] / safe_key(run_key)
+def run_dir(spec: JobSpec, run_key: str) -> Path:
+    d = paths.runs_root() / spec.name / safe_key(run_key)
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
 # -- 1. spec ---------------------------------------------------------------------------------------------
-def validate_spec(raw: dict) -> dict:
+def validate_spec(raw: dict) -> JobSpec:
     """Parse and check a raw spec (Params merged with conf); raise SpecError naming every bad field."""
     from trainyard import recipes
     from trainyard.scheduling.resources import check_spec, load_resources
@@ -47,7 +43,7 @@ def validate_spec(raw: dict) -> dict:
     spec = parse_spec(raw)
     check_spec(spec, load_resources())
     recipes.check_spec(spec)
-    return spec.model_dump(mode="json")
+    return spec
 
 
 # -- 2. data -----------------------------------------------------------------------------------------------
@@ -57,20 +53,20 @@ def _store(kind: str):
     return open_store(kind)
 
 
-def resolve_dataset(spec: dict) -> dict:
+def resolve_dataset(spec: JobSpec) -> dict:
     """Ingest the built-in source if the spec names one, then pin the ref to an immutable commit id."""
     from trainyard.data.store import tree_digest
 
-    ds = spec["dataset"]
-    store = _store(ds["store"])
-    if ds["source"] != "none":
-        commit = _data_recipe(spec).ingest(ds["source"], store, ds["repo"], branch="main")
-        log.info("ingested built-in source %s into %s: commit %s", ds["source"], ds["repo"], commit.id)
-    commit_id = store.resolve(ds["repo"], ds["ref"])
-    entries = store.list(ds["repo"], commit_id)
+    ds = spec.dataset
+    store = _store(ds.store)
+    if ds.source != "none":
+        commit = _data_recipe(spec).ingest(ds.source, store, ds.repo, branch="main")
+        log.info("ingested built-in source %s into %s: commit %s", ds.source, ds.repo, commit.id)
+    commit_id = store.resolve(ds.repo, ds.ref)
+    entries = store.list(ds.repo, commit_id)
     digest, files = tree_digest(entries), len(entries)
-    log.info("dataset %s@%s pinned to commit %s (%d files, digest %s)", ds["repo"], ds["ref"], commit_id, files, digest[:12])
-    return {"store": store.kind, "repo": ds["repo"], "ref": ds["ref"], "commit": commit_id, "digest": digest, "files": files}
+    log.info("dataset %s@%s pinned to commit %s (%d files, digest %s)", ds.repo, ds.ref, commit_id, files, digest[:12])
+    return {"store": store.kind, "repo": ds.repo, "ref": ds.ref, "commit": commit_id, "digest": digest, "files": files}
 
 
 def checkout(dataset: dict) -> Path:
@@ -79,14 +75,14 @@ def checkout(dataset: dict) -> Path:
     return _store(dataset["store"]).export(dataset["repo"], dataset["commit"], dest)
 
 
-def _data_recipe(spec: dict):
+def _data_recipe(spec: JobSpec) -> Recipe:
     """The recipe whose data layout the job uses; a custom command gets the image-classification one."""
     from trainyard import recipes
 
-    return recipes.get("digits_cnn" if spec["recipe"] == "custom" else spec["recipe"])
+    return recipes.get("digits_cnn" if spec.recipe == "custom" else spec.recipe)
 
 
-def validate_data(spec: dict, dataset: dict, run_key: str) -> dict:
+def validate_data(spec: JobSpec, dataset: dict, run_key: str) -> dict:
     """The recipe's expectation suites over the pinned commit; Data Docs kept with the run."""
     report = _data_recipe(spec).validate(checkout(dataset), run_dir(spec, run_key) / "data_docs")
     out = run_dir(spec, run_key) / "validation.json"
@@ -98,28 +94,28 @@ def validate_data(spec: dict, dataset: dict, run_key: str) -> dict:
     return {"success": True, "report": str(out), "docs": report.docs, "checks": len(report.checks)}
 
 
-def prepare_data(spec: dict, dataset: dict) -> dict:
+def prepare_data(spec: JobSpec, dataset: dict) -> dict:
     """Hash split of the commit, written as the recipe's records in LMDB or TFRecord (cached)."""
     from trainyard.data.prepare import prepare_records
 
-    split = spec["split"]
+    split = spec.split
     recipe = _data_recipe(spec)
-    options = recipe.opts(spec)
+    options = recipe.opts(spec)  # a custom job has none (validate_spec): the data recipe's defaults
     manifest = prepare_records(lambda: recipe.samples(checkout(dataset), options), dataset["commit"],
-                               paths.cache_root() / "prepared", split["val_fraction"], split["seed"], fmt=spec["dataset"]["format"],
-                               test_fraction=split["test_fraction"], variant=recipe.variant(options))
+                               paths.cache_root() / "prepared", split.val_fraction, split.seed, fmt=spec.dataset.format,
+                               test_fraction=split.test_fraction, variant=recipe.variant(options))
     log.info("prepared %s (%s): %s", manifest["path"], "cache hit" if manifest["cached"] else "built", manifest["counts"])
     return manifest
 
 
 # -- 3. training -------------------------------------------------------------------------------------------
-def start_tracking(spec: dict, dataset: dict, run_key: str, tags: dict[str, str] | None = None) -> str:
+def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, str] | None = None) -> str:
     from trainyard.tracking import mlflow_tracking as mt
 
     c = mt.client()
     run_id = mt.ensure_run(
         c,
-        experiment=spec["name"],
+        experiment=spec.name,
         run_key=run_key,
         run_name=safe_key(run_key),
         tags={
@@ -131,7 +127,8 @@ def start_tracking(spec: dict, dataset: dict, run_key: str, tags: dict[str, str]
             **(tags or {}),
         },
     )
-    mt.log_params(c, run_id, {k: spec[k] for k in ("recipe", "hyperparameters", "resources", "split", "recipe_options")})
+    mt.log_params(c, run_id, spec.model_dump(
+        mode="json", include={"recipe", "hyperparameters", "resources", "split", "recipe_options"}))
     # The data-validation report and its Data Docs (one site per suite) travel with the run they gated.
     rdir = run_dir(spec, run_key)
     if (rdir / "validation.json").exists():
@@ -142,9 +139,9 @@ def start_tracking(spec: dict, dataset: dict, run_key: str, tags: dict[str, str]
     return run_id
 
 
-def plan_training(spec: dict, dataset: dict, data: dict, run_key: str) -> dict:
+def plan_training(spec: JobSpec, dataset: dict, data: dict, run_key: str) -> dict:
     """The MLflow run and the run config every launcher starts its workers with (idempotent)."""
-    from trainyard.training.common import RunConfig
+    from trainyard.training.run_config import RunConfig
 
     out_dir = run_dir(spec, run_key)
     cfg = RunConfig(
@@ -153,52 +150,50 @@ def plan_training(spec: dict, dataset: dict, data: dict, run_key: str) -> dict:
         out_dir=str(out_dir),
         tracking_uri=paths.mlflow_tracking_uri(),
         mlflow_run_id=start_tracking(spec, dataset, run_key),
-        tensorboard_dir=str(paths.tensorboard_root() / spec["name"] / safe_key(run_key)),
+        tensorboard_dir=str(paths.tensorboard_root() / spec.name / safe_key(run_key)),
     )
-    cfg_path = out_dir / "run_config.json"
-    cfg_path.write_text(json.dumps(cfg.__dict__, indent=1))
+    cfg_path = cfg.dump(out_dir / "run_config.json")
     return {"config_path": str(cfg_path), "run_dir": str(out_dir), "mlflow_run_id": cfg.mlflow_run_id,
-            "tensorboard_dir": cfg.tensorboard_dir, "started": time.time()}
+            "tensorboard_dir": cfg.tensorboard_dir}
 
 
-def launch_local(spec: dict, data: dict, plan: dict, on_line: Callable[[str], None] | None = None) -> None:
+def launch_local(spec: JobSpec, data: dict, plan: dict, on_line: Callable[[str], None] | None = None) -> None:
     """The strategy's launcher (torchrun, horovodrun, deepspeed; or the custom command under torchrun) as a
-    subprocess; every output line goes to ``on_line`` (the task log)."""
-    from trainyard.training import custom
+    subprocess; every output line goes to ``on_line`` (the task log). The launcher records this try's GPU
+    time in the run's usage file, failed tries included."""
     from trainyard.training.launchers import local
 
-    nproc = spec["resources"]["gpus_per_node"]
-    env = local.worker_env(nproc)
-    if spec["recipe"] == "custom":
-        argv = custom.local_argv(spec)
-        env.update(custom.platform_env(data, plan["run_dir"]))
-    else:
-        argv = local.command_for(spec, plan["config_path"])
-    log.info("launching: %s", " ".join(argv))
-    local.run(argv, env=env, on_line=on_line or (lambda line: log.info("%s", line)))
+    local.launch(spec, data, run_dir=plan["run_dir"], config_path=plan["config_path"],
+                 on_line=on_line or (lambda line: log.info("%s", line)))
 
 
-def collect_training(spec: dict, plan: dict) -> dict:
-    """What the workers left: train_result.json (built-in recipes) or the custom metrics file; plus cost."""
+def collect_training(spec: JobSpec, plan: dict) -> dict:
+    """What the workers left: train_result.json (built-in recipes) or the custom metrics file; plus the GPU
+    time of every try (the launchers' usage records: a retry adds to it, queue time is not in it) and its
+    cost."""
     from trainyard.scheduling.resources import load_resources, run_cost
     from trainyard.tracking import mlflow_tracking as mt
-    from trainyard.training import custom
+    from trainyard.training import custom, usage
 
     out_dir = Path(plan["run_dir"])
     c = mt.client()
-    if spec["recipe"] == "custom":
+    if spec.recipe == "custom":
         result = custom.collect(out_dir, c, plan["mlflow_run_id"])
     else:
         result = json.loads((out_dir / "train_result.json").read_text())
-    seconds = time.time() - plan["started"]
-    res = spec["resources"]
-    cost = run_cost(load_resources(), res["gpu_type"], res["nodes"] * res["gpus_per_node"], seconds)
+    gpu_seconds = usage.gpu_seconds(out_dir)
+    tries = usage.tries(out_dir)
+    cost = run_cost(load_resources(), spec.resources.gpu_type, gpu_seconds)
+    log.info("GPU time %.1f GPU-seconds over %d tr%s on %s: cost %.4f", gpu_seconds, len(tries),
+             "y" if len(tries) == 1 else "ies", spec.resources.gpu_type, cost)
+    c.log_metric(plan["mlflow_run_id"], "gpu_seconds", gpu_seconds)
     c.log_metric(plan["mlflow_run_id"], "run_cost", cost)
     return {**result, **{k: plan[k] for k in ("mlflow_run_id", "run_dir", "tensorboard_dir")},
-            "wall_seconds": round(seconds, 3), "cost": cost}
+            "wall_seconds": round(usage.wall_seconds(out_dir), 3), "gpu_seconds": round(gpu_seconds, 3),
+            "tries": len(tries), "cost": cost}
 
 
-def train(spec: dict, dataset: dict, data: dict, run_key: str, on_line: Callable[[str], None] | None = None) -> dict:
+def train(spec: JobSpec, dataset: dict, data: dict, run_key: str, on_line: Callable[[str], None] | None = None) -> dict:
     """Local training in one step: plan, launch on this machine, collect. Resumes from the run's newest
     checkpoint, so a retry continues instead of starting over."""
     plan = plan_training(spec, dataset, data, run_key)
@@ -207,16 +202,16 @@ def train(spec: dict, dataset: dict, data: dict, run_key: str, on_line: Callable
 
 
 # -- 4. evaluation and gate --------------------------------------------------------------------------------
-def evaluate(spec: dict, trained: dict, data: dict) -> dict:
+def evaluate(spec: JobSpec, trained: dict, data: dict) -> dict:
     """The recipe's metrics on the val (and test) split, logged to the MLflow run; metric signatures
     (BLEU tokenizer, COCO evaluator) become run tags ``eval.*``."""
     from trainyard import recipes
     from trainyard.tracking import mlflow_tracking as mt
 
-    if spec["recipe"] == "custom":  # the program measured itself; the gate reads its last reports
+    if spec.recipe == "custom":  # the program measured itself; the gate reads its last reports
         log.info("evaluation (reported by the custom command): %s", trained["final_metrics"])
         return trained["final_metrics"]
-    recipe = recipes.get(spec["recipe"])
+    recipe = recipes.get(spec.recipe)
     options = recipe.opts(spec)
     metrics, info = recipe.evaluate(trained["model_path"], data, "val", options)
     if "test" in data:
@@ -230,7 +225,7 @@ def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     return metrics
 
 
-def champion_metrics(spec: dict, data: dict) -> dict | None:
+def champion_metrics(spec: JobSpec, data: dict) -> dict | None:
     """The ``production`` version's metrics on this run's eval data (its registered ONNX model, run with
     onnxruntime), or None when the model has no production version yet."""
     import tempfile
@@ -245,33 +240,33 @@ def champion_metrics(spec: dict, data: dict) -> dict | None:
 
     c = mt.client()
     try:
-        mv = c.get_model_version_by_alias(spec["name"], "production")
+        mv = c.get_model_version_by_alias(spec.name, "production")
     except MlflowException:
         return None
-    verify_version(c, spec["name"], mv.version, load_public_key())  # never compare against tampered files
+    verify_version(c, spec.name, mv.version, load_public_key())  # never compare against tampered files
     # The storage location itself, into a temp dir: a models:/ download writes a metadata file into its
     # destination, which must never be the artifact store.
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=storage_uri(c, spec["name"], mv.version),
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=storage_uri(c, spec.name, mv.version),
                                                      dst_path=tempfile.mkdtemp(prefix="champion-"),
                                                      tracking_uri=c.tracking_uri))
     onnx_file = next(iter(sorted(local.rglob("*.onnx"))), None)
     if onnx_file is None:
-        raise ExportFailed(f"production version {mv.version} of {spec['name']!r} has no ONNX model to compare with")
-    recipe = recipes.get(spec["recipe"])
+        raise ExportFailed(f"production version {mv.version} of {spec.name!r} has no ONNX model to compare with")
+    recipe = recipes.get(spec.recipe)
     metrics = recipe.onnx_metrics(onnx_file, data, recipe.opts(spec))
-    log.info("champion: %s version %s on this run's val split: %s", spec["name"], mv.version, metrics)
+    log.info("champion: %s version %s on this run's val split: %s", spec.name, mv.version, metrics)
     return {**metrics, "_version": float(mv.version)}
 
 
-def gate(spec: dict, metrics: dict, data: dict | None = None, trained: dict | None = None) -> dict:
+def gate(spec: JobSpec, metrics: dict, data: dict | None = None, trained: dict | None = None) -> dict:
     """Thresholds and champion/challenger rules; the full result (every metric, bound, margin) is returned
     for XCom and, with ``trained``, stored on its MLflow run (tags ``gate.*`` + gate_result.json). The
-    caller fails the run if ``passed`` is false."""
+    caller fails the run (``GateFailed``) if ``passed`` is false. ``validate_spec`` refuses champion
+    rules for a custom recipe, so here every rule is measured."""
     from trainyard.evaluation.champion import combined_gate
 
-    rules = spec.get("champion") or []
-    champion = champion_metrics(spec, data) if rules and data is not None and spec["recipe"] != "custom" else None
-    result = combined_gate(metrics, spec["gates"], champion, rules)
+    champion = champion_metrics(spec, data) if spec.champion and data is not None else None
+    result = combined_gate(metrics, spec.gates, champion, spec.champion)
     if champion is not None:
         result["champion_version"] = int(champion["_version"])
     if trained and trained.get("mlflow_run_id"):
@@ -313,15 +308,15 @@ def record_gate(run_id: str, out_dir: str, result: dict) -> None:
 
 
 # -- 5. export and registry --------------------------------------------------------------------------------
-def export_onnx(spec: dict, trained: dict, data: dict) -> dict:
+def export_onnx(spec: JobSpec, trained: dict, data: dict) -> dict:
     """ONNX export of the trained model, held to parity with PyTorch and to its metric re-computed with
     onnxruntime (see the recipe); with ``export.torchscript``, a TorchScript file too."""
     from trainyard import recipes
 
-    if spec["recipe"] == "custom":
+    if spec.recipe == "custom":
         return check_custom_onnx(trained)
-    recipe = recipes.get(spec["recipe"])
-    out = recipe.export(trained["model_path"], data, Path(trained["run_dir"]), spec["export"], recipe.opts(spec))
+    recipe = recipes.get(spec.recipe)
+    out = recipe.export(trained["model_path"], data, Path(trained["run_dir"]), spec.export, recipe.opts(spec))
     p = out["parity"]
     m = out["metric"]
     log.info("ONNX parity on %d outputs: max |diff| %.3g, mismatched %d; %s torch %.4f onnx %.4f%s",
@@ -352,7 +347,7 @@ def check_custom_onnx(trained: dict) -> dict:
             "input_example": save_input_example(Path(trained["run_dir"]), {inp.name: example})}
 
 
-def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict, run_key: str,
+def register(spec: JobSpec, dataset: dict, trained: dict, exported: dict, metrics: dict, run_key: str,
              extra_tags: dict[str, str] | None = None) -> dict:
     """One signed MLflow model version per DAG run: ONNX model (signature, input example), PyTorch weights
     (and TorchScript) beside it, lineage, metrics, metric signatures and the gate result as tags."""
@@ -368,8 +363,8 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
         "dataset.commit": dataset["commit"],
         "dataset.digest": dataset["digest"],
         "code_version": mt.code_version(),
-        "recipe": spec["recipe"],
-        "params": json.dumps(spec["hyperparameters"], sort_keys=True),
+        "recipe": spec.recipe,
+        "params": json.dumps(spec.hyperparameters.model_dump(mode="json"), sort_keys=True),
         "onnx_path": exported["onnx_path"],
         "run_dir": trained["run_dir"],
         **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()},
@@ -382,7 +377,7 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
         artifacts["torchscript"] = exported["torchscript_path"]
     info = register_onnx(
         c,
-        model_name=spec["name"],
+        model_name=spec.name,
         run_id=trained["mlflow_run_id"],
         run_key=run_key,
         onnx_path=exported["onnx_path"],

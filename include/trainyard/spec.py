@@ -1,24 +1,28 @@
 """JobSpec: the single source of truth for one training job.
 
-It enters as Airflow DAG Params (the UI form), as the REST ``conf``, or from a YAML file, is validated
-once by the first task and then passed as a plain dict to every later task.
+It enters as Airflow DAG Params (the UI form, generated from this module's JSON schema), as the REST
+``conf``, or from a YAML file, is validated once by the first task and passed as this model from there on;
+JSON only crosses XCom and the run-config file. Every default and description lives here, once.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainyard import TRAINER_IMAGE
+from trainyard.errors import PermanentError, spec_error_message
 
 RECIPES = ("digits_cnn", "centernet_detector", "transformer_translator", "custom")
 NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
-class SpecError(ValueError):
-    """An invalid JobSpec; the message names every bad field and what is allowed."""
+class SpecError(PermanentError, ValueError):
+    """An invalid JobSpec; the message names every bad field and what is allowed. (Still a ValueError for
+    callers that caught it as one.)"""
 
 
 class _Model(BaseModel):
@@ -29,8 +33,9 @@ class _Model(BaseModel):
 class DatasetRef(_Model):
     """Which dataset, and which version of it, the job trains on."""
 
-    store: Literal["local", "lakefs"] = "local"
-    repo: str = Field("digits", pattern=NAME_RE)
+    store: Literal["local", "lakefs"] = Field(
+        "local", description="dataset store: the embedded local store or lakeFS (connection lakefs_default)")
+    repo: str = Field("digits", pattern=NAME_RE, description="dataset repository in the store")
     ref: str = Field("main", min_length=1, description="branch, tag or commit id; resolved to a commit")
     format: Literal["lmdb", "tfrecord"] = Field("lmdb", description="record format the training loaders read")
     source: Literal["sklearn_digits", "synthetic_shapes", "synthetic_translation", "none"] = Field(
@@ -44,9 +49,9 @@ class DatasetRef(_Model):
 class SplitSpec(_Model):
     """Deterministic train/val/test split by a hash of each sample's key; train gets the rest."""
 
-    val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
-    test_fraction: float = Field(0.0, ge=0.0, lt=1.0)
-    seed: int = Field(0, ge=0)
+    val_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of samples in the val split")
+    test_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of samples in a test split (0 = none)")
+    seed: int = Field(0, ge=0, description="salt of the key hash: another seed, another split")
 
     @model_validator(mode="after")
     def _leaves_training_data(self) -> "SplitSpec":
@@ -56,31 +61,33 @@ class SplitSpec(_Model):
 
 
 class Hyperparameters(_Model):
-    epochs: int = Field(10, ge=1, le=1000)
-    batch_size: int = Field(32, ge=1, le=65536)
-    learning_rate: float = Field(0.1, gt=0.0, le=10.0)
-    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD only")
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
-    seed: int = Field(42, ge=0)
+    """How the model is optimised; the same for every strategy."""
+
+    epochs: int = Field(10, ge=1, le=1000, description="passes over the train split")
+    batch_size: int = Field(32, ge=1, le=65536, description="samples per step on each worker")
+    learning_rate: float = Field(0.1, gt=0.0, le=10.0, description="the optimizer's learning rate")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum (sgd only)")
+    optimizer: Literal["sgd", "adamw"] = Field("sgd", description="optimizer")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="L2 penalty (sgd) or decoupled decay (adamw)")
+    seed: int = Field(42, ge=0, description="seed of weight initialisation and data order")
 
 
 class Distributed(_Model):
     """How the workers cooperate. ``ddp`` = torchrun + DistributedDataParallel; ``horovod`` = horovodrun
     (gloo) + DistributedOptimizer; ``deepspeed`` = the deepspeed launcher + a ZeRO config made from here."""
 
-    strategy: Literal["ddp", "horovod", "deepspeed"] = "ddp"
+    strategy: Literal["ddp", "horovod", "deepspeed"] = Field("ddp", description="how the workers cooperate")
     max_restarts: int = Field(1, ge=0, le=100, description="worker-group restarts after a crash (torchrun)")
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage")
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training precision")
 
 
 class Checkpointing(_Model):
     """When to checkpoint (default: every epoch) and how many to keep."""
 
-    every_steps: int | None = Field(None, ge=1)
-    every_minutes: float | None = Field(None, gt=0)
-    keep_last: int = Field(3, ge=1, le=1000)
+    every_steps: int | None = Field(None, ge=1, description="also checkpoint every N optimizer steps")
+    every_minutes: float | None = Field(None, gt=0, description="also checkpoint every N minutes")
+    keep_last: int = Field(3, ge=1, le=1000, description="checkpoints kept; older ones are deleted")
 
 
 class Resources(_Model):
@@ -88,22 +95,23 @@ class Resources(_Model):
     of the train task and, on Kubernetes, the pod's ``nvidia.com/gpu`` limit."""
 
     nodes: int = Field(1, ge=1, le=256, description="> 1 needs the kubernetes launcher")
-    gpus_per_node: int = Field(2, ge=1, le=64)
+    gpus_per_node: int = Field(2, ge=1, le=64, description="worker processes (GPUs) on each node")
     gpu_type: str = Field("cpu", pattern=NAME_RE, description="a key of resources.yaml gpu_types")
-    team: str = Field("default", pattern=NAME_RE)
+    team: str = Field("default", pattern=NAME_RE, description="a key of resources.yaml teams")
     priority: int = Field(1, ge=1, le=1000, description="Airflow priority_weight of the train task")
 
     @property
     def total_gpus(self) -> int:
+        """All of the job's GPUs (nodes x gpus_per_node): its pool slots, its cost multiplier."""
         return self.nodes * self.gpus_per_node
 
 
 class Threshold(_Model):
     """One gate: ``metric`` must be >= min and/or <= max."""
 
-    metric: str = Field(pattern=r"^[a-z0-9_]+$")
-    min: float | None = None
-    max: float | None = None
+    metric: str = Field(pattern=r"^[a-z0-9_]+$", description="a metric the recipe reports, e.g. val_accuracy")
+    min: float | None = Field(None, description="lowest value that passes")
+    max: float | None = Field(None, description="highest value that passes")
 
     @model_validator(mode="after")
     def _has_bound(self) -> "Threshold":
@@ -115,20 +123,22 @@ class Threshold(_Model):
 class KubernetesSpec(_Model):
     """Where and how the pods of a ``launcher: kubernetes`` job run."""
 
-    namespace: str = Field("trainyard", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    namespace: str = Field("trainyard", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
+                           description="namespace of the Job, its pods and Service")
     image: str = Field(TRAINER_IMAGE, min_length=1, description="the trainer image; `make image` builds the default")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    service_account: str | None = None
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="the containers' imagePullPolicy")
+    service_account: str | None = Field(None, description="service account of the pods (default: the namespace's)")
     priority_class: str | None = Field(None, description="Kubernetes PriorityClass name")
     node_selector: dict[str, str] = Field({}, description="added to the GPU type's selector from resources.yaml")
-    tolerations: tuple[dict[str, Any], ...] = (
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-    )
+    tolerations: tuple[dict[str, Any], ...] = Field(
+        ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+        description="pod tolerations (Kubernetes Toleration objects)")
     mig_profile: str | None = Field(None, pattern=r"^[0-9]+g\.[0-9]+gb$", description="e.g. 1g.10gb -> nvidia.com/mig-1g.10gb")
     data_pvc: str = Field("trainyard-data", description="PVC mounted at TRAINYARD_HOME in every pod and on the worker")
-    env: dict[str, str] = {}
-    cpu_per_gpu: str = "4"
-    memory_per_gpu: str = "16Gi"
+    env: dict[str, str] = Field({}, description="extra environment variables of the training container")
+    cpu_per_gpu: str = Field("4", description="CPU request and limit per GPU (a Kubernetes quantity)")
+    memory_per_gpu: str = Field("16Gi", description="memory request and limit per GPU (a Kubernetes quantity)")
     schedule_timeout_s: int = Field(
         6 * 3600, ge=60, le=7 * 24 * 3600,
         description="how long the pods may wait to be scheduled (a cluster queue, quota, scale-up) before the try fails")
@@ -139,23 +149,30 @@ class CustomCommand(_Model):
     provides the rendezvous environment (MASTER_ADDR, RANK, ...), TRAINYARD_DATA_DIR,
     TRAINYARD_CHECKPOINT_DIR and TRAINYARD_METRICS_FILE (JSON lines: {"step": n, "name": value, ...})."""
 
-    command: tuple[str, ...] = Field(min_length=1)
-    image: str | None = None
+    command: tuple[str, ...] = Field(min_length=1, description="argv of the program (no shell), e.g. [python, train.py]")
+    image: str | None = Field(None, description="image to run it in on Kubernetes (default: kubernetes.image)")
 
 
 class ChampionRule(_Model):
     """The challenger must beat the version under the ``production`` alias on ``metric`` by ``margin``,
-    both measured on this run's eval data."""
+    both measured on this run's eval data (built-in recipes only: a custom model cannot be re-measured)."""
 
-    metric: str = Field(pattern=r"^[a-z0-9_]+$")
-    margin: float = Field(0.0, ge=0.0)
-    higher_is_better: bool = True
+    metric: str = Field(pattern=r"^[a-z0-9_]+$", description="a metric the recipe reports, e.g. val_map")
+    margin: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="how far the challenger must be ahead")
+    higher_is_better: bool = Field(
+        True, strict=True,
+        description="true: the challenger needs >= champion + margin; false (a loss): <= champion - margin. "
+                    "Defaults to true, which suits every metric the built-in recipes report (accuracy, F1, "
+                    "mAP, BLEU, chrF); set false for a loss")
 
 
 class Backends(_Model):
-    launcher: Literal["local", "kubernetes"] = "local"
-    tracking: Literal["mlflow"] = "mlflow"
-    registry: Literal["mlflow"] = "mlflow"
+    """Which implementation serves each concern."""
+
+    launcher: Literal["local", "kubernetes"] = Field(
+        "local", description="local: workers on the Airflow worker; kubernetes: an Indexed Job")
+    tracking: Literal["mlflow"] = Field("mlflow", description="experiment tracking")
+    registry: Literal["mlflow"] = Field("mlflow", description="model registry")
 
 
 class ExportSpec(_Model):
@@ -172,22 +189,31 @@ class ExportSpec(_Model):
 
 
 class JobSpec(_Model):
+    """One training job: what to train on which data, how, where, and what it must achieve."""
+
     name: str = Field("digits", pattern=NAME_RE, description="job name; also the registered model name")
-    recipe: Literal[RECIPES] = "digits_cnn"  # type: ignore[valid-type]
+    recipe: Literal[RECIPES] = Field(  # type: ignore[valid-type]
+        "digits_cnn", description="what is trained: a built-in recipe (digits_cnn: image classification; "
+        "centernet_detector: COCO detection, mAP; transformer_translator: parallel text, BLEU/chrF) or "
+        "custom (your command)")
     dataset: DatasetRef = DatasetRef()
     split: SplitSpec = SplitSpec()
     hyperparameters: Hyperparameters = Hyperparameters()
     resources: Resources = Resources()
     distributed: Distributed = Distributed()
     checkpointing: Checkpointing = Checkpointing()
-    gates: tuple[Threshold, ...] = (Threshold(metric="val_accuracy", min=0.9),)
-    champion: tuple[ChampionRule, ...] = Field((), description="champion/challenger rules against 'production'")
+    gates: tuple[Threshold, ...] = Field(
+        (Threshold(metric="val_accuracy", min=0.9),),
+        description="thresholds the model must meet to be exported and registered (metrics of the recipe)")
+    champion: tuple[ChampionRule, ...] = Field(
+        (), description="champion/challenger rules against the 'production' version (built-in recipes only)")
     backends: Backends = Backends()
     kubernetes: KubernetesSpec = KubernetesSpec()
     custom: CustomCommand | None = None
     export: ExportSpec = ExportSpec()
     recipe_options: dict[str, int | float | str | bool] = Field(
-        {}, description="options of the recipe (e.g. image_size, d_model); each recipe documents its own")
+        {}, description="options of the recipe, e.g. {image_size: 64} (centernet_detector) or {d_model: 64} "
+        "(transformer_translator); each recipe's options model holds their defaults and bounds")
 
     @field_validator("gates")
     @classmethod
@@ -206,10 +232,6 @@ class JobSpec(_Model):
             raise ValueError("recipe 'custom' needs the custom section (command, optional image)")
         return self
 
-    @property
-    def model_name(self) -> str:
-        return self.name
-
 
 def _format_errors(err: ValidationError) -> str:
     lines = []
@@ -226,7 +248,7 @@ def _format_errors(err: ValidationError) -> str:
             lines.append(msg.removeprefix("Value error, "))
         else:
             lines.append(f"{loc}: {msg} (got {e.get('input')!r})")
-    return "invalid JobSpec:\n  " + "\n  ".join(lines)
+    return spec_error_message(lines)
 
 
 def parse_spec(data: dict[str, Any] | None) -> JobSpec:
@@ -234,7 +256,7 @@ def parse_spec(data: dict[str, Any] | None) -> JobSpec:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise SpecError(f"invalid JobSpec: expected a mapping, got {type(data).__name__}")
+        raise SpecError(spec_error_message([f"(spec): expected a mapping, got {type(data).__name__}"]))
     try:
         return JobSpec.model_validate(data)
     except ValidationError as err:
@@ -248,13 +270,49 @@ def load_spec_file(path: str) -> JobSpec:
         return parse_spec(yaml.safe_load(fh))
 
 
-def spec_digest(spec: JobSpec) -> str:
-    """Short stable digest of a spec, for keys derived from inputs."""
-    import hashlib
-    import json
+def param_schemas() -> dict[str, dict[str, Any]]:
+    """Each top-level JobSpec field as a standalone JSON schema, for the trigger form's Params: references
+    inlined (a Param's schema stands alone), ``X | None`` as ``type: [x, "null"]`` (what the form renders),
+    the field's default under ``default`` and, for a section, ``description_md`` listing its fields with
+    type, allowed values, bounds, default and description. Everything comes from the models above."""
+    schema = JobSpec.model_json_schema()
+    defs = schema.pop("$defs", {})
 
-    raw = json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()
-    return hashlib.sha256(raw).hexdigest()[:16]
+    def inline(node: Any) -> Any:
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:  # the field's own keys (description, default) win over the model's
+            return {**inline(defs[node["$ref"].rsplit("/", 1)[-1]]), **inline({k: v for k, v in node.items() if k != "$ref"})}
+        node = {k: inline(v) for k, v in node.items()}
+        options = node.get("anyOf", [])
+        if len(options) == 2 and {"type": "null"} in options:
+            other = next(o for o in options if o != {"type": "null"})
+            if isinstance(other.get("type"), str):
+                node = {**other, **{k: v for k, v in node.items() if k != "anyOf"}, "type": [other["type"], "null"]}
+        return node
+
+    out = {}
+    for name, prop in schema["properties"].items():
+        prop = inline(prop)
+        if prop.get("properties"):
+            prop["description_md"] = _fields_md(prop)
+        out[name] = prop
+    return out
+
+
+def _fields_md(section: dict[str, Any]) -> str:
+    """A section's description and one line per field: the form's object editor shows only JSON."""
+    lines = [section.get("description", "")]
+    for key, f in section["properties"].items():
+        kind = f.get("enum") or f.get("type", "")
+        bounds = [f"{op} {f[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
+                                                ("exclusiveMaximum", "<"), ("multipleOf", "multiple of")) if k in f]
+        facts = ", ".join(str(x) for x in [" | ".join(map(str, kind)) if isinstance(kind, list) else kind, *bounds,
+                                            f"default {json.dumps(f['default'])}" if "default" in f else ""] if x)
+        lines.append(f"- `{key}` ({facts}): {f.get('description', '')}".rstrip(": "))
+    return "\n".join(lines)
 
 
 def safe_key(text: str) -> str:

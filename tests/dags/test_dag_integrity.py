@@ -1,6 +1,7 @@
 """Every DAG file imports cleanly, fast, without heavy libraries or connections at parse time."""
 
 import ast
+import inspect
 import json
 import subprocess
 import sys
@@ -29,6 +30,8 @@ bag = DagBag(dag_folder=sys.argv[1])
 seconds = time.perf_counter() - t1
 dags = {d: {"owners": [t.owner for t in dag.tasks], "tags": sorted(dag.tags), "doc": bool(dag.doc_md),
             "retries": {t.task_id: t.retries for t in dag.tasks}, "pools": {t.task_id: [t.pool, t.pool_slots] for t in dag.tasks},
+            "error_mapping": {t.task_id: getattr(t.python_callable, "maps_permanent_errors", False)
+                              for t in dag.tasks if hasattr(t, "python_callable")},
             "file": dag.fileloc}
         for d, dag in bag.dags.items()}
 print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "seconds": seconds,
@@ -100,3 +103,35 @@ def test_top_level_imports_are_light():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
                 assert mod.startswith(allowed), f"{path.name}: top-level import of {mod}"
+
+
+def test_every_task_maps_permanent_errors_in_one_place(parsed):
+    """Each Python task is wrapped by trainyard_airflow.errors.fail_permanently (no try/except per task)."""
+    _, info = parsed
+    for dag_id, dag in info["dags"].items():
+        unwrapped = sorted(t for t, wrapped in dag["error_mapping"].items() if not wrapped)
+        assert unwrapped == [], f"{dag_id}: tasks without @fail_permanently: {unwrapped}"
+
+
+def test_permanent_errors_fail_without_retry_and_others_pass_through():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from trainyard.errors import PermanentError, RetryableError
+    from trainyard.spec import SpecError
+    from trainyard_airflow.errors import fail_permanently
+
+    @fail_permanently
+    def task(error: Exception | None = None, params: dict | None = None) -> str:
+        """doc"""
+        if error is not None:
+            raise error
+        return "ok"
+
+    assert task() == "ok" and task.__doc__ == "doc" and task.maps_permanent_errors
+    assert list(inspect.signature(task).parameters) == ["error", "params"]  # Airflow injects context by name
+    for permanent in (PermanentError("bad input"), SpecError("invalid JobSpec:\n  x: y")):
+        with pytest.raises(AirflowFailException, match=str(permanent).splitlines()[0]):
+            task(permanent)
+    for other in (RetryableError("busy"), OSError("disk")):
+        with pytest.raises(type(other)):
+            task(other)

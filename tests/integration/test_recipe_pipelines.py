@@ -71,6 +71,7 @@ def test_detection_recipe_end_to_end(dag, trainyard_home, monkeypatch):
     from trainyard import paths, pipeline, recipes
     from trainyard.evaluation.detection import coco_map
     from trainyard.recipes.detection import detections, ground_truth, torch_heads
+    from trainyard.spec import JobSpec
 
     x, mv = _run(dag, SHAPES)
     assert x["evaluate"]["val_map_50"] >= 0.6 and 0.3 <= x["evaluate"]["val_map"] <= x["evaluate"]["val_map_50"]
@@ -96,15 +97,16 @@ def test_detection_recipe_end_to_end(dag, trainyard_home, monkeypatch):
 
     # champion/challenger: the registered version, re-measured through its ONNX file, ties with itself
     c.set_registered_model_alias("shapes", "production", mv.version)
-    spec = dict(x["validate_spec"], champion=[{"metric": "val_map", "margin": 0.0, "higher_is_better": True}])
+    spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_map", "margin": 0.0}]})
     tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
     assert tie["passed"] and tie["champion_version"] == int(mv.version)
-    spec["champion"] = [{"metric": "val_map", "margin": 0.05, "higher_is_better": True}]
+    spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_map", "margin": 0.05}]})
     assert not pipeline.gate(spec, x["evaluate"], x["prepare_data"])["passed"]
 
 
 def test_translation_recipe_end_to_end(dag, trainyard_home):
     from trainyard import pipeline
+    from trainyard.spec import JobSpec
 
     x, mv = _run(dag, TRANSLATION)
     assert x["evaluate"]["val_bleu"] >= 50 and x["evaluate"]["val_chrf"] > x["evaluate"]["val_bleu"] / 2
@@ -123,7 +125,7 @@ def test_translation_recipe_end_to_end(dag, trainyard_home):
 
     # champion = this version (ONNX decoding + its vocabularies from pytorch/model.pt): a tie passes
     c.set_registered_model_alias("translation", "production", mv.version)
-    spec = dict(x["validate_spec"], champion=[{"metric": "val_bleu", "margin": 0.0, "higher_is_better": True}])
+    spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_bleu", "margin": 0.0}]})
     tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
     assert tie["passed"], tie["message"]
     duel = [r for r in tie["checks"] if r["kind"] == "champion"][0]
@@ -157,4 +159,4 @@ def test_recipes_train_under_the_other_strategies(trainyard_home, job, distribut
     model = recipes.load_model(trained["model_path"])  # a plain fp32 module whatever the strategy
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     headline = {"centernet_detector": {"val_map", "val_map_50"}, "transformer_translator": {"val_bleu", "val_chrf"}}
-    assert set(pipeline.evaluate(spec, trained, data)) >= headline[spec["recipe"]]
+    assert set(pipeline.evaluate(spec, trained, data)) >= headline[spec.recipe]

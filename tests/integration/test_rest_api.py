@@ -1,7 +1,8 @@
 """The Airflow REST API for real: api-server, scheduler and dag-processor as processes, LocalExecutor.
 
-Trigger train_pipeline with a conf and wait for success; trigger it with an invalid conf and see the
-first task fail naming the field; no token -> 401; a viewer cannot trigger (403).
+Trigger train_pipeline with a conf and wait for success; trigger it with a conf its Params refuse (400)
+and with one only the JobSpec refuses and see the first task fail naming the fields; no token -> 401; a
+viewer cannot trigger (403).
 """
 
 import json
@@ -162,8 +163,13 @@ def test_trigger_with_conf_runs_to_success(airflow):
 
 def test_invalid_conf_fails_at_the_first_task(airflow):
     headers = {"Authorization": f"Bearer {airflow.token('admin')}"}
+    # what the JobSpec's schema forbids is refused by the Params (generated from it) before a run exists
     r = requests.post(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", headers=headers,
                       json={"logical_date": None, "conf": {"hyperparameters": {"epochs": -5}}}, timeout=10)
+    assert r.status_code == 400 and "hyperparameters" in r.text and "minimum of 1" in r.text, r.text
+    # a rule across fields is the first task's: the run fails there, naming the fields
+    r = requests.post(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", headers=headers, timeout=10,
+                      json={"logical_date": None, "conf": {"split": {"val_fraction": 0.6, "test_fraction": 0.5}}})
     assert r.status_code == 200, r.text
     run_id = r.json()["dag_run_id"]
     run = _wait_run(airflow, headers, run_id, seconds=300)
@@ -174,7 +180,7 @@ def test_invalid_conf_fails_at_the_first_task(airflow):
     log = requests.get(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/validate_spec/logs/1",
                        headers={**headers, "Accept": "application/json"}, timeout=10)
     assert log.ok, log.text
-    assert "hyperparameters.epochs" in log.text and "greater than or equal to 1" in log.text
+    assert "invalid JobSpec" in log.text and "val_fraction + test_fraction must be < 1" in log.text
 
 
 def test_viewer_cannot_trigger(airflow):

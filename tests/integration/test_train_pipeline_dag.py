@@ -17,7 +17,8 @@ def dag():
 
 def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monkeypatch):
     from trainyard import paths, pipeline
-    from trainyard.tracking.mlflow_tracking import client
+    from trainyard.spec import JobSpec
+    from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, client
 
     dr = dag.test(run_conf=small_spec)
     states = task_states(dr)
@@ -32,7 +33,9 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     mv = c.get_model_version_by_alias("digits", "staging")
     tags = mv.tags
     run_key = f"train_pipeline/{dr.run_id}"
-    assert tags["dag_run_id"] == run_key
+    assert tags[RUN_KEY_TAG] == run_key  # one tag name for the run identity, on the version and the run
+    assert c.get_run(mv.run_id).data.tags[RUN_KEY_TAG] == run_key
+    assert not {"dag_run_id", "airflow_run_id", "trainyard.dag_run_id"} & set(tags)
     assert len(tags["dataset.commit"]) == 64 and tags["dataset.store"] == "local"
     assert tags["code_version"] != ""
     assert '"epochs": 4' in tags["params"]
@@ -60,12 +63,17 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
 
     # A retry of register for the same DAG run creates no second version.
     x = xcoms(dr)
-    again = pipeline.register(x["validate_spec"], x["resolve_dataset"], x["train"], x["export_onnx"], x["evaluate"], run_key)
+    spec = JobSpec.model_validate(x["validate_spec"])  # the XCom is JSON; the steps take the model
+    again = pipeline.register(spec, x["resolve_dataset"], x["train"], x["export_onnx"], x["evaluate"], run_key)
     assert again == {**again, "version": int(mv.version), "created": False}
     assert len(c.search_model_versions("name = 'digits'")) == 1
 
     # prepare_data is cached by (commit, split settings).
-    assert pipeline.prepare_data(x["validate_spec"], x["resolve_dataset"])["cached"] is True
+    assert pipeline.prepare_data(spec, x["resolve_dataset"])["cached"] is True
+
+    # The cost is of the GPU time the launcher recorded for every try (one here).
+    assert x["train"]["tries"] == 1 and x["train"]["gpu_seconds"] > 0
+    assert x["train"]["gpu_seconds"] == pytest.approx(x["train"]["wall_seconds"] * spec.resources.total_gpus, rel=1e-3)
 
     # The version is signed, and its staging alias move is in the history ("what was live when").
     from trainyard.registry.signing import load_public_key
@@ -78,12 +86,12 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     # Champion/challenger: with this version in production, the same model is measured again through its
     # registered ONNX file on the same val split; a challenger must beat it by the margin.
     c.set_registered_model_alias("digits", "production", mv.version)
-    spec = dict(x["validate_spec"], champion=[{"metric": "val_accuracy", "margin": 0.0, "higher_is_better": True}])
+    spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.0}]})
     tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
     assert tie["passed"] and tie["champion_version"] == int(mv.version)
     duel = [r for r in tie["checks"] if r["kind"] == "champion"][0]
     assert duel["champion"] == pytest.approx(x["evaluate"]["val_accuracy"])  # same model, same data
-    spec["champion"] = [{"metric": "val_accuracy", "margin": 0.05, "higher_is_better": True}]
+    spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.05}]})
     lost = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
     assert not lost["passed"] and "val_accuracy" in lost["message"]
 
@@ -109,7 +117,12 @@ def test_failing_gate_stops_before_export(dag, trainyard_home, small_spec):
 
 
 def test_invalid_spec_fails_first_task_only(dag, trainyard_home):
-    dr = dag.test(run_conf={"hyperparameters": {"epochs": 0}})
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match="hyperparameters"):  # the Params carry the JobSpec's schema
+        dag.test(run_conf={"hyperparameters": {"epochs": 0}})
+    # what only the JobSpec knows (a rule across fields, a recipe's metrics) fails the first task
+    dr = dag.test(run_conf={"recipe": "centernet_detector"})
     states = task_states(dr)
     assert dr.state == "failed"
     assert states["validate_spec"] == "failed"

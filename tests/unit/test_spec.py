@@ -40,3 +40,68 @@ def test_every_error_is_reported_at_once():
 def test_not_a_mapping():
     with pytest.raises(SpecError, match="expected a mapping"):
         parse_spec(["a"])
+
+
+def test_spec_errors_are_permanent_and_still_value_errors():
+    from trainyard.errors import PermanentError, spec_error_message
+
+    with pytest.raises(SpecError) as err:
+        parse_spec({"hyperparameters": {"epochs": 0}})
+    assert isinstance(err.value, PermanentError) and isinstance(err.value, ValueError)
+    assert str(err.value) == spec_error_message(
+        ["hyperparameters.epochs: Input should be greater than or equal to 1 (got 0)"])
+
+
+def _models(model, seen=None):
+    """The JobSpec's model and every model nested in it."""
+    from pydantic import BaseModel
+
+    seen = seen if seen is not None else []
+    if model not in seen:
+        seen.append(model)
+        for field in model.model_fields.values():
+            for arg in [field.annotation, *getattr(field.annotation, "__args__", ())]:
+                for inner in [arg, *getattr(arg, "__args__", ())]:
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        _models(inner, seen)
+    return seen
+
+
+@pytest.mark.parametrize("model", _models(JobSpec), ids=lambda m: m.__name__)
+def test_every_field_is_described_once(model):
+    """A section (a nested model) is described by its docstring, a plain field by its own description:
+    the form and the docs are generated from these, so a missing one shows as a blank."""
+    from pydantic import BaseModel
+
+    assert model.__doc__ and model.__doc__.strip(), model.__name__
+    for name, field in model.model_fields.items():
+        kinds = [field.annotation, *getattr(field.annotation, "__args__", ())]  # X or X | None
+        nested = any(isinstance(k, type) and issubclass(k, BaseModel) for k in kinds)
+        assert nested or field.description, f"{model.__name__}.{name} has no description"
+
+
+def test_form_schemas_stand_alone_and_accept_the_defaults():
+    import json
+
+    import jsonschema
+
+    from trainyard.spec import param_schemas
+
+    schemas = param_schemas()
+    assert list(schemas) == list(JobSpec.model_fields)
+    assert "$ref" not in json.dumps(schemas)  # a Param's schema cannot reach the JobSpec's $defs
+    defaults = JobSpec().model_dump(mode="json")
+    for name, schema in schemas.items():
+        jsonschema.validate(defaults[name], schema)
+        assert schema.get("description") or schema.get("description_md"), name
+    hp = schemas["hyperparameters"]
+    assert hp["properties"]["epochs"]["minimum"] == 1 and hp["properties"]["optimizer"]["enum"] == ["sgd", "adamw"]
+    assert hp["description"] == JobSpec.model_fields["hyperparameters"].annotation.__doc__.strip()
+    assert "- `epochs` (integer, >= 1, <= 1000, default 10): passes over the train split" in hp["description_md"]
+    assert schemas["checkpointing"]["properties"]["every_steps"]["type"] == ["integer", "null"]
+    assert schemas["custom"]["type"] == ["object", "null"]
+    assert schemas["gates"]["items"]["properties"]["metric"]["description"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"epochs": 0}, hp)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"epoch": 3}, hp)  # typos are refused in the form too

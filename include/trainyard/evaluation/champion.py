@@ -13,44 +13,19 @@ margin and a note, so threshold and champion rows render and serialise the same 
 * The challenger lacks a metric: fail, as in ``evaluate_gate``.
 * The champion lacks a metric (a rule added after it was registered): fail, since no comparison was
   made; re-evaluate the champion to get it.
+
+The rule itself is the JobSpec's ``ChampionRule`` (validated where the spec enters; ``higher_is_better``
+defaults to true there, which the field's description says): no second rule class with its own checks.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 from trainyard.evaluation.gate import Check, GateResult, evaluate_gate
-
-_RULE_KEYS = ("metric", "margin", "higher_is_better")
-
-
-@dataclass(frozen=True)
-class ChampionRule:
-    metric: str
-    higher_is_better: bool
-    margin: float = 0.0
-
-    def __post_init__(self):
-        if not isinstance(self.metric, str) or not self.metric:
-            raise ValueError(f"champion rule: metric must be a non-empty string, got {self.metric!r}")
-        if not isinstance(self.higher_is_better, bool):
-            raise ValueError(
-                f"champion rule {self.metric!r}: higher_is_better must be true or false, got {self.higher_is_better!r}"
-            )
-        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not self.margin >= 0:
-            raise ValueError(f"champion rule {self.metric!r}: margin must be a number >= 0, got {self.margin!r}")
-
-    @classmethod
-    def from_dict(cls, rule: dict) -> ChampionRule:
-        unknown = sorted(set(rule) - set(_RULE_KEYS))
-        if unknown:
-            raise ValueError(
-                f"champion rule {rule.get('metric')!r}: unknown keys {unknown}; allowed {list(_RULE_KEYS)}"
-            )
-        if "higher_is_better" not in rule:  # no default: guessing the direction of a loss metric is how gates go wrong
-            raise ValueError(f"champion rule {rule.get('metric')!r}: higher_is_better is required (true or false)")
-        return cls(metric=rule.get("metric"), higher_is_better=rule["higher_is_better"], margin=rule.get("margin", 0.0))
+from trainyard.spec import ChampionRule, Threshold
 
 
 @dataclass(frozen=True)
@@ -100,18 +75,17 @@ def _check(rule: ChampionRule, value, champion: dict[str, float] | None) -> Cham
 
 
 def champion_check(
-    challenger: dict[str, float], champion: dict[str, float] | None, rules: list[dict]
+    challenger: dict[str, float], champion: dict[str, float] | None, rules: Sequence[ChampionRule]
 ) -> list[ChampionCheck]:
     """One row per rule, pass or fail; ``champion`` None means there is no champion yet."""
-    parsed = [r if isinstance(r, ChampionRule) else ChampionRule.from_dict(r) for r in rules]
-    return [_check(rule, challenger.get(rule.metric), champion) for rule in parsed]
+    return [_check(rule, challenger.get(rule.metric), champion) for rule in rules]
 
 
 def combined_gate(
     metrics: dict[str, float],
-    thresholds: list[dict],
+    thresholds: Sequence[Threshold],
     champion_metrics: dict[str, float] | None,
-    rules: list[dict],
+    rules: Sequence[ChampionRule],
 ) -> dict:
     """Absolute thresholds (``evaluate_gate``) and champion rules as one JSON-able result for XCom:
     ``{"passed", "checks": [{"kind": "threshold" | "champion", metric, value, min, max, passed, margin,

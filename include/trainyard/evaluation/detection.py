@@ -24,10 +24,12 @@ import contextlib
 import copy
 import io
 import logging
+from typing import Literal, get_args
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("pycocotools", "faster_coco_eval")
+Backend = Literal["pycocotools", "faster_coco_eval"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 # COCOeval.stats[0:6], in this order, for iouType="bbox"
 STAT_KEYS = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large")

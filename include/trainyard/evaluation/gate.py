@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+from trainyard.errors import PermanentError
+from trainyard.spec import Threshold
+
+
+class GateFailed(PermanentError):
+    """The model missed a threshold or lost to the champion; the message lists every breach."""
 
 
 @dataclass(frozen=True)
@@ -42,11 +50,11 @@ class GateResult:
         return {"passed": self.passed, "checks": [asdict(c) for c in self.checks]}
 
 
-def evaluate_gate(metrics: dict[str, float], thresholds: list[dict]) -> GateResult:
-    """``thresholds``: [{"metric": ..., "min": ..., "max": ...}] (JobSpec.gates as dicts)."""
+def evaluate_gate(metrics: dict[str, float], thresholds: Sequence[Threshold]) -> GateResult:
+    """``thresholds``: the JobSpec's ``gates``."""
     checks = []
     for t in thresholds:
-        name, lo, hi = t["metric"], t.get("min"), t.get("max")
+        name, lo, hi = t.metric, t.min, t.max
         value = metrics.get(name)
         if value is None:
             checks.append(Check(name, None, lo, hi, False, None))

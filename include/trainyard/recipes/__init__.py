@@ -17,6 +17,11 @@ recipe                   data layout            model                          m
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainyard.recipes.base import Recipe
+    from trainyard.spec import JobSpec
 
 RECIPES = {
     "digits_cnn": "trainyard.recipes.digits:DigitsCNN",
@@ -25,7 +30,7 @@ RECIPES = {
 }
 
 
-def get(name: str):
+def get(name: str) -> Recipe:
     """The recipe object for a JobSpec's ``recipe`` (not for 'custom', which brings its own program)."""
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; built-in recipes: {sorted(RECIPES)}")
@@ -41,9 +46,10 @@ def load_model(path):
     return get(blob.get("recipe", "digits_cnn")).model_from_blob(blob)
 
 
-def check_spec(spec) -> None:
-    """Cross-checks a JobSpec's recipe against the rest of it (options, built-in source, gate metrics);
-    raises SpecError naming the field. ``spec`` is a validated JobSpec."""
+def check_spec(spec: JobSpec) -> None:
+    """Cross-checks a JobSpec's recipe against the rest of it (options, built-in source, gate and champion
+    metrics); raises SpecError naming every bad field."""
+    from trainyard.errors import spec_error_message
     from trainyard.spec import SpecError
 
     problems = []
@@ -53,14 +59,16 @@ def check_spec(spec) -> None:
                             f"'sklearn_digits' or 'none', not {spec.dataset.source!r}")
         if spec.recipe_options:
             problems.append("recipe_options: recipe 'custom' takes none (pass settings in custom.command)")
+        if spec.champion:
+            # the champion is re-measured on this run's data with the recipe's own metrics; a custom
+            # program's model has no recipe to re-measure it with, so such a rule could never be honoured
+            problems.append("champion: recipe 'custom' cannot have champion rules (the platform cannot "
+                            "re-measure a custom model on this run's data); use gates, or a built-in recipe")
         if problems:
-            raise SpecError("invalid JobSpec:\n  " + "\n  ".join(problems))
+            raise SpecError(spec_error_message(problems))
         return
     recipe = get(spec.recipe)
-    try:
-        recipe.check_options(dict(spec.recipe_options))
-    except ValueError as err:
-        problems.append(str(err))
+    problems += recipe.option_problems(spec.recipe_options)
     source = spec.dataset.source
     if source != "none" and source not in recipe.sources:
         problems.append(f"dataset.source: {source!r} does not fit recipe {spec.recipe!r}; "
@@ -72,4 +80,4 @@ def check_spec(spec) -> None:
                 problems.append(f"{where}[{i}].metric: recipe {spec.recipe!r} reports no {metric!r}; "
                                 f"it reports {sorted(f'val_{m}' for m in recipe.metrics)} (test_* with a test split)")
     if problems:
-        raise SpecError("invalid JobSpec:\n  " + "\n  ".join(problems))
+        raise SpecError(spec_error_message(problems))

@@ -2,11 +2,44 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from trainyard.errors import spec_error_message
+from trainyard.spec import ExportSpec, JobSpec, SpecError
+
+if TYPE_CHECKING:
+    from trainyard.training.run_config import RunConfig
+
+
+class Options(BaseModel):
+    """Base of each recipe's options model (``recipe_options``): one field per option, with its default,
+    bounds and description in one place. Strict, so ``"64"`` or ``true`` is not taken for an int (an int
+    is still taken for a float); unknown keys are refused, as everywhere in the JobSpec."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def options_problems(recipe: str, model: type[Options], err: ValidationError) -> list[str]:
+    """A ValidationError of ``model`` as ``recipe_options.<key>`` lines that say what is allowed."""
+    takes = sorted(model.model_fields)
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"recipe_options.{key}: not an option of recipe {recipe!r}; it takes {takes or 'none'}")
+        elif not e["loc"]:  # a rule across options: its message names them
+            lines.append(f"recipe_options: {e['msg'].removeprefix('Value error, ')}")
+        else:
+            field = model.model_fields[e["loc"][0]]
+            lines.append(f"recipe_options.{key}: {e['msg'].removeprefix('Value error, ')} (got {e['input']!r}); "
+                         f"{key} is {field.description} (default {field.default!r})")
+    return lines
 
 
 class Recipe:
@@ -14,37 +47,31 @@ class Recipe:
 
     Worker side (inside torchrun / horovodrun / deepspeed processes): ``load``, ``build_model``, ``loss``,
     ``val_metrics``, ``model_blob``. Task side (Airflow tasks, the CLI): the data, evaluation and export
-    methods. All inputs are plain paths and dicts, so each piece runs without Airflow.
+    methods. Inputs are the typed spec parts (``JobSpec``, the recipe's ``Options``, ``ExportSpec``, the
+    worker's ``RunConfig``) and plain paths and manifests, so each piece runs without Airflow.
     """
 
     name: str = ""
     data_kind: str = ""  # the dataset layout, and so the expectation suites
     sources: dict[str, str] = {}  # built-in dataset.source -> "module:function(store, repo, branch)"
-    options: dict[str, Any] = {}  # recipe_options and their defaults
+    options_model: type[Options] = Options  # recipe_options: names, types, defaults, bounds, descriptions
     metrics: tuple[str, ...] = ()  # what ``evaluate`` reports, as <split>_<name>: what gates may name
 
     # -- spec ----------------------------------------------------------------------------------------------
-    def check_options(self, given: dict) -> dict:
-        """The recipe options with defaults filled in; ValueError naming any unknown or mistyped one."""
-        unknown = sorted(set(given) - set(self.options))
-        if unknown:
-            raise ValueError(f"recipe_options {unknown} are not options of recipe {self.name!r}; "
-                             f"it takes {sorted(self.options) or 'none'}")
-        out = dict(self.options)
-        for key, value in given.items():
-            default = self.options[key]
-            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if type(value) is not type(default):
-                raise ValueError(f"recipe_options.{key} must be a {type(default).__name__}, got {value!r}")
-            out[key] = value
-        return out
+    def option_problems(self, given: Mapping[str, Any]) -> list[str]:
+        """One ``recipe_options.<key>: what is wrong; what is allowed`` line per problem (none = valid)."""
+        try:
+            self.options_model.model_validate(dict(given))
+        except ValidationError as err:
+            return options_problems(self.name, self.options_model, err)
+        return []
 
-    def opts(self, spec) -> dict:
-        # TRANSITION: a JobSpec (typed workers) or its JSON dict (pipeline steps); the typed-spec work
-        # replaces this with one options model per recipe.
-        given = spec.recipe_options if hasattr(spec, "recipe_options") else spec.get("recipe_options")
-        return self.check_options(dict(given or {}))
+    def opts(self, spec: JobSpec) -> Options:
+        """The recipe's options of ``spec`` with their defaults filled in; SpecError naming each bad one."""
+        problems = self.option_problems(spec.recipe_options)
+        if problems:
+            raise SpecError(spec_error_message(problems))
+        return self.options_model.model_validate(dict(spec.recipe_options))
 
     # -- data ----------------------------------------------------------------------------------------------
     def ingest(self, source: str, store, repo: str, branch: str = "main"):
@@ -60,20 +87,20 @@ class Recipe:
         """The dataset's expectation suites -> a ValidationReport (Data Docs under ``docs_dir``)."""
         raise NotImplementedError
 
-    def samples(self, dataset_dir: Path, options: dict) -> tuple[list[str], Callable[[str], tuple], dict]:
+    def samples(self, dataset_dir: Path, options: Options) -> tuple[list[str], Callable[[str], tuple], dict]:
         """(sample keys, key -> record tuple, meta) for ``prepare_records``."""
         raise NotImplementedError
 
-    def variant(self, options: dict) -> str:
+    def variant(self, options: Options) -> str:
         """What besides the commit and split shapes the prepared records (part of the cache key)."""
         return self.name
 
     # -- training (workers) --------------------------------------------------------------------------------
-    def load(self, cfg) -> tuple[torch.utils.data.Dataset, Any, dict]:
+    def load(self, cfg: RunConfig) -> tuple[torch.utils.data.Dataset, Any, dict]:
         """(train dataset of tensor tuples, val data for ``val_metrics``, meta for ``build_model``)."""
         raise NotImplementedError
 
-    def build_model(self, meta: dict, options: dict) -> torch.nn.Module:
+    def build_model(self, meta: dict, options: Options) -> torch.nn.Module:
         raise NotImplementedError
 
     def loss(self, model, batch: list[torch.Tensor]) -> torch.Tensor:
@@ -90,15 +117,15 @@ class Recipe:
         raise NotImplementedError
 
     # -- evaluation and export (tasks) ---------------------------------------------------------------------
-    def evaluate(self, model_path: str, data: dict, split: str, options: dict) -> tuple[dict[str, float], dict[str, str]]:
+    def evaluate(self, model_path: str, data: dict, split: str, options: Options) -> tuple[dict[str, float], dict[str, str]]:
         """(metrics prefixed with ``split``, info such as metric signatures) of a model file on a split."""
         raise NotImplementedError
 
-    def export(self, model_path: str, data: dict, out_dir: Path, export: dict, options: dict) -> dict:
+    def export(self, model_path: str, data: dict, out_dir: Path, export: ExportSpec, options: Options) -> dict:
         """ONNX file + parity + the metric re-computed with onnxruntime; raises ExportFailed."""
         raise NotImplementedError
 
-    def onnx_metrics(self, onnx_path: Path, data: dict, options: dict) -> dict[str, float]:
+    def onnx_metrics(self, onnx_path: Path, data: dict, options: Options) -> dict[str, float]:
         """The val metrics of an ONNX model of this recipe (for champion/challenger)."""
         raise NotImplementedError
 

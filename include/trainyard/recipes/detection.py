@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch.utils.data import Dataset
 
-from trainyard.recipes.base import Recipe, companion_model, read_split, save_input_example, verify_export
+from trainyard.evaluation.detection import Backend
+from trainyard.recipes.base import Options, Recipe, companion_model, read_split, save_input_example, verify_export
 
 BATCH = 128
 
@@ -127,24 +129,25 @@ def prefixed(metrics: dict, split: str) -> dict[str, float]:
     return {f"{split}_{k}": float(v) for k, v in metrics.items() if v is not None}
 
 
+class DetectionOptions(Options):
+    """``recipe_options`` of centernet_detector."""
+
+    image_size: int = Field(
+        64, ge=16, le=1024, multiple_of=4,
+        description="side of the square model input in pixels, a multiple of 4 (the output stride) in 16..1024; "
+                    "images are resized to it when the data is prepared")
+    width: int = Field(32, ge=4, le=512, description="channels of the first backbone stage, in 4..512")
+    top_k: int = Field(50, ge=1, le=1000, description="detections kept per image, in 1..1000")
+    coco_backend: Backend = Field(
+        "pycocotools", description="the COCO evaluator: pycocotools or faster_coco_eval (same figures, faster)")
+
+
 class CenterNetDetector(Recipe):
     name = "centernet_detector"
     data_kind = "coco_detection"
     sources = {"synthetic_shapes": "trainyard.data.shapes:ingest_shapes"}
-    options = {"image_size": 64, "width": 32, "top_k": 50, "coco_backend": "pycocotools"}
+    options_model = DetectionOptions
     metrics = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large")
-
-    def check_options(self, given):
-        from trainyard.evaluation.detection import BACKENDS
-
-        out = super().check_options(given)
-        if out["image_size"] % 4 or not 16 <= out["image_size"] <= 1024:
-            raise ValueError(f"recipe_options.image_size must be a multiple of 4 in 16..1024, got {out['image_size']}")
-        if out["coco_backend"] not in BACKENDS:
-            raise ValueError(f"recipe_options.coco_backend must be one of {list(BACKENDS)}, got {out['coco_backend']!r}")
-        if not 1 <= out["top_k"] <= 1000 or not 4 <= out["width"] <= 512:
-            raise ValueError("recipe_options.top_k must be in 1..1000 and width in 4..512")
-        return out
 
     # -- data ----------------------------------------------------------------------------------------------
     def validate(self, dataset_dir, docs_dir):
@@ -152,12 +155,12 @@ class CenterNetDetector(Recipe):
 
         return validate_detection(dataset_dir, docs_dir=docs_dir)
 
-    def samples(self, dataset_dir, options):
+    def samples(self, dataset_dir, options: DetectionOptions):
         from trainyard.data.detection import load_coco
 
         root = Path(dataset_dir)
         coco = load_coco(root)
-        size = options["image_size"]
+        size = options.image_size
         boxes: dict[int, list] = {img["id"]: [] for img in coco["images"]}
         for ann in coco["annotations"]:
             boxes[ann["image_id"]].append(ann)
@@ -177,8 +180,8 @@ class CenterNetDetector(Recipe):
         categories = [{"id": c["id"], "name": c["name"]} for c in sorted(coco["categories"], key=lambda c: c["id"])]
         return list(images), record, {"kind": self.data_kind, "categories": categories, "image_size": size}
 
-    def variant(self, options):
-        return f"{self.name}:{options['image_size']}"
+    def variant(self, options: DetectionOptions):
+        return f"{self.name}:{options.image_size}"
 
     # -- training ------------------------------------------------------------------------------------------
     @staticmethod
@@ -192,13 +195,13 @@ class CenterNetDetector(Recipe):
         _, _, images, meta, targets = read_split(cfg.data, "train")
         _, _, images_v, _, targets_v = read_split(cfg.data, "val")
         val = {"dataset": DetectionDataset(images_v, targets_v, meta), "targets": targets_v,
-               "top_k": self.opts(cfg.spec)["top_k"], "meta": meta}
+               "top_k": self.opts(cfg.spec).top_k, "meta": meta}
         return DetectionDataset(images, targets, meta), val, meta
 
-    def build_model(self, meta, options):
+    def build_model(self, meta, options: DetectionOptions):
         from trainyard.training.centernet import CenterNet
 
-        return CenterNet(len(meta["categories"]), meta["image_size"], options["width"])
+        return CenterNet(len(meta["categories"]), meta["image_size"], options.width)
 
     def loss(self, model, batch):
         from trainyard.training.centernet import loss
@@ -238,13 +241,13 @@ class CenterNetDetector(Recipe):
         return model.eval()
 
     # -- evaluation and export -----------------------------------------------------------------------------
-    def _split_metrics(self, heads, targets, meta, split, options) -> dict[str, float]:
+    def _split_metrics(self, heads, targets, meta, split, options: DetectionOptions) -> dict[str, float]:
         """COCO mAP figures of the split; ``<split>_map`` is 0.0 (not absent) when the split has no boxes."""
         from trainyard.evaluation.detection import coco_map
 
         gt = ground_truth(targets, meta)
-        found = detections(heads, targets, meta, options["top_k"])
-        return {f"{split}_map": 0.0, **prefixed(coco_map(gt, found, backend=options["coco_backend"]), split)}
+        found = detections(heads, targets, meta, options.top_k)
+        return {f"{split}_map": 0.0, **prefixed(coco_map(gt, found, backend=options.coco_backend), split)}
 
     def evaluate(self, model_path, data, split, options):
         from trainyard.recipes import load_model
@@ -252,7 +255,7 @@ class CenterNetDetector(Recipe):
         x, targets, meta = self._tensors(data, split)
         heads = torch_heads(load_model(model_path), x)
         metrics = self._split_metrics(heads, targets, meta, split, options)
-        return metrics, {"coco_backend": options["coco_backend"], "coco_iou_type": "bbox"}
+        return metrics, {"coco_backend": options.coco_backend, "coco_iou_type": "bbox"}
 
     def export(self, model_path, data, out_dir, export, options):
         from trainyard.export.onnx_export import export as to_onnx, onnx_session

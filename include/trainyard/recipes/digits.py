@@ -9,14 +9,18 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from trainyard.recipes.base import Recipe, read_split, save_input_example, to_device, verify_export
+from trainyard.recipes.base import Options, Recipe, read_split, save_input_example, to_device, verify_export
+
+
+class DigitsOptions(Options):
+    """digits_cnn takes no options: the model's shape (classes, image size) comes from the data."""
 
 
 class DigitsCNN(Recipe):
     name = "digits_cnn"
     data_kind = "image_classification"
     sources = {"sklearn_digits": "trainyard.data.classification:ingest_digits"}
-    options = {}
+    options_model = DigitsOptions
     metrics = ("accuracy", "macro_f1")
 
     # -- data ----------------------------------------------------------------------------------------------

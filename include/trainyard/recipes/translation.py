@@ -17,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import Field, field_validator, model_validator
 from torch.utils.data import TensorDataset
 
 from trainyard.recipes.base import (
+    Options,
     Recipe,
     companion_model,
     read_split,
@@ -31,26 +33,40 @@ from trainyard.recipes.base import (
 BATCH = 256
 
 
+class TranslationOptions(Options):
+    """``recipe_options`` of transformer_translator."""
+
+    d_model: int = Field(64, ge=1, le=4096, description="width of the transformer, a multiple of nhead")
+    nhead: int = Field(4, ge=1, le=64, description="attention heads")
+    layers: int = Field(2, ge=1, le=24, description="encoder and decoder layers each, in 1..24")
+    ff: int = Field(128, ge=1, le=65536, description="width of the feed-forward blocks")
+    max_len: int = Field(32, ge=4, le=512, description="tokens per sentence (longer ones are cut), in 4..512")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout probability")
+    max_vocab: int = Field(10000, ge=8, le=1_000_000, description="words per vocabulary (built from the train split)")
+    bleu_tokenize: str = Field("13a", description="sacrebleu's BLEU tokenizer (e.g. 13a, intl, zh, char, none)")
+
+    @field_validator("bleu_tokenize")
+    @classmethod
+    def _known_tokenizer(cls, name: str) -> str:
+        from sacrebleu.metrics.bleu import _TOKENIZERS
+
+        if name not in _TOKENIZERS:
+            raise ValueError(f"must be a sacrebleu tokenizer, one of {sorted(_TOKENIZERS)}")
+        return name
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> "TranslationOptions":
+        if self.d_model % self.nhead:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of nhead ({self.nhead})")
+        return self
+
+
 class TransformerTranslator(Recipe):
     name = "transformer_translator"
     data_kind = "parallel_text"
     sources = {"synthetic_translation": "trainyard.data.synthetic_text:ingest_synthetic_text"}
-    options = {"d_model": 64, "nhead": 4, "layers": 2, "ff": 128, "max_len": 32, "dropout": 0.1,
-               "max_vocab": 10000, "bleu_tokenize": "13a"}
+    options_model = TranslationOptions
     metrics = ("bleu", "chrf")
-
-    def check_options(self, given):
-        from sacrebleu.metrics.bleu import _TOKENIZERS
-
-        out = super().check_options(given)
-        if out["d_model"] % out["nhead"]:
-            raise ValueError(f"recipe_options.d_model ({out['d_model']}) must be a multiple of nhead ({out['nhead']})")
-        if not 4 <= out["max_len"] <= 512 or not 8 <= out["max_vocab"] <= 1_000_000 or not 1 <= out["layers"] <= 24:
-            raise ValueError("recipe_options: max_len must be in 4..512, max_vocab in 8..1000000, layers in 1..24")
-        if out["bleu_tokenize"] not in _TOKENIZERS:
-            raise ValueError(f"recipe_options.bleu_tokenize must be a sacrebleu tokenizer {sorted(_TOKENIZERS)}, "
-                             f"got {out['bleu_tokenize']!r}")
-        return out
 
     # -- data ----------------------------------------------------------------------------------------------
     def validate(self, dataset_dir, docs_dir):
@@ -86,18 +102,18 @@ class TransformerTranslator(Recipe):
 
         opts = self.opts(cfg.spec)
         src, tgt = self.pairs(cfg.data, "train")
-        src_vocab, tgt_vocab = Vocab.build(src, opts["max_vocab"]), Vocab.build(tgt, opts["max_vocab"])
-        n = opts["max_len"]
+        src_vocab, tgt_vocab = Vocab.build(src, opts.max_vocab), Vocab.build(tgt, opts.max_vocab)
+        n = opts.max_len
         meta = {"src_vocab": src_vocab.words, "tgt_vocab": tgt_vocab.words}
         vsrc, vtgt = self.pairs(cfg.data, "val")
         train = TensorDataset(self.encode(src_vocab, src, n), self.encode(tgt_vocab, tgt, n))
         return train, (self.encode(src_vocab, vsrc, n), self.encode(tgt_vocab, vtgt, n)), meta
 
-    def build_model(self, meta, options):
+    def build_model(self, meta, options: TranslationOptions):
         from trainyard.training.seq2seq import Seq2SeqTransformer
 
-        return Seq2SeqTransformer(len(meta["src_vocab"]), len(meta["tgt_vocab"]), options["d_model"], options["nhead"],
-                                  options["layers"], options["ff"], options["max_len"], options["dropout"])
+        return Seq2SeqTransformer(len(meta["src_vocab"]), len(meta["tgt_vocab"]), options.d_model, options.nhead,
+                                  options.layers, options.ff, options.max_len, options.dropout)
 
     def loss(self, model, batch):
         from trainyard.training.seq2seq import loss
@@ -161,11 +177,12 @@ class TransformerTranslator(Recipe):
             out[i : i + len(p), : p.shape[1]] = p
         return out
 
-    def _scores(self, model, ids: np.ndarray, references: list[str], split: str, options) -> tuple[dict, dict]:
+    def _scores(self, model, ids: np.ndarray, references: list[str], split: str,
+                options: TranslationOptions) -> tuple[dict, dict]:
         from trainyard.evaluation.translation import corpus_scores
 
         hyps = [model.tgt_vocab.decode(row) for row in ids]
-        s = corpus_scores(hyps, references, tokenize=options["bleu_tokenize"])
+        s = corpus_scores(hyps, references, tokenize=options.bleu_tokenize)
         info = {k: s[k] for k in ("bleu_signature", "chrf_signature", "tokenizer")}
         return {f"{split}_bleu": s["bleu"], f"{split}_chrf": s["chrf"]}, info
 

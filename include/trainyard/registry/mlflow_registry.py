@@ -6,16 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
-from trainyard.tracking.mlflow_tracking import quote
-
-RUN_TAG = "dag_run_id"
+from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, quote
 
 
 def find_version(c, model_name: str, run_key: str):
     from mlflow.exceptions import MlflowException
 
     try:
-        found = c.search_model_versions(f"name = {quote(model_name)} and tags.{RUN_TAG} = {quote(run_key)}")
+        found = c.search_model_versions(f"name = {quote(model_name)} and tags.`{RUN_KEY_TAG}` = {quote(run_key)}")
     except MlflowException:
         return None
     return found[0] if found else None
@@ -74,7 +72,7 @@ def register_onnx(
             raise
     # The run tag goes in with the version itself, so no crash can leave an untagged duplicate.
     with _use_tracking_uri(c.tracking_uri):  # a models:/ source is resolved through the global URI
-        mv = c.create_model_version(model_name, source=info.model_uri, run_id=run_id, tags={RUN_TAG: run_key, **tags})
+        mv = c.create_model_version(model_name, source=info.model_uri, run_id=run_id, tags={RUN_KEY_TAG: run_key, **tags})
     if alias:
         c.set_registered_model_alias(model_name, alias, mv.version)
     return {"name": model_name, "version": int(mv.version), "created": True, "source": info.model_uri}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainyard.errors import spec_error_message
 from trainyard.spec import JobSpec, SpecError
 
 POOL_PREFIX = "gpu-"
@@ -66,20 +67,19 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
     the pool's size, it would wait forever instead."""
     res = spec.resources
     if res.gpu_type not in config.gpu_types:
-        raise SpecError(
-            f"invalid JobSpec:\n  resources.gpu_type: unknown GPU type {res.gpu_type!r}; "
-            f"allowed: {sorted(config.gpu_types)}"
-        )
+        raise SpecError(spec_error_message([
+            f"resources.gpu_type: unknown GPU type {res.gpu_type!r}; allowed: {sorted(config.gpu_types)}"]))
     if res.team not in config.teams:
-        raise SpecError(f"invalid JobSpec:\n  resources.team: unknown team {res.team!r}; allowed: {sorted(config.teams)}")
+        raise SpecError(spec_error_message([
+            f"resources.team: unknown team {res.team!r}; allowed: {sorted(config.teams)}"]))
     size = config.gpu_types[res.gpu_type].count
     if res.total_gpus > size:
-        raise SpecError(
-            f"invalid JobSpec:\n  resources.gpus_per_node: the job needs {res.total_gpus} {res.gpu_type} "
-            f"GPU(s) but pool {pool_name(res.gpu_type)!r} has only {size}"
-        )
+        raise SpecError(spec_error_message([
+            f"resources.gpus_per_node: the job needs {res.total_gpus} {res.gpu_type} GPU(s) "
+            f"(nodes x gpus_per_node) but pool {pool_name(res.gpu_type)!r} has only {size}"]))
 
 
-def run_cost(config: ResourcesConfig, gpu_type: str, gpus: int, seconds: float) -> float:
-    """Cost of a run = price per GPU-hour x hours x GPUs."""
-    return config.gpu_types[gpu_type].price_per_hour * (seconds / 3600.0) * gpus
+def run_cost(config: ResourcesConfig, gpu_type: str, gpu_seconds: float) -> float:
+    """Cost of a run = price per GPU-hour x GPU-hours, where ``gpu_seconds`` sums hours x GPUs over every
+    try (``trainyard.training.usage.gpu_seconds``)."""
+    return config.gpu_types[gpu_type].price_per_hour * gpu_seconds / 3600.0

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from trainyard import paths
 
-RUN_KEY_TAG = "trainyard.dag_run_id"
+# The one name of a run's identity (its run key: "<dag_id>/<run_id>" for an Airflow run), on the MLflow run
+# and on the model version registered from it; retries find both by it.
+RUN_KEY_TAG = "trainyard.run_key"
 
 
 def client(tracking_uri: str | None = None):

@@ -2,15 +2,23 @@ import json
 
 import pytest
 
+from pydantic import ValidationError
+
 from trainyard.evaluation.champion import ChampionCheck, champion_check, combined_gate, message
 from trainyard.evaluation.gate import Check
+from trainyard.spec import ChampionRule, Threshold
 
 UP = {"metric": "map", "margin": 0.01, "higher_is_better": True}
 DOWN = {"metric": "loss", "margin": 0.05, "higher_is_better": False}
 
 
+def rules(*raw: dict) -> list[ChampionRule]:
+    """Rules as the JobSpec holds them (validated where the spec enters)."""
+    return [ChampionRule.model_validate(r) for r in raw]
+
+
 @pytest.mark.parametrize(
-    "name, challenger, champion, rules, passed",
+    "name, challenger, champion, raw, passed",
     [
         ("beats by more than the margin", {"map": 0.95}, {"map": 0.90}, [UP], [True]),
         ("better but within the margin", {"map": 0.905}, {"map": 0.90}, [UP], [False]),
@@ -32,25 +40,25 @@ DOWN = {"metric": "loss", "margin": 0.05, "higher_is_better": False}
         ("every rule reported", {"map": 0.95, "loss": 0.34}, {"map": 0.90, "loss": 0.35}, [UP, DOWN], [True, False]),
     ],
 )
-def test_champion_check(name, challenger, champion, rules, passed):
-    rows = champion_check(challenger, champion, rules)
+def test_champion_check(name, challenger, champion, raw, passed):
+    rows = champion_check(challenger, champion, rules(*raw))
     assert [r.passed for r in rows] == passed, name
-    assert [r.metric for r in rows] == [r["metric"] for r in rules]
+    assert [r.metric for r in rows] == [r["metric"] for r in raw]
     assert all(isinstance(r, Check) for r in rows)  # rows are gate rows, extended
 
 
 def test_row_carries_bound_and_slack():
-    (row,) = champion_check({"map": 0.905}, {"map": 0.90}, [UP])
+    (row,) = champion_check({"map": 0.905}, {"map": 0.90}, rules(UP))
     assert (row.champion, row.required_margin, row.min, row.max) == (0.90, 0.01, pytest.approx(0.91), None)
     assert row.margin == pytest.approx(-0.005)
     assert row.describe() == "map = 0.9050 vs champion 0.9000, needs >= 0.9100 (champion + margin 0.01): FAILED by 0.005"
-    (row,) = champion_check({"loss": 0.30}, {"loss": 0.35}, [DOWN])
+    (row,) = champion_check({"loss": 0.30}, {"loss": 0.35}, rules(DOWN))
     assert (row.min, row.max, row.margin) == (None, pytest.approx(0.30), pytest.approx(0.0, abs=1e-12))
     assert "needs <= 0.3000 (champion - margin 0.05): ok" in row.describe()
 
 
 def test_first_model_note():
-    (row,) = champion_check({"map": 0.4}, None, [UP])
+    (row,) = champion_check({"map": 0.4}, None, rules(UP))
     assert row.passed and row.champion is None and row.margin is None
     assert row.describe() == "map = 0.4000: no champion yet: first model passes"
 
@@ -58,21 +66,29 @@ def test_first_model_note():
 @pytest.mark.parametrize(
     "name, rule, error",
     [
-        ("negative margin", {**UP, "margin": -0.1}, "margin must be a number >= 0"),
-        ("text margin", {**UP, "margin": "0.1"}, "margin must be a number >= 0"),
-        ("nan margin", {**UP, "margin": float("nan")}, "margin must be a number >= 0"),
-        ("direction missing", {"metric": "map", "margin": 0.1}, "higher_is_better is required"),
-        ("direction as text", {**UP, "higher_is_better": "yes"}, "higher_is_better must be true or false"),
-        ("typo key", {**UP, "higher_better": True}, r"unknown keys \['higher_better'\]"),
-        ("no metric", {"margin": 0.1, "higher_is_better": True}, "metric must be a non-empty string"),
+        ("negative margin", {**UP, "margin": -0.1}, "margin\n.*greater than or equal to 0"),
+        ("nan margin", {**UP, "margin": float("nan")}, "margin\n.*finite number"),
+        ("direction as text", {**UP, "higher_is_better": "yes"}, "higher_is_better\n.*valid boolean"),
+        ("typo key", {**UP, "higher_better": True}, "higher_better\n.*Extra inputs are not permitted"),
+        ("no metric", {"margin": 0.1, "higher_is_better": True}, "metric\n.*Field required"),
     ],
 )
-def test_bad_rules(name, rule, error):
-    with pytest.raises(ValueError, match=error):
-        champion_check({"map": 1.0}, {"map": 0.5}, [rule])
+def test_bad_rules_are_refused_where_the_spec_enters(name, rule, error):
+    with pytest.raises(ValidationError, match=error):
+        ChampionRule.model_validate(rule)
 
 
-THRESHOLDS = [{"metric": "map", "min": 0.5}, {"metric": "loss", "max": 1.0}]
+def test_direction_defaults_to_higher_is_better():
+    """Decided, not guessed: every metric the built-in recipes report grows with quality, so the spec's
+    default is true (its description says so); a loss rule must say false."""
+    (rule,) = rules({"metric": "map", "margin": 0.1})
+    assert rule.higher_is_better is True
+    assert "set false for a loss" in ChampionRule.model_fields["higher_is_better"].description
+    (row,) = champion_check({"map": 0.95}, {"map": 0.9}, [rule])
+    assert not row.passed and row.min == pytest.approx(1.0)
+
+
+THRESHOLDS = [Threshold(metric="map", min=0.5), Threshold(metric="loss", max=1.0)]
 
 
 @pytest.mark.parametrize(
@@ -88,7 +104,7 @@ THRESHOLDS = [{"metric": "map", "min": 0.5}, {"metric": "loss", "max": 1.0}]
     ],
 )
 def test_combined_gate(name, metrics, champion, passed, breached):
-    result = combined_gate(metrics, THRESHOLDS, champion, [UP, DOWN])
+    result = combined_gate(metrics, THRESHOLDS, champion, rules(UP, DOWN))
     assert result == json.loads(json.dumps(result))  # JSON-able, for XCom
     assert result["passed"] is passed, name
     assert [(r["kind"], r["metric"]) for r in result["checks"]] == [
@@ -99,7 +115,7 @@ def test_combined_gate(name, metrics, champion, passed, breached):
 
 
 def test_message_lists_every_breach():
-    result = combined_gate({"map": 0.4, "loss": 1.5}, THRESHOLDS, {"map": 0.9, "loss": 0.3}, [UP, DOWN])
+    result = combined_gate({"map": 0.4, "loss": 1.5}, THRESHOLDS, {"map": 0.9, "loss": 0.3}, rules(UP, DOWN))
     assert result["message"].splitlines() == [
         "gate failed:",
         "  map = 0.4000, needs >= 0.5: FAILED by 0.1",
@@ -110,7 +126,7 @@ def test_message_lists_every_breach():
 
 
 def test_rows_have_threshold_and_champion_fields():
-    result = combined_gate({"map": 0.95}, [{"metric": "map", "min": 0.5}], {"map": 0.9}, [UP])
+    result = combined_gate({"map": 0.95}, [Threshold(metric="map", min=0.5)], {"map": 0.9}, rules(UP))
     threshold, duel = result["checks"]
     assert threshold == {"kind": "threshold", "metric": "map", "value": 0.95, "min": 0.5, "max": None,
                          "passed": True, "margin": pytest.approx(0.45)}

@@ -1,6 +1,11 @@
 import pytest
 
 from trainyard.evaluation.gate import evaluate_gate
+from trainyard.spec import Threshold
+
+
+def gates(*raw: dict) -> list[Threshold]:
+    return [Threshold.model_validate(r) for r in raw]
 
 
 @pytest.mark.parametrize(
@@ -22,12 +27,12 @@ from trainyard.evaluation.gate import evaluate_gate
     ],
 )
 def test_gate(name, metrics, thresholds, passed, breached):
-    result = evaluate_gate(metrics, thresholds)
+    result = evaluate_gate(metrics, gates(*thresholds))
     assert result.passed is passed, name
     assert [c.metric for c in result.breaches] == breached
 
 
 def test_message_says_by_how_much():
-    result = evaluate_gate({"acc": 0.85}, [{"metric": "acc", "min": 0.9}])
+    result = evaluate_gate({"acc": 0.85}, gates({"metric": "acc", "min": 0.9}))
     assert "acc = 0.8500, needs >= 0.9: FAILED by 0.05" in result.message()
     assert result.to_dict()["checks"][0]["margin"] == pytest.approx(-0.05)

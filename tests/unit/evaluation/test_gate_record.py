@@ -4,9 +4,10 @@ import json
 
 from trainyard.evaluation.champion import combined_gate
 from trainyard.pipeline import gate_tags, record_gate
+from trainyard.spec import ChampionRule, Threshold
 
-THRESHOLDS = [{"metric": "val_map", "min": 0.5}, {"metric": "val_map_50", "min": 0.9}]
-RULES = [{"metric": "val_map", "margin": 0.01, "higher_is_better": True}]
+THRESHOLDS = [Threshold(metric="val_map", min=0.5), Threshold(metric="val_map_50", min=0.9)]
+RULES = [ChampionRule(metric="val_map", margin=0.01, higher_is_better=True)]
 
 
 def test_every_check_becomes_a_tag():
@@ -40,7 +41,7 @@ def test_recorded_on_the_run(trainyard_home, tmp_path):
 
 
 def test_an_oversized_result_stays_valid_json():
-    many = [{"metric": f"val_m{i:03d}", "min": 0.5} for i in range(200)]
+    many = [Threshold(metric=f"val_m{i:03d}", min=0.5) for i in range(200)]
     result = combined_gate({f"val_m{i:03d}": 0.1 for i in range(200)}, many, None, [])
     tag = gate_tags(result)["gate.result"]
     assert len(tag) <= 5000

@@ -12,8 +12,10 @@ from trainyard.data import shapes, synthetic_text
 from trainyard.data.prepare import prepare_records
 from trainyard.export import onnx_export
 from trainyard.export.onnx_export import ExportFailed
+from trainyard.spec import ExportSpec, parse_spec
+from trainyard.training.run_config import RunConfig
 
-EXPORT = {"rtol": 1e-3, "atol": 1e-5, "metric_tolerance": 0.0, "torchscript": True}
+EXPORT = ExportSpec(rtol=1e-3, atol=1e-5, metric_tolerance=0.0, torchscript=True)
 CASES = {
     "centernet_detector": (lambda: shapes.generate(24, seed=2), {"width": 8}),
     "transformer_translator": (lambda: synthetic_text.generate(60, seed=2), {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32}),
@@ -26,16 +28,12 @@ def case(request, tmp_path_factory):
     name = request.param
     make, given = CASES[name]
     recipe = recipes.get(name)
-    options = recipe.check_options(given)
+    spec = parse_spec({"recipe": name, "recipe_options": given})
+    options = recipe.opts(spec)
     root = write_files(tmp_path_factory.mktemp(name), make())
     data = prepare_records(lambda: recipe.samples(root, options), "c" * 64, root / "prepared", 0.3, 0, variant=recipe.variant(options))
-
-    class Cfg:  # what a worker gets: the spec and the prepared data
-        spec = {"recipe": name, "recipe_options": given}
-
-    Cfg.data = data
     torch.manual_seed(0)
-    _, _, meta = recipe.load(Cfg)
+    _, _, meta = recipe.load(RunConfig(spec=spec, data=data, out_dir=str(root)))  # what a worker gets
     model = recipe.build_model(meta, options)
     path = root / "model.pt"
     torch.save(recipe.model_blob(model, meta), path)

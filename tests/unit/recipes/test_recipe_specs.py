@@ -3,17 +3,21 @@
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from trainyard import pipeline, recipes
-from trainyard.spec import SpecError, load_spec_file
+from trainyard.spec import SpecError, load_spec_file, parse_spec
 
 JOBS = Path(__file__).resolve().parents[3] / "include" / "config" / "jobs"
+DETECTION = {"recipe": "centernet_detector", "dataset": {"source": "none"}, "gates": [{"metric": "val_map", "min": 0.1}]}
+TRANSLATION = {"recipe": "transformer_translator", "dataset": {"source": "none"},
+               "gates": [{"metric": "val_bleu", "min": 1}]}
 
 
 @pytest.mark.parametrize("job", sorted(p.name for p in JOBS.glob("*.yaml")))
 def test_shipped_jobs_are_valid(job):
     spec = pipeline.validate_spec(load_spec_file(str(JOBS / job)).model_dump(mode="json"))
-    assert spec["recipe"] in recipes.RECIPES
+    assert spec.recipe in recipes.RECIPES
 
 
 @pytest.mark.parametrize(
@@ -26,17 +30,22 @@ def test_shipped_jobs_are_valid(job):
         ({"recipe": "transformer_translator", "dataset": {"source": "synthetic_translation"},
           "gates": [{"metric": "val_bleu", "min": 1}], "champion": [{"metric": "val_map", "margin": 0}]},
          "champion[0].metric: recipe 'transformer_translator' reports no 'val_map'"),
-        ({"recipe_options": {"image_size": 64}}, "recipe_options ['image_size'] are not options of recipe 'digits_cnn'"),
-        ({"recipe": "centernet_detector", "dataset": {"source": "none"}, "gates": [{"metric": "val_map", "min": 0.1}],
-          "recipe_options": {"image_size": "big"}}, "recipe_options.image_size must be a int"),
-        ({"recipe": "centernet_detector", "dataset": {"source": "none"}, "gates": [{"metric": "val_map", "min": 0.1}],
-          "recipe_options": {"image_size": 63}}, "multiple of 4"),
-        ({"recipe": "centernet_detector", "dataset": {"source": "none"}, "gates": [{"metric": "val_map", "min": 0.1}],
-          "recipe_options": {"coco_backend": "mine"}}, "coco_backend must be one of"),
-        ({"recipe": "transformer_translator", "dataset": {"source": "none"}, "gates": [{"metric": "val_bleu", "min": 1}],
-          "recipe_options": {"d_model": 30, "nhead": 4}}, "must be a multiple of nhead"),
-        ({"recipe": "transformer_translator", "dataset": {"source": "none"}, "gates": [{"metric": "val_bleu", "min": 1}],
-          "recipe_options": {"bleu_tokenize": "whitespace"}}, "must be a sacrebleu tokenizer"),
+        ({"recipe_options": {"image_size": 64}},
+         "recipe_options.image_size: not an option of recipe 'digits_cnn'; it takes none"),
+        ({**DETECTION, "recipe_options": {"image_sise": 64}},
+         "recipe_options.image_sise: not an option of recipe 'centernet_detector'; it takes "
+         "['coco_backend', 'image_size', 'top_k', 'width']"),
+        ({**DETECTION, "recipe_options": {"image_size": "big"}},
+         "recipe_options.image_size: Input should be a valid integer (got 'big'); image_size is side of the square"),
+        ({**DETECTION, "recipe_options": {"image_size": 63}}, "recipe_options.image_size: Input should be a multiple of 4"),
+        ({**DETECTION, "recipe_options": {"image_size": 2048}}, "less than or equal to 1024"),
+        ({**DETECTION, "recipe_options": {"top_k": True}}, "recipe_options.top_k: Input should be a valid integer"),
+        ({**DETECTION, "recipe_options": {"coco_backend": "mine"}},
+         "recipe_options.coco_backend: Input should be 'pycocotools' or 'faster_coco_eval' (got 'mine')"),
+        ({**TRANSLATION, "recipe_options": {"d_model": 30, "nhead": 4}},
+         "recipe_options: d_model (30) must be a multiple of nhead (4)"),
+        ({**TRANSLATION, "recipe_options": {"bleu_tokenize": "whitespace"}},
+         "recipe_options.bleu_tokenize: must be a sacrebleu tokenizer, one of"),
     ],
 )
 def test_mismatches_are_refused_by_name(raw, expected):
@@ -47,15 +56,40 @@ def test_mismatches_are_refused_by_name(raw, expected):
 
 def test_options_fill_defaults_and_widen_ints():
     r = recipes.get("transformer_translator")
-    opts = r.check_options({"dropout": 0, "layers": 3})
-    assert opts["dropout"] == 0.0 and isinstance(opts["dropout"], float) and opts["layers"] == 3
-    assert opts["d_model"] == 64 and opts["bleu_tokenize"] == "13a"
+    opts = r.opts(parse_spec({**TRANSLATION, "recipe_options": {"dropout": 0, "layers": 3}}))
+    assert opts.dropout == 0.0 and isinstance(opts.dropout, float) and opts.layers == 3
+    assert opts.d_model == 64 and opts.bleu_tokenize == "13a"
+    with pytest.raises(ValidationError):  # frozen: options are read, never changed on the way
+        opts.layers = 4  # type: ignore[misc]
+
+
+def test_every_option_has_one_default_and_a_description():
+    for name in recipes.RECIPES:
+        for key, field in recipes.get(name).options_model.model_fields.items():
+            assert field.description, f"{name}.{key}"
+            assert not field.is_required(), f"{name}.{key}"
+
+
+@pytest.mark.parametrize(
+    "recipe, given, variant",
+    [
+        ("digits_cnn", {}, ""),
+        ("centernet_detector", {}, "centernet_detector:64"),
+        ("centernet_detector", {"image_size": 96, "top_k": 10}, "centernet_detector:96"),
+        ("transformer_translator", {"d_model": 32}, "transformer_translator"),
+    ],
+)
+def test_prepared_data_cache_keys_are_unchanged(recipe, given, variant):
+    """The variant is part of the prepared-data cache key: the options models keep the keys of the option
+    dicts they replaced, so caches built before stay valid."""
+    r = recipes.get(recipe)
+    assert r.variant(r.opts(parse_spec({"recipe": recipe, "recipe_options": given}))) == variant
 
 
 def test_test_split_metrics_may_be_gated():
     raw = {"recipe": "transformer_translator", "dataset": {"source": "synthetic_translation"},
            "split": {"val_fraction": 0.2, "test_fraction": 0.1}, "gates": [{"metric": "test_chrf", "min": 1}]}
-    assert pipeline.validate_spec(raw)["gates"][0]["metric"] == "test_chrf"
+    assert pipeline.validate_spec(raw).gates[0].metric == "test_chrf"
 
 
 def test_unknown_recipe():
@@ -68,6 +102,7 @@ def test_unknown_recipe():
     [
         ({"dataset": {"source": "synthetic_shapes"}}, "recipe 'custom' reads image-classification data"),
         ({"recipe_options": {"image_size": 64}}, "recipe 'custom' takes none"),
+        ({"champion": [{"metric": "val_accuracy"}]}, "champion: recipe 'custom' cannot have champion rules"),
     ],
 )
 def test_custom_recipe_cross_checks(raw, expected):
@@ -77,4 +112,4 @@ def test_custom_recipe_cross_checks(raw, expected):
 
 def test_old_accuracy_tolerance_name_still_accepted():
     spec = pipeline.validate_spec({"export": {"accuracy_tolerance": 0.01}})
-    assert spec["export"]["metric_tolerance"] == 0.01
+    assert spec.export.metric_tolerance == 0.01

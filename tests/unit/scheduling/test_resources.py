@@ -27,4 +27,29 @@ def test_unschedulable_specs_are_refused(resources, field):
 def test_cost_is_price_times_hours_times_gpus():
     cfg = load_resources()
     price = cfg.gpu_types["h100-80gb"].price_per_hour
-    assert run_cost(cfg, "h100-80gb", 8, 1800) == pytest.approx(price * 0.5 * 8)
+    assert run_cost(cfg, "h100-80gb", 8 * 1800) == pytest.approx(price * 0.5 * 8)
+
+
+def test_collect_training_costs_every_recorded_try(trainyard_home, tmp_path):
+    """A retry adds its own usage record: the cost is of both tries, not of the last one alone."""
+    import json
+
+    from trainyard import pipeline
+    from trainyard.tracking import mlflow_tracking as mt
+    from trainyard.training import usage
+
+    spec = parse_spec({"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 2}})
+    c = mt.client()
+    run_id = c.create_run(mt.experiment_id(c, "cost")).info.run_id
+    (tmp_path / "train_result.json").write_text(json.dumps({"model_path": "m.pt"}))
+    usage.record_try(tmp_path, attempt=1, started=1000.0, ended=1600.0, gpus=2, where="local")  # failed try
+    usage.record_try(tmp_path, attempt=2, started=2000.0, ended=2900.0, gpus=2, where="local")
+    plan = {"run_dir": str(tmp_path), "mlflow_run_id": run_id, "tensorboard_dir": str(tmp_path / "tb")}
+
+    out = pipeline.collect_training(spec, plan)
+
+    price = load_resources().gpu_types["h100-80gb"].price_per_hour
+    assert out["gpu_seconds"] == pytest.approx(2 * 600 + 2 * 900)
+    assert out["cost"] == pytest.approx(price * (2 * 600 + 2 * 900) / 3600)
+    assert out["tries"] == 2
+    assert c.get_run(run_id).data.metrics["run_cost"] == pytest.approx(out["cost"])
