@@ -117,7 +117,7 @@ def test_failing_gate_stops_before_export(dag, trainyard_home, small_spec):
 
 
 def test_invalid_spec_fails_first_task_only(dag, trainyard_home):
-    from airflow.sdk.definitions.param import ParamValidationError
+    from airflow.sdk.exceptions import ParamValidationError
 
     with pytest.raises(ParamValidationError, match="hyperparameters"):  # the Params carry the JobSpec's schema
         dag.test(run_conf={"hyperparameters": {"epochs": 0}})

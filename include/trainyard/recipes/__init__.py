@@ -17,7 +17,7 @@ recipe                   data layout            model                          m
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainyard.recipes.base import Recipe
@@ -30,7 +30,7 @@ RECIPES = {
 }
 
 
-def get(name: str) -> Recipe:
+def get(name: str) -> Recipe[Any]:
     """The recipe object for a JobSpec's ``recipe`` (not for 'custom', which brings its own program)."""
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; built-in recipes: {sorted(RECIPES)}")

@@ -142,7 +142,7 @@ class DetectionOptions(Options):
         "pycocotools", description="the COCO evaluator: pycocotools or faster_coco_eval (same figures, faster)")
 
 
-class CenterNetDetector(Recipe):
+class CenterNetDetector(Recipe[DetectionOptions]):
     name = "centernet_detector"
     data_kind = "coco_detection"
     sources = {"synthetic_shapes": "trainyard.data.shapes:ingest_shapes"}

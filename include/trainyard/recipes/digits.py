@@ -16,7 +16,7 @@ class DigitsOptions(Options):
     """digits_cnn takes no options: the model's shape (classes, image size) comes from the data."""
 
 
-class DigitsCNN(Recipe):
+class DigitsCNN(Recipe[DigitsOptions]):
     name = "digits_cnn"
     data_kind = "image_classification"
     sources = {"sklearn_digits": "trainyard.data.classification:ingest_digits"}

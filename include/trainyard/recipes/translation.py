@@ -61,7 +61,7 @@ class TranslationOptions(Options):
         return self
 
 
-class TransformerTranslator(Recipe):
+class TransformerTranslator(Recipe[TranslationOptions]):
     name = "transformer_translator"
     data_kind = "parallel_text"
     sources = {"synthetic_translation": "trainyard.data.synthetic_text:ingest_synthetic_text"}
