@@ -53,7 +53,7 @@ def _params() -> dict[str, Param]:
     """One Param per JobSpec field, its schema (nested fields, descriptions, enums, bounds) from the model."""
     return {name: Param(_Shared(DEFAULT[name]) if isinstance(DEFAULT[name], dict) else DEFAULT[name],
                         description=schema.get("description"),
-                        schema=_Shared({**{k: v for k, v in schema.items() if k not in ("default", "title")},
+                        schema=_Shared({**{k: v for k, v in schema.items() if k not in ("default", "title", "description")},
                                         "title": name}))
             for name, schema in param_schemas().items()}
 

@@ -273,8 +273,10 @@ def load_spec_file(path: str) -> JobSpec:
 def param_schemas() -> dict[str, dict[str, Any]]:
     """Each top-level JobSpec field as a standalone JSON schema, for the trigger form's Params: references
     inlined (a Param's schema stands alone), ``X | None`` as ``type: [x, "null"]`` (what the form renders),
-    the field's default under ``default`` and, for a section, ``description_md`` listing its fields with
-    type, allowed values, bounds, default and description. Everything comes from the models above."""
+    the field's default under ``default`` and, for a section (or a list of them), ``description_md``
+    listing its fields with type, allowed values, bounds, default and description: the form edits a
+    section as JSON and shows that text beside it. Nested fields keep only what validates them (Airflow
+    stores each Param's schema with every task). Everything comes from the models above."""
     schema = JobSpec.model_json_schema()
     defs = schema.pop("$defs", {})
 
@@ -293,18 +295,28 @@ def param_schemas() -> dict[str, dict[str, Any]]:
                 node = {**other, **{k: v for k, v in node.items() if k != "anyOf"}, "type": [other["type"], "null"]}
         return node
 
+    def lean(node: Any) -> Any:  # below the top: validation keywords only (no titles, defaults, descriptions)
+        if isinstance(node, list):
+            return [lean(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        return {k: ({f: lean(s) for f, s in v.items()} if k == "properties" else lean(v))
+                for k, v in node.items() if k not in ("title", "default", "description")}
+
     out = {}
     for name, prop in schema["properties"].items():
         prop = inline(prop)
-        if prop.get("properties"):
-            prop["description_md"] = _fields_md(prop)
-        out[name] = prop
+        section = prop.get("items", prop)  # a list of sections (gates, champion) describes its items
+        top = {k: v for k, v in prop.items() if k in ("title", "default", "description")}
+        if section.get("properties"):
+            top["description_md"] = _fields_md(prop.get("description", ""), section)
+        out[name] = {**lean(prop), **top}
     return out
 
 
-def _fields_md(section: dict[str, Any]) -> str:
+def _fields_md(intro: str, section: dict[str, Any]) -> str:
     """A section's description and one line per field: the form's object editor shows only JSON."""
-    lines = [section.get("description", "")]
+    lines = [intro if intro == section.get("description", intro) else f"{intro}. Each: {section['description']}"]
     for key, f in section["properties"].items():
         kind = f.get("enum") or f.get("type", "")
         bounds = [f"{op} {f[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),

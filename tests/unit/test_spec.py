@@ -100,7 +100,8 @@ def test_form_schemas_stand_alone_and_accept_the_defaults():
     assert "- `epochs` (integer, >= 1, <= 1000, default 10): passes over the train split" in hp["description_md"]
     assert schemas["checkpointing"]["properties"]["every_steps"]["type"] == ["integer", "null"]
     assert schemas["custom"]["type"] == ["object", "null"]
-    assert schemas["gates"]["items"]["properties"]["metric"]["description"]
+    assert "Each: One gate" in schemas["gates"]["description_md"] and "- `metric` (string): a metric" in schemas["gates"]["description_md"]
+    assert "title" not in hp["properties"]["epochs"] and "description" not in hp["properties"]["epochs"]  # lean below the top
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"epochs": 0}, hp)
     with pytest.raises(jsonschema.ValidationError):
