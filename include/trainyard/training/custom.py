@@ -4,7 +4,8 @@ built-in recipe, and the platform still provides the plumbing.
 The contract with the user's program (the same locally and on Kubernetes):
 
 - rendezvous: torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE); locally
-  the command runs under ``torchrun --no-python`` with ``resources.gpus_per_node`` processes;
+  the command runs under ``torchrun --no-python`` with ``resources.gpus_per_node`` processes
+  (:func:`trainyard.training.launchers.command.custom_argv`), in a pod once per node;
 - ``TRAINYARD_DATA_DIR``: the prepared dataset (``manifest.json`` + train/val[/test] files);
 - ``TRAINYARD_CHECKPOINT_DIR``: where to keep checkpoints (it survives a retry of the task);
 - ``TRAINYARD_OUTPUT_DIR``: where to write ``model.onnx``, which the platform checks and registers;
@@ -17,27 +18,21 @@ from __future__ import annotations
 
 import json
 import math
-import sys
+import posixpath
 from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"
 
 
-def local_argv(spec: dict, python: str | None = None) -> list[str]:
-    command = list(spec["custom"]["command"])
-    return [
-        python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc_per_node={spec['resources']['gpus_per_node']}",
-        f"--max_restarts={spec['distributed']['max_restarts']}", "--no-python", *command,
-    ]
-
-
-def platform_env(data: dict, run_dir: str) -> dict[str, str]:
+def platform_env(data_dir: str, run_dir: str) -> dict[str, str]:
+    """The four TRAINYARD_* variables of the contract above, for a run directory and the prepared data as
+    the program sees them (this machine's paths locally, the shared volume's paths in a pod): the one
+    definition both launchers use."""
     return {
-        "TRAINYARD_DATA_DIR": data["path"],
-        "TRAINYARD_CHECKPOINT_DIR": str(Path(run_dir) / "checkpoints"),
+        "TRAINYARD_DATA_DIR": data_dir,
+        "TRAINYARD_CHECKPOINT_DIR": posixpath.join(run_dir, "checkpoints"),
         "TRAINYARD_OUTPUT_DIR": run_dir,
-        "TRAINYARD_METRICS_FILE": str(Path(run_dir) / METRICS_FILE),
+        "TRAINYARD_METRICS_FILE": posixpath.join(run_dir, METRICS_FILE),
     }
 
 

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from trainyard.training.launchers.deepspeed import deepspeed_argv, deepspeed_env, free_port
-from trainyard.training.launchers.local import command_for
+from trainyard.spec import parse_spec
+from trainyard.training.launchers.command import Host, local_command
 
 
 @pytest.mark.parametrize("nproc", [1, 2, 8])
@@ -48,11 +49,13 @@ def test_parses_with_the_deepspeed_runner():
     assert runner.apply_num_nodes_and_gpus({"localhost": [0]}, args.num_nodes, args.num_gpus) == {"localhost": [0, 1, 2]}
 
 
-def test_command_for_picks_the_deepspeed_launcher():
-    spec = {"distributed": {"strategy": "deepspeed"}, "resources": {"gpus_per_node": 2}}
-    argv = command_for(spec, "/r.json")
-    assert argv[3] == "deepspeed.launcher.runner" and "--num_accelerators=2" in argv
-    assert argv[-2:] == ["--config", "/r.json"]
+def test_the_one_builder_uses_this_launcher_and_this_env():
+    """What production runs (launchers.command.local_command) is deepspeed_argv + deepspeed_env."""
+    spec = parse_spec({"distributed": {"strategy": "deepspeed"}, "resources": {"gpus_per_node": 2}})
+    host = Host(cuda_devices=0, cores=4, env={"X": "1"}, python="/py", master_port=29125)
+    cmd = local_command(spec, host, config_path="/r.json", data_dir="/d", run_dir="/r")
+    assert cmd.argv == deepspeed_argv(2, "/r.json", python="/py", master_port=29125)
+    assert cmd.env == deepspeed_env(2, {"X": "1"}, cuda=False, cores=4)
 
 
 @pytest.mark.parametrize(

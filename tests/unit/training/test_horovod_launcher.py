@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from trainyard.training.launchers.horovod import horovodrun_argv, horovodrun_bin
-from trainyard.training.launchers.local import command_for
+from trainyard.spec import parse_spec
+from trainyard.training.launchers.command import Host, local_command
 
 
 @pytest.mark.parametrize(
@@ -38,5 +39,6 @@ def test_nproc_must_be_positive(nproc):
 
 
 def test_local_launcher_dispatches_horovod():
-    spec = {"distributed": {"strategy": "horovod", "max_restarts": 1}, "resources": {"gpus_per_node": 3}}
-    assert command_for(spec, "run.json") == horovodrun_argv(3, "run.json")
+    spec = parse_spec({"distributed": {"strategy": "horovod", "max_restarts": 1}, "resources": {"gpus_per_node": 3}})
+    cmd = local_command(spec, Host(cuda_devices=0, cores=3), config_path="run.json", data_dir="/d", run_dir="/r")
+    assert cmd.argv == horovodrun_argv(3, "run.json")

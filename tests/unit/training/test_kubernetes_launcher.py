@@ -10,10 +10,12 @@ from kubernetes import client as k8s
 
 from trainyard import TRAINER_IMAGE
 from trainyard.spec import SpecError
+from trainyard.training import custom
 from trainyard.training.launchers import kubernetes as K
 
 RUN_KEY = "train_pipeline/manual__2026-05-01T10:00:00+00:00"
 CONFIG = "/var/trainyard/runs/digits/train_pipeline_manual/run_config.json"
+DATA_DIR = "/var/trainyard/cache/prepared/abc"  # the prepared split, as the pods see it
 # The oldest Kubernetes release trainyard targets, and the newest schema the installed package has.
 K8S_VERSIONS = ("1.33", kubernetes_validate.latest_version())
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -84,7 +86,7 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     gpu_over, gpu_name, gpu_selector = GPU_TYPES[gpu]
     strat_over, launcher_kind = STRATEGIES[strategy]
     spec = spec_for(gpu_over, strat_over, {"resources": {"nodes": nodes}})
-    job = K.build_job(spec, RUN_KEY, CONFIG)
+    job = K.build_job(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR)
     name = K.job_name(spec, RUN_KEY)
     labels = K.run_labels(spec, RUN_KEY)
 
@@ -134,9 +136,9 @@ def test_job_for_every_combination(nodes, strategy, gpu):
         assert env["MASTER_ADDR"] == ("localhost" if nodes == 1 else pod0)
         assert (env["MASTER_PORT"], env["NNODES"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("29400", str(nodes), "2", str(nodes))
         assert env["NODE_RANK"] == env["RANK"] == K.INDEX_FIELD
-        assert env["TRAINYARD_CHECKPOINT_DIR"].endswith("/train_pipeline_manual/checkpoints")
-        assert env["TRAINYARD_METRICS_FILE"].endswith("/train_pipeline_manual/metrics.jsonl")
-        assert env["TRAINYARD_DATA_DIR"].endswith("/train_pipeline_manual/data")
+        run_dir = CONFIG.rsplit("/", 1)[0]
+        assert {k: env[k] for k in custom.platform_env(DATA_DIR, run_dir)} == custom.platform_env(DATA_DIR, run_dir)
+        assert env["TRAINYARD_OUTPUT_DIR"] == run_dir and env["TRAINYARD_DATA_DIR"] == DATA_DIR
     else:
         assert c.image == TRAINER_IMAGE and c.image_pull_policy == "IfNotPresent"
         assert c.command[:4] == ["torchrun", "--nproc_per_node=2", "--max_restarts=2", "--tee=3"]
@@ -154,7 +156,7 @@ def test_job_for_every_combination(nodes, strategy, gpu):
 @pytest.mark.parametrize("nodes, strategy, gpu", GRID)
 def test_every_manifest_is_valid_kubernetes(nodes, strategy, gpu, version):
     spec = spec_for(GPU_TYPES[gpu][0], STRATEGIES[strategy][0], {"resources": {"nodes": nodes}})
-    manifests = K.manifests(spec, RUN_KEY, CONFIG)
+    manifests = K.manifests(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR)
     assert [m["kind"] for m in manifests] == ["Service", "Job"]
     for manifest in manifests:
         kubernetes_validate.validate(manifest, version, strict=True)
@@ -232,7 +234,7 @@ def test_gpu_resource(name, overrides, expected):
 )
 def test_errors_name_the_field(name, overrides, field):
     with pytest.raises(SpecError, match=re.escape(field)):
-        K.build_job(merge(BASE, overrides), RUN_KEY, CONFIG)
+        K.build_job(merge(BASE, overrides), RUN_KEY, CONFIG, data_dir=DATA_DIR)
 
 
 @pytest.mark.parametrize(
@@ -265,3 +267,136 @@ def test_custom_data_dir_and_attempts_get_their_own_names():
     assert env["TRAINYARD_DATA_DIR"] == "/var/trainyard/cache/prepared/abc"
     assert env["MASTER_ADDR"].startswith(K.job_name(spec, RUN_KEY, attempt=2) + "-0.")
     assert job.metadata.name != K.job_name(spec, RUN_KEY, attempt=1)
+
+
+def test_custom_needs_the_data_dir():
+    with pytest.raises(ValueError, match="data_dir"):
+        K.build_job(spec_for(STRATEGIES["custom"][0]), RUN_KEY, CONFIG)
+
+
+# -- the launcher seam's Kubernetes implementation: plan on a real shared-volume layout, collect ----------
+@pytest.fixture
+def worker_home(tmp_path):
+    """TRAINYARD_HOME on the worker (the shared volume), with a prepared split and a run config."""
+    from trainyard.spec import parse_spec
+    from trainyard.training.run_config import RunConfig
+
+    home = tmp_path / "home"
+    prepared = home / "cache" / "prepared" / "abc"
+    prepared.mkdir(parents=True)
+    (prepared / "manifest.json").write_text("{}")
+    data = {"path": str(prepared), "train": str(prepared / "train.lmdb"), "val": str(prepared / "val.lmdb"),
+            "counts": {"train": 8, "val": 2}, "commit": "c" * 64}
+    run_dir = home / "runs" / "digits" / "run1"
+    run_dir.mkdir(parents=True)
+
+    def config(spec: dict):
+        cfg = RunConfig(spec=parse_spec(spec), data=data, out_dir=str(run_dir),
+                        tracking_uri=f"sqlite:///{home}/mlflow/mlflow.db", mlflow_run_id="r1",
+                        tensorboard_dir=str(home / "tensorboard" / "digits"))
+        return cfg, str(cfg.dump(run_dir / "run_config.json"))
+
+    return home, config
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_plan_gives_the_pods_the_shared_volumes_paths(worker_home, nodes, strategy):
+    from trainyard.training.run_config import RunConfig
+
+    home, config = worker_home
+    spec = spec_for(STRATEGIES[strategy][0], {"resources": {"nodes": nodes}})
+    cfg, config_path = config(spec)
+    plan = K.KubernetesLauncher(RUN_KEY, 2, home).plan(cfg.spec, cfg.data, run_dir=cfg.out_dir, config_path=config_path)
+
+    assert [kind for kind, _ in plan.names] == (["Pod"] if nodes == 1 else ["Service", "Job"])
+    assert {name for _, name in plan.names} == {K.job_name(spec, RUN_KEY, attempt=2)}
+    pod_config = RunConfig.load(home / "runs" / "digits" / "run1" / K.POD_CONFIG)  # what the pods read
+    assert plan.config_path == "/var/trainyard/runs/digits/run1/" + K.POD_CONFIG
+    assert pod_config.out_dir == "/var/trainyard/runs/digits/run1"
+    assert pod_config.data == {**cfg.data, "path": "/var/trainyard/cache/prepared/abc",
+                               "train": "/var/trainyard/cache/prepared/abc/train.lmdb",
+                               "val": "/var/trainyard/cache/prepared/abc/val.lmdb"}
+    assert pod_config.tracking_uri == "sqlite:////var/trainyard/mlflow/mlflow.db"
+    assert pod_config.tensorboard_dir == "/var/trainyard/tensorboard/digits"
+    assert pod_config.spec == cfg.spec and pod_config.mlflow_run_id == "r1"
+
+    workload = plan.objects[-1]
+    pod_spec = workload.spec if nodes == 1 else workload.spec.template.spec
+    env = _env(pod_spec.containers[0])
+    assert env["TRAINYARD_RUN_CONFIG"] == plan.config_path
+    if strategy == "custom":
+        # The same four variables as locally, pointing at what exists on the volume.
+        assert {k: env[k] for k in custom.platform_env("d", "r")} == custom.platform_env(
+            "/var/trainyard/cache/prepared/abc", "/var/trainyard/runs/digits/run1")
+        on_worker = home / env["TRAINYARD_DATA_DIR"].removeprefix("/var/trainyard/")
+        assert (on_worker / "manifest.json").exists()
+    else:
+        assert pod_spec.containers[0].command[-2:] == ["--config", plan.config_path]
+    api = k8s.ApiClient()
+    for obj in plan.objects:
+        kubernetes_validate.validate(api.sanitize_for_serialization(obj), K8S_VERSIONS[0], strict=True)
+
+
+def test_plan_refuses_data_outside_the_shared_volume(worker_home, tmp_path):
+    home, config = worker_home
+    cfg, config_path = config(spec_for(STRATEGIES["custom"][0]))
+    elsewhere = {**cfg.data, "path": str(tmp_path / "not-shared")}
+    with pytest.raises(K.PermanentError, match="not under TRAINYARD_HOME"):
+        K.KubernetesLauncher(RUN_KEY, 1, home).plan(cfg.spec, elsewhere, run_dir=cfg.out_dir, config_path=config_path)
+
+
+@pytest.mark.parametrize(
+    "path, expected",
+    [("runs/x/run_config.json", "/var/trainyard/runs/x/run_config.json"), ("", "/var/trainyard"),
+     ("cache/a b", "/var/trainyard/cache/a b")],
+)
+def test_in_pod(tmp_path, path, expected):
+    assert K.in_pod(tmp_path / path, tmp_path) == expected
+
+
+def _status(name, *, running=None, started=None, finished=None):
+    from datetime import datetime, timezone
+
+    def at(t):
+        return None if t is None else datetime.fromtimestamp(t, tz=timezone.utc)
+
+    state = k8s.V1ContainerState(
+        running=k8s.V1ContainerStateRunning(started_at=at(running)) if running is not None else None,
+        terminated=k8s.V1ContainerStateTerminated(exit_code=0, started_at=at(started), finished_at=at(finished))
+        if started is not None else None,
+        waiting=k8s.V1ContainerStateWaiting(reason="ContainerCreating") if running is None and started is None else None)
+    return k8s.V1ContainerStatus(name=name, state=state, image="i", image_id="", ready=False, restart_count=0)
+
+
+def _pod(*statuses):
+    return k8s.V1Pod(status=k8s.V1PodStatus(phase="Running", container_statuses=list(statuses)))
+
+
+@pytest.mark.parametrize(
+    "name, pods, expected",
+    [
+        ("never started (queued, pulling)", [_pod(_status(K.CONTAINER)), k8s.V1Pod(status=k8s.V1PodStatus(phase="Pending"))], None),
+        ("one pod finished", [_pod(_status(K.CONTAINER, started=100, finished=160))], (100, 160)),
+        ("nodes started apart: first start to last finish",
+         [_pod(_status(K.CONTAINER, started=100, finished=150)), _pod(_status(K.CONTAINER, started=130, finished=170))], (100, 170)),
+        ("still running at collection (killed)", [_pod(_status(K.CONTAINER, running=100))], (100, 1000)),
+        ("sidecars do not count", [_pod(_status("istio-proxy", started=10, finished=2000), _status(K.CONTAINER, started=100, finished=160))],
+         (100, 160)),
+    ],
+)
+def test_running_interval_counts_only_running_time(name, pods, expected):
+    got = K.running_interval(pods, now=1000)
+    assert (None if got is None else (got.started, got.ended)) == expected
+
+
+def test_collect_records_a_try_per_call_with_the_jobs_gpus(tmp_path):
+    from trainyard.spec import parse_spec
+    from trainyard.training import usage
+
+    spec = parse_spec(spec_for({"resources": {"nodes": 2, "gpus_per_node": 4}}))
+    seam = K.KubernetesLauncher(RUN_KEY, 1, tmp_path)
+    seam.record(spec, tmp_path, seam.collect(None, [_pod(_status(K.CONTAINER, started=100, finished=160))]))
+    seam.record(spec, tmp_path, seam.collect(None, [_pod(_status(K.CONTAINER, started=200, finished=230))]))
+    assert [(t["attempt"], t["gpus"], t["where"]) for t in usage.tries(tmp_path)] == [(1, 8, "kubernetes"), (2, 8, "kubernetes")]
+    assert usage.gpu_seconds(tmp_path) == (60 + 30) * 8

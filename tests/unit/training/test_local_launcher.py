@@ -1,31 +1,98 @@
+"""The local launcher: one pure builder for every strategy (table-driven), the GPU-count check, the process
+runner, and launch() writing a usage record for every try, failed and interrupted ones too."""
+
+import json
 import sys
+from pathlib import Path
 
 import pytest
 
-from trainyard.training.launchers.local import LaunchError, run, torchrun_argv, worker_env
+from trainyard.errors import PermanentError
+from trainyard.spec import parse_spec
+from trainyard.training import usage
+from trainyard.training.launchers import local
+from trainyard.training.launchers.command import Host, local_command, torchrun_argv
+from trainyard.training.launchers.local import LaunchError, run, worker_env
+
+CONFIG = "/runs/a b/run_config.json"  # a space: must stay one argv item
+RUN_DIR = "/runs/a b"
+DATA = "/cache/prepared/abc"
+CPU = Host(cuda_devices=0, cores=8, env={"PATH": "/bin"}, python="/venv/bin/python", master_port=29123)
+TORCHRUN = ["/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
+ENTRY = ["-m", "trainyard.training.entry", "--config", CONFIG]
+CUSTOM = {"recipe": "custom", "custom": {"command": ["python", "train.py", "--lr", "$(LR); rm -rf /"]}}
+
+# name, spec overrides, host, expected argv, expected env (a subset), env keys that must be absent
+CASES = [
+    ("ddp", {"distributed": {"strategy": "ddp", "max_restarts": 2}}, CPU,
+     [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=2", *ENTRY],
+     {"OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PATH": "/bin"},
+     ["DS_ACCELERATOR", "TRAINYARD_DATA_DIR"]),
+    ("horovod", {"distributed": {"strategy": "horovod"}, "resources": {"gpus_per_node": 4}}, CPU,
+     ["/venv/bin/horovodrun", "-np", "4", "-H", "localhost:4", "--gloo", "/venv/bin/python", *ENTRY],
+     {"OMP_NUM_THREADS": "2"}, ["DS_ACCELERATOR"]),
+    ("deepspeed on cpu", {"distributed": {"strategy": "deepspeed"}}, CPU,
+     ["/venv/bin/python", "-u", "-m", "deepspeed.launcher.runner", "--num_nodes=1", "--num_accelerators=2",
+      "--master_port=29123", "--module", *ENTRY[1:]],
+     {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1"}, []),
+    ("deepspeed on gpus", {"distributed": {"strategy": "deepspeed"}}, Host(2, 8, {}, "/venv/bin/python", 29123),
+     ["/venv/bin/python", "-u", "-m", "deepspeed.launcher.runner", "--num_nodes=1", "--num_accelerators=2",
+      "--master_port=29123", "--module", *ENTRY[1:]],
+     {"OMP_NUM_THREADS": "4"}, ["DS_ACCELERATOR"]),
+    ("deepspeed, the user's accelerator wins", {"distributed": {"strategy": "deepspeed"}},
+     Host(0, 8, {"DS_ACCELERATOR": "xpu"}, "/venv/bin/python", 1), None, {"DS_ACCELERATOR": "xpu"}, []),
+    ("the user's thread count wins", {}, Host(0, 8, {"OMP_NUM_THREADS": "3"}, "/p", 1), None, {"OMP_NUM_THREADS": "3"}, []),
+    ("custom", {**CUSTOM, "resources": {"gpus_per_node": 3}, "distributed": {"max_restarts": 0}}, CPU,
+     [*TORCHRUN, "--nproc_per_node=3", "--max_restarts=0", "--no-python", "python", "train.py", "--lr", "$(LR); rm -rf /"],
+     {"TRAINYARD_DATA_DIR": DATA, "TRAINYARD_OUTPUT_DIR": RUN_DIR, "TRAINYARD_CHECKPOINT_DIR": f"{RUN_DIR}/checkpoints",
+      "TRAINYARD_METRICS_FILE": f"{RUN_DIR}/metrics.jsonl", "OMP_NUM_THREADS": "2"}, []),
+    ("custom ignores the strategy", {**CUSTOM, "distributed": {"strategy": "deepspeed"}}, CPU,
+     [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", "--no-python", *CUSTOM["custom"]["command"]], {}, ["DS_ACCELERATOR"]),
+    ("one thread at least", {"resources": {"gpus_per_node": 8}}, Host(0, 2, {}, "/p", 1), None, {"OMP_NUM_THREADS": "1"}, []),
+]
+
+
+@pytest.mark.parametrize("name, overrides, host, argv, env, absent", CASES, ids=[c[0] for c in CASES])
+def test_local_command(name, overrides, host, argv, env, absent):
+    before = dict(host.env)
+    cmd = local_command(parse_spec(overrides), host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR)
+    if argv is not None:
+        assert cmd.argv == argv
+    assert env.items() <= cmd.env.items()
+    assert not set(absent) & set(cmd.env)
+    assert dict(host.env) == before  # the host's environment is not modified
 
 
 @pytest.mark.parametrize(
-    "nproc, expected",
+    "name, gpus_per_node, cuda_devices, ok",
     [
-        (1, ["--standalone", "--nnodes=1", "--nproc_per_node=1"]),
-        (4, ["--standalone", "--nnodes=1", "--nproc_per_node=4"]),
+        ("cpu-only machine: CPU workers, any count", 2, 0, True),
+        ("one GPU, one worker", 1, 1, True),
+        ("enough GPUs", 4, 8, True),
+        ("the default 2 on a one-GPU machine", 2, 1, False),
+        ("more than the machine has", 8, 4, False),
     ],
 )
-def test_torchrun_argv(nproc, expected):
-    argv = torchrun_argv(nproc, "/x/run config.json", python="/py")
-    assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
-    assert argv[3:6] == expected
-    assert argv[-2:] == ["--config", "/x/run config.json"]  # one argv item, never shell-split
+def test_gpu_count_is_checked_before_anything_starts(name, gpus_per_node, cuda_devices, ok):
+    spec = parse_spec({"resources": {"gpus_per_node": gpus_per_node}})
+    host = Host(cuda_devices=cuda_devices, cores=4)
+    if ok:
+        assert local_command(spec, host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR).argv
+        return
+    with pytest.raises(PermanentError) as err:
+        local_command(spec, host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR)
+    message = str(err.value)
+    assert "resources.gpus_per_node" in message and f"is {gpus_per_node}" in message
+    assert f"has {cuda_devices} CUDA GPU(s)" in message and f"at most {cuda_devices}" in message
 
 
-def test_nproc_must_be_positive():
+def test_torchrun_argv_nproc_must_be_positive():
     with pytest.raises(ValueError):
         torchrun_argv(0, "c.json")
 
 
 def test_worker_env_limits_threads():
-    assert worker_env(2, base={})["OMP_NUM_THREADS"].isdigit()
+    assert worker_env(2, base={}, cores=8)["OMP_NUM_THREADS"] == "4"
     assert worker_env(2, base={"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
 
 
@@ -35,3 +102,56 @@ def test_run_streams_lines_and_reports_failure():
     assert lines == ["a", "b"]
     with pytest.raises(LaunchError, match="exited with 3; last lines:\nboom"):
         run([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], on_line=lambda _: None)
+
+
+# -- launch(): the pipeline's entry point, with real torchrun and a one-process custom command -----------
+def _custom(tmp_path: Path, code: str):
+    spec = parse_spec({"recipe": "custom", "resources": {"gpus_per_node": 1},
+                       "distributed": {"max_restarts": 0}, "custom": {"command": [sys.executable, "-c", code]}})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    return spec, {"path": str(tmp_path / "prepared")}, run_dir
+
+
+def test_launch_runs_the_command_with_the_platform_env_and_records_the_try(tmp_path):
+    code = "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('TRAINYARD_')}))"
+    spec, data, run_dir = _custom(tmp_path, code)
+    lines = []
+    local.launch(spec, data, run_dir=str(run_dir), config_path=str(run_dir / "run_config.json"), on_line=lines.append)
+    (env_line,) = [line for line in lines if "TRAINYARD_DATA_DIR" in line]
+    env = json.loads(env_line[env_line.index("{"):])
+    assert env["TRAINYARD_DATA_DIR"] == data["path"] and env["TRAINYARD_OUTPUT_DIR"] == str(run_dir)
+    (record,) = usage.tries(run_dir)
+    assert (record["attempt"], record["gpus"], record["where"]) == (1, 1, "local")
+    assert 0 < record["ended"] - record["started"] < 120
+
+
+def test_a_failed_try_is_recorded_and_the_next_try_numbers_on(tmp_path):
+    spec, data, run_dir = _custom(tmp_path, "raise SystemExit(4)")
+    for _ in range(2):
+        with pytest.raises(LaunchError):
+            local.launch(spec, data, run_dir=str(run_dir), config_path="c.json", on_line=lambda _: None)
+    assert [t["attempt"] for t in usage.tries(run_dir)] == [1, 2]
+    assert usage.gpu_seconds(run_dir) > 0
+
+
+def test_an_interrupted_try_is_recorded(tmp_path):
+    spec, data, run_dir = _custom(tmp_path, "import time; print('work' + 'er up', flush=True); time.sleep(60)")
+
+    def interrupt(line):
+        if line.endswith("worker up"):  # the worker's line, not the launch command that contains its code
+            raise KeyboardInterrupt  # as a task timeout or "mark failed" interrupts the task
+
+    with pytest.raises(KeyboardInterrupt):
+        local.launch(spec, data, run_dir=str(run_dir), config_path="c.json", on_line=interrupt)
+    (record,) = usage.tries(run_dir)
+    assert record["ended"] - record["started"] < 30  # the workers were killed, not waited for
+
+
+def test_a_spec_the_machine_cannot_run_starts_nothing_and_records_nothing(tmp_path, monkeypatch):
+    spec, data, run_dir = _custom(tmp_path, "print('ran')")
+    spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus_per_node": 4})})
+    monkeypatch.setattr(local, "this_host", lambda: Host(cuda_devices=1, cores=4))
+    with pytest.raises(PermanentError, match="resources.gpus_per_node"):
+        local.launch(spec, data, run_dir=str(run_dir), config_path="c.json", on_line=lambda _: None)
+    assert usage.tries(run_dir) == []

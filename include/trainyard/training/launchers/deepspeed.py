@@ -10,21 +10,25 @@ How DeepSpeed 0.19.8's launcher (``deepspeed/launcher/runner.py``) starts N proc
   per-process launcher (``deepspeed.launcher.launch``) sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE,
   MASTER_ADDR/PORT and appends ``--local_rank=N``, which ``trainyard.training.entry`` accepts.
 * ``--bind_cores_to_rank`` is left out: it needs ``numactl`` and pins OMP_NUM_THREADS itself; the
-  thread count comes from :func:`trainyard.training.launchers.local.worker_env` instead.
+  thread count comes from :func:`trainyard.training.launchers.base.worker_env` instead.
 * The launcher's default port is a fixed 29500, so two runs on one Airflow worker would collide; a free
   port is picked unless one is given (torchrun's ``--standalone`` does the same).
 
 The launcher is started as ``python -m deepspeed.launcher.runner``: that is all the ``deepspeed`` console
 script does, and it keeps the interpreter (and so the virtualenv) explicit even where the script is not
 next to ``sys.executable``.
+
+The command and environment a run uses are decided by :func:`trainyard.training.launchers.command.local_command`,
+which calls these two; production and tests go through it alike.
 """
 
 from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Mapping
 
-from trainyard.training.launchers.local import worker_env
+from trainyard.training.launchers.base import this_host_cores, worker_env
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -56,11 +60,11 @@ def deepspeed_argv(nproc: int, config_path: str, *, python: str | None = None,
     ]
 
 
-def deepspeed_env(nproc: int, base: dict | None = None, *, cuda: bool | None = None) -> dict:
+def deepspeed_env(nproc: int, base: Mapping[str, str], *, cuda: bool | None = None, cores: int | None = None) -> dict:
     """The launcher's environment: :func:`worker_env` (threads per worker), plus ``DS_ACCELERATOR=cpu``
     when there is no CUDA GPU, so DeepSpeed does not probe for other accelerators (an explicit
-    DS_ACCELERATOR in ``base`` wins)."""
-    env = worker_env(nproc, base)
+    DS_ACCELERATOR in ``base`` wins). ``cuda``/``cores`` default to this machine's."""
+    env = worker_env(nproc, base, cores=this_host_cores() if cores is None else cores)
     if cuda is None:
         import torch
 

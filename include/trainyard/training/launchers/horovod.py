@@ -3,7 +3,7 @@
 Horovod is built from source into the venv by ``scripts/build_horovod.sh`` (CPU: PyTorch + Gloo, no
 MPI). ``horovodrun`` is taken from next to the running interpreter, so the Airflow worker and the
 training processes use the same venv. Its workers inherit horovodrun's environment, so
-``local.worker_env`` (OMP_NUM_THREADS, ...) applies to them unchanged; no Horovod-specific variables
+``base.worker_env`` (OMP_NUM_THREADS, ...) applies to them unchanged; no Horovod-specific variables
 are needed on CPU (a Gloo-only build has no other CPU operations to choose from).
 """
 

@@ -22,7 +22,13 @@ Every built-in strategy runs **torchrun** in each pod as the per-node process la
   node of global rank 0) and serve the rendezvous store in rank 0 before ``hvd.init()``.
 - custom (bring your own): the user's command, one per pod, with MASTER_ADDR/MASTER_PORT (pod 0),
   NNODES/NODE_RANK/NPROC_PER_NODE and the one-process-per-pod RANK/WORLD_SIZE; Kubernetes expands
-  ``$(NODE_RANK)`` etc. in the command.
+  ``$(NODE_RANK)`` etc. in the command. The TRAINYARD_* variables are
+  :func:`trainyard.training.custom.platform_env`'s, as locally, with the shared volume's paths.
+
+Paths: the worker and the pods mount one volume (``kubernetes.data_pvc``), the worker at its
+TRAINYARD_HOME and the pods at ``/var/trainyard``. :class:`KubernetesLauncher` writes the run config the
+pods read (``run_config.kubernetes.json``, every path under TRAINYARD_HOME rewritten with
+:func:`in_pod`) and points TRAINYARD_DATA_DIR at the prepared split that ``prepare_data`` wrote there.
 
 Why c10d and no ``--node_rank``: torchrun ignores node_rank outside the static backend; c10d assigns group
 ranks itself and, unlike static, re-rendezvouses every node when one restarts (``--max_restarts``). Pod 0
@@ -36,12 +42,21 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
+from typing import Any
 
 from kubernetes import client as k8s
 
+from trainyard.errors import PermanentError
 from trainyard.scheduling.resources import ResourcesConfig, load_resources
 from trainyard.spec import JobSpec, SpecError, parse_spec
+from trainyard.training import custom
+from trainyard.training.launchers.base import Interval, Launcher
+from trainyard.training.run_config import RunConfig
 
 TRAINYARD_HOME = "/var/trainyard"  # the data PVC's mount point in every pod
 CONTAINER = "trainer"
@@ -188,10 +203,10 @@ def _env(s: JobSpec, run_key: str, config_path: str, attempt: int, data_dir: str
             MASTER_ADDR="localhost" if n == 1 else pod_host(s, run_key, 0, attempt=attempt),
             MASTER_PORT=str(RDZV_PORT), NNODES=str(n), NPROC_PER_NODE=str(g), NODE_RANK=_index(),
             RANK=_index(), WORLD_SIZE=str(n), LOCAL_RANK="0",  # one process per pod, unless the command forks
-            TRAINYARD_DATA_DIR=data_dir or posixpath.join(run_dir, "data"),
-            TRAINYARD_CHECKPOINT_DIR=posixpath.join(run_dir, "checkpoints"),
-            TRAINYARD_METRICS_FILE=posixpath.join(run_dir, "metrics.jsonl"),
         )
+        if data_dir is None:
+            raise ValueError("recipe 'custom' needs data_dir: the prepared data's path in the pod (see in_pod)")
+        platform.update(custom.platform_env(data_dir, run_dir))
     else:
         hints["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank ${rank}]:"  # torch's template, not a $(VAR)
         # A fresh rendezvous store per restart round; see launchers/local.worker_env for the failure it avoids.
@@ -329,3 +344,102 @@ def manifests(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: 
     return [api.sanitize_for_serialization(build_service(spec, run_key, attempt=attempt)),
             api.sanitize_for_serialization(build_job(spec, run_key, config_path, attempt=attempt,
                                                      resources=resources, data_dir=data_dir))]
+
+
+# -- the launcher seam's Kubernetes implementation ------------------------------------------------------------
+POD_CONFIG = "run_config.kubernetes.json"
+_URI_PREFIXES = ("sqlite:///", "file://", "")
+
+
+def in_pod(path: str | Path, home: str | Path) -> str:
+    """Where a file under this worker's TRAINYARD_HOME (the shared volume) appears in a pod."""
+    try:
+        rel = Path(path).resolve().relative_to(Path(home).resolve())
+    except ValueError:
+        raise PermanentError(
+            f"{path} is not under TRAINYARD_HOME ({home}), the volume the pods mount (kubernetes.data_pvc): "
+            "the Kubernetes launcher needs the run directory and the prepared data on it") from None
+    return posixpath.join(TRAINYARD_HOME, rel.as_posix()) if rel.parts else TRAINYARD_HOME
+
+
+def _rewrite(value: Any, home: Path) -> Any:
+    """Every path (or sqlite/file URI) under ``home`` in a JSON value, as the pods see it."""
+    if isinstance(value, dict):
+        return {k: _rewrite(v, home) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rewrite(v, home) for v in value]
+    if isinstance(value, str):
+        for prefix in _URI_PREFIXES:  # the plain path last: every string starts with ""
+            rest = value[len(prefix):]
+            if value.startswith(prefix) and (rest == str(home) or rest.startswith(f"{home}/")):
+                return prefix + in_pod(rest, home)
+    return value
+
+
+def pod_run_config(cfg: RunConfig, home: str | Path) -> RunConfig:
+    """The run config with the pods' paths: the same spec, data and run, read through the shared volume."""
+    root = Path(home).resolve()
+    raw = _rewrite({k: v for k, v in cfg.to_json().items() if k != "spec"}, root)
+    return RunConfig(spec=cfg.spec, **raw)
+
+
+def running_interval(pods: Iterable[k8s.V1Pod], *, now: float | None = None) -> Interval | None:
+    """From the first trainer container's start to the last one's finish (still running: ``now``), as the
+    API reports them; time a pod spent pending (queued, pulling) is not in it. None if none started."""
+    now = time.time() if now is None else now
+    starts, ends = [], []
+    for pod in pods:
+        for status in (pod.status.container_statuses or []) if pod.status else []:
+            state = status.state
+            if status.name != CONTAINER or state is None:
+                continue
+            if state.terminated is not None and state.terminated.started_at is not None:
+                starts.append(state.terminated.started_at.timestamp())
+                finished = state.terminated.finished_at
+                ends.append(finished.timestamp() if finished is not None else now)
+            elif state.running is not None and state.running.started_at is not None:
+                starts.append(state.running.started_at.timestamp())
+                ends.append(now)
+    return Interval(min(starts), max(ends)) if starts else None
+
+
+@dataclass(frozen=True)
+class KubernetesPlan:
+    """What one try creates: a bare Pod (one node) or an Indexed Job and its headless Service."""
+
+    objects: tuple[k8s.V1Pod] | tuple[k8s.V1Service, k8s.V1Job]
+    config_path: str  # the run config as the pods read it
+    run_dir: str  # on this worker
+
+    @property
+    def names(self) -> list[tuple[str, str]]:
+        return [(o.kind, o.metadata.name) for o in self.objects]
+
+
+class KubernetesLauncher(Launcher):
+    """Plan and collect on Kubernetes; launching (create, wait deferred, delete) is the Airflow operator's."""
+
+    where = "kubernetes"
+
+    def __init__(self, run_key: str, attempt: int, home: str | Path, *,
+                 resources: ResourcesConfig | None = None) -> None:
+        self.run_key, self.attempt, self.home, self.resources = run_key, attempt, Path(home), resources
+
+    def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> KubernetesPlan:
+        """Writes the pods' run config next to ``config_path`` (idempotent) and builds the objects."""
+        cfg = pod_run_config(RunConfig.load(config_path), self.home)
+        pod_config = Path(run_dir) / POD_CONFIG
+        cfg.dump(pod_config)
+        config = in_pod(pod_config, self.home)
+        data_dir = in_pod(data["path"], self.home)
+        if spec.resources.nodes == 1:
+            objects: Any = (build_pod(spec, self.run_key, config, attempt=self.attempt, resources=self.resources,
+                                      data_dir=data_dir),)
+        else:
+            objects = (build_service(spec, self.run_key, attempt=self.attempt),
+                       build_job(spec, self.run_key, config, attempt=self.attempt, resources=self.resources,
+                                 data_dir=data_dir))
+        return KubernetesPlan(objects, config, run_dir)
+
+    def collect(self, plan: KubernetesPlan, observed: Iterable[k8s.V1Pod]) -> Interval | None:
+        return running_interval(observed)

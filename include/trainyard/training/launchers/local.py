@@ -1,66 +1,78 @@
-"""Local launcher: torchrun as a subprocess of the Airflow task, its output streamed line by line."""
+"""Local launcher: the strategy's launcher (torchrun, horovodrun, deepspeed, or the custom command under
+torchrun) as a subprocess of the task, its output streamed line by line.
+
+:func:`launch` is the pipeline's entry point: plan (:func:`~trainyard.training.launchers.command.local_command`
+on this machine's facts), launch (:func:`run`), collect (one usage record for this try, always).
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
+import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainyard.errors import RetryableError
+from trainyard.spec import JobSpec
+from trainyard.training.launchers.base import Interval, Launcher, this_host_cores, worker_env
+from trainyard.training.launchers.command import Command, Host, local_command, torchrun_argv
+from trainyard.training.launchers.deepspeed import free_port
+
+__all__ = ["LaunchError", "LocalLauncher", "launch", "run", "this_host", "torchrun_argv", "worker_env"]
 
 
-class LaunchError(RuntimeError):
-    pass
+class LaunchError(RetryableError):
+    """The workers exited non-zero; a retry resumes from the newest checkpoint."""
 
 
-def torchrun_argv(nproc_per_node: int, config_path: str, *, max_restarts: int = 0, python: str | None = None) -> list[str]:
-    """The torchrun command for one node. A pure function: nothing user-supplied reaches a shell."""
-    if nproc_per_node < 1:
-        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
-    return [
-        python or sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes=1",
-        f"--nproc_per_node={nproc_per_node}",
-        f"--max_restarts={max_restarts}",
-        "-m",
-        "trainyard.training.entry",
-        "--config",
-        config_path,
-    ]
+def this_host() -> Host:
+    """The facts of this machine a local command depends on (the only impure part of planning)."""
+    import torch
+
+    return Host(cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                cores=this_host_cores(), env=dict(os.environ), master_port=free_port())
 
 
-def command_for(spec: dict, config_path: str) -> list[str]:
-    """The local launch command for a JobSpec: the strategy picks the launcher."""
-    strategy = spec.get("distributed", {}).get("strategy", "ddp")
-    nproc = spec["resources"]["gpus_per_node"]
-    if strategy == "ddp":
-        return torchrun_argv(nproc, config_path, max_restarts=spec["distributed"]["max_restarts"])
-    if strategy == "horovod":
-        from trainyard.training.launchers.horovod import horovodrun_argv
-
-        return horovodrun_argv(nproc, config_path)
-    if strategy == "deepspeed":
-        from trainyard.training.launchers.deepspeed import deepspeed_argv
-
-        return deepspeed_argv(nproc, config_path)
-    raise ValueError(f"unknown distributed.strategy {strategy!r}; allowed: ddp, horovod, deepspeed")
+@dataclass(frozen=True)
+class LocalPlan:
+    command: Command
+    run_dir: str
 
 
-def worker_env(nproc_per_node: int, base: dict | None = None) -> dict:
-    env = dict(os.environ if base is None else base)
-    # Without this each worker starts one thread per core and N workers fight over 2 cores.
-    cores = os.cpu_count() or 1
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc_per_node)))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    # torchrun's workers otherwise share the agent's rendezvous TCPStore across restarts, and a restarted
-    # group can read the dead workers' gloo addresses from it ("Connection refused", or a hang). A store
-    # per restart round makes --max-restarts work (tests/integration/test_resume.py kills a worker).
-    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    return env
+class LocalLauncher(Launcher):
+    where = "local"
+
+    def __init__(self, host: Host | None = None) -> None:
+        self.host = host
+
+    def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> LocalPlan:
+        command = local_command(spec, self.host or this_host(), config_path=config_path, data_dir=data["path"],
+                                run_dir=run_dir)
+        return LocalPlan(command, run_dir)
+
+    def launch(self, plan: LocalPlan, on_line: Callable[[str], None]) -> None:
+        run(plan.command.argv, env=plan.command.env, on_line=on_line)
+
+    def collect(self, plan: LocalPlan, observed: Interval | None) -> Interval | None:
+        return observed  # the subprocess's lifetime is the time its workers held the GPUs
+
+
+def launch(spec: JobSpec, data: dict, *, run_dir: str, config_path: str, on_line: Callable[[str], None]) -> None:
+    """Run ``spec``'s workers on this machine and wait; append this try's usage record whatever happens.
+
+    A spec this machine cannot run (more GPUs than it has) fails before anything starts and records
+    nothing."""
+    launcher = LocalLauncher()
+    plan = launcher.plan(spec, data, run_dir=run_dir, config_path=config_path)
+    on_line("launching: " + " ".join(plan.command.argv))
+    started = time.time()
+    try:
+        launcher.launch(plan, on_line)
+    finally:
+        launcher.record(spec, run_dir, launcher.collect(plan, Interval(started, time.time())))
 
 
 def run(argv: list[str], *, env: dict | None = None, on_line: Callable[[str], None] = print, tail: int = 40) -> None:
@@ -88,4 +100,3 @@ def run(argv: list[str], *, env: dict | None = None, on_line: Callable[[str], No
         raise
     if rc != 0:
         raise LaunchError(f"{' '.join(argv[:3])} exited with {rc}; last lines:\n" + "\n".join(last))
-

@@ -1,0 +1,85 @@
+"""The launcher seam: plan -> launch -> collect, with a local and a Kubernetes implementation.
+
+- **plan**: what will run, decided from the JobSpec, the prepared data and the run's paths alone (argv and
+  environment locally, :mod:`~trainyard.training.launchers.command`; the Job/Service or Pod objects on
+  Kubernetes, :mod:`~trainyard.training.launchers.kubernetes`).
+- **launch**: start the workers and wait for them. Locally a subprocess of the task
+  (:func:`trainyard.training.launchers.local.launch`); on Kubernetes the Airflow operator
+  (``trainyard_airflow.operators.launch``) creates the objects through the provider's hook and waits
+  deferred, in the triggerer, so the library holds no Kubernetes connection and no waiting loop.
+- **collect**: this try's usage record, from when its workers really ran (a subprocess's lifetime; the
+  pods' container start and finish times, never their time in a queue). Always written, after a failure
+  or an interrupt too, so ``run_cost`` also counts the GPU time of the tries that failed.
+
+Both implementations share this contract (``tests/unit/training/test_launcher_contract.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from trainyard.spec import JobSpec
+from trainyard.training import usage
+
+
+@dataclass(frozen=True)
+class Interval:
+    """When a try's workers held their GPUs, in epoch seconds."""
+
+    started: float
+    ended: float
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+
+def next_attempt(run_dir: str | Path) -> int:
+    """The number of this try: one more than the tries already recorded for the run."""
+    return len(usage.tries(run_dir)) + 1
+
+
+class Launcher(ABC):
+    """One way of running a JobSpec's workers. ``where`` names it in the usage records."""
+
+    where: ClassVar[str]
+
+    @abstractmethod
+    def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> Any:
+        """What will run. No side effect but idempotent files the workers read."""
+
+    @abstractmethod
+    def collect(self, plan: Any, observed: Any) -> Interval | None:
+        """When this try's workers ran, from what the launch observed; None if they never started."""
+
+    def record(self, spec: JobSpec, run_dir: str | Path, interval: Interval | None) -> int:
+        """Append this try's usage record (a try whose workers never started held no GPU: nothing to add)."""
+        attempt = next_attempt(run_dir)
+        if interval is not None:
+            usage.record_try(run_dir, attempt=attempt, started=interval.started, ended=interval.ended,
+                             gpus=spec.resources.total_gpus, where=self.where)
+        return attempt
+
+
+def worker_env(nproc_per_node: int, base: Mapping[str, str] | None = None, *, cores: int | None = None) -> dict[str, str]:
+    """The environment every built-in strategy's workers share on one node (``base`` is not modified;
+    ``base``/``cores`` default to this process's environment and this machine's cores)."""
+    env = dict(os.environ if base is None else base)
+    cores = this_host_cores() if cores is None else cores
+    # Without this each worker starts one thread per core and N workers fight over the cores.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc_per_node)))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # torchrun's workers otherwise share the agent's rendezvous TCPStore across restarts, and a restarted
+    # group can read the dead workers' gloo addresses from it ("Connection refused", or a hang). A store
+    # per restart round makes --max-restarts work (tests/integration/test_resume.py kills a worker).
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return env
+
+
+def this_host_cores() -> int:
+    return os.cpu_count() or 1

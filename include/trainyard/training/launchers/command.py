@@ -1,0 +1,99 @@
+"""The one place a strategy becomes a local command: ``local_command(spec, host, ...) -> Command``.
+
+A pure function of the JobSpec and the facts of the machine (:class:`Host`, read once by the caller), so
+production (:func:`trainyard.training.launchers.local.launch`) and the tests build exactly the same argv
+and environment. Nothing user-supplied goes through a shell: every argument is one argv item.
+
+- ddp: ``torchrun --standalone`` with ``gpus_per_node`` processes;
+- horovod: ``horovodrun --gloo`` (:mod:`~trainyard.training.launchers.horovod`);
+- deepspeed: the deepspeed runner (:mod:`~trainyard.training.launchers.deepspeed`), ``DS_ACCELERATOR=cpu``
+  on a machine without CUDA;
+- custom: the user's command under ``torchrun --no-python``, with the platform environment of
+  :func:`trainyard.training.custom.platform_env` (the same four variables the pods get).
+
+On a machine with CUDA each process takes one GPU (``cuda:<local_rank>``), so ``gpus_per_node`` may not
+exceed the GPUs present; without CUDA the processes are CPU workers and any count runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from trainyard.errors import PermanentError
+from trainyard.spec import JobSpec
+from trainyard.training import custom
+from trainyard.training.launchers.base import worker_env
+from trainyard.training.launchers.deepspeed import deepspeed_argv, deepspeed_env
+from trainyard.training.launchers.horovod import horovodrun_argv
+
+
+@dataclass(frozen=True)
+class Host:
+    """What a local command depends on besides the spec."""
+
+    cuda_devices: int  # 0: no CUDA, the workers run on CPU
+    cores: int
+    env: Mapping[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+    master_port: int = 29500  # the deepspeed runner's rendezvous port (torchrun and horovodrun pick their own)
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    env: dict[str, str]
+
+
+def check_gpus(spec: JobSpec, cuda_devices: int) -> None:
+    """Refuse a GPU count this machine does not have (a worker on a missing ``cuda:N`` fails late and
+    obscurely); CPU-only machines run CPU workers and take any count."""
+    want = spec.resources.gpus_per_node
+    if cuda_devices and want > cuda_devices:
+        raise PermanentError(
+            f"resources.gpus_per_node is {want} but this machine has {cuda_devices} CUDA GPU(s): "
+            f"set resources.gpus_per_node to at most {cuda_devices} for the local launcher, or use "
+            "backends.launcher 'kubernetes'")
+
+
+def torchrun_argv(nproc_per_node: int, config_path: str, *, max_restarts: int = 0, python: str | None = None) -> list[str]:
+    """The torchrun command for one node."""
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    return [
+        python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+        f"--nproc_per_node={nproc_per_node}", f"--max_restarts={max_restarts}",
+        "-m", "trainyard.training.entry", "--config", config_path,
+    ]
+
+
+def custom_argv(spec: JobSpec, python: str | None = None) -> list[str]:
+    """The user's command as torchrun's worker program (``--no-python``: run as given, not as a script)."""
+    if spec.custom is None:
+        raise PermanentError("recipe 'custom' needs the custom section (command, optional image)")
+    return [
+        python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+        f"--nproc_per_node={spec.resources.gpus_per_node}", f"--max_restarts={spec.distributed.max_restarts}",
+        "--no-python", *spec.custom.command,
+    ]
+
+
+def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str, run_dir: str) -> Command:
+    """Argv and environment of one node's workers for ``spec`` on ``host``."""
+    check_gpus(spec, host.cuda_devices)
+    nproc = spec.resources.gpus_per_node
+    env = worker_env(nproc, host.env, cores=host.cores)
+    if spec.recipe == "custom":
+        return Command(custom_argv(spec, host.python), {**env, **custom.platform_env(data_dir, run_dir)})
+    strategy = spec.distributed.strategy
+    if strategy == "ddp":
+        argv = torchrun_argv(nproc, config_path, max_restarts=spec.distributed.max_restarts, python=host.python)
+    elif strategy == "horovod":
+        argv = horovodrun_argv(nproc, config_path, python=host.python)
+    elif strategy == "deepspeed":
+        argv = deepspeed_argv(nproc, config_path, python=host.python, master_port=host.master_port)
+        env = deepspeed_env(nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores)
+    else:  # the spec's Literal makes this unreachable unless a strategy is added without a launcher
+        raise PermanentError(f"distributed.strategy {strategy!r} has no local launcher; allowed: ddp, horovod, deepspeed")
+    return Command(argv, env)
