@@ -3,8 +3,9 @@
 Needs (skipped without KUBECONFIG):
 - KUBECONFIG: the cluster; TRAINYARD_K8S_IMAGE: an image with trainyard and torch installed;
 - TRAINYARD_K8S_SHARED_DIR: a local directory that *is* the data PVC's content (e.g. a kind extraMount
-  backing a hostPath PersistentVolume): the test writes the prepared data and the run config there, the
-  pods read them under /var/trainyard;
+  backing a hostPath PersistentVolume): the test uses it as TRAINYARD_HOME (as a worker that mounts the
+  PVC does) and writes the prepared data and the run config there; the operator writes the pods' copy of
+  the run config with their paths (/var/trainyard/...);
 - optional TRAINYARD_K8S_NAMESPACE (default trainyard) and TRAINYARD_K8S_PVC (default trainyard-data),
   both existing.
 """
@@ -22,7 +23,6 @@ pytestmark = [
     pytest.mark.skipif(not os.environ.get("KUBECONFIG"),
                        reason="no Kubernetes cluster: set KUBECONFIG (and TRAINYARD_K8S_IMAGE) to run"),
 ]
-POD_HOME = "/var/trainyard"
 
 
 def _required(name: str) -> str:
@@ -33,19 +33,20 @@ def _required(name: str) -> str:
 
 
 @pytest.fixture
-def cluster_run():
+def cluster_run(monkeypatch):
     from trainyard.data.classification import digits_files
     from trainyard.data.prepare import prepare_classification
+    from trainyard.spec import parse_spec
+    from trainyard.training.run_config import RunConfig
 
     shared = Path(_required("TRAINYARD_K8S_SHARED_DIR")).resolve()
+    monkeypatch.setenv("TRAINYARD_HOME", str(shared))
     run_id = uuid.uuid4().hex[:8]
     root = shared / f"e2e-{run_id}"
     for rel, data in digits_files().items():
         (root / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / "src" / rel).write_bytes(data)
     prepared = prepare_classification(root / "src", "e" * 64, root / "prep", 0.2, 0)
-    # The same files, as the pods see them.
-    prepared = json.loads(json.dumps(prepared).replace(str(shared), POD_HOME))
     spec = {
         "name": "e2e-ddp",
         "backends": {"launcher": "kubernetes"},
@@ -62,22 +63,22 @@ def cluster_run():
         },
     }
     (root / "run").mkdir()
-    (root / "run" / "run_config.json").write_text(json.dumps(
-        {"spec": spec, "data": prepared, "out_dir": f"{POD_HOME}/e2e-{run_id}/run"}))
-    return SimpleNamespace(spec=spec, run_key=f"e2e/{run_id}", root=root,
-                           config_path=f"{POD_HOME}/e2e-{run_id}/run/run_config.json")
+    config = RunConfig(spec=parse_spec(spec), data=prepared, out_dir=str(root / "run")).dump(root / "run" / "run_config.json")
+    return SimpleNamespace(spec=spec, run_key=f"e2e/{run_id}", root=root, config_path=str(config))
 
 
 def test_two_node_ddp_job_succeeds_and_every_worker_logs_to_the_task(cluster_run, capsys):
     from kubernetes import client, config
 
+    from trainyard.training import usage
     from trainyard.training.launchers.kubernetes import job_name
     from trainyard_airflow.operators.training import KubernetesTrainingJobOperator
 
+    # Not deferred: no triggerer here (the deferred path is tested against a fake API in tests/unit/plugins).
     op = KubernetesTrainingJobOperator(
         task_id="train", spec=cluster_run.spec, run_key=cluster_run.run_key, config_path=cluster_run.config_path,
         kubernetes_conn_id=None, config_file=os.environ["KUBECONFIG"], startup_timeout_seconds=300,
-        job_poll_interval=5,
+        job_poll_interval=5, deferrable=False,
     )
     pushed = {}
     ti = SimpleNamespace(dag_id="e2e", task_id="train", map_index=-1, try_number=1,
@@ -97,3 +98,5 @@ def test_two_node_ddp_job_succeeds_and_every_worker_logs_to_the_task(cluster_run
     with pytest.raises(client.ApiException) as gone:
         core.read_namespaced_service(name=pushed["job_name"], namespace=namespace)
     assert gone.value.status == 404  # the operator removed the Service after reading the logs
+    (record,) = usage.tries(cluster_run.root / "run")
+    assert record["where"] == "kubernetes" and record["gpus"] == 2 and record["ended"] > record["started"]

@@ -1,9 +1,21 @@
-"""A parse-time-light front for the Kubernetes training operator.
+"""A parse-time-light front for the Kubernetes training operators.
 
-Importing the cncf.kubernetes operators (and the kubernetes client) costs ~0.9 s, which every DAG parse
-would pay; this operator imports nothing heavy and builds the real ``KubernetesTrainingJobOperator`` (or
-the single-node Pod operator) inside ``execute``, where the cost belongs. The trade: it runs the inner
-operator synchronously, so the task is not deferrable (it holds a worker slot while the Job runs).
+Importing the cncf.kubernetes provider (and the kubernetes client) costs ~0.9 s, which every DAG parse
+would pay. This operator imports nothing heavy: ``execute`` builds the real operator
+(``trainyard_airflow.operators.training``: a Pod for one node, an Indexed Job and its Service for more)
+and hands every entry point on to it, so the provider's own code creates, waits and cleans up:
+
+- ``execute``: create, then defer to the trigger (the worker slot is free while the pods run);
+- ``execute_complete`` / ``trigger_reentry``: where the provider's Job / Pod operator resumes;
+- ``on_kill`` (task timeout, "mark failed" while running here) and any exception, ``AirflowTaskTimeout``
+  (a ``BaseException``) included: delete what ``execute`` created;
+- ``resume_execution`` with ``__fail__`` (the deferral timed out, or the trigger failed): the same.
+
+A kill while deferred reaches the trigger's ``on_kill`` instead, which deletes the Pod or the Job.
+
+Pools: the task keeps its ``pool_slots`` (the job's GPUs) while deferred only if its pool counts
+deferred tasks (``include_deferred``); the GPU pools made from resources.yaml do
+(``trainyard.scheduling.resources.pools``).
 """
 
 from __future__ import annotations
@@ -15,24 +27,46 @@ from airflow.sdk import BaseOperator
 
 
 class KubernetesTrainingLauncher(BaseOperator):
+    """Train a JobSpec on Kubernetes, deferred. ``config_path`` is the run config on this worker."""
+
     template_fields: Sequence[str] = ("spec", "run_key", "config_path")
 
     def __init__(self, *, spec: Any, run_key: str, config_path: Any, kubernetes_conn_id: str = "kubernetes_default",
-                 **kwargs) -> None:
+                 deferrable: bool = True, poll_interval: float = 30, **kwargs) -> None:
         super().__init__(**kwargs)
         self.spec, self.run_key, self.config_path = spec, run_key, config_path
         self.kubernetes_conn_id = kubernetes_conn_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self._inner: Any = None
+
+    def operator(self) -> Any:
+        """The provider-based operator that does the work (built at run time, where its import belongs)."""
+        from trainyard_airflow.operators.training import training_operator
+
+        if self._inner is None:
+            self._inner = training_operator(
+                task_id=self.task_id, spec=self.spec, run_key=self.run_key, config_path=self.config_path,
+                kubernetes_conn_id=self.kubernetes_conn_id, deferrable=self.deferrable, poll_interval=self.poll_interval)
+        return self._inner
 
     def execute(self, context):
-        from trainyard_airflow.operators.training import KubernetesTrainingJobOperator, KubernetesTrainingPodOperator
+        return self.operator().execute(context)
 
-        kind = KubernetesTrainingJobOperator if self.spec["resources"]["nodes"] > 1 else KubernetesTrainingPodOperator
-        inner = kind(
-            task_id=self.task_id,
-            spec=self.spec,
-            run_key=self.run_key,
-            config_path=self.config_path,
-            kubernetes_conn_id=self.kubernetes_conn_id,
-            namespace=self.spec["kubernetes"]["namespace"],
-        )
-        return inner.execute(context)
+    def execute_complete(self, context, event, **kwargs):
+        return self.operator().execute_complete(context, event, **kwargs)
+
+    def trigger_reentry(self, context, event):
+        return self.operator().trigger_reentry(context, event)
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context):
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except BaseException:
+            if next_method == "__fail__":  # no resume method of the operator ran, so nothing cleaned up
+                self.operator().abort(context)
+            raise
+
+    def on_kill(self) -> None:
+        if self._inner is not None:  # nothing was created before execute built the operator
+            self._inner.on_kill()

@@ -1,33 +1,33 @@
-"""Run a JobSpec's training on Kubernetes: the cncf.kubernetes operators, fed by the pure builders of
-``trainyard.training.launchers.kubernetes``.
+"""Run a JobSpec's training on Kubernetes: the cncf.kubernetes operators, fed by the launcher seam's
+Kubernetes implementation (``trainyard.training.launchers.kubernetes.KubernetesLauncher``).
 
 - ``KubernetesTrainingJobOperator``: any number of nodes. One Indexed Job (a pod per node) plus a headless
-  Service for the pods' DNS names. It waits for the Job, then writes every pod's log into the task log.
-- ``KubernetesTrainingPodOperator``: one node as a bare Pod, with the provider's reattach-after-worker-crash.
+  Service for the pods' DNS names; waits deferred in :class:`~trainyard_airflow.triggers.training_job.TrainingJobTrigger`.
+- ``KubernetesTrainingPodOperator``: one node as a bare Pod; waits deferred in the provider's Pod trigger.
 
-What these override in the provider, and why:
+Both are built and driven by the parse-light ``trainyard_airflow.operators.launch.KubernetesTrainingLauncher``.
 
-- ``build_job_request_obj`` / ``build_pod_request_obj`` return the launcher's objects instead of assembling
-  them from operator arguments (the spec is the single source of truth), adding the provider's
-  task-instance labels (it finds the pods by them) and applying the cluster's ``pod_mutation_hook``.
-- ``create_job`` also creates the Service, owned by the Job, so the cluster removes it with the Job even
-  if this worker dies; ``execute``/``execute_complete`` delete it after the logs are read.
-- ``get_pods`` waits (up to ``startup_timeout_seconds``) until the Job controller has created every pod:
-  the provider lists a few times without pausing and would otherwise read the logs of only the pods it
-  saw. Pods of an earlier try are told apart by the Job's own ``batch.kubernetes.io/job-name`` label.
-- ``execute`` deletes Jobs an earlier try of the same run left running (found by labels, never by name):
-  two trainings writing one run directory would corrupt its checkpoints.
+What execute creates is deleted on every path that does not succeed: an exception (any, also
+``AirflowTaskTimeout``, a ``BaseException``), ``on_kill`` (timeout or "mark failed" while the worker runs
+the task), a kill while deferred (the triggers' ``on_kill``), a deferral that times out
+(``abort``, called by the launcher's ``resume_execution``). After a success the Service and the Pod are
+removed and the Job is left to its TTL (``kubectl logs`` keeps working for a day). Objects are found by
+their deterministic names (the run key and the try number), so a fresh operator instance, as after a
+deferral, cleans up what an earlier one created.
+
+Each try appends one usage record (``usage.jsonl`` in the run directory) from the trainer containers' start
+and finish times as the API reports them, read before anything is deleted, so ``run_cost`` counts neither
+the time the pods waited in a queue nor forgets a try that failed.
 
 No retry loops: the Job has ``backoffLimit: 0`` and API errors fail the task; Airflow's retries decide,
-and a retry resumes from the newest checkpoint. Errors while cleaning up after a finished training are
-only logged (the owner reference and the Job's TTL remove what is left) so a transient error there does
-not make Airflow repeat hours of training.
+and a retry resumes from the newest checkpoint. Errors while cleaning up are only logged (the owner
+reference and the Job's TTL remove what is left) so they never hide the error that made the try fail.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
@@ -36,12 +36,20 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from kubernetes.client import models as k8s
 from kubernetes.client.rest import ApiException
 
+from trainyard import paths
+from trainyard.errors import spec_error_message
+from trainyard.spec import SpecError
 from trainyard.training.launchers import kubernetes as launcher
+from trainyard.training.run_config import RunConfig
+from trainyard_airflow.triggers.training_job import TrainingJobTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+# How long a scheduled pod may take to start (the trainer image is large and pulled once per node).
+IMAGE_PULL_TIMEOUT_S = 1800
 
 
 def _attempt(context: Context | None) -> int:
@@ -56,13 +64,66 @@ def _mutate(pod: k8s.V1Pod) -> k8s.V1Pod:
     return pod
 
 
-class KubernetesTrainingJobOperator(KubernetesJobOperator):
+class _TrainingRun:
+    """What both operators share: the plan from the launcher seam, names, usage and cleanup."""
+
+    spec: Any
+    run_key: str
+    config_path: str
+    log: Any
+    client: Any
+    _pods: Callable[[], list[k8s.V1Pod]]  # each operator knows how its pods are found
+
+    def _launcher(self, context: Context | None) -> launcher.KubernetesLauncher:
+        self._try = _attempt(context)
+        return launcher.KubernetesLauncher(self.run_key, self._try, paths.home())
+
+    def _plan(self, context: Context | None) -> launcher.KubernetesPlan:
+        cfg = RunConfig.load(self.config_path)
+        return self._launcher(context).plan(launcher.as_spec(self.spec), cfg.data, run_dir=cfg.out_dir,
+                                            config_path=self.config_path)
+
+    @property
+    def _namespace(self) -> str:
+        return launcher.as_spec(self.spec).kubernetes.namespace
+
+    def _name(self) -> str:
+        return launcher.job_name(self.spec, self.run_key, attempt=self._try)
+
+    def _record_usage(self) -> None:
+        """This try's usage record, once per operator instance; never raises (it must not hide the try's
+        own outcome)."""
+        if getattr(self, "_recorded", False) or getattr(self, "_try", None) is None:
+            return
+        self._recorded = True
+        try:
+            pods = self._pods()
+            spec = launcher.as_spec(self.spec)
+            run_dir = RunConfig.load(self.config_path).out_dir
+            seam = launcher.KubernetesLauncher(self.run_key, self._try, paths.home())
+            seam.record(spec, run_dir, seam.collect(None, pods))
+        except Exception as err:  # logged only: see the docstring
+            self.log.warning("could not record the usage of try %s: %s", self._try, err)
+
+    def _delete(self, what: str, call: Callable[..., Any], **kwargs: Any) -> None:
+        """Delete one object; already gone is fine, any other failure is logged (see the module docstring)."""
+        try:
+            call(**kwargs)
+            self.log.info("deleted %s %s", what, kwargs["name"])
+        except ApiException as err:
+            if err.status != 404:
+                self.log.warning("could not delete %s %s (its owner or TTL will): %s", what, kwargs["name"], err)
+        except Exception as err:  # logged only: it must not replace the error that made the try fail
+            self.log.warning("could not delete %s %s (its owner or TTL will): %s", what, kwargs["name"], err)
+
+
+class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
     """Train a JobSpec (a dict, or an XComArg/template resolving to one) on ``resources.nodes`` pods.
 
     :param spec: the validated JobSpec dict; namespace, image and everything the pods need come from it.
     :param run_key: identifies the training run (e.g. ``"<dag_id>/<run_id>"``); with the spec's name it
         makes the labels and the object names.
-    :param config_path: the run's RunConfig JSON as the pods see it (under ``/var/trainyard``).
+    :param config_path: the run's RunConfig JSON on this worker (under TRAINYARD_HOME, the shared volume).
     """
 
     template_fields: Sequence[str] = (*KubernetesJobOperator.template_fields, "spec", "run_key", "config_path")
@@ -76,15 +137,19 @@ class KubernetesTrainingJobOperator(KubernetesJobOperator):
             get_logs=True,
             do_xcom_push=False,  # results travel through the run directory, not an xcom sidecar
             base_container_name=launcher.CONTAINER,
+            # The pods go with their Job; this operator reads their state and logs before deleting it.
+            on_finish_action="keep_pod",
+            on_kill_propagation_policy="Background",
             **kwargs,
         )
         self.spec = spec
         self.run_key = run_key
         self.config_path = config_path
+        self._try: int | None = None
 
     def build_job_request_obj(self, context: Context | None = None) -> k8s.V1Job:
-        self._attempt = _attempt(context)
-        job = launcher.build_job(self.spec, self.run_key, self.config_path, attempt=self._attempt)
+        service, job = self._plan(context).objects
+        self._service = service
         template = job.spec.template
         pod = _mutate(k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=job.metadata.name, namespace=job.metadata.namespace,
@@ -104,29 +169,75 @@ class KubernetesTrainingJobOperator(KubernetesJobOperator):
 
     def execute(self, context: Context):
         self.parallelism = launcher.as_spec(self.spec).resources.nodes  # checked before the Job is built
-        self._remove_earlier_attempts(context)
-        deferred = False
+        self._try = _attempt(context)
+        self._remove_earlier_attempts()
         try:
-            return super().execute(context)
+            result = super().execute(context)
         except TaskDeferred:
-            deferred = True  # the pods still run; execute_complete cleans up
+            raise  # the pods run on; execute_complete or the trigger's on_kill cleans up
+        except BaseException:
+            self.abort(context)
             raise
-        except Exception:
-            self._delete_job()
-            raise
-        finally:
-            if not deferred:
-                self._delete_service(context)
+        self._finish()
+        return result
+
+    def execute_deferrable(self) -> None:
+        self.defer(
+            trigger=TrainingJobTrigger(
+                job_name=self.job.metadata.name,
+                job_namespace=self.job.metadata.namespace,
+                pod_names=[pod.metadata.name for pod in self.pods],
+                pod_namespace=self.job.metadata.namespace,
+                base_container_name=self.base_container_name,
+                kubernetes_conn_id=self.kubernetes_conn_id,
+                cluster_context=self.cluster_context,
+                config_file=self.config_file,
+                in_cluster=self.in_cluster,
+                poll_interval=self.job_poll_interval,
+                get_logs=self.get_logs,
+                do_xcom_push=False,
+                schedule_timeout=self.schedule_timeout_seconds,
+                service_name=self.job.metadata.name,
+            ),
+            method_name="execute_complete",
+        )
 
     def execute_complete(self, context: Context, event: dict, **kwargs):
+        self._try = _attempt(context)
         try:
-            return super().execute_complete(context, event, **kwargs)
-        finally:
-            self._delete_service(context)
+            result = super().execute_complete(context, event, **kwargs)
+        except BaseException:
+            self.abort(context)
+            raise
+        self._finish()
+        return result
+
+    def on_kill(self) -> None:
+        self.abort(None)
+
+    def abort(self, context: Context | None) -> None:
+        """Record this try's usage, then delete its Job (and so its pods) and its Service."""
+        if self._try is None:
+            if context is None:
+                return  # killed before execute began: nothing was created
+            self._try = _attempt(context)
+        self._record_usage()
+        name, namespace = self._name(), self._namespace
+        self._delete("Job", self.job_client.delete_namespaced_job, name=name, namespace=namespace,
+                     propagation_policy="Background")
+        self._delete("Service", self.client.delete_namespaced_service, name=name, namespace=namespace)
+
+    def _finish(self) -> None:
+        self._record_usage()
+        self._delete("Service", self.client.delete_namespaced_service, name=self._name(), namespace=self._namespace)
+
+    def _pods(self) -> list[k8s.V1Pod]:
+        return self.client.list_namespaced_pod(namespace=self._namespace,
+                                               label_selector=f"{JOB_NAME_LABEL}={self._name()}").items
 
     def create_job(self, job_request_obj: k8s.V1Job) -> k8s.V1Job:
         job = self.hook.create_job(job=job_request_obj)
-        service = launcher.build_service(self.spec, self.run_key, attempt=self._attempt)
+        service = self._service
         service.metadata.owner_references = [k8s.V1OwnerReference(
             api_version="batch/v1", kind="Job", name=job.metadata.name, uid=job.metadata.uid)]
         # Created after the Job (the owner needs a uid): pod 0 hosts the rendezvous without DNS and the
@@ -138,8 +249,11 @@ class KubernetesTrainingJobOperator(KubernetesJobOperator):
 
     def get_pods(self, pod_request_obj: k8s.V1Pod, context: Context, *, exclude_checked: bool = True
                  ) -> Sequence[k8s.V1Pod]:
+        """Every pod of the Job: the provider lists a few times without pausing and would otherwise watch
+        only the pods it saw. Waits up to ``startup_timeout_seconds`` for the Job controller to create
+        them (a queue that suspends Jobs, such as Kueue, is waited for here, before deferring)."""
         selector = (self._build_find_pod_label_selector(context, exclude_checked=exclude_checked)
-                    + f",batch.kubernetes.io/job-name={pod_request_obj.metadata.name}")
+                    + f",{JOB_NAME_LABEL}={pod_request_obj.metadata.name}")
         deadline = time.monotonic() + self.startup_timeout_seconds
         while True:
             pods = self.client.list_namespaced_pod(
@@ -157,55 +271,104 @@ class KubernetesTrainingJobOperator(KubernetesJobOperator):
             self.log_matching_pod(pod=pod, context=context)
         return pods
 
-    def _run_selector(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in launcher.run_labels(self.spec, self.run_key).items())
-
-    def _remove_earlier_attempts(self, context: Context) -> None:
-        namespace = launcher.as_spec(self.spec).kubernetes.namespace
-        ours = launcher.job_name(self.spec, self.run_key, attempt=_attempt(context))
-        for job in self.job_client.list_namespaced_job(namespace=namespace, label_selector=self._run_selector()).items:
+    def _remove_earlier_attempts(self) -> None:
+        """Two trainings writing one run directory would corrupt its checkpoints: Jobs an earlier try of
+        this run left (found by the run's labels, never by name) are deleted first."""
+        selector = ",".join(f"{k}={v}" for k, v in launcher.run_labels(self.spec, self.run_key).items())
+        ours = self._name()
+        for job in self.job_client.list_namespaced_job(namespace=self._namespace, label_selector=selector).items:
             if job.metadata.name != ours:
                 self.log.warning("deleting Job %s, left by an earlier try of this run", job.metadata.name)
-                self.job_client.delete_namespaced_job(name=job.metadata.name, namespace=namespace,
-                                                      propagation_policy="Background")
-
-    def _delete_job(self) -> None:
-        if self.job is None:
-            return
-        try:
-            self.job_client.delete_namespaced_job(name=self.job.metadata.name, namespace=self.job.metadata.namespace,
-                                                  propagation_policy="Background")
-        except ApiException as err:
-            if err.status != 404:
-                self.log.warning("could not delete Job %s (its TTL will): %s", self.job.metadata.name, err)
-
-    def _delete_service(self, context: Context) -> None:
-        spec = launcher.as_spec(self.spec)
-        name = launcher.job_name(spec, self.run_key, attempt=_attempt(context))
-        try:
-            self.client.delete_namespaced_service(name=name, namespace=spec.kubernetes.namespace)
-            self.log.info("deleted Service %s", name)
-        except ApiException as err:
-            if err.status != 404:
-                self.log.warning("could not delete Service %s (it goes with its Job): %s", name, err)
+                self._delete("Job", self.job_client.delete_namespaced_job, name=job.metadata.name,
+                             namespace=self._namespace, propagation_policy="Background")
 
 
-class KubernetesTrainingPodOperator(KubernetesPodOperator):
+class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
     """Train a single-node JobSpec in one Pod (same container as a Job's pod, no Service needed)."""
 
     template_fields: Sequence[str] = (*KubernetesPodOperator.template_fields, "spec", "run_key", "config_path")
     template_fields_renderers = {**KubernetesPodOperator.template_fields_renderers, "spec": "json"}
 
     def __init__(self, *, spec: dict | Any, run_key: str, config_path: str, **kwargs) -> None:
-        super().__init__(get_logs=True, do_xcom_push=False, base_container_name=launcher.CONTAINER, **kwargs)
+        super().__init__(get_logs=True, do_xcom_push=False, base_container_name=launcher.CONTAINER,
+                         on_finish_action="delete_pod", **kwargs)
         self.spec = spec
         self.run_key = run_key
         self.config_path = config_path
+        self._try: int | None = None
 
     def build_pod_request_obj(self, context: Context | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
-        pod = launcher.build_pod(self.spec, self.run_key, self.config_path, attempt=_attempt(context))
+        objects = self._plan(context).objects
+        if len(objects) != 1:
+            raise SpecError(spec_error_message([f"resources.nodes: a single pod runs one node, got "
+                                                f"{launcher.as_spec(self.spec).resources.nodes} (use the Job operator)"]))
+        (pod,) = objects
         pod.metadata.labels = {**pod.metadata.labels, **self._get_ti_pod_labels(context)}
         # find_pod (reattach after a worker crash) selects by these plus the task-instance labels.
         self.labels = launcher.run_labels(self.spec, self.run_key)
         self.namespace = pod.metadata.namespace
         return _mutate(pod)
+
+    def execute(self, context: Context):
+        self._try = _attempt(context)
+        try:
+            return super().execute(context)
+        except TaskDeferred:
+            raise  # the pod runs on; trigger_reentry or the trigger's on_kill cleans up
+        except BaseException:
+            self.abort(context)
+            raise
+
+    def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+        self._try = _attempt(context)
+        try:
+            return super().trigger_reentry(context, event)
+        except TaskDeferred:
+            raise  # re-deferred (periodic logs, a transient trigger error)
+        except BaseException:
+            self.abort(context)
+            raise
+
+    def cleanup(self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod, xcom_result: dict | None = None,
+                context: Context | None = None) -> None:
+        # The provider's last look at the pod before on_finish_action deletes it: record from it.
+        self._final_pod = remote_pod
+        self._record_usage()
+        super().cleanup(pod=pod, remote_pod=remote_pod, xcom_result=xcom_result, context=context)
+
+    def on_kill(self) -> None:
+        self.abort(None)
+
+    def abort(self, context: Context | None) -> None:
+        """Record this try's usage, then delete its Pod."""
+        if self._try is None:
+            if context is None:
+                return
+            self._try = _attempt(context)
+        self._record_usage()
+        self._delete("Pod", self.client.delete_namespaced_pod, name=self._name(), namespace=self._namespace)
+
+    def _pods(self) -> list[k8s.V1Pod]:
+        final = getattr(self, "_final_pod", None)
+        if final is not None:
+            return [final]
+        try:
+            return [self.client.read_namespaced_pod(name=self._name(), namespace=self._namespace)]
+        except ApiException as err:
+            if err.status == 404:
+                return []
+            raise
+
+
+def training_operator(*, spec: dict | Any, poll_interval: float, **kwargs: Any
+                      ) -> KubernetesTrainingJobOperator | KubernetesTrainingPodOperator:
+    """The operator for a spec: a bare Pod for one node, an Indexed Job and its Service for more, with
+    ``kubernetes.schedule_timeout_s`` as the time the pods may wait to be scheduled."""
+    s = launcher.as_spec(spec)
+    common = dict(spec=spec, namespace=s.kubernetes.namespace, schedule_timeout_seconds=s.kubernetes.schedule_timeout_s)
+    if s.resources.nodes == 1:
+        return KubernetesTrainingPodOperator(**common, startup_timeout_seconds=IMAGE_PULL_TIMEOUT_S,
+                                             poll_interval=poll_interval, **kwargs)
+    # The Job operator's startup timeout is its wait for the Job controller's pods (see get_pods).
+    return KubernetesTrainingJobOperator(**common, startup_timeout_seconds=s.kubernetes.schedule_timeout_s,
+                                         job_poll_interval=poll_interval, **kwargs)

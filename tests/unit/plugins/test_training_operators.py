@@ -1,20 +1,30 @@
-"""The training operators without a cluster: what they build from a JobSpec, that construction connects to
-nothing, and the order of cluster calls in execute against a recording fake of the provider's clients."""
+"""The Kubernetes training operators with the provider's own classes against an in-process fake of the
+Kubernetes REST API (``kube_fake``): what execute creates is deleted on kill, timeout, deferral timeout and
+any exception; waiting is deferred to a trigger; each try records the pods' running time, not queue time."""
 
+from datetime import datetime, timezone
 from types import SimpleNamespace
-from unittest import mock
 
 import pytest
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-from airflow.sdk.exceptions import AirflowException, TaskDeferred
-from kubernetes.client import models as k8s
-from kubernetes.client.rest import ApiException
+from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
+from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout, TaskDeferralTimeout, TaskDeferred
+from kube_fake import FakeKubernetes
 
+from trainyard.spec import parse_spec
+from trainyard.training import usage
 from trainyard.training.launchers import kubernetes as K
-from trainyard_airflow.operators.training import KubernetesTrainingJobOperator, KubernetesTrainingPodOperator
+from trainyard.training.run_config import RunConfig
+from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
+from trainyard_airflow.operators.training import (
+    KubernetesTrainingJobOperator,
+    KubernetesTrainingPodOperator,
+    training_operator,
+)
+from trainyard_airflow.triggers.training_job import TrainingJobTrigger
 
 RUN_KEY = "train_pipeline/manual__2026-05-01T10:00:00+00:00"
-CONFIG = "/var/trainyard/runs/digits/run/run_config.json"
 SPEC = {
     "name": "digits",
     "backends": {"launcher": "kubernetes"},
@@ -26,36 +36,65 @@ SPEC = {
         "node_selector": {"pool": "training"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
         "env": {"WANDB_MODE": "offline"},
+        "schedule_timeout_s": 7200,
     },
 }
 SINGLE = {**SPEC, "resources": {**SPEC["resources"], "nodes": 1}}
-
-
-def job_op(spec=SPEC, **kwargs) -> KubernetesTrainingJobOperator:
-    return KubernetesTrainingJobOperator(task_id="train", spec=spec, run_key=RUN_KEY, config_path=CONFIG, **kwargs)
-
-
-def context(try_number=3):
-    pushed = {}
-    ti = SimpleNamespace(dag_id="train_pipeline", task_id="train", map_index=-1, try_number=try_number,
-                         xcom_push=lambda key, value: pushed.__setitem__(key, value))
-    return {"ti": ti, "run_id": "manual__2026-05-01T10:00:00+00:00", "dag": SimpleNamespace(), "pushed": pushed}
+CREATED, STARTED, FINISHED = 1_000.0, 1_600.0, 1_900.0  # ten minutes queued, five running
 
 
 @pytest.fixture
-def no_cluster(monkeypatch):
-    """Any attempt to reach a cluster fails the test."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("tried to connect to Kubernetes")
-
-    monkeypatch.setattr(KubernetesHook, "__init__", refuse)
-    monkeypatch.setattr("kubernetes.config.load_kube_config", refuse)
-    monkeypatch.setattr("kubernetes.config.load_incluster_config", refuse)
+def cluster(monkeypatch):
+    fake = FakeKubernetes()
+    # The hook's one way to a cluster; everything above it (clients, hook, PodManager) is the real code.
+    monkeypatch.setattr(KubernetesHook, "get_conn", lambda self: fake.api_client())
+    return fake
 
 
-def test_the_guard_would_catch_a_connection(no_cluster):
-    with pytest.raises(AssertionError, match="tried to connect"):
-        job_op().hook  # noqa: B018 - creating the hook is what must fail here
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """A run on the worker's TRAINYARD_HOME (the shared volume): prepared data and the run config."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRAINYARD_HOME", str(home))
+    prepared = home / "cache" / "prepared" / "abc"
+    prepared.mkdir(parents=True)
+    run_dir = home / "runs" / "digits" / "run1"
+    run_dir.mkdir(parents=True)
+
+    def config(spec: dict) -> str:
+        cfg = RunConfig(spec=parse_spec(spec), data={"path": str(prepared)}, out_dir=str(run_dir))
+        return str(cfg.dump(run_dir / "run_config.json"))
+
+    return SimpleNamespace(home=home, run_dir=run_dir, config=config)
+
+
+def context(try_number: int = 3) -> dict:
+    pushed: dict = {}
+    ti = SimpleNamespace(dag_id="train_pipeline", task_id="train_kubernetes", map_index=-1, try_number=try_number,
+                         start_date=datetime.now(tz=timezone.utc), xcom_push=lambda key, value: pushed.__setitem__(key, value))
+    return {"ti": ti, "run_id": "manual__2026-05-01T10:00:00+00:00", "dag": SimpleNamespace(), "pushed": pushed}
+
+
+def launcher(run, spec=SPEC, **kwargs) -> KubernetesTrainingLauncher:
+    return KubernetesTrainingLauncher(task_id="train_kubernetes", spec=spec, run_key=RUN_KEY,
+                                      config_path=run.config(spec), poll_interval=0, **kwargs)
+
+
+def nothing_left(cluster: FakeKubernetes) -> bool:
+    return cluster.names("jobs") == cluster.names("services") == cluster.names("pods") == []
+
+
+# -- the parse-light front -----------------------------------------------------------------------------------
+def test_the_front_builds_the_operator_the_spec_needs(run):
+    spec_two, spec_one = parse_spec(SPEC), parse_spec(SINGLE)
+    job = launcher(run).operator()
+    assert isinstance(job, KubernetesTrainingJobOperator) and job.deferrable
+    assert job.schedule_timeout_seconds == job.startup_timeout_seconds == spec_two.kubernetes.schedule_timeout_s
+    pod = launcher(run, SINGLE).operator()
+    assert isinstance(pod, KubernetesTrainingPodOperator) and pod.deferrable
+    assert pod.schedule_timeout_seconds == spec_one.kubernetes.schedule_timeout_s
+    assert pod.startup_timeout_seconds < pod.schedule_timeout_seconds  # image pull: shorter than a queue
+    assert {"spec", "run_key", "config_path"} <= set(KubernetesTrainingLauncher.template_fields)
 
 
 @pytest.mark.parametrize("cls", [KubernetesTrainingJobOperator, KubernetesTrainingPodOperator])
@@ -63,169 +102,268 @@ def test_spec_run_key_and_config_path_are_templated(cls):
     assert {"spec", "run_key", "config_path"} <= set(cls.template_fields)
 
 
-def test_build_job_request_obj_carries_the_spec(no_cluster):
-    op = job_op()
-    job = op.build_job_request_obj()
-    assert job.metadata.namespace == "ml" and job.metadata.name == K.job_name(SPEC, RUN_KEY)
+def test_building_connects_to_nothing(run, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("tried to connect to Kubernetes")
+
+    monkeypatch.setattr(KubernetesHook, "get_conn", refuse)
+    job = launcher(run).operator().build_job_request_obj(context())
+    assert job.metadata.name == K.job_name(SPEC, RUN_KEY, attempt=3)
+    pod = launcher(run, SINGLE).operator().build_pod_request_obj(context())
+    assert pod.metadata.labels["try_number"] == "3"
+
+
+def test_build_job_request_obj_carries_the_spec_and_the_pods_paths(run):
+    op = launcher(run).operator()
+    job = op.build_job_request_obj(context())
+    assert job.metadata.namespace == "ml"
     assert (job.spec.completion_mode, job.spec.parallelism, job.spec.completions, job.spec.backoff_limit) == ("Indexed", 2, 2, 0)
-    pod = job.spec.template.spec
-    (c,) = pod.containers
-    assert c.name == op.base_container_name == "trainer"
+    (c,) = job.spec.template.spec.containers
     assert c.resources.limits == c.resources.requests == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "4"}
-    assert pod.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "pool": "training"}
-    assert [(t.key, t.value, t.effect) for t in pod.tolerations] == [("dedicated", "ml", "NoSchedule")]
-    assert pod.priority_class_name == "train-high"
-    assert {"WANDB_MODE": "offline", "TRAINYARD_HOME": "/var/trainyard"}.items() <= {e.name: e.value for e in c.env}.items()
-    assert job.spec.template.metadata.labels == job.metadata.labels == K.run_labels(SPEC, RUN_KEY)
-    # What the provider's pod discovery reads.
-    assert op.parallelism == op.completions == 2
-    assert op.pod_request_obj.metadata.namespace == "ml" and op.labels == K.run_labels(SPEC, RUN_KEY)
-
-
-def test_task_instance_labels_and_try_number_reach_the_pods(no_cluster):
-    ctx = context(try_number=3)
-    job = job_op().build_job_request_obj(ctx)
+    env = {e.name: e.value for e in c.env}
+    assert env["WANDB_MODE"] == "offline"
+    assert env["TRAINYARD_RUN_CONFIG"] == "/var/trainyard/runs/digits/run1/" + K.POD_CONFIG
+    assert c.command[-2:] == ["--config", env["TRAINYARD_RUN_CONFIG"]]
     labels = job.spec.template.metadata.labels
-    assert labels["dag_id"] == "train_pipeline" and labels["task_id"] == "train" and labels["try_number"] == "3"
+    assert labels["dag_id"] == "train_pipeline" and labels["try_number"] == "3"
     assert labels["trainyard.io/run"] == K.run_hash(RUN_KEY)
-    assert job.metadata.name.endswith("-3")
+    assert op.parallelism == op.completions == 2 and op.labels == K.run_labels(SPEC, RUN_KEY)
 
 
-def test_cluster_policy_applies(no_cluster, monkeypatch):
-    def policy(pod):
-        pod.metadata.labels["policy"] = "applied"
-
-    monkeypatch.setattr("airflow.settings.pod_mutation_hook", policy)
-    assert job_op().build_job_request_obj().spec.template.metadata.labels["policy"] == "applied"
-    assert single_op().build_pod_request_obj().metadata.labels["policy"] == "applied"
+def test_cluster_policy_applies(run, monkeypatch):
+    monkeypatch.setattr("airflow.settings.pod_mutation_hook", lambda pod: pod.metadata.labels.update(policy="applied"))
+    assert launcher(run).operator().build_job_request_obj().spec.template.metadata.labels["policy"] == "applied"
+    assert launcher(run, SINGLE).operator().build_pod_request_obj().metadata.labels["policy"] == "applied"
 
 
-def single_op(spec=SINGLE):
-    return KubernetesTrainingPodOperator(task_id="train", spec=spec, run_key=RUN_KEY, config_path=CONFIG)
-
-
-def test_build_pod_request_obj_carries_the_spec(no_cluster):
-    op = single_op()
-    pod = op.build_pod_request_obj(context(try_number=2))
-    assert pod.metadata.namespace == "ml" and pod.metadata.name == K.job_name(SINGLE, RUN_KEY, attempt=2)
-    (c,) = pod.spec.containers
-    assert c.resources.limits["nvidia.com/gpu"] == "4" and "--standalone" in c.command
-    assert pod.spec.node_selector["pool"] == "training" and pod.spec.priority_class_name == "train-high"
-    assert pod.metadata.labels["try_number"] == "2" and pod.metadata.labels["trainyard.io/team"] == "vision"
-    assert op.labels == K.run_labels(SINGLE, RUN_KEY)  # find_pod (reattach) selects by these
-
-
-def test_pod_operator_refuses_more_than_one_node(no_cluster):
+def test_pod_operator_refuses_more_than_one_node(run):
+    op = KubernetesTrainingPodOperator(task_id="t", spec=SPEC, run_key=RUN_KEY, config_path=run.config(SPEC))
     with pytest.raises(ValueError, match="resources.nodes"):
-        single_op(SPEC).build_pod_request_obj()
+        op.build_pod_request_obj()
 
 
-# -- execute against a recording fake of the provider's clients --------------------------------------------
-def _pod(index: int, try_number: int = 3) -> k8s.V1Pod:
-    return k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(name=f"w{index}", namespace="ml", labels={"try_number": str(try_number)},
-                                  annotations={"batch.kubernetes.io/job-completion-index": str(index)}),
-        status=k8s.V1PodStatus(phase="Succeeded"),
-    )
+# -- multi-node: an Indexed Job and its Service --------------------------------------------------------------
+def test_execute_creates_the_job_and_service_and_defers_to_the_providers_trigger(run, cluster):
+    with pytest.raises(TaskDeferred) as deferred:
+        launcher(run).execute(context())
+    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, KubernetesJobTrigger) and isinstance(trigger, TrainingJobTrigger)
+    assert deferred.value.method_name == "execute_complete"
+    assert (trigger.job_name, trigger.job_namespace, trigger.service_name) == (name, "ml", name)
+    assert trigger.pod_names == [p["metadata"]["name"] for p in cluster.pods_of(name)] and len(trigger.pod_names) == 2
+    assert trigger.schedule_timeout == 7200  # kubernetes.schedule_timeout_s
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "trainyard_airflow.triggers.training_job.TrainingJobTrigger"
+    assert TrainingJobTrigger(**kwargs).serialize() == (classpath, kwargs)  # the triggerer rebuilds it
+    # Still running: nothing is deleted while deferred.
+    assert cluster.names("jobs") == cluster.names("services") == [name]
+    service = cluster.objects[("services", "ml", name)]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["metadata"]["ownerReferences"][0]["uid"] == cluster.objects[("jobs", "ml", name)]["metadata"]["uid"]
 
 
-def _finished(name: str, condition: str) -> k8s.V1Job:
-    return k8s.V1Job(metadata=k8s.V1ObjectMeta(name=name, namespace="ml"), status=k8s.V1JobStatus(
-        conditions=[k8s.V1JobCondition(type=condition, status="True", reason="BackoffLimitExceeded")]))
+def _event(cluster, name, status="success"):
+    job = cluster.objects[("jobs", "ml", name)]
+    return {"name": name, "namespace": "ml", "pod_names": [p["metadata"]["name"] for p in cluster.pods_of(name)],
+            "pod_namespace": "ml", "status": status, "message": "Job failed" if status == "error" else "ok",
+            "job": job, "xcom_result": None}
 
 
-def wired(op, *, pod_lists, outcome="Complete"):
-    """Give ``op`` fake clients that all record into one mock, so the order of calls can be asserted."""
-    cluster = mock.MagicMock()
-    ours = K.job_name(SPEC, RUN_KEY, attempt=3)
+def test_execute_complete_reads_every_log_records_running_time_and_removes_the_service(run, cluster, capsys):
+    with pytest.raises(TaskDeferred):
+        launcher(run).execute(context())
+    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    pods = cluster.pods_of(name)
+    for i, pod in enumerate(pods):
+        cluster.logs[pod["metadata"]["name"]] = f"[rank {i}]: done\n"
+    cluster.finish(pods, started=STARTED, finished=FINISHED)
 
-    def create_job(job):
-        job.metadata.uid = "uid-123"
-        return job
-
-    cluster.hook.create_job.side_effect = create_job
-    cluster.hook.wait_until_job_complete.return_value = _finished(ours, outcome)
-    cluster.hook.is_job_failed = KubernetesHook.is_job_failed
-    cluster.hook.get_pod.side_effect = lambda name, namespace: _pod(int(name[1:]))
-    cluster.core.list_namespaced_pod.side_effect = [k8s.V1PodList(items=items) for items in pod_lists]
-    cluster.batch.list_namespaced_job.return_value = k8s.V1JobList(items=[
-        k8s.V1Job(metadata=k8s.V1ObjectMeta(name=K.job_name(SPEC, RUN_KEY, attempt=2))),
-        k8s.V1Job(metadata=k8s.V1ObjectMeta(name=ours)),
-    ])
-    op.__dict__.update(hook=cluster.hook, client=cluster.core, job_client=cluster.batch, pod_manager=cluster.pm)
-    op.startup_check_interval_seconds = 0
-    return cluster, ours
+    launcher(run).execute_complete(context(), _event(cluster, name))  # a fresh instance, as after deferral
+    task_log = capsys.readouterr().out
+    assert "[rank 0]: done" in task_log and "[rank 1]: done" in task_log
+    assert cluster.names("services") == []  # gone after the logs were read
+    assert cluster.names("jobs") == [name]  # a success keeps its Job (and logs) until the TTL
+    (record,) = usage.tries(run.run_dir)
+    assert (record["started"], record["ended"], record["gpus"], record["where"]) == (STARTED, FINISHED, 8, "kubernetes")
 
 
-def _names(cluster) -> list[str]:
-    return [c[0] for c in cluster.mock_calls if not c[0].startswith("hook.is_job_failed")]
+def test_a_failed_job_fails_the_task_and_is_deleted(run, cluster):
+    with pytest.raises(TaskDeferred):
+        launcher(run).execute(context())
+    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    cluster.finish(cluster.pods_of(name), started=STARTED, finished=FINISHED, exit_code=1)
+    with pytest.raises(AirflowException, match="Job failed"):
+        launcher(run).execute_complete(context(), _event(cluster, name, "error"))
+    assert nothing_left(cluster)
+    assert usage.gpu_seconds(run.run_dir) == (FINISHED - STARTED) * 8  # the failed try's time is counted
 
 
-def test_execute_creates_waits_reads_every_log_then_removes_the_service():
-    op = job_op()
-    cluster, ours = wired(op, pod_lists=[[_pod(1)], [_pod(1), _pod(0)]])  # the 2nd pod shows up late
-    ctx = context()
-    op.execute(ctx)
+def _poll_hook(cluster, name, action):
+    """Run ``action`` when the operator first polls the Job: it is then waiting, as for a kill or a timeout."""
+    def on_request(method, path):
+        if method == "GET" and path.endswith(f"/jobs/{name}/status") and not getattr(on_request, "done", False):
+            on_request.done = True
+            action()
 
-    calls = _names(cluster)
-    assert calls.index("batch.delete_namespaced_job") < calls.index("hook.create_job")
-    cluster.batch.delete_namespaced_job.assert_called_once_with(
-        name=K.job_name(SPEC, RUN_KEY, attempt=2), namespace="ml", propagation_policy="Background")
-    assert calls.index("hook.create_job") < calls.index("core.create_namespaced_service")
-    service = cluster.core.create_namespaced_service.call_args.kwargs["body"]
-    assert service.spec.cluster_ip == "None" and service.metadata.name == ours
-    assert [(o.kind, o.name, o.uid) for o in service.metadata.owner_references] == [("Job", ours, "uid-123")]
-    assert cluster.core.list_namespaced_pod.call_count == 2  # waited for both pods
-    selector = cluster.core.list_namespaced_pod.call_args.kwargs["label_selector"]
-    assert f"batch.kubernetes.io/job-name={ours}" in selector and "trainyard.io/run=" in selector
-    logs = [c.kwargs["pod"].metadata.name for c in cluster.pm.fetch_requested_container_logs.call_args_list]
-    assert logs == ["w0", "w1"]  # every worker, in index order
-    assert calls.index("core.delete_namespaced_service") > max(
-        i for i, n in enumerate(calls) if n == "pm.fetch_requested_container_logs")
-    cluster.core.delete_namespaced_service.assert_called_once_with(name=ours, namespace="ml")
-    assert ctx["pushed"]["job_name"] == ours
+    cluster.on_request = on_request
 
 
-def test_a_failed_job_fails_the_task_after_its_logs_and_is_removed():
-    op = job_op()
-    cluster, ours = wired(op, pod_lists=[[_pod(0), _pod(1)]], outcome="Failed")
-    with pytest.raises(AirflowException, match="BackoffLimitExceeded"):
+def test_on_kill_while_waiting_deletes_the_job_and_service(run, cluster):
+    op = launcher(run, deferrable=False)
+    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+
+    def kill():
+        cluster.schedule(cluster.pods_of(name), started=STARTED)
+        assert cluster.names("jobs") == cluster.names("services") == [name]
+        op.on_kill()  # what the task runner's SIGTERM handler calls ("mark failed", a timeout)
+
+    _poll_hook(cluster, name, kill)
+    with pytest.raises(Exception):  # noqa: B017 - the wait then finds its Job gone; any error will do
         op.execute(context())
-    assert cluster.pm.fetch_requested_container_logs.call_count == 2
-    cluster.batch.delete_namespaced_job.assert_called_with(name=ours, namespace="ml", propagation_policy="Background")
-    cluster.core.delete_namespaced_service.assert_called_once_with(name=ours, namespace="ml")
+    assert nothing_left(cluster)
+    (record,) = usage.tries(run.run_dir)
+    assert record["started"] == STARTED and record["ended"] > STARTED  # ran until killed
 
 
-def test_a_cluster_error_fails_the_task_once_no_retry_loop():
-    op = job_op()
-    cluster, _ = wired(op, pod_lists=[])
-    cluster.hook.create_job.side_effect = ApiException(status=503, reason="Service Unavailable")
-    with pytest.raises(ApiException):
+def test_a_timeout_inside_execute_deletes_the_job_and_service(run, cluster):
+    op = launcher(run, deferrable=False)
+    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+
+    def timeout():
+        raise AirflowTaskTimeout("Timeout, PID: 1")  # raised by the SIGALRM handler, a BaseException
+
+    _poll_hook(cluster, name, timeout)
+    with pytest.raises(AirflowTaskTimeout):
         op.execute(context())
-    assert cluster.hook.create_job.call_count == 1
-    cluster.core.list_namespaced_pod.assert_not_called()
+    assert nothing_left(cluster)
+    assert usage.tries(run.run_dir) == []  # the pods never started: no GPU time to count
 
 
-def test_missing_pods_fail_with_a_reason():
-    op = job_op(startup_timeout_seconds=0)
-    cluster, ours = wired(op, pod_lists=[[_pod(0)]])
-    with pytest.raises(AirflowException, match=rf"created 1 of 2 pods .*kubectl describe job {ours}"):
+def test_any_exception_after_creating_deletes_the_job_and_service(run, cluster):
+    op = launcher(run)
+    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+
+    def unavailable():
+        raise ConnectionError("the API server went away")
+
+    cluster.on_request = lambda method, path: unavailable() if (method, path) == ("GET", "/api/v1/namespaces/ml/pods") else None
+    with pytest.raises(ConnectionError):
         op.execute(context())
-    cluster.batch.delete_namespaced_job.assert_called_with(name=ours, namespace="ml", propagation_policy="Background")
+    cluster.on_request = None
+    assert ("POST", "/apis/batch/v1/namespaces/ml/jobs") in cluster.requests  # it had been created
+    assert nothing_left(cluster), cluster.objects.keys()
 
 
-def test_deferred_run_keeps_the_service_until_it_resumes():
-    op = job_op(deferrable=True)
-    cluster, ours = wired(op, pod_lists=[[_pod(0), _pod(1)]])
+def test_a_deferral_that_times_out_deletes_the_job_and_service(run, cluster):
+    with pytest.raises(TaskDeferred):
+        launcher(run).execute(context())
+    cluster.schedule(cluster.pods_of(K.job_name(SPEC, RUN_KEY, attempt=3)), started=STARTED)
+    with pytest.raises(TaskDeferralTimeout):
+        launcher(run).resume_execution("__fail__", {"error": "Trigger timeout"}, context())
+    assert nothing_left(cluster)
+    assert len(usage.tries(run.run_dir)) == 1
+
+
+def test_a_retry_removes_jobs_an_earlier_try_left(run, cluster):
+    with pytest.raises(TaskDeferred):
+        launcher(run).execute(context(try_number=1))
+    with pytest.raises(TaskDeferred):
+        launcher(run).execute(context(try_number=2))
+    assert cluster.names("jobs") == [K.job_name(SPEC, RUN_KEY, attempt=2)]
+    assert cluster.names("services") == [K.job_name(SPEC, RUN_KEY, attempt=2)]  # owned by the deleted Job: gone too
+
+
+def test_missing_pods_fail_with_a_reason_and_clean_up(run, cluster, monkeypatch):
+    op = launcher(run).operator()
+    op.startup_timeout_seconds = 0
+    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    original = cluster._create
+
+    def one_pod_admitted(plural, ns, body):  # as if a webhook or quota let only one pod through
+        status, obj = original(plural, ns, body)
+        if plural == "jobs":
+            cluster.objects.pop(("pods", ns, f"{name}-1-x1"))
+        return status, obj
+
+    monkeypatch.setattr(cluster, "_create", one_pod_admitted)
+    with pytest.raises(AirflowException, match=rf"created 1 of 2 pods .*kubectl describe job {name}"):
+        op.execute(context())
+    assert nothing_left(cluster)
+
+
+# -- one node: a bare Pod, the provider's Pod trigger ----------------------------------------------------------
+def test_single_node_defers_to_the_providers_pod_trigger_and_cleans_up_when_done(run, cluster, capsys):
+    with pytest.raises(TaskDeferred) as deferred:
+        launcher(run, SINGLE).execute(context())
+    name = K.job_name(SINGLE, RUN_KEY, attempt=3)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, KubernetesPodTrigger) and deferred.value.method_name == "trigger_reentry"
+    assert (trigger.pod_name, trigger.schedule_timeout) == (name, 7200)
+    assert cluster.names("pods") == [name] and cluster.names("jobs") == cluster.names("services") == []
+
+    pod = cluster.objects[("pods", "ml", name)]
+    cluster.finish([pod], started=STARTED, finished=FINISHED)
+    cluster.logs[name] = "[rank 0]: done\n"
+    launcher(run, SINGLE).trigger_reentry(context(), {"status": "success", "name": name, "namespace": "ml",
+                                                      "message": "ok", "last_log_time": None})
+    assert "[rank 0]: done" in capsys.readouterr().out
+    assert nothing_left(cluster)
+    (record,) = usage.tries(run.run_dir)
+    assert (record["started"], record["ended"], record["gpus"]) == (STARTED, FINISHED, 4)
+
+
+def test_single_node_on_kill_and_timeout_delete_the_pod(run, cluster):
+    name = K.job_name(SINGLE, RUN_KEY, attempt=3)
+    op = launcher(run, SINGLE)
     with pytest.raises(TaskDeferred):
         op.execute(context())
-    cluster.core.delete_namespaced_service.assert_not_called()
-    assert ours not in [c.kwargs.get("name") for c in cluster.batch.delete_namespaced_job.call_args_list]
+    op.on_kill()  # SIGTERM arriving between the deferral and the process exit
+    assert nothing_left(cluster)
 
-    resumed = job_op(deferrable=True)  # a new instance, as after the triggerer hands the task back
-    cluster2, _ = wired(resumed, pod_lists=[])
-    event = {"status": "success", "job": {"metadata": {"namespace": "ml"}}, "pod_names": ["w0", "w1"],
-             "pod_namespace": "ml", "xcom_result": None}
-    resumed.execute_complete(context(), event)
-    assert [c.kwargs["name"] for c in cluster2.core.read_namespaced_pod_log.call_args_list] == ["w0", "w1"]
-    cluster2.core.delete_namespaced_service.assert_called_once_with(name=ours, namespace="ml")
+    cluster.requests.clear()
+    created = ("POST", "/api/v1/namespaces/ml/pods")
+
+    def timeout_after_creating(method, path):
+        if created in cluster.requests and (method, path) != created:
+            cluster.on_request = None
+            raise AirflowTaskTimeout("Timeout, PID: 1")  # the next thing execute does, interrupted
+
+    cluster.on_request = timeout_after_creating
+    with pytest.raises(AirflowTaskTimeout):
+        launcher(run, SINGLE, deferrable=False).execute(context())
+    assert created in cluster.requests
+    assert nothing_left(cluster)
+
+
+def test_on_kill_before_execute_touches_nothing(run, cluster):
+    launcher(run).on_kill()
+    training_operator(spec=SPEC, task_id="t", run_key=RUN_KEY, config_path=run.config(SPEC), poll_interval=1).on_kill()
+    assert cluster.requests == []
+
+
+# -- the trigger's schedule timeout ----------------------------------------------------------------------------
+def test_the_trigger_fails_pods_that_are_not_scheduled_in_time(run, cluster):
+    import asyncio
+
+    from kubernetes import client
+
+    with pytest.raises(TaskDeferred) as deferred:
+        launcher(run).execute(context())
+    trigger = deferred.value.trigger
+    trigger.schedule_timeout = 0
+    api = cluster.api_client()
+
+    class PodReader:  # the async hook's get_pod, answered by the fake
+        async def get_pod(self, name, namespace):
+            return client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
+
+    trigger.__dict__["hook"] = PodReader()
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(first_event())
+    assert event["status"] == "error" and "kubernetes.schedule_timeout_s=0s" in event["message"]
+    assert "not scheduled" in event["message"]

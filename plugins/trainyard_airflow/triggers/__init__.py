@@ -1,0 +1,1 @@
+"""Triggers (run in the triggerer). Import from their modules; they import the cncf.kubernetes provider."""
