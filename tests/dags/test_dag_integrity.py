@@ -135,3 +135,19 @@ def test_permanent_errors_fail_without_retry_and_others_pass_through():
     for other in (RetryableError("busy"), OSError("disk")):
         with pytest.raises(type(other)):
             task(other)
+
+
+def test_params_survive_serialization_and_validate_a_conf():
+    """The scheduler and the API server use the serialized DAG: its Params (generated from the JobSpec's
+    schema) must load back and refuse what the schema forbids, naming the field."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import ParamValidationError
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    bag = DagBag(dag_folder=str(REPO / "dags" / "train_pipeline.py"))
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(bag.dags["train_pipeline"]))
+    dag.params.deep_merge({"hyperparameters": {"epochs": 3}, "custom": {"command": ["python", "x.py"]}}).validate()
+    with pytest.raises(ParamValidationError, match="hyperparameters: 0 is less than the minimum of 1"):
+        dag.params.deep_merge({"hyperparameters": {"epochs": 0}}).validate()
+    with pytest.raises(ParamValidationError, match="'epoch' was unexpected"):
+        dag.params.deep_merge({"hyperparameters": {"epoch": 3}}).validate()
