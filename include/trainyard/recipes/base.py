@@ -189,7 +189,7 @@ def verify_export(
     onnx_path: Path,
     torch_outputs,
     onnx_outputs,
-    export: dict,
+    export: ExportSpec | dict,
     metric: str,
     torch_metric: float,
     onnx_metric: float,
@@ -199,29 +199,39 @@ def verify_export(
     extra: dict | None = None,
     problems: list[str] | None = None,
 ) -> dict:
-    """The export verdict every recipe shares: output parity (rtol/atol), the metric re-computed with
-    onnxruntime (within ``export.metric_tolerance``), and with ``export.torchscript`` a TorchScript file
-    traced on ``inputs`` (the tensors ``torch_outputs`` came from) and held to the same parity. Raises ExportFailed listing every problem; else the JSON-able record."""
+    """The export verdict every recipe shares: output parity (each output against its own scale, see
+    ``check_parity``), the metric re-computed with onnxruntime (within ``export.metric_tolerance``), and
+    with ``export.torchscript`` a TorchScript file traced on ``inputs`` (the tensors ``torch_outputs`` came
+    from) and held to the same parity. ``torch_outputs`` and ``onnx_outputs`` are lists in the ONNX graph's
+    output order; the problems name outputs by the graph's names. Raises ExportFailed listing every problem
+    (with the record attached); else the JSON-able record."""
+    import onnx
+
     from trainyard.export.onnx_export import ExportFailed, check_parity, export_torchscript, torchscript_predict
 
+    # TRANSITION: the ExportSpec (typed callers) or its JSON dict (pipeline steps); validating the dict
+    # here fills its defaults from the one place they live.
+    export = ExportSpec.model_validate(export)
+    names = [o.name for o in onnx.load(str(onnx_path), load_external_data=False).graph.output]
+    if len(names) != len(torch_outputs):
+        names = [f"output{i}" for i in range(len(torch_outputs))]
     problems = list(problems or [])
-    parity = check_parity(flat(torch_outputs), flat(onnx_outputs), export["rtol"], export["atol"])
+    parity = check_parity(list(torch_outputs), list(onnx_outputs), export.rtol, export.atol, names)
     if not parity.passed:
-        problems.append(f"{parity.mismatched}/{parity.total} ONNX outputs differ beyond rtol={parity.rtol} "
-                        f"atol={parity.atol} (max abs diff {parity.max_abs_diff:.3g})")
-    drop = metric_drop(metric, torch_metric, onnx_metric, export["metric_tolerance"])
+        problems.append(parity.problem("ONNX"))
+    drop = metric_drop(metric, torch_metric, onnx_metric, export.metric_tolerance)
     if drop:
         problems.append(drop)
     out = {"onnx_path": str(onnx_path), "parity": parity.to_dict(), "metric": metric,
            f"{metric}_torch": torch_metric, f"{metric}_onnx": onnx_metric, **(extra or {})}
-    if export.get("torchscript") and model is not None:
+    if export.torchscript and model is not None:
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         ts_path = export_torchscript(model, inputs, Path(out_dir) / "model.torchscript.pt")
-        ts = check_parity(flat(torch_outputs), flat(torchscript_predict(ts_path, *(t.numpy() for t in inputs))),
-                          export["rtol"], export["atol"])
+        ts = check_parity(list(torch_outputs), torchscript_predict(ts_path, *(t.numpy() for t in inputs)),
+                          export.rtol, export.atol, names)
         if not ts.passed:
-            problems.append(f"TorchScript: {ts.mismatched}/{ts.total} outputs differ (max abs diff {ts.max_abs_diff:.3g})")
+            problems.append(ts.problem("TorchScript"))
         out.update(torchscript_path=str(ts_path), torchscript_parity=ts.to_dict())
     if problems:
-        raise ExportFailed("export rejected: " + "; ".join(problems))
+        raise ExportFailed("export rejected: " + "; ".join(problems), record=out)
     return out

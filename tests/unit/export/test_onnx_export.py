@@ -44,3 +44,62 @@ def test_parity_catches_a_broken_export(exported, tmp_path):
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ParityError, match="shape"):
         check_parity(np.zeros((2, 3)), np.zeros((2, 4)))
+
+
+def _logits(scale=20.0, shape=(32, 8), seed=0):
+    rng = np.random.default_rng(seed)
+    out = rng.normal(size=shape)
+    return (out / np.abs(out).max() * scale).astype(np.float32)
+
+
+def test_fp32_noise_near_zero_in_a_large_output_passes():
+    """The AVX-512 case: one logit near 0 in a tensor whose values reach ~20 off by 2.96e-05 (1.5e-6 of
+    the scale). numpy.isclose(rtol=1e-3, atol=1e-5) rejected it; the scaled gate does not."""
+    expected = _logits()
+    expected[3, 4] = 1e-3
+    actual = expected.copy()
+    actual[3, 4] += 2.96e-05
+    assert not np.isclose(actual, expected, rtol=1e-3, atol=1e-5).all()
+    parity = check_parity(expected, actual)
+    assert parity.passed and parity.max_scaled_diff == pytest.approx(2.96e-05 / 20.0, rel=1e-3)
+
+
+def test_the_same_error_fails_on_an_output_of_small_scale_and_is_named():
+    """The bound follows each output's own scale: 2.96e-05 is noise for logits of 20, an error for
+    offsets of 0.5. Only the differing output is named."""
+    logits, offset = _logits(20.0), _logits(0.5, (32, 2), seed=1)
+    off = offset.copy()
+    off[0, 1] += 2.96e-05
+    parity = check_parity([logits, offset], [logits + 2.96e-05, off], names=["logits", "offset"])
+    assert not parity.passed and parity.failed == ["offset"]
+    assert parity.outputs["logits"].passed and parity.outputs["offset"].mismatched == 1
+    line = parity.problem("ONNX")
+    assert "offset (1/64 values" in line and "logits" not in line
+    assert parity.to_dict()["outputs"]["offset"]["passed"] is False
+
+
+def test_defaults_are_the_export_specs():
+    from trainyard.spec import ExportSpec
+
+    parity = check_parity(np.ones(3), np.ones(3))
+    assert (parity.rtol, parity.atol) == (ExportSpec().rtol, ExportSpec().atol)
+
+
+@pytest.mark.parametrize(
+    "name, expected, actual, passed",
+    [
+        ("nan output", np.ones(4), np.array([1.0, np.nan, 1.0, 1.0]), False),
+        ("nan reference", np.array([1.0, np.nan]), np.array([1.0, 1.0]), False),
+        ("inf output", np.ones(4), np.array([1.0, np.inf, 1.0, 1.0]), False),
+        ("all-zero output, exact", np.zeros(4), np.zeros(4), True),
+        ("all-zero output, within atol", np.zeros(4), np.full(4, 5e-8), True),
+        ("all-zero output, beyond atol", np.zeros(4), np.full(4, 1e-6), False),
+    ],
+)
+def test_edge_cases(name, expected, actual, passed):
+    assert check_parity(expected, actual, names=["out"]).passed is passed, name
+
+
+def test_output_count_mismatch_is_an_error():
+    with pytest.raises(ParityError, match="2 outputs to compare with 1"):
+        check_parity([np.zeros(2)], [np.zeros(2), np.zeros(2)])
