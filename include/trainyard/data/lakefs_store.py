@@ -12,6 +12,9 @@ It keeps LocalStore's meaning, so code and tests written against one hold for th
 - ``read``/``export`` verify the size, that SHA-256, and the lakeFS checksum when it is a plain hex MD5
   or SHA-256 (see ``verify_object``);
 - ``commit`` with nothing to commit returns the branch head unchanged; lakeFS refuses an empty commit;
+- lakeFS's staging area is one per branch, shared by every writer, so ``commit_files`` (the call for
+  writers that share a branch) stages on a branch of its own and merges it back; lakeFS serialises commits
+  and merges on a branch, and a merge that conflicts with a commit that landed meanwhile raises Conflict;
 - lakeFS errors become StoreError / NotFound with the repo, ref or path in the message.
 """
 
@@ -28,7 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Mapping
 
-from trainyard.data.store import Commit, Corrupt, Entry, NotFound, StoreError, _check_name, check_path
+from trainyard.data.store import (Commit, Conflict, Corrupt, Entry, NotFound, StoreError, Unavailable, _check_name,
+                                  check_path, publish_dir)
 
 SHA_KEY = "trainyard-sha256"
 # lakeFS's own rule for repository ids; checked here so a bad name fails before any request.
@@ -158,7 +162,7 @@ class LakeFSStore:
         except lakefs_sdk.ApiException as e:  # the few SDK paths that do not wrap the generated client's errors
             raise (NotFound if e.status == 404 else StoreError)(f"{what}: lakeFS error ({_detail(e)})") from e
         except urllib3.exceptions.HTTPError as e:
-            raise StoreError(f"{what}: cannot reach lakeFS at {self.endpoint} ({e})") from e
+            raise Unavailable(f"{what}: cannot reach lakeFS at {self.endpoint} ({e})") from e
 
     # -- repositories and branches ----------------------------------------------------------------
     def _namespace(self, repo: str) -> str:
@@ -240,6 +244,62 @@ class LakeFSStore:
                     raise
                 return self.get_commit(repo, branch)
         return self.get_commit(repo, ref.id)
+
+    def commit_files(self, repo: str, branch: str, files: Mapping[str, bytes], message: str,
+                     metadata: Mapping[str, str] | None = None, *, replace: bool = False) -> Commit:
+        """Commit ``files`` on top of the branch head (``replace``: as the whole tree) without sharing the
+        branch's staging area: a private branch from the head gets the files and a commit, then that change
+        lands on ``branch`` as one commit whose parent is the head at that time (a squash merge; with
+        ``replace``, a commit of the private commit's tree)."""
+        import uuid
+
+        import lakefs_sdk
+        from lakefs.exceptions import BadRequestException, ConflictException
+
+        _check_name("branch", branch)
+        items = {check_path(p): bytes(d) for p, d in files.items()}
+        meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+        head = self.resolve(repo, branch)
+        handle = self._repo(repo)
+        work = f"tx-{uuid.uuid4().hex}"
+        with self._errors(f"create branch {work!r} in {repo!r}"):
+            tx = handle.branch(work).create(head)
+        try:
+            self.upload_many(repo, work, items)
+            stale = sorted({o.path for o in self._objects(repo, head)} - items.keys()) if replace else []
+            with self._errors(f"commit {repo}/{work}"):
+                if stale:
+                    tx.delete_objects(stale)
+                if not list(tx.uncommitted(max_amount=1, amount=1)):
+                    return self.get_commit(repo, head)
+                try:
+                    done = tx.commit(message, metadata=meta)
+                except BadRequestException as e:  # only byte-identical re-uploads: nothing changed
+                    if "no changes" not in _detail(e).lower():
+                        raise
+                    return self.get_commit(repo, head)
+            if replace:
+                # The tree is the files whatever landed on the branch meanwhile: commit the work commit's
+                # tree (its metarange) onto the branch as is; lakeFS holds the branch lock for it.
+                with self._errors(f"commit to {repo}/{branch}"):
+                    merged = self.client.sdk_client.commits_api.commit(
+                        repo, branch, lakefs_sdk.CommitCreation(message=message, metadata=meta),
+                        source_metarange=done.get_commit().meta_range_id).id
+            else:
+                with self._errors(f"merge {work} into {repo}/{branch}"):
+                    try:
+                        merged = tx.merge_into(handle.branch(branch), message=message, metadata=meta,
+                                               squash_merge=True)
+                    except ConflictException as e:
+                        raise Conflict(f"{repo}/{branch} changed the same paths since {head[:12]}; "
+                                       f"run it again ({_detail(e)})") from e
+        finally:
+            try:
+                with self._errors(f"delete branch {work!r} of {repo!r}"):
+                    tx.delete()
+            except StoreError:  # the data is committed (or refused); a leftover branch is only clutter
+                pass
+        return self.get_commit(repo, merged)
 
     def tag(self, repo: str, tag: str, ref: str) -> str:
         from lakefs.exceptions import ConflictException
@@ -323,11 +383,10 @@ class LakeFSStore:
         try:
             with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(infos)))) as pool:
                 list(pool.map(fetch, infos))
-            os.replace(tmp, dest)
+            return publish_dir(tmp, dest)  # another exporter finishing first is success
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return dest
 
     def uri(self, repo: str, ref: str, path: str = "") -> str:
         """The lakefs:// URI of a path at a ref, as lakectl, Spark and the S3 gateway tools take it."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Callable
 
 from trainyard.data import formats
 from trainyard.data.split import split_keys
+from trainyard.data.store import publish_dir
 
 
 class LeakageError(ValueError):
@@ -94,12 +94,7 @@ def prepare_records(
             **{name: str(out / f) for name, f in files.items()},
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            if not manifest_path.exists():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        publish_dir(tmp, out)  # a concurrent preparer that finished first is success: its copy is equal
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

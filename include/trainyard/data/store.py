@@ -2,17 +2,28 @@
 
 The local store keeps lakeFS's semantics on a plain directory:
 
-- repositories hold content-addressed blobs (``objects/ab/cdef...`` named by their SHA-256);
-- uploads land in a branch's staging area; ``commit`` turns staging + the branch head into a new commit;
+- repositories hold content-addressed blobs (``objects/ab/cdef...`` named by their SHA-256); two writers
+  of the same blob write the same bytes, so whichever rename lands last changes nothing;
+- uploads land in the writer's own staging area (one per ``LocalStore`` object: a writer is one object,
+  so two processes never commit each other's uploads); ``commit`` turns that staging + the branch head
+  into a new commit; ``commit_files`` does both in one call;
+- commits on a branch are serialised: the head is read, the new commit built on it and the ref moved
+  while holding an exclusive ``fcntl.flock`` on ``locks/branch.<name>.lock``, and the ref is moved by a
+  compare-and-swap that raises ``Conflict`` if the head is no longer the one the commit was built on
+  (a writer that bypassed the lock). So every commit that returns is in the branch's history and holds
+  exactly its parent's tree plus its writer's changes;
 - a commit id is the SHA-256 of its content (tree, parents, message, metadata), so equal content gives
   equal ids; the wall-clock time is recorded beside it, not hashed;
-- branches and tags are refs; every ref or staging update is a write to a temp file then ``os.replace``,
-  so a crash leaves the previous state intact;
+- branches and tags are refs; every ref update is a write to a temp file then ``os.replace``, so a crash
+  leaves the previous state intact; creating a repository, branch or tag is create-if-absent under a lock,
+  so of two concurrent creators one wins and the other is told it exists;
 - every read verifies the blob's checksum.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -20,24 +31,39 @@ import re
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Mapping, Protocol
+from typing import Iterable, Iterator, Mapping, Protocol
+
+from trainyard.errors import NotFoundError, PermanentError, RetryableError, TrainyardError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-class StoreError(Exception):
+class StoreError(TrainyardError):
     """Any refused or failed store operation; the message says which repo/ref/path."""
 
 
-class NotFound(StoreError):
+class NotFound(StoreError, NotFoundError):
     pass
 
 
-class Corrupt(StoreError):
+class Corrupt(StoreError, PermanentError):
     pass
+
+
+class Conflict(StoreError, RetryableError):
+    """The branch moved under a commit (another writer won the race): retrying re-reads the head."""
+
+    retryable = True
+
+
+class Unavailable(StoreError, RetryableError):
+    """The store could not be reached; a retry may succeed."""
+
+    retryable = True
 
 
 @dataclass(frozen=True)
@@ -57,13 +83,20 @@ class Commit:
 
 
 class DatasetStore(Protocol):
-    """What every backend (local, lakeFS) offers. Paths are POSIX, relative to the repo root."""
+    """What every backend (local, lakeFS) offers. Paths are POSIX, relative to the repo root.
+
+    ``commit_files`` is the one call for a writer that shares the branch with others: it stages and
+    commits atomically, so concurrent callers each get a commit holding exactly their own files (on top of
+    the head they were committed on, or alone with ``replace``), and every such commit stays in the
+    branch's history. ``upload``/``commit`` stage first; their staging is only private in LocalStore."""
 
     kind: str
 
     def create_repo(self, repo: str, default_branch: str = "main") -> None: ...
     def upload(self, repo: str, branch: str, path: str, data: bytes) -> Entry: ...
     def commit(self, repo: str, branch: str, message: str, metadata: Mapping[str, str] | None = None) -> Commit: ...
+    def commit_files(self, repo: str, branch: str, files: Mapping[str, bytes], message: str,
+                     metadata: Mapping[str, str] | None = None, *, replace: bool = False) -> Commit: ...
     def resolve(self, repo: str, ref: str) -> str: ...
     def read(self, repo: str, ref: str, path: str) -> bytes: ...
     def list(self, repo: str, ref: str, prefix: str = "") -> list[Entry]: ...
@@ -99,18 +132,53 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing). The kernel drops it when the process
+    dies, so a crashed writer never leaves the branch locked."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the only descriptor releases the lock
+
+
+def publish_dir(tmp: Path, dest: Path) -> Path:
+    """Rename the finished directory ``tmp`` to ``dest``; if another process published ``dest`` first, keep
+    theirs and drop ``tmp``. Caches filled this way are immutable and keyed by their inputs, so the two
+    copies are equal, and ``dest`` only ever appears complete (a rename of a finished directory)."""
+    try:
+        os.rename(tmp, dest)  # never os.replace: it would swap out a directory a reader may be using
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not dest.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 def _canonical(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def ensure_repo(store, repo: str, default_branch: str = "main") -> None:
+    """Create ``repo`` unless it exists; a concurrent creator winning the race is success too."""
+    if store.repo_exists(repo):
+        return
+    try:
+        store.create_repo(repo, default_branch=default_branch)
+    except StoreError:
+        if not store.repo_exists(repo):
+            raise
 
 
 def ingest_files(store, repo: str, branch: str, files: Mapping[str, bytes], message: str,
                  metadata: Mapping[str, str]) -> Commit:
     """Commit a built-in dataset's files to ``repo``/``branch`` (created if missing). Identical content
     commits nothing new, so the same bytes always pin the same commit id."""
-    if not store.repo_exists(repo):
-        store.create_repo(repo, default_branch=branch)
-    store.upload_many(repo, branch, files)
-    return store.commit(repo, branch, message=message, metadata=metadata)
+    ensure_repo(store, repo, branch)
+    return store.commit_files(repo, branch, files, message=message, metadata=metadata)
 
 
 def tree_digest(entries: Iterable[Entry]) -> str:
@@ -119,12 +187,16 @@ def tree_digest(entries: Iterable[Entry]) -> str:
 
 
 class LocalStore:
-    """The embedded store: a directory per repository under ``root``."""
+    """The embedded store: a directory per repository under ``root``. One object is one writer: its
+    staged uploads are its own until it commits them."""
 
     kind = "local"
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
+        # (repo, branch) -> path -> {"sha256", "size"} or None (a staged delete). In memory because a
+        # writer's staging dies with the writer; the blobs it points at are already on disk.
+        self._staging: dict[tuple[str, str], dict[str, dict | None]] = {}
 
     # -- layout -------------------------------------------------------------------------------------
     def _repo(self, repo: str) -> Path:
@@ -136,14 +208,21 @@ class LocalStore:
     def _blob_path(self, repo_dir: Path, sha: str) -> Path:
         return repo_dir / "objects" / sha[:2] / sha[2:]
 
+    def _branch_lock(self, repo_dir: Path, branch: str):
+        return file_lock(repo_dir / "locks" / f"branch.{branch}.lock")
+
     # -- repositories and branches ----------------------------------------------------------------
     def create_repo(self, repo: str, default_branch: str = "main") -> None:
         path = self.root / _check_name("repository", repo)
         _check_name("branch", default_branch)
-        if (path / "repo.json").exists():
-            raise StoreError(f"repository {repo!r} already exists")
-        _atomic_write(path / "refs" / "branches" / default_branch, b"")
-        _atomic_write(path / "repo.json", _canonical({"default_branch": default_branch, "created_at": time.time()}))
+        # Under a lock per repository name: a second creator must not reset the branch ref the first
+        # one's writer has already committed to.
+        with file_lock(self.root / ".locks" / f"{repo}.lock"):
+            if (path / "repo.json").exists():
+                raise StoreError(f"repository {repo!r} already exists")
+            _atomic_write(path / "refs" / "branches" / default_branch, b"")
+            _atomic_write(path / "repo.json",
+                          _canonical({"default_branch": default_branch, "created_at": time.time()}))
 
     def repo_exists(self, repo: str) -> bool:
         return (self.root / _check_name("repository", repo) / "repo.json").exists()
@@ -151,10 +230,11 @@ class LocalStore:
     def create_branch(self, repo: str, branch: str, source: str) -> str:
         repo_dir = self._repo(repo)
         ref = repo_dir / "refs" / "branches" / _check_name("branch", branch)
-        if ref.exists():
-            raise StoreError(f"branch {branch!r} already exists in {repo!r}")
         commit = self.resolve(repo, source)
-        _atomic_write(ref, commit.encode())
+        with self._branch_lock(repo_dir, branch):
+            if ref.exists():
+                raise StoreError(f"branch {branch!r} already exists in {repo!r}")
+            _atomic_write(ref, commit.encode())
         return commit
 
     def _branch_head(self, repo_dir: Path, branch: str) -> str | None:
@@ -164,13 +244,6 @@ class LocalStore:
         return ref.read_text().strip() or None
 
     # -- writing ------------------------------------------------------------------------------------
-    def _staging_file(self, repo_dir: Path, branch: str) -> Path:
-        return repo_dir / "staging" / f"{branch}.json"
-
-    def _staged(self, repo_dir: Path, branch: str) -> dict[str, dict]:
-        f = self._staging_file(repo_dir, branch)
-        return json.loads(f.read_bytes()) if f.exists() else {}
-
     def _put_blob(self, repo_dir: Path, data: bytes) -> str:
         sha = hashlib.sha256(data).hexdigest()
         blob = self._blob_path(repo_dir, sha)
@@ -178,70 +251,93 @@ class LocalStore:
             _atomic_write(blob, data)
         return sha
 
+    def _put_blobs(self, repo: str, branch: str, files: Mapping[str, bytes]) -> tuple[Path, dict[str, dict]]:
+        """Write the blobs (every path checked first); the branch must exist."""
+        repo_dir = self._repo(repo)
+        self._branch_head(repo_dir, branch)
+        items = [(check_path(p), d) for p, d in files.items()]
+        return repo_dir, {p: {"sha256": self._put_blob(repo_dir, d), "size": len(d)} for p, d in items}
+
     def upload(self, repo: str, branch: str, path: str, data: bytes) -> Entry:
         return self.upload_many(repo, branch, {path: data})[0]
 
     def upload_many(self, repo: str, branch: str, files: Mapping[str, bytes]) -> list[Entry]:
-        """Stage many files with one staging-index write (blobs first, so the index never dangles)."""
-        repo_dir = self._repo(repo)
-        self._branch_head(repo_dir, branch)
-        staged = self._staged(repo_dir, branch)
-        entries = []
-        for path, data in files.items():
-            path = check_path(path)
-            sha = self._put_blob(repo_dir, data)
-            staged[path] = {"sha256": sha, "size": len(data)}
-            entries.append(Entry(path, sha, len(data)))
-        _atomic_write(self._staging_file(repo_dir, branch), _canonical(staged))
-        return entries
+        """Stage many files in this writer's staging (blobs first, so staging never dangles)."""
+        _, written = self._put_blobs(repo, branch, files)
+        self._staging.setdefault((repo, branch), {}).update(written)
+        return [Entry(p, e["sha256"], e["size"]) for p, e in written.items()]
 
     def delete(self, repo: str, branch: str, path: str) -> None:
-        repo_dir = self._repo(repo)
-        staged = self._staged(repo_dir, branch)
-        staged[check_path(path)] = None
-        _atomic_write(self._staging_file(repo_dir, branch), _canonical(staged))
+        self._branch_head(self._repo(repo), branch)
+        self._staging.setdefault((repo, branch), {})[check_path(path)] = None
 
     def commit(self, repo: str, branch: str, message: str, metadata: Mapping[str, str] | None = None) -> Commit:
-        """Commit staged changes. With nothing staged (or staging equal to the head) it returns the head
-        unchanged, so re-ingesting identical data pins the same commit."""
+        """Commit this writer's staged changes. With nothing staged (or staging equal to the head) it
+        returns the head unchanged, so re-ingesting identical data pins the same commit."""
         repo_dir = self._repo(repo)
-        head = self._branch_head(repo_dir, branch)
-        tree = {e.path: {"sha256": e.sha256, "size": e.size} for e in self._tree(repo_dir, head)} if head else {}
-        staged = self._staged(repo_dir, branch)
-        new_tree = dict(tree)
-        for path, entry in staged.items():
-            if entry is None:
-                new_tree.pop(path, None)
-            else:
-                new_tree[path] = entry
-        if head and new_tree == tree:
-            self._staging_file(repo_dir, branch).unlink(missing_ok=True)
-            return self.get_commit(repo, head)
-        if not new_tree:
-            raise StoreError(f"nothing to commit on {repo}/{branch}: the tree would be empty")
-        body = {
-            "tree": new_tree,
-            "parents": [head] if head else [],
-            "message": message,
-            "metadata": {str(k): str(v) for k, v in (metadata or {}).items()},
-        }
-        commit_id = hashlib.sha256(_canonical(body)).hexdigest()
-        record = dict(body, created_at=time.time())
-        commit_file = repo_dir / "commits" / commit_id[:2] / f"{commit_id}.json"
-        if not commit_file.exists():
-            _atomic_write(commit_file, _canonical(record))
-        # The ref update is the commit point; staging is cleared after, and is idempotent if it is not.
-        _atomic_write(repo_dir / "refs" / "branches" / branch, commit_id.encode())
-        self._staging_file(repo_dir, branch).unlink(missing_ok=True)
+        staged = self._staging.get((repo, branch), {})
+        commit = self._commit_changes(repo_dir, branch, staged, False, message, metadata)
+        self._staging.pop((repo, branch), None)  # only once committed: a failed commit keeps the staging
+        return commit
+
+    def commit_files(self, repo: str, branch: str, files: Mapping[str, bytes], message: str,
+                     metadata: Mapping[str, str] | None = None, *, replace: bool = False) -> Commit:
+        """Commit ``files`` on top of the branch head in one step (``replace``: as the whole tree), without
+        touching this writer's staging."""
+        repo_dir, written = self._put_blobs(repo, branch, files)
+        return self._commit_changes(repo_dir, branch, written, replace, message, metadata)
+
+    def _commit_changes(self, repo_dir: Path, branch: str, changes: Mapping[str, dict | None], replace: bool,
+                        message: str, metadata: Mapping[str, str] | None) -> Commit:
+        repo = repo_dir.name
+        with self._branch_lock(repo_dir, branch):
+            head = self._branch_head(repo_dir, branch)
+            tree = {e.path: {"sha256": e.sha256, "size": e.size} for e in self._tree(repo_dir, head)} if head else {}
+            new_tree = {} if replace else dict(tree)
+            for path, entry in changes.items():
+                if entry is None:
+                    new_tree.pop(path, None)
+                else:
+                    new_tree[path] = dict(entry)
+            if head and new_tree == tree:
+                return self.get_commit(repo, head)
+            if not new_tree:
+                raise StoreError(f"nothing to commit on {repo}/{branch}: the tree would be empty")
+            body = {
+                "tree": new_tree,
+                "parents": [head] if head else [],
+                "message": message,
+                "metadata": {str(k): str(v) for k, v in (metadata or {}).items()},
+            }
+            commit_id = hashlib.sha256(_canonical(body)).hexdigest()
+            commit_file = repo_dir / "commits" / commit_id[:2] / f"{commit_id}.json"
+            if not commit_file.exists():
+                _atomic_write(commit_file, _canonical(dict(body, created_at=time.time())))
+            # The ref update is the commit point.
+            self._swap_ref(repo_dir / "refs" / "branches" / branch, head, commit_id)
         return self.get_commit(repo, commit_id)
+
+    def _swap_ref(self, ref: Path, expected: str | None, new: str) -> None:
+        """Move ``ref`` from ``expected`` to ``new``, or raise Conflict if it no longer holds ``expected``.
+        The caller holds the branch lock; this catches a writer that did not take it."""
+        current = ref.read_text().strip() or None
+        if current != expected:
+            raise Conflict(f"branch {ref.name!r} of {ref.parents[2].name!r} moved to {str(current)[:12]} while "
+                           f"a commit was built on {str(expected)[:12]}; run it again")
+        _atomic_write(ref, new.encode())
 
     def tag(self, repo: str, tag: str, ref: str) -> str:
         repo_dir = self._repo(repo)
         commit = self.resolve(repo, ref)
         path = repo_dir / "refs" / "tags" / _check_name("tag", tag)
-        if path.exists() and path.read_text().strip() != commit:
-            raise StoreError(f"tag {tag!r} already points at {path.read_text().strip()[:12]} in {repo!r}")
-        _atomic_write(path, commit.encode())
+        # Check and write under one lock, so of two taggers with different commits exactly one succeeds.
+        with file_lock(repo_dir / "locks" / f"tag.{tag}.lock"):
+            if path.exists():
+                existing = path.read_text().strip()
+                if existing != commit:
+                    raise StoreError(f"tag {tag!r} already points at {existing[:12]} in {repo!r}")
+                return commit
+            _atomic_write(path, commit.encode())
         return commit
 
     # -- reading ------------------------------------------------------------------------------------
@@ -308,20 +404,21 @@ class LocalStore:
         }
 
     def export(self, repo: str, ref: str, dest: str | os.PathLike) -> Path:
-        """Materialise a commit into ``dest`` (verified), via a temp dir renamed into place."""
+        """Materialise a commit into ``dest`` (verified), via a temp dir renamed into place. Concurrent
+        exports to one ``dest`` all succeed: the first rename wins, the others keep its copy."""
         repo_dir = self._repo(repo)
         dest = Path(dest)
         if dest.exists():
             return dest
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent if dest.parent.exists() else None, prefix=".export-"))
+        entries = self._tree(repo_dir, self.resolve(repo, ref))
+        dest.parent.mkdir(parents=True, exist_ok=True)  # the temp dir beside dest: a rename never copies
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".export-"))
         try:
-            for entry in self._tree(repo_dir, self.resolve(repo, ref)):
+            for entry in entries:
                 out = tmp / entry.path
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_bytes(self._read_blob(repo_dir, entry))
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, dest)
+            return publish_dir(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return dest

@@ -10,7 +10,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from trainyard.data.store import Entry, StoreError, check_path, tree_digest
+from trainyard.data.store import Entry, StoreError, check_path, ensure_repo, tree_digest
+from trainyard.errors import PermanentError
 
 KIND_MARKERS = {
     "image_classification": ("classes.json", "labels.csv"),
@@ -19,8 +20,8 @@ KIND_MARKERS = {
 }
 
 
-class UploadError(StoreError):
-    pass
+class UploadError(StoreError, PermanentError):
+    """The folder was refused (unreadable, unknown kind, failed validation): fix the folder."""
 
 
 def collect_folder(folder: str | Path) -> dict[str, Path]:
@@ -104,18 +105,14 @@ def upload_folder(store, repo: str, branch: str, folder: str | Path, *, kind: st
     report = validate_folder(folder, kind)
     if not report.success:
         raise UploadError(f"{folder} failed validation; nothing committed.\n{report.summary()}")
-    if not store.repo_exists(repo):
-        store.create_repo(repo, default_branch=branch)
-    try:
-        current = {e.path for e in store.list(repo, branch)}
-    except StoreError:  # a new branch without commits
-        current = set()
-    store.upload_many(repo, branch, {rel: path.read_bytes() for rel, path in files.items()})
-    for stale in sorted(current - files.keys()):
-        store.delete(repo, branch, stale)
-    commit = store.commit(
-        repo, branch, message or f"upload {Path(folder).name}",
+    ensure_repo(store, repo, branch)
+    # One atomic call: concurrent uploads to one branch each get a commit equal to their own folder, and
+    # every one of them lands in the branch's history (a stage-then-commit would mix them).
+    commit = store.commit_files(
+        repo, branch, {rel: path.read_bytes() for rel, path in files.items()},
+        message or f"upload {Path(folder).name}",
         {"kind": kind, "validated_by": report.suite, "digest": digest, **(metadata or {})},
+        replace=True,
     )
     return {"repo": repo, "branch": branch, "commit": commit.id, "kind": kind, "files": len(files),
             "digest": digest, "validation": report.summary(), "store": store.kind}

@@ -183,3 +183,63 @@ def test_export_to_folder(repo_with_commit, tmp_path):
     assert files == {"README.md": b"digits\n", **FOLDER}
     assert not [p for p in dest.parent.iterdir() if p.name.startswith(".export-")]  # no temp dir left
     assert store.export(repo, commit.id, dest) == dest  # already there: kept as is
+
+
+def _reopen(store):
+    """A second handle on the same store, as another process would open it."""
+    if store.kind == "local":
+        return LocalStore(store.root)
+    from trainyard.data.lakefs_store import LakeFSStore
+
+    return LakeFSStore.from_env()
+
+
+def _concurrent_writer(i, store, repo, barrier, results):
+    store = _reopen(store)
+    files = {f"writer-{i}/{j}.txt": f"writer {i} file {j}".encode() for j in range(3)}
+    barrier.wait(timeout=300)
+    try:
+        results.put((i, "ok", store.commit_files(repo, "main", files, f"writer {i}", {"writer": i}).id))
+    except Exception as err:  # reported to the parent, which fails the test with it
+        results.put((i, "error", repr(err)))
+
+
+def test_concurrent_commits_to_one_branch_each_hold_their_own_files(repo_with_commit):
+    """Writers started together on one branch: each commit holds its parent's tree plus exactly its own
+    files, and the branch history holds every commit that reported success."""
+    import multiprocessing
+
+    store, repo, base = repo_with_commit
+    writers = 6
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(writers), ctx.Queue()
+    procs = [ctx.Process(target=_concurrent_writer, args=(i, store, repo, barrier, results)) for i in range(writers)]
+    for p in procs:
+        p.start()
+    out = {i: (status, value) for i, status, value in (results.get(timeout=300) for _ in procs)}
+    for p in procs:
+        p.join(60)
+    assert all(status == "ok" for status, _ in out.values()), out
+    reported = {i: cid for i, (_, cid) in out.items()}
+    assert len(set(reported.values())) == writers
+
+    history, c = [], store.get_commit(repo, "main")
+    while c.id != base.id:
+        history.append(c.id)
+        c = store.get_commit(repo, c.parents[0])
+    assert sorted(history) == sorted(reported.values())
+    for i, cid in reported.items():
+        commit = store.get_commit(repo, cid)
+        assert commit.message == f"writer {i}" and commit.metadata == {"writer": str(i)}
+        parent = {e.path: e.sha256 for e in store.list(repo, commit.parents[0])}
+        own = {f"writer-{i}/{j}.txt": hashlib.sha256(f"writer {i} file {j}".encode()).hexdigest() for j in range(3)}
+        assert {e.path: e.sha256 for e in store.list(repo, cid)} == parent | own, f"writer {i}"
+
+
+def test_commit_files_replace_makes_the_tree_exactly_the_files(repo_with_commit):
+    store, repo, first = repo_with_commit
+    second = store.commit_files(repo, "main", {"only.txt": b"only"}, "replace all", replace=True)
+    assert second.parents == (first.id,)
+    assert [e.path for e in store.list(repo, second.id)] == ["only.txt"]
+    # The same files again: nothing to commit, the head is kept.
+    assert store.commit_files(repo, "main", {"only.txt": b"only"}, "again", replace=True).id == second.id
