@@ -1,3 +1,4 @@
+import hashlib
 import json
 
 import numpy as np
@@ -7,6 +8,8 @@ from PIL import Image
 from trainyard.data.classification import load_classification, profile
 from trainyard.data.detection import load_coco, validate_detection
 from trainyard.data.importers import import_coco, import_labelstudio
+from trainyard.data.importers.labelstudio import image_id_of, sample_key
+from trainyard.data.split import assign
 from trainyard.data.validation import load_suite_config, validate_dataframe
 
 
@@ -134,10 +137,11 @@ def test_labelstudio_detection_percent_boxes_to_pixels(tmp_path):
     # by hand: a.png 200x100: x 10% of 200 = 20, y 20% of 100 = 20, w 25% of 200 = 50, h 50% of 100 = 50
     #          a.png: x 75% = 150, y 0, w 25% = 50, h 100% = 100;  b.png 640x480: 12.5% -> 80, 25% -> 120,
     #          50% -> 320, 37.5% -> 180
+    a_id, b_id = (image_id_of(hashlib.sha256((images / n).read_bytes()).hexdigest()) for n in ("a.png", "b.png"))
     assert [(a["image_id"], a["category_id"], a["bbox"], a["area"]) for a in coco["annotations"]] == [
-        (1, 1, [20, 20, 50, 50], 2500),
-        (1, 2, [150, 0, 50, 100], 5000),
-        (2, 1, [80, 120, 320, 180], 57600),
+        (a_id, 1, [20, 20, 50, 50], 2500),
+        (a_id, 2, [150, 0, 50, 100], 5000),
+        (b_id, 1, [80, 120, 320, 180], 57600),
     ]
     report = validate_detection(dest)
     assert report.success, report.summary()
@@ -186,7 +190,9 @@ def test_labelstudio_classification(tmp_path):
     meta = json.loads((dest / "classes.json").read_text())
     assert meta == {"classes": ["bird", "fish"], "height": 6, "width": 8, "pixel_max": 255}
     data = load_classification(dest)
-    assert data.keys[:2] == ["task-100", "task-101"] and data.labels[:3].tolist() == [1, 0, 0]
+    assert data.keys[:2] == [sample_key(hashlib.sha256((images / f"img{i}.png").read_bytes()).hexdigest())
+                             for i in (0, 1)]
+    assert data.labels[:3].tolist() == [1, 0, 0]
     assert data.images[5].dtype == np.uint8 and data.images[5].shape == (6, 8)
     assert (data.images[5] == 50).all()  # grey RGB (50, 50, 50) -> L 50
     suite = load_suite_config(
@@ -222,3 +228,61 @@ def test_labelstudio_text_task_refused(tmp_path):
     path.write_text(json.dumps([{"id": 9, "data": {"text": "hi"}, "annotations": [{"result": [choice("bird")]}]}]))
     with pytest.raises(ValueError, match=r"task 9: data has no 'image'"):
         import_labelstudio(path, tmp_path, tmp_path / "dataset", kind="classification")
+
+
+def _reexport(tmp_path, kind, new_project):
+    """An export of 12 images, then a re-export with one more task listed first: from the same project
+    (old tasks keep their ids) or from a new project the images were imported into (new ids)."""
+    images = tmp_path / "ls_images"
+    tasks = []
+    for i in range(12):
+        png(images / f"img{i}.png", 8, 6, value=10 * i)
+        box = rect(0, 0, 50, 50, "cat", 8, 6)
+        result = [choice("bird" if i % 3 else "fish")] if kind == "classification" else [box]
+        tasks.append(task(100 + i, f"/data/upload/2/img{i}.png", result))
+    png(images / "new.png", 8, 6, value=255)
+    first = tmp_path / "first.json"
+    first.write_text(json.dumps(tasks))
+    again = tmp_path / "again.json"
+    added = task(500, "/data/upload/2/new.png", [choice("bird")] if kind == "classification" else [])
+    if new_project:
+        tasks = [dict(t, id=t["id"] + 1000) for t in tasks]
+    again.write_text(json.dumps([added, *tasks]))
+    return images, first, again
+
+
+def _sample_ids(dest, kind):
+    """image file -> the sample's key as the recipe's split sees it."""
+    if kind == "classification":
+        data = load_classification(dest)
+        by_key = {k: i for i, k in enumerate(data.keys)}
+        # the key is a content digest: map it back to the file through the image bytes
+        return {k: int(data.images[by_key[k]][0, 0]) for k in data.keys}
+    coco = load_coco(dest)
+    return {f"image-{img['id']}": img["file_name"] for img in coco["images"]}  # the detection recipe's key
+
+
+@pytest.mark.parametrize("kind", ["classification", "detection"])
+@pytest.mark.parametrize("new_project", [False, True])
+def test_labelstudio_keys_survive_a_reexport_with_a_task_added_first(tmp_path, kind, new_project):
+    images, first, again = _reexport(tmp_path, kind, new_project)
+    import_labelstudio(first, images, tmp_path / "v1", kind=kind)
+    import_labelstudio(again, images, tmp_path / "v2", kind=kind)
+    old, new = _sample_ids(tmp_path / "v1", kind), _sample_ids(tmp_path / "v2", kind)
+    assert len(new) == len(old) + 1
+    # every old sample has the same key, so the same sample, in the new import...
+    assert {k: new[k] for k in old} == old
+    # ...and so the same split; with keys by position the 12 samples would have been reshuffled
+    for seed in range(5):
+        assert {k: assign(k, 0.3, seed) for k in old} == {k: assign(k, 0.3, seed) for k in new if k in old}
+
+
+def test_labelstudio_identical_images_in_two_tasks_refused(tmp_path):
+    images = tmp_path / "ls_images"
+    png(images / "x.png", 8, 6, value=7)
+    png(images / "copy-of-x.png", 8, 6, value=7)
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps([task(1, "/data/upload/2/x.png", [choice("bird")]),
+                                task(2, "/data/upload/2/copy-of-x.png", [choice("fish")])]))
+    with pytest.raises(ValueError, match=r"task 2: image copy-of-x.png has the same content as task 1's x.png"):
+        import_labelstudio(path, images, tmp_path / "dataset", kind="classification")

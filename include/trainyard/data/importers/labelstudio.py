@@ -20,6 +20,13 @@ format rather than read from a live instance:
   choice made) is skipped and counted like a task without annotations.
 * Any other result type (polygons, text areas, relations...) is refused rather than silently dropped.
 
+Sample identity: a sample is keyed by the SHA-256 of its image file's bytes (classification key
+``img-<16 hex>``, COCO image id = the first 52 bits of it). The split is a hash of the key, so the key must
+survive a re-export: task order changes whenever a task is added or removed, task ids change when images
+are imported into a new project, upload file names get a new random prefix on every re-upload, but the
+image's content stays what it is. Two tasks on byte-identical images are refused (one sample twice could
+land in train and val).
+
 Categories/classes are ``labels`` in the given order if passed (any other label is refused), else the
 sorted set of labels seen. Every problem is raised as ValueError naming the task id, before anything is
 written.
@@ -27,6 +34,7 @@ written.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -49,6 +57,7 @@ class _Task:
     labels: list[str] = field(default_factory=list)  # one per box (detection) or exactly one (classification)
     boxes: list[list[float]] = field(default_factory=list)  # COCO [x, y, w, h] in pixels
     size: tuple[int, int] | None = None  # (width, height) of the file
+    digest: str = ""  # SHA-256 of the image file: the sample's identity (see the module docstring)
 
 
 def _image_file(ref, images_dir: Path, tid) -> Path:
@@ -66,6 +75,16 @@ def _image_file(ref, images_dir: Path, tid) -> Path:
         if (images_dir / candidate).is_file():
             return images_dir / candidate
     raise ValueError(f"Label Studio task {tid}: image {ref!r} not found in {images_dir} (tried {candidates})")
+
+
+def sample_key(digest: str) -> str:
+    """The classification key of an image with content SHA-256 ``digest``."""
+    return f"img-{digest[:16]}"
+
+
+def image_id_of(digest: str) -> int:
+    """The COCO image id of an image with content SHA-256 ``digest``: 52 bits, exact as a float too."""
+    return int(digest[:13], 16)
 
 
 def _pixels(value: dict, width: int, height: int) -> list[float]:
@@ -91,6 +110,7 @@ def _parse_task(task, images_dir: Path, kind: str) -> _Task | None:
     if kind == "classification" and not results:
         return None
     parsed = _Task(tid, _image_file((task.get("data") or {}).get("image"), images_dir, tid))
+    parsed.digest = hashlib.sha256(parsed.path.read_bytes()).hexdigest()
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -134,10 +154,11 @@ def import_labelstudio(
 ) -> dict:
     """Convert a Label Studio JSON export into ``dest_dir`` (see the module docstring for the format).
 
-    kind="detection": writes the COCO layout of trainyard.data.detection (images copied unchanged,
-    ids numbered from 1 in task order). Returns {tasks, skipped, images, annotations, categories}.
+    kind="detection": writes the COCO layout of trainyard.data.detection (images copied unchanged, image
+    ids from the content digest, annotation ids numbered from 1). Returns {tasks, skipped, images,
+    annotations, categories}.
     kind="classification": writes the layout of trainyard.data.classification, each image converted to
-    uint8 grayscale with Pillow, key ``task-<id>``, ``pixel_max`` 255 and height/width of the first
+    uint8 grayscale with Pillow, key ``img-<digest>``, ``pixel_max`` 255 and height/width of the first
     image (differing sizes are left for the validation suite to report). Returns {tasks, skipped,
     samples, classes}.
     """
@@ -162,6 +183,14 @@ def import_labelstudio(
         if p.path.name in seen:
             raise ValueError(f"Label Studio task {p.id}: image {p.path.name} already used by task {seen[p.path.name]}")
         seen[p.path.name] = p.id
+    by_content: dict[str, _Task] = {}
+    for p in parsed:
+        # a 52-bit prefix names COCO images: refusing equal prefixes covers equal content and the
+        # (astronomically rare) prefix collision alike
+        other = by_content.setdefault(p.digest[:13], p)
+        if other is not p:
+            raise ValueError(f"Label Studio task {p.id}: image {p.path.name} has the same content as task "
+                             f"{other.id}'s {other.path.name}; remove one of the two tasks")
 
     counts = {"tasks": len(tasks), "skipped": len(tasks) - len(parsed)}
     dest = prepare_dest(dest_dir)
@@ -173,7 +202,8 @@ def import_labelstudio(
 def _write_coco(parsed: list[_Task], names: list[str], dest: Path) -> dict:
     cat_id = {n: i for i, n in enumerate(names, start=1)}  # COCO category ids conventionally start at 1
     coco = {"images": [], "annotations": [], "categories": [{"id": cat_id[n], "name": n} for n in names]}
-    for image_id, p in enumerate(parsed, start=1):
+    for p in parsed:
+        image_id = image_id_of(p.digest)
         shutil.copyfile(p.path, dest / "images" / p.path.name)
         coco["images"].append({"id": image_id, "file_name": p.path.name, "width": p.size[0], "height": p.size[1]})
         for label, box in zip(p.labels, p.boxes):
@@ -200,7 +230,7 @@ def _write_classification(parsed: list[_Task], names: list[str], dest: Path) -> 
         with Image.open(p.path) as img:
             arr = np.asarray(img.convert("L"), dtype=np.uint8)
         shape = shape or arr.shape
-        key = f"task-{p.id}"
+        key = sample_key(p.digest)
         np.save(dest / "images" / f"{key}.npy", arr, allow_pickle=False)
         rows.append(f"{key},{names.index(p.labels[0])}")
     (dest / "labels.csv").write_text("\n".join(rows) + "\n")
