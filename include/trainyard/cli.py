@@ -6,6 +6,12 @@ import argparse
 import json
 import sys
 
+from trainyard.errors import EXIT_ERROR, NotFoundError, PermanentError, cli_command
+
+EPILOG = f"""exit status: 0 when the command did what it says; {EXIT_ERROR} on an error, reported as one line
+'trainyard: error: <what is wrong and what to do>' on stderr; 2 when the command line itself cannot be
+parsed. Add --debug (before the command) to see the error's traceback as well."""
+
 
 def cmd_pools(args) -> int:
     from trainyard.scheduling.resources import load_resources, pools
@@ -21,13 +27,9 @@ def cmd_pools(args) -> int:
 
 def cmd_validate(args) -> int:
     from trainyard.pipeline import validate_spec
-    from trainyard.spec import SpecError, load_spec_file
+    from trainyard.spec import load_spec_file
 
-    try:
-        spec = validate_spec(load_spec_file(args.job).model_dump(mode="json"))
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
+    spec = validate_spec(load_spec_file(args.job).model_dump(mode="json"))  # SpecError: cli_command reports it
     print(json.dumps(spec, indent=1))
     return 0
 
@@ -43,8 +45,8 @@ def cmd_show(args) -> int:
     try:
         mv = c.get_model_version_by_alias(args.model, args.alias)
     except MlflowException as err:
-        print(f"no version of {args.model!r} has alias {args.alias!r}: {err.message}", file=sys.stderr)
-        return 1
+        raise NotFoundError(f"no version of {args.model!r} has alias {args.alias!r} ({err.message}); "
+                            f"see 'trainyard models history {args.model}'") from err
     run = c.get_run(mv.run_id)
     tags = mv.tags
     print(f"model            {mv.name} version {mv.version} (alias {args.alias})")
@@ -75,14 +77,9 @@ def _store(args):
 
 
 def cmd_data_upload(args) -> int:
-    from trainyard.data.store import StoreError
     from trainyard.data.upload import upload_folder
 
-    try:
-        result = upload_folder(_store(args), args.repo, args.branch, args.folder, kind=args.kind, message=args.message)
-    except (StoreError, ValueError) as err:
-        print(f"upload refused: {err}", file=sys.stderr)
-        return 1
+    result = upload_folder(_store(args), args.repo, args.branch, args.folder, kind=args.kind, message=args.message)
     print(result["validation"], file=sys.stderr)
     print(f"committed {result['files']} files to {args.repo}/{args.branch}: {result['commit']}", file=sys.stderr)
     print(result["commit"])
@@ -93,24 +90,21 @@ def cmd_data_import(args) -> int:
     """Convert an annotation tool's export into the dataset layout, then validate the result."""
     from trainyard.data.upload import validate_folder
 
-    try:
-        if args.format == "coco":
-            from trainyard.data.importers.coco import import_coco
+    if args.format == "coco":
+        from trainyard.data.importers.coco import import_coco
 
-            summary, kind = import_coco(args.export, args.images, args.dest), "coco_detection"
-        else:
-            from trainyard.data.importers.labelstudio import import_labelstudio
+        summary, kind = import_coco(args.export, args.images, args.dest), "coco_detection"
+    else:
+        from trainyard.data.importers.labelstudio import import_labelstudio
 
-            summary = import_labelstudio(args.export, args.images, args.dest, args.kind)
-            kind = "coco_detection" if args.kind == "detection" else "image_classification"
-        report = validate_folder(args.dest, kind)
-    except ValueError as err:
-        print(f"import refused: {err}", file=sys.stderr)
-        return 1
+        summary = import_labelstudio(args.export, args.images, args.dest, args.kind)
+        kind = "coco_detection" if args.kind == "detection" else "image_classification"
+    report = validate_folder(args.dest, kind)
     print(json.dumps(summary))
     print(report.summary(), file=sys.stderr)
     if not report.success:
-        return 1
+        raise PermanentError(f"{args.dest} failed the {kind} suite (report above); fix the labels in the "
+                             "annotation tool and export again")
     print(f"ready to upload: trainyard data upload {args.dest} --repo <name>", file=sys.stderr)
     return 0
 
@@ -136,21 +130,28 @@ def cmd_data_ls(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    import os
+def _repo_hint(args, err: Exception) -> str:
+    """What to do about a missing repository or ref, which the store's message alone does not say."""
+    if not isinstance(err, NotFoundError):
+        return ""
+    return (f"; see what exists with 'trainyard data log --store {args.store} --repo {args.repo} --all', "
+            f"or create it with 'trainyard data upload <folder> --store {args.store} --repo {args.repo}'")
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep command output readable
-    parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: AI training on Apache Airflow")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: AI training on Apache Airflow",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("pools", help="the Airflow pools that resources.yaml defines")
     p.add_argument("--format", choices=["airflow", "table"], default="table")
     p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
-    p.set_defaults(func=cmd_pools)
+    p.set_defaults(func=cli_command(cmd_pools))
 
     p = sub.add_parser("validate", help="validate a JobSpec YAML file and print it with defaults filled in")
     p.add_argument("job")
-    p.set_defaults(func=cmd_validate)
+    p.set_defaults(func=cli_command(cmd_validate))
 
     data = sub.add_parser("data", help="versioned datasets").add_subparsers(dest="data_command", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--branch", default="main")
     p.add_argument("--kind", default="auto", choices=["auto", "image_classification", "coco_detection", "parallel_text"])
     p.add_argument("--message", default="")
-    p.set_defaults(func=cmd_data_upload)
+    p.set_defaults(func=cli_command(cmd_data_upload))
     p = data.add_parser("import", help="convert a COCO or Label Studio export into a dataset folder")
     p.add_argument("format", choices=["coco", "labelstudio"])
     p.add_argument("export", help="the exported JSON file")
@@ -169,31 +170,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dest", required=True, help="new (or empty) folder to write the dataset to")
     p.add_argument("--kind", choices=["detection", "classification"], default="detection",
                    help="Label Studio only: what the labelling project produced")
-    p.set_defaults(func=cmd_data_import)
+    p.set_defaults(func=cli_command(cmd_data_import))
     p = data.add_parser("log", parents=[common], help="commits of a ref")
     p.add_argument("--ref", default="main")
     p.add_argument("--all", action="store_true", help="follow parents")
-    p.set_defaults(func=cmd_data_log)
+    p.set_defaults(func=cli_command(cmd_data_log, _repo_hint))
     p = data.add_parser("tag", parents=[common], help="tag a commit")
     p.add_argument("tag")
     p.add_argument("--ref", default="main")
-    p.set_defaults(func=cmd_data_tag)
+    p.set_defaults(func=cli_command(cmd_data_tag, _repo_hint))
     p = data.add_parser("ls", parents=[common], help="files at a ref")
     p.add_argument("--ref", default="main")
     p.add_argument("--prefix", default="")
-    p.set_defaults(func=cmd_data_ls)
+    p.set_defaults(func=cli_command(cmd_data_ls, _repo_hint))
 
     p = sub.add_parser("show", help="where a registered model's results are")
     p.add_argument("model")
     p.add_argument("--alias", default="staging")
-    p.set_defaults(func=cmd_show)
+    p.set_defaults(func=cli_command(cmd_show))
 
     from trainyard.registry.cli import add_models_parser
 
     add_models_parser(sub)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep command output readable
+    parser = build_parser()
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("trainyard: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

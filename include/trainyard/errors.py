@@ -8,6 +8,11 @@ The Airflow layer maps permanent errors to ``AirflowFailException`` in one place
 
 from __future__ import annotations
 
+import functools
+import sys
+import traceback
+from typing import Callable
+
 
 class TrainyardError(Exception):
     """Base of every error trainyard raises on purpose; the message says what to do."""
@@ -34,3 +39,39 @@ class NotFoundError(PermanentError, LookupError):
 def spec_error_message(problems: list[str] | tuple[str, ...]) -> str:
     """The one format of a JobSpec error: a header, then one ``field: what is wrong`` line each."""
     return "invalid JobSpec:\n  " + "\n  ".join(problems)
+
+
+class CommandError(PermanentError):
+    """A command-line command refused its input or failed for a reason its message explains; raised where
+    a command turns another library's error (MLflow, signing) into the one line the CLI prints."""
+
+
+EXIT_ERROR = 1  # a command's error; argparse keeps 2 for a command line it cannot parse
+
+
+def expected_error(err: BaseException) -> bool:
+    """Errors that are the user's input or the world, not a bug, so a command reports them as one line:
+    trainyard's own; ValueError (bad input, an invalid JobSpec); OSError (a missing or unreadable file, an
+    unreachable server), whose messages name the path or the address."""
+    return isinstance(err, (TrainyardError, ValueError, OSError))
+
+
+def cli_command(command: Callable, hint: Callable[[object, Exception], str] | None = None) -> Callable:
+    """Wrap a CLI command ``command(args) -> int``: an expected error becomes the line
+    ``trainyard: error: <message>`` on stderr (plus ``hint(args, err)``) and exit status EXIT_ERROR, with
+    the traceback before it when ``args.debug`` is set; any other exception is a bug and keeps its
+    traceback."""
+
+    @functools.wraps(command)
+    def run(args) -> int:
+        try:
+            return command(args)
+        except Exception as err:
+            if not expected_error(err):
+                raise
+            if getattr(args, "debug", False):  # parsers built without the global flag (tests) have none
+                traceback.print_exc()
+            print(f"trainyard: error: {err}{hint(args, err) if hint else ''}", file=sys.stderr)
+            return EXIT_ERROR
+
+    return run

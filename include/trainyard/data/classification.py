@@ -62,6 +62,32 @@ def ingest_digits(store: LocalStore, repo: str, branch: str = "main") -> Commit:
                         {"source": "sklearn.datasets.load_digits", "sklearn_version": sklearn.__version__})
 
 
+META_SHAPE = '{"classes": ["name", ...], "height": H, "width": W, "pixel_max": P}'
+
+
+def read_meta(meta_file: Path) -> dict:
+    """classes.json, checked for the shape every reader of it (validation, training) indexes into, so a
+    wrong file is one message naming it and the expected shape rather than a KeyError or TypeError."""
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{meta_file}: not valid JSON ({err}); expected an object {META_SHAPE}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_file}: is a JSON {type(meta).__name__}; expected an object {META_SHAPE}")
+    problems = [f"'{k}' is missing" for k in ("classes", "height", "width", "pixel_max") if k not in meta]
+    classes = meta.get("classes")
+    if "classes" in meta and not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        problems.append(f"'classes' must be a non-empty list of names, got {classes!r:.60}")
+    for k in ("height", "width", "pixel_max"):
+        v = meta.get(k)
+        if k in meta and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0
+                          or (k != "pixel_max" and v != int(v))):
+            problems.append(f"'{k}' must be a positive {'number' if k == 'pixel_max' else 'integer'}, got {v!r}")
+    if problems:
+        raise ValueError(f"{meta_file}: {'; '.join(problems)}; expected {META_SHAPE}")
+    return meta
+
+
 def load_classification(root: str | Path) -> ClassificationData:
     """Read an exported dataset folder. Raises ValueError naming the file on malformed input."""
     root = Path(root)
@@ -70,7 +96,7 @@ def load_classification(root: str | Path) -> ClassificationData:
     for required in (meta_file, labels_file):
         if not required.exists():
             raise ValueError(f"dataset at {root} has no {required.name}")
-    meta = json.loads(meta_file.read_text())
+    meta = read_meta(meta_file)
     keys: list[str] = []
     labels: list[int] = []
     images: list[np.ndarray] = []

@@ -1,4 +1,8 @@
-"""``trainyard models ...``: keys, signatures, promotion, rollback and the alias history."""
+"""``trainyard models ...``: keys, signatures, promotion, rollback and the alias history.
+
+Commands raise on failure; ``cli_command`` turns an expected error into the one line every trainyard
+command prints, and its exit status.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import getpass
 import json
 import os
 import sys
+
+from trainyard.errors import CommandError, NotFoundError, cli_command
 
 
 def _client():
@@ -20,7 +26,7 @@ def _user(args) -> str:
 
 
 def _errors() -> tuple[type[Exception], ...]:
-    """What a command reports as one line instead of a traceback."""
+    """The registry's and MLflow's errors that a command turns into a CommandError (one line, no traceback)."""
     from mlflow.exceptions import MlflowException
 
     from trainyard.registry.signing import SigningKeyError, VerificationError
@@ -29,9 +35,9 @@ def _errors() -> tuple[type[Exception], ...]:
     return MlflowException, LookupError, RollbackError, SigningKeyError, VerificationError
 
 
-def _fail(err: Exception | str) -> int:
-    print(err, file=sys.stderr)
-    return 1
+def _as_command_error(err: Exception, doing: str = "") -> CommandError:
+    message = getattr(err, "message", None) or str(err)  # MlflowException's str() is JSON-ish noise
+    return CommandError(f"{doing}{message}")
 
 
 def cmd_keygen(args) -> int:
@@ -40,7 +46,7 @@ def cmd_keygen(args) -> int:
     try:
         private, public = (signing.ensure_keypair if args.if_missing else signing.generate_keypair)(args.dir)
     except FileExistsError as err:
-        return _fail(err)
+        raise CommandError(f"{err}; pass --if-missing to keep the existing key pair") from err
     print(f"signing key {private} (secret, mode 0600)\nverify key  {public}", file=sys.stderr)
     print(signing.key_id(signing.load_public_key(public)))
     return 0
@@ -52,7 +58,7 @@ def cmd_sign(args) -> int:
     try:
         info = versions.sign_version(_client(), args.model, args.version, signing.load_private_key(args.key))
     except _errors() as err:
-        return _fail(err)
+        raise _as_command_error(err, "not signed: ") from err
     print(json.dumps(info))
     return 0
 
@@ -65,7 +71,7 @@ def cmd_verify(args) -> int:
         version = versions.resolve_version(c, args.model, args.version, args.alias)
         info = versions.verify_version(c, args.model, version, signing.load_public_key(args.key))
     except _errors() as err:
-        return _fail(err)
+        raise _as_command_error(err, "not verified: ") from err
     print(json.dumps(info))
     return 0
 
@@ -77,7 +83,7 @@ def cmd_promote(args) -> int:
         entry = versions.promote(_client(), args.model, args.version, args.alias, user=_user(args), reason=args.reason,
                                  public_key=signing.load_public_key(args.key))
     except _errors() as err:
-        return _fail(f"not promoted: {err}")
+        raise _as_command_error(err, "not promoted: ") from err
     print(json.dumps(entry))
     return 0
 
@@ -89,7 +95,7 @@ def cmd_rollback(args) -> int:
         entry = versions.rollback(_client(), args.model, to_version=args.to_version, alias=args.alias,
                                   user=_user(args), reason=args.reason, public_key=signing.load_public_key(args.key))
     except _errors() as err:
-        return _fail(f"not rolled back: {err}")
+        raise _as_command_error(err, "not rolled back: ") from err
     print(json.dumps(entry))
     return 0
 
@@ -114,10 +120,11 @@ def cmd_live_at(args) -> int:
     try:
         version = live_at(History(), args.model, args.alias, args.when)
     except ValueError as err:
-        return _fail(f"bad time {args.when!r}: {err}")
+        raise CommandError(f"bad time {args.when!r}: {err}; write it as ISO 8601, "
+                           "e.g. 2026-03-01T12:00:00+00:00") from err
     if version is None:
-        print(f"no recorded {args.alias!r} version of {args.model!r} at {args.when}", file=sys.stderr)
-        return 1
+        raise NotFoundError(f"no recorded {args.alias!r} version of {args.model!r} at {args.when}; "
+                            f"see 'trainyard models history {args.model}'")
     print(version)
     return 0
 
@@ -135,25 +142,25 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser("keygen", help="create an Ed25519 key pair (never overwrites one)")
     p.add_argument("--dir", help="folder for signing_key.pem and verify_key.pem (default: $TRAINYARD_HOME/keys)")
     p.add_argument("--if-missing", action="store_true", help="succeed without change if a key pair exists")
-    p.set_defaults(func=cmd_keygen)
+    p.set_defaults(func=cli_command(cmd_keygen))
 
     p = sub.add_parser("sign", parents=[key], help="hash a version's files and sign the manifest")
     p.add_argument("model")
     p.add_argument("version")
-    p.set_defaults(func=cmd_sign)
+    p.set_defaults(func=cli_command(cmd_sign))
 
     p = sub.add_parser("verify", parents=[key], help="re-hash a version's files and check its signature")
     p.add_argument("model")
     p.add_argument("version", nargs="?", default="", help="default: the version under --alias")
     p.add_argument("--alias", default="staging")
-    p.set_defaults(func=cmd_verify)
+    p.set_defaults(func=cli_command(cmd_verify))
 
     p = sub.add_parser("promote", parents=[key, who], help="verify a version, then point an alias at it")
     p.add_argument("model")
     p.add_argument("version")
     p.add_argument("--alias", choices=["staging", "production"], default="production")
     p.add_argument("--reason", required=True, help="why (recorded in the alias history)")
-    p.set_defaults(func=cmd_promote)
+    p.set_defaults(func=cli_command(cmd_promote))
 
     p = sub.add_parser("rollback", parents=[key, who],
                        help="point production back at the previous (or a named) version")
@@ -161,17 +168,17 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--to-version", help="default: the version that held the alias before the current one")
     p.add_argument("--alias", choices=["staging", "production"], default="production")
     p.add_argument("--reason", default="rollback", help="why (recorded in the alias history)")
-    p.set_defaults(func=cmd_rollback)
+    p.set_defaults(func=cli_command(cmd_rollback))
 
     p = sub.add_parser("history", help="every recorded alias move of a model")
     p.add_argument("model")
     p.add_argument("--alias")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.set_defaults(func=cmd_history)
+    p.set_defaults(func=cli_command(cmd_history))
 
     p = sub.add_parser("live-at", help="the version an alias pointed at, at a time (ISO; naive = UTC)")
     p.add_argument("model")
     p.add_argument("when", help="e.g. 2026-03-01T12:00:00+00:00 (a bare date means 00:00 UTC)")
     p.add_argument("--alias", default="production")
-    p.set_defaults(func=cmd_live_at)
+    p.set_defaults(func=cli_command(cmd_live_at))
     return models

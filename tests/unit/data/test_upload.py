@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -96,4 +97,18 @@ def test_cli_upload_prints_the_commit(tmp_path, trainyard_home, digits, capsys):
     assert cli(["data", "tag", "v1", "--repo", "r"]) == 0
     assert capsys.readouterr().out.strip() == commit
     assert cli(["data", "upload", str(tmp_path / "nope"), "--repo", "r"]) == 1
-    assert "not a directory" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("trainyard: error: ") and "not a directory" in err  # one line, no traceback
+
+
+@pytest.mark.parametrize("meta, message", [
+    (["0", "1"], r"classes.json: is a JSON list; expected an object \{\"classes\""),
+    ({"classes": ["0"], "height": 8}, r"classes.json: 'width' is missing; 'pixel_max' is missing; expected"),
+    ({"classes": "01", "height": 8, "width": 0, "pixel_max": 16},
+     r"'classes' must be a non-empty list of names, got '01'; 'width' must be a positive integer, got 0"),
+])
+def test_malformed_classes_json_is_named_not_a_traceback(tmp_path, store, meta, message):
+    folder = _write(tmp_path / "ds", {"classes.json": json.dumps(meta).encode(), "labels.csv": b"key,label\n"})
+    with pytest.raises(ValueError, match=message):
+        upload_folder(store, "d", "main", folder)
+    assert not store.repo_exists("d")

@@ -1,0 +1,73 @@
+"""The ``trainyard`` command as a user runs it (a subprocess): errors are one line, tracebacks only on --debug."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainyard.errors import EXIT_ERROR
+
+
+@pytest.fixture
+def run(tmp_path):
+    env = dict(os.environ, TRAINYARD_HOME=str(tmp_path / "home"))
+
+    def run(*argv):
+        return subprocess.run([sys.executable, "-m", "trainyard.cli", *argv], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=120)
+
+    return run
+
+
+def one_error_line(result) -> str:
+    assert result.returncode == EXIT_ERROR, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("trainyard: error: ")
+    return lines[0]
+
+
+def test_missing_repository_is_one_line_that_says_what_to_do(run):
+    line = one_error_line(run("data", "log", "--repo", "nope"))
+    assert "repository 'nope' does not exist" in line
+    assert "trainyard data upload <folder> --store local --repo nope" in line
+
+
+def test_debug_shows_the_traceback_and_the_same_line(run):
+    result = run("--debug", "data", "log", "--repo", "nope")
+    assert result.returncode == EXIT_ERROR
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "trainyard.data.store.NotFound" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("trainyard: error: repository 'nope' does not exist")
+
+
+def test_classes_json_list_upload_names_the_file_and_the_shape(run, tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "classes.json").write_text(json.dumps(["cat", "dog"]))
+    (folder / "labels.csv").write_text("key,label\n")
+    line = one_error_line(run("data", "upload", str(folder), "--repo", "d"))
+    assert f"{folder / 'classes.json'}: is a JSON list; expected an object" in line
+    assert '"classes": ["name", ...]' in line
+
+
+def test_missing_job_file_is_one_line(run):
+    line = one_error_line(run("validate", "no-such-job.yaml"))
+    assert "no-such-job.yaml" in line
+
+
+def test_registry_command_errors_are_one_line_too(run, tmp_path):
+    keys = str(tmp_path / "keys")
+    assert run("models", "keygen", "--dir", keys).returncode == 0
+    line = one_error_line(run("models", "keygen", "--dir", keys))
+    assert "refusing to overwrite" in line and "--if-missing" in line
+
+
+def test_exit_statuses_are_documented_in_help(run):
+    assert run("data", "log").returncode == 2  # argparse: --repo is required
+    help_text = " ".join(run("--help").stdout.split())
+    assert f"{EXIT_ERROR} on an error, reported as one line" in help_text and "2 when the command line" in help_text
+    assert "--debug" in help_text
