@@ -48,8 +48,9 @@ class Checkpoints:
     """Atomic checkpoints named by global step, at a step or time interval (else every epoch), keeping
     the last ``keep``; loading falls back past unreadable files to the newest good one."""
 
-    def __init__(self, directory: Path, every_steps: int | None = None, every_minutes: float | None = None,
-                 keep: int = 3) -> None:
+    def __init__(
+        self, directory: Path, every_steps: int | None = None, every_minutes: float | None = None, keep: int = 3
+    ) -> None:
         self.dir = Path(directory)
         self.every_steps, self.every_minutes, self.keep = every_steps, every_minutes, keep
         self._last_time = time.monotonic()

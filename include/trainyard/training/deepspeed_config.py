@@ -21,7 +21,8 @@ def _optimizer(hp: Hyperparameters) -> dict:
     :func:`trainyard.training.common.make_optimizer` builds (``torch_adam``: torch.optim.AdamW rather than
     DeepSpeed's compiled CPU/fused Adam kernels)."""
     if hp.optimizer == "adamw":
-        return {"type": "AdamW", "params": {"lr": hp.learning_rate, "weight_decay": hp.weight_decay, "torch_adam": True}}
+        params = {"lr": hp.learning_rate, "weight_decay": hp.weight_decay, "torch_adam": True}
+        return {"type": "AdamW", "params": params}
     # not a DeepSpeed optimizer: DeepSpeed builds torch.optim.SGD from these params
     return {"type": "SGD", "params": {"lr": hp.learning_rate, "momentum": hp.momentum, "weight_decay": hp.weight_decay}}
 

@@ -43,8 +43,9 @@ class Progress:
         done = step - self.start
         eta = elapsed / done * (self.total - step) if done else float("nan")
         shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        return (f"epoch {epoch}/{epochs} step {step}/{self.total} {shown} "
-                f"{samples / elapsed:.0f} samples/s ETA {eta:.0f}s")
+        return (
+            f"epoch {epoch}/{epochs} step {step}/{self.total} {shown} {samples / elapsed:.0f} samples/s ETA {eta:.0f}s"
+        )
 
 
 def fail_once_at() -> int | None:
@@ -122,8 +123,10 @@ def train(cfg: RunConfig, strategy: Strategy) -> dict:
         resumed_from = step
 
     tracker = Tracker(cfg) if rank == 0 else None
-    log(f"strategy={strategy.name} world_size={world} {strategy.describe()} train={len(dataset)} "
-        f"epochs={hp.epochs} steps/epoch={per_epoch} start_step={step} recipe={recipe.name}")
+    log(
+        f"strategy={strategy.name} world_size={world} {strategy.describe()} train={len(dataset)} "
+        f"epochs={hp.epochs} steps/epoch={per_epoch} start_step={step} recipe={recipe.name}"
+    )
     t0 = time.time()
     progress = Progress(total_steps, step)
     fail_at = fail_once_at()
@@ -152,8 +155,9 @@ def train(cfg: RunConfig, strategy: Strategy) -> dict:
                     if end_of_epoch and losses is not None:
                         last_loss = float(losses[-1])
                 if strategy.due(step, end_of_epoch):
-                    saved = strategy.save({"epoch": epoch, "batches_done": i + 1, "step": step,
-                                           "rng": torch.get_rng_state()}, step)
+                    saved = strategy.save(
+                        {"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step
+                    )
                     log(f"checkpoint {saved} saved at step {step}")
                 if step == fail_at:
                     _crash(step, cfg.out_dir)
@@ -182,8 +186,18 @@ def train(cfg: RunConfig, strategy: Strategy) -> dict:
     return result
 
 
-def finish(model: torch.nn.Module, cfg: RunConfig, recipe, val, meta: dict, steps: int, world: int, t0: float,
-           resumed_from_step: int | None, samples_per_second: float | None) -> dict:
+def finish(
+    model: torch.nn.Module,
+    cfg: RunConfig,
+    recipe,
+    val,
+    meta: dict,
+    steps: int,
+    world: int,
+    t0: float,
+    resumed_from_step: int | None,
+    samples_per_second: float | None,
+) -> dict:
     """Rank 0: the final model file and the result record the train task reads."""
     out_dir = Path(cfg.out_dir)
     atomic_save(recipe.model_blob(model, meta), out_dir / "model.pt")
@@ -202,4 +216,3 @@ def finish(model: torch.nn.Module, cfg: RunConfig, recipe, val, meta: dict, step
     }
     (out_dir / "train_result.json").write_text(json.dumps(result, indent=1))
     return result
-

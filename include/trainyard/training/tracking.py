@@ -11,6 +11,7 @@ drains and waits (end of run). A failure in the thread is printed when it happen
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -62,10 +63,8 @@ class Tracker:
     def flush(self) -> None:
         """Ask for everything queued to be sent now, without waiting for it."""
         if self.enabled:
-            try:
+            with contextlib.suppress(queue.Full):  # the thread is behind; it sends in order anyway
                 self._q.put_nowait(("flush", None, None))
-            except queue.Full:
-                pass  # the thread is behind; it sends in order anyway
 
     def close(self, check: bool = True) -> None:
         """Send everything and stop; with ``check``, raise TrackingError if anything could not be written."""
@@ -103,15 +102,18 @@ class Tracker:
                 try:
                     now = int(time.time() * 1000)
                     for name, values in metrics.items():
-                        for step, value in zip(steps, _floats(values, len(steps))):
+                        for step, value in zip(steps, _floats(values, len(steps)), strict=True):
                             if client is not None:
                                 pending.append(Metric(name, value, now, step))
                             if writer is not None:
                                 writer.add_scalar(name.replace("_", "/", 1), value, step)
                 except BaseException as err:  # noqa: BLE001
                     self._fail(err)
-            due = kind in ("flush", "close", "tick") or len(pending) >= MAX_BATCH \
+            due = (
+                kind in ("flush", "close", "tick")
+                or len(pending) >= MAX_BATCH
                 or time.monotonic() - last >= self.every_s
+            )
             if due and self.error is None:
                 try:
                     while pending:
@@ -130,5 +132,4 @@ class Tracker:
     def _fail(self, err: BaseException) -> None:
         if self.error is None:
             self.error = err
-            print(f"[trainer] tracking failed, metrics from here on are lost: {type(err).__name__}: {err}",
-                  flush=True)
+            print(f"[trainer] tracking failed, metrics from here on are lost: {type(err).__name__}: {err}", flush=True)

@@ -35,7 +35,8 @@ def cuda_device(local_rank: int) -> torch.device:
     if local_rank >= count:
         raise PermanentError(
             f"worker with LOCAL_RANK {local_rank} found {count} CUDA device(s): resources.gpus_per_node must "
-            f"be at most {count} on this machine")
+            f"be at most {count} on this machine"
+        )
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
 
@@ -157,8 +158,12 @@ class TorchStrategy(Strategy):
         return norm
 
     def state(self, position: dict) -> dict:
-        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                 "scheduler": self.sched.state_dict(), **position}
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            **position,
+        }
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         return state
@@ -177,4 +182,3 @@ class TorchStrategy(Strategy):
 
     def load_file(self) -> dict | None:
         return self.ckpts.load_latest(self.log)
-

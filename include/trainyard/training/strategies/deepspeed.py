@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import time
 import warnings
 from pathlib import Path
 
@@ -56,8 +55,9 @@ def _single_process_env() -> None:
     if "RANK" not in os.environ:
         from trainyard.training.launchers.deepspeed import free_port
 
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
+        os.environ.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+        )
 
 
 def _all(flag: bool, device: torch.device) -> bool:
@@ -156,8 +156,10 @@ class DeepSpeedCheckpoints:
         for tag in self.tags():
             problem = self.check(tag)
             if not _all(problem is None, self.device):
-                self.log(f"checkpoint {tag} is unusable ({problem or 'not readable on another rank'}); "
-                         "trying the previous one")
+                self.log(
+                    f"checkpoint {tag} is unusable ({problem or 'not readable on another rank'}); "
+                    "trying the previous one"
+                )
                 continue
             touched = True
             try:
@@ -257,8 +259,10 @@ class DeepSpeedStrategy(Strategy):
         return model
 
     def describe(self) -> str:
-        return f"zero_stage={self.stage} precision={self.spec.distributed.precision} backend={self.backend} " \
-               f"device={self.device}"
+        return (
+            f"zero_stage={self.stage} precision={self.spec.distributed.precision} backend={self.backend} "
+            f"device={self.device}"
+        )
 
     def shutdown(self) -> None:
         dist.barrier()

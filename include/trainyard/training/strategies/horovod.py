@@ -55,9 +55,11 @@ def _gloo_env_from_torchrun() -> None:
         try:
             socket.create_connection((os.environ["MASTER_ADDR"], port), timeout=2).close()
             return
-        except OSError:
+        except OSError as err:
             if time.time() > deadline:
-                raise RuntimeError(f"Horovod rendezvous server {os.environ['MASTER_ADDR']}:{port} never came up")
+                raise RuntimeError(
+                    f"Horovod rendezvous server {os.environ['MASTER_ADDR']}:{port} never came up"
+                ) from err
             time.sleep(0.2)
 
 

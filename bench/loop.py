@@ -1,0 +1,170 @@
+"""trainyard's worker loop against a hand-written PyTorch loop, on the digits defaults.
+
+Both sides train the digits recipe's SmallCNN on the same prepared split with the JobSpec defaults
+(batch 32, SGD lr 0.1 momentum 0.9, cosine schedule, 10 epochs, validation after each epoch), on 1 and on
+2 processes (torchrun, gloo). trainyard runs as in production: ``torchrun -m trainyard.training.entry``
+with MLflow tracking on SQLite and TensorBoard. Repetitions alternate hand / trainyard; each side's
+throughput is samples per second of its epoch loop (first step to last validation, the same span on both
+sides: process start-up and imports are not the loop); the medians and their ratio are printed.
+
+    .venv/bin/python bench/loop.py [--reps 5] [--procs 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def hand_worker(data: dict, out: Path) -> None:
+    """What someone would write by hand: DataLoader + DistributedSampler, DDP, SGD, cosine, eval per epoch."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    from trainyard.recipes.base import read_split
+    from trainyard.training.model import SmallCNN, to_input
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1:
+        dist.init_process_group("gloo")
+    torch.manual_seed(42)
+
+    def xy(split):
+        _, labels, images, meta, _ = read_split(data, split)
+        return to_input(images, meta["pixel_max"]), torch.from_numpy(labels), meta
+
+    x, y, meta = xy("train")
+    xv, yv, _ = xy("val")
+    dataset = TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=42)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    model = SmallCNN(len(meta["classes"]), meta["height"], meta["width"])
+    net = DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    epochs = 10
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
+    samples = 0
+    t0 = time.perf_counter()
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(net(xb), yb)
+            loss.backward()
+            opt.step()
+            sched.step()
+            samples += len(xb) * world
+        if rank == 0:
+            model.eval()
+            with torch.no_grad():
+                acc = float((model(xv).argmax(1) == yv).float().mean())
+            model.train()
+        if world > 1:
+            dist.barrier()
+    elapsed = time.perf_counter() - t0
+    if rank == 0:
+        out.write_text(json.dumps({"samples_per_second": samples / elapsed, "val_accuracy": acc}))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def prepare(root: Path) -> dict:
+    from trainyard.data.classification import digits_files
+    from trainyard.data.prepare import prepare_classification
+
+    files = root / "digits"
+    for rel, blob in digits_files().items():
+        (files / rel).parent.mkdir(parents=True, exist_ok=True)
+        (files / rel).write_bytes(blob)
+    return prepare_classification(files, "b" * 64, root / "prepared", 0.2, 0)
+
+
+def mlflow_run(root: Path) -> tuple[str, str]:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{root}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("bench", artifact_location=str(root / "artifacts"))
+    return uri, client.create_run(exp).info.run_id
+
+
+def torchrun(nproc: int, tail: list[str], env: dict) -> None:
+    from trainyard.training.launchers.local import worker_env
+
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc_per_node={nproc}",
+        *tail,
+    ]
+    proc = subprocess.run(argv, env=worker_env(nproc, {**os.environ, **env}), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def trainyard_once(root: Path, data: dict, nproc: int, uri: str, run_id: str, rep: int) -> float:
+    from trainyard.spec import parse_spec
+    from trainyard.training.run_config import RunConfig
+
+    out = root / f"ty-{nproc}-{rep}"
+    out.mkdir()
+    spec = parse_spec({"resources": {"gpus_per_node": nproc}})  # the digits defaults
+    config = RunConfig(
+        spec=spec, data=data, out_dir=str(out), tracking_uri=uri, mlflow_run_id=run_id, tensorboard_dir=str(out / "tb")
+    ).dump(out / "run.json")
+    torchrun(nproc, ["-m", "trainyard.training.entry", "--config", str(config)], {})
+    return json.loads((out / "train_result.json").read_text())["samples_per_second"]
+
+
+def hand_once(root: Path, data: dict, nproc: int, rep: int) -> float:
+    out = root / f"hand-{nproc}-{rep}.json"
+    (root / "data.json").write_text(json.dumps(data))
+    torchrun(nproc, [str(Path(__file__).resolve()), "--hand-worker", str(root / "data.json"), str(out)], {})
+    return json.loads(out.read_text())["samples_per_second"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--hand-worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.hand_worker:
+        hand_worker(json.loads(Path(args.hand_worker[0]).read_text()), Path(args.hand_worker[1]))
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
+        root = Path(tmp)
+        data = prepare(root)
+        uri, run_id = mlflow_run(root)
+        for nproc in args.procs:
+            hand, ty = [], []
+            for rep in range(args.reps):
+                hand.append(hand_once(root, data, nproc, rep))
+                ty.append(trainyard_once(root, data, nproc, uri, run_id, rep))
+            h, t = statistics.median(hand), statistics.median(ty)
+            print(
+                f"{nproc} process(es): hand {h:8.0f} samples/s  trainyard {t:8.0f} samples/s  "
+                f"ratio {t / h:.3f}x  (median of {args.reps}; hand {[round(v) for v in hand]}, "
+                f"trainyard {[round(v) for v in ty]})",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
