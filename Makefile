@@ -5,7 +5,15 @@ export TRAINYARD_HOME ?= $(CURDIR)/var
 VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test up clean
+# The image tag lives in one place, trainyard.TRAINER_IMAGE (also the JobSpec's default kubernetes.image);
+# trainyard/__init__.py imports nothing, so reading it needs no set-up.
+TRAINER_IMAGE = $(shell PYTHONPATH=include python3 -c 'import trainyard; print(trainyard.TRAINER_IMAGE)')
+DOCKER ?= docker
+# e.g. DOCKER_BUILD_ARGS="--build-arg TORCH_VARIANT=cu128" for CUDA torch (then tag it as your own, see Dockerfile)
+DOCKER_BUILD_ARGS ?=
+LINT_PATHS := include plugins dags
+
+.PHONY: setup demo test lint image up clean
 
 setup:
 	@scripts/setup.sh
@@ -15,6 +23,20 @@ demo: setup
 
 test: setup
 	@set -o pipefail; python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# Every check runs even when an earlier one fails, so one run shows all there is to fix.
+lint: setup
+	@status=0; \
+	ruff check $(LINT_PATHS) tests || status=1; \
+	ruff format --check $(LINT_PATHS) tests || status=1; \
+	mypy $(LINT_PATHS) || status=1; \
+	exit $$status
+
+image:
+	@test -n "$(TRAINER_IMAGE)" || { echo "make image: could not read trainyard.TRAINER_IMAGE from include/" >&2; exit 1; }
+	@command -v $(DOCKER) >/dev/null || { echo "make image: '$(DOCKER)' not found; install Docker (or run with DOCKER=podman) to build $(TRAINER_IMAGE)" >&2; exit 1; }
+	@$(DOCKER) info >/dev/null 2>&1 || { echo "make image: '$(DOCKER)' reaches no engine (is the daemon running?); cannot build $(TRAINER_IMAGE)" >&2; exit 1; }
+	$(DOCKER) build -t $(TRAINER_IMAGE) $(DOCKER_BUILD_ARGS) .
 
 up: setup
 	@scripts/up.sh
