@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = data.add_parser("upload", parents=[common], help="validate a folder and commit it as a new version")
     p.add_argument("folder")
     p.add_argument("--branch", default="main")
-    p.add_argument("--kind", default="auto", choices=["auto", "image_classification", "coco_detection", "parallel_text"])
+    p.add_argument("--kind", default="auto",
+                   choices=["auto", "image_classification", "coco_detection", "parallel_text"])
     p.add_argument("--message", default="")
     p.set_defaults(func=cli_command(cmd_data_upload))
     p = data.add_parser("import", help="convert a COCO or Label Studio export into a dataset folder")

@@ -43,7 +43,7 @@ def digits_files() -> dict[str, bytes]:
     rows = io.StringIO()
     writer = csv.writer(rows, lineterminator="\n")
     writer.writerow(["key", "label"])
-    for i, (image, label) in enumerate(zip(digits.images, digits.target)):
+    for i, (image, label) in enumerate(zip(digits.images, digits.target, strict=True)):
         key = f"digits-{i:05d}"
         files[f"images/{key}.npy"] = _npy_bytes(image.astype(np.uint8))
         writer.writerow([key, int(label)])

@@ -26,13 +26,23 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping
 
-from trainyard.data.store import (Commit, Conflict, Corrupt, Entry, NotFound, StoreError, Unavailable, _check_name,
-                                  check_path, publish_dir)
+from trainyard.data.store import (
+    Commit,
+    Conflict,
+    Corrupt,
+    Entry,
+    NotFound,
+    StoreError,
+    Unavailable,
+    _check_name,
+    check_path,
+    publish_dir,
+)
 
 SHA_KEY = "trainyard-sha256"
 # lakeFS's own rule for repository ids; checked here so a bad name fails before any request.
@@ -118,7 +128,7 @@ class LakeFSStore:
         return f"LakeFSStore(endpoint={self.endpoint!r}, access_key_id={self.access_key_id!r})"
 
     @classmethod
-    def from_env(cls, **kwargs) -> "LakeFSStore":
+    def from_env(cls, **kwargs) -> LakeFSStore:
         missing = [name for name in ENV if not os.environ.get(name)]
         if missing:
             raise StoreError(f"the lakeFS store needs {', '.join(missing)} set (and LAKEFS_STORAGE_NAMESPACE, "
@@ -145,8 +155,13 @@ class LakeFSStore:
         """Map the SDK's exceptions to ours, naming ``what`` failed."""
         import lakefs_sdk
         import urllib3
-        from lakefs.exceptions import (ConflictException, ForbiddenException, LakeFSException,
-                                       NotAuthorizedException, NotFoundException)
+        from lakefs.exceptions import (
+            ConflictException,
+            ForbiddenException,
+            LakeFSException,
+            NotAuthorizedException,
+            NotFoundException,
+        )
 
         try:
             yield

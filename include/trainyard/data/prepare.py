@@ -6,8 +6,8 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from trainyard.data import formats
 from trainyard.data.split import split_keys
@@ -50,11 +50,12 @@ def prepare_records(
 ) -> dict:
     """Split the dataset's keys by hash and write each split's ``record(key)`` tuples in ``fmt``; return the
     prepared dataset's manifest, building it only if the cache has none. ``samples()`` gives (keys, record,
-    meta) and is only called on a cache miss (reading a dataset is the slow part). ``variant`` names whatever else shapes the
-    records (a recipe and its input size), so differently prepared copies of one commit never collide.
+    meta) and is only called on a cache miss (reading a dataset is the slow part). ``variant`` names
+    whatever else shapes the records (a recipe and its input size), so differently prepared copies of one
+    commit never collide.
 
     The result is built in a temp dir and renamed into place, so a crash never leaves a half cache and
-    two concurrent preparers agree (the loser discards its copy)."""
+    two concurrent preparers both succeed (the later one discards its copy)."""
     cache_root = Path(cache_root)
     key = cache_key(commit, val_fraction, seed, fmt, test_fraction)
     if variant:

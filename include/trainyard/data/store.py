@@ -31,10 +31,11 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator, Mapping, Protocol
+from typing import Protocol
 
 from trainyard.errors import NotFoundError, PermanentError, RetryableError, TrainyardError
 

@@ -4,6 +4,7 @@
 (a fresh repository per test, deleted afterwards), and is skipped otherwise.
 """
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -41,10 +42,8 @@ def backend(request, tmp_path):
     try:
         yield store, repo
     finally:
-        try:
+        with contextlib.suppress(Exception):  # never created, or already gone: nothing to clean
             lakefs.Repository(repo, client=store.client).delete()
-        except Exception:  # never created, or already gone: nothing to clean
-            pass
 
 
 @pytest.fixture

@@ -206,7 +206,7 @@ def _write_coco(parsed: list[_Task], names: list[str], dest: Path) -> dict:
         image_id = image_id_of(p.digest)
         shutil.copyfile(p.path, dest / "images" / p.path.name)
         coco["images"].append({"id": image_id, "file_name": p.path.name, "width": p.size[0], "height": p.size[1]})
-        for label, box in zip(p.labels, p.boxes):
+        for label, box in zip(p.labels, p.boxes, strict=True):
             coco["annotations"].append(
                 {
                     "id": len(coco["annotations"]) + 1,
