@@ -1,0 +1,101 @@
+"""The export gate of every built-in recipe is stable and sharp: a faithful export of a (briefly) trained
+model passes under the default ExportSpec, and the same export with ONE weight of a hidden layer moved by
+a few percent of that layer's weight scale is rejected, with the differing outputs named.
+
+bench/export_parity.py measures the same on 20 trainings per recipe at the recipes' default sizes."""
+
+import pytest
+import torch
+
+from datafiles import write_files
+from trainyard import recipes
+from trainyard.data import classification, shapes, synthetic_text
+from trainyard.data.prepare import prepare_records
+from trainyard.export import onnx_export
+from trainyard.export.onnx_export import ExportFailed, one_weight_perturbed
+from trainyard.spec import ExportSpec, JobSpec
+from trainyard.training.run_config import RunConfig
+
+FRACTION = 0.03  # of the layer's RMS weight: a realistic small corruption of one number
+STEPS = 20
+CASES = {
+    "digits_cnn": (classification.digits_files, {}, ["logits"]),
+    "centernet_detector": (lambda: shapes.generate(24, seed=2), {"width": 8}, ["heatmap", "size", "offset"]),
+    "transformer_translator": (lambda: synthetic_text.generate(80, seed=2),
+                               {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32}, ["logits"]),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def trained(request, tmp_path_factory):
+    """(recipe, spec, prepared data, model.pt) after STEPS optimiser steps through the recipe's own loss."""
+    name = request.param
+    make, options, _ = CASES[name]
+    recipe = recipes.get(name)
+    spec = JobSpec(recipe=name, recipe_options=options, gates=(), export=ExportSpec(torchscript=True))
+    root = write_files(tmp_path_factory.mktemp(name), make())
+    opts = recipe.opts(spec)
+    data = prepare_records(lambda: recipe.samples(root, opts), "e" * 64, root / "prepared", 0.3, 0,
+                           variant=recipe.variant(opts))
+    torch.manual_seed(0)
+    train, _, meta = recipe.load(RunConfig(spec=spec, data=data, out_dir=str(root)))
+    model = recipe.build_model(meta, opts).train()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loader = torch.utils.data.DataLoader(train, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    # 20 steps: an untrained CenterNet's heatmap is its constant prior bias, which no hidden weight moves
+    for _, batch in zip(range(STEPS), (b for _ in range(STEPS) for b in loader)):
+        optimiser.zero_grad()
+        recipe.loss(model, list(batch)).backward()
+        optimiser.step()
+    path = root / "model.pt"
+    torch.save(recipe.model_blob(model.eval(), meta), path)
+    return recipe, spec, data, path
+
+
+def test_faithful_export_passes_the_default_gate(trained, tmp_path):
+    recipe, spec, data, model_path = trained
+    out = recipe.export(str(model_path), data, tmp_path, spec.export, recipe.opts(spec))
+    parity = out["parity"]
+    assert parity["passed"] and parity["failed"] == [] and parity["rtol"] == ExportSpec().rtol
+    assert list(parity["outputs"]) == CASES[recipe.name][2]  # one figure per named graph output
+    assert all(o["scale"] > 0 and o["scaled_diff"] <= ExportSpec().rtol for o in parity["outputs"].values())
+    assert out["torchscript_parity"]["passed"]
+
+
+def test_one_perturbed_weight_is_rejected_naming_the_outputs(trained, tmp_path, monkeypatch):
+    recipe, spec, data, model_path = trained
+    real = onnx_export.export
+    changed = []
+
+    def corrupting(model, example, path, **kwargs):
+        bad, name, index = one_weight_perturbed(model, FRACTION)
+        changed.append(name)
+        return real(bad, example, path, **kwargs)
+
+    monkeypatch.setattr(onnx_export, "export", corrupting)
+    with pytest.raises(ExportFailed) as caught:
+        recipe.export(str(model_path), data, tmp_path, spec.export, recipe.opts(spec))
+    assert changed, "the exporter under test was not the one the recipe called"
+    parity = caught.value.record["parity"]
+    assert not parity["passed"] and parity["failed"]
+    assert set(parity["failed"]) <= set(CASES[recipe.name][2])
+    message = str(caught.value)
+    assert "ONNX outputs differ beyond rtol=" in message
+    for name in parity["failed"]:
+        assert f"{name} (" in message
+    # the TorchScript file is traced from the true model: it passes, and says so in the same record
+    assert caught.value.record["torchscript_parity"]["passed"]
+
+
+def test_the_perturbation_changes_exactly_one_weight_of_a_hidden_layer(trained):
+    recipe, _, _, model_path = trained
+    model = recipes.load_model(model_path)
+    bad, name, index = one_weight_perturbed(model, FRACTION)
+    before, after = dict(model.named_parameters()), dict(bad.named_parameters())
+    differ = {n: int((before[n] != after[n]).sum()) for n in before if not torch.equal(before[n], after[n])}
+    assert differ == {name: 1}
+    weights = [n for n, p in model.named_parameters() if p.ndim >= 2]
+    assert name not in (weights[0], weights[-1])
+    w = before[name].detach().reshape(-1)
+    step = float((after[name].detach().reshape(-1) - w)[index])
+    assert step == pytest.approx(FRACTION * float(w.pow(2).mean().sqrt()), rel=1e-3)
