@@ -97,8 +97,19 @@ def pip_installs() -> list[list[str]]:
     return found
 
 
-OPTIONS_WITH_VALUE = {"-r", "--requirement", "-c", "--constraint", "-e", "--editable", "--index-url", "-i",
-                      "--extra-index-url", "--find-links", "-f"}
+OPTIONS_WITH_VALUE = {
+    "-r",
+    "--requirement",
+    "-c",
+    "--constraint",
+    "-e",
+    "--editable",
+    "--index-url",
+    "-i",
+    "--extra-index-url",
+    "--find-links",
+    "-f",
+}
 
 
 def parse_install(args: list[str]) -> tuple[dict[str, list[str]], list[str]]:
@@ -137,8 +148,9 @@ def test_installs_exactly_the_pinned_requirements_and_this_package():
     assert len(pinned) == 1, f"expected one install of the requirements file, found {pinned}"
     options, positional = pinned[0]
     assert options.get("-r", []) + options.get("--requirement", []) == ["requirements.txt"]
-    assert options.get("-c", []) + options.get("--constraint", []) == ["constraints.txt"], \
+    assert options.get("-c", []) + options.get("--constraint", []) == ["constraints.txt"], (
         "requirements.txt must be installed under constraints.txt, the full resolved set"
+    )
     assert positional == [], f"packages named beside the requirements file: {positional}"
 
     own = [(o, p) for o, p in installs if (o, p) != pinned[0]]
@@ -174,8 +186,9 @@ def test_horovod_is_built_by_the_setup_script():
     req_at = next(i for i, r in enumerate(order) if "requirements.txt" in r)
     hvd_at = next(i for i, r in enumerate(order) if script in r)
     assert req_at < hvd_at
-    assert "horovod" not in " ".join(" ".join(a) for a in pip_installs()), \
+    assert "horovod" not in " ".join(" ".join(a) for a in pip_installs()), (
         "Horovod is installed by the script, not a second way"
+    )
     # setup.sh runs the same script, so the image and `make setup` build Horovod identically.
     assert script in (REPO / "scripts/setup.sh").read_text()
     assert (REPO / script).stat().st_mode & 0o111, f"{script} must be executable"
@@ -188,14 +201,20 @@ def test_the_pods_command_exists_in_the_image(strategy):
     spec = {"name": "digits", "backends": {"launcher": "kubernetes"}, "distributed": {"strategy": strategy}}
     argv = K.worker_command(spec, "train_pipeline/manual__1", "/var/trainyard/runs/x/run_config.json")
     program = argv[0]
-    owners = [d.metadata["Name"] for d in importlib.metadata.distributions()
-              if any(ep.name == program for ep in d.entry_points.select(group="console_scripts"))]
+    owners = [
+        d.metadata["Name"]
+        for d in importlib.metadata.distributions()
+        if any(ep.name == program for ep in d.entry_points.select(group="console_scripts"))
+    ]
     assert owners, f"no installed distribution provides the {program!r} the pods run"
-    requirements = {re.split(r"[=<>!~\[ ]", line, maxsplit=1)[0].lower().replace("_", "-")
-                    for line in (REPO / "requirements.txt").read_text().splitlines()
-                    if line.strip() and not line.startswith("#")}
-    assert any(o.lower().replace("_", "-") in requirements for o in owners), \
+    requirements = {
+        re.split(r"[=<>!~\[ ]", line, maxsplit=1)[0].lower().replace("_", "-")
+        for line in (REPO / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert any(o.lower().replace("_", "-") in requirements for o in owners), (
         f"{program!r} comes from {owners}, none of which requirements.txt pins"
+    )
     module = argv[argv.index("-m") + 1]
     found = importlib.util.find_spec(module)
     assert found is not None and found.origin is not None, f"{module} is not importable"
@@ -260,9 +279,20 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 
 
 def test_dockerignore_keeps_local_state_out_and_the_sources_in():
-    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-    for local in (".venv", ".airflow", "var", ".git", ".venv/lib/x.py", "var/runs/a/b", "include/trainyard/__pycache__"):
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for local in (
+        ".venv",
+        ".airflow",
+        "var",
+        ".git",
+        ".venv/lib/x.py",
+        "var/runs/a/b",
+        "include/trainyard/__pycache__",
+    ):
         assert _ignored(local, patterns), f"{local} reaches the build context"
     for src in copied_sources() | {"include/trainyard/training/entry.py", "include/config/resources.yaml"}:
         assert not _ignored(src, patterns), f".dockerignore drops {src}, which the Dockerfile copies"
@@ -271,7 +301,9 @@ def test_dockerignore_keeps_local_state_out_and_the_sources_in():
 def test_hadolint_finds_nothing():
     hadolint = shutil.which("hadolint")
     if hadolint is None:
-        pytest.skip("hadolint is not installed (it is on neither PyPI nor Debian; get the binary from "
-                    "github.com/hadolint/hadolint to run this check)")
+        pytest.skip(
+            "hadolint is not installed (it is on neither PyPI nor Debian; get the binary from "
+            "github.com/hadolint/hadolint to run this check)"
+        )
     result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
