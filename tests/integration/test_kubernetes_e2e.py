@@ -20,8 +20,10 @@ import pytest
 
 pytestmark = [
     pytest.mark.kubernetes,
-    pytest.mark.skipif(not os.environ.get("KUBECONFIG"),
-                       reason="no Kubernetes cluster: set KUBECONFIG (and TRAINYARD_K8S_IMAGE) to run"),
+    pytest.mark.skipif(
+        not os.environ.get("KUBECONFIG"),
+        reason="no Kubernetes cluster: set KUBECONFIG (and TRAINYARD_K8S_IMAGE) to run",
+    ),
 ]
 
 
@@ -63,7 +65,9 @@ def cluster_run(monkeypatch):
         },
     }
     (root / "run").mkdir()
-    config = RunConfig(spec=parse_spec(spec), data=prepared, out_dir=str(root / "run")).dump(root / "run" / "run_config.json")
+    config = RunConfig(spec=parse_spec(spec), data=prepared, out_dir=str(root / "run")).dump(
+        root / "run" / "run_config.json"
+    )
     return SimpleNamespace(spec=spec, run_key=f"e2e/{run_id}", root=root, config_path=str(config))
 
 
@@ -76,13 +80,24 @@ def test_two_node_ddp_job_succeeds_and_every_worker_logs_to_the_task(cluster_run
 
     # Not deferred: no triggerer here (the deferred path is tested against a fake API in tests/unit/plugins).
     op = KubernetesTrainingJobOperator(
-        task_id="train", spec=cluster_run.spec, run_key=cluster_run.run_key, config_path=cluster_run.config_path,
-        kubernetes_conn_id=None, config_file=os.environ["KUBECONFIG"], startup_timeout_seconds=300,
-        job_poll_interval=5, deferrable=False,
+        task_id="train",
+        spec=cluster_run.spec,
+        run_key=cluster_run.run_key,
+        config_path=cluster_run.config_path,
+        kubernetes_conn_id=None,
+        config_file=os.environ["KUBECONFIG"],
+        startup_timeout_seconds=300,
+        job_poll_interval=5,
+        deferrable=False,
     )
     pushed = {}
-    ti = SimpleNamespace(dag_id="e2e", task_id="train", map_index=-1, try_number=1,
-                         xcom_push=lambda key, value: pushed.__setitem__(key, value))
+    ti = SimpleNamespace(
+        dag_id="e2e",
+        task_id="train",
+        map_index=-1,
+        try_number=1,
+        xcom_push=lambda key, value: pushed.__setitem__(key, value),
+    )
     op.execute({"ti": ti, "run_id": cluster_run.run_key.replace("/", "-"), "dag": SimpleNamespace()})
 
     out = capsys.readouterr()

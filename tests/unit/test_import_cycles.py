@@ -30,7 +30,8 @@ def modules(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST):
@@ -138,18 +139,49 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
 @pytest.mark.parametrize(
     "name, files, expected",
     [
-        ("module level", {"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n", "pkg/b.py": "from pkg import a\n"},
-         [["pkg.a", "pkg.b", "pkg.a"]]),
-        ("hidden in a function", {"pkg/__init__.py": "", "pkg/a.py": "from pkg.b import f\n",
-                                  "pkg/b.py": "def f():\n    from pkg.a import g\n"},
-         [["pkg.a", "pkg.b", "pkg.a"]]),
-        ("three modules", {"pkg/__init__.py": "", "pkg/a.py": "from pkg.b import x\n", "pkg/b.py": "from pkg.c import y\n",
-                           "pkg/c.py": "class C:\n    def m(self):\n        import pkg.a\n"},
-         [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]),
-        ("relative", {"pkg/__init__.py": "", "pkg/sub/__init__.py": "", "pkg/sub/a.py": "from . import b\n",
-                      "pkg/sub/b.py": "from .a import x\n"}, [["pkg.sub.a", "pkg.sub.b", "pkg.sub.a"]]),
-        ("type-checking only", {"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n",
-                                "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n"}, []),
+        (
+            "module level",
+            {"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n", "pkg/b.py": "from pkg import a\n"},
+            [["pkg.a", "pkg.b", "pkg.a"]],
+        ),
+        (
+            "hidden in a function",
+            {
+                "pkg/__init__.py": "",
+                "pkg/a.py": "from pkg.b import f\n",
+                "pkg/b.py": "def f():\n    from pkg.a import g\n",
+            },
+            [["pkg.a", "pkg.b", "pkg.a"]],
+        ),
+        (
+            "three modules",
+            {
+                "pkg/__init__.py": "",
+                "pkg/a.py": "from pkg.b import x\n",
+                "pkg/b.py": "from pkg.c import y\n",
+                "pkg/c.py": "class C:\n    def m(self):\n        import pkg.a\n",
+            },
+            [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]],
+        ),
+        (
+            "relative",
+            {
+                "pkg/__init__.py": "",
+                "pkg/sub/__init__.py": "",
+                "pkg/sub/a.py": "from . import b\n",
+                "pkg/sub/b.py": "from .a import x\n",
+            },
+            [["pkg.sub.a", "pkg.sub.b", "pkg.sub.a"]],
+        ),
+        (
+            "type-checking only",
+            {
+                "pkg/__init__.py": "",
+                "pkg/a.py": "import pkg.b\n",
+                "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n",
+            },
+            [],
+        ),
         ("a chain is no cycle", {"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n", "pkg/b.py": "import os\n"}, []),
     ],
 )

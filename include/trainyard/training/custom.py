@@ -38,7 +38,7 @@ def platform_env(data_dir: str, run_dir: str) -> dict[str, str]:
 
 def read_metrics(path: str | Path) -> list[tuple[int, str, float]]:
     """(step, name, value) for every numeric field; a malformed line fails naming the file and line."""
-    rows = []
+    rows: list[tuple[int, str, float]] = []
     path = Path(path)
     if not path.exists():
         return rows
@@ -64,14 +64,20 @@ def collect(run_dir: Path, client, mlflow_run_id: str) -> dict:
 
     rows = read_metrics(run_dir / METRICS_FILE)
     if not rows:
-        raise ValueError(f"the custom command reported no metrics in {run_dir / METRICS_FILE}; "
-                         "see trainyard.training.custom for the format")
+        raise ValueError(
+            f"the custom command reported no metrics in {run_dir / METRICS_FILE}; "
+            "see trainyard.training.custom for the format"
+        )
     metrics = [Metric(name, value, 0, step) for step, name, value in rows]
     for i in range(0, len(metrics), 1000):
         client.log_batch(mlflow_run_id, metrics=metrics[i : i + 1000])
     final: dict[str, float] = {}
-    for step, name, value in sorted(rows, key=lambda r: r[0]):
+    for _step, name, value in sorted(rows, key=lambda r: r[0]):
         final[name] = value
     onnx_path = run_dir / "model.onnx"
-    return {"final_metrics": final, "steps": max(r[0] for r in rows), "model_path": None,
-            "onnx_path": str(onnx_path) if onnx_path.exists() else None}
+    return {
+        "final_metrics": final,
+        "steps": max(r[0] for r in rows),
+        "model_path": None,
+        "onnx_path": str(onnx_path) if onnx_path.exists() else None,
+    }

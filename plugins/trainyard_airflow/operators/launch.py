@@ -31,8 +31,17 @@ class KubernetesTrainingLauncher(BaseOperator):
 
     template_fields: Sequence[str] = ("spec", "run_key", "config_path")
 
-    def __init__(self, *, spec: Any, run_key: str, config_path: Any, kubernetes_conn_id: str = "kubernetes_default",
-                 deferrable: bool = True, poll_interval: float = 30, **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        spec: Any,
+        run_key: str,
+        config_path: Any,
+        kubernetes_conn_id: str = "kubernetes_default",
+        deferrable: bool = True,
+        poll_interval: float = 30,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.spec, self.run_key, self.config_path = spec, run_key, config_path
         self.kubernetes_conn_id = kubernetes_conn_id
@@ -46,8 +55,14 @@ class KubernetesTrainingLauncher(BaseOperator):
 
         if self._inner is None:
             self._inner = training_operator(
-                task_id=self.task_id, spec=self.spec, run_key=self.run_key, config_path=self.config_path,
-                kubernetes_conn_id=self.kubernetes_conn_id, deferrable=self.deferrable, poll_interval=self.poll_interval)
+                task_id=self.task_id,
+                spec=self.spec,
+                run_key=self.run_key,
+                config_path=self.config_path,
+                kubernetes_conn_id=self.kubernetes_conn_id,
+                deferrable=self.deferrable,
+                poll_interval=self.poll_interval,
+            )
         return self._inner
 
     def execute(self, context):

@@ -2,7 +2,8 @@
 Kubernetes implementation (``trainyard.training.launchers.kubernetes.KubernetesLauncher``).
 
 - ``KubernetesTrainingJobOperator``: any number of nodes. One Indexed Job (a pod per node) plus a headless
-  Service for the pods' DNS names; waits deferred in :class:`~trainyard_airflow.triggers.training_job.TrainingJobTrigger`.
+  Service for the pods' DNS names; waits deferred in
+  :class:`~trainyard_airflow.triggers.training_job.TrainingJobTrigger`.
 - ``KubernetesTrainingPodOperator``: one node as a bare Pod; waits deferred in the provider's Pod trigger.
 
 Both are built and driven by the parse-light ``trainyard_airflow.operators.launch.KubernetesTrainingLauncher``.
@@ -73,6 +74,7 @@ class _TrainingRun:
     log: Any
     client: Any
     _pods: Callable[[], list[k8s.V1Pod]]  # each operator knows how its pods are found
+    _try: int | None = None  # the Airflow try number, once execute or a resume method has it
 
     def _launcher(self, context: Context | None) -> launcher.KubernetesLauncher:
         self._try = _attempt(context)
@@ -80,28 +82,30 @@ class _TrainingRun:
 
     def _plan(self, context: Context | None) -> launcher.KubernetesPlan:
         cfg = RunConfig.load(self.config_path)
-        return self._launcher(context).plan(launcher.as_spec(self.spec), cfg.data, run_dir=cfg.out_dir,
-                                            config_path=self.config_path)
+        return self._launcher(context).plan(
+            launcher.as_spec(self.spec), cfg.data, run_dir=cfg.out_dir, config_path=self.config_path
+        )
 
     @property
     def _namespace(self) -> str:
         return launcher.as_spec(self.spec).kubernetes.namespace
 
     def _name(self) -> str:
-        return launcher.job_name(self.spec, self.run_key, attempt=self._try)
+        return launcher.job_name(self.spec, self.run_key, attempt=self._try or 1)
 
     def _record_usage(self) -> None:
         """This try's usage record, once per operator instance; never raises (it must not hide the try's
         own outcome)."""
-        if getattr(self, "_recorded", False) or getattr(self, "_try", None) is None:
+        attempt = self._try
+        if getattr(self, "_recorded", False) or attempt is None:
             return
         self._recorded = True
         try:
             pods = self._pods()
             spec = launcher.as_spec(self.spec)
             run_dir = RunConfig.load(self.config_path).out_dir
-            seam = launcher.KubernetesLauncher(self.run_key, self._try, paths.home())
-            seam.record(spec, run_dir, seam.collect(None, pods))
+            seam = launcher.KubernetesLauncher(self.run_key, attempt, paths.home())
+            seam.record(spec, run_dir, launcher.running_interval(pods))
         except Exception as err:  # logged only: see the docstring
             self.log.warning("could not record the usage of try %s: %s", self._try, err)
 
@@ -145,17 +149,22 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         self.spec = spec
         self.run_key = run_key
         self.config_path = config_path
-        self._try: int | None = None
 
     def build_job_request_obj(self, context: Context | None = None) -> k8s.V1Job:
-        service, job = self._plan(context).objects
+        objects: tuple[Any, ...] = self._plan(context).objects
+        service, job = objects
         self._service = service
         template = job.spec.template
-        pod = _mutate(k8s.V1Pod(
-            metadata=k8s.V1ObjectMeta(name=job.metadata.name, namespace=job.metadata.namespace,
-                                      labels={**template.metadata.labels, **self._get_ti_pod_labels(context)}),
-            spec=template.spec,
-        ))
+        pod = _mutate(
+            k8s.V1Pod(
+                metadata=k8s.V1ObjectMeta(
+                    name=job.metadata.name,
+                    namespace=job.metadata.namespace,
+                    labels={**template.metadata.labels, **self._get_ti_pod_labels(context)},
+                ),
+                spec=template.spec,
+            )
+        )
         job.spec.template = k8s.V1PodTemplateSpec(
             metadata=k8s.V1ObjectMeta(labels=pod.metadata.labels, annotations=pod.metadata.annotations),
             spec=pod.spec,
@@ -182,12 +191,15 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         return result
 
     def execute_deferrable(self) -> None:
+        job = self.job
+        if job is None:  # the provider defers only after create_job set it
+            raise AirflowException("no Job to wait for")
         self.defer(
             trigger=TrainingJobTrigger(
-                job_name=self.job.metadata.name,
-                job_namespace=self.job.metadata.namespace,
+                job_name=job.metadata.name,
+                job_namespace=job.metadata.namespace,
                 pod_names=[pod.metadata.name for pod in self.pods],
-                pod_namespace=self.job.metadata.namespace,
+                pod_namespace=job.metadata.namespace,
                 base_container_name=self.base_container_name,
                 kubernetes_conn_id=self.kubernetes_conn_id,
                 cluster_context=self.cluster_context,
@@ -197,7 +209,7 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
                 get_logs=self.get_logs,
                 do_xcom_push=False,
                 schedule_timeout=self.schedule_timeout_seconds,
-                service_name=self.job.metadata.name,
+                service_name=job.metadata.name,
             ),
             method_name="execute_complete",
         )
@@ -223,8 +235,13 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
             self._try = _attempt(context)
         self._record_usage()
         name, namespace = self._name(), self._namespace
-        self._delete("Job", self.job_client.delete_namespaced_job, name=name, namespace=namespace,
-                     propagation_policy="Background")
+        self._delete(
+            "Job",
+            self.job_client.delete_namespaced_job,
+            name=name,
+            namespace=namespace,
+            propagation_policy="Background",
+        )
         self._delete("Service", self.client.delete_namespaced_service, name=name, namespace=namespace)
 
     def _finish(self) -> None:
@@ -232,32 +249,42 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         self._delete("Service", self.client.delete_namespaced_service, name=self._name(), namespace=self._namespace)
 
     def _pods(self) -> list[k8s.V1Pod]:
-        return self.client.list_namespaced_pod(namespace=self._namespace,
-                                               label_selector=f"{JOB_NAME_LABEL}={self._name()}").items
+        return self.client.list_namespaced_pod(
+            namespace=self._namespace, label_selector=f"{JOB_NAME_LABEL}={self._name()}"
+        ).items
 
     def create_job(self, job_request_obj: k8s.V1Job) -> k8s.V1Job:
         job = self.hook.create_job(job=job_request_obj)
         service = self._service
-        service.metadata.owner_references = [k8s.V1OwnerReference(
-            api_version="batch/v1", kind="Job", name=job.metadata.name, uid=job.metadata.uid)]
+        service.metadata.owner_references = [
+            k8s.V1OwnerReference(api_version="batch/v1", kind="Job", name=job.metadata.name, uid=job.metadata.uid)
+        ]
         # Created after the Job (the owner needs a uid): pod 0 hosts the rendezvous without DNS and the
         # other pods retry the lookup, so the pods may start first.
         self.client.create_namespaced_service(namespace=job.metadata.namespace, body=service)
-        self.log.info("created Job %s and headless Service %s in %s", job.metadata.name,
-                      service.metadata.name, job.metadata.namespace)
+        self.log.info(
+            "created Job %s and headless Service %s in %s",
+            job.metadata.name,
+            service.metadata.name,
+            job.metadata.namespace,
+        )
         return job
 
-    def get_pods(self, pod_request_obj: k8s.V1Pod, context: Context, *, exclude_checked: bool = True
-                 ) -> Sequence[k8s.V1Pod]:
+    def get_pods(
+        self, pod_request_obj: k8s.V1Pod, context: Context, *, exclude_checked: bool = True
+    ) -> Sequence[k8s.V1Pod]:
         """Every pod of the Job: the provider lists a few times without pausing and would otherwise watch
         only the pods it saw. Waits up to ``startup_timeout_seconds`` for the Job controller to create
         them (a queue that suspends Jobs, such as Kueue, is waited for here, before deferring)."""
-        selector = (self._build_find_pod_label_selector(context, exclude_checked=exclude_checked)
-                    + f",{JOB_NAME_LABEL}={pod_request_obj.metadata.name}")
+        selector = (
+            self._build_find_pod_label_selector(context, exclude_checked=exclude_checked)
+            + f",{JOB_NAME_LABEL}={pod_request_obj.metadata.name}"
+        )
         deadline = time.monotonic() + self.startup_timeout_seconds
         while True:
             pods = self.client.list_namespaced_pod(
-                namespace=pod_request_obj.metadata.namespace, label_selector=selector).items
+                namespace=pod_request_obj.metadata.namespace, label_selector=selector
+            ).items
             if len(pods) >= self.parallelism or time.monotonic() >= deadline:
                 break
             time.sleep(self.startup_check_interval_seconds)
@@ -265,7 +292,8 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
             raise AirflowException(
                 f"the Job controller created {len(pods)} of {self.parallelism} pods (labels {selector}) within "
                 f"{self.startup_timeout_seconds}s; see `kubectl describe job {pod_request_obj.metadata.name}` "
-                "(quota, admission webhook?)")
+                "(quota, admission webhook?)"
+            )
         pods = sorted(pods, key=lambda p: int((p.metadata.annotations or {}).get(INDEX_ANNOTATION, 0)))
         for pod in pods:
             self.log_matching_pod(pod=pod, context=context)
@@ -279,8 +307,13 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         for job in self.job_client.list_namespaced_job(namespace=self._namespace, label_selector=selector).items:
             if job.metadata.name != ours:
                 self.log.warning("deleting Job %s, left by an earlier try of this run", job.metadata.name)
-                self._delete("Job", self.job_client.delete_namespaced_job, name=job.metadata.name,
-                             namespace=self._namespace, propagation_policy="Background")
+                self._delete(
+                    "Job",
+                    self.job_client.delete_namespaced_job,
+                    name=job.metadata.name,
+                    namespace=self._namespace,
+                    propagation_policy="Background",
+                )
 
 
 class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
@@ -290,18 +323,28 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
     template_fields_renderers = {**KubernetesPodOperator.template_fields_renderers, "spec": "json"}
 
     def __init__(self, *, spec: dict | Any, run_key: str, config_path: str, **kwargs) -> None:
-        super().__init__(get_logs=True, do_xcom_push=False, base_container_name=launcher.CONTAINER,
-                         on_finish_action="delete_pod", **kwargs)
+        super().__init__(
+            get_logs=True,
+            do_xcom_push=False,
+            base_container_name=launcher.CONTAINER,
+            on_finish_action="delete_pod",
+            **kwargs,
+        )
         self.spec = spec
         self.run_key = run_key
         self.config_path = config_path
-        self._try: int | None = None
 
     def build_pod_request_obj(self, context: Context | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
         objects = self._plan(context).objects
         if len(objects) != 1:
-            raise SpecError(spec_error_message([f"resources.nodes: a single pod runs one node, got "
-                                                f"{launcher.as_spec(self.spec).resources.nodes} (use the Job operator)"]))
+            raise SpecError(
+                spec_error_message(
+                    [
+                        f"resources.nodes: a single pod runs one node, got "
+                        f"{launcher.as_spec(self.spec).resources.nodes} (use the Job operator)"
+                    ]
+                )
+            )
         (pod,) = objects
         pod.metadata.labels = {**pod.metadata.labels, **self._get_ti_pod_labels(context)}
         # find_pod (reattach after a worker crash) selects by these plus the task-instance labels.
@@ -329,8 +372,9 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
             self.abort(context)
             raise
 
-    def cleanup(self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod, xcom_result: dict | None = None,
-                context: Context | None = None) -> None:
+    def cleanup(
+        self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod, xcom_result: dict | None = None, context: Context | None = None
+    ) -> None:
         # The provider's last look at the pod before on_finish_action deletes it: record from it.
         self._final_pod = remote_pod
         self._record_usage()
@@ -360,15 +404,20 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
             raise
 
 
-def training_operator(*, spec: dict | Any, poll_interval: float, **kwargs: Any
-                      ) -> KubernetesTrainingJobOperator | KubernetesTrainingPodOperator:
+def training_operator(
+    *, spec: dict | Any, poll_interval: float, **kwargs: Any
+) -> KubernetesTrainingJobOperator | KubernetesTrainingPodOperator:
     """The operator for a spec: a bare Pod for one node, an Indexed Job and its Service for more, with
     ``kubernetes.schedule_timeout_s`` as the time the pods may wait to be scheduled."""
     s = launcher.as_spec(spec)
-    common = dict(spec=spec, namespace=s.kubernetes.namespace, schedule_timeout_seconds=s.kubernetes.schedule_timeout_s)
+    common: dict[str, Any] = dict(
+        spec=spec, namespace=s.kubernetes.namespace, schedule_timeout_seconds=s.kubernetes.schedule_timeout_s
+    )
     if s.resources.nodes == 1:
-        return KubernetesTrainingPodOperator(**common, startup_timeout_seconds=IMAGE_PULL_TIMEOUT_S,
-                                             poll_interval=poll_interval, **kwargs)
+        return KubernetesTrainingPodOperator(
+            **common, startup_timeout_seconds=IMAGE_PULL_TIMEOUT_S, poll_interval=poll_interval, **kwargs
+        )
     # The Job operator's startup timeout is its wait for the Job controller's pods (see get_pods).
-    return KubernetesTrainingJobOperator(**common, startup_timeout_seconds=s.kubernetes.schedule_timeout_s,
-                                         job_poll_interval=poll_interval, **kwargs)
+    return KubernetesTrainingJobOperator(
+        **common, startup_timeout_seconds=s.kubernetes.schedule_timeout_s, job_poll_interval=poll_interval, **kwargs
+    )

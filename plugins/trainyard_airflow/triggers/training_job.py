@@ -41,22 +41,32 @@ class TrainingJobTrigger(KubernetesJobTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         _, kwargs = super().serialize()
-        return (f"{__name__}.{type(self).__name__}",
-                {**kwargs, "schedule_timeout": self.schedule_timeout, "service_name": self.service_name})
+        return (
+            f"{__name__}.{type(self).__name__}",
+            {**kwargs, "schedule_timeout": self.schedule_timeout, "service_name": self.service_name},
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         deadline = time.monotonic() + self.schedule_timeout
-        while waiting := unscheduled([await self.hook.get_pod(name=n, namespace=self.pod_namespace)
-                                      for n in self.pod_names]):
+        while waiting := unscheduled(
+            [await self.hook.get_pod(name=n, namespace=self.pod_namespace) for n in self.pod_names]
+        ):
             if time.monotonic() >= deadline:
                 self._fired = True
-                yield TriggerEvent({
-                    "name": self.job_name, "namespace": self.job_namespace, "status": "error",
-                    "pod_names": list(self.pod_names), "pod_namespace": self.pod_namespace,
-                    "job": None, "xcom_result": None,
-                    "message": f"pods {waiting} were not scheduled within kubernetes.schedule_timeout_s="
-                               f"{self.schedule_timeout:g}s (a cluster queue, quota or no node with the GPUs?); "
-                               f"see `kubectl describe pod -n {self.pod_namespace} {waiting[0]}`"})
+                yield TriggerEvent(
+                    {
+                        "name": self.job_name,
+                        "namespace": self.job_namespace,
+                        "status": "error",
+                        "pod_names": list(self.pod_names),
+                        "pod_namespace": self.pod_namespace,
+                        "job": None,
+                        "xcom_result": None,
+                        "message": f"pods {waiting} were not scheduled within kubernetes.schedule_timeout_s="
+                        f"{self.schedule_timeout:g}s (a cluster queue, quota or no node with the GPUs?); "
+                        f"see `kubectl describe pod -n {self.pod_namespace} {waiting[0]}`",
+                    }
+                )
                 return
             await asyncio.sleep(self.poll_interval)
         async for event in super().run():
@@ -69,14 +79,16 @@ class TrainingJobTrigger(KubernetesJobTrigger):
         async with self.hook.get_conn() as connection:
             try:
                 await async_client.BatchV1Api(connection).delete_namespaced_job(
-                    name=self.job_name, namespace=self.job_namespace, propagation_policy="Background")
+                    name=self.job_name, namespace=self.job_namespace, propagation_policy="Background"
+                )
             except async_client.ApiException as err:
                 if err.status != 404:
                     raise
             if self.service_name:
                 try:
                     await async_client.CoreV1Api(connection).delete_namespaced_service(
-                        name=self.service_name, namespace=self.job_namespace)
+                        name=self.service_name, namespace=self.job_namespace
+                    )
                 except async_client.ApiException as err:
                     if err.status != 404:
                         raise

@@ -21,21 +21,23 @@ import itertools
 import json
 import re
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import parse_qsl, urlsplit
 
 import urllib3
 from kubernetes import client
 
-ROUTE = re.compile(r"^/(?:api/v1|apis/batch/v1)/namespaces/(?P<ns>[^/]+)/(?P<plural>pods|services|jobs)"
-                   r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status|log))?$")
+ROUTE = re.compile(
+    r"^/(?:api/v1|apis/batch/v1)/namespaces/(?P<ns>[^/]+)/(?P<plural>pods|services|jobs)"
+    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status|log))?$"
+)
 KINDS = {"pods": ("Pod", "v1"), "services": ("Service", "v1"), "jobs": ("Job", "batch/v1")}
 INDEX = "batch.kubernetes.io/job-completion-index"
 JOB_NAME = "batch.kubernetes.io/job-name"
 
 
 def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def matches(labels: dict, selector: str) -> bool:
@@ -76,14 +78,20 @@ class FakeKubernetes:
         return sorted(name for (p, _, name) in self.objects if p == plural)
 
     def pods_of(self, job: str) -> list[dict]:
-        return [o for (p, _, _), o in sorted(self.objects.items()) if p == "pods"
-                and o["metadata"]["labels"].get(JOB_NAME) == job]
+        return [
+            o
+            for (p, _, _), o in sorted(self.objects.items())
+            if p == "pods" and o["metadata"]["labels"].get(JOB_NAME) == job
+        ]
 
     def schedule(self, pods: list[dict], *, started: float) -> None:
         """The scheduler places the pods and the kubelet starts their trainer containers at ``started``."""
         for pod in pods:
-            pod["status"] = {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}],
-                             "containerStatuses": [self._container(pod, {"running": {"startedAt": iso(started)}})]}
+            pod["status"] = {
+                "phase": "Running",
+                "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [self._container(pod, {"running": {"startedAt": iso(started)}})],
+            }
 
     def finish(self, pods: list[dict], *, started: float, finished: float, exit_code: int = 0) -> None:
         """The trainer containers ran from ``started`` to ``finished``; the Job controller sees it."""
@@ -91,17 +99,35 @@ class FakeKubernetes:
             pod["status"] = {
                 "phase": "Succeeded" if exit_code == 0 else "Failed",
                 "conditions": [{"type": "PodScheduled", "status": "True"}],
-                "containerStatuses": [self._container(pod, {"terminated": {
-                    "exitCode": exit_code, "startedAt": iso(started), "finishedAt": iso(finished),
-                    "reason": "Completed" if exit_code == 0 else "Error"}})]}
+                "containerStatuses": [
+                    self._container(
+                        pod,
+                        {
+                            "terminated": {
+                                "exitCode": exit_code,
+                                "startedAt": iso(started),
+                                "finishedAt": iso(finished),
+                                "reason": "Completed" if exit_code == 0 else "Error",
+                            }
+                        },
+                    )
+                ],
+            }
             owner = pod["metadata"]["labels"].get(JOB_NAME)
             if owner:
                 job = self.objects[("jobs", pod["metadata"]["namespace"], owner)]
                 kind = "Complete" if exit_code == 0 else "Failed"
-                job["status"] = {"conditions": [{"type": kind, "status": "True",
-                                                 "reason": "Completed" if exit_code == 0 else "BackoffLimitExceeded",
-                                                 "message": "" if exit_code == 0 else "Job has reached the specified backoff limit"}],
-                                 ("succeeded" if exit_code == 0 else "failed"): 1}
+                job["status"] = {
+                    "conditions": [
+                        {
+                            "type": kind,
+                            "status": "True",
+                            "reason": "Completed" if exit_code == 0 else "BackoffLimitExceeded",
+                            "message": "" if exit_code == 0 else "Job has reached the specified backoff limit",
+                        }
+                    ],
+                    ("succeeded" if exit_code == 0 else "failed"): 1,
+                }
 
     # -- the HTTP side (urllib3.PoolManager.request) -------------------------------------------------------
     def request(self, method, url, fields=None, body=None, preload_content=True, timeout=None, headers=None, **_):
@@ -112,8 +138,13 @@ class FakeKubernetes:
             self.on_request(method, parts.path)
         status, payload = self._handle(method, parts.path, query, json.loads(body) if body else None)
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        return urllib3.HTTPResponse(body=io.BytesIO(data), status=status, reason="OK" if status < 300 else "Error",
-                                    headers={"Content-Type": "application/json"}, preload_content=preload_content)
+        return urllib3.HTTPResponse(
+            body=io.BytesIO(data),
+            status=status,
+            reason="OK" if status < 300 else "Error",
+            headers={"Content-Type": "application/json"},
+            preload_content=preload_content,
+        )
 
     def _handle(self, method: str, path: str, query: dict, body: dict | None) -> tuple[int, dict | bytes]:
         m = ROUTE.match(path)
@@ -125,8 +156,13 @@ class FakeKubernetes:
             return self._create(plural, ns, body or {})
         if name is None and method == "GET":
             kind, version = KINDS[plural]
-            items = [o for (p, n, _), o in sorted(self.objects.items())
-                     if p == plural and n == ns and matches(o["metadata"].get("labels") or {}, query.get("labelSelector", ""))]
+            items = [
+                o
+                for (p, n, _), o in sorted(self.objects.items())
+                if p == plural
+                and n == ns
+                and matches(o["metadata"].get("labels") or {}, query.get("labelSelector", ""))
+            ]
             return 200, {"kind": f"{kind}List", "apiVersion": version, "metadata": {}, "items": items}
         if key not in self.objects:
             return 404, self._status(404, f'{plural} "{name}" not found')
@@ -153,13 +189,25 @@ class FakeKubernetes:
             template = obj["spec"]["template"]
             for index in range(obj["spec"].get("parallelism") or 1):
                 meta = template.get("metadata") or {}
-                pod = {"apiVersion": "v1", "kind": "Pod", "spec": copy.deepcopy(template["spec"]), "metadata": {
-                    "name": f"{name}-{index}-x{index}", "namespace": ns, "uid": f"uid-{next(self._uids)}",
-                    "labels": {**(meta.get("labels") or {}), JOB_NAME: name, "job-name": name, INDEX: str(index)},
-                    "annotations": {**(meta.get("annotations") or {}), INDEX: str(index)},
-                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": obj["metadata"]["uid"]}]},
-                    "status": {"phase": "Pending", "conditions": [
-                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+                pod = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "spec": copy.deepcopy(template["spec"]),
+                    "metadata": {
+                        "name": f"{name}-{index}-x{index}",
+                        "namespace": ns,
+                        "uid": f"uid-{next(self._uids)}",
+                        "labels": {**(meta.get("labels") or {}), JOB_NAME: name, "job-name": name, INDEX: str(index)},
+                        "annotations": {**(meta.get("annotations") or {}), INDEX: str(index)},
+                        "ownerReferences": [
+                            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": obj["metadata"]["uid"]}
+                        ],
+                    },
+                    "status": {
+                        "phase": "Pending",
+                        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+                    },
+                }
                 self.objects[("pods", ns, pod["metadata"]["name"])] = pod
         return 201, obj
 
@@ -169,16 +217,29 @@ class FakeKubernetes:
             return
         uid = obj["metadata"]["uid"]
         for other_key, other in list(self.objects.items()):  # the garbage collector
-            if other_key in self.objects and any(o.get("uid") == uid for o in other["metadata"].get("ownerReferences") or []):
+            if other_key in self.objects and any(
+                o.get("uid") == uid for o in other["metadata"].get("ownerReferences") or []
+            ):
                 self._delete(other_key, propagation)
 
     @staticmethod
     def _container(pod: dict, state: dict) -> dict:
         container = pod["spec"]["containers"][0]
-        return {"name": container["name"], "image": container["image"], "imageID": "", "ready": "running" in state,
-                "restartCount": 0, "state": state}
+        return {
+            "name": container["name"],
+            "image": container["image"],
+            "imageID": "",
+            "ready": "running" in state,
+            "restartCount": 0,
+            "state": state,
+        }
 
     @staticmethod
     def _status(code: int, message: str) -> dict:
-        return {"kind": "Status", "apiVersion": "v1", "status": "Success" if code < 300 else "Failure",
-                "message": message, "code": code}
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Success" if code < 300 else "Failure",
+            "message": message,
+            "code": code,
+        }

@@ -2,7 +2,7 @@
 Kubernetes REST API (``kube_fake``): what execute creates is deleted on kill, timeout, deferral timeout and
 any exception; waiting is deferred to a trigger; each try records the pods' running time, not queue time."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
@@ -70,14 +70,21 @@ def run(tmp_path, monkeypatch):
 
 def context(try_number: int = 3) -> dict:
     pushed: dict = {}
-    ti = SimpleNamespace(dag_id="train_pipeline", task_id="train_kubernetes", map_index=-1, try_number=try_number,
-                         start_date=datetime.now(tz=timezone.utc), xcom_push=lambda key, value: pushed.__setitem__(key, value))
+    ti = SimpleNamespace(
+        dag_id="train_pipeline",
+        task_id="train_kubernetes",
+        map_index=-1,
+        try_number=try_number,
+        start_date=datetime.now(tz=UTC),
+        xcom_push=lambda key, value: pushed.__setitem__(key, value),
+    )
     return {"ti": ti, "run_id": "manual__2026-05-01T10:00:00+00:00", "dag": SimpleNamespace(), "pushed": pushed}
 
 
 def launcher(run, spec=SPEC, **kwargs) -> KubernetesTrainingLauncher:
-    return KubernetesTrainingLauncher(task_id="train_kubernetes", spec=spec, run_key=RUN_KEY,
-                                      config_path=run.config(spec), poll_interval=0, **kwargs)
+    return KubernetesTrainingLauncher(
+        task_id="train_kubernetes", spec=spec, run_key=RUN_KEY, config_path=run.config(spec), poll_interval=0, **kwargs
+    )
 
 
 def nothing_left(cluster: FakeKubernetes) -> bool:
@@ -117,7 +124,12 @@ def test_build_job_request_obj_carries_the_spec_and_the_pods_paths(run):
     op = launcher(run).operator()
     job = op.build_job_request_obj(context())
     assert job.metadata.namespace == "ml"
-    assert (job.spec.completion_mode, job.spec.parallelism, job.spec.completions, job.spec.backoff_limit) == ("Indexed", 2, 2, 0)
+    assert (job.spec.completion_mode, job.spec.parallelism, job.spec.completions, job.spec.backoff_limit) == (
+        "Indexed",
+        2,
+        2,
+        0,
+    )
     (c,) = job.spec.template.spec.containers
     assert c.resources.limits == c.resources.requests == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "4"}
     env = {e.name: e.value for e in c.env}
@@ -165,9 +177,16 @@ def test_execute_creates_the_job_and_service_and_defers_to_the_providers_trigger
 
 def _event(cluster, name, status="success"):
     job = cluster.objects[("jobs", "ml", name)]
-    return {"name": name, "namespace": "ml", "pod_names": [p["metadata"]["name"] for p in cluster.pods_of(name)],
-            "pod_namespace": "ml", "status": status, "message": "Job failed" if status == "error" else "ok",
-            "job": job, "xcom_result": None}
+    return {
+        "name": name,
+        "namespace": "ml",
+        "pod_names": [p["metadata"]["name"] for p in cluster.pods_of(name)],
+        "pod_namespace": "ml",
+        "status": status,
+        "message": "Job failed" if status == "error" else "ok",
+        "job": job,
+        "xcom_result": None,
+    }
 
 
 def test_execute_complete_reads_every_log_records_running_time_and_removes_the_service(run, cluster, capsys):
@@ -201,6 +220,7 @@ def test_a_failed_job_fails_the_task_and_is_deleted(run, cluster):
 
 def _poll_hook(cluster, name, action):
     """Run ``action`` when the operator first polls the Job: it is then waiting, as for a kill or a timeout."""
+
     def on_request(method, path):
         if method == "GET" and path.endswith(f"/jobs/{name}/status") and not getattr(on_request, "done", False):
             on_request.done = True
@@ -242,12 +262,13 @@ def test_a_timeout_inside_execute_deletes_the_job_and_service(run, cluster):
 
 def test_any_exception_after_creating_deletes_the_job_and_service(run, cluster):
     op = launcher(run)
-    name = K.job_name(SPEC, RUN_KEY, attempt=3)
 
     def unavailable():
         raise ConnectionError("the API server went away")
 
-    cluster.on_request = lambda method, path: unavailable() if (method, path) == ("GET", "/api/v1/namespaces/ml/pods") else None
+    cluster.on_request = lambda method, path: (
+        unavailable() if (method, path) == ("GET", "/api/v1/namespaces/ml/pods") else None
+    )
     with pytest.raises(ConnectionError):
         op.execute(context())
     cluster.on_request = None
@@ -305,8 +326,9 @@ def test_single_node_defers_to_the_providers_pod_trigger_and_cleans_up_when_done
     pod = cluster.objects[("pods", "ml", name)]
     cluster.finish([pod], started=STARTED, finished=FINISHED)
     cluster.logs[name] = "[rank 0]: done\n"
-    launcher(run, SINGLE).trigger_reentry(context(), {"status": "success", "name": name, "namespace": "ml",
-                                                      "message": "ok", "last_log_time": None})
+    launcher(run, SINGLE).trigger_reentry(
+        context(), {"status": "success", "name": name, "namespace": "ml", "message": "ok", "last_log_time": None}
+    )
     assert "[rank 0]: done" in capsys.readouterr().out
     assert nothing_left(cluster)
     (record,) = usage.tries(run.run_dir)
@@ -314,7 +336,6 @@ def test_single_node_defers_to_the_providers_pod_trigger_and_cleans_up_when_done
 
 
 def test_single_node_on_kill_and_timeout_delete_the_pod(run, cluster):
-    name = K.job_name(SINGLE, RUN_KEY, attempt=3)
     op = launcher(run, SINGLE)
     with pytest.raises(TaskDeferred):
         op.execute(context())

@@ -5,18 +5,26 @@ import sys
 
 import pytest
 
-from trainyard.training.launchers.deepspeed import deepspeed_argv, deepspeed_env, free_port
 from trainyard.spec import parse_spec
 from trainyard.training.launchers.command import Host, local_command
+from trainyard.training.launchers.deepspeed import deepspeed_argv, deepspeed_env, free_port
 
 
 @pytest.mark.parametrize("nproc", [1, 2, 8])
 def test_argv(nproc):
     argv = deepspeed_argv(nproc, "/x/run config.json", python="/py", master_port=29123)
     assert argv == [
-        "/py", "-u", "-m", "deepspeed.launcher.runner",
-        "--num_nodes=1", f"--num_accelerators={nproc}", "--master_port=29123",
-        "--module", "trainyard.training.entry", "--config", "/x/run config.json",  # one argv item, never split
+        "/py",
+        "-u",
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_nodes=1",
+        f"--num_accelerators={nproc}",
+        "--master_port=29123",
+        "--module",
+        "trainyard.training.entry",
+        "--config",
+        "/x/run config.json",  # one argv item, never split
     ]
 
 
@@ -46,7 +54,9 @@ def test_parses_with_the_deepspeed_runner():
     assert (args.num_nodes, args.num_gpus, args.master_port, args.module) == (1, 3, 29124, True)
     assert args.user_script == "trainyard.training.entry" and args.user_args == ["--config", "/r.json"]
     # --num_accelerators replaces the host's slots (a CPU host has one per NUMA node) with N.
-    assert runner.apply_num_nodes_and_gpus({"localhost": [0]}, args.num_nodes, args.num_gpus) == {"localhost": [0, 1, 2]}
+    assert runner.apply_num_nodes_and_gpus({"localhost": [0]}, args.num_nodes, args.num_gpus) == {
+        "localhost": [0, 1, 2]
+    }
 
 
 def test_the_one_builder_uses_this_launcher_and_this_env():

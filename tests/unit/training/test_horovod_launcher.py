@@ -3,23 +3,68 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.training.launchers.horovod import horovodrun_argv, horovodrun_bin
 from trainyard.spec import parse_spec
 from trainyard.training.launchers.command import Host, local_command
+from trainyard.training.launchers.horovod import horovodrun_argv, horovodrun_bin
 
 
 @pytest.mark.parametrize(
     "nproc, config, python, expected",
     [
-        (1, "c.json", "/venv/bin/python",
-         ["/venv/bin/horovodrun", "-np", "1", "-H", "localhost:1", "--gloo",
-          "/venv/bin/python", "-m", "trainyard.training.entry", "--config", "c.json"]),
-        (2, "/runs/a b/run.json", "/opt/py/bin/python3.11",
-         ["/opt/py/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
-          "/opt/py/bin/python3.11", "-m", "trainyard.training.entry", "--config", "/runs/a b/run.json"]),
-        (8, "x.json", "/p/python",
-         ["/p/horovodrun", "-np", "8", "-H", "localhost:8", "--gloo",
-          "/p/python", "-m", "trainyard.training.entry", "--config", "x.json"]),
+        (
+            1,
+            "c.json",
+            "/venv/bin/python",
+            [
+                "/venv/bin/horovodrun",
+                "-np",
+                "1",
+                "-H",
+                "localhost:1",
+                "--gloo",
+                "/venv/bin/python",
+                "-m",
+                "trainyard.training.entry",
+                "--config",
+                "c.json",
+            ],
+        ),
+        (
+            2,
+            "/runs/a b/run.json",
+            "/opt/py/bin/python3.11",
+            [
+                "/opt/py/bin/horovodrun",
+                "-np",
+                "2",
+                "-H",
+                "localhost:2",
+                "--gloo",
+                "/opt/py/bin/python3.11",
+                "-m",
+                "trainyard.training.entry",
+                "--config",
+                "/runs/a b/run.json",
+            ],
+        ),
+        (
+            8,
+            "x.json",
+            "/p/python",
+            [
+                "/p/horovodrun",
+                "-np",
+                "8",
+                "-H",
+                "localhost:8",
+                "--gloo",
+                "/p/python",
+                "-m",
+                "trainyard.training.entry",
+                "--config",
+                "x.json",
+            ],
+        ),
     ],
 )
 def test_horovodrun_argv(nproc, config, python, expected):

@@ -3,6 +3,7 @@ them checked against the Kubernetes OpenAPI schema (kubernetes-validate, strict:
 
 import copy
 import re
+from datetime import UTC
 
 import kubernetes_validate
 import pytest
@@ -42,8 +43,11 @@ A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 GPU_TYPES = {
     "cpu": ({"resources": {"gpu_type": "cpu"}}, None, {}),
     "a100": ({"resources": {"gpu_type": "a100-80gb"}}, "nvidia.com/gpu", A100),
-    "a100-mig": ({"resources": {"gpu_type": "a100-80gb"}, "kubernetes": {"mig_profile": "1g.10gb"}},
-                 "nvidia.com/mig-1g.10gb", A100),
+    "a100-mig": (
+        {"resources": {"gpu_type": "a100-80gb"}, "kubernetes": {"mig_profile": "1g.10gb"}},
+        "nvidia.com/mig-1g.10gb",
+        A100,
+    ),
 }
 BYO = ["python", "train.py", "--node-rank", "$(NODE_RANK)"]
 # name -> (spec overrides, expected argv: None = the user's command, else the torchrun strategies' tail)
@@ -103,7 +107,9 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     assert pod.priority_class_name == "train-high" and pod.service_account_name == "trainer"
     assert pod.node_selector == {**gpu_selector, "pool": "training"}
     assert [(t.key, t.operator, t.value, t.effect, t.toleration_seconds) for t in pod.tolerations] == [
-        ("nvidia.com/gpu", "Exists", None, "NoSchedule", None), ("spot", "Equal", "true", "NoExecute", 60)]
+        ("nvidia.com/gpu", "Exists", None, "NoSchedule", None),
+        ("spot", "Equal", "true", "NoExecute", 60),
+    ]
     volumes = {v.name: v for v in pod.volumes}
     assert volumes["data"].persistent_volume_claim.claim_name == "datasets"
     assert volumes["dshm"].empty_dir.medium == "Memory"
@@ -124,7 +130,11 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     if gpu_name:
         assert env["NCCL_DEBUG"] == "INFO"  # the user's value wins over the platform's hint
     if strategy == "horovod":
-        assert (env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_SIZE"], env["HOROVOD_CROSS_SIZE"]) == (str(2 * nodes), "2", str(nodes))
+        assert (env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_SIZE"], env["HOROVOD_CROSS_SIZE"]) == (
+            str(2 * nodes),
+            "2",
+            str(nodes),
+        )
         assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
         assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(K.HOROVOD_RDZV_PORT)
     else:
@@ -134,7 +144,12 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     if launcher_kind is None:
         assert c.command == BYO and c.image == "registry.example/byo:1"
         assert env["MASTER_ADDR"] == ("localhost" if nodes == 1 else pod0)
-        assert (env["MASTER_PORT"], env["NNODES"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("29400", str(nodes), "2", str(nodes))
+        assert (env["MASTER_PORT"], env["NNODES"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == (
+            "29400",
+            str(nodes),
+            "2",
+            str(nodes),
+        )
         assert env["NODE_RANK"] == env["RANK"] == K.INDEX_FIELD
         run_dir = CONFIG.rsplit("/", 1)[0]
         assert {k: env[k] for k in custom.platform_env(DATA_DIR, run_dir)} == custom.platform_env(DATA_DIR, run_dir)
@@ -211,8 +226,11 @@ def test_run_labels_are_label_safe():
     [
         ("cpu pods ask for no GPU", {"resources": {"gpu_type": "cpu", "gpus_per_node": 4}}, None),
         ("whole GPUs", {"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 8}}, ("nvidia.com/gpu", 8)),
-        ("MIG slices", {"resources": {"gpu_type": "a100-80gb", "gpus_per_node": 1}, "kubernetes": {"mig_profile": "3g.40gb"}},
-         ("nvidia.com/mig-3g.40gb", 1)),
+        (
+            "MIG slices",
+            {"resources": {"gpu_type": "a100-80gb", "gpus_per_node": 1}, "kubernetes": {"mig_profile": "3g.40gb"}},
+            ("nvidia.com/mig-3g.40gb", 1),
+        ),
     ],
 )
 def test_gpu_resource(name, overrides, expected):
@@ -222,13 +240,24 @@ def test_gpu_resource(name, overrides, expected):
 @pytest.mark.parametrize(
     "name, overrides, field",
     [
-        ("MIG on cpu", {"kubernetes": {"mig_profile": "1g.10gb"}, "resources": {"gpu_type": "cpu"}}, "kubernetes.mig_profile"),
+        (
+            "MIG on cpu",
+            {"kubernetes": {"mig_profile": "1g.10gb"}, "resources": {"gpu_type": "cpu"}},
+            "kubernetes.mig_profile",
+        ),
         ("bad cpu quantity", {"kubernetes": {"cpu_per_gpu": "four"}}, "kubernetes.cpu_per_gpu"),
         ("bad memory quantity", {"kubernetes": {"memory_per_gpu": "16 GB"}}, "kubernetes.memory_per_gpu"),
-        ("platform env", {"kubernetes": {"env": {"MASTER_ADDR": "evil"}}, "recipe": "custom", "custom": {"command": ["x"]}},
-         "kubernetes.env"),
+        (
+            "platform env",
+            {"kubernetes": {"env": {"MASTER_ADDR": "evil"}}, "recipe": "custom", "custom": {"command": ["x"]}},
+            "kubernetes.env",
+        ),
         ("platform env", {"kubernetes": {"env": {"TRAINYARD_HOME": "/tmp"}}}, "kubernetes.env"),
-        ("toleration typo", {"kubernetes": {"tolerations": [{"key": "a", "efect": "NoSchedule"}]}}, "kubernetes.tolerations.0"),
+        (
+            "toleration typo",
+            {"kubernetes": {"tolerations": [{"key": "a", "efect": "NoSchedule"}]}},
+            "kubernetes.tolerations.0",
+        ),
         ("unknown GPU type", {"resources": {"gpu_type": "tpu-v5"}}, "resources.gpu_type"),
     ],
 )
@@ -242,7 +271,9 @@ def test_errors_name_the_field(name, overrides, field):
     [("500m", "1Gi", 3, ("1500m", "3Gi")), ("1.5", "512Mi", 2, ("3", "1024Mi")), ("4", "16Gi", 8, ("32", "128Gi"))],
 )
 def test_cpu_and_memory_scale_with_gpus(cpu, memory, gpus, expected):
-    spec = spec_for({"resources": {"gpus_per_node": gpus}, "kubernetes": {"cpu_per_gpu": cpu, "memory_per_gpu": memory}})
+    spec = spec_for(
+        {"resources": {"gpus_per_node": gpus}, "kubernetes": {"cpu_per_gpu": cpu, "memory_per_gpu": memory}}
+    )
     limits = K.build_job(spec, RUN_KEY, CONFIG).spec.template.spec.containers[0].resources.limits
     assert (limits["cpu"], limits["memory"]) == expected
 
@@ -285,15 +316,25 @@ def worker_home(tmp_path):
     prepared = home / "cache" / "prepared" / "abc"
     prepared.mkdir(parents=True)
     (prepared / "manifest.json").write_text("{}")
-    data = {"path": str(prepared), "train": str(prepared / "train.lmdb"), "val": str(prepared / "val.lmdb"),
-            "counts": {"train": 8, "val": 2}, "commit": "c" * 64}
+    data = {
+        "path": str(prepared),
+        "train": str(prepared / "train.lmdb"),
+        "val": str(prepared / "val.lmdb"),
+        "counts": {"train": 8, "val": 2},
+        "commit": "c" * 64,
+    }
     run_dir = home / "runs" / "digits" / "run1"
     run_dir.mkdir(parents=True)
 
     def config(spec: dict):
-        cfg = RunConfig(spec=parse_spec(spec), data=data, out_dir=str(run_dir),
-                        tracking_uri=f"sqlite:///{home}/mlflow/mlflow.db", mlflow_run_id="r1",
-                        tensorboard_dir=str(home / "tensorboard" / "digits"))
+        cfg = RunConfig(
+            spec=parse_spec(spec),
+            data=data,
+            out_dir=str(run_dir),
+            tracking_uri=f"sqlite:///{home}/mlflow/mlflow.db",
+            mlflow_run_id="r1",
+            tensorboard_dir=str(home / "tensorboard" / "digits"),
+        )
         return cfg, str(cfg.dump(run_dir / "run_config.json"))
 
     return home, config
@@ -314,9 +355,12 @@ def test_plan_gives_the_pods_the_shared_volumes_paths(worker_home, nodes, strate
     pod_config = RunConfig.load(home / "runs" / "digits" / "run1" / K.POD_CONFIG)  # what the pods read
     assert plan.config_path == "/var/trainyard/runs/digits/run1/" + K.POD_CONFIG
     assert pod_config.out_dir == "/var/trainyard/runs/digits/run1"
-    assert pod_config.data == {**cfg.data, "path": "/var/trainyard/cache/prepared/abc",
-                               "train": "/var/trainyard/cache/prepared/abc/train.lmdb",
-                               "val": "/var/trainyard/cache/prepared/abc/val.lmdb"}
+    assert pod_config.data == {
+        **cfg.data,
+        "path": "/var/trainyard/cache/prepared/abc",
+        "train": "/var/trainyard/cache/prepared/abc/train.lmdb",
+        "val": "/var/trainyard/cache/prepared/abc/val.lmdb",
+    }
     assert pod_config.tracking_uri == "sqlite:////var/trainyard/mlflow/mlflow.db"
     assert pod_config.tensorboard_dir == "/var/trainyard/tensorboard/digits"
     assert pod_config.spec == cfg.spec and pod_config.mlflow_run_id == "r1"
@@ -328,7 +372,8 @@ def test_plan_gives_the_pods_the_shared_volumes_paths(worker_home, nodes, strate
     if strategy == "custom":
         # The same four variables as locally, pointing at what exists on the volume.
         assert {k: env[k] for k in custom.platform_env("d", "r")} == custom.platform_env(
-            "/var/trainyard/cache/prepared/abc", "/var/trainyard/runs/digits/run1")
+            "/var/trainyard/cache/prepared/abc", "/var/trainyard/runs/digits/run1"
+        )
         on_worker = home / env["TRAINYARD_DATA_DIR"].removeprefix("/var/trainyard/")
         assert (on_worker / "manifest.json").exists()
     else:
@@ -348,24 +393,31 @@ def test_plan_refuses_data_outside_the_shared_volume(worker_home, tmp_path):
 
 @pytest.mark.parametrize(
     "path, expected",
-    [("runs/x/run_config.json", "/var/trainyard/runs/x/run_config.json"), ("", "/var/trainyard"),
-     ("cache/a b", "/var/trainyard/cache/a b")],
+    [
+        ("runs/x/run_config.json", "/var/trainyard/runs/x/run_config.json"),
+        ("", "/var/trainyard"),
+        ("cache/a b", "/var/trainyard/cache/a b"),
+    ],
 )
 def test_in_pod(tmp_path, path, expected):
     assert K.in_pod(tmp_path / path, tmp_path) == expected
 
 
 def _status(name, *, running=None, started=None, finished=None):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     def at(t):
-        return None if t is None else datetime.fromtimestamp(t, tz=timezone.utc)
+        return None if t is None else datetime.fromtimestamp(t, tz=UTC)
 
     state = k8s.V1ContainerState(
         running=k8s.V1ContainerStateRunning(started_at=at(running)) if running is not None else None,
         terminated=k8s.V1ContainerStateTerminated(exit_code=0, started_at=at(started), finished_at=at(finished))
-        if started is not None else None,
-        waiting=k8s.V1ContainerStateWaiting(reason="ContainerCreating") if running is None and started is None else None)
+        if started is not None
+        else None,
+        waiting=k8s.V1ContainerStateWaiting(reason="ContainerCreating")
+        if running is None and started is None
+        else None,
+    )
     return k8s.V1ContainerStatus(name=name, state=state, image="i", image_id="", ready=False, restart_count=0)
 
 
@@ -376,13 +428,26 @@ def _pod(*statuses):
 @pytest.mark.parametrize(
     "name, pods, expected",
     [
-        ("never started (queued, pulling)", [_pod(_status(K.CONTAINER)), k8s.V1Pod(status=k8s.V1PodStatus(phase="Pending"))], None),
+        (
+            "never started (queued, pulling)",
+            [_pod(_status(K.CONTAINER)), k8s.V1Pod(status=k8s.V1PodStatus(phase="Pending"))],
+            None,
+        ),
         ("one pod finished", [_pod(_status(K.CONTAINER, started=100, finished=160))], (100, 160)),
-        ("nodes started apart: first start to last finish",
-         [_pod(_status(K.CONTAINER, started=100, finished=150)), _pod(_status(K.CONTAINER, started=130, finished=170))], (100, 170)),
+        (
+            "nodes started apart: first start to last finish",
+            [
+                _pod(_status(K.CONTAINER, started=100, finished=150)),
+                _pod(_status(K.CONTAINER, started=130, finished=170)),
+            ],
+            (100, 170),
+        ),
         ("still running at collection (killed)", [_pod(_status(K.CONTAINER, running=100))], (100, 1000)),
-        ("sidecars do not count", [_pod(_status("istio-proxy", started=10, finished=2000), _status(K.CONTAINER, started=100, finished=160))],
-         (100, 160)),
+        (
+            "sidecars do not count",
+            [_pod(_status("istio-proxy", started=10, finished=2000), _status(K.CONTAINER, started=100, finished=160))],
+            (100, 160),
+        ),
     ],
 )
 def test_running_interval_counts_only_running_time(name, pods, expected):
@@ -398,5 +463,8 @@ def test_collect_records_a_try_per_call_with_the_jobs_gpus(tmp_path):
     seam = K.KubernetesLauncher(RUN_KEY, 1, tmp_path)
     seam.record(spec, tmp_path, seam.collect(None, [_pod(_status(K.CONTAINER, started=100, finished=160))]))
     seam.record(spec, tmp_path, seam.collect(None, [_pod(_status(K.CONTAINER, started=200, finished=230))]))
-    assert [(t["attempt"], t["gpus"], t["where"]) for t in usage.tries(tmp_path)] == [(1, 8, "kubernetes"), (2, 8, "kubernetes")]
+    assert [(t["attempt"], t["gpus"], t["where"]) for t in usage.tries(tmp_path)] == [
+        (1, 8, "kubernetes"),
+        (2, 8, "kubernetes"),
+    ]
     assert usage.gpu_seconds(tmp_path) == (60 + 30) * 8

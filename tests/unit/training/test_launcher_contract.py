@@ -2,6 +2,7 @@
 plans are pure, the custom command gets the same platform variables, and each try adds one usage record
 with the launcher's name and the job's GPUs (none for a try whose workers never started)."""
 
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,10 @@ class Case:
         """The data and run directories as the workers see them."""
         if self.kind == "local":
             return str(data_dir), str(run_dir)
-        return ("/var/trainyard/" + str(data_dir.relative_to(self.home)), "/var/trainyard/" + str(run_dir.relative_to(self.home)))
+        return (
+            "/var/trainyard/" + str(data_dir.relative_to(self.home)),
+            "/var/trainyard/" + str(run_dir.relative_to(self.home)),
+        )
 
 
 @pytest.fixture(params=["local", "kubernetes"])
@@ -82,18 +86,31 @@ def test_each_try_adds_one_record(case):
     plan = launcher.plan(spec, data, run_dir=str(run_dir), config_path=config)
     observed = Interval(10.0, 70.0) if case.kind == "local" else [_pod_that_ran(10.0, 70.0)]
     assert launcher.record(spec, run_dir, launcher.collect(plan, observed)) == 1
-    assert launcher.record(spec, run_dir, launcher.collect(plan, None if case.kind == "local" else [])) == 2  # never ran
+    assert (
+        launcher.record(spec, run_dir, launcher.collect(plan, None if case.kind == "local" else [])) == 2
+    )  # never ran
     assert launcher.record(spec, run_dir, launcher.collect(plan, observed)) == 2
     assert [(t["attempt"], t["gpus"], t["where"]) for t in usage.tries(run_dir)] == [
-        (1, spec.resources.total_gpus, launcher.where), (2, spec.resources.total_gpus, launcher.where)]
+        (1, spec.resources.total_gpus, launcher.where),
+        (2, spec.resources.total_gpus, launcher.where),
+    ]
     assert usage.gpu_seconds(run_dir) == 2 * 60.0 * spec.resources.total_gpus
 
 
 def _pod_that_ran(started: float, finished: float) -> k8s.V1Pod:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    state = k8s.V1ContainerState(terminated=k8s.V1ContainerStateTerminated(
-        exit_code=0, started_at=datetime.fromtimestamp(started, tz=timezone.utc),
-        finished_at=datetime.fromtimestamp(finished, tz=timezone.utc)))
-    return k8s.V1Pod(status=k8s.V1PodStatus(container_statuses=[k8s.V1ContainerStatus(
-        name="trainer", state=state, image="i", image_id="", ready=False, restart_count=0)]))
+    state = k8s.V1ContainerState(
+        terminated=k8s.V1ContainerStateTerminated(
+            exit_code=0,
+            started_at=datetime.fromtimestamp(started, tz=UTC),
+            finished_at=datetime.fromtimestamp(finished, tz=UTC),
+        )
+    )
+    return k8s.V1Pod(
+        status=k8s.V1PodStatus(
+            container_statuses=[
+                k8s.V1ContainerStatus(name="trainer", state=state, image="i", image_id="", ready=False, restart_count=0)
+            ]
+        )
+    )

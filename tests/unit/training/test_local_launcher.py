@@ -24,31 +24,113 @@ CUSTOM = {"recipe": "custom", "custom": {"command": ["python", "train.py", "--lr
 
 # name, spec overrides, host, expected argv, expected env (a subset), env keys that must be absent
 CASES = [
-    ("ddp", {"distributed": {"strategy": "ddp", "max_restarts": 2}}, CPU,
-     [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=2", *ENTRY],
-     {"OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PATH": "/bin"},
-     ["DS_ACCELERATOR", "TRAINYARD_DATA_DIR"]),
-    ("horovod", {"distributed": {"strategy": "horovod"}, "resources": {"gpus_per_node": 4}}, CPU,
-     ["/venv/bin/horovodrun", "-np", "4", "-H", "localhost:4", "--gloo", "/venv/bin/python", *ENTRY],
-     {"OMP_NUM_THREADS": "2"}, ["DS_ACCELERATOR"]),
-    ("deepspeed on cpu", {"distributed": {"strategy": "deepspeed"}}, CPU,
-     ["/venv/bin/python", "-u", "-m", "deepspeed.launcher.runner", "--num_nodes=1", "--num_accelerators=2",
-      "--master_port=29123", "--module", *ENTRY[1:]],
-     {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1"}, []),
-    ("deepspeed on gpus", {"distributed": {"strategy": "deepspeed"}}, Host(2, 8, {}, "/venv/bin/python", 29123),
-     ["/venv/bin/python", "-u", "-m", "deepspeed.launcher.runner", "--num_nodes=1", "--num_accelerators=2",
-      "--master_port=29123", "--module", *ENTRY[1:]],
-     {"OMP_NUM_THREADS": "4"}, ["DS_ACCELERATOR"]),
-    ("deepspeed, the user's accelerator wins", {"distributed": {"strategy": "deepspeed"}},
-     Host(0, 8, {"DS_ACCELERATOR": "xpu"}, "/venv/bin/python", 1), None, {"DS_ACCELERATOR": "xpu"}, []),
-    ("the user's thread count wins", {}, Host(0, 8, {"OMP_NUM_THREADS": "3"}, "/p", 1), None, {"OMP_NUM_THREADS": "3"}, []),
-    ("custom", {**CUSTOM, "resources": {"gpus_per_node": 3}, "distributed": {"max_restarts": 0}}, CPU,
-     [*TORCHRUN, "--nproc_per_node=3", "--max_restarts=0", "--no-python", "python", "train.py", "--lr", "$(LR); rm -rf /"],
-     {"TRAINYARD_DATA_DIR": DATA, "TRAINYARD_OUTPUT_DIR": RUN_DIR, "TRAINYARD_CHECKPOINT_DIR": f"{RUN_DIR}/checkpoints",
-      "TRAINYARD_METRICS_FILE": f"{RUN_DIR}/metrics.jsonl", "OMP_NUM_THREADS": "2"}, []),
-    ("custom ignores the strategy", {**CUSTOM, "distributed": {"strategy": "deepspeed"}}, CPU,
-     [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", "--no-python", *CUSTOM["custom"]["command"]], {}, ["DS_ACCELERATOR"]),
-    ("one thread at least", {"resources": {"gpus_per_node": 8}}, Host(0, 2, {}, "/p", 1), None, {"OMP_NUM_THREADS": "1"}, []),
+    (
+        "ddp",
+        {"distributed": {"strategy": "ddp", "max_restarts": 2}},
+        CPU,
+        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=2", *ENTRY],
+        {"OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PATH": "/bin"},
+        ["DS_ACCELERATOR", "TRAINYARD_DATA_DIR"],
+    ),
+    (
+        "horovod",
+        {"distributed": {"strategy": "horovod"}, "resources": {"gpus_per_node": 4}},
+        CPU,
+        ["/venv/bin/horovodrun", "-np", "4", "-H", "localhost:4", "--gloo", "/venv/bin/python", *ENTRY],
+        {"OMP_NUM_THREADS": "2"},
+        ["DS_ACCELERATOR"],
+    ),
+    (
+        "deepspeed on cpu",
+        {"distributed": {"strategy": "deepspeed"}},
+        CPU,
+        [
+            "/venv/bin/python",
+            "-u",
+            "-m",
+            "deepspeed.launcher.runner",
+            "--num_nodes=1",
+            "--num_accelerators=2",
+            "--master_port=29123",
+            "--module",
+            *ENTRY[1:],
+        ],
+        {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1"},
+        [],
+    ),
+    (
+        "deepspeed on gpus",
+        {"distributed": {"strategy": "deepspeed"}},
+        Host(2, 8, {}, "/venv/bin/python", 29123),
+        [
+            "/venv/bin/python",
+            "-u",
+            "-m",
+            "deepspeed.launcher.runner",
+            "--num_nodes=1",
+            "--num_accelerators=2",
+            "--master_port=29123",
+            "--module",
+            *ENTRY[1:],
+        ],
+        {"OMP_NUM_THREADS": "4"},
+        ["DS_ACCELERATOR"],
+    ),
+    (
+        "deepspeed, the user's accelerator wins",
+        {"distributed": {"strategy": "deepspeed"}},
+        Host(0, 8, {"DS_ACCELERATOR": "xpu"}, "/venv/bin/python", 1),
+        None,
+        {"DS_ACCELERATOR": "xpu"},
+        [],
+    ),
+    (
+        "the user's thread count wins",
+        {},
+        Host(0, 8, {"OMP_NUM_THREADS": "3"}, "/p", 1),
+        None,
+        {"OMP_NUM_THREADS": "3"},
+        [],
+    ),
+    (
+        "custom",
+        {**CUSTOM, "resources": {"gpus_per_node": 3}, "distributed": {"max_restarts": 0}},
+        CPU,
+        [
+            *TORCHRUN,
+            "--nproc_per_node=3",
+            "--max_restarts=0",
+            "--no-python",
+            "python",
+            "train.py",
+            "--lr",
+            "$(LR); rm -rf /",
+        ],
+        {
+            "TRAINYARD_DATA_DIR": DATA,
+            "TRAINYARD_OUTPUT_DIR": RUN_DIR,
+            "TRAINYARD_CHECKPOINT_DIR": f"{RUN_DIR}/checkpoints",
+            "TRAINYARD_METRICS_FILE": f"{RUN_DIR}/metrics.jsonl",
+            "OMP_NUM_THREADS": "2",
+        },
+        [],
+    ),
+    (
+        "custom ignores the strategy",
+        {**CUSTOM, "distributed": {"strategy": "deepspeed"}},
+        CPU,
+        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", "--no-python", *CUSTOM["custom"]["command"]],
+        {},
+        ["DS_ACCELERATOR"],
+    ),
+    (
+        "one thread at least",
+        {"resources": {"gpus_per_node": 8}},
+        Host(0, 2, {}, "/p", 1),
+        None,
+        {"OMP_NUM_THREADS": "1"},
+        [],
+    ),
 ]
 
 
@@ -106,8 +188,14 @@ def test_run_streams_lines_and_reports_failure():
 
 # -- launch(): the pipeline's entry point, with real torchrun and a one-process custom command -----------
 def _custom(tmp_path: Path, code: str):
-    spec = parse_spec({"recipe": "custom", "resources": {"gpus_per_node": 1},
-                       "distributed": {"max_restarts": 0}, "custom": {"command": [sys.executable, "-c", code]}})
+    spec = parse_spec(
+        {
+            "recipe": "custom",
+            "resources": {"gpus_per_node": 1},
+            "distributed": {"max_restarts": 0},
+            "custom": {"command": [sys.executable, "-c", code]},
+        }
+    )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     return spec, {"path": str(tmp_path / "prepared")}, run_dir
@@ -119,7 +207,7 @@ def test_launch_runs_the_command_with_the_platform_env_and_records_the_try(tmp_p
     lines = []
     local.launch(spec, data, run_dir=str(run_dir), config_path=str(run_dir / "run_config.json"), on_line=lines.append)
     (env_line,) = [line for line in lines if "TRAINYARD_DATA_DIR" in line]
-    env = json.loads(env_line[env_line.index("{"):])
+    env = json.loads(env_line[env_line.index("{") :])
     assert env["TRAINYARD_DATA_DIR"] == data["path"] and env["TRAINYARD_OUTPUT_DIR"] == str(run_dir)
     (record,) = usage.tries(run_dir)
     assert (record["attempt"], record["gpus"], record["where"]) == (1, 1, "local")

@@ -61,12 +61,20 @@ class Launcher(ABC):
         """Append this try's usage record (a try whose workers never started held no GPU: nothing to add)."""
         attempt = next_attempt(run_dir)
         if interval is not None:
-            usage.record_try(run_dir, attempt=attempt, started=interval.started, ended=interval.ended,
-                             gpus=spec.resources.total_gpus, where=self.where)
+            usage.record_try(
+                run_dir,
+                attempt=attempt,
+                started=interval.started,
+                ended=interval.ended,
+                gpus=spec.resources.total_gpus,
+                where=self.where,
+            )
         return attempt
 
 
-def worker_env(nproc_per_node: int, base: Mapping[str, str] | None = None, *, cores: int | None = None) -> dict[str, str]:
+def worker_env(
+    nproc_per_node: int, base: Mapping[str, str] | None = None, *, cores: int | None = None
+) -> dict[str, str]:
     """The environment every built-in strategy's workers share on one node (``base`` is not modified;
     ``base``/``cores`` default to this process's environment and this machine's cores)."""
     env = dict(os.environ if base is None else base)

@@ -54,17 +54,28 @@ def check_gpus(spec: JobSpec, cuda_devices: int) -> None:
         raise PermanentError(
             f"resources.gpus_per_node is {want} but this machine has {cuda_devices} CUDA GPU(s): "
             f"set resources.gpus_per_node to at most {cuda_devices} for the local launcher, or use "
-            "backends.launcher 'kubernetes'")
+            "backends.launcher 'kubernetes'"
+        )
 
 
-def torchrun_argv(nproc_per_node: int, config_path: str, *, max_restarts: int = 0, python: str | None = None) -> list[str]:
+def torchrun_argv(
+    nproc_per_node: int, config_path: str, *, max_restarts: int = 0, python: str | None = None
+) -> list[str]:
     """The torchrun command for one node."""
     if nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
     return [
-        python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc_per_node={nproc_per_node}", f"--max_restarts={max_restarts}",
-        "-m", "trainyard.training.entry", "--config", config_path,
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc_per_node={nproc_per_node}",
+        f"--max_restarts={max_restarts}",
+        "-m",
+        "trainyard.training.entry",
+        "--config",
+        config_path,
     ]
 
 
@@ -73,9 +84,15 @@ def custom_argv(spec: JobSpec, python: str | None = None) -> list[str]:
     if spec.custom is None:
         raise PermanentError("recipe 'custom' needs the custom section (command, optional image)")
     return [
-        python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc_per_node={spec.resources.gpus_per_node}", f"--max_restarts={spec.distributed.max_restarts}",
-        "--no-python", *spec.custom.command,
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc_per_node={spec.resources.gpus_per_node}",
+        f"--max_restarts={spec.distributed.max_restarts}",
+        "--no-python",
+        *spec.custom.command,
     ]
 
 
@@ -95,5 +112,7 @@ def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str,
         argv = deepspeed_argv(nproc, config_path, python=host.python, master_port=host.master_port)
         env = deepspeed_env(nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores)
     else:  # the spec's Literal makes this unreachable unless a strategy is added without a launcher
-        raise PermanentError(f"distributed.strategy {strategy!r} has no local launcher; allowed: ddp, horovod, deepspeed")
+        raise PermanentError(
+            f"distributed.strategy {strategy!r} has no local launcher; allowed: ddp, horovod, deepspeed"
+        )
     return Command(argv, env)

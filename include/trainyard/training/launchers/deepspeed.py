@@ -38,8 +38,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def deepspeed_argv(nproc: int, config_path: str, *, python: str | None = None,
-                   master_port: int | None = None) -> list[str]:
+def deepspeed_argv(
+    nproc: int, config_path: str, *, python: str | None = None, master_port: int | None = None
+) -> list[str]:
     """The deepspeed launcher command for ``nproc`` processes on this node. Nothing user-supplied reaches
     a shell; without ``master_port`` a free one is picked (the only thing here that is not pure)."""
     if nproc < 1:

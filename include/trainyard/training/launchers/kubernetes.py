@@ -68,11 +68,21 @@ JOB_TTL_S = 24 * 3600  # the cluster removes a finished Job (and, by owner refer
 NAME_MAX = 52  # leaves room for "-<index>" in the 63-character pod hostname
 INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 # Set for readable, restartable logs; the user's kubernetes.env may replace them.
-HINTS = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME",
-         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+HINTS = (
+    "PYTHONUNBUFFERED",
+    "OMP_NUM_THREADS",
+    "NCCL_DEBUG",
+    "NCCL_SOCKET_IFNAME",
+    "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+)
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_TOLERATION_FIELDS = {"key": "key", "operator": "operator", "value": "value", "effect": "effect",
-                      "tolerationSeconds": "toleration_seconds"}
+_TOLERATION_FIELDS = {
+    "key": "key",
+    "operator": "operator",
+    "value": "value",
+    "effect": "effect",
+    "tolerationSeconds": "toleration_seconds",
+}
 
 
 def as_spec(spec: JobSpec | dict) -> JobSpec:
@@ -145,17 +155,26 @@ def worker_command(spec: JobSpec | dict, run_key: str, config_path: str, *, atte
     """The container's argv (see the module docstring for the design per strategy)."""
     s = as_spec(spec)
     if s.recipe == "custom":
+        if s.custom is None:
+            raise _bad("custom", "recipe 'custom' needs the custom section (command, optional image)")
         return list(s.custom.command)
     res = s.resources
-    argv = ["torchrun", f"--nproc_per_node={res.gpus_per_node}", f"--max_restarts={s.distributed.max_restarts}",
-            "--tee=3"]  # tee + the prefix template in the env: each line names its global rank
+    argv = [
+        "torchrun",
+        f"--nproc_per_node={res.gpus_per_node}",
+        f"--max_restarts={s.distributed.max_restarts}",
+        "--tee=3",
+    ]  # tee + the prefix template in the env: each line names its global rank
     if res.nodes == 1:
         argv += ["--standalone", "--nnodes=1"]
     else:
-        argv += [f"--nnodes={res.nodes}", "--rdzv_backend=c10d",
-                 f"--rdzv_endpoint={pod_host(s, run_key, 0, attempt=attempt)}:{RDZV_PORT}",
-                 f"--rdzv_id={job_name(s, run_key, attempt=attempt)}",
-                 f"--rdzv_conf=join_timeout={RDZV_TIMEOUT_S},read_timeout={RDZV_TIMEOUT_S}"]
+        argv += [
+            f"--nnodes={res.nodes}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={pod_host(s, run_key, 0, attempt=attempt)}:{RDZV_PORT}",
+            f"--rdzv_id={job_name(s, run_key, attempt=attempt)}",
+            f"--rdzv_conf=join_timeout={RDZV_TIMEOUT_S},read_timeout={RDZV_TIMEOUT_S}",
+        ]
     return argv + ["-m", "trainyard.training.entry", "--config", config_path]
 
 
@@ -177,8 +196,10 @@ def _resources(s: JobSpec) -> k8s.V1ResourceRequirements:
     """Requests = limits (Guaranteed QoS: a training pod is never the first one evicted). CPU and memory
     scale with the GPUs, or with the processes on a CPU pod."""
     n = s.resources.gpus_per_node
-    amounts = {"cpu": _times(s.kubernetes.cpu_per_gpu, n, "kubernetes.cpu_per_gpu"),
-               "memory": _times(s.kubernetes.memory_per_gpu, n, "kubernetes.memory_per_gpu")}
+    amounts = {
+        "cpu": _times(s.kubernetes.cpu_per_gpu, n, "kubernetes.cpu_per_gpu"),
+        "memory": _times(s.kubernetes.memory_per_gpu, n, "kubernetes.memory_per_gpu"),
+    }
     if gpu := gpu_resource(s):
         amounts[gpu[0]] = str(gpu[1])
     return k8s.V1ResourceRequirements(requests=dict(amounts), limits=dict(amounts))
@@ -197,12 +218,20 @@ def _env(s: JobSpec, run_key: str, config_path: str, attempt: int, data_dir: str
     if s.resources.gpu_type != "cpu":
         hints.update(NCCL_DEBUG="WARN", NCCL_SOCKET_IFNAME="^lo,docker")  # '^': any interface but these
     platform: dict[str, str | k8s.V1EnvVarSource] = {
-        "TRAINYARD_HOME": TRAINYARD_HOME, "TRAINYARD_RUN_CONFIG": config_path, "TRAINYARD_NODE_INDEX": _index()}
+        "TRAINYARD_HOME": TRAINYARD_HOME,
+        "TRAINYARD_RUN_CONFIG": config_path,
+        "TRAINYARD_NODE_INDEX": _index(),
+    }
     if s.recipe == "custom":
         platform.update(
             MASTER_ADDR="localhost" if n == 1 else pod_host(s, run_key, 0, attempt=attempt),
-            MASTER_PORT=str(RDZV_PORT), NNODES=str(n), NPROC_PER_NODE=str(g), NODE_RANK=_index(),
-            RANK=_index(), WORLD_SIZE=str(n), LOCAL_RANK="0",  # one process per pod, unless the command forks
+            MASTER_PORT=str(RDZV_PORT),
+            NNODES=str(n),
+            NPROC_PER_NODE=str(g),
+            NODE_RANK=_index(),
+            RANK=_index(),
+            WORLD_SIZE=str(n),
+            LOCAL_RANK="0",  # one process per pod, unless the command forks
         )
         if data_dir is None:
             raise ValueError("recipe 'custom' needs data_dir: the prepared data's path in the pod (see in_pod)")
@@ -212,16 +241,25 @@ def _env(s: JobSpec, run_key: str, config_path: str, attempt: int, data_dir: str
         # A fresh rendezvous store per restart round; see launchers/local.worker_env for the failure it avoids.
         platform["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         if s.distributed.strategy == "horovod":  # what is the same for every process; see the docstring
-            platform.update(HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
-                            HOROVOD_GLOO_RENDEZVOUS_PORT=str(HOROVOD_RDZV_PORT),
-                            HOROVOD_SIZE=str(n * g), HOROVOD_LOCAL_SIZE=str(g), HOROVOD_CROSS_SIZE=str(n))
+            platform.update(
+                HOROVOD_CONTROLLER="gloo",
+                HOROVOD_CPU_OPERATIONS="gloo",
+                HOROVOD_GLOO_RENDEZVOUS_PORT=str(HOROVOD_RDZV_PORT),
+                HOROVOD_SIZE=str(n * g),
+                HOROVOD_LOCAL_SIZE=str(g),
+                HOROVOD_CROSS_SIZE=str(n),
+            )
     clash = sorted(set(s.kubernetes.env) & set(platform))
     if clash:
-        raise _bad("kubernetes.env", f"{clash} are set by the platform and cannot be replaced "
-                                     f"(hints such as {list(HINTS)} can)")
+        raise _bad(
+            "kubernetes.env",
+            f"{clash} are set by the platform and cannot be replaced (hints such as {list(HINTS)} can)",
+        )
     merged = {**hints, **platform, **s.kubernetes.env}
-    return [k8s.V1EnvVar(name=k, value_from=v) if isinstance(v, k8s.V1EnvVarSource) else k8s.V1EnvVar(name=k, value=v)
-            for k, v in merged.items()]
+    return [
+        k8s.V1EnvVar(name=k, value_from=v) if isinstance(v, k8s.V1EnvVarSource) else k8s.V1EnvVar(name=k, value=v)
+        for k, v in merged.items()
+    ]
 
 
 def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
@@ -229,7 +267,9 @@ def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
     for i, t in enumerate(s.kubernetes.tolerations):
         unknown = sorted(set(t) - set(_TOLERATION_FIELDS))
         if unknown:
-            raise _bad(f"kubernetes.tolerations.{i}", f"unknown field(s) {unknown}; allowed: {list(_TOLERATION_FIELDS)}")
+            raise _bad(
+                f"kubernetes.tolerations.{i}", f"unknown field(s) {unknown}; allowed: {list(_TOLERATION_FIELDS)}"
+            )
         out.append(k8s.V1Toleration(**{_TOLERATION_FIELDS[k]: v for k, v in t.items()}))
     return out
 
@@ -240,12 +280,21 @@ def node_selector(spec: JobSpec | dict, resources: ResourcesConfig | None = None
     config = resources or load_resources()
     gpu = config.gpu_types.get(s.resources.gpu_type)
     if gpu is None:
-        raise _bad("resources.gpu_type", f"unknown GPU type {s.resources.gpu_type!r}; allowed: {sorted(config.gpu_types)}")
+        raise _bad(
+            "resources.gpu_type", f"unknown GPU type {s.resources.gpu_type!r}; allowed: {sorted(config.gpu_types)}"
+        )
     return {**gpu.node_selector, **s.kubernetes.node_selector}
 
 
-def pod_template(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1,
-                 resources: ResourcesConfig | None = None, data_dir: str | None = None) -> k8s.V1PodTemplateSpec:
+def pod_template(
+    spec: JobSpec | dict,
+    run_key: str,
+    config_path: str,
+    *,
+    attempt: int = 1,
+    resources: ResourcesConfig | None = None,
+    data_dir: str | None = None,
+) -> k8s.V1PodTemplateSpec:
     """One node of the job: the trainer container with the data PVC and a RAM-backed /dev/shm."""
     s = as_spec(spec)
     k = s.kubernetes
@@ -260,8 +309,10 @@ def pod_template(spec: JobSpec | dict, run_key: str, config_path: str, *, attemp
         env=_env(s, run_key, config_path, attempt, data_dir),
         ports=ports,
         resources=_resources(s),
-        volume_mounts=[k8s.V1VolumeMount(name="data", mount_path=TRAINYARD_HOME),
-                       k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")],
+        volume_mounts=[
+            k8s.V1VolumeMount(name="data", mount_path=TRAINYARD_HOME),
+            k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+        ],
     )
     pod_spec = k8s.V1PodSpec(
         containers=[container],
@@ -274,7 +325,9 @@ def pod_template(spec: JobSpec | dict, run_key: str, config_path: str, *, attemp
         tolerations=_tolerations(s) or None,
         enable_service_links=False,  # no env var per Service in the namespace
         volumes=[
-            k8s.V1Volume(name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=k.data_pvc)),
+            k8s.V1Volume(
+                name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=k.data_pvc)
+            ),
             # Docker's 64 MiB default /dev/shm breaks DataLoader workers and NCCL's shared-memory transport.
             k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
         ],
@@ -300,15 +353,23 @@ def build_service(spec: JobSpec | dict, run_key: str, *, attempt: int = 1) -> k8
     )
 
 
-def build_job(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1,
-              resources: ResourcesConfig | None = None, data_dir: str | None = None) -> k8s.V1Job:
+def build_job(
+    spec: JobSpec | dict,
+    run_key: str,
+    config_path: str,
+    *,
+    attempt: int = 1,
+    resources: ResourcesConfig | None = None,
+    data_dir: str | None = None,
+) -> k8s.V1Job:
     """An Indexed Job, one pod per node, all started together, never retried by the cluster."""
     s = as_spec(spec)
     return k8s.V1Job(
         api_version="batch/v1",
         kind="Job",
-        metadata=k8s.V1ObjectMeta(name=job_name(s, run_key, attempt=attempt), namespace=s.kubernetes.namespace,
-                                  labels=run_labels(s, run_key)),
+        metadata=k8s.V1ObjectMeta(
+            name=job_name(s, run_key, attempt=attempt), namespace=s.kubernetes.namespace, labels=run_labels(s, run_key)
+        ),
         spec=k8s.V1JobSpec(
             completion_mode="Indexed",
             completions=s.resources.nodes,
@@ -320,8 +381,15 @@ def build_job(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: 
     )
 
 
-def build_pod(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1,
-              resources: ResourcesConfig | None = None, data_dir: str | None = None) -> k8s.V1Pod:
+def build_pod(
+    spec: JobSpec | dict,
+    run_key: str,
+    config_path: str,
+    *,
+    attempt: int = 1,
+    resources: ResourcesConfig | None = None,
+    data_dir: str | None = None,
+) -> k8s.V1Pod:
     """A single-node job as a bare Pod (no Job, no Service), for KubernetesPodOperator."""
     s = as_spec(spec)
     if s.resources.nodes != 1:
@@ -331,19 +399,32 @@ def build_pod(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: 
     return k8s.V1Pod(
         api_version="v1",
         kind="Pod",
-        metadata=k8s.V1ObjectMeta(name=job_name(s, run_key, attempt=attempt), namespace=s.kubernetes.namespace,
-                                  labels=template.metadata.labels),
+        metadata=k8s.V1ObjectMeta(
+            name=job_name(s, run_key, attempt=attempt),
+            namespace=s.kubernetes.namespace,
+            labels=template.metadata.labels,
+        ),
         spec=template.spec,
     )
 
 
-def manifests(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1,
-              resources: ResourcesConfig | None = None, data_dir: str | None = None) -> list[dict]:
+def manifests(
+    spec: JobSpec | dict,
+    run_key: str,
+    config_path: str,
+    *,
+    attempt: int = 1,
+    resources: ResourcesConfig | None = None,
+    data_dir: str | None = None,
+) -> list[dict]:
     """The Service and the Job as plain dicts, in the order they are applied."""
     api = k8s.ApiClient()
-    return [api.sanitize_for_serialization(build_service(spec, run_key, attempt=attempt)),
-            api.sanitize_for_serialization(build_job(spec, run_key, config_path, attempt=attempt,
-                                                     resources=resources, data_dir=data_dir))]
+    return [
+        api.sanitize_for_serialization(build_service(spec, run_key, attempt=attempt)),
+        api.sanitize_for_serialization(
+            build_job(spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir)
+        ),
+    ]
 
 
 # -- the launcher seam's Kubernetes implementation ------------------------------------------------------------
@@ -358,7 +439,8 @@ def in_pod(path: str | Path, home: str | Path) -> str:
     except ValueError:
         raise PermanentError(
             f"{path} is not under TRAINYARD_HOME ({home}), the volume the pods mount (kubernetes.data_pvc): "
-            "the Kubernetes launcher needs the run directory and the prepared data on it") from None
+            "the Kubernetes launcher needs the run directory and the prepared data on it"
+        ) from None
     return posixpath.join(TRAINYARD_HOME, rel.as_posix()) if rel.parts else TRAINYARD_HOME
 
 
@@ -370,7 +452,7 @@ def _rewrite(value: Any, home: Path) -> Any:
         return [_rewrite(v, home) for v in value]
     if isinstance(value, str):
         for prefix in _URI_PREFIXES:  # the plain path last: every string starts with ""
-            rest = value[len(prefix):]
+            rest = value[len(prefix) :]
             if value.startswith(prefix) and (rest == str(home) or rest.startswith(f"{home}/")):
                 return prefix + in_pod(rest, home)
     return value
@@ -421,8 +503,9 @@ class KubernetesLauncher(Launcher):
 
     where = "kubernetes"
 
-    def __init__(self, run_key: str, attempt: int, home: str | Path, *,
-                 resources: ResourcesConfig | None = None) -> None:
+    def __init__(
+        self, run_key: str, attempt: int, home: str | Path, *, resources: ResourcesConfig | None = None
+    ) -> None:
         self.run_key, self.attempt, self.home, self.resources = run_key, attempt, Path(home), resources
 
     def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> KubernetesPlan:
@@ -433,13 +516,19 @@ class KubernetesLauncher(Launcher):
         config = in_pod(pod_config, self.home)
         data_dir = in_pod(data["path"], self.home)
         if spec.resources.nodes == 1:
-            objects: Any = (build_pod(spec, self.run_key, config, attempt=self.attempt, resources=self.resources,
-                                      data_dir=data_dir),)
+            objects: Any = (
+                build_pod(
+                    spec, self.run_key, config, attempt=self.attempt, resources=self.resources, data_dir=data_dir
+                ),
+            )
         else:
-            objects = (build_service(spec, self.run_key, attempt=self.attempt),
-                       build_job(spec, self.run_key, config, attempt=self.attempt, resources=self.resources,
-                                 data_dir=data_dir))
+            objects = (
+                build_service(spec, self.run_key, attempt=self.attempt),
+                build_job(
+                    spec, self.run_key, config, attempt=self.attempt, resources=self.resources, data_dir=data_dir
+                ),
+            )
         return KubernetesPlan(objects, config, run_dir)
 
-    def collect(self, plan: KubernetesPlan, observed: Iterable[k8s.V1Pod]) -> Interval | None:
+    def collect(self, plan: KubernetesPlan | None, observed: Iterable[k8s.V1Pod]) -> Interval | None:
         return running_interval(observed)

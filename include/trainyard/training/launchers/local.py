@@ -32,8 +32,12 @@ def this_host() -> Host:
     """The facts of this machine a local command depends on (the only impure part of planning)."""
     import torch
 
-    return Host(cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-                cores=this_host_cores(), env=dict(os.environ), master_port=free_port())
+    return Host(
+        cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        cores=this_host_cores(),
+        env=dict(os.environ),
+        master_port=free_port(),
+    )
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,9 @@ class LocalLauncher(Launcher):
         self.host = host
 
     def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> LocalPlan:
-        command = local_command(spec, self.host or this_host(), config_path=config_path, data_dir=data["path"],
-                                run_dir=run_dir)
+        command = local_command(
+            spec, self.host or this_host(), config_path=config_path, data_dir=data["path"], run_dir=run_dir
+        )
         return LocalPlan(command, run_dir)
 
     def launch(self, plan: LocalPlan, on_line: Callable[[str], None]) -> None:
