@@ -30,7 +30,7 @@ def cmd_validate(args) -> int:
     from trainyard.spec import load_spec_file
 
     spec = validate_spec(load_spec_file(args.job).model_dump(mode="json"))  # SpecError: cli_command reports it
-    print(json.dumps(spec, indent=1))
+    print(spec.model_dump_json(indent=1))
     return 0
 
 
@@ -39,7 +39,7 @@ def cmd_show(args) -> int:
     from mlflow.exceptions import MlflowException
 
     from trainyard import paths
-    from trainyard.tracking.mlflow_tracking import client
+    from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, client
 
     c = client()
     try:
@@ -60,7 +60,7 @@ def cmd_show(args) -> int:
         print(f"{key[5:]:<17}{tags[key]}")
     print(f"dataset          {tags.get('dataset.store')}:{tags.get('dataset.repo')}@{tags.get('dataset.commit')}")
     print(f"code version     {tags.get('code_version')}")
-    print(f"airflow run      {tags.get('dag_run_id')}")
+    print(f"airflow run      {tags.get(RUN_KEY_TAG)}")
     print(f"ONNX file        {tags.get('onnx_path')}")
     print(f"run directory    {tags.get('run_dir')}")
     print(f"MLflow run       {run.info.run_id} (experiment {run.info.experiment_id})")

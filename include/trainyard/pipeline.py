@@ -40,9 +40,14 @@ def validate_spec(raw: dict) -> JobSpec:
     from trainyard import recipes
     from trainyard.scheduling.resources import check_spec, load_resources
 
+    from trainyard.training.strategies.precision import check_precision
+
     spec = parse_spec(raw)
     check_spec(spec, load_resources())
     recipes.check_spec(spec)
+    # The workers train on GPUs exactly when the job asks for a GPU type (the launcher refuses a GPU job on
+    # a machine without enough of them), so a precision they cannot do is refused before any data moves.
+    check_precision(spec, cuda=spec.resources.gpu_type != "cpu")
     return spec
 
 

@@ -1,6 +1,6 @@
 """The one place where trainyard's error model meets Airflow's.
 
-A ``PermanentError`` (a bad JobSpec, data that fails its suite, a gate breach, a rejected export, a
+A trainyard error that is not ``retryable`` (a bad JobSpec, data that fails its suite, a gate breach, a rejected export, a
 version whose signature does not verify) fails the same way however often it runs, so the task fails at
 once with ``AirflowFailException``: no retries, the message as the reason. Anything else (a retryable
 error, a crash) propagates unchanged and the task's retries apply.
@@ -12,22 +12,17 @@ errors.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _permanent_types() -> tuple[type[BaseException], ...]:
-    from trainyard.errors import PermanentError
-    from trainyard.registry.signing import SigningKeyError, VerificationError
-
-    # The signing errors predate trainyard.errors; they are permanent (a missing key, files that do not
-    # match their signed manifest) but do not subclass PermanentError yet.
-    return PermanentError, SigningKeyError, VerificationError
-
-
 def is_permanent(err: BaseException) -> bool:
-    return isinstance(err, _permanent_types())
+    """A trainyard error that says a retry cannot help (``retryable`` is False)."""
+    from trainyard.errors import TrainyardError
+
+    return isinstance(err, TrainyardError) and not err.retryable
 
 
 def fail_permanently(fn: F) -> F:

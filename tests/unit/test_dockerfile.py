@@ -307,3 +307,10 @@ def test_hadolint_finds_nothing():
         )
     result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pods_run_as_the_images_user():
+    """The pods' securityContext names the uid the Dockerfile creates, so the volume is writable."""
+    from trainyard.training.launchers import kubernetes as K
+
+    assert re.search(rf"^ARG TRAINER_UID={K.TRAINER_UID}$", DOCKERFILE.read_text(), re.M)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Mapping, Union
 
 from trainyard import paths
+from trainyard.errors import PermanentError
 
 FORMAT = "trainyard-manifest/1"
 PRIVATE_NAME = "signing_key.pem"
@@ -30,11 +31,11 @@ VERIFY_ENV = "TRAINYARD_VERIFY_KEY"
 KeySource = Union[str, bytes, Path, None]
 
 
-class SigningKeyError(Exception):
+class SigningKeyError(PermanentError):
     """No usable key where one was looked for; the message says where and how to make one."""
 
 
-class VerificationError(Exception):
+class VerificationError(PermanentError):
     """The files do not match the signed manifest. ``problems`` lists each finding; the message all of them."""
 
     def __init__(self, subject: str, problems: list[str]):

@@ -29,6 +29,7 @@ from typing import Iterable
 
 from trainyard import paths
 from trainyard.registry import signing
+from trainyard.errors import NotFoundError, PermanentError
 from trainyard.registry.signing import VerificationError
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ HISTORY_TAG = "trainyard.alias_history"
 TAG_LIMIT = 5000
 
 
-class RollbackError(Exception):
+class RollbackError(PermanentError):
     """There is nothing to roll back to (no earlier holder recorded, or the target already holds the alias)."""
 
 
@@ -277,7 +278,7 @@ def resolve_version(client, name: str, version: str | int | None, alias: str = "
         return str(client.get_model_version(name, str(version)).version)
     holder = alias_holder(client, name, alias)
     if holder is None:
-        raise LookupError(f"no version given and {name!r} has no {alias!r} alias")
+        raise NotFoundError(f"no version given and {name!r} has no {alias!r} alias; give a version number")
     return holder
 
 

@@ -51,13 +51,14 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from trainyard.errors import PermanentError
+from trainyard.errors import PermanentError, spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig, load_resources
 from trainyard.spec import JobSpec, SpecError, parse_spec
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher
 from trainyard.training.run_config import RunConfig
 
+TRAINER_UID = 50000  # the user the trainer image runs as (Dockerfile ARG TRAINER_UID)
 TRAINYARD_HOME = "/var/trainyard"  # the data PVC's mount point in every pod
 CONTAINER = "trainer"
 RDZV_PORT = 29400
@@ -90,7 +91,7 @@ def as_spec(spec: JobSpec | dict) -> JobSpec:
 
 
 def _bad(field: str, msg: str) -> SpecError:
-    return SpecError(f"invalid JobSpec:\n  {field}: {msg}")
+    return SpecError(spec_error_message([f"{field}: {msg}"]))
 
 
 def _label_value(text: str) -> str:
@@ -316,6 +317,10 @@ def pod_template(
     )
     pod_spec = k8s.V1PodSpec(
         containers=[container],
+        # The image's user (Dockerfile TRAINER_UID, group 0 like the Airflow image): never root, and the
+        # shared volume's files group-owned by 0 so the worker and the pods can both write them.
+        security_context=k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=TRAINER_UID, run_as_group=0,
+                                                  fs_group=0),
         # Never: a crashed worker fails the Job (backoff 0) and Airflow decides whether to retry.
         restart_policy="Never",
         subdomain=job_name(s, run_key, attempt=attempt),

@@ -12,11 +12,13 @@ config blocks (:mod:`trainyard.training.deepspeed_config`).
 from __future__ import annotations
 
 import contextlib
-
-import torch
+from typing import TYPE_CHECKING
 
 from trainyard.errors import PermanentError
 from trainyard.spec import JobSpec
+
+if TYPE_CHECKING:
+    import torch
 
 ON_CPU = ("fp32", "bf16")
 
@@ -39,11 +41,15 @@ def check_precision(spec: JobSpec, cuda: bool) -> None:
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
+    import torch  # not at module level: the validate step calls check_precision without torch
+
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
 def autocast(precision: str, device: torch.device):
     """The context the forward pass and loss run in."""
+    import torch
+
     dtype = autocast_dtype(precision)
     if dtype is None:
         return contextlib.nullcontext()
@@ -51,4 +57,6 @@ def autocast(precision: str, device: torch.device):
 
 
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    import torch
+
     return torch.amp.GradScaler(device.type) if precision == "fp16" else None
