@@ -164,7 +164,8 @@ def main(argv=None) -> int:
               f"{s['perturbed_rejected']}/{s['runs']} (by parity {s['perturbed_rejected_by_parity']}); worst faithful "
               f"{s['worst_faithful_scaled']:.3g} (abs {s['worst_faithful_max_abs_diff']:.3g}) < rtol {gate.rtol:g} "
               f"(x{s['headroom_rtol_over_worst_faithful']:.0f}) < least perturbed {s['least_perturbed_scaled']:.3g} "
-              f"(x{s['sharpness_least_perturbed_over_rtol']:.1f}); margin x{s['margin_least_perturbed_over_worst_faithful']:.0f}; "
+              f"(x{s['sharpness_least_perturbed_over_rtol']:.1f}); "
+              f"margin x{s['margin_least_perturbed_over_worst_faithful']:.0f}; "
               f"rejects one weight moved by >= {s['rejected_from_fraction_est']:.2%} of its layer's RMS")
     ok = all(s["faithful_passed"] == s["runs"] == s["perturbed_rejected"] for s in summary.values())
     return 0 if ok else 1

@@ -2,6 +2,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from datafiles import write_files
 
 REPO = Path(__file__).resolve().parents[1]

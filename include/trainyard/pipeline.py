@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from trainyard import paths
 from trainyard.errors import PermanentError
@@ -39,7 +40,6 @@ def validate_spec(raw: dict) -> JobSpec:
     """Parse and check a raw spec (Params merged with conf); raise SpecError naming every bad field."""
     from trainyard import recipes
     from trainyard.scheduling.resources import check_spec, load_resources
-
     from trainyard.training.strategies.precision import check_precision
 
     spec = parse_spec(raw)

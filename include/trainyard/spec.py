@@ -54,7 +54,7 @@ class SplitSpec(_Model):
     seed: int = Field(0, ge=0, description="salt of the key hash: another seed, another split")
 
     @model_validator(mode="after")
-    def _leaves_training_data(self) -> "SplitSpec":
+    def _leaves_training_data(self) -> SplitSpec:
         if self.val_fraction + self.test_fraction >= 1.0:
             raise ValueError("val_fraction + test_fraction must be < 1 (train gets the rest)")
         return self
@@ -114,7 +114,7 @@ class Threshold(_Model):
     max: float | None = Field(None, description="highest value that passes")
 
     @model_validator(mode="after")
-    def _has_bound(self) -> "Threshold":
+    def _has_bound(self) -> Threshold:
         if self.min is None and self.max is None:
             raise ValueError(f"gate on {self.metric!r} needs min or max")
         return self
@@ -141,7 +141,8 @@ class KubernetesSpec(_Model):
     memory_per_gpu: str = Field("16Gi", description="memory request and limit per GPU (a Kubernetes quantity)")
     schedule_timeout_s: int = Field(
         6 * 3600, ge=60, le=7 * 24 * 3600,
-        description="how long the pods may wait to be scheduled (a cluster queue, quota, scale-up) before the try fails")
+        description="how long the pods may wait to be scheduled (a cluster queue, quota, scale-up) "
+        "before the try fails")
 
 
 class CustomCommand(_Model):
@@ -235,7 +236,7 @@ class JobSpec(_Model):
         return gates
 
     @model_validator(mode="after")
-    def _launcher_fits(self) -> "JobSpec":
+    def _launcher_fits(self) -> JobSpec:
         if self.backends.launcher == "local" and self.resources.nodes > 1:
             raise ValueError("resources.nodes > 1 needs backends.launcher = 'kubernetes' (local runs one node)")
         if self.recipe == "custom" and self.custom is None:

@@ -1,7 +1,7 @@
 """The one place where trainyard's error model meets Airflow's.
 
-A trainyard error that is not ``retryable`` (a bad JobSpec, data that fails its suite, a gate breach, a rejected export, a
-version whose signature does not verify) fails the same way however often it runs, so the task fails at
+A trainyard error that is not ``retryable`` (a bad JobSpec, data that fails its suite, a gate breach, a rejected export,
+a version whose signature does not verify) fails the same way however often it runs, so the task fails at
 once with ``AirflowFailException``: no retries, the message as the reason. Anything else (a retryable
 error, a crash) propagates unchanged and the task's retries apply.
 

@@ -30,7 +30,8 @@ t1 = time.process_time()
 bag = DagBag(dag_folder=sys.argv[1])
 seconds = time.process_time() - t1
 dags = {d: {"owners": [t.owner for t in dag.tasks], "tags": sorted(dag.tags), "doc": bool(dag.doc_md),
-            "retries": {t.task_id: t.retries for t in dag.tasks}, "pools": {t.task_id: [t.pool, t.pool_slots] for t in dag.tasks},
+            "retries": {t.task_id: t.retries for t in dag.tasks},
+            "pools": {t.task_id: [t.pool, t.pool_slots] for t in dag.tasks},
             "error_mapping": {t.task_id: getattr(t.python_callable, "maps_permanent_errors", False)
                               for t in dag.tasks if hasattr(t, "python_callable")},
             "file": dag.fileloc}

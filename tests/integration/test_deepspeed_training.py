@@ -63,9 +63,9 @@ def _has(lines, text) -> bool:
 def test_zero_trains_and_resumes_past_a_damaged_checkpoint(tmp_path, small_spec, prepared, stage):
     """A worker dies in epoch 3 (checkpoints of epochs 1 and 2 written), the newest checkpoint is then
     damaged; the retry skips it, resumes at the epoch-1 checkpoint and trains to the end."""
-    from trainyard.training.strategies.deepspeed import MARKER
-    from trainyard.training.launchers.local import LaunchError
     from trainyard.recipes import load_model
+    from trainyard.training.launchers.local import LaunchError
+    from trainyard.training.strategies.deepspeed import MARKER
 
     config = _config(tmp_path, small_spec, prepared, zero_stage=stage)
     out = RunConfig.load(config)

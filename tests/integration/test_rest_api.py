@@ -5,6 +5,7 @@ and with one only the JobSpec refuses and see the first task fail naming the fie
 viewer cannot trigger (403).
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -64,17 +65,16 @@ class Airflow:
     def start(self):
         for name in ("api-server", "scheduler", "dag-processor"):
             argv = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
-            log = open(self.home / f"{name}.log", "w")
-            self.procs.append(subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                               cwd=REPO, start_new_session=True))
+            # the child holds its own copy of the descriptor, so ours can close once it has started
+            with open(self.home / f"{name}.log", "w") as log:
+                self.procs.append(subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                   cwd=REPO, start_new_session=True))
         self.wait(lambda: requests.get(f"{self.url}/api/v2/monitor/health", timeout=5).ok, 180, "API server")
 
     def stop(self):
         for p in self.procs:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for p in self.procs:
             try:
                 p.wait(timeout=30)

@@ -82,7 +82,7 @@ def test_sigkill_of_a_worker_mid_epoch_resumes(tmp_path, prepared):
     resumed_step = int(resumed[-1].split(" at step ")[1].split()[0])
     # At most one checkpoint interval is lost: the restart continues from the last checkpoint seen.
     assert resumed_step >= killed["after_checkpoint"]
-    assert 0 < resumed_step % steps_per_epoch  # mid-epoch: the data position was restored
+    assert resumed_step % steps_per_epoch > 0  # mid-epoch: the data position was restored
     result = json.loads((tmp_path / "chaos" / "train_result.json").read_text())
     assert result["steps"] == baseline["steps"]
     assert abs(result["val_accuracy"] - baseline["val_accuracy"]) <= 0.01

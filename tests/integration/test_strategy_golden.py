@@ -70,7 +70,7 @@ def ddp_curve(tmp_path_factory, prepared):
 def test_same_loss_curve_as_ddp(tmp_path, prepared, ddp_curve, name):
     curve = _curve(tmp_path, prepared, name, CASES[name])
     assert [s for s, _ in ddp_curve] == [s for s, _ in curve] == list(range(1, STEPS + 1))
-    diffs = [abs(a - b) for (_, a), (_, b) in zip(ddp_curve, curve)]
+    diffs = [abs(a - b) for (_, a), (_, b) in zip(ddp_curve, curve, strict=True)]
     print(f"golden {name}: max |loss - ddp| = {max(diffs):.3g} at step {diffs.index(max(diffs)) + 1}")
     worst = max(range(STEPS), key=diffs.__getitem__)
     assert max(diffs) <= TOLERANCE, (

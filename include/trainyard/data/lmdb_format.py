@@ -10,8 +10,8 @@ from __future__ import annotations
 import io
 import json
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -52,7 +52,7 @@ def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
     env = lmdb.open(str(path), map_size=size, subdir=True, lock=False)
     keys = []
     with env.begin(write=True) as txn:
-        for (key, label, image, _), target in zip(records, targets):
+        for (key, label, image, _), target in zip(records, targets, strict=True):
             txn.put(key.encode(), encode(label, image))
             if target is not None:
                 txn.put((TARGET_PREFIX + key).encode(), target)

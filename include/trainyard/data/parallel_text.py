@@ -101,7 +101,7 @@ def profile_pairs(pairs: list[Pair]):
             "key": pd.Series([p.key or None for p in pairs], dtype=object),  # "" counts as no key
             "source_len": src,
             "target_len": tgt,
-            "length_ratio": [t / s if s and t else float("nan") for s, t in zip(src, tgt)],
+            "length_ratio": [t / s if s and t else float("nan") for s, t in zip(src, tgt, strict=True)],
             "source_empty": [n == 0 for n in src],
             "target_empty": [n == 0 for n in tgt],
         }

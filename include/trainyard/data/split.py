@@ -7,7 +7,7 @@ an existing sample from one split to another.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def bucket(key: str, seed: int) -> float:

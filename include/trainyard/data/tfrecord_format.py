@@ -5,7 +5,8 @@ data), so ``tf.data.TFRecordDataset`` + ``tf.io.parse_single_example`` read thes
 are. Record 0 is an Example holding only ``__meta__`` (JSON), so the file is self-contained.
 Sample features: ``key``, ``label``, ``image/raw``, ``image/height``, ``image/width``,
 ``image/dtype``; ``image/channels`` for an (H, W, C) image and ``target`` (JSON bytes) for a record
-that carries more than a label (detection boxes, a sentence pair). TensorFlow itself is not needed: the CRC comes from tensorboard's stub.
+that carries more than a label (detection boxes, a sentence pair). TensorFlow itself is not needed: the
+CRC comes from tensorboard's stub.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import functools
 import json
 import os
 import struct
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO
 
 import numpy as np
 from google.protobuf import descriptor_pb2

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -104,7 +104,7 @@ def _quiet_exporter():
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 
 
@@ -175,7 +175,7 @@ def check_parity(expected, actual, rtol: float | None = None, atol: float | None
     if not len(expected) == len(actual) == len(names):
         raise ParityError(f"{len(actual)} outputs to compare with {len(expected)} references named {names}")
     outputs = {}
-    for name, e, a in zip(names, expected, actual):
+    for name, e, a in zip(names, expected, actual, strict=True):
         e, a = np.asarray(e, dtype=np.float64), np.asarray(a, dtype=np.float64)
         if e.shape != a.shape:
             raise ParityError(f"ONNX output {name!r} shape {a.shape} != PyTorch output shape {e.shape}")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -42,10 +42,10 @@ def options_problems(recipe: str, model: type[Options], err: ValidationError) ->
     return lines
 
 
-O = TypeVar("O", bound=Options)
+OptionsT = TypeVar("OptionsT", bound=Options)
 
 
-class Recipe(Generic[O]):
+class Recipe(Generic[OptionsT]):
     """One kind of training job, end to end. Subclasses set the class attributes and implement the rest.
 
     Worker side (inside torchrun / horovodrun / deepspeed processes): ``load``, ``build_model``, ``loss``,
@@ -57,7 +57,7 @@ class Recipe(Generic[O]):
     name: str = ""
     data_kind: str = ""  # the dataset layout, and so the expectation suites
     sources: dict[str, str] = {}  # built-in dataset.source -> "module:function(store, repo, branch)"
-    options_model: type[O]  # recipe_options: names, types, defaults, bounds, descriptions
+    options_model: type[OptionsT]  # recipe_options: names, types, defaults, bounds, descriptions
     metrics: tuple[str, ...] = ()  # what ``evaluate`` reports, as <split>_<name>: what gates may name
 
     # -- spec ----------------------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ class Recipe(Generic[O]):
             return options_problems(self.name, self.options_model, err)
         return []
 
-    def opts(self, spec: JobSpec) -> O:
+    def opts(self, spec: JobSpec) -> OptionsT:
         """The recipe's options of ``spec`` with their defaults filled in; SpecError naming each bad one."""
         problems = self.option_problems(spec.recipe_options)
         if problems:
@@ -90,11 +90,11 @@ class Recipe(Generic[O]):
         """The dataset's expectation suites -> a ValidationReport (Data Docs under ``docs_dir``)."""
         raise NotImplementedError
 
-    def samples(self, dataset_dir: Path, options: O) -> tuple[list[str], Callable[[str], tuple], dict]:
+    def samples(self, dataset_dir: Path, options: OptionsT) -> tuple[list[str], Callable[[str], tuple], dict]:
         """(sample keys, key -> record tuple, meta) for ``prepare_records``."""
         raise NotImplementedError
 
-    def variant(self, options: O) -> str:
+    def variant(self, options: OptionsT) -> str:
         """What besides the commit and split shapes the prepared records (part of the cache key)."""
         return self.name
 
@@ -103,7 +103,7 @@ class Recipe(Generic[O]):
         """(train dataset of tensor tuples, val data for ``val_metrics``, meta for ``build_model``)."""
         raise NotImplementedError
 
-    def build_model(self, meta: dict, options: O) -> torch.nn.Module:
+    def build_model(self, meta: dict, options: OptionsT) -> torch.nn.Module:
         raise NotImplementedError
 
     def loss(self, model, batch: list[torch.Tensor]) -> torch.Tensor:
@@ -120,15 +120,15 @@ class Recipe(Generic[O]):
         raise NotImplementedError
 
     # -- evaluation and export (tasks) ---------------------------------------------------------------------
-    def evaluate(self, model_path: str, data: dict, split: str, options: O) -> tuple[dict[str, float], dict[str, str]]:
+    def evaluate(self, model_path: str, data: dict, split: str, options: OptionsT) -> tuple[dict[str, float], dict[str, str]]:
         """(metrics prefixed with ``split``, info such as metric signatures) of a model file on a split."""
         raise NotImplementedError
 
-    def export(self, model_path: str, data: dict, out_dir: Path, export: ExportSpec, options: O) -> dict:
+    def export(self, model_path: str, data: dict, out_dir: Path, export: ExportSpec, options: OptionsT) -> dict:
         """ONNX file + parity + the metric re-computed with onnxruntime; raises ExportFailed."""
         raise NotImplementedError
 
-    def onnx_metrics(self, onnx_path: Path, data: dict, options: O) -> dict[str, float]:
+    def onnx_metrics(self, onnx_path: Path, data: dict, options: OptionsT) -> dict[str, float]:
         """The val metrics of an ONNX model of this recipe (for champion/challenger)."""
         raise NotImplementedError
 

@@ -53,7 +53,7 @@ def ground_truth(targets: list[dict], meta: dict) -> dict:
         images.append({"id": t["image_id"], "file_name": t["file_name"], "width": t["width"], "height": t["height"]})
         n = len(t["boxes"])
         for box, cat, area, crowd in zip(t["boxes"], t["category_ids"], t.get("areas", [None] * n),
-                                         t.get("iscrowd", [0] * n)):
+                                         t.get("iscrowd", [0] * n), strict=True):
             annotations.append({"id": len(annotations) + 1, "image_id": t["image_id"], "category_id": cat,
                                 "bbox": box, "area": box[2] * box[3] if area is None else area, "iscrowd": crowd})
     return {"images": images, "annotations": annotations, "categories": meta["categories"]}
@@ -99,7 +99,7 @@ def detections(heads: list[np.ndarray], targets: list[dict], meta: dict, top_k: 
     size = meta["image_size"]
     cats = [c["id"] for c in meta["categories"]]
     out = []
-    for t, dets in zip(targets, decode(*heads, top_k=top_k)):
+    for t, dets in zip(targets, decode(*heads, top_k=top_k), strict=True):
         sx, sy = t["width"] / size, t["height"] / size
         for c, score, (x, y, w, h) in dets:
             out.append({"image_id": t["image_id"], "category_id": cats[c], "score": score,
@@ -116,12 +116,12 @@ def torch_heads(model, x: torch.Tensor, device=None, dtype=torch.float32) -> lis
             xb = x[i : i + BATCH] if device is None else x[i : i + BATCH].to(device, dtype)
             parts.append([o.float().cpu().numpy() for o in model(xb)])
     model.train(was_training)
-    return [np.concatenate(p) for p in zip(*parts)]
+    return [np.concatenate(p) for p in zip(*parts, strict=True)]
 
 
 def onnx_heads(session, x: np.ndarray) -> list[np.ndarray]:
     parts = [session.run(None, {"image": x[i : i + BATCH]}) for i in range(0, len(x), BATCH)]
-    return [np.concatenate(p) for p in zip(*parts)]
+    return [np.concatenate(p) for p in zip(*parts, strict=True)]
 
 
 def prefixed(metrics: dict, split: str) -> dict[str, float]:
@@ -223,7 +223,7 @@ class CenterNetDetector(Recipe[DetectionOptions]):
                 losses.append(float(loss([o.float().cpu() for o in out], *maps)) * len(x))
                 parts.append([o.float().cpu().numpy() for o in out])
         model.train(was_training)
-        heads = [np.concatenate(p) for p in zip(*parts)]
+        heads = [np.concatenate(p) for p in zip(*parts, strict=True)]
         val_loss = sum(losses) / max(len(val["dataset"]), 1)
         meta = val["meta"]
         m = coco_map(ground_truth(val["targets"], meta), detections(heads, val["targets"], meta, val["top_k"]))
@@ -258,7 +258,8 @@ class CenterNetDetector(Recipe[DetectionOptions]):
         return metrics, {"coco_backend": options.coco_backend, "coco_iou_type": "bbox"}
 
     def export(self, model_path, data, out_dir, export, options):
-        from trainyard.export.onnx_export import export as to_onnx, onnx_session
+        from trainyard.export.onnx_export import export as to_onnx
+        from trainyard.export.onnx_export import onnx_session
         from trainyard.recipes import load_model
 
         model = load_model(model_path)

@@ -83,7 +83,8 @@ class DigitsCNN(Recipe[DigitsOptions]):
 
     def export(self, model_path, data, out_dir, export, options):
         from trainyard.evaluation.classification import classification_metrics, predict
-        from trainyard.export.onnx_export import export as to_onnx, onnx_predict
+        from trainyard.export.onnx_export import export as to_onnx
+        from trainyard.export.onnx_export import onnx_predict
         from trainyard.recipes import load_model
 
         model = load_model(model_path)

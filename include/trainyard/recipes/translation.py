@@ -55,7 +55,7 @@ class TranslationOptions(Options):
         return name
 
     @model_validator(mode="after")
-    def _heads_divide_width(self) -> "TranslationOptions":
+    def _heads_divide_width(self) -> TranslationOptions:
         if self.d_model % self.nhead:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of nhead ({self.nhead})")
         return self
@@ -173,7 +173,7 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         n = model.config["max_len"]
         parts = [greedy_decode(step, src[i : i + BATCH], n) for i in range(0, len(src), BATCH)]
         out = np.full((len(src), max((p.shape[1] for p in parts), default=0)), PAD, dtype=np.int64)
-        for i, p in zip(range(0, len(src), BATCH), parts):
+        for i, p in zip(range(0, len(src), BATCH), parts, strict=True):
             out[i : i + len(p), : p.shape[1]] = p
         return out
 
@@ -198,7 +198,8 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         return self._scores(model, self.translate(self.torch_step(model), model, src), refs, split, options)
 
     def export(self, model_path, data, out_dir, export, options):
-        from trainyard.export.onnx_export import export as to_onnx, onnx_session
+        from trainyard.export.onnx_export import export as to_onnx
+        from trainyard.export.onnx_export import onnx_session
         from trainyard.recipes import load_model
 
         model = load_model(model_path)
@@ -216,7 +217,10 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         logits_onnx = self.onnx_step(session)(fixed_src, fixed_tgt)
         ids_torch = self.translate(self.torch_step(model), model, src)
         ids_onnx = self.translate(self.onnx_step(session), model, src)
-        differ = int(sum(not np.array_equal(a, b) for a, b in zip(ids_torch, ids_onnx))) if ids_torch.shape == ids_onnx.shape else len(src)
+        if ids_torch.shape == ids_onnx.shape:
+            differ = int(sum(not np.array_equal(a, b) for a, b in zip(ids_torch, ids_onnx, strict=True)))
+        else:
+            differ = len(src)
         problems = [f"greedy decoding differs on {differ}/{len(src)} val sentences"] if differ else []
         bleu_torch = self._scores(model, ids_torch, refs, "val", options)[0]["val_bleu"]
         bleu_onnx = self._scores(model, ids_onnx, refs, "val", options)[0]["val_bleu"]

@@ -55,7 +55,7 @@ def register_onnx(
 
     session = onnx_session(onnx_path)
     feeds = input_example if isinstance(input_example, dict) else {session.get_inputs()[0].name: input_example}
-    outputs = dict(zip((o.name for o in session.get_outputs()), session.run(None, feeds)))
+    outputs = dict(zip((o.name for o in session.get_outputs()), session.run(None, feeds), strict=True))
     signature = infer_signature(input_example, outputs if len(outputs) > 1 else next(iter(outputs.values())))
     # log_model works on the active run of the global tracking URI: point it at our store for this call
     # only, so no later caller in the process (another task, a test) silently talks to this store.

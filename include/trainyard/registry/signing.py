@@ -16,8 +16,8 @@ import base64
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Union
 
 from trainyard import paths
 from trainyard.errors import PermanentError
@@ -28,7 +28,7 @@ PUBLIC_NAME = "verify_key.pem"
 SIGNING_ENV = "TRAINYARD_SIGNING_KEY"
 VERIFY_ENV = "TRAINYARD_VERIFY_KEY"
 
-KeySource = Union[str, bytes, Path, None]
+KeySource = str | bytes | Path | None
 
 
 class SigningKeyError(PermanentError):

@@ -23,13 +23,13 @@ import json
 import logging
 import os
 import tempfile
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterable
 
 from trainyard import paths
-from trainyard.registry import signing
 from trainyard.errors import NotFoundError, PermanentError
+from trainyard.registry import signing
 from trainyard.registry.signing import VerificationError
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,8 @@ def sign_version(client, name: str, version, private_key) -> dict:
         if signing.digest(stored[0]) == digest:  # signed before (a retry): keep that signature and its key
             return {**summary, "key_id": mv.tags.get(KEY_ID_TAG), "changed": False}
         raise VerificationError(f"{name} version {version}", [
-            f"already signed over different content (manifest {mv.tags.get(DIGEST_TAG, '?')[:12]}, now {digest[:12]}); "
+            f"already signed over different content (manifest {mv.tags.get(DIGEST_TAG, '?')[:12]}, "
+            f"now {digest[:12]}); "
             "a registered version's files must not change: register a new version instead"])
     tags = {**_manifest_tags(signing.canonical(m).decode("utf-8")), DIGEST_TAG: digest,
             SIGNATURE_TAG: signing.sign(m, private_key), KEY_ID_TAG: summary["key_id"]}
@@ -234,7 +235,7 @@ def _mirror(client, name: str, history: History) -> None:
 
 def _when(value) -> datetime:
     t = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def live_at(history, name: str, alias: str, when) -> str | None:
@@ -301,7 +302,7 @@ def promote(client, name: str, version, alias: str, *, user: str, reason: str, p
         from_version = current
     client.set_registered_model_alias(name, alias, version)
     entry = {"model": name, "alias": alias, "from_version": from_version, "to_version": version, "user": user,
-             "reason": reason, "at": datetime.now(timezone.utc).isoformat(timespec="microseconds"), "action": action,
+             "reason": reason, "at": datetime.now(UTC).isoformat(timespec="microseconds"), "action": action,
              "manifest_sha256": verified["manifest_sha256"], "key_id": verified["key_id"], **(extra or {})}
     history.append(entry)
     _mirror(client, name, history)

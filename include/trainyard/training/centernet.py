@@ -60,7 +60,7 @@ def gaussian_targets(boxes: np.ndarray, labels: np.ndarray, num_classes: int, gr
     offset = np.zeros((2, grid, grid), np.float32)
     mask = np.zeros((1, grid, grid), np.float32)
     ys, xs = np.mgrid[0:grid, 0:grid]
-    for (x, y, w, h), c in zip(boxes, labels):
+    for (x, y, w, h), c in zip(boxes, labels, strict=True):
         if w <= 0 or h <= 0:
             continue
         cx, cy = (x + w / 2) / STRIDE, (y + h / 2) / STRIDE

@@ -28,7 +28,7 @@ class Vocab:
         self.index = {w: i for i, w in enumerate(self.words)}
 
     @classmethod
-    def build(cls, sentences: Iterable[str], max_size: int = 10000) -> "Vocab":
+    def build(cls, sentences: Iterable[str], max_size: int = 10000) -> Vocab:
         counts = Counter(w for s in sentences for w in s.split())
         ranked = sorted(counts, key=lambda w: (-counts[w], w))[: max_size - len(SPECIALS)]
         return cls(list(SPECIALS) + ranked)

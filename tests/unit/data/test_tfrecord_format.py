@@ -3,9 +3,9 @@ import struct
 
 import numpy as np
 import pytest
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c, masked_crc32c
 
 from trainyard.data import tfrecord_format
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c, masked_crc32c
 
 SAMPLE_FEATURES = {"key", "label", "image/raw", "image/height", "image/width", "image/dtype"}
 
@@ -37,7 +37,7 @@ def test_round_trip(tmp_path):
     assert keys == [f"k{i}" for i in range(5)]
     assert labels.dtype == np.int64 and labels.tolist() == [0, 1, 2, 0, 1]
     assert images.shape == (5, 3, 4) and images.dtype == np.uint8
-    for got, (_, _, want) in zip(images, _records()):
+    for got, (_, _, want) in zip(images, _records(), strict=True):
         assert np.array_equal(got, want)
     assert meta == {"pixel_max": 16, "classes": ["a", "b"]}
     assert [p.name for p in tmp_path.iterdir()] == ["train.tfrecord"]  # no temp file left

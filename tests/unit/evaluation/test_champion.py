@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from pydantic import ValidationError
 
 from trainyard.evaluation.champion import ChampionCheck, champion_check, combined_gate, message

@@ -43,7 +43,8 @@ def trained(request, tmp_path_factory):
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = torch.utils.data.DataLoader(train, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
     # 20 steps: an untrained CenterNet's heatmap is its constant prior bias, which no hidden weight moves
-    for _, batch in zip(range(STEPS), (b for _ in range(STEPS) for b in loader)):
+    # the batch stream is longer than STEPS on purpose: zip stops after STEPS steps
+    for _, batch in zip(range(STEPS), (b for _ in range(STEPS) for b in loader), strict=False):
         optimiser.zero_grad()
         recipe.loss(model, list(batch)).backward()
         optimiser.step()

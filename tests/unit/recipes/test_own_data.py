@@ -39,7 +39,7 @@ def test_own_coco_data_of_another_size(trainyard_home, tmp_path, fmt):
     by_image = {}
     for a in coco["annotations"]:
         by_image.setdefault(a["image_id"], []).append(a["bbox"])
-    for key, target in zip(keys, formats.read_with_targets(fmt, data["train"])[4]):
+    for key, target in zip(keys, formats.read_with_targets(fmt, data["train"])[4], strict=True):
         assert key == f"image-{target['image_id']}" and (target["width"], target["height"]) == (48, 48)
         assert target["boxes"] == by_image.get(target["image_id"], [])
     # another input size is another prepared copy, never a stale cache hit
