@@ -51,8 +51,9 @@ def prepared(name: str, root: Path) -> tuple[object, JobSpec, dict]:
     for rel, blob in DATASETS[name]().items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(blob)
-    data = prepare_records(lambda: recipe.samples(root, options), "b" * 64, root / "prepared", 0.2, 0,
-                           variant=recipe.variant(options))
+    data = prepare_records(
+        lambda: recipe.samples(root, options), "b" * 64, root / "prepared", 0.2, 0, variant=recipe.variant(options)
+    )
     return recipe, spec, data
 
 
@@ -63,8 +64,9 @@ def train(recipe, spec: JobSpec, data: dict, seed: int, steps: int, out: Path) -
     model = recipe.build_model(meta, recipe.opts(spec))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True,
-                                         generator=torch.Generator().manual_seed(seed))
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
     done = 0
     while done < steps:
         for batch in loader:
@@ -84,6 +86,7 @@ def verdict(recipe, spec: JobSpec, model_path: Path, data: dict, out: Path, frac
     writes the model with one weight perturbed."""
     real = onnx_export.export
     if fraction is not None:
+
         def perturbed(model, example, path, **kwargs):
             return real(one_weight_perturbed(model, fraction)[0], example, path, **kwargs)
 
@@ -96,9 +99,14 @@ def verdict(recipe, spec: JobSpec, model_path: Path, data: dict, out: Path, frac
     finally:
         onnx_export.export = real
     parity = record.get("parity", {})
-    return {"passed": passed, "parity_passed": parity.get("passed"), "max_abs_diff": parity.get("max_abs_diff"),
-            "max_scaled_diff": parity.get("max_scaled_diff"), "failed_outputs": parity.get("failed"),
-            "message": message}
+    return {
+        "passed": passed,
+        "parity_passed": parity.get("passed"),
+        "max_abs_diff": parity.get("max_abs_diff"),
+        "max_scaled_diff": parity.get("max_scaled_diff"),
+        "failed_outputs": parity.get("failed"),
+        "message": message,
+    }
 
 
 def summarise(runs: list[dict], rtol: float, fraction: float) -> dict:
@@ -125,14 +133,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--steps", type=int, default=60, help="training steps per run (batch 32)")
-    ap.add_argument("--fraction", type=float, default=0.03,
-                    help="the perturbed weight moves by this fraction of its layer's RMS weight")
+    ap.add_argument(
+        "--fraction",
+        type=float,
+        default=0.03,
+        help="the perturbed weight moves by this fraction of its layer's RMS weight",
+    )
     ap.add_argument("--recipes", nargs="+", default=["transformer_translator", "digits_cnn", "centernet_detector"])
     ap.add_argument("--out", type=Path, help="also write every run's figures as JSON here")
     args = ap.parse_args(argv)
     gate = ExportSpec()
-    print(f"gate: |onnx - torch| <= atol={gate.atol} + rtol={gate.rtol} x each output's max |value|; "
-          f"{args.runs} runs x {args.steps} steps; perturbation {args.fraction} x layer RMS")
+    print(
+        f"gate: |onnx - torch| <= atol={gate.atol} + rtol={gate.rtol} x each output's max |value|; "
+        f"{args.runs} runs x {args.steps} steps; perturbation {args.fraction} x layer RMS"
+    )
     results: dict[str, list] = {name: [] for name in args.recipes}
     summary: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,25 +162,39 @@ def main(argv=None) -> int:
                 good = verdict(recipe, spec, model_path, data, run_dir / "faithful", None)
                 bad = verdict(recipe, spec, model_path, data, run_dir / "perturbed", args.fraction)
                 results[name].append({"seed": seed, "faithful": good, "perturbed": bad})
-                print(f"{name:24s} seed {seed:2d}  faithful: max|diff| {good['max_abs_diff']:.3g} scaled "
-                      f"{good['max_scaled_diff']:.3g} {'PASS' if good['passed'] else 'FAIL ' + good['message']}  "
-                      f"| perturbed: scaled {bad['max_scaled_diff']:.3g} "
-                      f"{'REJECTED ' + str(bad['failed_outputs']) if not bad['passed'] else 'PASSED (gate not sharp)'}"
-                      f"  ({time.perf_counter() - t0:.1f}s)", flush=True)
+                print(
+                    f"{name:24s} seed {seed:2d}  faithful: max|diff| {good['max_abs_diff']:.3g} scaled "
+                    f"{good['max_scaled_diff']:.3g} {'PASS' if good['passed'] else 'FAIL ' + good['message']}  "
+                    f"| perturbed: scaled {bad['max_scaled_diff']:.3g} "
+                    f"{'REJECTED ' + str(bad['failed_outputs']) if not bad['passed'] else 'PASSED (gate not sharp)'}"
+                    f"  ({time.perf_counter() - t0:.1f}s)",
+                    flush=True,
+                )
                 summary[name] = summarise(results[name], gate.rtol, args.fraction)
             if args.out:  # after each seed, so a long run that is stopped still leaves its figures
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"gate": gate.model_dump(), "args": {k: str(v) for k, v in vars(args).items()},
-                                                "summary": summary, "runs": results}, indent=1))
+                args.out.write_text(
+                    json.dumps(
+                        {
+                            "gate": gate.model_dump(),
+                            "args": {k: str(v) for k, v in vars(args).items()},
+                            "summary": summary,
+                            "runs": results,
+                        },
+                        indent=1,
+                    )
+                )
     print("\nsummary (scaled = max |onnx - torch| / the output's max |value|; the gate's bound is rtol)")
     for name, s in summary.items():
-        print(f"{name:24s} faithful pass {s['faithful_passed']}/{s['runs']}, perturbed rejected "
-              f"{s['perturbed_rejected']}/{s['runs']} (by parity {s['perturbed_rejected_by_parity']}); worst faithful "
-              f"{s['worst_faithful_scaled']:.3g} (abs {s['worst_faithful_max_abs_diff']:.3g}) < rtol {gate.rtol:g} "
-              f"(x{s['headroom_rtol_over_worst_faithful']:.0f}) < least perturbed {s['least_perturbed_scaled']:.3g} "
-              f"(x{s['sharpness_least_perturbed_over_rtol']:.1f}); "
-              f"margin x{s['margin_least_perturbed_over_worst_faithful']:.0f}; "
-              f"rejects one weight moved by >= {s['rejected_from_fraction_est']:.2%} of its layer's RMS")
+        print(
+            f"{name:24s} faithful pass {s['faithful_passed']}/{s['runs']}, perturbed rejected "
+            f"{s['perturbed_rejected']}/{s['runs']} (by parity {s['perturbed_rejected_by_parity']}); worst faithful "
+            f"{s['worst_faithful_scaled']:.3g} (abs {s['worst_faithful_max_abs_diff']:.3g}) < rtol {gate.rtol:g} "
+            f"(x{s['headroom_rtol_over_worst_faithful']:.0f}) < least perturbed {s['least_perturbed_scaled']:.3g} "
+            f"(x{s['sharpness_least_perturbed_over_rtol']:.1f}); "
+            f"margin x{s['margin_least_perturbed_over_worst_faithful']:.0f}; "
+            f"rejects one weight moved by >= {s['rejected_from_fraction_est']:.2%} of its layer's RMS"
+        )
     ok = all(s["faithful_passed"] == s["runs"] == s["perturbed_rejected"] for s in summary.values())
     return 0 if ok else 1
 

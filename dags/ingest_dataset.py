@@ -32,11 +32,16 @@ default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(sec
     doc_md=__doc__,
     params={
         "folder": Param("", type="string", description="Folder on the worker to upload.", minLength=1),
-        "repo": Param("digits", type="string", description="Dataset repository.", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"),
+        "repo": Param(
+            "digits", type="string", description="Dataset repository.", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+        ),
         "branch": Param("main", type="string", description="Branch to commit to."),
         "store": Param("local", enum=["local", "lakefs"], description="Dataset store backend."),
-        "kind": Param("auto", enum=["auto", "image_classification", "coco_detection", "parallel_text"],
-                      description="Data kind (selects the expectation suite); auto = from the folder's files."),
+        "kind": Param(
+            "auto",
+            enum=["auto", "image_classification", "coco_detection", "parallel_text"],
+            description="Data kind (selects the expectation suite); auto = from the folder's files.",
+        ),
         "message": Param("", type="string", description="Commit message."),
     },
 )
@@ -57,8 +62,13 @@ def ingest_dataset():
         report = validate_folder(params["folder"], kind, docs_dir=docs)
         if not report.success:
             raise DataValidationError(f"{params['folder']} failed validation; nothing committed.\n{report.summary()}")
-        return {"digest": digest, "kind": kind, "files": len(files), "docs": report.docs,
-                "validation": report.summary()}
+        return {
+            "digest": digest,
+            "kind": kind,
+            "files": len(files),
+            "docs": report.docs,
+            "validation": report.summary(),
+        }
 
     @task(outlets=[DATASETS])
     @fail_permanently
@@ -71,8 +81,13 @@ def ingest_dataset():
         register_store()
 
         result = upload_folder(
-            open_store(params["store"]), params["repo"], params["branch"], params["folder"], kind=checked["kind"],
-            message=params["message"], expected_digest=checked["digest"],
+            open_store(params["store"]),
+            params["repo"],
+            params["branch"],
+            params["folder"],
+            kind=checked["kind"],
+            message=params["message"],
+            expected_digest=checked["digest"],
         )
         outlet_events[DATASETS].extra = {k: result[k] for k in ("store", "repo", "branch", "commit", "digest")}
         return result

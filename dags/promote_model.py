@@ -84,14 +84,17 @@ def promote_model():
 
     approve = ApprovalOperator(
         task_id="approve",
-        subject="Move {{ params.alias }} of {{ params.model }} to version "
-                "{{ ti.xcom_pull(task_ids='verify')['version'] }}?",
-        body="Currently `{{ params.alias }}` = version {{ ti.xcom_pull(task_ids='verify')['current'] }}.\n\n"
-             "Version {{ ti.xcom_pull(task_ids='verify')['version'] }} verified: "
-             "{{ ti.xcom_pull(task_ids='verify')['files'] }} files, manifest "
-             "`{{ ti.xcom_pull(task_ids='verify')['manifest_sha256'] }}`, key "
-             "`{{ ti.xcom_pull(task_ids='verify')['key_id'] }}`.\n\nReason: {{ params.reason }}\n\n"
-             "Requested by {{ dag_run.triggering_user_name or 'airflow' }}.",
+        subject=(
+            "Move {{ params.alias }} of {{ params.model }} to version {{ ti.xcom_pull(task_ids='verify')['version'] }}?"
+        ),
+        body=(
+            "Currently `{{ params.alias }}` = version {{ ti.xcom_pull(task_ids='verify')['current'] }}.\n\n"
+            "Version {{ ti.xcom_pull(task_ids='verify')['version'] }} verified: "
+            "{{ ti.xcom_pull(task_ids='verify')['files'] }} files, manifest "
+            "`{{ ti.xcom_pull(task_ids='verify')['manifest_sha256'] }}`, key "
+            "`{{ ti.xcom_pull(task_ids='verify')['key_id'] }}`.\n\nReason: {{ params.reason }}\n\n"
+            "Requested by {{ dag_run.triggering_user_name or 'airflow' }}."
+        ),
         defaults="Reject",  # no answer within response_timeout = Reject = failed run, alias unchanged
         response_timeout=APPROVAL_TIMEOUT,
         fail_on_reject=True,
@@ -111,9 +114,16 @@ def promote_model():
         answer = ctx["ti"].xcom_pull(task_ids="approve") if params["require_approval"] else None
         if answer:
             extra["approved_by"] = (answer.get("responded_by_user") or {}).get("name")
-        return promote(client(), params["model"], verified["version"], params["alias"],
-                       user=getattr(dag_run, "triggering_user_name", None) or "airflow",
-                       reason=params["reason"], public_key=_verify_key(), extra=extra)
+        return promote(
+            client(),
+            params["model"],
+            verified["version"],
+            params["alias"],
+            user=getattr(dag_run, "triggering_user_name", None) or "airflow",
+            reason=params["reason"],
+            public_key=_verify_key(),
+            extra=extra,
+        )
 
     verified = verify()
     branch = needs_approval()

@@ -51,11 +51,16 @@ class _Shared(dict):
 
 def _params() -> dict[str, Param]:
     """One Param per JobSpec field, its schema (nested fields, descriptions, enums, bounds) from the model."""
-    return {name: Param(_Shared(DEFAULT[name]) if isinstance(DEFAULT[name], dict) else DEFAULT[name],
-                        description=schema.get("description"),
-                        schema=_Shared({**{k: v for k, v in schema.items() if k not in ("default", "title", "description")},
-                                        "title": name}))
-            for name, schema in param_schemas().items()}
+    return {
+        name: Param(
+            _Shared(DEFAULT[name]) if isinstance(DEFAULT[name], dict) else DEFAULT[name],
+            description=schema.get("description"),
+            schema=_Shared(
+                {**{k: v for k, v in schema.items() if k not in ("default", "title", "description")}, "title": name}
+            ),
+        )
+        for name, schema in param_schemas().items()
+    }
 
 
 def _spec(xcom: dict) -> JobSpec:
@@ -214,9 +219,11 @@ def train_pipeline():
         config_path=plan["config_path"],
         pool=GPU_POOL,
         pool_slots=GPU_SLOTS,
-        doc_md="A Pod (one node) or an Indexed Job + headless Service; waits deferred (no worker slot) and "
-               "keeps all of the job's GPUs in its pool meanwhile (the GPU pools count deferred tasks). "
-               "Deleted on failure, timeout or mark-failed.",
+        doc_md=(
+            "A Pod (one node) or an Indexed Job + headless Service; waits deferred (no worker slot) and "
+            "keeps all of the job's GPUs in its pool meanwhile (the GPU pools count deferred tasks). "
+            "Deleted on failure, timeout or mark-failed."
+        ),
     )
     remote = collect_kubernetes(spec, plan)
     launcher >> [local, plan]

@@ -45,8 +45,10 @@ def cmd_show(args) -> int:
     try:
         mv = c.get_model_version_by_alias(args.model, args.alias)
     except MlflowException as err:
-        raise NotFoundError(f"no version of {args.model!r} has alias {args.alias!r} ({err.message}); "
-                            f"see 'trainyard models history {args.model}'") from err
+        raise NotFoundError(
+            f"no version of {args.model!r} has alias {args.alias!r} ({err.message}); "
+            f"see 'trainyard models history {args.model}'"
+        ) from err
     run = c.get_run(mv.run_id)
     tags = mv.tags
     print(f"model            {mv.name} version {mv.version} (alias {args.alias})")
@@ -103,8 +105,10 @@ def cmd_data_import(args) -> int:
     print(json.dumps(summary))
     print(report.summary(), file=sys.stderr)
     if not report.success:
-        raise PermanentError(f"{args.dest} failed the {kind} suite (report above); fix the labels in the "
-                             "annotation tool and export again")
+        raise PermanentError(
+            f"{args.dest} failed the {kind} suite (report above); fix the labels in the "
+            "annotation tool and export again"
+        )
     print(f"ready to upload: trainyard data upload {args.dest} --repo <name>", file=sys.stderr)
     return 0
 
@@ -134,13 +138,19 @@ def _repo_hint(args, err: Exception) -> str:
     """What to do about a missing repository or ref, which the store's message alone does not say."""
     if not isinstance(err, NotFoundError):
         return ""
-    return (f"; see what exists with 'trainyard data log --store {args.store} --repo {args.repo} --all', "
-            f"or create it with 'trainyard data upload <folder> --store {args.store} --repo {args.repo}'")
+    return (
+        f"; see what exists with 'trainyard data log --store {args.store} --repo {args.repo} --all', "
+        f"or create it with 'trainyard data upload <folder> --store {args.store} --repo {args.repo}'"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: AI training on Apache Airflow",
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="trainyard",
+        description="trainyard: AI training on Apache Airflow",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -160,8 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = data.add_parser("upload", parents=[common], help="validate a folder and commit it as a new version")
     p.add_argument("folder")
     p.add_argument("--branch", default="main")
-    p.add_argument("--kind", default="auto",
-                   choices=["auto", "image_classification", "coco_detection", "parallel_text"])
+    p.add_argument(
+        "--kind", default="auto", choices=["auto", "image_classification", "coco_detection", "parallel_text"]
+    )
     p.add_argument("--message", default="")
     p.set_defaults(func=cli_command(cmd_data_upload))
     p = data.add_parser("import", help="convert a COCO or Label Studio export into a dataset folder")
@@ -169,8 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("export", help="the exported JSON file")
     p.add_argument("--images", required=True, help="folder with the images the export refers to")
     p.add_argument("--dest", required=True, help="new (or empty) folder to write the dataset to")
-    p.add_argument("--kind", choices=["detection", "classification"], default="detection",
-                   help="Label Studio only: what the labelling project produced")
+    p.add_argument(
+        "--kind",
+        choices=["detection", "classification"],
+        default="detection",
+        help="Label Studio only: what the labelling project produced",
+    )
     p.set_defaults(func=cli_command(cmd_data_import))
     p = data.add_parser("log", parents=[common], help="commits of a ref")
     p.add_argument("--ref", default="main")

@@ -94,8 +94,10 @@ def validate_data(spec: JobSpec, dataset: dict, run_key: str) -> dict:
     out.write_text(json.dumps(report.to_dict(), indent=1, default=str))
     log.info("%s (report: %s, data docs: %s)", report.summary(), out, report.docs)
     if not report.success:
-        raise DataValidationError(f"dataset {dataset['repo']}@{dataset['commit'][:12]} failed validation, "
-                                  f"training skipped.\n{report.summary()}")
+        raise DataValidationError(
+            f"dataset {dataset['repo']}@{dataset['commit'][:12]} failed validation, "
+            f"training skipped.\n{report.summary()}"
+        )
     return {"success": True, "report": str(out), "docs": report.docs, "checks": len(report.checks)}
 
 
@@ -106,10 +108,19 @@ def prepare_data(spec: JobSpec, dataset: dict) -> dict:
     split = spec.split
     recipe = _data_recipe(spec)
     options = recipe.opts(spec)  # a custom job has none (validate_spec): the data recipe's defaults
-    manifest = prepare_records(lambda: recipe.samples(checkout(dataset), options), dataset["commit"],
-                               paths.cache_root() / "prepared", split.val_fraction, split.seed, fmt=spec.dataset.format,
-                               test_fraction=split.test_fraction, variant=recipe.variant(options))
-    log.info("prepared %s (%s): %s", manifest["path"], "cache hit" if manifest["cached"] else "built", manifest["counts"])
+    manifest = prepare_records(
+        lambda: recipe.samples(checkout(dataset), options),
+        dataset["commit"],
+        paths.cache_root() / "prepared",
+        split.val_fraction,
+        split.seed,
+        fmt=spec.dataset.format,
+        test_fraction=split.test_fraction,
+        variant=recipe.variant(options),
+    )
+    log.info(
+        "prepared %s (%s): %s", manifest["path"], "cache hit" if manifest["cached"] else "built", manifest["counts"]
+    )
     return manifest
 
 
@@ -132,8 +143,11 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
             **(tags or {}),
         },
     )
-    mt.log_params(c, run_id, spec.model_dump(
-        mode="json", include={"recipe", "hyperparameters", "resources", "split", "recipe_options"}))
+    mt.log_params(
+        c,
+        run_id,
+        spec.model_dump(mode="json", include={"recipe", "hyperparameters", "resources", "split", "recipe_options"}),
+    )
     # The data-validation report and its Data Docs (one site per suite) travel with the run they gated.
     rdir = run_dir(spec, run_key)
     if (rdir / "validation.json").exists():
@@ -158,8 +172,12 @@ def plan_training(spec: JobSpec, dataset: dict, data: dict, run_key: str) -> dic
         tensorboard_dir=str(paths.tensorboard_root() / spec.name / safe_key(run_key)),
     )
     cfg_path = cfg.dump(out_dir / "run_config.json")
-    return {"config_path": str(cfg_path), "run_dir": str(out_dir), "mlflow_run_id": cfg.mlflow_run_id,
-            "tensorboard_dir": cfg.tensorboard_dir}
+    return {
+        "config_path": str(cfg_path),
+        "run_dir": str(out_dir),
+        "mlflow_run_id": cfg.mlflow_run_id,
+        "tensorboard_dir": cfg.tensorboard_dir,
+    }
 
 
 def launch_local(spec: JobSpec, data: dict, plan: dict, on_line: Callable[[str], None] | None = None) -> None:
@@ -168,8 +186,13 @@ def launch_local(spec: JobSpec, data: dict, plan: dict, on_line: Callable[[str],
     time in the run's usage file, failed tries included."""
     from trainyard.training.launchers import local
 
-    local.launch(spec, data, run_dir=plan["run_dir"], config_path=plan["config_path"],
-                 on_line=on_line or (lambda line: log.info("%s", line)))
+    local.launch(
+        spec,
+        data,
+        run_dir=plan["run_dir"],
+        config_path=plan["config_path"],
+        on_line=on_line or (lambda line: log.info("%s", line)),
+    )
 
 
 def collect_training(spec: JobSpec, plan: dict) -> dict:
@@ -189,13 +212,24 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
     cost = run_cost(load_resources(), spec.resources.gpu_type, gpu_seconds)
-    log.info("GPU time %.1f GPU-seconds over %d tr%s on %s: cost %.4f", gpu_seconds, len(tries),
-             "y" if len(tries) == 1 else "ies", spec.resources.gpu_type, cost)
+    log.info(
+        "GPU time %.1f GPU-seconds over %d tr%s on %s: cost %.4f",
+        gpu_seconds,
+        len(tries),
+        "y" if len(tries) == 1 else "ies",
+        spec.resources.gpu_type,
+        cost,
+    )
     c.log_metric(plan["mlflow_run_id"], "gpu_seconds", gpu_seconds)
     c.log_metric(plan["mlflow_run_id"], "run_cost", cost)
-    return {**result, **{k: plan[k] for k in ("mlflow_run_id", "run_dir", "tensorboard_dir")},
-            "wall_seconds": round(usage.wall_seconds(out_dir), 3), "gpu_seconds": round(gpu_seconds, 3),
-            "tries": len(tries), "cost": cost}
+    return {
+        **result,
+        **{k: plan[k] for k in ("mlflow_run_id", "run_dir", "tensorboard_dir")},
+        "wall_seconds": round(usage.wall_seconds(out_dir), 3),
+        "gpu_seconds": round(gpu_seconds, 3),
+        "tries": len(tries),
+        "cost": cost,
+    }
 
 
 def train(spec: JobSpec, dataset: dict, data: dict, run_key: str, on_line: Callable[[str], None] | None = None) -> dict:
@@ -251,9 +285,13 @@ def champion_metrics(spec: JobSpec, data: dict) -> dict | None:
     verify_version(c, spec.name, mv.version, load_public_key())  # never compare against tampered files
     # The storage location itself, into a temp dir: a models:/ download writes a metadata file into its
     # destination, which must never be the artifact store.
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=storage_uri(c, spec.name, mv.version),
-                                                     dst_path=tempfile.mkdtemp(prefix="champion-"),
-                                                     tracking_uri=c.tracking_uri))
+    local = Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=storage_uri(c, spec.name, mv.version),
+            dst_path=tempfile.mkdtemp(prefix="champion-"),
+            tracking_uri=c.tracking_uri,
+        )
+    )
     onnx_file = next(iter(sorted(local.rglob("*.onnx"))), None)
     if onnx_file is None:
         raise ExportFailed(f"production version {mv.version} of {spec.name!r} has no ONNX model to compare with")
@@ -289,14 +327,21 @@ def gate_tags(result: dict) -> dict[str, str]:
         margin = "" if row.get("margin") is None else f", margin={row['margin']:.6g}"
         extra = f", champion={row['champion']:.6g}" if row.get("champion") is not None else ""
         tags[f"gate.{row['kind']}.{row['metric']}"] = (
-            f"{'pass' if row['passed'] else 'FAIL'}: value={value}{', ' + bound if bound else ''}{margin}{extra}")
+            f"{'pass' if row['passed'] else 'FAIL'}: value={value}{', ' + bound if bound else ''}{margin}{extra}"
+        )
     if result.get("champion_version") is not None:
         tags["gate.champion_version"] = str(result["champion_version"])
     compact = json.dumps(result, sort_keys=True, separators=(",", ":"), default=str)
     if len(compact) > 5000:  # still valid JSON: the verdict, what failed, and where the whole result is
-        compact = json.dumps({"passed": result["passed"], "complete": False, "artifact": "gate/gate_result.json",
-                              "failed": [r["metric"] for r in result["checks"] if not r["passed"]][:100]},
-                             separators=(",", ":"))
+        compact = json.dumps(
+            {
+                "passed": result["passed"],
+                "complete": False,
+                "artifact": "gate/gate_result.json",
+                "failed": [r["metric"] for r in result["checks"] if not r["passed"]][:100],
+            },
+            separators=(",", ":"),
+        )
     tags["gate.result"] = compact
     return tags
 
@@ -324,9 +369,16 @@ def export_onnx(spec: JobSpec, trained: dict, data: dict) -> dict:
     out = recipe.export(trained["model_path"], data, Path(trained["run_dir"]), spec.export, recipe.opts(spec))
     p = out["parity"]
     m = out["metric"]
-    log.info("ONNX parity on %d outputs: max |diff| %.3g, mismatched %d; %s torch %.4f onnx %.4f%s",
-             p["total"], p["max_abs_diff"], p["mismatched"], m, out[f"{m}_torch"], out[f"{m}_onnx"],
-             f"; TorchScript {out['torchscript_path']}" if out.get("torchscript_path") else "")
+    log.info(
+        "ONNX parity on %d outputs: max |diff| %.3g, mismatched %d; %s torch %.4f onnx %.4f%s",
+        p["total"],
+        p["max_abs_diff"],
+        p["mismatched"],
+        m,
+        out[f"{m}_torch"],
+        out[f"{m}_onnx"],
+        f"; TorchScript {out['torchscript_path']}" if out.get("torchscript_path") else "",
+    )
     return out
 
 
@@ -348,12 +400,22 @@ def check_custom_onnx(trained: dict) -> dict:
     out = onnx_predict(trained["onnx_path"], example)
     if not np.isfinite(out).all():
         raise ExportFailed(f"{trained['onnx_path']} gives non-finite outputs on a zero input")
-    return {"onnx_path": trained["onnx_path"], "parity": None,
-            "input_example": save_input_example(Path(trained["run_dir"]), {inp.name: example})}
+    return {
+        "onnx_path": trained["onnx_path"],
+        "parity": None,
+        "input_example": save_input_example(Path(trained["run_dir"]), {inp.name: example}),
+    }
 
 
-def register(spec: JobSpec, dataset: dict, trained: dict, exported: dict, metrics: dict, run_key: str,
-             extra_tags: dict[str, str] | None = None) -> dict:
+def register(
+    spec: JobSpec,
+    dataset: dict,
+    trained: dict,
+    exported: dict,
+    metrics: dict,
+    run_key: str,
+    extra_tags: dict[str, str] | None = None,
+) -> dict:
     """One signed MLflow model version per DAG run: ONNX model (signature, input example), PyTorch weights
     (and TorchScript) beside it, lineage, metrics, metric signatures and the gate result as tags."""
     from trainyard.recipes.base import load_input_example
@@ -398,8 +460,20 @@ def register(spec: JobSpec, dataset: dict, trained: dict, exported: dict, metric
     # refuse a version whose files no longer match. Re-signing the same content keeps the signature.
     signed = sign_version(c, info["name"], info["version"], load_private_key())
     info = {**info, "manifest_sha256": signed["manifest_sha256"], "signing_key_id": signed["key_id"]}
-    promote(c, info["name"], info["version"], "staging", user="train_pipeline", reason=f"registered by {run_key}",
-            public_key=load_public_key())
-    log.info("registered %s version %s (%s), signed by key %s", info["name"], info["version"],
-             "new" if info["created"] else "existing", info["signing_key_id"])
+    promote(
+        c,
+        info["name"],
+        info["version"],
+        "staging",
+        user="train_pipeline",
+        reason=f"registered by {run_key}",
+        public_key=load_public_key(),
+    )
+    log.info(
+        "registered %s version %s (%s), signed by key %s",
+        info["name"],
+        info["version"],
+        "new" if info["created"] else "existing",
+        info["signing_key_id"],
+    )
     return info

@@ -34,15 +34,18 @@ class DatasetRef(_Model):
     """Which dataset, and which version of it, the job trains on."""
 
     store: Literal["local", "lakefs"] = Field(
-        "local", description="dataset store: the embedded local store or lakeFS (connection lakefs_default)")
+        "local", description="dataset store: the embedded local store or lakeFS (connection lakefs_default)"
+    )
     repo: str = Field("digits", pattern=NAME_RE, description="dataset repository in the store")
     ref: str = Field("main", min_length=1, description="branch, tag or commit id; resolved to a commit")
     format: Literal["lmdb", "tfrecord"] = Field("lmdb", description="record format the training loaders read")
     source: Literal["sklearn_digits", "synthetic_shapes", "synthetic_translation", "none"] = Field(
         "sklearn_digits",
-        description="built-in source ingested into the store before resolving (sklearn_digits for digits_cnn, "
-        "synthetic_shapes for centernet_detector, synthetic_translation for transformer_translator); "
-        "'none' = the data is already there (your own upload)",
+        description=(
+            "built-in source ingested into the store before resolving (sklearn_digits for digits_cnn, "
+            "synthetic_shapes for centernet_detector, synthetic_translation for transformer_translator); "
+            "'none' = the data is already there (your own upload)"
+        ),
     )
 
 
@@ -123,26 +126,38 @@ class Threshold(_Model):
 class KubernetesSpec(_Model):
     """Where and how the pods of a ``launcher: kubernetes`` job run."""
 
-    namespace: str = Field("trainyard", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
-                           description="namespace of the Job, its pods and Service")
+    namespace: str = Field(
+        "trainyard",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="namespace of the Job, its pods and Service",
+    )
     image: str = Field(TRAINER_IMAGE, min_length=1, description="the trainer image; `make image` builds the default")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
-        "IfNotPresent", description="the containers' imagePullPolicy")
+        "IfNotPresent", description="the containers' imagePullPolicy"
+    )
     service_account: str | None = Field(None, description="service account of the pods (default: the namespace's)")
     priority_class: str | None = Field(None, description="Kubernetes PriorityClass name")
     node_selector: dict[str, str] = Field({}, description="added to the GPU type's selector from resources.yaml")
     tolerations: tuple[dict[str, Any], ...] = Field(
         ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
-        description="pod tolerations (Kubernetes Toleration objects)")
-    mig_profile: str | None = Field(None, pattern=r"^[0-9]+g\.[0-9]+gb$", description="e.g. 1g.10gb -> nvidia.com/mig-1g.10gb")
+        description="pod tolerations (Kubernetes Toleration objects)",
+    )
+    mig_profile: str | None = Field(
+        None, pattern=r"^[0-9]+g\.[0-9]+gb$", description="e.g. 1g.10gb -> nvidia.com/mig-1g.10gb"
+    )
     data_pvc: str = Field("trainyard-data", description="PVC mounted at TRAINYARD_HOME in every pod and on the worker")
     env: dict[str, str] = Field({}, description="extra environment variables of the training container")
     cpu_per_gpu: str = Field("4", description="CPU request and limit per GPU (a Kubernetes quantity)")
     memory_per_gpu: str = Field("16Gi", description="memory request and limit per GPU (a Kubernetes quantity)")
     schedule_timeout_s: int = Field(
-        6 * 3600, ge=60, le=7 * 24 * 3600,
-        description="how long the pods may wait to be scheduled (a cluster queue, quota, scale-up) "
-        "before the try fails")
+        6 * 3600,
+        ge=60,
+        le=7 * 24 * 3600,
+        description=(
+            "how long the pods may wait to be scheduled (a cluster queue, quota, scale-up) before the try fails"
+        ),
+    )
 
 
 class CustomCommand(_Model):
@@ -150,7 +165,9 @@ class CustomCommand(_Model):
     provides the rendezvous environment (MASTER_ADDR, RANK, ...), TRAINYARD_DATA_DIR,
     TRAINYARD_CHECKPOINT_DIR and TRAINYARD_METRICS_FILE (JSON lines: {"step": n, "name": value, ...})."""
 
-    command: tuple[str, ...] = Field(min_length=1, description="argv of the program (no shell), e.g. [python, train.py]")
+    command: tuple[str, ...] = Field(
+        min_length=1, description="argv of the program (no shell), e.g. [python, train.py]"
+    )
     image: str | None = Field(None, description="image to run it in on Kubernetes (default: kubernetes.image)")
 
 
@@ -161,17 +178,22 @@ class ChampionRule(_Model):
     metric: str = Field(pattern=r"^[a-z0-9_]+$", description="a metric the recipe reports, e.g. val_map")
     margin: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="how far the challenger must be ahead")
     higher_is_better: bool = Field(
-        True, strict=True,
-        description="true: the challenger needs >= champion + margin; false (a loss): <= champion - margin. "
-                    "Defaults to true, which suits every metric the built-in recipes report (accuracy, F1, "
-                    "mAP, BLEU, chrF); set false for a loss")
+        True,
+        strict=True,
+        description=(
+            "true: the challenger needs >= champion + margin; false (a loss): <= champion - margin. "
+            "Defaults to true, which suits every metric the built-in recipes report (accuracy, F1, "
+            "mAP, BLEU, chrF); set false for a loss"
+        ),
+    )
 
 
 class Backends(_Model):
     """Which implementation serves each concern."""
 
     launcher: Literal["local", "kubernetes"] = Field(
-        "local", description="local: workers on the Airflow worker; kubernetes: an Indexed Job")
+        "local", description="local: workers on the Airflow worker; kubernetes: an Indexed Job"
+    )
     tracking: Literal["mlflow"] = Field("mlflow", description="experiment tracking")
     registry: Literal["mlflow"] = Field("mlflow", description="model registry")
 
@@ -185,17 +207,26 @@ class ExportSpec(_Model):
     layer moved by 3% of that layer's RMS weight by 2.6e-5 of scale and more."""
 
     rtol: float = Field(
-        2e-5, gt=0.0, le=0.1,
-        description="largest allowed |onnx - torch| as a fraction of each output's largest |value| (its "
-                    "scale); faithful fp32 exports of the built-in recipes stay under 3e-6, one weight "
-                    "moved by 3% of its layer's scale gives 2.6e-5 and more; raise it for much larger models")
+        2e-5,
+        gt=0.0,
+        le=0.1,
+        description=(
+            "largest allowed |onnx - torch| as a fraction of each output's largest |value| (its "
+            "scale); faithful fp32 exports of the built-in recipes stay under 3e-6, one weight "
+            "moved by 3% of its layer's scale gives 2.6e-5 and more; raise it for much larger models"
+        ),
+    )
     atol: float = Field(
-        1e-7, gt=0.0,
-        description="absolute floor added to rtol * scale, for outputs whose scale is (near) zero")
+        1e-7, gt=0.0, description="absolute floor added to rtol * scale, for outputs whose scale is (near) zero"
+    )
     metric_tolerance: float = Field(
-        0.0, ge=0.0, le=100.0, description="in the metric's own units (BLEU: 0..100)",
+        0.0,
+        ge=0.0,
+        le=100.0,
+        description="in the metric's own units (BLEU: 0..100)",
         # its name before the detection and translation recipes, when the metric was always val accuracy
-        validation_alias=AliasChoices("metric_tolerance", "accuracy_tolerance"))
+        validation_alias=AliasChoices("metric_tolerance", "accuracy_tolerance"),
+    )
     torchscript: bool = Field(False, description="also write a traced TorchScript file, held to the same parity")
 
 
@@ -204,9 +235,13 @@ class JobSpec(_Model):
 
     name: str = Field("digits", pattern=NAME_RE, description="job name; also the registered model name")
     recipe: Literal[RECIPES] = Field(  # type: ignore[valid-type]
-        "digits_cnn", description="what is trained: a built-in recipe (digits_cnn: image classification; "
-        "centernet_detector: COCO detection, mAP; transformer_translator: parallel text, BLEU/chrF) or "
-        "custom (your command)")
+        "digits_cnn",
+        description=(
+            "what is trained: a built-in recipe (digits_cnn: image classification; "
+            "centernet_detector: COCO detection, mAP; transformer_translator: parallel text, BLEU/chrF) or "
+            "custom (your command)"
+        ),
+    )
     dataset: DatasetRef = DatasetRef()
     split: SplitSpec = SplitSpec()
     hyperparameters: Hyperparameters = Hyperparameters()
@@ -215,16 +250,22 @@ class JobSpec(_Model):
     checkpointing: Checkpointing = Checkpointing()
     gates: tuple[Threshold, ...] = Field(
         (Threshold(metric="val_accuracy", min=0.9),),
-        description="thresholds the model must meet to be exported and registered (metrics of the recipe)")
+        description="thresholds the model must meet to be exported and registered (metrics of the recipe)",
+    )
     champion: tuple[ChampionRule, ...] = Field(
-        (), description="champion/challenger rules against the 'production' version (built-in recipes only)")
+        (), description="champion/challenger rules against the 'production' version (built-in recipes only)"
+    )
     backends: Backends = Backends()
     kubernetes: KubernetesSpec = KubernetesSpec()
     custom: CustomCommand | None = None
     export: ExportSpec = ExportSpec()
     recipe_options: dict[str, int | float | str | bool] = Field(
-        {}, description="options of the recipe, e.g. {image_size: 64} (centernet_detector) or {d_model: 64} "
-        "(transformer_translator); each recipe's options model holds their defaults and bounds")
+        {},
+        description=(
+            "options of the recipe, e.g. {image_size: 64} (centernet_detector) or {d_model: 64} "
+            "(transformer_translator); each recipe's options model holds their defaults and bounds"
+        ),
+    )
 
     @field_validator("gates")
     @classmethod
@@ -297,7 +338,10 @@ def param_schemas() -> dict[str, dict[str, Any]]:
         if not isinstance(node, dict):
             return node
         if "$ref" in node:  # the field's own keys (description, default) win over the model's
-            return {**inline(defs[node["$ref"].rsplit("/", 1)[-1]]), **inline({k: v for k, v in node.items() if k != "$ref"})}
+            return {
+                **inline(defs[node["$ref"].rsplit("/", 1)[-1]]),
+                **inline({k: v for k, v in node.items() if k != "$ref"}),
+            }
         node = {k: inline(v) for k, v in node.items()}
         options = node.get("anyOf", [])
         if len(options) == 2 and {"type": "null"} in options:
@@ -311,8 +355,11 @@ def param_schemas() -> dict[str, dict[str, Any]]:
             return [lean(v) for v in node]
         if not isinstance(node, dict):
             return node
-        return {k: ({f: lean(s) for f, s in v.items()} if k == "properties" else lean(v))
-                for k, v in node.items() if k not in ("title", "default", "description")}
+        return {
+            k: ({f: lean(s) for f, s in v.items()} if k == "properties" else lean(v))
+            for k, v in node.items()
+            if k not in ("title", "default", "description")
+        }
 
     out = {}
     for name, prop in schema["properties"].items():
@@ -330,10 +377,26 @@ def _fields_md(intro: str, section: dict[str, Any]) -> str:
     lines = [intro if intro == section.get("description", intro) else f"{intro}. Each: {section['description']}"]
     for key, f in section["properties"].items():
         kind = f.get("enum") or f.get("type", "")
-        bounds = [f"{op} {f[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
-                                                ("exclusiveMaximum", "<"), ("multipleOf", "multiple of")) if k in f]
-        facts = ", ".join(str(x) for x in [" | ".join(map(str, kind)) if isinstance(kind, list) else kind, *bounds,
-                                            f"default {json.dumps(f['default'])}" if "default" in f else ""] if x)
+        bounds = [
+            f"{op} {f[k]}"
+            for k, op in (
+                ("minimum", ">="),
+                ("exclusiveMinimum", ">"),
+                ("maximum", "<="),
+                ("exclusiveMaximum", "<"),
+                ("multipleOf", "multiple of"),
+            )
+            if k in f
+        ]
+        facts = ", ".join(
+            str(x)
+            for x in [
+                " | ".join(map(str, kind)) if isinstance(kind, list) else kind,
+                *bounds,
+                f"default {json.dumps(f['default'])}" if "default" in f else "",
+            ]
+            if x
+        )
         lines.append(f"- `{key}` ({facts}): {f.get('description', '')}".rstrip(": "))
     return "\n".join(lines)
 

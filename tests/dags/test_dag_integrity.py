@@ -11,8 +11,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
-HEAVY = ["torch", "mlflow", "great_expectations", "onnx", "onnxruntime", "sklearn", "lmdb", "pandas",
-         "numpy", "pycocotools", "sacrebleu", "lakefs", "kubernetes", "tensorboard"]
+HEAVY = [
+    "torch",
+    "mlflow",
+    "great_expectations",
+    "onnx",
+    "onnxruntime",
+    "sklearn",
+    "lmdb",
+    "pandas",
+    "numpy",
+    "pycocotools",
+    "sacrebleu",
+    "lakefs",
+    "kubernetes",
+    "tensorboard",
+]
 
 PROBE = r"""
 import json, sys, time

@@ -9,7 +9,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_plugin_loader_sees_only_the_local_settings():
     from airflow._shared.module_loading import find_path_from_directory
 
-    files = sorted(Path(p).relative_to(REPO / "plugins").as_posix()
-                   for p in find_path_from_directory(str(REPO / "plugins"), ".airflowignore")
-                   if p.endswith(".py"))
+    files = sorted(
+        Path(p).relative_to(REPO / "plugins").as_posix()
+        for p in find_path_from_directory(str(REPO / "plugins"), ".airflowignore")
+        if p.endswith(".py")
+    )
     assert files == ["airflow_local_settings.py"]

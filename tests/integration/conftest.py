@@ -9,4 +9,3 @@ SMALL = {
 @pytest.fixture
 def small_spec():
     return {k: (v.copy() if isinstance(v, dict) else list(v)) for k, v in SMALL.items()}
-

@@ -17,10 +17,16 @@ LIMIT_S = 300  # a hung collective fails the test instead of hanging the suite
 
 @pytest.fixture(scope="module", autouse=True)
 def deepspeed_installed():
-    probe = subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True, text=True,
-                           env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    probe = subprocess.run(
+        [sys.executable, "-c", "import deepspeed"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
     if probe.returncode != 0:
-        pytest.fail(f"deepspeed cannot be imported in this venv (pip install deepspeed==0.19.8):\n{probe.stderr[-2000:]}")
+        pytest.fail(
+            f"deepspeed cannot be imported in this venv (pip install deepspeed==0.19.8):\n{probe.stderr[-2000:]}"
+        )
 
 
 def _config(tmp_path, small_spec, prepared, nproc=2, **distributed) -> str:

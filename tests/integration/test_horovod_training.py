@@ -23,8 +23,10 @@ def _require_horovod() -> None:
     """Not a skip: `make test` builds Horovod, so a missing one is a broken set-up and must fail."""
     err = _horovod_import_error()
     if err is not None:
-        pytest.fail("horovod.torch cannot be imported in this venv; build it with scripts/build_horovod.sh "
-                    f"(`make setup` runs it):\n{err}")
+        pytest.fail(
+            "horovod.torch cannot be imported in this venv; build it with scripts/build_horovod.sh "
+            f"(`make setup` runs it):\n{err}"
+        )
 
 
 def _config(tmp_path, small_spec, prepared) -> str:

@@ -57,7 +57,9 @@ def test_ingest_then_train_from_a_tag_in_tfrecord(trainyard_home, tmp_path):
 def test_corrupt_upload_is_not_committed(trainyard_home, tmp_path):
     from trainyard.data.store import LocalStore
 
-    dr = load_dag("ingest_dataset").test(run_conf={"folder": str(_folder(tmp_path / "bad", corrupt=True)), "repo": "bad"})
+    dr = load_dag("ingest_dataset").test(
+        run_conf={"folder": str(_folder(tmp_path / "bad", corrupt=True)), "repo": "bad"}
+    )
     states = task_states(dr)
     assert states == {"check_upload": "failed", "commit_upload": "upstream_failed"}
     assert not LocalStore(trainyard_home / "datasets").repo_exists("bad")

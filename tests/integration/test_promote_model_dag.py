@@ -86,8 +86,10 @@ def test_verify_key_comes_from_the_connection(dag, staged, tmp_path, monkeypatch
     from trainyard.registry.versions import alias_holder
 
     _, other = signing.generate_keypair(tmp_path / "other")
-    monkeypatch.setenv("AIRFLOW_CONN_TRAINYARD_SIGNING",
-                       json.dumps({"conn_type": "generic", "extra": {"verify_key": other.read_text()}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TRAINYARD_SIGNING",
+        json.dumps({"conn_type": "generic", "extra": {"verify_key": other.read_text()}}),
+    )
     dr = dag.test(run_conf={"model": NAME, "version": staged["version"], "alias": "production", "reason": "x"})
     assert task_states(dr)["verify"] == "failed"
     assert alias_holder(staged["client"], NAME, "production") is None
@@ -123,14 +125,23 @@ class _Responder:
         try:
             for _ in range(240):
                 with create_session() as session:
-                    ti = (session.query(TaskInstance)
-                          .filter_by(dag_id="promote_model", task_id="approve", state=TaskInstanceState.AWAITING_INPUT)
-                          .order_by(TaskInstance.start_date.desc()).first())
+                    ti = (
+                        session.query(TaskInstance)
+                        .filter_by(dag_id="promote_model", task_id="approve", state=TaskInstanceState.AWAITING_INPUT)
+                        .order_by(TaskInstance.start_date.desc())
+                        .first()
+                    )
                     if ti is not None:
-                        update_hitl_detail(dag_id=ti.dag_id, dag_run_id=ti.run_id, task_id="approve",
-                                           update_hitl_detail_payload=UpdateHITLDetailPayload(
-                                               chosen_options=[self.option], params_input={}),
-                                           user=user, session=session)
+                        update_hitl_detail(
+                            dag_id=ti.dag_id,
+                            dag_run_id=ti.run_id,
+                            task_id="approve",
+                            update_hitl_detail_payload=UpdateHITLDetailPayload(
+                                chosen_options=[self.option], params_input={}
+                            ),
+                            user=user,
+                            session=session,
+                        )
                         return
                 time.sleep(0.5)
             self.error = "approve never waited for input"

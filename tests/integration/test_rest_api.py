@@ -53,11 +53,16 @@ class Airflow:
         self.run(sys.executable, "scripts/render_airflow_cfg.py")
         # Airflow-level users for this test: admin, a viewer.
         cfg = self.home / "airflow.cfg"
-        cfg.write_text(cfg.read_text().replace("simple_auth_manager_users = admin:admin,operator:op,viewer:viewer",
-                                               "simple_auth_manager_users = admin:admin,ann:viewer"))
+        cfg.write_text(
+            cfg.read_text().replace(
+                "simple_auth_manager_users = admin:admin,operator:op,viewer:viewer",
+                "simple_auth_manager_users = admin:admin,ann:viewer",
+            )
+        )
         self.run("airflow", "db", "migrate")
-        pools = subprocess.run(["trainyard", "pools", "--format", "airflow"], env=self.env, check=True,
-                               capture_output=True, text=True).stdout
+        pools = subprocess.run(
+            ["trainyard", "pools", "--format", "airflow"], env=self.env, check=True, capture_output=True, text=True
+        ).stdout
         (self.home / "pools.json").write_text(pools)
         self.run("airflow", "pools", "import", str(self.home / "pools.json"))
         self.run("trainyard", "models", "keygen", "--if-missing")  # registered versions are signed
@@ -67,8 +72,11 @@ class Airflow:
             argv = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
             # the child holds its own copy of the descriptor, so ours can close once it has started
             with open(self.home / f"{name}.log", "w") as log:
-                self.procs.append(subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                   cwd=REPO, start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+                    )
+                )
         self.wait(lambda: requests.get(f"{self.url}/api/v2/monitor/health", timeout=5).ok, 180, "API server")
 
     def stop(self):
@@ -139,15 +147,22 @@ def test_auth_is_required(airflow):
 
 def test_trigger_with_conf_runs_to_success(airflow):
     headers = {"Authorization": f"Bearer {airflow.token('admin')}"}
-    airflow.wait(lambda: requests.get(f"{airflow.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok,
-                 180, "the DAG to be parsed")
+    airflow.wait(
+        lambda: requests.get(f"{airflow.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok,
+        180,
+        "the DAG to be parsed",
+    )
     conf = {
         "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
         "resources": {"gpus_per_node": 1, "gpu_type": "cpu", "priority": 7},
         "gates": [{"metric": "val_accuracy", "min": 0.8}],
     }
-    r = requests.post(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", headers=headers,
-                      json={"logical_date": None, "conf": conf}, timeout=10)
+    r = requests.post(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns",
+        headers=headers,
+        json={"logical_date": None, "conf": conf},
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     run = _wait_run(airflow, headers, r.json()["dag_run_id"])
     tis = _task_instances(airflow, headers, run["dag_run_id"])
@@ -155,8 +170,11 @@ def test_trigger_with_conf_runs_to_success(airflow):
     # The conf's resources reached the scheduler: pool, pool_slots and priority of the train task.
     train = tis["train"]
     assert (train["pool"], train["pool_slots"], train["priority_weight"]) == ("gpu-cpu", 1, 7)
-    r = requests.get(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run['dag_run_id']}/taskInstances/register/xcomEntries/return_value",
-                     headers=headers, timeout=10)
+    r = requests.get(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run['dag_run_id']}/taskInstances/register/xcomEntries/return_value",
+        headers=headers,
+        timeout=10,
+    )
     assert r.ok, r.text
     assert "version" in json.dumps(r.json()["value"])
 
@@ -164,12 +182,20 @@ def test_trigger_with_conf_runs_to_success(airflow):
 def test_invalid_conf_fails_at_the_first_task(airflow):
     headers = {"Authorization": f"Bearer {airflow.token('admin')}"}
     # what the JobSpec's schema forbids is refused by the Params (generated from it) before a run exists
-    r = requests.post(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", headers=headers,
-                      json={"logical_date": None, "conf": {"hyperparameters": {"epochs": -5}}}, timeout=10)
+    r = requests.post(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns",
+        headers=headers,
+        json={"logical_date": None, "conf": {"hyperparameters": {"epochs": -5}}},
+        timeout=10,
+    )
     assert r.status_code == 400 and "hyperparameters" in r.text and "minimum of 1" in r.text, r.text
     # a rule across fields is the first task's: the run fails there, naming the fields
-    r = requests.post(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", headers=headers, timeout=10,
-                      json={"logical_date": None, "conf": {"split": {"val_fraction": 0.6, "test_fraction": 0.5}}})
+    r = requests.post(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns",
+        headers=headers,
+        timeout=10,
+        json={"logical_date": None, "conf": {"split": {"val_fraction": 0.6, "test_fraction": 0.5}}},
+    )
     assert r.status_code == 200, r.text
     run_id = r.json()["dag_run_id"]
     run = _wait_run(airflow, headers, run_id, seconds=300)
@@ -177,13 +203,18 @@ def test_invalid_conf_fails_at_the_first_task(airflow):
     tis = _task_instances(airflow, headers, run_id)
     assert tis["validate_spec"]["state"] == "failed"
     assert {ti["state"] for t, ti in tis.items() if t != "validate_spec"} == {"upstream_failed"}
-    log = requests.get(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/validate_spec/logs/1",
-                       headers={**headers, "Accept": "application/json"}, timeout=10)
+    log = requests.get(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/validate_spec/logs/1",
+        headers={**headers, "Accept": "application/json"},
+        timeout=10,
+    )
     assert log.ok, log.text
     assert "invalid JobSpec" in log.text and "val_fraction + test_fraction must be < 1" in log.text
 
 
 def test_viewer_cannot_trigger(airflow):
     headers = {"Authorization": f"Bearer {airflow.token('ann')}"}
-    r = requests.post(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", headers=headers, json={"logical_date": None}, timeout=10)
+    r = requests.post(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", headers=headers, json={"logical_date": None}, timeout=10
+    )
     assert r.status_code == 403

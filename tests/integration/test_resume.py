@@ -21,11 +21,13 @@ EVERY = 10
 
 
 def _config(tmp_path, prepared, name) -> str:
-    spec = JobSpec.model_validate({
-        "hyperparameters": {"epochs": 4, "batch_size": 16, "learning_rate": 0.05, "seed": 11},
-        "distributed": {"max_restarts": 1},
-        "checkpointing": {"every_steps": EVERY, "keep_last": 3},
-    }).model_dump(mode="json")
+    spec = JobSpec.model_validate(
+        {
+            "hyperparameters": {"epochs": 4, "batch_size": 16, "learning_rate": 0.05, "seed": 11},
+            "distributed": {"max_restarts": 1},
+            "checkpointing": {"every_steps": EVERY, "keep_last": 3},
+        }
+    ).model_dump(mode="json")
     out = tmp_path / name
     out.mkdir()
     cfg = out / "run.json"
@@ -34,8 +36,9 @@ def _config(tmp_path, prepared, name) -> str:
 
 
 def _run(argv, on_line=None, timeout=300):
-    proc = subprocess.Popen(argv, env=worker_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=worker_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     lines = []
     # A hung group must fail the test, not the CI run: kill the whole process group at the deadline.
     timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
@@ -54,8 +57,11 @@ def _run(argv, on_line=None, timeout=300):
 
 def _workers(torchrun: subprocess.Popen) -> list[psutil.Process]:
     children = psutil.Process(torchrun.pid).children(recursive=True)
-    return [p for p in children if "trainyard.training.entry" in " ".join(p.cmdline())
-            and "torch.distributed.run" not in " ".join(p.cmdline())]
+    return [
+        p
+        for p in children
+        if "trainyard.training.entry" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())
+    ]
 
 
 def test_sigkill_of_a_worker_mid_epoch_resumes(tmp_path, prepared):
@@ -95,12 +101,14 @@ def test_airflow_retry_resumes_from_the_checkpoint(trainyard_home, monkeypatch, 
     from train_pipeline import dag
 
     monkeypatch.setenv("TRAINYARD_FAIL_ONCE_AT_STEP", "30")
-    dr = dag.test(run_conf={
-        "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1, "seed": 2},
-        "distributed": {"max_restarts": 0},
-        "checkpointing": {"every_steps": EVERY},
-        "gates": [{"metric": "val_accuracy", "min": 0.5}],
-    })
+    dr = dag.test(
+        run_conf={
+            "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1, "seed": 2},
+            "distributed": {"max_restarts": 0},
+            "checkpointing": {"every_steps": EVERY},
+            "gates": [{"metric": "val_accuracy", "min": 0.5}],
+        }
+    )
     # The task log reaches stdout or the logging capture, depending on how earlier tests set up logging.
     out = capfd.readouterr().out + caplog.text
     tis = {ti.task_id: ti for ti in dr.get_task_instances()}

@@ -42,12 +42,14 @@ def _curve(tmp_path, prepared, name: str, distributed: dict) -> list[tuple[int, 
     from trainyard.training.launchers.command import local_command
     from trainyard.training.launchers.local import run, this_host
 
-    spec = parse_spec({
-        "hyperparameters": {"epochs": 2, "batch_size": 32, "learning_rate": 0.1, "momentum": 0.9, "seed": 7},
-        "distributed": distributed,
-        "resources": {"gpus_per_node": 2},
-        "checkpointing": {"every_steps": 1000},  # none: the curve is the subject
-    })
+    spec = parse_spec(
+        {
+            "hyperparameters": {"epochs": 2, "batch_size": 32, "learning_rate": 0.1, "momentum": 0.9, "seed": 7},
+            "distributed": distributed,
+            "resources": {"gpus_per_node": 2},
+            "checkpointing": {"every_steps": 1000},  # none: the curve is the subject
+        }
+    )
     out = tmp_path / name
     out.mkdir()
     cfg = RunConfig(spec=spec, data=prepared, out_dir=str(out), tensorboard_dir=str(out / "tb"))
@@ -74,4 +76,5 @@ def test_same_loss_curve_as_ddp(tmp_path, prepared, ddp_curve, name):
     print(f"golden {name}: max |loss - ddp| = {max(diffs):.3g} at step {diffs.index(max(diffs)) + 1}")
     worst = max(range(STEPS), key=diffs.__getitem__)
     assert max(diffs) <= TOLERANCE, (
-        f"{name} leaves DDP's loss curve at step {worst + 1}: {curve[worst][1]:.6f} vs {ddp_curve[worst][1]:.6f}")
+        f"{name} leaves DDP's loss curve at step {worst + 1}: {curve[worst][1]:.6f} vs {ddp_curve[worst][1]:.6f}"
+    )

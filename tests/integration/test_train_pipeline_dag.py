@@ -49,7 +49,12 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())  # models:/ URIs resolve through it
     info = get_model_info(mv.source)
-    assert info.signature is not None and tuple(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == (-1, 1, 8, 8)
+    assert info.signature is not None and tuple(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == (
+        -1,
+        1,
+        8,
+        8,
+    )
     assert info.saved_input_example_info is not None
 
     run = c.get_run(mv.run_id)
@@ -81,7 +86,9 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
 
     assert verify_version(c, "digits", mv.version, load_public_key())["manifest_sha256"] == again["manifest_sha256"]
     moves = [e for e in History().entries() if e["model"] == "digits" and e["alias"] == "staging"]
-    assert [(m["from_version"], m["to_version"], m["user"]) for m in moves] == [(None, str(mv.version), "train_pipeline")]
+    assert [(m["from_version"], m["to_version"], m["user"]) for m in moves] == [
+        (None, str(mv.version), "train_pipeline")
+    ]
 
     # Champion/challenger: with this version in production, the same model is measured again through its
     # registered ONNX file on the same val split; a challenger must beat it by the margin.
@@ -107,7 +114,10 @@ def test_failing_gate_stops_before_export(dag, trainyard_home, small_spec):
     assert states["train"] == "success" and states["gate"] == "failed"
     assert states["export_onnx"] == "upstream_failed" and states["register"] == "upstream_failed"
     gate = xcoms(dr, "gate_result")["gate"]
-    assert not gate["passed"] and [c["metric"] for c in gate["checks"] if not c["passed"]] == ["val_accuracy", "val_macro_f1"]
+    assert not gate["passed"] and [c["metric"] for c in gate["checks"] if not c["passed"]] == [
+        "val_accuracy",
+        "val_macro_f1",
+    ]
     assert "val_accuracy" in gate["message"] and "FAILED by" in gate["message"]
     assert client().search_registered_models() == []
     # the verdict, with every check, is on the MLflow run too: why this run has no model version
@@ -155,12 +165,14 @@ def test_custom_command_trains_and_registers(dag, trainyard_home):
     from trainyard.tracking.mlflow_tracking import client
 
     script = REPO / "tests" / "fixtures" / "custom_train.py"
-    dr = dag.test(run_conf={
-        "name": "byo",
-        "recipe": "custom",
-        "custom": {"command": [sys.executable, str(script)]},
-        "gates": [{"metric": "val_accuracy", "min": 0.8}],
-    })
+    dr = dag.test(
+        run_conf={
+            "name": "byo",
+            "recipe": "custom",
+            "custom": {"command": [sys.executable, str(script)]},
+            "gates": [{"metric": "val_accuracy", "min": 0.8}],
+        }
+    )
     states = task_states(dr)
     assert dr.state == "success", states
     c = client()

@@ -15,8 +15,14 @@ def run(tmp_path):
     env = dict(os.environ, TRAINYARD_HOME=str(tmp_path / "home"))
 
     def run(*argv):
-        return subprocess.run([sys.executable, "-m", "trainyard.cli", *argv], capture_output=True, text=True,
-                              env=env, cwd=tmp_path, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "trainyard.cli", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
 
     return run
 

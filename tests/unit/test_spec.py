@@ -49,7 +49,8 @@ def test_spec_errors_are_permanent_and_still_value_errors():
         parse_spec({"hyperparameters": {"epochs": 0}})
     assert isinstance(err.value, PermanentError) and isinstance(err.value, ValueError)
     assert str(err.value) == spec_error_message(
-        ["hyperparameters.epochs: Input should be greater than or equal to 1 (got 0)"])
+        ["hyperparameters.epochs: Input should be greater than or equal to 1 (got 0)"]
+    )
 
 
 def _models(model, seen=None):
@@ -100,8 +101,13 @@ def test_form_schemas_stand_alone_and_accept_the_defaults():
     assert "- `epochs` (integer, >= 1, <= 1000, default 10): passes over the train split" in hp["description_md"]
     assert schemas["checkpointing"]["properties"]["every_steps"]["type"] == ["integer", "null"]
     assert schemas["custom"]["type"] == ["object", "null"]
-    assert "Each: One gate" in schemas["gates"]["description_md"] and "- `metric` (string): a metric" in schemas["gates"]["description_md"]
-    assert "title" not in hp["properties"]["epochs"] and "description" not in hp["properties"]["epochs"]  # lean below the top
+    assert (
+        "Each: One gate" in schemas["gates"]["description_md"]
+        and "- `metric` (string): a metric" in schemas["gates"]["description_md"]
+    )
+    assert (
+        "title" not in hp["properties"]["epochs"] and "description" not in hp["properties"]["epochs"]
+    )  # lean below the top
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"epochs": 0}, hp)
     with pytest.raises(jsonschema.ValidationError):

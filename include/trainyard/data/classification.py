@@ -58,8 +58,14 @@ def ingest_digits(store: LocalStore, repo: str, branch: str = "main") -> Commit:
     bytes always pin the same commit id."""
     import sklearn
 
-    return ingest_files(store, repo, branch, digits_files(), "ingest scikit-learn digits",
-                        {"source": "sklearn.datasets.load_digits", "sklearn_version": sklearn.__version__})
+    return ingest_files(
+        store,
+        repo,
+        branch,
+        digits_files(),
+        "ingest scikit-learn digits",
+        {"source": "sklearn.datasets.load_digits", "sklearn_version": sklearn.__version__},
+    )
 
 
 META_SHAPE = '{"classes": ["name", ...], "height": H, "width": W, "pixel_max": P}'
@@ -80,8 +86,9 @@ def read_meta(meta_file: Path) -> dict:
         problems.append(f"'classes' must be a non-empty list of names, got {classes!r:.60}")
     for k in ("height", "width", "pixel_max"):
         v = meta.get(k)
-        if k in meta and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0
-                          or (k != "pixel_max" and v != int(v))):
+        if k in meta and (
+            isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (k != "pixel_max" and v != int(v))
+        ):
             problems.append(f"'{k}' must be a positive {'number' if k == 'pixel_max' else 'integer'}, got {v!r}")
     if problems:
         raise ValueError(f"{meta_file}: {'; '.join(problems)}; expected {META_SHAPE}")
@@ -143,6 +150,11 @@ def validate_classification(root: str | Path, docs_dir: str | Path | None = None
 
     data = load_classification(root)
     n = len(data.meta["classes"])
-    values = {"max_label": n - 1, "all_labels": list(range(n)), "height": data.meta["height"],
-              "width": data.meta["width"], "pixel_max": data.meta["pixel_max"]}
+    values = {
+        "max_label": n - 1,
+        "all_labels": list(range(n)),
+        "height": data.meta["height"],
+        "width": data.meta["width"],
+        "pixel_max": data.meta["pixel_max"],
+    }
     return validate_dataframe(profile(data), load_suite_config("image_classification", values), docs_dir=docs_dir)

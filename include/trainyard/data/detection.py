@@ -177,8 +177,9 @@ def merge_reports(name: str, *reports: ValidationReport) -> ValidationReport:
     )
 
 
-def validate_detection(root: str | Path, config_dir: Path | None = None,
-                       docs_dir: str | Path | None = None) -> ValidationReport:
+def validate_detection(
+    root: str | Path, config_dir: Path | None = None, docs_dir: str | Path | None = None
+) -> ValidationReport:
     """Run the box suite and the image suite over a dataset folder; one merged report. With
     ``docs_dir``, each suite's Data Docs are built under ``docs_dir/boxes`` and ``docs_dir/images``."""
     coco = load_coco(root)

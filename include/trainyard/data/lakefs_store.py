@@ -65,8 +65,14 @@ def _user_sha(metadata: Mapping[str, str] | None) -> str | None:
     return None
 
 
-def verify_object(where: str, data: bytes, checksum: str | None, size: int | None,
-                  metadata: Mapping[str, str] | None, check_etag: bool = True) -> None:
+def verify_object(
+    where: str,
+    data: bytes,
+    checksum: str | None,
+    size: int | None,
+    metadata: Mapping[str, str] | None,
+    check_etag: bool = True,
+) -> None:
     """Raise Corrupt unless ``data`` matches what lakeFS recorded for the object.
 
     Checked: the size; the ``trainyard-sha256`` metadata written by ``upload``; and lakeFS's checksum when
@@ -110,9 +116,17 @@ class LakeFSStore:
 
     kind = "lakefs"
 
-    def __init__(self, endpoint: str, access_key_id: str, secret_access_key: str,
-                 storage_namespace_root: str | None = None, *, pre_sign: bool = False,
-                 verify_etag: bool = True, max_workers: int = 8) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        access_key_id: str,
+        secret_access_key: str,
+        storage_namespace_root: str | None = None,
+        *,
+        pre_sign: bool = False,
+        verify_etag: bool = True,
+        max_workers: int = 8,
+    ) -> None:
         self.endpoint = endpoint
         self.access_key_id = access_key_id
         self._secret = secret_access_key
@@ -131,10 +145,15 @@ class LakeFSStore:
     def from_env(cls, **kwargs) -> LakeFSStore:
         missing = [name for name in ENV if not os.environ.get(name)]
         if missing:
-            raise StoreError(f"the lakeFS store needs {', '.join(missing)} set (and LAKEFS_STORAGE_NAMESPACE, "
-                             "e.g. local:// or s3://bucket/prefix, to create repositories)")
-        return cls(*(os.environ[name] for name in ENV),
-                   storage_namespace_root=os.environ.get("LAKEFS_STORAGE_NAMESPACE") or None, **kwargs)
+            raise StoreError(
+                f"the lakeFS store needs {', '.join(missing)} set (and LAKEFS_STORAGE_NAMESPACE, "
+                "e.g. local:// or s3://bucket/prefix, to create repositories)"
+            )
+        return cls(
+            *(os.environ[name] for name in ENV),
+            storage_namespace_root=os.environ.get("LAKEFS_STORAGE_NAMESPACE") or None,
+            **kwargs,
+        )
 
     @property
     def client(self):
@@ -170,8 +189,9 @@ class LakeFSStore:
         except ConflictException as e:
             raise StoreError(f"{what}: already exists or conflicts ({_detail(e)})") from e
         except (NotAuthorizedException, ForbiddenException) as e:
-            raise StoreError(f"{what}: refused by lakeFS at {self.endpoint}; check the access key and its "
-                             f"policies ({_detail(e)})") from e
+            raise StoreError(
+                f"{what}: refused by lakeFS at {self.endpoint}; check the access key and its policies ({_detail(e)})"
+            ) from e
         except LakeFSException as e:
             raise StoreError(f"{what}: lakeFS error ({_detail(e)})") from e
         except lakefs_sdk.ApiException as e:  # the few SDK paths that do not wrap the generated client's errors
@@ -186,8 +206,10 @@ class LakeFSStore:
             with self._errors("read the server's default storage namespace"):
                 root = self.client.storage_config.default_namespace_prefix
         if not root:
-            raise StoreError("no storage namespace for new repositories: set LAKEFS_STORAGE_NAMESPACE "
-                             "(or the connection extra 'storage_namespace'), e.g. local:// or s3://bucket/prefix")
+            raise StoreError(
+                "no storage namespace for new repositories: set LAKEFS_STORAGE_NAMESPACE "
+                "(or the connection extra 'storage_namespace'), e.g. local:// or s3://bucket/prefix"
+            )
         return (root if root.endswith("/") else root + "/") + repo
 
     def create_repo(self, repo: str, default_branch: str = "main") -> None:
@@ -260,8 +282,16 @@ class LakeFSStore:
                 return self.get_commit(repo, branch)
         return self.get_commit(repo, ref.id)
 
-    def commit_files(self, repo: str, branch: str, files: Mapping[str, bytes], message: str,
-                     metadata: Mapping[str, str] | None = None, *, replace: bool = False) -> Commit:
+    def commit_files(
+        self,
+        repo: str,
+        branch: str,
+        files: Mapping[str, bytes],
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        replace: bool = False,
+    ) -> Commit:
         """Commit ``files`` on top of the branch head (``replace``: as the whole tree) without sharing the
         branch's staging area: a private branch from the head gets the files and a commit, then that change
         lands on ``branch`` as one commit whose parent is the head at that time (a squash merge; with
@@ -298,16 +328,19 @@ class LakeFSStore:
                 # tree (its metarange) onto the branch as is; lakeFS holds the branch lock for it.
                 with self._errors(f"commit to {repo}/{branch}"):
                     merged = self.client.sdk_client.commits_api.commit(
-                        repo, branch, lakefs_sdk.CommitCreation(message=message, metadata=meta),
-                        source_metarange=done.get_commit().meta_range_id).id
+                        repo,
+                        branch,
+                        lakefs_sdk.CommitCreation(message=message, metadata=meta),
+                        source_metarange=done.get_commit().meta_range_id,
+                    ).id
             else:
                 with self._errors(f"merge {work} into {repo}/{branch}"):
                     try:
-                        merged = tx.merge_into(handle.branch(branch), message=message, metadata=meta,
-                                               squash_merge=True)
+                        merged = tx.merge_into(handle.branch(branch), message=message, metadata=meta, squash_merge=True)
                     except ConflictException as e:
-                        raise Conflict(f"{repo}/{branch} changed the same paths since {head[:12]}; "
-                                       f"run it again ({_detail(e)})") from e
+                        raise Conflict(
+                            f"{repo}/{branch} changed the same paths since {head[:12]}; run it again ({_detail(e)})"
+                        ) from e
         finally:
             try:
                 with self._errors(f"delete branch {work!r} of {repo!r}"):

@@ -109,7 +109,10 @@ def profile_pairs(pairs: list[Pair]):
 
 
 def validate_parallel_text(
-    root: str | Path, min_ratio: float = 1 / 3, max_ratio: float = 3.0, config_dir: Path | None = None,
+    root: str | Path,
+    min_ratio: float = 1 / 3,
+    max_ratio: float = 3.0,
+    config_dir: Path | None = None,
     docs_dir: str | Path | None = None,
 ) -> ValidationReport:
     """The ``parallel_text`` suite over a dataset folder (Data Docs under ``docs_dir`` when given)."""

@@ -72,8 +72,10 @@ def prepare_records(
     check_leakage(splits)
     empty = [name for name, ks in splits.items() if not ks]
     if empty:
-        raise ValueError(f"split {empty} would be empty ({len(keys)} samples, val_fraction={val_fraction}, "
-                         f"test_fraction={test_fraction}): add data or change the fractions")
+        raise ValueError(
+            f"split {empty} would be empty ({len(keys)} samples, val_fraction={val_fraction}, "
+            f"test_fraction={test_fraction}): add data or change the fractions"
+        )
     cache_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".prep-"))
     try:
@@ -114,5 +116,12 @@ def prepare_classification(
     """``prepare_records`` for the image-classification layout: records (key, label, image)."""
     from trainyard import recipes
 
-    return prepare_records(lambda: recipes.get("digits_cnn").samples(dataset_dir, {}), commit, cache_root,
-                           val_fraction, seed, fmt, test_fraction)
+    return prepare_records(
+        lambda: recipes.get("digits_cnn").samples(dataset_dir, {}),
+        commit,
+        cache_root,
+        val_fraction,
+        seed,
+        fmt,
+        test_fraction,
+    )

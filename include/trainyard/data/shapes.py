@@ -47,8 +47,9 @@ def _extent(mask: np.ndarray) -> list[float] | None:
     return [float(xs.min()), float(ys.min()), float(xs.max() - xs.min() + 1), float(ys.max() - ys.min() + 1)]
 
 
-def generate(n_images: int = 600, size: int = 64, max_objects: int = 3, min_side: int = 10, max_side: int = 26,
-             seed: int = 0) -> dict[str, bytes]:
+def generate(
+    n_images: int = 600, size: int = 64, max_objects: int = 3, min_side: int = 10, max_side: int = 26, seed: int = 0
+) -> dict[str, bytes]:
     """The dataset files: ``annotations.json`` and ``images/shapes-NNNNN.png``."""
     from PIL import Image, ImageDraw
 
@@ -79,8 +80,16 @@ def generate(n_images: int = 600, size: int = 64, max_objects: int = 3, min_side
                 continue
             canvas.paste(Image.new("RGB", (size, size), colour), mask=mask)
             placed.append([x, y, s, s])
-            annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": cat + 1, "bbox": box,
-                                "area": box[2] * box[3], "iscrowd": 0})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": i + 1,
+                    "category_id": cat + 1,
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": 0,
+                }
+            )
         buf = io.BytesIO()
         canvas.save(buf, format="PNG", optimize=False)
         files[f"images/{name}"] = buf.getvalue()
@@ -97,5 +106,11 @@ def generate(n_images: int = 600, size: int = 64, max_objects: int = 3, min_side
 
 def ingest_shapes(store, repo: str, branch: str = "main", **kwargs) -> Commit:
     """Generate the shapes dataset into ``repo``/``branch``; identical bytes commit nothing new."""
-    return ingest_files(store, repo, branch, generate(**kwargs), "ingest synthetic shapes (COCO)",
-                        {"source": "trainyard.data.shapes", **{k: str(v) for k, v in kwargs.items()}})
+    return ingest_files(
+        store,
+        repo,
+        branch,
+        generate(**kwargs),
+        "ingest synthetic shapes (COCO)",
+        {"source": "trainyard.data.shapes", **{k: str(v) for k, v in kwargs.items()}},
+    )

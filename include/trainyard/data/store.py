@@ -96,8 +96,16 @@ class DatasetStore(Protocol):
     def create_repo(self, repo: str, default_branch: str = "main") -> None: ...
     def upload(self, repo: str, branch: str, path: str, data: bytes) -> Entry: ...
     def commit(self, repo: str, branch: str, message: str, metadata: Mapping[str, str] | None = None) -> Commit: ...
-    def commit_files(self, repo: str, branch: str, files: Mapping[str, bytes], message: str,
-                     metadata: Mapping[str, str] | None = None, *, replace: bool = False) -> Commit: ...
+    def commit_files(
+        self,
+        repo: str,
+        branch: str,
+        files: Mapping[str, bytes],
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        replace: bool = False,
+    ) -> Commit: ...
     def resolve(self, repo: str, ref: str) -> str: ...
     def read(self, repo: str, ref: str, path: str) -> bytes: ...
     def list(self, repo: str, ref: str, prefix: str = "") -> list[Entry]: ...
@@ -174,8 +182,9 @@ def ensure_repo(store, repo: str, default_branch: str = "main") -> None:
             raise
 
 
-def ingest_files(store, repo: str, branch: str, files: Mapping[str, bytes], message: str,
-                 metadata: Mapping[str, str]) -> Commit:
+def ingest_files(
+    store, repo: str, branch: str, files: Mapping[str, bytes], message: str, metadata: Mapping[str, str]
+) -> Commit:
     """Commit a built-in dataset's files to ``repo``/``branch`` (created if missing). Identical content
     commits nothing new, so the same bytes always pin the same commit id."""
     ensure_repo(store, repo, branch)
@@ -222,8 +231,7 @@ class LocalStore:
             if (path / "repo.json").exists():
                 raise StoreError(f"repository {repo!r} already exists")
             _atomic_write(path / "refs" / "branches" / default_branch, b"")
-            _atomic_write(path / "repo.json",
-                          _canonical({"default_branch": default_branch, "created_at": time.time()}))
+            _atomic_write(path / "repo.json", _canonical({"default_branch": default_branch, "created_at": time.time()}))
 
     def repo_exists(self, repo: str) -> bool:
         return (self.root / _check_name("repository", repo) / "repo.json").exists()
@@ -281,15 +289,30 @@ class LocalStore:
         self._staging.pop((repo, branch), None)  # only once committed: a failed commit keeps the staging
         return commit
 
-    def commit_files(self, repo: str, branch: str, files: Mapping[str, bytes], message: str,
-                     metadata: Mapping[str, str] | None = None, *, replace: bool = False) -> Commit:
+    def commit_files(
+        self,
+        repo: str,
+        branch: str,
+        files: Mapping[str, bytes],
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        replace: bool = False,
+    ) -> Commit:
         """Commit ``files`` on top of the branch head in one step (``replace``: as the whole tree), without
         touching this writer's staging."""
         repo_dir, written = self._put_blobs(repo, branch, files)
         return self._commit_changes(repo_dir, branch, written, replace, message, metadata)
 
-    def _commit_changes(self, repo_dir: Path, branch: str, changes: Mapping[str, dict | None], replace: bool,
-                        message: str, metadata: Mapping[str, str] | None) -> Commit:
+    def _commit_changes(
+        self,
+        repo_dir: Path,
+        branch: str,
+        changes: Mapping[str, dict | None],
+        replace: bool,
+        message: str,
+        metadata: Mapping[str, str] | None,
+    ) -> Commit:
         repo = repo_dir.name
         with self._branch_lock(repo_dir, branch):
             head = self._branch_head(repo_dir, branch)
@@ -323,8 +346,10 @@ class LocalStore:
         The caller holds the branch lock; this catches a writer that did not take it."""
         current = ref.read_text().strip() or None
         if current != expected:
-            raise Conflict(f"branch {ref.name!r} of {ref.parents[2].name!r} moved to {str(current)[:12]} while "
-                           f"a commit was built on {str(expected)[:12]}; run it again")
+            raise Conflict(
+                f"branch {ref.name!r} of {ref.parents[2].name!r} moved to {str(current)[:12]} while "
+                f"a commit was built on {str(expected)[:12]}; run it again"
+            )
         _atomic_write(ref, new.encode())
 
     def tag(self, repo: str, tag: str, ref: str) -> str:

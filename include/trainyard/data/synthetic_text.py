@@ -22,8 +22,24 @@ from trainyard.data.store import Commit, ingest_files
 
 DETERMINERS = ("the", "a")
 ADJECTIVES = ("big", "small", "red", "blue", "old", "young", "happy", "quiet", "fast", "green", "tall", "dark")
-NOUNS = ("dog", "cat", "bird", "horse", "child", "farmer", "teacher", "friend", "fish", "king", "queen",
-         "doctor", "sailor", "painter", "wolf", "fox")
+NOUNS = (
+    "dog",
+    "cat",
+    "bird",
+    "horse",
+    "child",
+    "farmer",
+    "teacher",
+    "friend",
+    "fish",
+    "king",
+    "queen",
+    "doctor",
+    "sailor",
+    "painter",
+    "wolf",
+    "fox",
+)
 VERBS = ("sees", "likes", "follows", "helps", "finds", "calls", "watches", "meets", "knows", "visits")
 ADVERBS = ("today", "again", "often", "quickly", "slowly", "never")
 PLURAL = "ri"
@@ -39,7 +55,9 @@ def lexicon(seed: int = 0) -> dict[str, str]:
     for word in words:
         while True:
             n = int(rng.integers(2, 4))
-            w = "".join(onsets[int(rng.integers(len(onsets)))] + vowels[int(rng.integers(len(vowels)))] for _ in range(n))
+            w = "".join(
+                onsets[int(rng.integers(len(onsets)))] + vowels[int(rng.integers(len(vowels)))] for _ in range(n)
+            )
             if w not in used:
                 break
         used.add(w)
@@ -88,5 +106,11 @@ def generate(n_pairs: int = 4000, seed: int = 0) -> dict[str, bytes]:
 
 def ingest_synthetic_text(store, repo: str, branch: str = "main", **kwargs) -> Commit:
     """Generate the corpus into ``repo``/``branch``; identical bytes commit nothing new."""
-    return ingest_files(store, repo, branch, generate(**kwargs), "ingest synthetic parallel text",
-                        {"source": "trainyard.data.synthetic_text", **{k: str(v) for k, v in kwargs.items()}})
+    return ingest_files(
+        store,
+        repo,
+        branch,
+        generate(**kwargs),
+        "ingest synthetic parallel text",
+        {"source": "trainyard.data.synthetic_text", **{k: str(v) for k, v in kwargs.items()}},
+    )

@@ -41,9 +41,7 @@ def example_class():
     from google.protobuf import descriptor_pool, message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
-    fdp = descriptor_pb2.FileDescriptorProto(
-        name="trainyard/tf_example.proto", package="tensorflow", syntax="proto3"
-    )
+    fdp = descriptor_pb2.FileDescriptorProto(name="trainyard/tf_example.proto", package="tensorflow", syntax="proto3")
 
     def add(msg, name, number, ftype, repeated=False, ref=None, packed=False, oneof=None):
         field = msg.field.add(name=name, number=number, type=ftype, oneof_index=oneof)
@@ -189,8 +187,9 @@ def read_records(path: str | Path, with_targets: bool):
                 except (DecodeError, IndexError, ValueError) as err:
                     raise ValueError(f"{where}: bad {META_FEATURE} Example: {err!r}") from None
                 continue
-            key, label, image, target = decode(data, where, with_target=True) if with_targets else (
-                *decode(data, where), None)
+            key, label, image, target = (
+                decode(data, where, with_target=True) if with_targets else (*decode(data, where), None)
+            )
             targets.append(target)
             keys.append(key)
             labels.append(label)

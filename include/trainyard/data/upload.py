@@ -92,8 +92,17 @@ def validate_folder(folder: str | Path, kind: str, docs_dir: str | Path | None =
     raise UploadError(f"unknown data kind {kind!r}; allowed: {sorted(KIND_MARKERS)}")
 
 
-def upload_folder(store, repo: str, branch: str, folder: str | Path, *, kind: str = "auto", message: str = "",
-                  metadata: dict | None = None, expected_digest: str | None = None) -> dict:
+def upload_folder(
+    store,
+    repo: str,
+    branch: str,
+    folder: str | Path,
+    *,
+    kind: str = "auto",
+    message: str = "",
+    metadata: dict | None = None,
+    expected_digest: str | None = None,
+) -> dict:
     """Validate ``folder`` and commit it to ``repo``/``branch``. Nothing is staged if validation fails.
 
     ``expected_digest`` (from an earlier validation) makes the commit refuse files changed since."""
@@ -109,10 +118,20 @@ def upload_folder(store, repo: str, branch: str, folder: str | Path, *, kind: st
     # One atomic call: concurrent uploads to one branch each get a commit equal to their own folder, and
     # every one of them lands in the branch's history (a stage-then-commit would mix them).
     commit = store.commit_files(
-        repo, branch, {rel: path.read_bytes() for rel, path in files.items()},
+        repo,
+        branch,
+        {rel: path.read_bytes() for rel, path in files.items()},
         message or f"upload {Path(folder).name}",
         {"kind": kind, "validated_by": report.suite, "digest": digest, **(metadata or {})},
         replace=True,
     )
-    return {"repo": repo, "branch": branch, "commit": commit.id, "kind": kind, "files": len(files),
-            "digest": digest, "validation": report.summary(), "store": store.kind}
+    return {
+        "repo": repo,
+        "branch": branch,
+        "commit": commit.id,
+        "kind": kind,
+        "files": len(files),
+        "digest": digest,
+        "validation": report.summary(),
+        "store": store.kind,
+    }

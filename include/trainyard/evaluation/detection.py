@@ -109,4 +109,6 @@ def coco_map(gt: dict, detections: list[dict], *, backend: str = "pycocotools") 
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
-    return {key: (None if value == -1 else float(value)) for key, value in zip(STAT_KEYS, evaluator.stats[:6], strict=True)}
+    return {
+        key: (None if value == -1 else float(value)) for key, value in zip(STAT_KEYS, evaluator.stats[:6], strict=True)
+    }

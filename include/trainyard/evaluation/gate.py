@@ -26,7 +26,12 @@ class Check:
         if self.value is None:
             return f"{self.metric}: missing (no such metric was computed)"
         bounds = " and ".join(
-            b for b in (f">= {self.min:g}" if self.min is not None else "", f"<= {self.max:g}" if self.max is not None else "") if b
+            b
+            for b in (
+                f">= {self.min:g}" if self.min is not None else "",
+                f"<= {self.max:g}" if self.max is not None else "",
+            )
+            if b
         )
         verdict = "ok" if self.passed else f"FAILED by {-self.margin:.4g}"
         return f"{self.metric} = {self.value:.4f}, needs {bounds}: {verdict}"

@@ -81,9 +81,13 @@ class Parity:
         worst = ", ".join(
             f"{name} ({o.mismatched}/{o.total} values; max abs diff {o.max_abs_diff:.3g} = "
             f"{o.scaled_diff:.3g} x its scale {o.scale:.3g})"
-            for name, o in self.outputs.items() if not o.passed)
-        return (f"{self.mismatched}/{self.total} {what} outputs differ beyond rtol={self.rtol} x each output's "
-                f"max |value| + atol={self.atol}: {worst}")
+            for name, o in self.outputs.items()
+            if not o.passed
+        )
+        return (
+            f"{self.mismatched}/{self.total} {what} outputs differ beyond rtol={self.rtol} x each output's "
+            f"max |value| + atol={self.atol}: {worst}"
+        )
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -108,8 +112,15 @@ def _quiet_exporter():
             lg.setLevel(level)
 
 
-def export(model, example, path: str | Path, *, input_names=("input",), output_names=("logits",),
-           dynamic_shapes: dict | None = None) -> Path:
+def export(
+    model,
+    example,
+    path: str | Path,
+    *,
+    input_names=("input",),
+    output_names=("logits",),
+    dynamic_shapes: dict | None = None,
+) -> Path:
     """Export with the TorchDynamo exporter, then run onnx's checker.
 
     ``example`` is one tensor or a tuple of them (the forward's positional arguments). Default dynamic
@@ -155,8 +166,9 @@ def onnx_predict(path: str | Path, x: np.ndarray, batch: int = 512) -> np.ndarra
     return np.concatenate([session.run(None, {name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 
 
-def check_parity(expected, actual, rtol: float | None = None, atol: float | None = None,
-                 names: Sequence[str] | None = None) -> Parity:
+def check_parity(
+    expected, actual, rtol: float | None = None, atol: float | None = None, names: Sequence[str] | None = None
+) -> Parity:
     """Compare a model's outputs: ``expected`` and ``actual`` are one array or a list of arrays (one per
     output, named by ``names``). An element passes when ``|actual - expected| <= atol + rtol * scale``,
     where ``scale`` is the largest |value| of that output's reference tensor: numpy.isclose with the
@@ -170,8 +182,11 @@ def check_parity(expected, actual, rtol: float | None = None, atol: float | None
         atol = defaults.atol if atol is None else atol
     expected = [expected] if isinstance(expected, np.ndarray) else list(expected)
     actual = [actual] if isinstance(actual, np.ndarray) else list(actual)
-    names = list(names) if names is not None else (["output"] if len(expected) == 1 else
-                                                   [f"output{i}" for i in range(len(expected))])
+    names = (
+        list(names)
+        if names is not None
+        else (["output"] if len(expected) == 1 else [f"output{i}" for i in range(len(expected))])
+    )
     if not len(expected) == len(actual) == len(names):
         raise ParityError(f"{len(actual)} outputs to compare with {len(expected)} references named {names}")
     outputs = {}
@@ -184,15 +199,22 @@ def check_parity(expected, actual, rtol: float | None = None, atol: float | None
         scale = float(np.abs(e).max(initial=0.0))
         worst = float(diff.max(initial=0.0))
         scaled = worst / scale if scale > 0 else (0.0 if worst == 0 else float("inf"))
-        outputs[name] = OutputParity(scale=scale, max_abs_diff=worst, scaled_diff=scaled,
-                                     mismatched=int((~(diff <= atol + rtol * scale)).sum()), total=int(e.size))
+        outputs[name] = OutputParity(
+            scale=scale,
+            max_abs_diff=worst,
+            scaled_diff=scaled,
+            mismatched=int((~(diff <= atol + rtol * scale)).sum()),
+            total=int(e.size),
+        )
     return Parity(
         passed=all(o.passed for o in outputs.values()),
         max_abs_diff=float(np.max([o.max_abs_diff for o in outputs.values()], initial=0.0)),
         max_scaled_diff=float(np.max([o.scaled_diff for o in outputs.values()], initial=0.0)),
         mismatched=sum(o.mismatched for o in outputs.values()),
         total=sum(o.total for o in outputs.values()),
-        rtol=rtol, atol=atol, outputs=outputs,
+        rtol=rtol,
+        atol=atol,
+        outputs=outputs,
     )
 
 

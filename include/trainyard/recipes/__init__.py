@@ -55,15 +55,19 @@ def check_spec(spec: JobSpec) -> None:
     problems = []
     if spec.recipe == "custom":  # the command brings its own model; its data uses the classification layout
         if spec.dataset.source not in ("sklearn_digits", "none"):
-            problems.append(f"dataset.source: recipe 'custom' reads image-classification data; use "
-                            f"'sklearn_digits' or 'none', not {spec.dataset.source!r}")
+            problems.append(
+                f"dataset.source: recipe 'custom' reads image-classification data; use "
+                f"'sklearn_digits' or 'none', not {spec.dataset.source!r}"
+            )
         if spec.recipe_options:
             problems.append("recipe_options: recipe 'custom' takes none (pass settings in custom.command)")
         if spec.champion:
             # the champion is re-measured on this run's data with the recipe's own metrics; a custom
             # program's model has no recipe to re-measure it with, so such a rule could never be honoured
-            problems.append("champion: recipe 'custom' cannot have champion rules (the platform cannot "
-                            "re-measure a custom model on this run's data); use gates, or a built-in recipe")
+            problems.append(
+                "champion: recipe 'custom' cannot have champion rules (the platform cannot "
+                "re-measure a custom model on this run's data); use gates, or a built-in recipe"
+            )
         if problems:
             raise SpecError(spec_error_message(problems))
         return
@@ -71,13 +75,17 @@ def check_spec(spec: JobSpec) -> None:
     problems += recipe.option_problems(spec.recipe_options)
     source = spec.dataset.source
     if source != "none" and source not in recipe.sources:
-        problems.append(f"dataset.source: {source!r} does not fit recipe {spec.recipe!r}; "
-                        f"use one of {sorted(recipe.sources) + ['none']}")
+        problems.append(
+            f"dataset.source: {source!r} does not fit recipe {spec.recipe!r}; "
+            f"use one of {sorted(recipe.sources) + ['none']}"
+        )
     known = {f"{split}_{m}" for split in ("val", "test") for m in recipe.metrics}
     for where, metrics in (("gates", [g.metric for g in spec.gates]), ("champion", [r.metric for r in spec.champion])):
         for i, metric in enumerate(metrics):
             if metric not in known:
-                problems.append(f"{where}[{i}].metric: recipe {spec.recipe!r} reports no {metric!r}; "
-                                f"it reports {sorted(f'val_{m}' for m in recipe.metrics)} (test_* with a test split)")
+                problems.append(
+                    f"{where}[{i}].metric: recipe {spec.recipe!r} reports no {metric!r}; "
+                    f"it reports {sorted(f'val_{m}' for m in recipe.metrics)} (test_* with a test split)"
+                )
     if problems:
         raise SpecError(spec_error_message(problems))

@@ -37,8 +37,10 @@ def options_problems(recipe: str, model: type[Options], err: ValidationError) ->
             lines.append(f"recipe_options: {e['msg'].removeprefix('Value error, ')}")
         else:
             field = model.model_fields[e["loc"][0]]
-            lines.append(f"recipe_options.{key}: {e['msg'].removeprefix('Value error, ')} (got {e['input']!r}); "
-                         f"{key} is {field.description} (default {field.default!r})")
+            lines.append(
+                f"recipe_options.{key}: {e['msg'].removeprefix('Value error, ')} (got {e['input']!r}); "
+                f"{key} is {field.description} (default {field.default!r})"
+            )
     return lines
 
 
@@ -81,8 +83,10 @@ class Recipe(Generic[OptionsT]):
         import importlib
 
         if source not in self.sources:
-            raise ValueError(f"dataset.source {source!r} does not fit recipe {self.name!r}; "
-                             f"use one of {sorted(self.sources) + ['none']}")
+            raise ValueError(
+                f"dataset.source {source!r} does not fit recipe {self.name!r}; "
+                f"use one of {sorted(self.sources) + ['none']}"
+            )
         module, fn = self.sources[source].split(":")
         return getattr(importlib.import_module(module), fn)(store, repo, branch)
 
@@ -120,7 +124,9 @@ class Recipe(Generic[OptionsT]):
         raise NotImplementedError
 
     # -- evaluation and export (tasks) ---------------------------------------------------------------------
-    def evaluate(self, model_path: str, data: dict, split: str, options: OptionsT) -> tuple[dict[str, float], dict[str, str]]:
+    def evaluate(
+        self, model_path: str, data: dict, split: str, options: OptionsT
+    ) -> tuple[dict[str, float], dict[str, str]]:
         """(metrics prefixed with ``split``, info such as metric signatures) of a model file on a split."""
         raise NotImplementedError
 
@@ -222,13 +228,24 @@ def verify_export(
     drop = metric_drop(metric, torch_metric, onnx_metric, export.metric_tolerance)
     if drop:
         problems.append(drop)
-    out = {"onnx_path": str(onnx_path), "parity": parity.to_dict(), "metric": metric,
-           f"{metric}_torch": torch_metric, f"{metric}_onnx": onnx_metric, **(extra or {})}
+    out = {
+        "onnx_path": str(onnx_path),
+        "parity": parity.to_dict(),
+        "metric": metric,
+        f"{metric}_torch": torch_metric,
+        f"{metric}_onnx": onnx_metric,
+        **(extra or {}),
+    }
     if export.torchscript and model is not None:
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         ts_path = export_torchscript(model, inputs, Path(out_dir) / "model.torchscript.pt")
-        ts = check_parity(list(torch_outputs), torchscript_predict(ts_path, *(t.numpy() for t in inputs)),
-                          export.rtol, export.atol, names)
+        ts = check_parity(
+            list(torch_outputs),
+            torchscript_predict(ts_path, *(t.numpy() for t in inputs)),
+            export.rtol,
+            export.atol,
+            names,
+        )
         if not ts.passed:
             problems.append(ts.problem("TorchScript"))
         out.update(torchscript_path=str(ts_path), torchscript_parity=ts.to_dict())

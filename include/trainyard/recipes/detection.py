@@ -52,10 +52,19 @@ def ground_truth(targets: list[dict], meta: dict) -> dict:
     for t in targets:
         images.append({"id": t["image_id"], "file_name": t["file_name"], "width": t["width"], "height": t["height"]})
         n = len(t["boxes"])
-        for box, cat, area, crowd in zip(t["boxes"], t["category_ids"], t.get("areas", [None] * n),
-                                         t.get("iscrowd", [0] * n), strict=True):
-            annotations.append({"id": len(annotations) + 1, "image_id": t["image_id"], "category_id": cat,
-                                "bbox": box, "area": box[2] * box[3] if area is None else area, "iscrowd": crowd})
+        for box, cat, area, crowd in zip(
+            t["boxes"], t["category_ids"], t.get("areas", [None] * n), t.get("iscrowd", [0] * n), strict=True
+        ):
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": t["image_id"],
+                    "category_id": cat,
+                    "bbox": box,
+                    "area": box[2] * box[3] if area is None else area,
+                    "iscrowd": crowd,
+                }
+            )
     return {"images": images, "annotations": annotations, "categories": meta["categories"]}
 
 
@@ -102,8 +111,14 @@ def detections(heads: list[np.ndarray], targets: list[dict], meta: dict, top_k: 
     for t, dets in zip(targets, decode(*heads, top_k=top_k), strict=True):
         sx, sy = t["width"] / size, t["height"] / size
         for c, score, (x, y, w, h) in dets:
-            out.append({"image_id": t["image_id"], "category_id": cats[c], "score": score,
-                        "bbox": [x * sx, y * sy, w * sx, h * sy]})
+            out.append(
+                {
+                    "image_id": t["image_id"],
+                    "category_id": cats[c],
+                    "score": score,
+                    "bbox": [x * sx, y * sy, w * sx, h * sy],
+                }
+            )
     return out
 
 
@@ -133,13 +148,20 @@ class DetectionOptions(Options):
     """``recipe_options`` of centernet_detector."""
 
     image_size: int = Field(
-        64, ge=16, le=1024, multiple_of=4,
-        description="side of the square model input in pixels, a multiple of 4 (the output stride) in 16..1024; "
-                    "images are resized to it when the data is prepared")
+        64,
+        ge=16,
+        le=1024,
+        multiple_of=4,
+        description=(
+            "side of the square model input in pixels, a multiple of 4 (the output stride) in 16..1024; "
+            "images are resized to it when the data is prepared"
+        ),
+    )
     width: int = Field(32, ge=4, le=512, description="channels of the first backbone stage, in 4..512")
     top_k: int = Field(50, ge=1, le=1000, description="detections kept per image, in 1..1000")
     coco_backend: Backend = Field(
-        "pycocotools", description="the COCO evaluator: pycocotools or faster_coco_eval (same figures, faster)")
+        "pycocotools", description="the COCO evaluator: pycocotools or faster_coco_eval (same figures, faster)"
+    )
 
 
 class CenterNetDetector(Recipe[DetectionOptions]):
@@ -170,11 +192,16 @@ class CenterNetDetector(Recipe[DetectionOptions]):
             img = images[key]
             anns = boxes[img["id"]]
             # crowd regions are kept for scoring (COCO ignores detections on them) but never trained on
-            target = {"image_id": img["id"], "file_name": img["file_name"], "width": img["width"],
-                      "height": img["height"], "boxes": [[float(v) for v in a["bbox"]] for a in anns],
-                      "category_ids": [a["category_id"] for a in anns],
-                      "areas": [float(a.get("area", a["bbox"][2] * a["bbox"][3])) for a in anns],
-                      "iscrowd": [int(a.get("iscrowd", 0)) for a in anns]}
+            target = {
+                "image_id": img["id"],
+                "file_name": img["file_name"],
+                "width": img["width"],
+                "height": img["height"],
+                "boxes": [[float(v) for v in a["bbox"]] for a in anns],
+                "category_ids": [a["category_id"] for a in anns],
+                "areas": [float(a.get("area", a["bbox"][2] * a["bbox"][3])) for a in anns],
+                "iscrowd": [int(a.get("iscrowd", 0)) for a in anns],
+            }
             return key, len(anns), _resize(_load_image(root / "images" / img["file_name"]), size), target
 
         categories = [{"id": c["id"], "name": c["name"]} for c in sorted(coco["categories"], key=lambda c: c["id"])]
@@ -194,8 +221,12 @@ class CenterNetDetector(Recipe[DetectionOptions]):
     def load(self, cfg):
         _, _, images, meta, targets = read_split(cfg.data, "train")
         _, _, images_v, _, targets_v = read_split(cfg.data, "val")
-        val = {"dataset": DetectionDataset(images_v, targets_v, meta), "targets": targets_v,
-               "top_k": self.opts(cfg.spec).top_k, "meta": meta}
+        val = {
+            "dataset": DetectionDataset(images_v, targets_v, meta),
+            "targets": targets_v,
+            "top_k": self.opts(cfg.spec).top_k,
+            "meta": meta,
+        }
         return DetectionDataset(images, targets, meta), val, meta
 
     def build_model(self, meta, options: DetectionOptions):
@@ -265,17 +296,30 @@ class CenterNetDetector(Recipe[DetectionOptions]):
         model = load_model(model_path)
         x, targets, meta = self._tensors(data, "val")
         batch = torch.export.Dim("batch", min=1, max=65536)
-        onnx_path = to_onnx(model, x[:2], Path(out_dir) / "model.onnx", input_names=("image",),
-                            output_names=("heatmap", "size", "offset"), dynamic_shapes={"x": {0: batch}})
+        onnx_path = to_onnx(
+            model,
+            x[:2],
+            Path(out_dir) / "model.onnx",
+            input_names=("image",),
+            output_names=("heatmap", "size", "offset"),
+            dynamic_shapes={"x": {0: batch}},
+        )
         session = onnx_session(onnx_path)
         heads_torch, heads_onnx = torch_heads(model, x), onnx_heads(session, x.numpy())
         fixed = slice(0, 16)
         map_torch = self._split_metrics(heads_torch, targets, meta, "val", options)["val_map"]
         map_onnx = self._split_metrics(heads_onnx, targets, meta, "val", options)["val_map"]
         return verify_export(
-            onnx_path=onnx_path, torch_outputs=[h[fixed] for h in heads_torch],
-            onnx_outputs=[h[fixed] for h in heads_onnx], export=export, metric="val_map",
-            torch_metric=map_torch, onnx_metric=map_onnx, model=model, inputs=x[fixed], out_dir=out_dir,
+            onnx_path=onnx_path,
+            torch_outputs=[h[fixed] for h in heads_torch],
+            onnx_outputs=[h[fixed] for h in heads_onnx],
+            export=export,
+            metric="val_map",
+            torch_metric=map_torch,
+            onnx_metric=map_onnx,
+            model=model,
+            inputs=x[fixed],
+            out_dir=out_dir,
             extra={"input_example": save_input_example(out_dir, {"image": x[:1].numpy()})},
         )
 
@@ -289,7 +333,9 @@ class CenterNetDetector(Recipe[DetectionOptions]):
         theirs = [(c["id"], c["name"]) for c in champion.categories]
         ours = [(c["id"], c["name"]) for c in meta["categories"]]
         if theirs != ours or champion.config["image_size"] != meta["image_size"]:
-            raise ValueError(f"the registered model at {onnx_path} was trained on categories {theirs} at "
-                             f"{champion.config['image_size']} px; this data has {ours} at {meta['image_size']} px: "
-                             "not comparable on this data")
+            raise ValueError(
+                f"the registered model at {onnx_path} was trained on categories {theirs} at "
+                f"{champion.config['image_size']} px; this data has {ours} at {meta['image_size']} px: "
+                "not comparable on this data"
+            )
         return self._split_metrics(onnx_heads(onnx_session(onnx_path), x.numpy()), targets, meta, "val", options)

@@ -95,9 +95,16 @@ class DigitsCNN(Recipe[DigitsOptions]):
         acc_torch = classification_metrics(predict(model, x), labels)["val_accuracy"]
         acc_onnx = classification_metrics(onnx_predict(onnx_path, x.numpy()), labels)["val_accuracy"]
         return verify_export(
-            onnx_path=onnx_path, torch_outputs=[predict(model, fixed)], onnx_outputs=[onnx_predict(onnx_path, fixed.numpy())],
-            export=export, metric="val_accuracy", torch_metric=acc_torch, onnx_metric=acc_onnx,
-            model=model, inputs=fixed, out_dir=out_dir,
+            onnx_path=onnx_path,
+            torch_outputs=[predict(model, fixed)],
+            onnx_outputs=[onnx_predict(onnx_path, fixed.numpy())],
+            export=export,
+            metric="val_accuracy",
+            torch_metric=acc_torch,
+            onnx_metric=acc_onnx,
+            model=model,
+            inputs=fixed,
+            out_dir=out_dir,
             extra={"input_example": save_input_example(out_dir, {"input": fixed.numpy()})},
         )
 

@@ -112,8 +112,16 @@ class TransformerTranslator(Recipe[TranslationOptions]):
     def build_model(self, meta, options: TranslationOptions):
         from trainyard.training.seq2seq import Seq2SeqTransformer
 
-        return Seq2SeqTransformer(len(meta["src_vocab"]), len(meta["tgt_vocab"]), options.d_model, options.nhead,
-                                  options.layers, options.ff, options.max_len, options.dropout)
+        return Seq2SeqTransformer(
+            len(meta["src_vocab"]),
+            len(meta["tgt_vocab"]),
+            options.d_model,
+            options.nhead,
+            options.layers,
+            options.ff,
+            options.max_len,
+            options.dropout,
+        )
 
     def loss(self, model, batch):
         from trainyard.training.seq2seq import loss
@@ -177,8 +185,9 @@ class TransformerTranslator(Recipe[TranslationOptions]):
             out[i : i + len(p), : p.shape[1]] = p
         return out
 
-    def _scores(self, model, ids: np.ndarray, references: list[str], split: str,
-                options: TranslationOptions) -> tuple[dict, dict]:
+    def _scores(
+        self, model, ids: np.ndarray, references: list[str], split: str, options: TranslationOptions
+    ) -> tuple[dict, dict]:
         from trainyard.evaluation.translation import corpus_scores
 
         hyps = [model.tgt_vocab.decode(row) for row in ids]
@@ -206,11 +215,19 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         n = model.config["max_len"]
         src, refs = self._source_ids(model, data, "val")
         tgt = self.encode(model.tgt_vocab, refs, n).numpy()
-        dims = {"src": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("src_len", min=2, max=n)},
-                "tgt": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("tgt_len", min=1, max=n)}}
+        dims = {
+            "src": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("src_len", min=2, max=n)},
+            "tgt": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("tgt_len", min=1, max=n)},
+        }
         example = (torch.from_numpy(src[:2]), torch.from_numpy(tgt[:2, :-1]))
-        onnx_path = to_onnx(model, example, Path(out_dir) / "model.onnx", input_names=("src", "tgt"),
-                            output_names=("logits",), dynamic_shapes=dims)
+        onnx_path = to_onnx(
+            model,
+            example,
+            Path(out_dir) / "model.onnx",
+            input_names=("src", "tgt"),
+            output_names=("logits",),
+            dynamic_shapes=dims,
+        )
         session = onnx_session(onnx_path)
         fixed_src, fixed_tgt = src[:32], tgt[:32, :-1]
         logits_torch = self.torch_step(model)(fixed_src, fixed_tgt)
@@ -225,11 +242,22 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         bleu_torch = self._scores(model, ids_torch, refs, "val", options)[0]["val_bleu"]
         bleu_onnx = self._scores(model, ids_onnx, refs, "val", options)[0]["val_bleu"]
         return verify_export(
-            onnx_path=onnx_path, torch_outputs=[logits_torch], onnx_outputs=[logits_onnx], export=export,
-            metric="val_bleu", torch_metric=bleu_torch, onnx_metric=bleu_onnx, model=model,
-            inputs=(torch.from_numpy(fixed_src), torch.from_numpy(fixed_tgt)), out_dir=out_dir, problems=problems,
-            extra={"decode_mismatches": differ, "decoded_sentences": len(src),
-                   "input_example": save_input_example(out_dir, {"src": src[:1], "tgt": tgt[:1, :-1]})},
+            onnx_path=onnx_path,
+            torch_outputs=[logits_torch],
+            onnx_outputs=[logits_onnx],
+            export=export,
+            metric="val_bleu",
+            torch_metric=bleu_torch,
+            onnx_metric=bleu_onnx,
+            model=model,
+            inputs=(torch.from_numpy(fixed_src), torch.from_numpy(fixed_tgt)),
+            out_dir=out_dir,
+            problems=problems,
+            extra={
+                "decode_mismatches": differ,
+                "decoded_sentences": len(src),
+                "input_example": save_input_example(out_dir, {"src": src[:1], "tgt": tgt[:1, :-1]}),
+            },
         )
 
     def onnx_metrics(self, onnx_path, data, options):

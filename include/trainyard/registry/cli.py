@@ -80,8 +80,15 @@ def cmd_promote(args) -> int:
     from trainyard.registry import signing, versions
 
     try:
-        entry = versions.promote(_client(), args.model, args.version, args.alias, user=_user(args), reason=args.reason,
-                                 public_key=signing.load_public_key(args.key))
+        entry = versions.promote(
+            _client(),
+            args.model,
+            args.version,
+            args.alias,
+            user=_user(args),
+            reason=args.reason,
+            public_key=signing.load_public_key(args.key),
+        )
     except _errors() as err:
         raise _as_command_error(err, "not promoted: ") from err
     print(json.dumps(entry))
@@ -92,8 +99,15 @@ def cmd_rollback(args) -> int:
     from trainyard.registry import signing, versions
 
     try:
-        entry = versions.rollback(_client(), args.model, to_version=args.to_version, alias=args.alias,
-                                  user=_user(args), reason=args.reason, public_key=signing.load_public_key(args.key))
+        entry = versions.rollback(
+            _client(),
+            args.model,
+            to_version=args.to_version,
+            alias=args.alias,
+            user=_user(args),
+            reason=args.reason,
+            public_key=signing.load_public_key(args.key),
+        )
     except _errors() as err:
         raise _as_command_error(err, "not rolled back: ") from err
     print(json.dumps(entry))
@@ -109,8 +123,10 @@ def cmd_history(args) -> int:
             print(json.dumps(e))
         return 0
     for e in entries:
-        print(f"{e['at']}  {e['alias']:<11} {str(e['from_version']):>5} -> {e['to_version']:<5} "
-              f"{e.get('action', 'promote'):<8} {e['user']}: {e['reason']}")
+        print(
+            f"{e['at']}  {e['alias']:<11} {str(e['from_version']):>5} -> {e['to_version']:<5} "
+            f"{e.get('action', 'promote'):<8} {e['user']}: {e['reason']}"
+        )
     return 0
 
 
@@ -120,11 +136,14 @@ def cmd_live_at(args) -> int:
     try:
         version = live_at(History(), args.model, args.alias, args.when)
     except ValueError as err:
-        raise CommandError(f"bad time {args.when!r}: {err}; write it as ISO 8601, "
-                           "e.g. 2026-03-01T12:00:00+00:00") from err
+        raise CommandError(
+            f"bad time {args.when!r}: {err}; write it as ISO 8601, e.g. 2026-03-01T12:00:00+00:00"
+        ) from err
     if version is None:
-        raise NotFoundError(f"no recorded {args.alias!r} version of {args.model!r} at {args.when}; "
-                            f"see 'trainyard models history {args.model}'")
+        raise NotFoundError(
+            f"no recorded {args.alias!r} version of {args.model!r} at {args.when}; "
+            f"see 'trainyard models history {args.model}'"
+        )
     print(version)
     return 0
 
@@ -134,8 +153,9 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     models = subparsers.add_parser("models", help="signed model versions, promotion, rollback, alias history")
     sub = models.add_subparsers(dest="models_command", required=True)
     key = argparse.ArgumentParser(add_help=False)
-    key.add_argument("--key", help="PEM file (default: $TRAINYARD_SIGNING_KEY / $TRAINYARD_VERIFY_KEY, "
-                                   "else $TRAINYARD_HOME/keys/)")
+    key.add_argument(
+        "--key", help="PEM file (default: $TRAINYARD_SIGNING_KEY / $TRAINYARD_VERIFY_KEY, else $TRAINYARD_HOME/keys/)"
+    )
     who = argparse.ArgumentParser(add_help=False)
     who.add_argument("--user", help="who (default: $TRAINYARD_USER, else the login name)")
 
@@ -162,8 +182,9 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--reason", required=True, help="why (recorded in the alias history)")
     p.set_defaults(func=cli_command(cmd_promote))
 
-    p = sub.add_parser("rollback", parents=[key, who],
-                       help="point production back at the previous (or a named) version")
+    p = sub.add_parser(
+        "rollback", parents=[key, who], help="point production back at the previous (or a named) version"
+    )
     p.add_argument("model")
     p.add_argument("--to-version", help="default: the version that held the alias before the current one")
     p.add_argument("--alias", choices=["staging", "production"], default="production")

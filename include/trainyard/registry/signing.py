@@ -65,8 +65,9 @@ def generate_keypair(directory: str | Path | None = None) -> tuple[Path, Path]:
     fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return private, public
 
 
@@ -92,8 +93,10 @@ def _pem(source: KeySource, env: str, default_name: str, what: str) -> tuple[byt
         return source.encode(), origin
     path = Path(source).expanduser()
     if not path.is_file():
-        raise SigningKeyError(f"no {what} at {path} ({origin}); create a key pair with `trainyard models keygen` "
-                              f"or point ${env} at a PEM file")
+        raise SigningKeyError(
+            f"no {what} at {path} ({origin}); create a key pair with `trainyard models keygen` "
+            f"or point ${env} at a PEM file"
+        )
     return path.read_bytes(), str(path)
 
 
@@ -164,8 +167,9 @@ def manifest(files: Mapping[str, Path], /, **metadata) -> dict:
         raise ValueError(f"metadata may not set {sorted(clash)}")
     return {
         "format": FORMAT,
-        "files": {rel: {"sha256": sha256_file(Path(p)), "size": Path(p).stat().st_size}
-                  for rel, p in sorted(files.items())},
+        "files": {
+            rel: {"sha256": sha256_file(Path(p)), "size": Path(p).stat().st_size} for rel, p in sorted(files.items())
+        },
         **{k: (None if v is None else str(v)) for k, v in metadata.items()},
     }
 
@@ -195,8 +199,10 @@ def verify(m: dict, signature: str, public_key, files: Mapping[str, Path], subje
     try:
         public_key.verify(base64.b64decode(signature, validate=True), canonical(m))
     except (InvalidSignature, ValueError, TypeError):
-        problems.append(f"signature does not match the manifest for verify key {key_id(public_key)} "
-                        "(wrong key, or the manifest or signature was altered)")
+        problems.append(
+            f"signature does not match the manifest for verify key {key_id(public_key)} "
+            "(wrong key, or the manifest or signature was altered)"
+        )
     listed = m.get("files") or {}
     for rel in sorted(set(listed) | set(files)):
         if rel not in files:
@@ -208,7 +214,9 @@ def verify(m: dict, signature: str, public_key, files: Mapping[str, Path], subje
             size = path.stat().st_size
             got = sha256_file(path)
             if got != want["sha256"] or size != want["size"]:
-                problems.append(f"{rel}: content changed (sha256 {got[:12]}, {size} bytes; "
-                                f"signed {want['sha256'][:12]}, {want['size']} bytes)")
+                problems.append(
+                    f"{rel}: content changed (sha256 {got[:12]}, {size} bytes; "
+                    f"signed {want['sha256'][:12]}, {want['size']} bytes)"
+                )
     if problems:
         raise VerificationError(subject, problems)

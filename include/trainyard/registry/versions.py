@@ -59,7 +59,7 @@ def storage_uri(client, name: str, version: str) -> str:
         if uri.startswith("runs:/"):
             uri = RunsArtifactRepository.get_underlying_uri(uri, client.tracking_uri)
         elif uri.startswith("models:/"):
-            ref = uri[len("models:/"):].strip("/")
+            ref = uri[len("models:/") :].strip("/")
             if "/" in ref:  # models:/<name>/<version>
                 model, _, ver = ref.partition("/")
                 uri = client.get_model_version_download_uri(model, ver)
@@ -110,23 +110,42 @@ def sign_version(client, name: str, version, private_key) -> dict:
             raise VerificationError(f"{name} version {version}", ["no files at the version's source"])
         m = signing.manifest(files, model=name, version=version, run_id=mv.run_id, source=mv.source)
     digest = signing.digest(m)
-    summary = {"name": name, "version": version, "manifest_sha256": digest, "files": len(m["files"]),
-               "key_id": signing.key_id(private_key)}
+    summary = {
+        "name": name,
+        "version": version,
+        "manifest_sha256": digest,
+        "files": len(m["files"]),
+        "key_id": signing.key_id(private_key),
+    }
     stored = _stored(mv)
     if stored is not None:
         if signing.digest(stored[0]) == digest:  # signed before (a retry): keep that signature and its key
             return {**summary, "key_id": mv.tags.get(KEY_ID_TAG), "changed": False}
-        raise VerificationError(f"{name} version {version}", [
-            f"already signed over different content (manifest {mv.tags.get(DIGEST_TAG, '?')[:12]}, "
-            f"now {digest[:12]}); "
-            "a registered version's files must not change: register a new version instead"])
-    tags = {**_manifest_tags(signing.canonical(m).decode("utf-8")), DIGEST_TAG: digest,
-            SIGNATURE_TAG: signing.sign(m, private_key), KEY_ID_TAG: summary["key_id"]}
+        raise VerificationError(
+            f"{name} version {version}",
+            [
+                f"already signed over different content (manifest {mv.tags.get(DIGEST_TAG, '?')[:12]}, "
+                f"now {digest[:12]}); "
+                "a registered version's files must not change: register a new version instead"
+            ],
+        )
+    tags = {
+        **_manifest_tags(signing.canonical(m).decode("utf-8")),
+        DIGEST_TAG: digest,
+        SIGNATURE_TAG: signing.sign(m, private_key),
+        KEY_ID_TAG: summary["key_id"],
+    }
     # The signature goes last: a crash part-way leaves the version unsigned, never half-signed.
     for key in sorted(tags, key=lambda k: k == SIGNATURE_TAG):
         client.set_model_version_tag(name, version, key, tags[key])
-    log.info("signed %s version %s: %d files, manifest %s, key %s", name, version, summary["files"], digest[:12],
-             summary["key_id"])
+    log.info(
+        "signed %s version %s: %d files, manifest %s, key %s",
+        name,
+        version,
+        summary["files"],
+        digest[:12],
+        summary["key_id"],
+    )
     return {**summary, "changed": True}
 
 
@@ -152,8 +171,13 @@ def verify_version(client, name: str, version, public_key) -> dict:
             problems += err.problems
     if problems:
         raise VerificationError(subject, problems)
-    return {"name": name, "version": version, "manifest_sha256": signing.digest(m), "files": len(m["files"]),
-            "key_id": signing.key_id(public_key)}
+    return {
+        "name": name,
+        "version": version,
+        "manifest_sha256": signing.digest(m),
+        "files": len(m["files"]),
+        "key_id": signing.key_id(public_key),
+    }
 
 
 # -- history -----------------------------------------------------------------------------------------------
@@ -229,8 +253,13 @@ def _mirror(client, name: str, history: History) -> None:
     try:
         client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(kept, separators=(",", ":")))
     except MlflowException as err:
-        log.warning("alias history not mirrored to tag %s of %s: %s (the file %s is complete)", HISTORY_TAG, name,
-                    err, history.path)
+        log.warning(
+            "alias history not mirrored to tag %s of %s: %s (the file %s is complete)",
+            HISTORY_TAG,
+            name,
+            err,
+            history.path,
+        )
 
 
 def _when(value) -> datetime:
@@ -255,7 +284,7 @@ def previous_version(entries: Iterable[dict], current: str | None) -> str | None
     stack: list[str] = []
     for e in entries:
         if e.get("action") == "rollback" and e["to_version"] in stack:
-            del stack[len(stack) - stack[::-1].index(e["to_version"]):]
+            del stack[len(stack) - stack[::-1].index(e["to_version"]) :]
             continue
         if e.get("from_version") is not None and (not stack or stack[-1] != e["from_version"]):
             stack.append(e["from_version"])
@@ -283,8 +312,19 @@ def resolve_version(client, name: str, version: str | int | None, alias: str = "
     return holder
 
 
-def promote(client, name: str, version, alias: str, *, user: str, reason: str, public_key,
-            history: History | None = None, action: str = "promote", extra: dict | None = None) -> dict:
+def promote(
+    client,
+    name: str,
+    version,
+    alias: str,
+    *,
+    user: str,
+    reason: str,
+    public_key,
+    history: History | None = None,
+    action: str = "promote",
+    extra: dict | None = None,
+) -> dict:
     """Verify ``version``, point ``alias`` at it, record the move. Returns the history entry plus
     ``changed`` (False when the alias already pointed there and that move is already recorded)."""
     history = history or History()
@@ -301,17 +341,37 @@ def promote(client, name: str, version, alias: str, *, user: str, reason: str, p
     else:
         from_version = current
     client.set_registered_model_alias(name, alias, version)
-    entry = {"model": name, "alias": alias, "from_version": from_version, "to_version": version, "user": user,
-             "reason": reason, "at": datetime.now(UTC).isoformat(timespec="microseconds"), "action": action,
-             "manifest_sha256": verified["manifest_sha256"], "key_id": verified["key_id"], **(extra or {})}
+    entry = {
+        "model": name,
+        "alias": alias,
+        "from_version": from_version,
+        "to_version": version,
+        "user": user,
+        "reason": reason,
+        "at": datetime.now(UTC).isoformat(timespec="microseconds"),
+        "action": action,
+        "manifest_sha256": verified["manifest_sha256"],
+        "key_id": verified["key_id"],
+        **(extra or {}),
+    }
     history.append(entry)
     _mirror(client, name, history)
     log.info("%s: %s alias %r %s -> %s by %s (%s)", action, name, alias, from_version, version, user, reason)
     return {**entry, "changed": True}
 
 
-def rollback(client, name: str, *, to_version=None, alias: str = "production", user: str, reason: str, public_key,
-             history: History | None = None, extra: dict | None = None) -> dict:
+def rollback(
+    client,
+    name: str,
+    *,
+    to_version=None,
+    alias: str = "production",
+    user: str,
+    reason: str,
+    public_key,
+    history: History | None = None,
+    extra: dict | None = None,
+) -> dict:
     """Move ``alias`` back to ``to_version`` or, by default, to the version that held it before the current
     one; verified like any promotion."""
     history = history or History()
@@ -321,9 +381,21 @@ def rollback(client, name: str, *, to_version=None, alias: str = "production", u
     else:
         target = previous_version(_entries(history, name, alias), current)
     if target is None:
-        raise RollbackError(f"no version of {name!r} is recorded as holding {alias!r} before version {current}; "
-                            "name the version to roll back to")
+        raise RollbackError(
+            f"no version of {name!r} is recorded as holding {alias!r} before version {current}; "
+            "name the version to roll back to"
+        )
     if target == current:
         raise RollbackError(f"version {target} of {name!r} already holds {alias!r}")
-    return promote(client, name, target, alias, user=user, reason=reason, public_key=public_key, history=history,
-                   action="rollback", extra=extra)
+    return promote(
+        client,
+        name,
+        target,
+        alias,
+        user=user,
+        reason=reason,
+        public_key=public_key,
+        history=history,
+        action="rollback",
+        extra=extra,
+    )

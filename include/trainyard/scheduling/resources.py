@@ -67,16 +67,25 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
     the pool's size, it would wait forever instead."""
     res = spec.resources
     if res.gpu_type not in config.gpu_types:
-        raise SpecError(spec_error_message([
-            f"resources.gpu_type: unknown GPU type {res.gpu_type!r}; allowed: {sorted(config.gpu_types)}"]))
+        raise SpecError(
+            spec_error_message(
+                [f"resources.gpu_type: unknown GPU type {res.gpu_type!r}; allowed: {sorted(config.gpu_types)}"]
+            )
+        )
     if res.team not in config.teams:
-        raise SpecError(spec_error_message([
-            f"resources.team: unknown team {res.team!r}; allowed: {sorted(config.teams)}"]))
+        raise SpecError(
+            spec_error_message([f"resources.team: unknown team {res.team!r}; allowed: {sorted(config.teams)}"])
+        )
     size = config.gpu_types[res.gpu_type].count
     if res.total_gpus > size:
-        raise SpecError(spec_error_message([
-            f"resources.gpus_per_node: the job needs {res.total_gpus} {res.gpu_type} GPU(s) "
-            f"(nodes x gpus_per_node) but pool {pool_name(res.gpu_type)!r} has only {size}"]))
+        raise SpecError(
+            spec_error_message(
+                [
+                    f"resources.gpus_per_node: the job needs {res.total_gpus} {res.gpu_type} GPU(s) "
+                    f"(nodes x gpus_per_node) but pool {pool_name(res.gpu_type)!r} has only {size}"
+                ]
+            )
+        )
 
 
 def run_cost(config: ResourcesConfig, gpu_type: str, gpu_seconds: float) -> float:

@@ -24,8 +24,9 @@ STRIDE = 4
 
 
 def _block(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout),
-                         nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
+    )
 
 
 class CenterNet(nn.Module):
@@ -36,7 +37,11 @@ class CenterNet(nn.Module):
         self.config = {"num_classes": num_classes, "image_size": image_size, "width": width}
         w = width
         self.backbone = nn.Sequential(
-            _block(3, w // 2), _block(w // 2, w, 2), _block(w, w), _block(w, 2 * w, 2), _block(2 * w, 2 * w),
+            _block(3, w // 2),
+            _block(w // 2, w, 2),
+            _block(w, w),
+            _block(w, 2 * w, 2),
+            _block(2 * w, 2 * w),
             _block(2 * w, 2 * w),
         )
 
@@ -90,8 +95,9 @@ def loss(outputs, heat, size, offset, mask) -> torch.Tensor:
     return (pos_loss + neg_loss) / n_pos + 0.1 * size_loss + offset_loss
 
 
-def decode(heatmap_logits: np.ndarray, size: np.ndarray, offset: np.ndarray, top_k: int = 50,
-           min_score: float = 0.01) -> list[list[tuple[int, float, list[float]]]]:
+def decode(
+    heatmap_logits: np.ndarray, size: np.ndarray, offset: np.ndarray, top_k: int = 50, min_score: float = 0.01
+) -> list[list[tuple[int, float, list[float]]]]:
     """Per image: [(category index, score, [x, y, w, h] in model-input pixels), ...], best first.
 
     A detection is a local maximum of its category's heatmap (3x3 neighbourhood: CenterNet's NMS)."""

@@ -31,4 +31,3 @@ class SmallCNN(nn.Module):
 def to_input(images, pixel_max: float) -> torch.Tensor:
     """uint8 (N, H, W) numpy images -> float (N, 1, H, W) in [0, 1], the model's input."""
     return torch.from_numpy(images).float().div_(float(pixel_max)).unsqueeze(1)
-

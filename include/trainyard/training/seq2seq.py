@@ -63,7 +63,11 @@ class _Attention(nn.Module):
     def __init__(self, d_model: int, nhead: int, dropout: float) -> None:
         super().__init__()
         self.nhead, self.dropout = nhead, dropout
-        self.q, self.kv, self.proj = nn.Linear(d_model, d_model), nn.Linear(d_model, 2 * d_model), nn.Linear(d_model, d_model)
+        self.q, self.kv, self.proj = (
+            nn.Linear(d_model, d_model),
+            nn.Linear(d_model, 2 * d_model),
+            nn.Linear(d_model, d_model),
+        )
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         n, t, d = x.shape
@@ -98,11 +102,28 @@ class Seq2SeqTransformer(nn.Module):
     data-dependent branches (``nn.Transformer``'s nested-tensor fast path has them), so
     ``torch.export`` traces it with dynamic batch and lengths."""
 
-    def __init__(self, src_vocab: int, tgt_vocab: int, d_model: int = 64, nhead: int = 4, layers: int = 2,
-                 ff: int = 128, max_len: int = 32, dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        d_model: int = 64,
+        nhead: int = 4,
+        layers: int = 2,
+        ff: int = 128,
+        max_len: int = 32,
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__()
-        self.config = {"src_vocab": src_vocab, "tgt_vocab": tgt_vocab, "d_model": d_model, "nhead": nhead,
-                       "layers": layers, "ff": ff, "max_len": max_len, "dropout": dropout}
+        self.config = {
+            "src_vocab": src_vocab,
+            "tgt_vocab": tgt_vocab,
+            "d_model": d_model,
+            "nhead": nhead,
+            "layers": layers,
+            "ff": ff,
+            "max_len": max_len,
+            "dropout": dropout,
+        }
         self.src_embed = nn.Embedding(src_vocab, d_model, padding_idx=PAD)
         self.tgt_embed = nn.Embedding(tgt_vocab, d_model, padding_idx=PAD)
         self.position = nn.Embedding(max_len, d_model)

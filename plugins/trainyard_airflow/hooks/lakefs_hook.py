@@ -47,15 +47,25 @@ class LakeFSHook(BaseHook):
         from trainyard.data.store import StoreError
 
         conn = self.get_connection(self.lakefs_conn_id)
-        missing = [label for label, value in (("host", conn.host), ("login", conn.login),
-                                              ("password", conn.password)) if not value]
+        missing = [
+            label
+            for label, value in (("host", conn.host), ("login", conn.login), ("password", conn.password))
+            if not value
+        ]
         if missing:
-            raise StoreError(f"connection {self.lakefs_conn_id!r} lacks {', '.join(missing)} "
-                             "(host = lakeFS endpoint, login = access key id, password = secret access key)")
+            raise StoreError(
+                f"connection {self.lakefs_conn_id!r} lacks {', '.join(missing)} "
+                "(host = lakeFS endpoint, login = access key id, password = secret access key)"
+            )
         extra = conn.extra_dejson or {}
         options = {k: extra[k] for k in ("pre_sign", "verify_etag") if k in extra}
-        return LakeFSStore(self._endpoint(conn), conn.login, conn.password,
-                           storage_namespace_root=extra.get("storage_namespace") or None, **options)
+        return LakeFSStore(
+            self._endpoint(conn),
+            conn.login,
+            conn.password,
+            storage_namespace_root=extra.get("storage_namespace") or None,
+            **options,
+        )
 
 
 def register_store() -> None:

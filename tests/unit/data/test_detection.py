@@ -46,8 +46,19 @@ def test_good_dataset_passes(tmp_path):
     coco = load_coco(tmp_path)
     boxes = profile_boxes(coco)
     assert list(boxes.columns) == [
-        "annotation_id", "image_id", "category_id", "x", "y", "w", "h", "image_width", "image_height",
-        "image_known", "category_known", "x_max", "y_max",
+        "annotation_id",
+        "image_id",
+        "category_id",
+        "x",
+        "y",
+        "w",
+        "h",
+        "image_width",
+        "image_height",
+        "image_known",
+        "category_known",
+        "x_max",
+        "y_max",
     ]
     assert boxes["x_max"].tolist() == [32, 14.5, 40, 16]  # boxes touching the right edge are inside
     assert profile_images(coco, tmp_path)["size_matches"].tolist() == [True, True, True]

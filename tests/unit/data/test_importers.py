@@ -110,10 +110,14 @@ def ls_detection_export(tmp_path, tasks=None):
     png(images / "c.png", 50, 50)
     tasks = tasks or [
         # an upload: Label Studio prefixed the name; the folder holds the original file
-        task(1, "/data/upload/1/8f3a2b1c-a.png", [
-            rect(10, 20, 25, 50, "cat", 200, 100),
-            rect(75, 0, 25, 100, "dog", 200, 100),  # touches the right edge exactly
-        ]),
+        task(
+            1,
+            "/data/upload/1/8f3a2b1c-a.png",
+            [
+                rect(10, 20, 25, 50, "cat", 200, 100),
+                rect(75, 0, 25, 100, "dog", 200, 100),  # touches the right edge exactly
+            ],
+        ),
         task(2, "/data/local-files/?d=photos/b.png", [rect(12.5, 25, 50, 37.5, "cat", 640, 480)]),
         {"id": 3, "data": {"image": "/data/upload/1/c.png"}, "annotations": []},  # not annotated yet
         task(4, "/data/upload/1/c.png", [rect(1, 1, 1, 1, "cat", 50, 50)], cancelled=True),  # skipped by annotator
@@ -132,7 +136,9 @@ def test_labelstudio_detection_percent_boxes_to_pixels(tmp_path):
     coco = load_coco(dest)
     assert coco["categories"] == [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]
     assert [(i["file_name"], i["width"], i["height"]) for i in coco["images"]] == [
-        ("a.png", 200, 100), ("b.png", 640, 480), ("c.png", 50, 50),
+        ("a.png", 200, 100),
+        ("b.png", 640, 480),
+        ("c.png", 50, 50),
     ]
     # by hand: a.png 200x100: x 10% of 200 = 20, y 20% of 100 = 20, w 25% of 200 = 50, h 50% of 100 = 50
     #          a.png: x 75% = 150, y 0, w 25% = 50, h 100% = 100;  b.png 640x480: 12.5% -> 80, 25% -> 120,
@@ -190,8 +196,9 @@ def test_labelstudio_classification(tmp_path):
     meta = json.loads((dest / "classes.json").read_text())
     assert meta == {"classes": ["bird", "fish"], "height": 6, "width": 8, "pixel_max": 255}
     data = load_classification(dest)
-    assert data.keys[:2] == [sample_key(hashlib.sha256((images / f"img{i}.png").read_bytes()).hexdigest())
-                             for i in (0, 1)]
+    assert data.keys[:2] == [
+        sample_key(hashlib.sha256((images / f"img{i}.png").read_bytes()).hexdigest()) for i in (0, 1)
+    ]
     assert data.labels[:3].tolist() == [1, 0, 0]
     assert data.images[5].dtype == np.uint8 and data.images[5].shape == (6, 8)
     assert (data.images[5] == 50).all()  # grey RGB (50, 50, 50) -> L 50
@@ -219,8 +226,9 @@ def test_labelstudio_classification_bad_input_names_task(tmp_path, results, mess
     path = tmp_path / "export.json"
     path.write_text(json.dumps([task(42, "/data/upload/2/x.png", results)]))
     with pytest.raises(ValueError, match=message):
-        import_labelstudio(path, tmp_path / "ls_images", tmp_path / "dataset", kind="classification",
-                           labels=["bird", "fish"])
+        import_labelstudio(
+            path, tmp_path / "ls_images", tmp_path / "dataset", kind="classification", labels=["bird", "fish"]
+        )
 
 
 def test_labelstudio_text_task_refused(tmp_path):
@@ -282,7 +290,13 @@ def test_labelstudio_identical_images_in_two_tasks_refused(tmp_path):
     png(images / "x.png", 8, 6, value=7)
     png(images / "copy-of-x.png", 8, 6, value=7)
     path = tmp_path / "export.json"
-    path.write_text(json.dumps([task(1, "/data/upload/2/x.png", [choice("bird")]),
-                                task(2, "/data/upload/2/copy-of-x.png", [choice("fish")])]))
+    path.write_text(
+        json.dumps(
+            [
+                task(1, "/data/upload/2/x.png", [choice("bird")]),
+                task(2, "/data/upload/2/copy-of-x.png", [choice("fish")]),
+            ]
+        )
+    )
     with pytest.raises(ValueError, match=r"task 2: image copy-of-x.png has the same content as task 1's x.png"):
         import_labelstudio(path, images, tmp_path / "dataset", kind="classification")

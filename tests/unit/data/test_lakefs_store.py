@@ -67,8 +67,14 @@ def test_sdk_client_gets_the_explicit_credentials():
 def _connection(**overrides):
     from airflow.models.connection import Connection
 
-    fields = dict(conn_id="lakefs_default", conn_type="lakefs", host="http://lakefs:8000", login="AKIAEXAMPLE",
-                  password="very-secret-key", extra=json.dumps({"storage_namespace": "s3://bucket/datasets"}))
+    fields = dict(
+        conn_id="lakefs_default",
+        conn_type="lakefs",
+        host="http://lakefs:8000",
+        login="AKIAEXAMPLE",
+        password="very-secret-key",
+        extra=json.dumps({"storage_namespace": "s3://bucket/datasets"}),
+    )
     fields.update(overrides)
     return Connection(**fields)
 
@@ -92,7 +98,10 @@ def test_hook_builds_a_store_from_the_connection(monkeypatch):
     assert (store.access_key_id, store._secret) == ("AKIAEXAMPLE", "very-secret-key")
     assert store.storage_namespace_root == "s3://bucket/datasets"
     assert (LakeFSHook.conn_type, LakeFSHook.default_conn_name, LakeFSHook.conn_name_attr) == (
-        "lakefs", "lakefs_default", "lakefs_conn_id")
+        "lakefs",
+        "lakefs_default",
+        "lakefs_conn_id",
+    )
 
 
 def test_hook_bare_host_takes_scheme_and_port(monkeypatch):
@@ -198,12 +207,15 @@ def test_verify_accepts_matching_checksums():
     verify_object("w", DATA, f"{MD5[:-1]}0-3", len(DATA), None)  # multipart ETag: not a content hash, skipped
 
 
-@pytest.mark.parametrize("checksum, size, metadata, match", [
-    (MD5, len(DATA) + 1, None, "size mismatch"),
-    (MD5, len(DATA), {SHA_KEY: "0" * 64}, "SHA-256 mismatch"),
-    (hashlib.md5(b"other").hexdigest(), len(DATA), None, "checksum mismatch"),
-    (hashlib.sha256(b"other").hexdigest(), len(DATA), None, "checksum mismatch"),
-])
+@pytest.mark.parametrize(
+    "checksum, size, metadata, match",
+    [
+        (MD5, len(DATA) + 1, None, "size mismatch"),
+        (MD5, len(DATA), {SHA_KEY: "0" * 64}, "SHA-256 mismatch"),
+        (hashlib.md5(b"other").hexdigest(), len(DATA), None, "checksum mismatch"),
+        (hashlib.sha256(b"other").hexdigest(), len(DATA), None, "checksum mismatch"),
+    ],
+)
 def test_verify_rejects_mismatches(checksum, size, metadata, match):
     with pytest.raises(Corrupt, match=match):
         verify_object("repo@c:path", DATA, checksum, size, metadata)

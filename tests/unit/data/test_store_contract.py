@@ -13,8 +13,10 @@ import pytest
 
 from trainyard.data.store import LocalStore, NotFound, StoreError
 
-LAKEFS_SKIP = ("no lakeFS server: set LAKEFS_ENDPOINT, LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY "
-               "(and LAKEFS_STORAGE_NAMESPACE) to run the contract against one")
+LAKEFS_SKIP = (
+    "no lakeFS server: set LAKEFS_ENDPOINT, LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY "
+    "(and LAKEFS_STORAGE_NAMESPACE) to run the contract against one"
+)
 
 FOLDER = {
     "images/0.png": b"\x89PNG zero",
@@ -134,10 +136,16 @@ def test_diff_two_refs(repo_with_commit):
     store.upload(repo, "main", "images/3.png", b"\x89PNG three")
     second = store.commit(repo, "main", "edit")
     assert store.diff(repo, first.id, second.id) == {
-        "added": ["images/3.png"], "removed": ["images/1.png"], "changed": ["labels.csv"]}
+        "added": ["images/3.png"],
+        "removed": ["images/1.png"],
+        "changed": ["labels.csv"],
+    }
     # Backwards too: a plain two-tree comparison, not "what changed since the common ancestor".
     assert store.diff(repo, "main", first.id) == {
-        "added": ["images/1.png"], "removed": ["images/3.png"], "changed": ["labels.csv"]}
+        "added": ["images/1.png"],
+        "removed": ["images/3.png"],
+        "changed": ["labels.csv"],
+    }
     assert store.diff(repo, first.id, first.id) == {"added": [], "removed": [], "changed": []}
 
 

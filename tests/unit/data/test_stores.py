@@ -45,10 +45,26 @@ def test_cli_import_coco_validates(tmp_path, capsys):
     }
     (tmp_path / "export.json").write_text(json.dumps(coco))
     dest = tmp_path / "ds"
-    assert cli(["data", "import", "coco", str(tmp_path / "export.json"), "--images", str(images), "--dest", str(dest)]) == 0
+    assert (
+        cli(["data", "import", "coco", str(tmp_path / "export.json"), "--images", str(images), "--dest", str(dest)])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out) == {"images": 1, "annotations": 1, "categories": 1}
     coco["annotations"][0]["bbox"] = [25, 3, 10, 5]  # runs off the right edge
     (tmp_path / "export.json").write_text(json.dumps(coco))
-    assert cli(["data", "import", "coco", str(tmp_path / "export.json"), "--images", str(images),
-                "--dest", str(tmp_path / "ds2")]) == 1
+    assert (
+        cli(
+            [
+                "data",
+                "import",
+                "coco",
+                str(tmp_path / "export.json"),
+                "--images",
+                str(images),
+                "--dest",
+                str(tmp_path / "ds2"),
+            ]
+        )
+        == 1
+    )
     assert "FAILED" in capsys.readouterr().err

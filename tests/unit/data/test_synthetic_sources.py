@@ -68,13 +68,21 @@ def test_translation_pairs_follow_the_rules(tmp_path):
 
 def test_noun_phrase_order():
     lex = synthetic_text.lexicon(0)
-    assert synthetic_text._target_np(lex, "the", ["big", "red"], "dog", False) == [lex["dog"], lex["red"], lex["big"], lex["the"]]
+    assert synthetic_text._target_np(lex, "the", ["big", "red"], "dog", False) == [
+        lex["dog"],
+        lex["red"],
+        lex["big"],
+        lex["the"],
+    ]
     assert synthetic_text._target_np(lex, "the", [], "cat", True) == [lex["cat"], "ri", lex["the"]]
 
 
 def test_docstring_example_holds():
     lex = synthetic_text.lexicon(0)
-    tgt = (synthetic_text._target_np(lex, "the", ["big", "red"], "dog", False)
-           + synthetic_text._target_np(lex, "a", [], "cat", False) + [lex["sees"]])
+    tgt = (
+        synthetic_text._target_np(lex, "the", ["big", "red"], "dog", False)
+        + synthetic_text._target_np(lex, "a", [], "cat", False)
+        + [lex["sees"]]
+    )
     assert " ".join(tgt) == "levego bosufa pusoni pigeba balulo furu nulu"
     assert "levego bosufa pusoni pigeba balulo furu nulu" in synthetic_text.__doc__

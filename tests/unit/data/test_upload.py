@@ -40,7 +40,10 @@ def test_upload_commits_a_validated_folder(tmp_path, store, digits):
     second = upload_folder(store, "d", "main", folder)
     assert second["commit"] != first["commit"]
     assert store.diff("d", first["commit"], second["commit"]) == {
-        "added": [], "removed": ["images/digits-01796.npy"], "changed": ["labels.csv"]}
+        "added": [],
+        "removed": ["images/digits-01796.npy"],
+        "changed": ["labels.csv"],
+    }
     assert store.read("d", first["commit"], "images/digits-01796.npy")
 
 
@@ -101,12 +104,17 @@ def test_cli_upload_prints_the_commit(tmp_path, trainyard_home, digits, capsys):
     assert err.startswith("trainyard: error: ") and "not a directory" in err  # one line, no traceback
 
 
-@pytest.mark.parametrize("meta, message", [
-    (["0", "1"], r"classes.json: is a JSON list; expected an object \{\"classes\""),
-    ({"classes": ["0"], "height": 8}, r"classes.json: 'width' is missing; 'pixel_max' is missing; expected"),
-    ({"classes": "01", "height": 8, "width": 0, "pixel_max": 16},
-     r"'classes' must be a non-empty list of names, got '01'; 'width' must be a positive integer, got 0"),
-])
+@pytest.mark.parametrize(
+    "meta, message",
+    [
+        (["0", "1"], r"classes.json: is a JSON list; expected an object \{\"classes\""),
+        ({"classes": ["0"], "height": 8}, r"classes.json: 'width' is missing; 'pixel_max' is missing; expected"),
+        (
+            {"classes": "01", "height": 8, "width": 0, "pixel_max": 16},
+            r"'classes' must be a non-empty list of names, got '01'; 'width' must be a positive integer, got 0",
+        ),
+    ],
+)
 def test_malformed_classes_json_is_named_not_a_traceback(tmp_path, store, meta, message):
     folder = _write(tmp_path / "ds", {"classes.json": json.dumps(meta).encode(), "labels.csv": b"key,label\n"})
     with pytest.raises(ValueError, match=message):

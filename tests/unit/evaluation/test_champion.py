@@ -27,8 +27,7 @@ def rules(*raw: dict) -> list[ChampionRule]:
         ("margin exact despite float error (0.7 + 0.1)", {"map": 0.8}, {"map": 0.7}, [{**UP, "margin": 0.1}], [True]),
         ("just under the margin", {"map": 0.9099}, {"map": 0.90}, [UP], [False]),
         ("zero margin: a tie passes", {"map": 0.9}, {"map": 0.9}, [{**UP, "margin": 0}], [True]),
-        ("no margin key means zero", {"map": 0.9}, {"map": 0.9}, [{"metric": "map", "higher_is_better": True}],
-         [True]),
+        ("no margin key means zero", {"map": 0.9}, {"map": 0.9}, [{"metric": "map", "higher_is_better": True}], [True]),
         ("lower is better: lower by the margin", {"loss": 0.30}, {"loss": 0.35}, [DOWN], [True]),
         ("lower is better: lower but within the margin", {"loss": 0.33}, {"loss": 0.35}, [DOWN], [False]),
         ("lower is better: higher fails", {"loss": 0.40}, {"loss": 0.35}, [DOWN], [False]),
@@ -50,7 +49,9 @@ def test_row_carries_bound_and_slack():
     (row,) = champion_check({"map": 0.905}, {"map": 0.90}, rules(UP))
     assert (row.champion, row.required_margin, row.min, row.max) == (0.90, 0.01, pytest.approx(0.91), None)
     assert row.margin == pytest.approx(-0.005)
-    assert row.describe() == "map = 0.9050 vs champion 0.9000, needs >= 0.9100 (champion + margin 0.01): FAILED by 0.005"
+    assert (
+        row.describe() == "map = 0.9050 vs champion 0.9000, needs >= 0.9100 (champion + margin 0.01): FAILED by 0.005"
+    )
     (row,) = champion_check({"loss": 0.30}, {"loss": 0.35}, rules(DOWN))
     assert (row.min, row.max, row.margin) == (None, pytest.approx(0.30), pytest.approx(0.0, abs=1e-12))
     assert "needs <= 0.3000 (champion - margin 0.05): ok" in row.describe()
@@ -96,10 +97,20 @@ THRESHOLDS = [Threshold(metric="map", min=0.5), Threshold(metric="loss", max=1.0
         ("all pass", {"map": 0.95, "loss": 0.2}, {"map": 0.9, "loss": 0.3}, True, []),
         ("first model, thresholds met", {"map": 0.6, "loss": 0.9}, None, True, []),
         ("first model, threshold missed", {"map": 0.4, "loss": 0.9}, None, False, [("threshold", "map")]),
-        ("thresholds met, champion not beaten", {"map": 0.6, "loss": 0.9}, {"map": 0.9, "loss": 0.3}, False,
-         [("champion", "map"), ("champion", "loss")]),
-        ("both kinds breached", {"map": 0.4, "loss": 0.2}, {"map": 0.9, "loss": 0.3}, False,
-         [("threshold", "map"), ("champion", "map")]),
+        (
+            "thresholds met, champion not beaten",
+            {"map": 0.6, "loss": 0.9},
+            {"map": 0.9, "loss": 0.3},
+            False,
+            [("champion", "map"), ("champion", "loss")],
+        ),
+        (
+            "both kinds breached",
+            {"map": 0.4, "loss": 0.2},
+            {"map": 0.9, "loss": 0.3},
+            False,
+            [("threshold", "map"), ("champion", "map")],
+        ),
     ],
 )
 def test_combined_gate(name, metrics, champion, passed, breached):
@@ -107,7 +118,10 @@ def test_combined_gate(name, metrics, champion, passed, breached):
     assert result == json.loads(json.dumps(result))  # JSON-able, for XCom
     assert result["passed"] is passed, name
     assert [(r["kind"], r["metric"]) for r in result["checks"]] == [
-        ("threshold", "map"), ("threshold", "loss"), ("champion", "map"), ("champion", "loss")
+        ("threshold", "map"),
+        ("threshold", "loss"),
+        ("champion", "map"),
+        ("champion", "loss"),
     ]
     assert [(r["kind"], r["metric"]) for r in result["checks"] if not r["passed"]] == breached
     assert message(result) == result["message"]  # renders the same when read back from XCom
@@ -127,8 +141,15 @@ def test_message_lists_every_breach():
 def test_rows_have_threshold_and_champion_fields():
     result = combined_gate({"map": 0.95}, [Threshold(metric="map", min=0.5)], {"map": 0.9}, rules(UP))
     threshold, duel = result["checks"]
-    assert threshold == {"kind": "threshold", "metric": "map", "value": 0.95, "min": 0.5, "max": None,
-                         "passed": True, "margin": pytest.approx(0.45)}
+    assert threshold == {
+        "kind": "threshold",
+        "metric": "map",
+        "value": 0.95,
+        "min": 0.5,
+        "max": None,
+        "passed": True,
+        "margin": pytest.approx(0.45),
+    }
     assert duel["champion"] == 0.9 and duel["required_margin"] == 0.01 and duel["higher_is_better"] is True
     assert duel["min"] == pytest.approx(0.91) and duel["margin"] == pytest.approx(0.04)
     assert isinstance(ChampionCheck(**{k: v for k, v in duel.items() if k != "kind"}), Check)

@@ -60,8 +60,14 @@ CASES = [
         "TP, FP, TP interpolated",
         coco([(1, 1, BOX), (1, 1, SECOND)]),
         [det(1, 1, BOX, 0.9), det(1, 1, FAR, 0.8), det(1, 1, SECOND, 0.7)],
-        {"map": TP_FP_TP, "map_50": TP_FP_TP, "map_75": TP_FP_TP, "map_small": TP_FP_TP,
-         "map_medium": None, "map_large": None},
+        {
+            "map": TP_FP_TP,
+            "map_50": TP_FP_TP,
+            "map_75": TP_FP_TP,
+            "map_small": TP_FP_TP,
+            "map_medium": None,
+            "map_large": None,
+        },
     ),
     (
         "no detections",
@@ -90,8 +96,14 @@ CASES = [
         "area ranges",
         coco([(1, 1, [0, 0, 50, 50]), (1, 1, [200, 200, 200, 200])]),
         [det(1, 1, [0, 0, 50, 50], 0.9)],
-        {"map": 51 / 101, "map_50": 51 / 101, "map_75": 51 / 101,
-         "map_small": None, "map_medium": 1.0, "map_large": 0.0},
+        {
+            "map": 51 / 101,
+            "map_50": 51 / 101,
+            "map_75": 51 / 101,
+            "map_small": None,
+            "map_medium": 1.0,
+            "map_large": 0.0,
+        },
     ),
     (
         "no ground truth at all",

@@ -21,8 +21,11 @@ STEPS = 20
 CASES = {
     "digits_cnn": (classification.digits_files, {}, ["logits"]),
     "centernet_detector": (lambda: shapes.generate(24, seed=2), {"width": 8}, ["heatmap", "size", "offset"]),
-    "transformer_translator": (lambda: synthetic_text.generate(80, seed=2),
-                               {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32}, ["logits"]),
+    "transformer_translator": (
+        lambda: synthetic_text.generate(80, seed=2),
+        {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32},
+        ["logits"],
+    ),
 }
 
 
@@ -35,8 +38,9 @@ def trained(request, tmp_path_factory):
     spec = JobSpec(recipe=name, recipe_options=options, gates=(), export=ExportSpec(torchscript=True))
     root = write_files(tmp_path_factory.mktemp(name), make())
     opts = recipe.opts(spec)
-    data = prepare_records(lambda: recipe.samples(root, opts), "e" * 64, root / "prepared", 0.3, 0,
-                           variant=recipe.variant(opts))
+    data = prepare_records(
+        lambda: recipe.samples(root, opts), "e" * 64, root / "prepared", 0.3, 0, variant=recipe.variant(opts)
+    )
     torch.manual_seed(0)
     train, _, meta = recipe.load(RunConfig(spec=spec, data=data, out_dir=str(root)))
     model = recipe.build_model(meta, opts).train()

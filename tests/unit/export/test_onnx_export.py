@@ -28,7 +28,7 @@ def test_parity_catches_a_broken_export(exported, tmp_path):
     model, path = exported
     broken = onnx.load(str(path))
     # Perturb the last layer's bias by 1e-2: small, but far beyond rtol=1e-3/atol=1e-5.
-    init = max(broken.graph.initializer, key=lambda t: (len(t.dims) == 1 and t.dims[0] == 10))
+    init = max(broken.graph.initializer, key=lambda t: len(t.dims) == 1 and t.dims[0] == 10)
     arr = numpy_helper.to_array(init).copy()
     arr[3] += 1e-2
     init.CopyFrom(numpy_helper.from_array(arr, init.name))

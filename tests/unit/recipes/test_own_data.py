@@ -10,12 +10,20 @@ from trainyard.data import formats, shapes
 from trainyard.data.stores import open_store
 from trainyard.data.upload import upload_folder
 
-GATES = {"centernet_detector": [{"metric": "val_map", "min": 0.0}], "transformer_translator": [{"metric": "val_bleu", "min": 0.0}]}
+GATES = {
+    "centernet_detector": [{"metric": "val_map", "min": 0.0}],
+    "transformer_translator": [{"metric": "val_bleu", "min": 0.0}],
+}
 
 
 def _spec(recipe, repo, fmt="lmdb", **extra):
-    raw = {"name": repo, "recipe": recipe, "dataset": {"repo": repo, "source": "none", "format": fmt},
-           "gates": GATES[recipe], **extra}
+    raw = {
+        "name": repo,
+        "recipe": recipe,
+        "dataset": {"repo": repo, "source": "none", "format": fmt},
+        "gates": GATES[recipe],
+        **extra,
+    }
     return pipeline.validate_spec(raw)
 
 
@@ -29,7 +37,9 @@ def test_own_coco_data_of_another_size(trainyard_home, tmp_path, fmt):
     ds = pipeline.resolve_dataset(spec)
     assert ds["commit"] == up["commit"]
     assert pipeline.validate_data(spec, ds, "run-1")["success"]
-    docs = list((trainyard_home / "runs" / "mycoco" / "run-1" / "data_docs").glob("*/gx/uncommitted/data_docs/*/index.html"))
+    docs = list(
+        (trainyard_home / "runs" / "mycoco" / "run-1" / "data_docs").glob("*/gx/uncommitted/data_docs/*/index.html")
+    )
     assert len(docs) == 2  # Data Docs of the box suite and of the image suite
     data = pipeline.prepare_data(spec, ds)
     assert sum(data["counts"].values()) == 30
@@ -70,8 +80,11 @@ def test_bad_own_data_stops_before_training(trainyard_home, tmp_path):
     store = open_store("local")
     # committed without the upload gate (e.g. by another tool): the pipeline's own suite still stops it
     store.create_repo("badcoco")
-    store.upload_many("badcoco", "main", {rel: p.read_bytes() for rel, p in
-                                          ((str(p.relative_to(folder)), p) for p in folder.rglob("*") if p.is_file())})
+    store.upload_many(
+        "badcoco",
+        "main",
+        {rel: p.read_bytes() for rel, p in ((str(p.relative_to(folder)), p) for p in folder.rglob("*") if p.is_file())},
+    )
     store.commit("badcoco", "main", "unchecked")
     spec = _spec("centernet_detector", "badcoco")
     ds = pipeline.resolve_dataset(spec)

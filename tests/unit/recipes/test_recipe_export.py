@@ -18,7 +18,10 @@ from trainyard.training.run_config import RunConfig
 EXPORT = ExportSpec(rtol=1e-3, atol=1e-5, metric_tolerance=0.0, torchscript=True)
 CASES = {
     "centernet_detector": (lambda: shapes.generate(24, seed=2), {"width": 8}),
-    "transformer_translator": (lambda: synthetic_text.generate(60, seed=2), {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32}),
+    "transformer_translator": (
+        lambda: synthetic_text.generate(60, seed=2),
+        {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32},
+    ),
 }
 
 
@@ -31,7 +34,9 @@ def case(request, tmp_path_factory):
     spec = parse_spec({"recipe": name, "recipe_options": given})
     options = recipe.opts(spec)
     root = write_files(tmp_path_factory.mktemp(name), make())
-    data = prepare_records(lambda: recipe.samples(root, options), "c" * 64, root / "prepared", 0.3, 0, variant=recipe.variant(options))
+    data = prepare_records(
+        lambda: recipe.samples(root, options), "c" * 64, root / "prepared", 0.3, 0, variant=recipe.variant(options)
+    )
     torch.manual_seed(0)
     _, _, meta = recipe.load(RunConfig(spec=spec, data=data, out_dir=str(root)))  # what a worker gets
     model = recipe.build_model(meta, options)

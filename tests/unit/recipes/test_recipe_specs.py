@@ -9,9 +9,16 @@ from trainyard import pipeline, recipes
 from trainyard.spec import SpecError, load_spec_file, parse_spec
 
 JOBS = Path(__file__).resolve().parents[3] / "include" / "config" / "jobs"
-DETECTION = {"recipe": "centernet_detector", "dataset": {"source": "none"}, "gates": [{"metric": "val_map", "min": 0.1}]}
-TRANSLATION = {"recipe": "transformer_translator", "dataset": {"source": "none"},
-               "gates": [{"metric": "val_bleu", "min": 1}]}
+DETECTION = {
+    "recipe": "centernet_detector",
+    "dataset": {"source": "none"},
+    "gates": [{"metric": "val_map", "min": 0.1}],
+}
+TRANSLATION = {
+    "recipe": "transformer_translator",
+    "dataset": {"source": "none"},
+    "gates": [{"metric": "val_bleu", "min": 1}],
+}
 
 
 @pytest.mark.parametrize("job", sorted(p.name for p in JOBS.glob("*.yaml")))
@@ -23,29 +30,54 @@ def test_shipped_jobs_are_valid(job):
 @pytest.mark.parametrize(
     "raw, expected",
     [
-        ({"recipe": "centernet_detector", "gates": [{"metric": "val_map", "min": 0.1}]},
-         "dataset.source: 'sklearn_digits' does not fit recipe 'centernet_detector'"),
-        ({"recipe": "centernet_detector", "dataset": {"source": "synthetic_shapes"}},
-         "gates[0].metric: recipe 'centernet_detector' reports no 'val_accuracy'"),
-        ({"recipe": "transformer_translator", "dataset": {"source": "synthetic_translation"},
-          "gates": [{"metric": "val_bleu", "min": 1}], "champion": [{"metric": "val_map", "margin": 0}]},
-         "champion[0].metric: recipe 'transformer_translator' reports no 'val_map'"),
-        ({"recipe_options": {"image_size": 64}},
-         "recipe_options.image_size: not an option of recipe 'digits_cnn'; it takes none"),
-        ({**DETECTION, "recipe_options": {"image_sise": 64}},
-         "recipe_options.image_sise: not an option of recipe 'centernet_detector'; it takes "
-         "['coco_backend', 'image_size', 'top_k', 'width']"),
-        ({**DETECTION, "recipe_options": {"image_size": "big"}},
-         "recipe_options.image_size: Input should be a valid integer (got 'big'); image_size is side of the square"),
-        ({**DETECTION, "recipe_options": {"image_size": 63}}, "recipe_options.image_size: Input should be a multiple of 4"),
+        (
+            {"recipe": "centernet_detector", "gates": [{"metric": "val_map", "min": 0.1}]},
+            "dataset.source: 'sklearn_digits' does not fit recipe 'centernet_detector'",
+        ),
+        (
+            {"recipe": "centernet_detector", "dataset": {"source": "synthetic_shapes"}},
+            "gates[0].metric: recipe 'centernet_detector' reports no 'val_accuracy'",
+        ),
+        (
+            {
+                "recipe": "transformer_translator",
+                "dataset": {"source": "synthetic_translation"},
+                "gates": [{"metric": "val_bleu", "min": 1}],
+                "champion": [{"metric": "val_map", "margin": 0}],
+            },
+            "champion[0].metric: recipe 'transformer_translator' reports no 'val_map'",
+        ),
+        (
+            {"recipe_options": {"image_size": 64}},
+            "recipe_options.image_size: not an option of recipe 'digits_cnn'; it takes none",
+        ),
+        (
+            {**DETECTION, "recipe_options": {"image_sise": 64}},
+            "recipe_options.image_sise: not an option of recipe 'centernet_detector'; it takes "
+            "['coco_backend', 'image_size', 'top_k', 'width']",
+        ),
+        (
+            {**DETECTION, "recipe_options": {"image_size": "big"}},
+            "recipe_options.image_size: Input should be a valid integer (got 'big'); image_size is side of the square",
+        ),
+        (
+            {**DETECTION, "recipe_options": {"image_size": 63}},
+            "recipe_options.image_size: Input should be a multiple of 4",
+        ),
         ({**DETECTION, "recipe_options": {"image_size": 2048}}, "less than or equal to 1024"),
         ({**DETECTION, "recipe_options": {"top_k": True}}, "recipe_options.top_k: Input should be a valid integer"),
-        ({**DETECTION, "recipe_options": {"coco_backend": "mine"}},
-         "recipe_options.coco_backend: Input should be 'pycocotools' or 'faster_coco_eval' (got 'mine')"),
-        ({**TRANSLATION, "recipe_options": {"d_model": 30, "nhead": 4}},
-         "recipe_options: d_model (30) must be a multiple of nhead (4)"),
-        ({**TRANSLATION, "recipe_options": {"bleu_tokenize": "whitespace"}},
-         "recipe_options.bleu_tokenize: must be a sacrebleu tokenizer, one of"),
+        (
+            {**DETECTION, "recipe_options": {"coco_backend": "mine"}},
+            "recipe_options.coco_backend: Input should be 'pycocotools' or 'faster_coco_eval' (got 'mine')",
+        ),
+        (
+            {**TRANSLATION, "recipe_options": {"d_model": 30, "nhead": 4}},
+            "recipe_options: d_model (30) must be a multiple of nhead (4)",
+        ),
+        (
+            {**TRANSLATION, "recipe_options": {"bleu_tokenize": "whitespace"}},
+            "recipe_options.bleu_tokenize: must be a sacrebleu tokenizer, one of",
+        ),
     ],
 )
 def test_mismatches_are_refused_by_name(raw, expected):
@@ -87,8 +119,12 @@ def test_prepared_data_cache_keys_are_unchanged(recipe, given, variant):
 
 
 def test_test_split_metrics_may_be_gated():
-    raw = {"recipe": "transformer_translator", "dataset": {"source": "synthetic_translation"},
-           "split": {"val_fraction": 0.2, "test_fraction": 0.1}, "gates": [{"metric": "test_chrf", "min": 1}]}
+    raw = {
+        "recipe": "transformer_translator",
+        "dataset": {"source": "synthetic_translation"},
+        "split": {"val_fraction": 0.2, "test_fraction": 0.1},
+        "gates": [{"metric": "test_chrf", "min": 1}],
+    }
     assert pipeline.validate_spec(raw).gates[0].metric == "test_chrf"
 
 

@@ -56,8 +56,10 @@ def test_extra_and_missing_files_are_named(keys, model_dir):
     (model_dir / "backdoor.py").write_text("import os\n")
     with pytest.raises(VerificationError) as err:
         signing.verify(m, sig, public, signing.files_under(model_dir))
-    assert sorted(err.value.problems) == ["backdoor.py: extra file (not in the manifest)",
-                                          "sub/labels.txt: missing (listed in the manifest)"]
+    assert sorted(err.value.problems) == [
+        "backdoor.py: extra file (not in the manifest)",
+        "sub/labels.txt: missing (listed in the manifest)",
+    ]
 
 
 def test_wrong_key_and_altered_manifest_fail(keys, model_dir, tmp_path):
@@ -77,8 +79,9 @@ def test_wrong_key_and_altered_manifest_fail(keys, model_dir, tmp_path):
 def test_manifest_is_canonical_and_signing_idempotent(keys, model_dir):
     private, _ = keys
     m1, sig1 = _signed(model_dir, private)
-    m2 = signing.manifest(dict(reversed(list(signing.files_under(model_dir).items()))),
-                          run_id="abc", version="3", model="digits")
+    m2 = signing.manifest(
+        dict(reversed(list(signing.files_under(model_dir).items()))), run_id="abc", version="3", model="digits"
+    )
     assert signing.canonical(m1) == signing.canonical(m2)
     assert b" " not in signing.canonical(m1)
     assert signing.digest(m1) == signing.digest(m2) and signing.sign(m2, private) == sig1
@@ -124,7 +127,6 @@ def test_non_ed25519_keys_are_refused(tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = ec.generate_private_key(ec.SECP256R1())
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     with pytest.raises(SigningKeyError, match="not Ed25519"):
         signing.load_private_key(pem)

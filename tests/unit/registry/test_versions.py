@@ -58,13 +58,22 @@ def reg(trainyard_home, tmp_path, monkeypatch):
     key = signing.load_private_key()
     for v in (v1, v2):
         assert versions.sign_version(c, NAME, v, key)["changed"] is True
-    return {"client": c, "v1": str(v1), "v2": str(v2), "run": run, "model_id": lm.model_id, "home": trainyard_home,
-            "public": signing.load_public_key(), "history": History()}
+    return {
+        "client": c,
+        "v1": str(v1),
+        "v2": str(v2),
+        "run": run,
+        "model_id": lm.model_id,
+        "home": trainyard_home,
+        "public": signing.load_public_key(),
+        "history": History(),
+    }
 
 
 def _promote(reg, version, alias="production", reason="because"):
-    return versions.promote(reg["client"], NAME, version, alias, user="ann", reason=reason,
-                            public_key=reg["public"], history=reg["history"])
+    return versions.promote(
+        reg["client"], NAME, version, alias, user="ann", reason=reason, public_key=reg["public"], history=reg["history"]
+    )
 
 
 def test_sign_stores_tags_and_is_idempotent(reg):
@@ -113,7 +122,9 @@ def test_promote_history_live_at_and_rollback(reg):
     assert versions.alias_holder(c, NAME, "production") == v2
     entries = reg["history"].entries(NAME, "production")
     assert [(e["from_version"], e["to_version"], e["reason"], e["user"]) for e in entries] == [
-        (None, v1, "first release", "ann"), (v1, v2, "better accuracy", "ann")]
+        (None, v1, "first release", "ann"),
+        (v1, v2, "better accuracy", "ann"),
+    ]
     assert entries[1]["manifest_sha256"] == c.get_model_version(NAME, v2).tags[versions.DIGEST_TAG]
 
     t1, t2 = datetime.fromisoformat(first["at"]), datetime.fromisoformat(second["at"])
@@ -122,8 +133,7 @@ def test_promote_history_live_at_and_rollback(reg):
     assert versions.live_at(reg["history"], NAME, "production", (t2 + timedelta(days=1)).isoformat()) == v2
     assert versions.live_at(entries, NAME, "staging", t2) is None
 
-    back = versions.rollback(c, NAME, user="bob", reason="regression", public_key=reg["public"],
-                             history=reg["history"])
+    back = versions.rollback(c, NAME, user="bob", reason="regression", public_key=reg["public"], history=reg["history"])
     assert (back["from_version"], back["to_version"], back["action"], back["user"]) == (v2, v1, "rollback", "bob")
     assert versions.alias_holder(c, NAME, "production") == v1
     with pytest.raises(RollbackError, match="name the version"):

@@ -32,10 +32,14 @@ def test_perfect_prediction_decodes_to_the_boxes():
 
 
 def test_perfect_prediction_scores_map_one():
-    gt = {"images": [{"id": 1, "width": 64, "height": 64, "file_name": "a.png"}],
-          "annotations": [{"id": i + 1, "image_id": 1, "category_id": int(c) + 1, "bbox": b.tolist()}
-                          for i, (b, c) in enumerate(zip(BOXES, LABELS, strict=True))],
-          "categories": [{"id": i + 1, "name": n} for i, n in enumerate("abc")]}
+    gt = {
+        "images": [{"id": 1, "width": 64, "height": 64, "file_name": "a.png"}],
+        "annotations": [
+            {"id": i + 1, "image_id": 1, "category_id": int(c) + 1, "bbox": b.tolist()}
+            for i, (b, c) in enumerate(zip(BOXES, LABELS, strict=True))
+        ],
+        "categories": [{"id": i + 1, "name": n} for i, n in enumerate("abc")],
+    }
     dets = cn.decode(*_perfect_heads(BOXES, LABELS))[0]
     found = [{"image_id": 1, "category_id": c + 1, "bbox": b, "score": s} for c, s, b in dets]
     assert coco_map(gt, found)["map"] == pytest.approx(1.0)

@@ -25,8 +25,13 @@ class FakeEngine:
 
 def _ckpts(tmp_path, keep=2, every_steps=None):
     lines = []
-    c = DeepSpeedCheckpoints(Checkpoints(tmp_path / "checkpoints", every_steps=every_steps, keep=keep), FakeEngine(),
-                             0, torch.device("cpu"), lines.append)
+    c = DeepSpeedCheckpoints(
+        Checkpoints(tmp_path / "checkpoints", every_steps=every_steps, keep=keep),
+        FakeEngine(),
+        0,
+        torch.device("cpu"),
+        lines.append,
+    )
     return c, lines
 
 
@@ -41,8 +46,11 @@ def test_save_seals_and_keeps_the_last_k(tmp_path):
     assert c.tags() == ["step-00000030", "step-00000020"]  # newest first; step 10 pruned
     marker = json.loads((c.dir / "step-00000030" / MARKER).read_text())
     assert (marker["epoch"], marker["batches_done"], marker["step"]) == (3, 10, 30)
-    assert set(marker["files"]) == {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                    "zero_pp_rank_1_mp_rank_00_optim_states.pt"}
+    assert set(marker["files"]) == {
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    }
     assert all(c.check(t) is None for t in c.tags())
     assert not list(c.dir.glob("step-*/.*.tmp"))
 
@@ -52,10 +60,14 @@ def test_save_seals_and_keeps_the_last_k(tmp_path):
     [
         (lambda d: (d / MARKER).unlink(), "incomplete (no trainyard.json"),
         (lambda d: (d / MARKER).write_text("{"), "unreadable trainyard.json"),
-        (lambda d: (d / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink(),
-         "missing zero_pp_rank_1_mp_rank_00_optim_states.pt"),
-        (lambda d: (d / "mp_rank_00_model_states.pt").write_bytes(b"x" * 7),
-         "mp_rank_00_model_states.pt is 7 bytes, was written as"),
+        (
+            lambda d: (d / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink(),
+            "missing zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        ),
+        (
+            lambda d: (d / "mp_rank_00_model_states.pt").write_bytes(b"x" * 7),
+            "mp_rank_00_model_states.pt is 7 bytes, was written as",
+        ),
     ],
 )
 def test_check_names_what_is_wrong(tmp_path, damage, problem):

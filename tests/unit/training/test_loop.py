@@ -37,8 +37,17 @@ def test_trains_records_every_step_and_resumes(tmp_path, prepared, capsys):
     steps = result["steps"]
     per_epoch = int(capsys.readouterr().out.split("steps/epoch=")[1].split()[0])
     assert steps == 2 * per_epoch
-    assert set(result) >= {"model_path", "recipe", "steps", "epochs", "world_size", "strategy", "train_seconds",
-                           "val_accuracy", "resumed_from_step"}
+    assert set(result) >= {
+        "model_path",
+        "recipe",
+        "steps",
+        "epochs",
+        "world_size",
+        "strategy",
+        "train_seconds",
+        "val_accuracy",
+        "resumed_from_step",
+    }
     assert (result["strategy"], result["world_size"], result["resumed_from_step"]) == ("ddp", 1, None)
     assert json.loads((tmp_path / "train_result.json").read_text()) == result
     # Every step's loss reaches TensorBoard although it is all-reduced once per window.
@@ -56,7 +65,10 @@ def test_trains_records_every_step_and_resumes(tmp_path, prepared, capsys):
 def test_bf16_runs_the_forward_in_bf16_and_saves_fp32(tmp_path, prepared):
     seen = set()
     hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, args, out: seen.add(out.dtype) if isinstance(module, torch.nn.Conv2d) and module.training else None)
+        lambda module, args, out: (
+            seen.add(out.dtype) if isinstance(module, torch.nn.Conv2d) and module.training else None
+        )
+    )
     try:
         cfg = _cfg(tmp_path, prepared, distributed={"precision": "bf16"})
         result = train(cfg, strategies.for_run(cfg))

@@ -25,8 +25,13 @@ def _spec(strategy, precision) -> JobSpec:
 def test_check_precision_table(strategy, precision, cuda, refused):
     spec = _spec(strategy, precision)
     if refused:
-        with pytest.raises(amp.PrecisionError, match=r"distributed\.precision 'fp16' needs CUDA GPUs.*"
-                                                     r"allowed on CPU workers: 'fp32' or 'bf16'"):
+        with pytest.raises(
+            amp.PrecisionError,
+            match=(
+                r"distributed\.precision 'fp16' needs CUDA GPUs.*"
+                r"allowed on CPU workers: 'fp32' or 'bf16'"
+            ),
+        ):
             amp.check_precision(spec, cuda)
     else:
         assert amp.check_precision(spec, cuda) is None

@@ -40,10 +40,13 @@ def exported(tmp_path_factory):
     model = s2.Seq2SeqTransformer(30, 40, d_model=16, nhead=2, layers=1, ff=32, max_len=12).eval()
     src = torch.randint(4, 30, (2, 6))
     tgt = torch.randint(4, 40, (2, 3))
-    dims = {"src": {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("src_len", min=2, max=12)},
-            "tgt": {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("tgt_len", min=1, max=12)}}
-    path = export(model, (src, tgt), tmp_path_factory.mktemp("s2s") / "m.onnx", input_names=("src", "tgt"),
-                  dynamic_shapes=dims)
+    dims = {
+        "src": {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("src_len", min=2, max=12)},
+        "tgt": {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("tgt_len", min=1, max=12)},
+    }
+    path = export(
+        model, (src, tgt), tmp_path_factory.mktemp("s2s") / "m.onnx", input_names=("src", "tgt"), dynamic_shapes=dims
+    )
     return model, path
 
 

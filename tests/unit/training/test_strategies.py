@@ -10,8 +10,9 @@ from trainyard.training.run_config import RunConfig
 from trainyard.training.strategies.base import cuda_device
 
 
-@pytest.mark.parametrize("name, cls", [("ddp", "DDPStrategy"), ("horovod", "HorovodStrategy"),
-                                       ("deepspeed", "DeepSpeedStrategy")])
+@pytest.mark.parametrize(
+    "name, cls", [("ddp", "DDPStrategy"), ("horovod", "HorovodStrategy"), ("deepspeed", "DeepSpeedStrategy")]
+)
 def test_the_spec_picks_the_strategy(tmp_path, name, cls):
     cfg = RunConfig(spec=parse_spec({"distributed": {"strategy": name}}), data={}, out_dir=str(tmp_path))
     strategy = strategies.for_run(cfg)  # constructing imports no framework and starts nothing

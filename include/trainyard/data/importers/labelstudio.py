@@ -121,8 +121,10 @@ def _parse_task(task, images_dir: Path, kind: str) -> _Task | None:
     for r in results:
         rtype = r.get("type")
         if rtype != _RESULT_TYPE[kind]:
-            raise ValueError(f"Label Studio task {tid}: result type {rtype!r} is not supported for {kind} "
-                             f"(expected {_RESULT_TYPE[kind]!r})")
+            raise ValueError(
+                f"Label Studio task {tid}: result type {rtype!r} is not supported for {kind} "
+                f"(expected {_RESULT_TYPE[kind]!r})"
+            )
         value = r.get("value") or {}
         names = value.get(rtype)
         if not isinstance(names, list) or len(names) != 1:
@@ -137,8 +139,9 @@ def _parse_task(task, images_dir: Path, kind: str) -> _Task | None:
             # wrong file, or EXIF rotation) would make every pixel box wrong
             seen = (r.get("original_width"), r.get("original_height"))
             if seen != parsed.size:
-                raise ValueError(f"Label Studio task {tid}: original size {seen} differs from "
-                                 f"{parsed.path.name} {parsed.size}")
+                raise ValueError(
+                    f"Label Studio task {tid}: original size {seen} differs from {parsed.path.name} {parsed.size}"
+                )
             parsed.boxes.append(_pixels(value, *parsed.size))
     if kind == "classification" and len(parsed.labels) != 1:
         raise ValueError(f"Label Studio task {tid}: {len(parsed.labels)} choices results; expected one")
@@ -189,8 +192,10 @@ def import_labelstudio(
         # (astronomically rare) prefix collision alike
         other = by_content.setdefault(p.digest[:13], p)
         if other is not p:
-            raise ValueError(f"Label Studio task {p.id}: image {p.path.name} has the same content as task "
-                             f"{other.id}'s {other.path.name}; remove one of the two tasks")
+            raise ValueError(
+                f"Label Studio task {p.id}: image {p.path.name} has the same content as task "
+                f"{other.id}'s {other.path.name}; remove one of the two tasks"
+            )
 
     counts = {"tasks": len(tasks), "skipped": len(tasks) - len(parsed)}
     dest = prepare_dest(dest_dir)

@@ -319,8 +319,9 @@ def pod_template(
         containers=[container],
         # The image's user (Dockerfile TRAINER_UID, group 0 like the Airflow image): never root, and the
         # shared volume's files group-owned by 0 so the worker and the pods can both write them.
-        security_context=k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=TRAINER_UID, run_as_group=0,
-                                                  fs_group=0),
+        security_context=k8s.V1PodSecurityContext(
+            run_as_non_root=True, run_as_user=TRAINER_UID, run_as_group=0, fs_group=0
+        ),
         # Never: a crashed worker fails the Job (backoff 0) and Airflow decides whether to retry.
         restart_policy="Never",
         subdomain=job_name(s, run_key, attempt=attempt),
