@@ -13,7 +13,7 @@ DOCKER ?= docker
 DOCKER_BUILD_ARGS ?=
 LINT_PATHS := include plugins dags
 
-.PHONY: setup demo test lint image up clean
+.PHONY: setup demo test test-gpu lint image up clean
 
 setup:
 	@scripts/setup.sh
@@ -23,6 +23,11 @@ demo: setup
 
 test: setup
 	@set -o pipefail; python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# On a machine with CUDA GPUs (and a CUDA build of torch): DDP over nccl on 1 and all GPUs, bf16, DeepSpeed
+# on CUDA, ONNX parity of a GPU-trained model; a few minutes. Without CUDA each test is skipped with the reason.
+test-gpu: setup
+	@set -o pipefail; python -m pytest -p no:cacheprovider -m gpu tests/gpu -v $(PYTEST_ARGS)
 
 # Every check runs even when an earlier one fails, so one run shows all there is to fix.
 lint: setup
