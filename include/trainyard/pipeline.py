@@ -45,9 +45,11 @@ def validate_spec(raw: dict) -> JobSpec:
     spec = parse_spec(raw)
     check_spec(spec, load_resources())
     recipes.check_spec(spec)
-    # The workers train on GPUs exactly when the job asks for a GPU type (the launcher refuses a GPU job on
-    # a machine without enough of them), so a precision they cannot do is refused before any data moves.
-    check_precision(spec, cuda=spec.resources.gpu_type != "cpu")
+    # On Kubernetes the pods get GPUs exactly when the job names a GPU type, so a precision they cannot do
+    # is refused here, before any data moves. A local job's workers use whatever CUDA devices this machine
+    # has, which only the workers see (this step does not import torch): they refuse it, naming the field.
+    if spec.backends.launcher == "kubernetes":
+        check_precision(spec, cuda=spec.resources.gpu_type != "cpu")
     return spec
 
 

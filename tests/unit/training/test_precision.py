@@ -68,3 +68,26 @@ def test_adamw_from_the_spec():
     hp = parse_spec({"hyperparameters": {"optimizer": "adamw", "learning_rate": 0.003, "weight_decay": 0.01}})
     opt = make_optimizer([torch.nn.Parameter(torch.zeros(1))], hp.hyperparameters)
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["lr"] == 0.003 and opt.defaults["weight_decay"] == 0.01
+
+
+@pytest.mark.parametrize(
+    ("launcher", "gpu_type", "refused"),
+    [
+        ("kubernetes", "cpu", True),  # CPU pods: fp16 cannot train, refused before any data moves
+        ("kubernetes", "a100-80gb", False),  # GPU pods
+        ("local", "cpu", False),  # this machine's workers decide (they refuse it on a CPU-only machine)
+    ],
+)
+def test_validate_spec_refuses_fp16_only_where_it_knows_the_workers_have_no_cuda(launcher, gpu_type, refused):
+    from trainyard.pipeline import validate_spec
+
+    raw = {
+        "backends": {"launcher": launcher},
+        "distributed": {"precision": "fp16"},
+        "resources": {"gpu_type": gpu_type, "gpus_per_node": 1},
+    }
+    if refused:
+        with pytest.raises(amp.PrecisionError, match=r"distributed\.precision"):
+            validate_spec(raw)
+    else:
+        assert validate_spec(raw).distributed.precision == "fp16"
