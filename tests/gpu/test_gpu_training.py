@@ -16,9 +16,8 @@ Without a usable CUDA device every test is skipped, and the reason says what is 
 requirements install the CPU build of torch on machines whose wheelhouse only has that one; a GPU machine
 needs the CUDA build of the same version (see the Dockerfile's TORCH_VARIANT). A whole GPU run of the
 group takes a few minutes: three trainings on one GPU (five on several), each a few seconds of GPU work
-plus process start-up. With 2 GPUs or more a strict xfail also pins down a known defect (DeepSpeed's
-launcher ignoring CUDA_VISIBLE_DEVICES); it turns into a failure once the defect is fixed, as a reminder
-to drop the mark.
+plus process start-up. With 2 GPUs or more a test also checks that DeepSpeed's workers train on the
+GPUs CUDA_VISIBLE_DEVICES names (its runner drops that variable unless the launcher passes --include).
 """
 
 from __future__ import annotations
@@ -246,12 +245,6 @@ def test_deepspeed_zero2_bf16_over_nccl_on_all_gpus(train, prepared):
 
 
 @pytest.mark.skipif(MISSING is None and all_gpus() < 2, reason="needs 2 GPUs: one to hide, one to train on")
-@pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="known defect: launchers/deepspeed.py deepspeed_argv passes --num_accelerators, and DeepSpeed's runner "
-    "then drops CUDA_VISIBLE_DEVICES and starts the workers on GPUs 0..N-1",
-)
 def test_deepspeed_trains_on_the_gpus_cuda_visible_devices_names(train):
     """A scheduler (or a person) gives the job only the last GPU; DeepSpeed's worker must train there."""
     last = all_gpus() - 1

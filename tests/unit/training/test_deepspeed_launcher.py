@@ -89,3 +89,21 @@ def test_env_detects_cuda():
 
     env = deepspeed_env(2, base={})
     assert ("DS_ACCELERATOR" in env) == (not torch.cuda.is_available())
+
+
+def test_visible_devices_are_named_with_include_so_the_runner_keeps_them():
+    """DeepSpeed's runner drops CUDA_VISIBLE_DEVICES when --num_accelerators/--num_nodes is passed and
+    starts the workers on GPUs 0..N-1; the launcher names the visible GPUs with --include instead."""
+    from deepspeed.launcher import runner
+
+    argv = deepspeed_argv(2, "/r.json", python="/py", master_port=29125, visible_devices="3,5,7")
+    assert "--include=localhost:3,5" in argv
+    assert not any(a.startswith(("--num_nodes", "--num_accelerators")) for a in argv)
+    args = runner.parse_args(argv[4:])
+    assert runner.parse_inclusion_exclusion({"localhost": 8}, args.include, args.exclude) == {"localhost": [3, 5]}
+
+
+@pytest.mark.parametrize("visible", ["0", "GPU-1a2b,GPU-3c4d"])
+def test_visible_devices_that_cannot_be_named_are_refused(visible):
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+        deepspeed_argv(2, "/r.json", master_port=1, visible_devices=visible)

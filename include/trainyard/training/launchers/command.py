@@ -109,7 +109,13 @@ def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str,
     elif strategy == "horovod":
         argv = horovodrun_argv(nproc, config_path, python=host.python)
     elif strategy == "deepspeed":
-        argv = deepspeed_argv(nproc, config_path, python=host.python, master_port=host.master_port)
+        argv = deepspeed_argv(
+            nproc,
+            config_path,
+            python=host.python,
+            master_port=host.master_port,
+            visible_devices=host.env.get("CUDA_VISIBLE_DEVICES") if host.cuda_devices else None,
+        )
         env = deepspeed_env(nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores)
     else:  # the spec's Literal makes this unreachable unless a strategy is added without a launcher
         raise PermanentError(

@@ -39,20 +39,39 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def deepspeed_argv(
-    nproc: int, config_path: str, *, python: str | None = None, master_port: int | None = None
+    nproc: int,
+    config_path: str,
+    *,
+    python: str | None = None,
+    master_port: int | None = None,
+    visible_devices: str | None = None,
 ) -> list[str]:
     """The deepspeed launcher command for ``nproc`` processes on this node. Nothing user-supplied reaches
-    a shell; without ``master_port`` a free one is picked (the only thing here that is not pure)."""
+    a shell; without ``master_port`` a free one is picked (the only thing here that is not pure).
+
+    ``visible_devices``: the CUDA_VISIBLE_DEVICES this machine's scheduler (or a person) gave the job. The
+    runner drops that variable whenever ``--num_accelerators`` or ``--num_nodes`` is passed and starts the
+    workers on GPUs 0..N-1 instead, so then the first ``nproc`` of those devices are named with
+    ``--include`` (which excludes both options)."""
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     port = free_port() if master_port is None else master_port
+    if visible_devices:
+        devices = [d.strip() for d in visible_devices.split(",") if d.strip()]
+        if len(devices) < nproc or not all(d.isdigit() for d in devices):
+            raise ValueError(
+                f"CUDA_VISIBLE_DEVICES={visible_devices!r} must list at least {nproc} GPU indices for "
+                "resources.gpus_per_node (DeepSpeed's --include takes indices, not UUIDs)"
+            )
+        placement = [f"--include=localhost:{','.join(devices[:nproc])}"]
+    else:
+        placement = ["--num_nodes=1", f"--num_accelerators={nproc}"]
     return [
         python or sys.executable,
         "-u",
         "-m",
         "deepspeed.launcher.runner",
-        "--num_nodes=1",
-        f"--num_accelerators={nproc}",
+        *placement,
         f"--master_port={port}",
         "--module",
         "trainyard.training.entry",
