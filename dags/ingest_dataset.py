@@ -13,6 +13,7 @@ Nothing is committed when a check fails. Each commit is announced as an event on
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from airflow.sdk import Asset, Param, dag, task
 
@@ -50,6 +51,7 @@ def ingest_dataset():
     @fail_permanently
     def check_upload(params: dict | None = None) -> dict:
         """Refuse traversal, outside symlinks and empty folders; run the data kind's suite."""
+        assert params is not None  # Airflow passes the run's params by name
         from trainyard import paths
         from trainyard.data.upload import collect_folder, detect_kind, folder_digest, validate_folder
         from trainyard.pipeline import DataValidationError
@@ -74,6 +76,7 @@ def ingest_dataset():
     @fail_permanently
     def commit_upload(checked: dict, params: dict | None = None, outlet_events=None) -> dict:
         """Commit exactly the validated bytes (same digest) and announce the new commit."""
+        assert params is not None  # Airflow passes the run's params by name
         from trainyard.data.stores import open_store
         from trainyard.data.upload import upload_folder
         from trainyard_airflow.hooks.lakefs_hook import register_store
@@ -92,10 +95,13 @@ def ingest_dataset():
         outlet_events[DATASETS].extra = {k: result[k] for k in ("store", "repo", "branch", "commit", "digest")}
         return result
 
-    commit_upload(check_upload())
+    # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for
+    # at run time. `Any` says both to mypy, which still checks each call's arguments by count and name.
+    checked: Any = check_upload()
+    commit_upload(checked)
 
 
-dag = ingest_dataset()
+ingest_dataset_dag = ingest_dataset()  # not `dag`: that is the decorator's name
 
 if __name__ == "__main__":
-    dag.test()
+    ingest_dataset_dag.test()

@@ -260,8 +260,8 @@ def evaluate(spec: JobSpec, trained: dict, data: dict) -> dict:
     c = mt.client()
     for k, v in metrics.items():
         c.log_metric(trained["mlflow_run_id"], f"eval_{k}", v)
-    for k, v in info.items():
-        c.set_tag(trained["mlflow_run_id"], f"eval.{k}", v)
+    for k, tag in info.items():
+        c.set_tag(trained["mlflow_run_id"], f"eval.{k}", tag)
     log.info("evaluation: %s %s", metrics, info)
     return metrics
 

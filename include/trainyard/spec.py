@@ -219,7 +219,8 @@ class ExportSpec(_Model):
     atol: float = Field(
         1e-7, gt=0.0, description="absolute floor added to rtol * scale, for outputs whose scale is (near) zero"
     )
-    metric_tolerance: float = Field(
+    # the alias choices include the field's own name, so construction by name works (the plugin cannot see that)
+    metric_tolerance: float = Field(  # type: ignore[pydantic-alias]
         0.0,
         ge=0.0,
         le=100.0,

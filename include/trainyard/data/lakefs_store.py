@@ -20,6 +20,7 @@ It keeps LocalStore's meaning, so code and tests written against one hold for th
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainyard.data.store import (
     Commit,
@@ -43,6 +45,9 @@ from trainyard.data.store import (
     check_path,
     publish_dir,
 )
+
+if TYPE_CHECKING:
+    import lakefs
 
 SHA_KEY = "trainyard-sha256"
 # lakeFS's own rule for repository ids; checked here so a bad name fails before any request.
@@ -136,7 +141,7 @@ class LakeFSStore:
         self.pre_sign = pre_sign
         self.verify_etag = verify_etag
         self.max_workers = max_workers
-        self._client = None
+        self._client: lakefs.Client | None = None
 
     def __repr__(self) -> str:  # never the secret
         return f"LakeFSStore(endpoint={self.endpoint!r}, access_key_id={self.access_key_id!r})"
@@ -149,14 +154,17 @@ class LakeFSStore:
                 f"the lakeFS store needs {', '.join(missing)} set (and LAKEFS_STORAGE_NAMESPACE, "
                 "e.g. local:// or s3://bucket/prefix, to create repositories)"
             )
+        endpoint, access_key_id, secret_access_key = (os.environ[name] for name in ENV)
         return cls(
-            *(os.environ[name] for name in ENV),
+            endpoint,
+            access_key_id,
+            secret_access_key,
             storage_namespace_root=os.environ.get("LAKEFS_STORAGE_NAMESPACE") or None,
             **kwargs,
         )
 
     @property
-    def client(self):
+    def client(self) -> lakefs.Client:
         if self._client is None:
             import lakefs
 
@@ -330,7 +338,8 @@ class LakeFSStore:
                     merged = self.client.sdk_client.commits_api.commit(
                         repo,
                         branch,
-                        lakefs_sdk.CommitCreation(message=message, metadata=meta),
+                        # lakefs_sdk's models are pydantic.v1, whose Field defaults the pydantic plugin cannot read
+                        lakefs_sdk.CommitCreation(message=message, metadata=meta),  # type: ignore[call-arg]
                         source_metarange=done.get_commit().meta_range_id,
                     ).id
             else:
@@ -400,7 +409,8 @@ class LakeFSStore:
             info = self._repo(repo).ref(commit).object(path).stat()
         return self._fetch(repo, commit, info)
 
-    def diff(self, repo: str, left: str, right: str) -> dict[str, list[str]]:
+    # builtins.list: in the class body `list` is the method above
+    def diff(self, repo: str, left: str, right: str) -> dict[str, builtins.list[str]]:
         """Paths added, removed and changed going from ``left`` to ``right``."""
         a, b = self.resolve(repo, left), self.resolve(repo, right)
         out: dict[str, list[str]] = {"added": [], "removed": [], "changed": []}

@@ -117,7 +117,7 @@ def prepare_classification(
     from trainyard import recipes
 
     return prepare_records(
-        lambda: recipes.get("digits_cnn").samples(dataset_dir, {}),
+        lambda: recipes.get("digits_cnn").samples(Path(dataset_dir), {}),
         commit,
         cache_root,
         val_fraction,

@@ -57,7 +57,8 @@ def generate(
         raise ValueError(f"need 1 <= min_side <= max_side <= size, got {min_side}, {max_side}, {size}")
     rng = np.random.default_rng(seed)
     files: dict[str, bytes] = {}
-    images, annotations = [], []
+    images: list[dict] = []
+    annotations: list[dict] = []
     for i in range(n_images):
         name = f"shapes-{i:05d}.png"
         background = rng.integers(0, 60, size=(size, size, 3), dtype=np.uint8)

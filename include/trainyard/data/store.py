@@ -22,6 +22,7 @@ The local store keeps lakeFS's semantics on a plain directory:
 
 from __future__ import annotations
 
+import builtins
 import errno
 import fcntl
 import hashlib
@@ -419,7 +420,8 @@ class LocalStore:
                 return self._read_blob(repo_dir, entry)
         raise NotFound(f"{path!r} is not in {repo}@{ref}")
 
-    def diff(self, repo: str, left: str, right: str) -> dict[str, list[str]]:
+    # builtins.list: in the class body `list` is the method above
+    def diff(self, repo: str, left: str, right: str) -> dict[str, builtins.list[str]]:
         """Paths added, removed and changed going from ``left`` to ``right``."""
         a = {e.path: e.sha256 for e in self.list(repo, left)}
         b = {e.path: e.sha256 for e in self.list(repo, right)}

@@ -9,8 +9,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainyard.scheduling.resources import default_config_dir
+
+if TYPE_CHECKING:
+    from great_expectations.checkpoint.actions import ValidationAction
+    from great_expectations.data_context import AbstractDataContext
 
 
 @dataclass
@@ -93,6 +98,7 @@ def validate_dataframe(df, suite_config: dict, docs_dir: str | Path | None = Non
     from great_expectations.data_context.types.base import ProgressBarsConfig
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
+    context: AbstractDataContext
     if docs_dir is not None:
         context = gx.get_context(mode="file", project_root_dir=str(docs_dir))
     else:
@@ -109,7 +115,9 @@ def validate_dataframe(df, suite_config: dict, docs_dir: str | Path | None = Non
         suite.add_expectation(ExpectationConfiguration(type=exp["type"], kwargs=exp["kwargs"]).to_domain_obj())
     suite = context.suites.add(suite)
     definition = context.validation_definitions.add(gx.ValidationDefinition(name="check", data=batch_def, suite=suite))
-    actions = [gx.checkpoint.UpdateDataDocsAction(name="data_docs")] if docs_dir is not None else []
+    actions: list[ValidationAction] = (
+        [gx.checkpoint.UpdateDataDocsAction(name="data_docs")] if docs_dir is not None else []
+    )
     checkpoint = context.checkpoints.add(
         gx.Checkpoint(name="validate", validation_definitions=[definition], actions=actions, result_format="SUMMARY")
     )
@@ -117,11 +125,13 @@ def validate_dataframe(df, suite_config: dict, docs_dir: str | Path | None = Non
     result = next(iter(run.run_results.values()))
     checks = []
     for r in result.results:
+        config = r.expectation_config
+        assert config is not None  # a checkpoint's results each name the expectation they ran
         res = r.result or {}
         checks.append(
             CheckResult(
-                expectation=r.expectation_config.type,
-                kwargs={k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"},
+                expectation=config.type,
+                kwargs={k: v for k, v in config.kwargs.items() if k != "batch_id"},
                 success=bool(r.success),
                 unexpected_count=res.get("unexpected_count"),
                 element_count=res.get("element_count"),

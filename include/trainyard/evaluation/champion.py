@@ -20,6 +20,7 @@ defaults to true there, which the field's description says): no second rule clas
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -42,36 +43,33 @@ class ChampionCheck(Check):
             return f"{self.metric} = {self.value:.4f}: {self.note}"
         sign, bound = (">=", self.min) if self.higher_is_better else ("<=", self.max)
         op = "+" if self.higher_is_better else "-"
-        verdict = "ok" if self.passed else f"FAILED by {-self.margin:.4g}"
         return (
             f"{self.metric} = {self.value:.4f} vs champion {self.champion:.4f}, "
-            f"needs {sign} {bound:.4f} (champion {op} margin {self.required_margin:g}): {verdict}"
+            f"needs {sign} {bound:.4f} (champion {op} margin {self.required_margin:g}): {self.verdict()}"
         )
 
 
 def _check(rule: ChampionRule, value, champion: dict[str, float] | None) -> ChampionCheck:
-    common = dict(metric=rule.metric, required_margin=float(rule.margin), higher_is_better=rule.higher_is_better)
+    check = functools.partial(
+        ChampionCheck, metric=rule.metric, required_margin=float(rule.margin), higher_is_better=rule.higher_is_better
+    )
     value = None if value is None else float(value)
     if value is None:
-        return ChampionCheck(value=None, min=None, max=None, passed=False, margin=None, **common)
+        return check(value=None, min=None, max=None, passed=False, margin=None)
     if champion is None:
         note = "no champion yet: first model passes"
-        return ChampionCheck(value=value, min=None, max=None, passed=True, margin=None, note=note, **common)
+        return check(value=value, min=None, max=None, passed=True, margin=None, note=note)
     if champion.get(rule.metric) is None:
         note = "the champion has no such metric: re-evaluate it on this eval data"
-        return ChampionCheck(value=value, min=None, max=None, passed=False, margin=None, note=note, **common)
+        return check(value=value, min=None, max=None, passed=False, margin=None, note=note)
     best = float(champion[rule.metric])
-    if rule.higher_is_better:
-        lo, hi = best + rule.margin, None
-        slack = value - lo
-    else:
-        lo, hi = None, best - rule.margin
-        slack = hi - value
-    bound = lo if hi is None else hi
+    bound = best + rule.margin if rule.higher_is_better else best - rule.margin
+    lo, hi = (bound, None) if rule.higher_is_better else (None, bound)
+    slack = value - bound if rule.higher_is_better else bound - value
     # "exactly the margin" passes, as in evaluate_gate; isclose keeps the float error of champion +/- margin
     # (0.9 + 0.01 != 0.91) from failing it
     passed = slack >= 0 or math.isclose(value, bound, rel_tol=1e-12, abs_tol=1e-12)
-    return ChampionCheck(value=value, min=lo, max=hi, passed=passed, margin=slack, champion=best, **common)
+    return check(value=value, min=lo, max=hi, passed=passed, margin=slack, champion=best)
 
 
 def champion_check(

@@ -24,7 +24,10 @@ import contextlib
 import copy
 import io
 import logging
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, cast, get_args
+
+if TYPE_CHECKING:
+    from pycocotools.coco import _Dataset  # the stubs' TypedDict of a COCO dict
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ def _pycocotools_eval(gt: dict, detections: list[dict]):
     from pycocotools.cocoeval import COCOeval
 
     coco_gt = COCO()
-    coco_gt.dataset = gt
+    coco_gt.dataset = cast("_Dataset", gt)  # the COCO dict of the module docstring, as loadRes expects it
     coco_gt.createIndex()
     if detections:
         coco_dt = coco_gt.loadRes(detections)

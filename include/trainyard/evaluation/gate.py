@@ -33,8 +33,13 @@ class Check:
             )
             if b
         )
-        verdict = "ok" if self.passed else f"FAILED by {-self.margin:.4g}"
-        return f"{self.metric} = {self.value:.4f}, needs {bounds}: {verdict}"
+        return f"{self.metric} = {self.value:.4f}, needs {bounds}: {self.verdict()}"
+
+    def verdict(self) -> str:
+        if self.passed:
+            return "ok"
+        assert self.margin is not None  # a value that misses its bound misses it by a margin
+        return f"FAILED by {-self.margin:.4g}"
 
 
 @dataclass(frozen=True)

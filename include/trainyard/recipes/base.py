@@ -36,7 +36,7 @@ def options_problems(recipe: str, model: type[Options], err: ValidationError) ->
         elif not e["loc"]:  # a rule across options: its message names them
             lines.append(f"recipe_options: {e['msg'].removeprefix('Value error, ')}")
         else:
-            field = model.model_fields[e["loc"][0]]
+            field = model.model_fields[str(e["loc"][0])]  # an options model's fields are named by strings
             lines.append(
                 f"recipe_options.{key}: {e['msg'].removeprefix('Value error, ')} (got {e['input']!r}); "
                 f"{key} is {field.description} (default {field.default!r})"
@@ -180,7 +180,8 @@ def flat(outputs) -> np.ndarray:
 def save_input_example(out_dir: Path, feeds: dict[str, np.ndarray]) -> str:
     """The registered model's input example (one row per ONNX input), kept with the run as .npz."""
     path = Path(out_dir) / "input_example.npz"
-    np.savez(path, **{k: v[:1] for k, v in feeds.items()})
+    arrays = {k: v[:1] for k, v in feeds.items()}
+    np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy's stub: any **kwds key could be allow_pickle (bool)
     return str(path)
 
 
@@ -223,8 +224,9 @@ def verify_export(
         names = [f"output{i}" for i in range(len(torch_outputs))]
     problems = list(problems or [])
     parity = check_parity(list(torch_outputs), list(onnx_outputs), export.rtol, export.atol, names)
-    if not parity.passed:
-        problems.append(parity.problem("ONNX"))
+    parity_problem = parity.problem("ONNX")  # None when every output agrees
+    if parity_problem:
+        problems.append(parity_problem)
     drop = metric_drop(metric, torch_metric, onnx_metric, export.metric_tolerance)
     if drop:
         problems.append(drop)
@@ -237,6 +239,7 @@ def verify_export(
         **(extra or {}),
     }
     if export.torchscript and model is not None:
+        assert out_dir is not None, "verify_export: a TorchScript check (model given) needs out_dir"
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         ts_path = export_torchscript(model, inputs, Path(out_dir) / "model.torchscript.pt")
         ts = check_parity(
@@ -246,8 +249,9 @@ def verify_export(
             export.atol,
             names,
         )
-        if not ts.passed:
-            problems.append(ts.problem("TorchScript"))
+        ts_problem = ts.problem("TorchScript")
+        if ts_problem:
+            problems.append(ts_problem)
         out.update(torchscript_path=str(ts_path), torchscript_parity=ts.to_dict())
     if problems:
         raise ExportFailed("export rejected: " + "; ".join(problems), record=out)

@@ -10,6 +10,7 @@ own evaluator (pycocotools, or faster-coco-eval with ``coco_backend``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ from torch.utils.data import Dataset
 
 from trainyard.evaluation.detection import Backend
 from trainyard.recipes.base import Options, Recipe, companion_model, read_split, save_input_example, verify_export
+
+if TYPE_CHECKING:
+    from trainyard.training.centernet import CenterNet
 
 BATCH = 128
 
@@ -42,13 +46,14 @@ def _resize(image: np.ndarray, size: int) -> np.ndarray:
 
     if image.shape[0] == size and image.shape[1] == size:
         return image
-    return np.asarray(Image.fromarray(image).resize((size, size), Image.BILINEAR))
+    return np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.BILINEAR))
 
 
 def ground_truth(targets: list[dict], meta: dict) -> dict:
     """The split's COCO ground truth for ``coco_map``: original image sizes, boxes, areas and crowd flags
     (COCOeval ignores detections on crowd regions rather than counting them as false positives)."""
-    images, annotations = [], []
+    images: list[dict] = []
+    annotations: list[dict] = []
     for t in targets:
         images.append({"id": t["image_id"], "file_name": t["file_name"], "width": t["width"], "height": t["height"]})
         n = len(t["boxes"])
@@ -108,7 +113,8 @@ def detections(heads: list[np.ndarray], targets: list[dict], meta: dict, top_k: 
     size = meta["image_size"]
     cats = [c["id"] for c in meta["categories"]]
     out = []
-    for t, dets in zip(targets, decode(*heads, top_k=top_k), strict=True):
+    heatmap, sizes, offsets = heads
+    for t, dets in zip(targets, decode(heatmap, sizes, offsets, top_k=top_k), strict=True):
         sx, sy = t["width"] / size, t["height"] / size
         for c, score, (x, y, w, h) in dets:
             out.append(
@@ -329,7 +335,7 @@ class CenterNetDetector(Recipe[DetectionOptions]):
         from trainyard.export.onnx_export import onnx_session
 
         x, targets, meta = self._tensors(data, "val")
-        champion = companion_model(onnx_path)
+        champion = cast("CenterNet", companion_model(onnx_path))  # registered under this recipe's model name
         theirs = [(c["id"], c["name"]) for c in champion.categories]
         ours = [(c["id"], c["name"]) for c in meta["categories"]]
         if theirs != ours or champion.config["image_size"] != meta["image_size"]:

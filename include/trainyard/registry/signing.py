@@ -18,9 +18,13 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainyard import paths
 from trainyard.errors import PermanentError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 FORMAT = "trainyard-manifest/1"
 PRIVATE_NAME = "signing_key.pem"
@@ -115,7 +119,7 @@ def load_private_key(path_or_pem: KeySource = None):
     return key
 
 
-def load_public_key(path_or_pem: KeySource = None):
+def load_public_key(path_or_pem: KeySource | Ed25519PublicKey | Ed25519PrivateKey = None):
     """The Ed25519 verify key (from a public PEM, or derived from a private one)."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
     from cryptography.hazmat.primitives.serialization import load_pem_public_key

@@ -376,6 +376,7 @@ def rollback(
     one; verified like any promotion."""
     history = history or History()
     current = alias_holder(client, name, alias)
+    target: str | None
     if to_version not in (None, ""):
         target = str(to_version)
     else:

@@ -14,6 +14,7 @@ check on the maps covers everything after them.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,6 +31,11 @@ def _block(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
 
 
 class CenterNet(nn.Module):
+    # Set by the detection recipe when it loads a model file. Declared for the type checker only: a class
+    # annotation on a Module is read by TorchScript when the model is traced.
+    if TYPE_CHECKING:
+        categories: list[dict]
+
     def __init__(self, num_classes: int, image_size: int, width: int = 32) -> None:
         super().__init__()
         if image_size % STRIDE:
@@ -50,7 +56,9 @@ class CenterNet(nn.Module):
 
         self.heatmap, self.size, self.offset = head(num_classes), head(2), head(2)
         # Start near "no object anywhere" (p = 0.1), as CenterNet does, or the focal loss explodes early.
-        nn.init.constant_(self.heatmap[-1].bias, -math.log((1 - 0.1) / 0.1))
+        bias = self.heatmap[-1].bias
+        assert isinstance(bias, torch.Tensor)  # the last Conv2d has its default bias; Module attributes are untyped
+        nn.init.constant_(bias, -math.log((1 - 0.1) / 0.1))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         f = self.backbone(x)

@@ -62,8 +62,10 @@ class Checkpoints:
 
     def files(self) -> list[Path]:
         """Newest first."""
-        found = [p for p in self.dir.glob("step-*.pt") if CKPT_RE.match(p.name)] if self.dir.exists() else []
-        return sorted(found, key=lambda p: int(CKPT_RE.match(p.name).group(1)), reverse=True)
+        if not self.dir.exists():
+            return []
+        steps = {p: int(m.group(1)) for p in self.dir.glob("step-*.pt") if (m := CKPT_RE.match(p.name))}
+        return sorted(steps, key=steps.__getitem__, reverse=True)
 
     def due(self, step: int, end_of_epoch: bool) -> bool:
         if self.every_steps:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sized
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch.utils.data import DataLoader
@@ -108,7 +110,7 @@ def train(cfg: RunConfig, strategy: Strategy) -> dict:
     recipe = recipes.get(spec.recipe)
     options = recipe.opts(spec)
     dataset, val, meta = recipe.load(cfg)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=hp.seed)
+    sampler: DistributedSampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=hp.seed)
     loader = DataLoader(dataset, batch_size=hp.batch_size, sampler=sampler, drop_last=False)
     per_epoch = len(loader)
     total_steps = hp.epochs * per_epoch
@@ -123,8 +125,9 @@ def train(cfg: RunConfig, strategy: Strategy) -> dict:
         resumed_from = step
 
     tracker = Tracker(cfg) if rank == 0 else None
+    train_size = len(cast(Sized, dataset))  # map-style, as DistributedSampler requires (torch types Dataset unsized)
     log(
-        f"strategy={strategy.name} world_size={world} {strategy.describe()} train={len(dataset)} "
+        f"strategy={strategy.name} world_size={world} {strategy.describe()} train={train_size} "
         f"epochs={hp.epochs} steps/epoch={per_epoch} start_step={step} recipe={recipe.name}"
     )
     t0 = time.time()

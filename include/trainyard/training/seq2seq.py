@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -101,6 +102,12 @@ class Seq2SeqTransformer(nn.Module):
     """Pre-norm encoder-decoder on ``F.scaled_dot_product_attention`` with additive float masks: no
     data-dependent branches (``nn.Transformer``'s nested-tensor fast path has them), so
     ``torch.export`` traces it with dynamic batch and lengths."""
+
+    # Set by the translation recipe when it loads a model file. Declared for the type checker only: a class
+    # annotation on a Module is read by TorchScript when the model is traced.
+    if TYPE_CHECKING:
+        src_vocab: Vocab
+        tgt_vocab: Vocab
 
     def __init__(
         self,

@@ -79,14 +79,15 @@ class Tracker:
     # -- the tracker thread --------------------------------------------------------------------------------
     def _run(self) -> None:
         client = writer = None
-        pending: list = []  # mlflow Metric objects
+        run_id = ""  # the MLflow run's id, set with the client
+        pending: list = []  # mlflow Metric objects, collected only while there is a client
         last = time.monotonic()
         try:
             if self.uri and self.run_id:  # imported here, off the step: MLflow takes seconds to import
                 from mlflow.entities import Metric
                 from mlflow.tracking import MlflowClient
 
-                client = MlflowClient(self.uri)
+                client, run_id = MlflowClient(self.uri), self.run_id
             if self.tb_dir:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -116,8 +117,8 @@ class Tracker:
             )
             if due and self.error is None:
                 try:
-                    while pending:
-                        client.log_batch(self.run_id, metrics=pending[:MAX_BATCH])
+                    while pending and client is not None:
+                        client.log_batch(run_id, metrics=pending[:MAX_BATCH])
                         del pending[:MAX_BATCH]
                     if writer is not None:
                         writer.flush()

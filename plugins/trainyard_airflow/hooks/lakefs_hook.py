@@ -47,10 +47,9 @@ class LakeFSHook(BaseHook):
         from trainyard.data.store import StoreError
 
         conn = self.get_connection(self.lakefs_conn_id)
+        login, password = conn.login or "", conn.password or ""
         missing = [
-            label
-            for label, value in (("host", conn.host), ("login", conn.login), ("password", conn.password))
-            if not value
+            label for label, value in (("host", conn.host), ("login", login), ("password", password)) if not value
         ]
         if missing:
             raise StoreError(
@@ -61,8 +60,8 @@ class LakeFSHook(BaseHook):
         options = {k: extra[k] for k in ("pre_sign", "verify_etag") if k in extra}
         return LakeFSStore(
             self._endpoint(conn),
-            conn.login,
-            conn.password,
+            login,
+            password,
             storage_namespace_root=extra.get("storage_namespace") or None,
             **options,
         )

@@ -54,10 +54,10 @@ _UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{8}-(.+)$")  # Label Studio prepends 8 he
 class _Task:
     id: object
     path: Path  # the image in images_dir
+    digest: str  # SHA-256 of the image file: the sample's identity (see the module docstring)
+    size: tuple[int, int]  # (width, height) of the file
     labels: list[str] = field(default_factory=list)  # one per box (detection) or exactly one (classification)
     boxes: list[list[float]] = field(default_factory=list)  # COCO [x, y, w, h] in pixels
-    size: tuple[int, int] | None = None  # (width, height) of the file
-    digest: str = ""  # SHA-256 of the image file: the sample's identity (see the module docstring)
 
 
 def _image_file(ref, images_dir: Path, tid) -> Path:
@@ -109,15 +109,16 @@ def _parse_task(task, images_dir: Path, kind: str) -> _Task | None:
     results = submitted[0].get("result") or []
     if kind == "classification" and not results:
         return None
-    parsed = _Task(tid, _image_file((task.get("data") or {}).get("image"), images_dir, tid))
-    parsed.digest = hashlib.sha256(parsed.path.read_bytes()).hexdigest()
+    path = _image_file((task.get("data") or {}).get("image"), images_dir, tid)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(parsed.path) as img:
-            parsed.size = img.size
+        with Image.open(path) as img:
+            size = img.size
     except (OSError, UnidentifiedImageError) as exc:
-        raise ValueError(f"Label Studio task {tid}: cannot read image {parsed.path.name}: {exc}") from None
+        raise ValueError(f"Label Studio task {tid}: cannot read image {path.name}: {exc}") from None
+    parsed = _Task(tid, path, digest, size)
     for r in results:
         rtype = r.get("type")
         if rtype != _RESULT_TYPE[kind]:

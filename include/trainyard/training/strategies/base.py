@@ -131,7 +131,7 @@ class TorchStrategy(Strategy):
         return amp.autocast(self.spec.distributed.precision, self.device)
 
     def lr(self) -> float:
-        return self.sched.get_last_lr()[0]
+        return float(self.sched.get_last_lr()[0])  # torch types it float | Tensor (a tensor lr); ours are floats
 
     def zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)

@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from typing import Any
 
 import torch
 
@@ -65,6 +66,7 @@ def _gloo_env_from_torchrun() -> None:
 
 class HorovodStrategy(TorchStrategy):
     name = "horovod"
+    opt: Any  # Horovod's DistributedOptimizer (untyped): torch's optimizer plus synchronize / skip_synchronize
 
     def init(self) -> None:
         hvd = self.hvd = import_horovod()
