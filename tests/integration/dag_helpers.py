@@ -15,7 +15,7 @@ def load_dag(dag_id: str):
     dags = str(Path(__file__).resolve().parents[2] / "dags")
     if dags not in sys.path:
         sys.path.insert(0, dags)
-    return importlib.import_module(dag_id).dag
+    return getattr(importlib.import_module(dag_id), f"{dag_id}_dag")  # each file names its DAG <dag_id>_dag
 
 
 def task_states(dr) -> dict:
