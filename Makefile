@@ -11,7 +11,9 @@ TRAINER_IMAGE = $(shell PYTHONPATH=include python3 -c 'import trainyard; print(t
 DOCKER ?= docker
 # e.g. DOCKER_BUILD_ARGS="--build-arg TORCH_VARIANT=cu128" for CUDA torch (then tag it as your own, see Dockerfile)
 DOCKER_BUILD_ARGS ?=
+# mypy checks the code that ships; ruff also the tests, benchmarks and scripts.
 LINT_PATHS := include plugins dags
+RUFF_PATHS := $(LINT_PATHS) tests bench scripts
 
 .PHONY: setup demo test test-gpu lint image up clean
 
@@ -21,7 +23,8 @@ setup:
 demo: setup
 	@scripts/demo.sh
 
-test: setup
+# Lint first: a finding fails the run before pytest starts (about 20 s warm, 4 min with no .mypy_cache).
+test: setup lint
 	@set -o pipefail; python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # On a machine with CUDA GPUs (and a CUDA build of torch): DDP over nccl on 1 and all GPUs, bf16, DeepSpeed
@@ -32,8 +35,8 @@ test-gpu: setup
 # Every check runs even when an earlier one fails, so one run shows all there is to fix.
 lint: setup
 	@status=0; \
-	ruff check $(LINT_PATHS) tests || status=1; \
-	ruff format --check $(LINT_PATHS) tests || status=1; \
+	ruff check $(RUFF_PATHS) || status=1; \
+	ruff format --check $(RUFF_PATHS) || status=1; \
 	mypy $(LINT_PATHS) || status=1; \
 	exit $$status
 
