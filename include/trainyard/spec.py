@@ -86,11 +86,18 @@ class Distributed(_Model):
 
 
 class Checkpointing(_Model):
-    """When to checkpoint (default: every epoch) and how many to keep."""
+    """When to checkpoint: at the end of every epoch, or instead every N steps or every N minutes (one of
+    the two); and how many to keep."""
 
-    every_steps: int | None = Field(None, ge=1, description="also checkpoint every N optimizer steps")
-    every_minutes: float | None = Field(None, gt=0, description="also checkpoint every N minutes")
+    every_steps: int | None = Field(None, ge=1, description="checkpoint every N optimizer steps instead of every epoch")
+    every_minutes: float | None = Field(None, gt=0, description="checkpoint every N minutes instead of every epoch")
     keep_last: int = Field(3, ge=1, le=1000, description="checkpoints kept; older ones are deleted")
+
+    @model_validator(mode="after")
+    def _one_interval(self) -> Checkpointing:
+        if self.every_steps is not None and self.every_minutes is not None:
+            raise ValueError("checkpointing: give every_steps or every_minutes, not both")
+        return self
 
 
 class Resources(_Model):
@@ -162,13 +169,22 @@ class KubernetesSpec(_Model):
 
 class CustomCommand(_Model):
     """Bring your own training: an image and a command instead of a built-in recipe. The platform still
-    provides the rendezvous environment (MASTER_ADDR, RANK, ...), TRAINYARD_DATA_DIR,
-    TRAINYARD_CHECKPOINT_DIR and TRAINYARD_METRICS_FILE (JSON lines: {"step": n, "name": value, ...})."""
+    provides the rendezvous environment (MASTER_ADDR, RANK, ...), TRAINYARD_DATA_DIR, TRAINYARD_CHECKPOINT_DIR,
+    TRAINYARD_OUTPUT_DIR (write model.onnx there) and TRAINYARD_METRICS_FILE (JSON lines:
+    {"step": n, "name": value, ...})."""
 
     command: tuple[str, ...] = Field(
         min_length=1, description="argv of the program (no shell), e.g. [python, train.py]"
     )
     image: str | None = Field(None, description="image to run it in on Kubernetes (default: kubernetes.image)")
+
+    @field_validator("command")
+    @classmethod
+    def _program_first(cls, command: tuple[str, ...]) -> tuple[str, ...]:
+        # The command follows torchrun's own options locally: a leading '-' would be read as one of them.
+        if not command[0] or command[0].startswith("-"):
+            raise ValueError(f"the first item must be the program to run, not an option (got {command[0]!r})")
+        return command
 
 
 class ChampionRule(_Model):

@@ -112,3 +112,15 @@ def test_form_schemas_stand_alone_and_accept_the_defaults():
         jsonschema.validate({"epochs": 0}, hp)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"epoch": 3}, hp)  # typos are refused in the form too
+
+
+def test_one_checkpoint_interval():
+    with pytest.raises(SpecError, match="every_steps or every_minutes, not both"):
+        parse_spec({"checkpointing": {"every_steps": 10, "every_minutes": 5}})
+    assert parse_spec({"checkpointing": {"every_minutes": 5}}).checkpointing.every_steps is None
+
+
+@pytest.mark.parametrize("first", ["--nproc_per_node=64", "-m", ""])
+def test_custom_command_starts_with_the_program_not_an_option(first):
+    with pytest.raises(SpecError, match=r"custom\.command.*program to run"):
+        parse_spec({"recipe": "custom", "custom": {"command": [first, "train.py"]}})

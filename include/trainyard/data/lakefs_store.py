@@ -116,6 +116,11 @@ def _detail(e: Exception) -> str:
     return f"HTTP {status}: {message or getattr(e, 'reason', '') or type(e).__name__}"
 
 
+def _by_status(status: int | None) -> type[StoreError]:
+    """A server error or throttling (5xx, 429) may pass: retryable; any other refusal is permanent."""
+    return Unavailable if status is not None and (status >= 500 or status == 429) else StoreError
+
+
 class LakeFSStore:
     """A lakeFS server as a DatasetStore. No request is made until a method needs one."""
 
@@ -201,9 +206,9 @@ class LakeFSStore:
                 f"{what}: refused by lakeFS at {self.endpoint}; check the access key and its policies ({_detail(e)})"
             ) from e
         except LakeFSException as e:
-            raise StoreError(f"{what}: lakeFS error ({_detail(e)})") from e
+            raise _by_status(getattr(e, "status_code", None))(f"{what}: lakeFS error ({_detail(e)})") from e
         except lakefs_sdk.ApiException as e:  # the few SDK paths that do not wrap the generated client's errors
-            raise (NotFound if e.status == 404 else StoreError)(f"{what}: lakeFS error ({_detail(e)})") from e
+            raise (NotFound if e.status == 404 else _by_status(e.status))(f"{what}: lakeFS error ({_detail(e)})") from e
         except urllib3.exceptions.HTTPError as e:
             raise Unavailable(f"{what}: cannot reach lakeFS at {self.endpoint} ({e})") from e
 

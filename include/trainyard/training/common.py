@@ -13,8 +13,6 @@ import torch
 from trainyard.spec import Hyperparameters
 from trainyard.training.run_config import RunConfig
 
-__all__ = ["RunConfig"]  # where the pipeline imported it from before run_config.py existed
-
 CKPT_RE = re.compile(r"^step-(\d{8})\.pt$")
 
 

@@ -183,9 +183,11 @@ def train(cfg: RunConfig, strategy: Strategy) -> dict:
             log(f"done: {json.dumps(result)}")
         ok = True
     finally:
-        if tracker is not None:
-            tracker.close(check=ok)  # an error of the run itself is the one to report
-    strategy.shutdown()
+        try:
+            if tracker is not None:
+                tracker.close(check=ok)  # an error of the run itself is the one to report
+        finally:
+            strategy.shutdown()
     return result
 
 

@@ -22,6 +22,7 @@ from trainyard.training.run_config import RunConfig
 
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch request
 QUEUE_ITEMS = 10_000  # windows of steps; a full queue drops (and counts) rather than block the step
+CLOSE_TIMEOUT_S = 300.0  # the longest rank 0 waits at exit for the last metrics to be written
 
 
 class TrackingError(RuntimeError):
@@ -69,8 +70,13 @@ class Tracker:
     def close(self, check: bool = True) -> None:
         """Send everything and stop; with ``check``, raise TrackingError if anything could not be written."""
         if self.enabled and self._thread.is_alive():
-            self._q.put(("close", None, None))  # blocking is fine here: the run is over
-            self._thread.join()
+            # Waiting is fine here (the run is over), but not forever: a hung tracking server must not hang
+            # the job, so after CLOSE_TIMEOUT_S the unwritten metrics count as lost.
+            with contextlib.suppress(queue.Full):
+                self._q.put(("close", None, None), timeout=CLOSE_TIMEOUT_S)
+            self._thread.join(CLOSE_TIMEOUT_S)
+            if self._thread.is_alive() and self.error is None:
+                self.error = TimeoutError(f"the tracking writer did not finish within {CLOSE_TIMEOUT_S:.0f}s")
         if self.error is not None and check:
             raise TrackingError(f"metrics were lost: {type(self.error).__name__}: {self.error}") from self.error
         if self.dropped:

@@ -170,11 +170,22 @@ def test_auth_failures_say_so(failing, status):
 def test_server_error_and_unreachable_server(failing):
     store, sdk = failing
     sdk.branches_api.diff_branch.side_effect = _api_error(500, "internal error")
-    with pytest.raises(StoreError, match="commit digits/main.*HTTP 500: internal error"):
+    with pytest.raises(StoreError, match="commit digits/main.*HTTP 500: internal error") as err:
         store.commit("digits", "main", "msg")
+    assert err.value.retryable  # a server error may pass: the task's retries apply
     sdk.commits_api.get_commit.side_effect = urllib3.exceptions.MaxRetryError(None, "/api/v1", "refused")
-    with pytest.raises(StoreError, match="cannot reach lakeFS at http://lakefs:8000"):
+    with pytest.raises(StoreError, match="cannot reach lakeFS at http://lakefs:8000") as err:
         store.resolve("digits", "main")
+    assert err.value.retryable
+
+
+@pytest.mark.parametrize(("status", "retryable"), [(429, True), (503, True), (400, False), (403, False)])
+def test_only_server_errors_and_throttling_are_retryable(failing, status, retryable):
+    store, sdk = failing
+    sdk.branches_api.diff_branch.side_effect = _api_error(status, "no")
+    with pytest.raises(StoreError) as err:
+        store.commit("digits", "main", "msg")
+    assert err.value.retryable is retryable
 
 
 def test_names_are_checked_before_any_request(failing):
