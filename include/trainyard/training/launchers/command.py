@@ -59,11 +59,18 @@ def check_gpus(spec: JobSpec, cuda_devices: int) -> None:
 
 
 def torchrun_argv(
-    nproc_per_node: int, config_path: str, *, max_restarts: int = 0, python: str | None = None
+    nproc_per_node: int,
+    config_path: str,
+    *,
+    max_restarts: int = 0,
+    python: str | None = None,
+    program: tuple[str, ...] | None = None,
 ) -> list[str]:
-    """The torchrun command for one node."""
+    """The torchrun command for one node: the trainyard worker for ``config_path``, or, with ``program``,
+    that argv run as given (``--no-python``: not as a Python script), as a custom command is."""
     if nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    worker = ["--no-python", *program] if program else ["-m", "trainyard.training.entry", "--config", config_path]
     return [
         python or sys.executable,
         "-m",
@@ -72,28 +79,21 @@ def torchrun_argv(
         "--nnodes=1",
         f"--nproc_per_node={nproc_per_node}",
         f"--max_restarts={max_restarts}",
-        "-m",
-        "trainyard.training.entry",
-        "--config",
-        config_path,
+        *worker,
     ]
 
 
 def custom_argv(spec: JobSpec, python: str | None = None) -> list[str]:
-    """The user's command as torchrun's worker program (``--no-python``: run as given, not as a script)."""
+    """The user's command as torchrun's worker program."""
     if spec.custom is None:
         raise PermanentError("recipe 'custom' needs the custom section (command, optional image)")
-    return [
-        python or sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes=1",
-        f"--nproc_per_node={spec.resources.gpus_per_node}",
-        f"--max_restarts={spec.distributed.max_restarts}",
-        "--no-python",
-        *spec.custom.command,
-    ]
+    return torchrun_argv(
+        spec.resources.gpus_per_node,
+        "",
+        max_restarts=spec.distributed.max_restarts,
+        python=python,
+        program=spec.custom.command,
+    )
 
 
 def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str, run_dir: str) -> Command:
