@@ -98,7 +98,7 @@ def test_airflow_retry_resumes_from_the_checkpoint(trainyard_home, monkeypatch, 
     if not os.environ.get("AIRFLOW_HOME"):
         pytest.fail("AIRFLOW_HOME is not set: run the suite with `make test`")
     sys.path.insert(0, str(REPO / "dags"))
-    from train_pipeline import dag
+    from train_pipeline import train_pipeline_dag as dag
 
     monkeypatch.setenv("TRAINYARD_FAIL_ONCE_AT_STEP", "30")
     dr = dag.test(
