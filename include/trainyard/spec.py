@@ -77,10 +77,15 @@ class Hyperparameters(_Model):
 
 class Distributed(_Model):
     """How the workers cooperate. ``ddp`` = torchrun + DistributedDataParallel; ``horovod`` = horovodrun
-    (gloo) + DistributedOptimizer; ``deepspeed`` = the deepspeed launcher + a ZeRO config made from here."""
+    (gloo) + DistributedOptimizer; ``deepspeed`` = torchrun + a ZeRO config made from here."""
 
     strategy: Literal["ddp", "horovod", "deepspeed"] = Field("ddp", description="how the workers cooperate")
-    max_restarts: int = Field(1, ge=0, le=100, description="worker-group restarts after a crash (torchrun)")
+    max_restarts: int = Field(
+        1,
+        ge=0,
+        le=100,
+        description="worker-group restarts after a crash (torchrun: ddp, deepspeed, custom; not horovod)",
+    )
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training precision")
 

@@ -1,7 +1,7 @@
 """The GPU group (``make test-gpu``, or ``pytest -m gpu tests/gpu``): the worker's CUDA paths, for real.
 
 Each run goes through what production runs: a RunConfig dumped to disk, the local launcher's ``launch``
-(torchrun or the deepspeed launcher, argv and environment from the one command builder, this machine's
+(torchrun or horovodrun, argv and environment from the one command builder, this machine's
 GPU count), the one worker loop with its strategy, then ``pipeline.export_onnx`` on the model.pt the GPUs
 wrote, held to the recipe's parity gate on CPU onnxruntime. The evidence is what a run leaves behind: the
 rank-0 log line (strategy, world size, backend, device, precision), NCCL's own log of every communicator
@@ -227,7 +227,7 @@ def test_bf16_autocast_on_all_gpus(train, prepared):
 
 
 def test_deepspeed_zero2_bf16_over_nccl_on_all_gpus(train, prepared):
-    """The deepspeed launcher on CUDA: a ZeRO-2 bf16 engine per GPU over NCCL (DeepSpeed starts a process
+    """DeepSpeed under torchrun on CUDA: a ZeRO-2 bf16 engine per GPU over NCCL (DeepSpeed starts a process
     group even for one GPU), its sharded checkpoints sealed, a plain fp32 model.pt."""
     from trainyard.training.strategies.deepspeed import MARKER
 

@@ -1,5 +1,6 @@
-"""distributed.strategy deepspeed: the real deepspeed launcher with 2 CPU processes (gloo, ZeRO) on the
-prepared digits data: training, DeepSpeed checkpoints, a crash, and a resume past a damaged checkpoint."""
+"""distributed.strategy deepspeed: 2 CPU processes under torchrun (gloo, ZeRO-2) on the prepared digits data:
+training, DeepSpeed checkpoints, a crash, and a resume past a damaged checkpoint. ZeRO-0/1 training is
+held to DDP's loss curve in test_strategy_golden."""
 
 import json
 import os
@@ -65,15 +66,15 @@ def _has(lines, text) -> bool:
     return any(text in line for line in lines)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_zero_trains_and_resumes_past_a_damaged_checkpoint(tmp_path, small_spec, prepared, stage):
-    """A worker dies in epoch 3 (checkpoints of epochs 1 and 2 written), the newest checkpoint is then
-    damaged; the retry skips it, resumes at the epoch-1 checkpoint and trains to the end."""
+def test_zero2_trains_and_resumes_past_a_damaged_checkpoint(tmp_path, small_spec, prepared):
+    """A worker dies in epoch 3 (checkpoints of epochs 1 and 2 written; no torchrun restart), the newest
+    checkpoint is then damaged; the retry skips it, resumes at the epoch-1 checkpoint and trains to the end."""
     from trainyard.recipes import load_model
     from trainyard.training.launchers.local import LaunchError
     from trainyard.training.strategies.deepspeed import MARKER
 
-    config = _config(tmp_path, small_spec, prepared, zero_stage=stage)
+    stage = 2
+    config = _config(tmp_path, small_spec, prepared, zero_stage=stage, max_restarts=0)
     out = RunConfig.load(config)
     run_dir = out.checkpoint_dir.parent
     crash_lines: list[str] = []

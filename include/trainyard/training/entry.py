@@ -1,6 +1,6 @@
 """Worker entry point for every strategy: ``-m trainyard.training.entry --config run.json``.
 
-torchrun (ddp), horovodrun (horovod) and the deepspeed launcher all start this module; the one loop
+torchrun (ddp, deepspeed) and horovodrun (horovod) start this module; the one loop
 (:mod:`trainyard.training.loop`) runs with the strategy the run's JobSpec names."""
 
 import argparse
@@ -14,8 +14,6 @@ from trainyard.training.run_config import RunConfig
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainyard.training.entry")
     parser.add_argument("--config", required=True, help="RunConfig JSON written by the train task")
-    # The deepspeed launcher appends --local_rank=N; the rank also arrives in the environment.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cfg = RunConfig.load(args.config)
     train(cfg, strategies.for_run(cfg))

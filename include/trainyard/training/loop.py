@@ -1,5 +1,5 @@
-"""The one worker loop, for every ``distributed.strategy``: what each process started by torchrun,
-horovodrun or the deepspeed launcher runs (``trainyard.training.entry``).
+"""The one worker loop, for every ``distributed.strategy``: what each process started by torchrun
+or horovodrun runs (``trainyard.training.entry``).
 
 The strategy (:mod:`trainyard.training.strategies`) owns process group, wrapping, step, averaging,
 barrier and checkpoint format; this module owns the rest, once: seed, data sharding, the epoch loop, the

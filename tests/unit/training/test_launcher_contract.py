@@ -27,7 +27,7 @@ class Case:
 
     def launcher(self) -> Launcher:
         if self.kind == "local":
-            return LocalLauncher(Host(cuda_devices=0, cores=4, env={}, python="/py", master_port=1))
+            return LocalLauncher(Host(cuda_devices=0, cores=4, env={}, python="/py"))
         return KubernetesLauncher("dag/run", 1, self.home)
 
     def spec(self, raw: dict) -> JobSpec:

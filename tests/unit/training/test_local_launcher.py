@@ -17,7 +17,7 @@ from trainyard.training.launchers.local import LaunchError, run, worker_env
 CONFIG = "/runs/a b/run_config.json"  # a space: must stay one argv item
 RUN_DIR = "/runs/a b"
 DATA = "/cache/prepared/abc"
-CPU = Host(cuda_devices=0, cores=8, env={"PATH": "/bin"}, python="/venv/bin/python", master_port=29123)
+CPU = Host(cuda_devices=0, cores=8, env={"PATH": "/bin"}, python="/venv/bin/python")
 TORCHRUN = ["/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
 ENTRY = ["-m", "trainyard.training.entry", "--config", CONFIG]
 CUSTOM = {"recipe": "custom", "custom": {"command": ["python", "train.py", "--lr", "$(LR); rm -rf /"]}}
@@ -44,42 +44,22 @@ CASES = [
         "deepspeed on cpu",
         {"distributed": {"strategy": "deepspeed"}},
         CPU,
-        [
-            "/venv/bin/python",
-            "-u",
-            "-m",
-            "deepspeed.launcher.runner",
-            "--num_nodes=1",
-            "--num_accelerators=2",
-            "--master_port=29123",
-            "--module",
-            *ENTRY[1:],
-        ],
+        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", *ENTRY],
         {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1"},
         [],
     ),
     (
         "deepspeed on gpus",
         {"distributed": {"strategy": "deepspeed"}},
-        Host(2, 8, {}, "/venv/bin/python", 29123),
-        [
-            "/venv/bin/python",
-            "-u",
-            "-m",
-            "deepspeed.launcher.runner",
-            "--num_nodes=1",
-            "--num_accelerators=2",
-            "--master_port=29123",
-            "--module",
-            *ENTRY[1:],
-        ],
+        Host(2, 8, {}, "/venv/bin/python"),
+        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", *ENTRY],
         {"OMP_NUM_THREADS": "4"},
         ["DS_ACCELERATOR"],
     ),
     (
         "deepspeed, the user's accelerator wins",
         {"distributed": {"strategy": "deepspeed"}},
-        Host(0, 8, {"DS_ACCELERATOR": "xpu"}, "/venv/bin/python", 1),
+        Host(0, 8, {"DS_ACCELERATOR": "xpu"}, "/venv/bin/python"),
         None,
         {"DS_ACCELERATOR": "xpu"},
         [],
@@ -87,7 +67,7 @@ CASES = [
     (
         "the user's thread count wins",
         {},
-        Host(0, 8, {"OMP_NUM_THREADS": "3"}, "/p", 1),
+        Host(0, 8, {"OMP_NUM_THREADS": "3"}, "/p"),
         None,
         {"OMP_NUM_THREADS": "3"},
         [],
@@ -126,7 +106,7 @@ CASES = [
     (
         "one thread at least",
         {"resources": {"gpus_per_node": 8}},
-        Host(0, 2, {}, "/p", 1),
+        Host(0, 2, {}, "/p"),
         None,
         {"OMP_NUM_THREADS": "1"},
         [],

@@ -6,8 +6,8 @@ and environment. Nothing user-supplied goes through a shell: every argument is o
 
 - ddp: ``torchrun --standalone`` with ``gpus_per_node`` processes;
 - horovod: ``horovodrun --gloo`` (:mod:`~trainyard.training.launchers.horovod`);
-- deepspeed: the deepspeed runner (:mod:`~trainyard.training.launchers.deepspeed`), ``DS_ACCELERATOR=cpu``
-  on a machine without CUDA;
+- deepspeed: torchrun as for ddp, with ``DS_ACCELERATOR=cpu`` on a machine without CUDA
+  (:mod:`~trainyard.training.launchers.deepspeed` says why not DeepSpeed's own launcher);
 - custom: the user's command under ``torchrun --no-python``, with the platform environment of
   :func:`trainyard.training.custom.platform_env` (the same four variables the pods get).
 
@@ -25,7 +25,7 @@ from trainyard.errors import PermanentError
 from trainyard.spec import JobSpec
 from trainyard.training import custom
 from trainyard.training.launchers.base import worker_env
-from trainyard.training.launchers.deepspeed import deepspeed_argv, deepspeed_env
+from trainyard.training.launchers.deepspeed import deepspeed_env
 from trainyard.training.launchers.horovod import horovodrun_argv
 
 
@@ -37,7 +37,6 @@ class Host:
     cores: int
     env: Mapping[str, str] = field(default_factory=dict)
     python: str = sys.executable
-    master_port: int = 29500  # the deepspeed runner's rendezvous port (torchrun and horovodrun pick their own)
 
 
 @dataclass(frozen=True)
@@ -104,19 +103,12 @@ def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str,
     if spec.recipe == "custom":
         return Command(custom_argv(spec, host.python), {**env, **custom.platform_env(data_dir, run_dir)})
     strategy = spec.distributed.strategy
-    if strategy == "ddp":
+    if strategy in ("ddp", "deepspeed"):
         argv = torchrun_argv(nproc, config_path, max_restarts=spec.distributed.max_restarts, python=host.python)
+        if strategy == "deepspeed":
+            env = deepspeed_env(nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores)
     elif strategy == "horovod":
         argv = horovodrun_argv(nproc, config_path, python=host.python)
-    elif strategy == "deepspeed":
-        argv = deepspeed_argv(
-            nproc,
-            config_path,
-            python=host.python,
-            master_port=host.master_port,
-            visible_devices=host.env.get("CUDA_VISIBLE_DEVICES") if host.cuda_devices else None,
-        )
-        env = deepspeed_env(nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores)
     else:  # the spec's Literal makes this unreachable unless a strategy is added without a launcher
         raise PermanentError(
             f"distributed.strategy {strategy!r} has no local launcher; allowed: ddp, horovod, deepspeed"

@@ -1,5 +1,5 @@
-"""Local launcher: the strategy's launcher (torchrun, horovodrun, deepspeed, or the custom command under
-torchrun) as a subprocess of the task, its output streamed line by line.
+"""Local launcher: the strategy's launcher (torchrun for ddp, deepspeed and the custom command;
+horovodrun for horovod) as a subprocess of the task, its output streamed line by line.
 
 :func:`launch` is the pipeline's entry point: plan (:func:`~trainyard.training.launchers.command.local_command`
 on this machine's facts), launch (:func:`run`), collect (one usage record for this try, always).
@@ -19,7 +19,6 @@ from trainyard.errors import RetryableError
 from trainyard.spec import JobSpec
 from trainyard.training.launchers.base import Interval, Launcher, this_host_cores, worker_env
 from trainyard.training.launchers.command import Command, Host, local_command, torchrun_argv
-from trainyard.training.launchers.deepspeed import free_port
 
 __all__ = ["LaunchError", "LocalLauncher", "launch", "run", "this_host", "torchrun_argv", "worker_env"]
 
@@ -36,7 +35,6 @@ def this_host() -> Host:
         cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
         cores=this_host_cores(),
         env=dict(os.environ),
-        master_port=free_port(),
     )
 
 

@@ -1,4 +1,4 @@
-"""``distributed.strategy: deepspeed``: the processes the deepspeed launcher starts, one ZeRO engine.
+"""``distributed.strategy: deepspeed``: the processes torchrun starts, one ZeRO engine.
 
 * ``deepspeed.initialize`` with the config made from the JobSpec (:mod:`trainyard.training.deepspeed_config`):
   the optimizer, ZeRO stage and bf16 / fp16 from the spec, and the loop's cosine schedule passed in as a
