@@ -1,3 +1,5 @@
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -7,6 +9,21 @@ from datafiles import write_files
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
+
+
+def _airflow_db_per_xdist_worker() -> None:
+    """`make test` runs the suite in two pytest-xdist workers; SQLite takes one writer at a time, so each
+    worker gets its own copy of the migrated Airflow database (pools included). This runs when pytest
+    loads this file, before any test imports Airflow, which reads the setting once."""
+    worker, home = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("AIRFLOW_HOME")
+    if not worker or not home or not (Path(home) / "airflow.db").is_file():
+        return
+    copy = Path(home) / f"airflow-{worker}.db"
+    shutil.copyfile(Path(home) / "airflow.db", copy)
+    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{copy}"
+
+
+_airflow_db_per_xdist_worker()
 
 
 @pytest.fixture

@@ -60,29 +60,9 @@ def _has(lines, text) -> bool:
     return any(text in line for line in lines)
 
 
-def test_trains_checkpoints_and_resumes(tmp_path, small_spec, prepared):
-    config = _config(tmp_path, small_spec, prepared)
-    out = RunConfig.load(config)
-    lines = _train(config)
-    log = "\n".join(lines)
-    assert _has(lines, "strategy=horovod world_size=2"), log
-    assert not _has(lines, "resumed from checkpoint"), log
-    result = json.loads((out.checkpoint_dir.parent / "train_result.json").read_text())
-    assert result["strategy"] == "horovod" and result["world_size"] == 2 and result["epochs"] == 4
-    assert result["val_accuracy"] > 0.8, result
-    assert (out.checkpoint_dir.parent / "model.pt").is_file()
-    ckpts = sorted(p.name for p in out.checkpoint_dir.glob("step-*.pt"))
-    assert len(ckpts) == 3, ckpts  # one per epoch, keep_last 3
-    assert ckpts[-1] == f"step-{result['steps']:08d}.pt"
-
-    # A retry in the same run directory continues from the newest checkpoint (here: already complete).
-    again = _train(config)
-    assert _has(again, f"resumed from checkpoint {ckpts[-1]} at step {result['steps']}"), "\n".join(again)
-    assert json.loads((out.checkpoint_dir.parent / "train_result.json").read_text())["steps"] == result["steps"]
-
-
-def test_crash_mid_run_then_resume(tmp_path, small_spec, prepared):
-    """A worker dies hard in epoch 2: horovodrun fails (no hang), the retry resumes at the epoch-1 checkpoint."""
+def test_trains_crashes_and_resumes(tmp_path, small_spec, prepared):
+    """A worker dies hard in epoch 2: horovodrun fails (no hang); the retry resumes at the epoch-1
+    checkpoint and trains to the end, checkpointing every epoch (keep_last 3)."""
     from trainyard.training.launchers.local import LaunchError
 
     config = _config(tmp_path, small_spec, prepared)
@@ -92,7 +72,13 @@ def test_crash_mid_run_then_resume(tmp_path, small_spec, prepared):
     assert not (out.checkpoint_dir.parent / "train_result.json").exists()
     (first,) = [p.name for p in out.checkpoint_dir.glob("step-*.pt")]
     lines = _train(config, TRAINYARD_FAIL_ONCE_AT_STEP="30")  # the marker makes the fault fire once
+    log = "\n".join(lines)
+    assert _has(lines, "strategy=horovod world_size=2"), log
     step = int(first[5:13])
-    assert _has(lines, f"resumed from checkpoint {first} at step {step} (epoch 2, batch 0)"), "\n".join(lines)
+    assert _has(lines, f"resumed from checkpoint {first} at step {step} (epoch 2, batch 0)"), log
     result = json.loads((out.checkpoint_dir.parent / "train_result.json").read_text())
+    assert result["strategy"] == "horovod" and result["world_size"] == 2 and result["epochs"] == 4
     assert result["steps"] == 4 * step and result["val_accuracy"] > 0.8, result
+    assert (out.checkpoint_dir.parent / "model.pt").is_file()
+    ckpts = sorted(p.name for p in out.checkpoint_dir.glob("step-*.pt"))
+    assert ckpts == [f"step-{k * step:08d}.pt" for k in (2, 3, 4)], ckpts

@@ -44,6 +44,7 @@ class Airflow:
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)
+        self.env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)  # this Airflow's own database (xdist sets one)
         self.procs: list[subprocess.Popen] = []
 
     def run(self, *argv):
