@@ -138,7 +138,7 @@ def train_pipeline():
     @task(pool=GPU_POOL, pool_slots=GPU_SLOTS)
     @fail_permanently
     def train(spec: dict, dataset: dict, data: dict) -> dict:
-        """Workers of the spec's strategy on this machine (torchrun / horovodrun / deepspeed); output
+        """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
         streamed here; a retry resumes from the newest checkpoint."""
         from trainyard.pipeline import train as run
 

@@ -22,9 +22,10 @@ if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ constraints.txt -
   # torch through pip, which honours this machine's pip configuration (a local wheel, a CPU index); then
   # the rest through uv: the same pinned set, installed and byte-compiled in parallel (pip takes 10 to 20
   # minutes for it on 2 cores, uv a few). uv keeps the torch already installed, as the pin allows it.
+  # uv reads no pip.conf: behind a PyPI mirror, export UV_INDEX_URL (or UV_DEFAULT_INDEX) as well.
   log "installing torch, then the pinned requirements with uv"
   torch_pin=$(grep -m1 '^torch==' requirements.txt)
-  "$VENV/bin/pip" install --disable-pip-version-check -q "$torch_pin" "uv==$UV_VERSION" 2>&1 \
+  "$VENV/bin/pip" install --disable-pip-version-check -q "$torch_pin" "uv==$UV_VERSION" -c constraints.txt 2>&1 \
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
   "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode -q -r requirements.txt -c constraints.txt
   "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode -q --no-deps -e .

@@ -18,7 +18,7 @@ def _airflow_db_per_xdist_worker() -> None:
     worker, home = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("AIRFLOW_HOME")
     if not worker or not home or not (Path(home) / "airflow.db").is_file():
         return
-    copy = Path(home) / f"airflow-{worker}.db"
+    copy = (Path(home) / f"airflow-{worker}.db").resolve()
     shutil.copyfile(Path(home) / "airflow.db", copy)
     os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{copy}"
 

@@ -17,7 +17,7 @@ requirements install the CPU build of torch on machines whose wheelhouse only ha
 needs the CUDA build of the same version (see the Dockerfile's TORCH_VARIANT). A whole GPU run of the
 group takes a few minutes: three trainings on one GPU (five on several), each a few seconds of GPU work
 plus process start-up. With 2 GPUs or more a test also checks that DeepSpeed's workers train on the
-GPUs CUDA_VISIBLE_DEVICES names (its runner drops that variable unless the launcher passes --include).
+GPUs CUDA_VISIBLE_DEVICES names (torchrun passes the variable through to them).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class Airflow:
                         argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
                     )
                 )
-        self.wait(lambda: requests.get(f"{self.url}/api/v2/monitor/health", timeout=5).ok, 180, "API server")
+        self.wait(lambda: requests.get(f"{self.url}/api/v2/monitor/health", timeout=5).ok, 600, "API server")
 
     def stop(self):
         for p in self.procs:
@@ -150,7 +150,7 @@ def test_trigger_with_conf_runs_to_success(airflow):
     headers = {"Authorization": f"Bearer {airflow.token('admin')}"}
     airflow.wait(
         lambda: requests.get(f"{airflow.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok,
-        180,
+        600,
         "the DAG to be parsed",
     )
     conf = {

@@ -35,7 +35,7 @@ def _config(tmp_path, prepared, name) -> str:
     return str(cfg)
 
 
-def _run(argv, on_line=None, timeout=300):
+def _run(argv, on_line=None, timeout=900):
     proc = subprocess.Popen(
         argv, env=worker_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
