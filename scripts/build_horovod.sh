@@ -3,7 +3,7 @@
 #
 # The published sdist does not compile against torch >= 2.x headers: CMakeLists.txt and
 # horovod/torch/CMakeLists.txt ask for C++14, torch's headers need C++17. We patch those two lines and
-# build from the PyPI sdist with the venv's own torch (--no-build-isolation). About 2 minutes on 2 cores;
+# build from the PyPI sdist with the venv's own torch (--no-build-isolation). About 10 minutes on 2 cores;
 # idempotent: if `import horovod.torch` already works it exits at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +44,7 @@ log "patching CMake files: C++14 -> C++17 (torch headers need C++17)"
 patch_line CMakeLists.txt 'set(CMAKE_CXX_STANDARD 14)' 'set(CMAKE_CXX_STANDARD 17)'
 patch_line horovod/torch/CMakeLists.txt '    set(CMAKE_CXX_STANDARD 14)' '    set(CMAKE_CXX_STANDARD 17)'
 
-log "building and installing (PyTorch + Gloo, no MPI/TensorFlow/MXNet; about 2 minutes on 2 cores)"
+log "building and installing (PyTorch + Gloo, no MPI/TensorFlow/MXNet; about 10 minutes on 2 cores)"
 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
   HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
   MAKEFLAGS=${MAKEFLAGS:--j$(nproc 2>/dev/null || echo 2)} \
