@@ -47,7 +47,7 @@ default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(sec
     },
 )
 def ingest_dataset():
-    @task(retries=0)
+    @task
     @fail_permanently
     def check_upload(params: dict | None = None) -> dict:
         """Refuse traversal, outside symlinks and empty folders; run the data kind's suite."""

@@ -91,7 +91,7 @@ def _raw_spec() -> dict:
     params=_params(),
 )
 def train_pipeline():
-    @task(retries=0)
+    @task
     @fail_permanently
     def validate_spec() -> dict:
         """Validate the JobSpec; fails at once, naming every bad field."""
@@ -109,7 +109,7 @@ def train_pipeline():
         register_store()
         return resolve(_spec(spec))
 
-    @task(retries=0)
+    @task
     @fail_permanently
     def validate_data(spec: dict, dataset: dict) -> dict:
         """great-expectations suite over the pinned commit: bad data stops the run here."""
@@ -175,7 +175,7 @@ def train_pipeline():
 
         return run(_spec(spec), trained, data)
 
-    @task(retries=0)
+    @task
     @fail_permanently
     def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
         """Thresholds and champion/challenger rules from the spec; the full result goes to XCom and onto
