@@ -74,6 +74,7 @@ def cluster_run(monkeypatch):
 def test_two_node_ddp_job_succeeds_and_every_worker_logs_to_the_task(cluster_run, capsys):
     from kubernetes import client, config
 
+    from trainyard.spec import parse_spec
     from trainyard.training import usage
     from trainyard.training.launchers.kubernetes import job_name
     from trainyard_airflow.operators.training import KubernetesTrainingJobOperator
@@ -106,7 +107,7 @@ def test_two_node_ddp_job_succeeds_and_every_worker_logs_to_the_task(cluster_run
     assert "[rank 0]:[trainer] strategy=ddp world_size=2" in task_log
     result = json.loads((cluster_run.root / "run" / "train_result.json").read_text())
     assert result["world_size"] == 2 and result["steps"] > 0
-    assert pushed["job_name"] == job_name(cluster_run.spec, cluster_run.run_key)
+    assert pushed["job_name"] == job_name(parse_spec(cluster_run.spec), cluster_run.run_key)
 
     core = client.CoreV1Api(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]))
     namespace = cluster_run.spec["kubernetes"]["namespace"]

@@ -18,7 +18,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 import trainyard
-from trainyard.spec import KubernetesSpec
+from trainyard.spec import KubernetesSpec, parse_spec
 from trainyard.training.launchers import kubernetes as K
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,7 +198,7 @@ def test_horovod_is_built_by_the_setup_script():
 def test_the_pods_command_exists_in_the_image(strategy):
     """The pod's argv[0] is a console script of a pinned requirement (in the venv's bin, on the image's PATH)
     and the module it runs is in this package."""
-    spec = {"name": "digits", "backends": {"launcher": "kubernetes"}, "distributed": {"strategy": strategy}}
+    spec = parse_spec({"name": "digits", "backends": {"launcher": "kubernetes"}, "distributed": {"strategy": strategy}})
     argv = K.worker_command(spec, "train_pipeline/manual__1", "/var/trainyard/runs/x/run_config.json")
     program = argv[0]
     owners = [

@@ -39,7 +39,7 @@ from kubernetes.client.rest import ApiException
 
 from trainyard import paths
 from trainyard.errors import spec_error_message
-from trainyard.spec import SpecError
+from trainyard.spec import JobSpec, SpecError, parse_spec
 from trainyard.training.launchers import kubernetes as launcher
 from trainyard.training.run_config import RunConfig
 from trainyard_airflow.triggers.training_job import TrainingJobTrigger
@@ -76,22 +76,26 @@ class _TrainingRun:
     _pods: Callable[[], list[k8s.V1Pod]]  # each operator knows how its pods are found
     _try: int | None = None  # the Airflow try number, once execute or a resume method has it
 
+    @property
+    def job_spec(self) -> JobSpec:
+        """``spec`` validated: the operators keep the JobSpec as the dict they were given (a template field,
+        shown as JSON in the UI); the library's builders take the typed model."""
+        return parse_spec(self.spec)
+
     def _launcher(self, context: Context | None) -> launcher.KubernetesLauncher:
         self._try = _attempt(context)
         return launcher.KubernetesLauncher(self.run_key, self._try, paths.home())
 
     def _plan(self, context: Context | None) -> launcher.KubernetesPlan:
         cfg = RunConfig.load(self.config_path)
-        return self._launcher(context).plan(
-            launcher.as_spec(self.spec), cfg.data, run_dir=cfg.out_dir, config_path=self.config_path
-        )
+        return self._launcher(context).plan(self.job_spec, cfg.data, run_dir=cfg.out_dir, config_path=self.config_path)
 
     @property
     def _namespace(self) -> str:
-        return launcher.as_spec(self.spec).kubernetes.namespace
+        return self.job_spec.kubernetes.namespace
 
     def _name(self) -> str:
-        return launcher.job_name(self.spec, self.run_key, attempt=self._try or 1)
+        return launcher.job_name(self.job_spec, self.run_key, attempt=self._try or 1)
 
     def _record_usage(self) -> None:
         """This try's usage record, once per operator instance; never raises (it must not hide the try's
@@ -102,7 +106,7 @@ class _TrainingRun:
         self._recorded = True
         try:
             pods = self._pods()
-            spec = launcher.as_spec(self.spec)
+            spec = self.job_spec
             run_dir = RunConfig.load(self.config_path).out_dir
             seam = launcher.KubernetesLauncher(self.run_key, attempt, paths.home())
             seam.record(spec, run_dir, launcher.running_interval(pods))
@@ -172,12 +176,12 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         # The provider's pod discovery reads these.
         self.pod_request_obj = pod
         self.namespace = job.metadata.namespace
-        self.labels = launcher.run_labels(self.spec, self.run_key)
+        self.labels = launcher.run_labels(self.job_spec, self.run_key)
         self.parallelism = self.completions = job.spec.parallelism
         return job
 
     def execute(self, context: Context):
-        self.parallelism = launcher.as_spec(self.spec).resources.nodes  # checked before the Job is built
+        self.parallelism = self.job_spec.resources.nodes  # checked before the Job is built
         self._try = _attempt(context)
         self._remove_earlier_attempts()
         try:
@@ -302,7 +306,7 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
     def _remove_earlier_attempts(self) -> None:
         """Two trainings writing one run directory would corrupt its checkpoints: Jobs an earlier try of
         this run left (found by the run's labels, never by name) are deleted first."""
-        selector = ",".join(f"{k}={v}" for k, v in launcher.run_labels(self.spec, self.run_key).items())
+        selector = ",".join(f"{k}={v}" for k, v in launcher.run_labels(self.job_spec, self.run_key).items())
         ours = self._name()
         for job in self.job_client.list_namespaced_job(namespace=self._namespace, label_selector=selector).items:
             if job.metadata.name != ours:
@@ -341,14 +345,14 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
                 spec_error_message(
                     [
                         f"resources.nodes: a single pod runs one node, got "
-                        f"{launcher.as_spec(self.spec).resources.nodes} (use the Job operator)"
+                        f"{self.job_spec.resources.nodes} (use the Job operator)"
                     ]
                 )
             )
         (pod,) = objects
         pod.metadata.labels = {**pod.metadata.labels, **self._get_ti_pod_labels(context)}
         # find_pod (reattach after a worker crash) selects by these plus the task-instance labels.
-        self.labels = launcher.run_labels(self.spec, self.run_key)
+        self.labels = launcher.run_labels(self.job_spec, self.run_key)
         self.namespace = pod.metadata.namespace
         return _mutate(pod)
 
@@ -409,7 +413,7 @@ def training_operator(
 ) -> KubernetesTrainingJobOperator | KubernetesTrainingPodOperator:
     """The operator for a spec: a bare Pod for one node, an Indexed Job and its Service for more, with
     ``kubernetes.schedule_timeout_s`` as the time the pods may wait to be scheduled."""
-    s = launcher.as_spec(spec)
+    s = parse_spec(spec)
     common: dict[str, Any] = dict(
         spec=spec, namespace=s.kubernetes.namespace, schedule_timeout_seconds=s.kubernetes.schedule_timeout_s
     )

@@ -39,6 +39,7 @@ SPEC = {
         "schedule_timeout_s": 7200,
     },
 }
+SPEC_MODEL = parse_spec(SPEC)  # what the library's builders take
 SINGLE = {**SPEC, "resources": {**SPEC["resources"], "nodes": 1}}
 CREATED, STARTED, FINISHED = 1_000.0, 1_600.0, 1_900.0  # ten minutes queued, five running
 
@@ -115,7 +116,7 @@ def test_building_connects_to_nothing(run, monkeypatch):
 
     monkeypatch.setattr(KubernetesHook, "get_conn", refuse)
     job = launcher(run).operator().build_job_request_obj(context())
-    assert job.metadata.name == K.job_name(SPEC, RUN_KEY, attempt=3)
+    assert job.metadata.name == K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
     pod = launcher(run, SINGLE).operator().build_pod_request_obj(context())
     assert pod.metadata.labels["try_number"] == "3"
 
@@ -139,7 +140,7 @@ def test_build_job_request_obj_carries_the_spec_and_the_pods_paths(run):
     labels = job.spec.template.metadata.labels
     assert labels["dag_id"] == "train_pipeline" and labels["try_number"] == "3"
     assert labels["trainyard.io/run"] == K.run_hash(RUN_KEY)
-    assert op.parallelism == op.completions == 2 and op.labels == K.run_labels(SPEC, RUN_KEY)
+    assert op.parallelism == op.completions == 2 and op.labels == K.run_labels(SPEC_MODEL, RUN_KEY)
 
 
 def test_cluster_policy_applies(run, monkeypatch):
@@ -158,7 +159,7 @@ def test_pod_operator_refuses_more_than_one_node(run):
 def test_execute_creates_the_job_and_service_and_defers_to_the_providers_trigger(run, cluster):
     with pytest.raises(TaskDeferred) as deferred:
         launcher(run).execute(context())
-    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    name = K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
     trigger = deferred.value.trigger
     assert isinstance(trigger, KubernetesJobTrigger) and isinstance(trigger, TrainingJobTrigger)
     assert deferred.value.method_name == "execute_complete"
@@ -192,7 +193,7 @@ def _event(cluster, name, status="success"):
 def test_execute_complete_reads_every_log_records_running_time_and_removes_the_service(run, cluster, capsys):
     with pytest.raises(TaskDeferred):
         launcher(run).execute(context())
-    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    name = K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
     pods = cluster.pods_of(name)
     for i, pod in enumerate(pods):
         cluster.logs[pod["metadata"]["name"]] = f"[rank {i}]: done\n"
@@ -210,7 +211,7 @@ def test_execute_complete_reads_every_log_records_running_time_and_removes_the_s
 def test_a_failed_job_fails_the_task_and_is_deleted(run, cluster):
     with pytest.raises(TaskDeferred):
         launcher(run).execute(context())
-    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    name = K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
     cluster.finish(cluster.pods_of(name), started=STARTED, finished=FINISHED, exit_code=1)
     with pytest.raises(AirflowException, match="Job failed"):
         launcher(run).execute_complete(context(), _event(cluster, name, "error"))
@@ -231,7 +232,7 @@ def _poll_hook(cluster, name, action):
 
 def test_on_kill_while_waiting_deletes_the_job_and_service(run, cluster):
     op = launcher(run, deferrable=False)
-    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    name = K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
 
     def kill():
         cluster.schedule(cluster.pods_of(name), started=STARTED)
@@ -248,7 +249,7 @@ def test_on_kill_while_waiting_deletes_the_job_and_service(run, cluster):
 
 def test_a_timeout_inside_execute_deletes_the_job_and_service(run, cluster):
     op = launcher(run, deferrable=False)
-    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    name = K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
 
     def timeout():
         raise AirflowTaskTimeout("Timeout, PID: 1")  # raised by the SIGALRM handler, a BaseException
@@ -279,7 +280,7 @@ def test_any_exception_after_creating_deletes_the_job_and_service(run, cluster):
 def test_a_deferral_that_times_out_deletes_the_job_and_service(run, cluster):
     with pytest.raises(TaskDeferred):
         launcher(run).execute(context())
-    cluster.schedule(cluster.pods_of(K.job_name(SPEC, RUN_KEY, attempt=3)), started=STARTED)
+    cluster.schedule(cluster.pods_of(K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)), started=STARTED)
     with pytest.raises(TaskDeferralTimeout):
         launcher(run).resume_execution("__fail__", {"error": "Trigger timeout"}, context())
     assert nothing_left(cluster)
@@ -291,14 +292,16 @@ def test_a_retry_removes_jobs_an_earlier_try_left(run, cluster):
         launcher(run).execute(context(try_number=1))
     with pytest.raises(TaskDeferred):
         launcher(run).execute(context(try_number=2))
-    assert cluster.names("jobs") == [K.job_name(SPEC, RUN_KEY, attempt=2)]
-    assert cluster.names("services") == [K.job_name(SPEC, RUN_KEY, attempt=2)]  # owned by the deleted Job: gone too
+    assert cluster.names("jobs") == [K.job_name(SPEC_MODEL, RUN_KEY, attempt=2)]
+    assert cluster.names("services") == [
+        K.job_name(SPEC_MODEL, RUN_KEY, attempt=2)
+    ]  # owned by the deleted Job: gone too
 
 
 def test_missing_pods_fail_with_a_reason_and_clean_up(run, cluster, monkeypatch):
     op = launcher(run).operator()
     op.startup_timeout_seconds = 0
-    name = K.job_name(SPEC, RUN_KEY, attempt=3)
+    name = K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
     original = cluster._create
 
     def one_pod_admitted(plural, ns, body):  # as if a webhook or quota let only one pod through
@@ -317,7 +320,7 @@ def test_missing_pods_fail_with_a_reason_and_clean_up(run, cluster, monkeypatch)
 def test_single_node_defers_to_the_providers_pod_trigger_and_cleans_up_when_done(run, cluster, capsys):
     with pytest.raises(TaskDeferred) as deferred:
         launcher(run, SINGLE).execute(context())
-    name = K.job_name(SINGLE, RUN_KEY, attempt=3)
+    name = K.job_name(parse_spec(SINGLE), RUN_KEY, attempt=3)
     trigger = deferred.value.trigger
     assert isinstance(trigger, KubernetesPodTrigger) and deferred.value.method_name == "trigger_reentry"
     assert (trigger.pod_name, trigger.schedule_timeout) == (name, 7200)

@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client as k8s
 
 from trainyard import TRAINER_IMAGE
-from trainyard.spec import SpecError
+from trainyard.spec import JobSpec, SpecError, parse_spec
 from trainyard.training import custom
 from trainyard.training.launchers import kubernetes as K
 
@@ -66,11 +66,12 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def spec_for(*overrides: dict) -> dict:
+def spec_for(*overrides: dict) -> JobSpec:
+    """BASE with the overrides merged in, validated: the builders take the typed JobSpec only."""
     out = BASE
     for o in overrides:
         out = merge(out, o)
-    return out
+    return parse_spec(out)
 
 
 GRID = [
@@ -205,7 +206,7 @@ def test_service_is_headless_and_selects_the_run():
     ],
 )
 def test_job_name_is_dns_safe_short_and_deterministic(name, spec_name, run_key, attempt):
-    spec = {"name": spec_name}
+    spec = parse_spec({"name": spec_name})
     got = K.job_name(spec, run_key, attempt=attempt)
     assert DNS_1035.match(got) and len(got) <= K.NAME_MAX, got
     assert got == K.job_name(spec, run_key, attempt=attempt)
@@ -215,10 +216,14 @@ def test_job_name_is_dns_safe_short_and_deterministic(name, spec_name, run_key, 
 
 
 def test_run_labels_are_label_safe():
-    labels = K.run_labels({"name": "digits-", "resources": {"team": "ml.", "gpu_type": "cpu"}}, "dag/run:+00:00")
+    labels = K.run_labels(
+        parse_spec({"name": "digits-", "resources": {"team": "ml.", "gpu_type": "cpu"}}), "dag/run:+00:00"
+    )
     assert labels["trainyard.io/job"] == "digits" and labels["trainyard.io/team"] == "ml"
     assert re.fullmatch(r"[0-9a-f]{16}", labels["trainyard.io/run"])
-    assert labels["trainyard.io/run"] != K.run_labels({"name": "digits"}, "dag/run:+00:01")["trainyard.io/run"]
+    assert (
+        labels["trainyard.io/run"] != K.run_labels(parse_spec({"name": "digits"}), "dag/run:+00:01")["trainyard.io/run"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -234,7 +239,7 @@ def test_run_labels_are_label_safe():
     ],
 )
 def test_gpu_resource(name, overrides, expected):
-    assert K.gpu_resource(merge({"name": "x"}, overrides)) == expected
+    assert K.gpu_resource(parse_spec(merge({"name": "x"}, overrides))) == expected
 
 
 @pytest.mark.parametrize(
@@ -263,7 +268,7 @@ def test_gpu_resource(name, overrides, expected):
 )
 def test_errors_name_the_field(name, overrides, field):
     with pytest.raises(SpecError, match=re.escape(field)):
-        K.build_job(merge(BASE, overrides), RUN_KEY, CONFIG, data_dir=DATA_DIR)
+        K.build_job(spec_for(overrides), RUN_KEY, CONFIG, data_dir=DATA_DIR)
 
 
 @pytest.mark.parametrize(
@@ -309,7 +314,6 @@ def test_custom_needs_the_data_dir():
 @pytest.fixture
 def worker_home(tmp_path):
     """TRAINYARD_HOME on the worker (the shared volume), with a prepared split and a run config."""
-    from trainyard.spec import parse_spec
     from trainyard.training.run_config import RunConfig
 
     home = tmp_path / "home"
@@ -326,9 +330,9 @@ def worker_home(tmp_path):
     run_dir = home / "runs" / "digits" / "run1"
     run_dir.mkdir(parents=True)
 
-    def config(spec: dict):
+    def config(spec: JobSpec):
         cfg = RunConfig(
-            spec=parse_spec(spec),
+            spec=spec,
             data=data,
             out_dir=str(run_dir),
             tracking_uri=f"sqlite:///{home}/mlflow/mlflow.db",
@@ -456,10 +460,9 @@ def test_running_interval_counts_only_running_time(name, pods, expected):
 
 
 def test_collect_records_a_try_per_call_with_the_jobs_gpus(tmp_path):
-    from trainyard.spec import parse_spec
     from trainyard.training import usage
 
-    spec = parse_spec(spec_for({"resources": {"nodes": 2, "gpus_per_node": 4}}))
+    spec = spec_for({"resources": {"nodes": 2, "gpus_per_node": 4}})
     seam = K.KubernetesLauncher(RUN_KEY, 1, tmp_path)
     seam.record(spec, tmp_path, seam.collect(None, [_pod(_status(K.CONTAINER, started=100, finished=160))]))
     seam.record(spec, tmp_path, seam.collect(None, [_pod(_status(K.CONTAINER, started=200, finished=230))]))

@@ -53,7 +53,7 @@ from kubernetes import client as k8s
 
 from trainyard.errors import PermanentError, spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig, load_resources
-from trainyard.spec import JobSpec, SpecError, parse_spec
+from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher
 from trainyard.training.run_config import RunConfig
@@ -86,10 +86,6 @@ _TOLERATION_FIELDS = {
 }
 
 
-def as_spec(spec: JobSpec | dict) -> JobSpec:
-    return spec if isinstance(spec, JobSpec) else parse_spec(spec)
-
-
 def _bad(field: str, msg: str) -> SpecError:
     return SpecError(spec_error_message([f"{field}: {msg}"]))
 
@@ -104,40 +100,37 @@ def run_hash(run_key: str) -> str:
     return hashlib.sha256(run_key.encode()).hexdigest()[:16]
 
 
-def job_name(spec: JobSpec | dict, run_key: str, *, attempt: int = 1) -> str:
+def job_name(spec: JobSpec, run_key: str, *, attempt: int = 1) -> str:
     """``<name>-<hash of name and run key>-<attempt>``: DNS-1035 (also the Service's name), <= 52 chars.
 
     The attempt (Airflow try number) keeps a retry from colliding with a Job of an earlier try that the
     cluster has not removed yet; the operator finds and deletes those by their labels."""
-    s = as_spec(spec)
     if attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {attempt}")
-    digest = hashlib.sha256(f"{s.name}/{run_key}".encode()).hexdigest()[:8]
+    digest = hashlib.sha256(f"{spec.name}/{run_key}".encode()).hexdigest()[:8]
     tail = f"-{digest}-{attempt}"
-    slug = re.sub(r"[^a-z0-9-]+", "-", s.name).strip("-")
+    slug = re.sub(r"[^a-z0-9-]+", "-", spec.name).strip("-")
     if not slug[:1].isalpha():  # Service names must start with a letter
         slug = f"t-{slug}"
     return slug[: NAME_MAX - len(tail)].rstrip("-") + tail
 
 
-def run_labels(spec: JobSpec | dict, run_key: str) -> dict[str, str]:
+def run_labels(spec: JobSpec, run_key: str) -> dict[str, str]:
     """The identity of a run's objects: the Service selects by these, the operator finds by these."""
-    s = as_spec(spec)
     return {
         "app.kubernetes.io/name": "trainyard",
-        "trainyard.io/job": _label_value(s.name),
+        "trainyard.io/job": _label_value(spec.name),
         "trainyard.io/run": run_hash(run_key),
-        "trainyard.io/team": _label_value(s.resources.team),
-        "trainyard.io/gpu-type": _label_value(s.resources.gpu_type),
+        "trainyard.io/team": _label_value(spec.resources.team),
+        "trainyard.io/gpu-type": _label_value(spec.resources.gpu_type),
     }
 
 
-def gpu_resource(spec: JobSpec | dict) -> tuple[str, int] | None:
+def gpu_resource(spec: JobSpec) -> tuple[str, int] | None:
     """The extended resource each pod asks for; None for ``gpu_type: cpu`` (CPU pods).
 
     A MIG profile assumes the NVIDIA device plugin's ``mixed`` strategy (``nvidia.com/mig-<profile>``)."""
-    s = as_spec(spec)
-    k, res = s.kubernetes, s.resources
+    k, res = spec.kubernetes, spec.resources
     if res.gpu_type == "cpu":
         if k.mig_profile:
             raise _bad("kubernetes.mig_profile", f"needs a GPU type, not 'cpu' (got {k.mig_profile!r})")
@@ -145,25 +138,23 @@ def gpu_resource(spec: JobSpec | dict) -> tuple[str, int] | None:
     return (f"nvidia.com/mig-{k.mig_profile}" if k.mig_profile else "nvidia.com/gpu", res.gpus_per_node)
 
 
-def pod_host(spec: JobSpec | dict, run_key: str, index: int, *, attempt: int = 1) -> str:
+def pod_host(spec: JobSpec, run_key: str, index: int, *, attempt: int = 1) -> str:
     """Fully qualified DNS name of pod ``index`` (as in that pod's own /etc/hosts)."""
-    s = as_spec(spec)
-    name = job_name(s, run_key, attempt=attempt)
-    return f"{name}-{index}.{name}.{s.kubernetes.namespace}.svc.{CLUSTER_DOMAIN}"
+    name = job_name(spec, run_key, attempt=attempt)
+    return f"{name}-{index}.{name}.{spec.kubernetes.namespace}.svc.{CLUSTER_DOMAIN}"
 
 
-def worker_command(spec: JobSpec | dict, run_key: str, config_path: str, *, attempt: int = 1) -> list[str]:
+def worker_command(spec: JobSpec, run_key: str, config_path: str, *, attempt: int = 1) -> list[str]:
     """The container's argv (see the module docstring for the design per strategy)."""
-    s = as_spec(spec)
-    if s.recipe == "custom":
-        if s.custom is None:
+    if spec.recipe == "custom":
+        if spec.custom is None:
             raise _bad("custom", "recipe 'custom' needs the custom section (command, optional image)")
-        return list(s.custom.command)
-    res = s.resources
+        return list(spec.custom.command)
+    res = spec.resources
     argv = [
         "torchrun",
         f"--nproc_per_node={res.gpus_per_node}",
-        f"--max_restarts={s.distributed.max_restarts}",
+        f"--max_restarts={spec.distributed.max_restarts}",
         "--tee=3",
     ]  # tee + the prefix template in the env: each line names its global rank
     if res.nodes == 1:
@@ -172,8 +163,8 @@ def worker_command(spec: JobSpec | dict, run_key: str, config_path: str, *, atte
         argv += [
             f"--nnodes={res.nodes}",
             "--rdzv_backend=c10d",
-            f"--rdzv_endpoint={pod_host(s, run_key, 0, attempt=attempt)}:{RDZV_PORT}",
-            f"--rdzv_id={job_name(s, run_key, attempt=attempt)}",
+            f"--rdzv_endpoint={pod_host(spec, run_key, 0, attempt=attempt)}:{RDZV_PORT}",
+            f"--rdzv_id={job_name(spec, run_key, attempt=attempt)}",
             f"--rdzv_conf=join_timeout={RDZV_TIMEOUT_S},read_timeout={RDZV_TIMEOUT_S}",
         ]
     return argv + ["-m", "trainyard.training.entry", "--config", config_path]
@@ -275,20 +266,19 @@ def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
     return out
 
 
-def node_selector(spec: JobSpec | dict, resources: ResourcesConfig | None = None) -> dict[str, str]:
+def node_selector(spec: JobSpec, resources: ResourcesConfig | None = None) -> dict[str, str]:
     """The GPU type's selector from resources.yaml, plus (and overridden by) the spec's own."""
-    s = as_spec(spec)
     config = resources or load_resources()
-    gpu = config.gpu_types.get(s.resources.gpu_type)
+    gpu = config.gpu_types.get(spec.resources.gpu_type)
     if gpu is None:
         raise _bad(
-            "resources.gpu_type", f"unknown GPU type {s.resources.gpu_type!r}; allowed: {sorted(config.gpu_types)}"
+            "resources.gpu_type", f"unknown GPU type {spec.resources.gpu_type!r}; allowed: {sorted(config.gpu_types)}"
         )
-    return {**gpu.node_selector, **s.kubernetes.node_selector}
+    return {**gpu.node_selector, **spec.kubernetes.node_selector}
 
 
 def pod_template(
-    spec: JobSpec | dict,
+    spec: JobSpec,
     run_key: str,
     config_path: str,
     *,
@@ -297,19 +287,18 @@ def pod_template(
     data_dir: str | None = None,
 ) -> k8s.V1PodTemplateSpec:
     """One node of the job: the trainer container with the data PVC and a RAM-backed /dev/shm."""
-    s = as_spec(spec)
-    k = s.kubernetes
+    k = spec.kubernetes
     ports = [k8s.V1ContainerPort(name="rendezvous", container_port=RDZV_PORT)]
-    if s.recipe != "custom" and s.distributed.strategy == "horovod":
+    if spec.recipe != "custom" and spec.distributed.strategy == "horovod":
         ports.append(k8s.V1ContainerPort(name="hvd-rendezvous", container_port=HOROVOD_RDZV_PORT))
     container = k8s.V1Container(
         name=CONTAINER,
-        image=(s.custom.image if s.custom and s.custom.image else None) or k.image,
+        image=(spec.custom.image if spec.custom and spec.custom.image else None) or k.image,
         image_pull_policy=k.image_pull_policy,
-        command=worker_command(s, run_key, config_path, attempt=attempt),
-        env=_env(s, run_key, config_path, attempt, data_dir),
+        command=worker_command(spec, run_key, config_path, attempt=attempt),
+        env=_env(spec, run_key, config_path, attempt, data_dir),
         ports=ports,
-        resources=_resources(s),
+        resources=_resources(spec),
         volume_mounts=[
             k8s.V1VolumeMount(name="data", mount_path=TRAINYARD_HOME),
             k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
@@ -324,11 +313,11 @@ def pod_template(
         ),
         # Never: a crashed worker fails the Job (backoff 0) and Airflow decides whether to retry.
         restart_policy="Never",
-        subdomain=job_name(s, run_key, attempt=attempt),
+        subdomain=job_name(spec, run_key, attempt=attempt),
         service_account_name=k.service_account,
         priority_class_name=k.priority_class,
-        node_selector=node_selector(s, resources) or None,
-        tolerations=_tolerations(s) or None,
+        node_selector=node_selector(spec, resources) or None,
+        tolerations=_tolerations(spec) or None,
         enable_service_links=False,  # no env var per Service in the namespace
         volumes=[
             k8s.V1Volume(
@@ -338,21 +327,20 @@ def pod_template(
             k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
         ],
     )
-    return k8s.V1PodTemplateSpec(metadata=k8s.V1ObjectMeta(labels=run_labels(s, run_key)), spec=pod_spec)
+    return k8s.V1PodTemplateSpec(metadata=k8s.V1ObjectMeta(labels=run_labels(spec, run_key)), spec=pod_spec)
 
 
-def build_service(spec: JobSpec | dict, run_key: str, *, attempt: int = 1) -> k8s.V1Service:
+def build_service(spec: JobSpec, run_key: str, *, attempt: int = 1) -> k8s.V1Service:
     """Headless: no virtual IP, only the per-pod DNS records, published before the pods are ready (the
     rendezvous happens before any readiness could be reported)."""
-    s = as_spec(spec)
-    name = job_name(s, run_key, attempt=attempt)
+    name = job_name(spec, run_key, attempt=attempt)
     return k8s.V1Service(
         api_version="v1",
         kind="Service",
-        metadata=k8s.V1ObjectMeta(name=name, namespace=s.kubernetes.namespace, labels=run_labels(s, run_key)),
+        metadata=k8s.V1ObjectMeta(name=name, namespace=spec.kubernetes.namespace, labels=run_labels(spec, run_key)),
         spec=k8s.V1ServiceSpec(
             cluster_ip="None",
-            selector=run_labels(s, run_key),
+            selector=run_labels(spec, run_key),
             publish_not_ready_addresses=True,
             ports=[k8s.V1ServicePort(name="rendezvous", port=RDZV_PORT, target_port=RDZV_PORT, protocol="TCP")],
         ),
@@ -360,7 +348,7 @@ def build_service(spec: JobSpec | dict, run_key: str, *, attempt: int = 1) -> k8
 
 
 def build_job(
-    spec: JobSpec | dict,
+    spec: JobSpec,
     run_key: str,
     config_path: str,
     *,
@@ -369,26 +357,27 @@ def build_job(
     data_dir: str | None = None,
 ) -> k8s.V1Job:
     """An Indexed Job, one pod per node, all started together, never retried by the cluster."""
-    s = as_spec(spec)
     return k8s.V1Job(
         api_version="batch/v1",
         kind="Job",
         metadata=k8s.V1ObjectMeta(
-            name=job_name(s, run_key, attempt=attempt), namespace=s.kubernetes.namespace, labels=run_labels(s, run_key)
+            name=job_name(spec, run_key, attempt=attempt),
+            namespace=spec.kubernetes.namespace,
+            labels=run_labels(spec, run_key),
         ),
         spec=k8s.V1JobSpec(
             completion_mode="Indexed",
-            completions=s.resources.nodes,
-            parallelism=s.resources.nodes,
+            completions=spec.resources.nodes,
+            parallelism=spec.resources.nodes,
             backoff_limit=0,  # retries are Airflow's: one place decides, and a retry resumes from a checkpoint
             ttl_seconds_after_finished=JOB_TTL_S,
-            template=pod_template(s, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir),
+            template=pod_template(spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir),
         ),
     )
 
 
 def build_pod(
-    spec: JobSpec | dict,
+    spec: JobSpec,
     run_key: str,
     config_path: str,
     *,
@@ -397,17 +386,16 @@ def build_pod(
     data_dir: str | None = None,
 ) -> k8s.V1Pod:
     """A single-node job as a bare Pod (no Job, no Service), for KubernetesPodOperator."""
-    s = as_spec(spec)
-    if s.resources.nodes != 1:
-        raise _bad("resources.nodes", f"a single pod runs one node; {s.resources.nodes} nodes need build_job")
-    template = pod_template(s, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir)
+    if spec.resources.nodes != 1:
+        raise _bad("resources.nodes", f"a single pod runs one node; {spec.resources.nodes} nodes need build_job")
+    template = pod_template(spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir)
     template.spec.subdomain = None
     return k8s.V1Pod(
         api_version="v1",
         kind="Pod",
         metadata=k8s.V1ObjectMeta(
-            name=job_name(s, run_key, attempt=attempt),
-            namespace=s.kubernetes.namespace,
+            name=job_name(spec, run_key, attempt=attempt),
+            namespace=spec.kubernetes.namespace,
             labels=template.metadata.labels,
         ),
         spec=template.spec,
@@ -415,7 +403,7 @@ def build_pod(
 
 
 def manifests(
-    spec: JobSpec | dict,
+    spec: JobSpec,
     run_key: str,
     config_path: str,
     *,
