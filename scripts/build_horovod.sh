@@ -12,6 +12,7 @@
 #                                 packages install.
 #   build_horovod.sh install DIR  install the wheel that `wheel DIR` built, with its runtime dependencies,
 #                                 and check that it loads
+#   build_horovod.sh check        exit 1, naming it, if a tool the build needs (cmake, c++, make) is missing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -19,20 +20,25 @@ VENV=${VENV:-$REPO/.venv}
 PY=$VENV/bin/python
 PIP=("$PY" -m pip --disable-pip-version-check)
 VERSION=0.28.1
-USAGE="usage: $0 [wheel DIR | install DIR]"
+USAGE="usage: $0 [wheel DIR | install DIR | check]"
 
 log() { printf '[build_horovod %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 quiet_pip() { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-build_wheel() {
-  local out=$1 started work src tool
-  started=$(date +%s)
+check_tools() {
+  local tool
   for tool in cmake c++ make; do
     command -v "$tool" >/dev/null || {
       echo "build_horovod: '$tool' not found; install it (Debian: apt-get install cmake g++ make)" >&2
       exit 1
     }
   done
+}
+
+build_wheel() {
+  local out=$1 started work src
+  started=$(date +%s)
+  check_tools
   work=$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")
   # shellcheck disable=SC2064  # expand now: $work is local
   trap "rm -rf '$work'" EXIT
@@ -71,10 +77,12 @@ build_wheel() {
 }
 
 install_wheel() {
-  local wheels missing
-  wheels=("$1"/horovod-"$VERSION"-*.whl)
-  [ -f "${wheels[0]}" ] || { echo "build_horovod: no horovod-$VERSION wheel in $1 (did 'wheel $1' fail?)" >&2; exit 1; }
-  "${PIP[@]}" install -q --no-deps "${wheels[0]}" 2>&1 | quiet_pip
+  local built missing
+  built=("$1"/horovod-"$VERSION"-*.whl)
+  [ -f "${built[0]}" ] || { echo "build_horovod: no horovod-$VERSION wheel in $1 (did 'wheel $1' fail?)" >&2; exit 1; }
+  # --force-reinstall: pip skips a wheel of the version already installed, and a rebuild (say for a new
+  # torch) is exactly that case
+  "${PIP[@]}" install -q --no-deps --force-reinstall "${built[0]}" 2>&1 | quiet_pip
   # Runtime dependencies (setup.py's require_list); all are normally already in the venv via requirements.txt.
   missing=$("$PY" - <<'EOF'
 import importlib.util
@@ -105,6 +113,7 @@ case ${1:-} in
     (build_wheel "$wheels")
     install_wheel "$wheels"
     ;;
+  check) check_tools ;;
   wheel | install)
     [ $# -eq 2 ] || { echo "$USAGE" >&2; exit 2; }
     mkdir -p "$2"

@@ -23,6 +23,7 @@ fi
 horovod_pid="" horovod_wheels=$VENV/horovod-wheel horovod_log=$VENV/horovod-build.log
 start_horovod_build() {
   "$VENV/bin/python" -c "import horovod.torch" >/dev/null 2>&1 && return 0
+  "$REPO/scripts/build_horovod.sh" check  # a missing compiler is said now, not after the other packages
   log "building Horovod in the background (log: $horovod_log)"
   rm -rf "$horovod_wheels"
   # its own process group, so that a set-up that fails first stops the whole build (pip, cmake, make)
@@ -47,11 +48,12 @@ if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ constraints.txt -
   # torch through pip, which honours this machine's pip configuration (a local wheel, a CPU index); then
   # the rest through uv: the same pinned set, installed and byte-compiled in parallel (pip takes 10 to 20
   # minutes for it on 2 cores, uv a few). uv keeps the torch already installed, as the pin allows it.
-  # setuptools and packaging come with torch: the Horovod build imports them while uv installs the rest.
+  # setuptools, packaging and numpy are installed with torch: the Horovod build imports them (numpy through
+  # torch) while uv installs the rest, so uv must find them already there.
   # uv reads no pip.conf: behind a PyPI mirror, export UV_INDEX_URL (or UV_DEFAULT_INDEX) as well.
   log "installing torch, then the pinned requirements with uv"
   torch_pin=$(grep -m1 '^torch==' requirements.txt)
-  "$VENV/bin/pip" install --disable-pip-version-check -q "$torch_pin" "uv==$UV_VERSION" setuptools packaging \
+  "$VENV/bin/pip" install --disable-pip-version-check -q "$torch_pin" "uv==$UV_VERSION" setuptools packaging numpy \
     -c constraints.txt 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
   start_horovod_build
   "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode -q -r requirements.txt -c constraints.txt

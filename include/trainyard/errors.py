@@ -36,6 +36,11 @@ class NotFoundError(PermanentError, LookupError):
     """A named thing (dataset repository, ref, model version, file) does not exist."""
 
 
+class DataFormatError(PermanentError, ValueError):
+    """A dataset's files cannot be read as its layout says (a missing file, bad JSON, a wrong header); the
+    message names the file and line. A ``ValueError`` too, for callers that catch bad input generally."""
+
+
 def spec_error_message(problems: list[str] | tuple[str, ...]) -> str:
     """The one format of a JobSpec error: a header, then one ``field: what is wrong`` line each."""
     return "invalid JobSpec:\n  " + "\n  ".join(problems)

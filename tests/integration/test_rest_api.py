@@ -147,12 +147,16 @@ def _failure_report(af, headers, run_id, tis) -> str:
         if ti["state"] != "failed":
             continue
         for attempt in range(1, max(ti.get("try_number") or 1, 1) + 1):
-            r = requests.get(
-                f"{af.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{attempt}",
-                headers={**headers, "Accept": "application/json"},
-                timeout=10,
-            )
-            lines.append(f"--- log of {task_id}, try {attempt}\n{r.text[-4000:]}")
+            try:
+                r = requests.get(
+                    f"{af.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{attempt}",
+                    headers={**headers, "Accept": "application/json"},
+                    timeout=30,
+                )
+                text = r.text[-4000:]
+            except requests.RequestException as err:  # the report must not hide the failure it reports
+                text = f"(could not fetch it: {err})"
+            lines.append(f"--- log of {task_id}, try {attempt}\n{text}")
     lines.append(af.logs())
     return "\n".join(lines)
 

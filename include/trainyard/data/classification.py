@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from trainyard.data.store import Commit, LocalStore, ingest_files
+from trainyard.errors import DataFormatError
 
 
 @dataclass
@@ -77,9 +78,9 @@ def read_meta(meta_file: Path) -> dict:
     try:
         meta = json.loads(meta_file.read_text())
     except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"{meta_file}: not valid JSON ({err}); expected an object {META_SHAPE}") from None
+        raise DataFormatError(f"{meta_file}: not valid JSON ({err}); expected an object {META_SHAPE}") from None
     if not isinstance(meta, dict):
-        raise ValueError(f"{meta_file}: is a JSON {type(meta).__name__}; expected an object {META_SHAPE}")
+        raise DataFormatError(f"{meta_file}: is a JSON {type(meta).__name__}; expected an object {META_SHAPE}")
     problems = [f"'{k}' is missing" for k in ("classes", "height", "width", "pixel_max") if k not in meta]
     classes = meta.get("classes")
     if "classes" in meta and not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
@@ -91,7 +92,7 @@ def read_meta(meta_file: Path) -> dict:
         ):
             problems.append(f"'{k}' must be a positive {'number' if k == 'pixel_max' else 'integer'}, got {v!r}")
     if problems:
-        raise ValueError(f"{meta_file}: {'; '.join(problems)}; expected {META_SHAPE}")
+        raise DataFormatError(f"{meta_file}: {'; '.join(problems)}; expected {META_SHAPE}")
     return meta
 
 
@@ -102,7 +103,7 @@ def load_classification(root: str | Path) -> ClassificationData:
     labels_file = root / "labels.csv"
     for required in (meta_file, labels_file):
         if not required.exists():
-            raise ValueError(f"dataset at {root} has no {required.name}")
+            raise DataFormatError(f"dataset at {root} has no {required.name}")
     meta = read_meta(meta_file)
     keys: list[str] = []
     labels: list[int] = []
@@ -110,7 +111,7 @@ def load_classification(root: str | Path) -> ClassificationData:
     with labels_file.open(newline="") as fh:
         reader = csv.DictReader(fh)
         if reader.fieldnames != ["key", "label"]:
-            raise ValueError(f"{labels_file}: header must be 'key,label', got {reader.fieldnames}")
+            raise DataFormatError(f"{labels_file}: header must be 'key,label', got {reader.fieldnames}")
         for lineno, row in enumerate(reader, start=2):
             key, label = row["key"], row["label"]
             try:
@@ -120,11 +121,11 @@ def load_classification(root: str | Path) -> ClassificationData:
             keys.append(key)
             img_path = root / "images" / f"{key}.npy"
             if not img_path.exists():
-                raise ValueError(f"{labels_file}:{lineno}: image {img_path.name} is missing")
+                raise DataFormatError(f"{labels_file}:{lineno}: image {img_path.name} is missing")
             try:
                 images.append(np.load(img_path, allow_pickle=False))
             except (ValueError, OSError, EOFError) as err:
-                raise ValueError(f"{labels_file}:{lineno}: image {img_path.name} is unreadable: {err}") from None
+                raise DataFormatError(f"{labels_file}:{lineno}: image {img_path.name} is unreadable: {err}") from None
     return ClassificationData(keys, np.asarray(labels, dtype=np.int64), images, meta)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import numpy as np
 
 from trainyard.data.validation import ValidationReport, load_suite_config, validate_dataframe
+from trainyard.errors import DataFormatError
 
 _REQUIRED = {
     "images": ("id", "file_name", "width", "height"),
@@ -40,47 +41,47 @@ def check_file_name(file_name, where: str) -> None:
     """A COCO file_name must stay inside images/: relative, no '..', no drive (checked both ways, since
     exports are written on Windows too)."""
     if not isinstance(file_name, str) or not file_name.strip():
-        raise ValueError(f"{where}: file_name must be a non-empty string, got {file_name!r}")
+        raise DataFormatError(f"{where}: file_name must be a non-empty string, got {file_name!r}")
     for pure in (PurePosixPath(file_name), PureWindowsPath(file_name)):
         if pure.is_absolute() or pure.drive or pure.root:
-            raise ValueError(f"{where}: file_name {file_name!r} is an absolute path")
+            raise DataFormatError(f"{where}: file_name {file_name!r} is an absolute path")
         if ".." in pure.parts:
-            raise ValueError(f"{where}: file_name {file_name!r} escapes the images folder ('..')")
+            raise DataFormatError(f"{where}: file_name {file_name!r} escapes the images folder ('..')")
 
 
 def check_coco(coco, source: str) -> dict:
     """Structural checks of a parsed COCO dict; ``source`` names the file in error messages."""
     if not isinstance(coco, dict):
-        raise ValueError(f"{source}: top level must be a JSON object, got {type(coco).__name__}")
+        raise DataFormatError(f"{source}: top level must be a JSON object, got {type(coco).__name__}")
     for section, keys in _REQUIRED.items():
         entries = coco.get(section)
         if not isinstance(entries, list):
-            raise ValueError(f"{source}: '{section}' must be a list")
+            raise DataFormatError(f"{source}: '{section}' must be a list")
         for i, entry in enumerate(entries):
             where = f"{source}: {section}[{i}]"
             if not isinstance(entry, dict):
-                raise ValueError(f"{where} is not an object")
+                raise DataFormatError(f"{where} is not an object")
             where += f" (id={entry.get('id')!r})"
             missing = [k for k in keys if k not in entry]
             if missing:
-                raise ValueError(f"{where} lacks {missing}")
+                raise DataFormatError(f"{where} lacks {missing}")
             # ids must be ints: JSON ids like "3" would silently never match an image_id of 3
             for k in ("id", "image_id", "category_id"):
                 if k in keys and (not isinstance(entry[k], int) or isinstance(entry[k], bool)):
-                    raise ValueError(f"{where}: {k} must be an integer, got {entry[k]!r}")
+                    raise DataFormatError(f"{where}: {k} must be an integer, got {entry[k]!r}")
             if section == "images":
                 check_file_name(entry["file_name"], where)
                 if not (_is_number(entry["width"]) and _is_number(entry["height"])):
-                    raise ValueError(f"{where}: width and height must be numbers")
+                    raise DataFormatError(f"{where}: width and height must be numbers")
             if section == "annotations":
                 bbox = entry["bbox"]
                 if not (isinstance(bbox, list) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
-                    raise ValueError(f"{where}: bbox must be [x, y, w, h] numbers, got {bbox!r}")
+                    raise DataFormatError(f"{where}: bbox must be [x, y, w, h] numbers, got {bbox!r}")
     # duplicate category ids make the id -> name mapping ambiguous for every consumer
     cat_ids = [c["id"] for c in coco["categories"]]
     dupes = sorted({c for c in cat_ids if cat_ids.count(c) > 1})
     if dupes:
-        raise ValueError(f"{source}: categories repeat ids {dupes}")
+        raise DataFormatError(f"{source}: categories repeat ids {dupes}")
     return coco
 
 
@@ -88,11 +89,11 @@ def load_coco(root: str | Path) -> dict:
     """Read ``root/annotations.json``. Raises ValueError naming the file and the offending entry."""
     path = Path(root) / "annotations.json"
     if not path.exists():
-        raise ValueError(f"dataset at {root} has no annotations.json")
+        raise DataFormatError(f"dataset at {root} has no annotations.json")
     try:
         coco = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not valid UTF-8 JSON: {exc}") from None
+        raise DataFormatError(f"{path}: not valid UTF-8 JSON: {exc}") from None
     return check_coco(coco, str(path))
 
 

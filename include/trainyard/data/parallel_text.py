@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard.data.validation import ValidationReport, load_suite_config, validate_dataframe
+from trainyard.errors import DataFormatError
 
 FIELDS = ["key", "source", "target"]
 
@@ -35,7 +36,7 @@ def _read_text(path: Path) -> list[str]:
         # utf-8-sig: tolerate the BOM that spreadsheet tools put in front of exported TSV
         return path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not valid UTF-8: {exc}") from None
+        raise DataFormatError(f"{path}: not valid UTF-8: {exc}") from None
 
 
 def _load_tsv(path: Path) -> list[Pair]:
@@ -43,13 +44,13 @@ def _load_tsv(path: Path) -> list[Pair]:
     reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
     header = next(reader, None)
     if header != FIELDS:
-        raise ValueError(f"{path}: header must be 'key<TAB>source<TAB>target', got {header}")
+        raise DataFormatError(f"{path}: header must be 'key<TAB>source<TAB>target', got {header}")
     pairs = []
     for lineno, row in enumerate(reader, start=2):
         if not row:  # blank line, e.g. a trailing one
             continue
         if len(row) != 3:
-            raise ValueError(f"{path}:{lineno}: expected 3 tab-separated fields, got {len(row)}")
+            raise DataFormatError(f"{path}:{lineno}: expected 3 tab-separated fields, got {len(row)}")
         pairs.append(Pair(*row))
     return pairs
 
@@ -62,12 +63,12 @@ def _load_jsonl(path: Path) -> list[Pair]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON: {exc}") from None
+            raise DataFormatError(f"{path}:{lineno}: not valid JSON: {exc}") from None
         if not isinstance(obj, dict) or any(f not in obj for f in FIELDS):
-            raise ValueError(f"{path}:{lineno}: expected an object with keys {FIELDS}")
+            raise DataFormatError(f"{path}:{lineno}: expected an object with keys {FIELDS}")
         for f in ("source", "target"):
             if obj[f] is not None and not isinstance(obj[f], str):
-                raise ValueError(f"{path}:{lineno}: {f} must be a string, got {type(obj[f]).__name__}")
+                raise DataFormatError(f"{path}:{lineno}: {f} must be a string, got {type(obj[f]).__name__}")
         # keys may be numbers in JSON; compare them as text like the TSV ones
         key = obj["key"] if obj["key"] is None else str(obj["key"])
         pairs.append(Pair(key, obj["source"], obj["target"]))
@@ -81,7 +82,7 @@ def load_pairs(root: str | Path) -> list[Pair]:
     if len(found) != 1:
         # both present would leave it unclear which one is the dataset
         names = [p.name for p in found]
-        raise ValueError(f"dataset at {root} needs exactly one of pairs.tsv, pairs.jsonl; found {names}")
+        raise DataFormatError(f"dataset at {root} needs exactly one of pairs.tsv, pairs.jsonl; found {names}")
     return _load_tsv(found[0]) if found[0].suffix == ".tsv" else _load_jsonl(found[0])
 
 
