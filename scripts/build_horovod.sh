@@ -3,13 +3,13 @@
 #
 # The published sdist does not compile against torch >= 2.x headers: CMakeLists.txt and
 # horovod/torch/CMakeLists.txt ask for C++14, torch's headers need C++17. We patch those two lines and
-# build a wheel from the PyPI sdist with the venv's own torch (--no-build-isolation). 1115 s on 2 cores with
-# -g (a fresh clone, 2026-11-30).
+# build a wheel from the PyPI sdist with the venv's own torch (--no-build-isolation). 1086 s on 2 cores
+# without -g, beside the rest of a fresh clone's set-up (1115 s with -g; 2026-11-30).
 #
 #   build_horovod.sh              build the wheel and install it; exits at once if `import horovod.torch` works
-#   build_horovod.sh wheel DIR    only build the wheel into DIR. It needs torch, setuptools and packaging in
-#                                 the venv and nothing else, so scripts/setup.sh runs it while the other
-#                                 packages install.
+#   build_horovod.sh wheel DIR    only build the wheel into DIR. It needs torch (with numpy), setuptools and
+#                                 packaging in the venv and nothing else, so scripts/setup.sh runs it while
+#                                 the other packages install.
 #   build_horovod.sh install DIR  install the wheel that `wheel DIR` built, with its runtime dependencies,
 #                                 and check that it loads
 #   build_horovod.sh check        exit 1, naming it, if a tool the build needs (cmake, c++, make) is missing
