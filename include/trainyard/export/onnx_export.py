@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -153,15 +154,19 @@ def export(
 
 
 def onnx_session(path: str | Path):
+    """An onnxruntime CPU session. Its threads follow OMP_NUM_THREADS as torch's do (onnxruntime itself
+    ignores the variable and starts a spinning thread per core), so a process given N cores uses N."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        options.intra_op_num_threads = int(threads)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def onnx_predict(path: str | Path, x: np.ndarray, batch: int = 512) -> np.ndarray:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnx_session(path)
     name = session.get_inputs()[0].name
     return np.concatenate([session.run(None, {name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 

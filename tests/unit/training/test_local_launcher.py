@@ -156,6 +156,33 @@ def test_torchrun_argv_nproc_must_be_positive():
 def test_worker_env_limits_threads():
     assert worker_env(2, base={}, cores=8)["OMP_NUM_THREADS"] == "4"
     assert worker_env(2, base={"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+    # the host's slots share its cores: a 1-process job on a 4-slot host does not take all 8 cores
+    assert worker_env(1, base={}, cores=8, slots=4)["OMP_NUM_THREADS"] == "2"
+    assert worker_env(4, base={}, cores=8, slots=2)["OMP_NUM_THREADS"] == "2"  # never more than cores per worker
+
+
+@pytest.mark.parametrize(
+    "host, threads",
+    [
+        (Host(cuda_devices=0, cores=8, cpu_slots=2), "4"),  # a CPU slot's share of the cores
+        (Host(cuda_devices=0, cores=8), "8"),  # no pool known: this job's one worker takes them all
+        (Host(cuda_devices=4, cores=16, cpu_slots=2), "4"),  # on a GPU host, a GPU's share
+    ],
+)
+def test_a_job_takes_its_slots_share_of_the_cores_not_all_of_them(host, threads):
+    """Two jobs of the same pool side by side must not both start a thread per core (they would spin-wait
+    on each other's cores): each worker gets cores / slots threads, whatever the job's own size."""
+    for strategy in ("ddp", "horovod", "deepspeed"):
+        job = parse_spec({"resources": {"gpus_per_node": 1}, "distributed": {"strategy": strategy}})
+        cmd = local_command(job, host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR)
+        assert cmd.env["OMP_NUM_THREADS"] == threads, strategy
+
+
+def test_this_host_knows_the_cpu_pool():
+    from trainyard.scheduling.resources import load_resources
+    from trainyard.training.launchers.local import this_host
+
+    assert this_host().cpu_slots == load_resources().gpu_types["cpu"].count
 
 
 def test_run_streams_lines_and_reports_failure():

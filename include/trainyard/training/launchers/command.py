@@ -37,6 +37,12 @@ class Host:
     cores: int
     env: Mapping[str, str] = field(default_factory=dict)
     python: str = sys.executable
+    cpu_slots: int = 0  # CPU worker processes this host runs at once over all jobs (the `cpu` pool's slots)
+
+    @property
+    def slots(self) -> int:
+        """Worker processes that share this host's cores when its pool is full: one per GPU, or per CPU slot."""
+        return self.cuda_devices or self.cpu_slots
 
 
 @dataclass(frozen=True)
@@ -99,14 +105,14 @@ def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str,
     """Argv and environment of one node's workers for ``spec`` on ``host``."""
     check_gpus(spec, host.cuda_devices)
     nproc = spec.resources.gpus_per_node
-    env = worker_env(nproc, host.env, cores=host.cores)
+    env = worker_env(nproc, host.env, cores=host.cores, slots=host.slots)
     if spec.recipe == "custom":
         return Command(custom_argv(spec, host.python), {**env, **custom.platform_env(data_dir, run_dir)})
     strategy = spec.distributed.strategy
     if strategy in ("ddp", "deepspeed"):
         argv = torchrun_argv(nproc, config_path, max_restarts=spec.distributed.max_restarts, python=host.python)
         if strategy == "deepspeed":
-            env = deepspeed_env(nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores)
+            env = deepspeed_env(nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores, slots=host.slots)
     elif strategy == "horovod":
         argv = horovodrun_argv(nproc, config_path, python=host.python)
     else:  # the spec's Literal makes this unreachable unless a strategy is added without a launcher

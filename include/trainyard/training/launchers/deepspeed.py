@@ -27,11 +27,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def deepspeed_env(nproc: int, base: Mapping[str, str], *, cuda: bool | None = None, cores: int | None = None) -> dict:
+def deepspeed_env(
+    nproc: int, base: Mapping[str, str], *, cuda: bool | None = None, cores: int | None = None, slots: int = 0
+) -> dict:
     """The workers' environment: :func:`worker_env` (threads per worker), plus ``DS_ACCELERATOR=cpu``
     when there is no CUDA GPU (an explicit DS_ACCELERATOR in ``base`` wins). ``cuda``/``cores`` default
     to this machine's."""
-    env = worker_env(nproc, base, cores=this_host_cores() if cores is None else cores)
+    env = worker_env(nproc, base, cores=this_host_cores() if cores is None else cores, slots=slots)
     if cuda is None:
         import torch
 

@@ -31,10 +31,14 @@ def this_host() -> Host:
     """The facts of this machine a local command depends on (the only impure part of planning)."""
     import torch
 
+    from trainyard.scheduling.resources import load_resources
+
+    cpu = load_resources().gpu_types.get("cpu")
     return Host(
         cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
         cores=this_host_cores(),
         env=dict(os.environ),
+        cpu_slots=cpu.count if cpu else 0,
     )
 
 
