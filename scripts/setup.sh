@@ -17,7 +17,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   log "creating virtualenv $VENV ($($PY --version))"
   "$PY" -m venv "$VENV"
 fi
-# Horovod 0.28.1 needs a patched C++ build against torch 2.13 (scripts/build_horovod.sh, 10 to 20 minutes on
+# Horovod 0.28.1 needs a patched C++ build against torch 2.13 (scripts/build_horovod.sh, 1 to 2 minutes on
 # 2 cores). Its wheel builds in the background from the moment torch is installed, while the other packages
 # install and the Airflow database migrates; it is installed at the end of the set-up.
 horovod_pid="" horovod_wheels=$VENV/horovod-wheel horovod_log=$VENV/horovod-build.log

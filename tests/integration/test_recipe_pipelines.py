@@ -81,7 +81,7 @@ def test_detection_recipe_end_to_end(dag, trainyard_home, monkeypatch):
     x, mv = _run(dag, SHAPES)
     assert x["evaluate"]["val_map_50"] >= 0.6 and 0.3 <= x["evaluate"]["val_map"] <= x["evaluate"]["val_map_50"]
     c = _common_checks(mv, x, "val_map")
-    assert mv.tags["eval.coco_backend"] == "pycocotools"
+    assert mv.tags["eval.coco_backend"] == "faster_coco_eval"  # the default evaluator
 
     from mlflow.models import get_model_info
 

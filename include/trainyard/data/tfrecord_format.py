@@ -6,7 +6,9 @@ are. Record 0 is an Example holding only ``__meta__`` (JSON), so the file is sel
 Sample features: ``key``, ``label``, ``image/raw``, ``image/height``, ``image/width``,
 ``image/dtype``; ``image/channels`` for an (H, W, C) image and ``target`` (JSON bytes) for a record
 that carries more than a label (detection boxes, a sentence pair). TensorFlow itself is not needed: the
-CRC comes from tensorboard's stub.
+CRC32C comes from google-crc32c, Google's C implementation (the CPU's CRC32C instruction where there is
+one): 0.1 ms per MB here, against 97 ms for the pure-Python one in tensorboard's TensorFlow stub, which
+held reading TFRecord to 8.5 MB/s.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+import google_crc32c
 import numpy as np
 from google.protobuf import descriptor_pb2
 from google.protobuf.message import DecodeError
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 META_FEATURE = "__meta__"
 _LENGTH = struct.Struct("<Q")
@@ -70,6 +72,13 @@ def example_class():
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: the CRC32C of ``data``, rotated right by 15 bits plus a constant (TensorFlow's
+    ``crc32c::Mask``, so that a CRC over data that holds CRCs stays well distributed)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def frame(data: bytes) -> bytes:

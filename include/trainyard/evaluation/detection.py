@@ -3,7 +3,8 @@
 This module is glue: the matching, the 101-point interpolated precision and the area ranges are the
 library's ``COCOeval(iouType="bbox")``; we only build its inputs from in-memory dicts and read its
 ``stats``. Both backends implement the same protocol and agree to float precision (see the tests);
-faster-coco-eval is a C++ port that is much faster on large sets.
+faster-coco-eval, a C++ port, is the default: 0.28 s against pycocotools' 1.74 s on 3,000 images with
+7,490 boxes and 10,862 detections, with identical mAP.
 
 Inputs:
 
@@ -94,7 +95,7 @@ def _faster_coco_eval_eval(gt: dict, detections: list[dict]):
     return COCOeval_faster(coco_gt, coco_dt, iouType="bbox", print_function=log.debug)
 
 
-def coco_map(gt: dict, detections: list[dict], *, backend: str = "pycocotools") -> dict[str, float | None]:
+def coco_map(gt: dict, detections: list[dict], *, backend: str = "faster_coco_eval") -> dict[str, float | None]:
     """Box mAP of ``detections`` against the COCO dict ``gt``; see the module docstring for the keys.
 
     No detections at all gives 0.0 wherever there is ground truth. Detections of a category id that has

@@ -9,7 +9,7 @@ trainers only ever talk to a recipe through :class:`trainyard.recipes.base.Recip
 recipe                   data layout            model                          metrics
 ======================== ====================== ============================== =====================
 ``digits_cnn``           image classification   small CNN                      val_accuracy, macro F1
-``centernet_detector``   COCO detection         small CenterNet                COCO mAP (pycocotools)
+``centernet_detector``   COCO detection         small CenterNet                COCO mAP (faster-coco-eval)
 ``transformer_translator`` parallel text        encoder-decoder transformer    BLEU, chrF (sacrebleu)
 ======================== ====================== ============================== =====================
 """

@@ -3,7 +3,8 @@ import struct
 
 import numpy as np
 import pytest
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c, masked_crc32c
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference_masked_crc32c
 
 from trainyard.data import tfrecord_format
 
@@ -60,17 +61,26 @@ def test_masked_crc32c_known_values():
     crc = 0xE3069283
     masked = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
     assert masked == 0xC78AB0E5
-    assert masked_crc32c(b"123456789") == 0xC78AB0E5
+    assert tfrecord_format.masked_crc32c(b"123456789") == reference_masked_crc32c(b"123456789") == 0xC78AB0E5
+
+
+def test_masked_crc32c_matches_an_independent_implementation():
+    """The compiled CRC (google-crc32c) against tensorboard's pure-Python TensorFlow stub, on lengths around
+    the word and block sizes a hardware implementation treats specially."""
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 3, 7, 8, 9, 63, 64, 65, 1000, 4096, 65537):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert tfrecord_format.masked_crc32c(data) == reference_masked_crc32c(data), n
 
 
 def test_framing_is_tfrecord(tmp_path):
     data = _write(tmp_path, n=2).read_bytes()
     (n,) = struct.unpack_from("<Q", data, 0)
     (len_crc,) = struct.unpack_from("<I", data, 8)
-    assert len_crc == masked_crc32c(data[:8])
+    assert len_crc == reference_masked_crc32c(data[:8])
     payload = data[12 : 12 + n]
     (data_crc,) = struct.unpack_from("<I", data, 12 + n)
-    assert data_crc == masked_crc32c(payload)
+    assert data_crc == reference_masked_crc32c(payload)
     meta_ex = tfrecord_format.example_class().FromString(payload)
     assert set(meta_ex.features.feature) == {"__meta__"}
     assert json.loads(meta_ex.features.feature["__meta__"].bytes_list.value[0]) == {"pixel_max": 16}
