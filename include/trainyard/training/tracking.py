@@ -2,11 +2,14 @@
 background thread.
 
 The step only appends to a bounded queue (``put_nowait``: it never waits on SQLite, a tracking server or
-the disk). The thread imports MLflow / TensorBoard itself, so the first step does not wait for those
-imports either, turns tensors into floats (a host sync it pays, not the step) and sends one ``log_batch``
-per ``every_s`` seconds or ``MAX_BATCH`` metrics. ``flush`` asks for a send now (epoch ends); ``close``
-drains and waits (end of run). A failure in the thread is printed when it happens and raised again by
-``close``, so a run whose metrics were lost does not pass as clean.
+the disk). The thread imports MLflow / TensorBoard while the worker loads its data and builds its model,
+and the loop starts once they are in (:meth:`Tracker.wait_ready`): an import holds the GIL for seconds,
+and each of the step's small torch calls must take the GIL back, so an import beside the loop ran the
+digits recipe at a fifth of its speed. The thread turns tensors into floats (a host sync it pays, not the
+step) and sends one ``log_batch`` per ``every_s`` seconds or ``MAX_BATCH`` metrics, never more often: a
+``log_batch`` is SQLAlchemy work under the GIL too. ``close`` drains and waits (end of run). A failure in
+the thread is printed when it happens and raised again by ``close``, so a run whose metrics were lost does
+not pass as clean.
 """
 
 from __future__ import annotations
@@ -48,9 +51,17 @@ class Tracker:
         self.dropped = 0
         self.error: BaseException | None = None
         self._q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
+        self._ready = threading.Event()  # the thread's imports and clients are done (or failed)
         self._thread = threading.Thread(target=self._run, name="trainyard-tracker", daemon=True)
         if self.enabled:
             self._thread.start()
+        else:
+            self._ready.set()
+
+    def wait_ready(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Wait until the thread has imported MLflow / TensorBoard and made its clients, so that the loop
+        does not share the GIL with those imports. A failure there is reported by ``close``."""
+        self._ready.wait(timeout)
 
     # -- the training thread -------------------------------------------------------------------------------
     def log(self, steps: Sequence[int], metrics: Mapping[str, Any]) -> None:
@@ -60,12 +71,6 @@ class Tracker:
             self._q.put_nowait(("log", list(steps), dict(metrics)))
         except queue.Full:
             self.dropped += len(steps)
-
-    def flush(self) -> None:
-        """Ask for everything queued to be sent now, without waiting for it."""
-        if self.enabled:
-            with contextlib.suppress(queue.Full):  # the thread is behind; it sends in order anyway
-                self._q.put_nowait(("flush", None, None))
 
     def close(self, check: bool = True) -> None:
         """Send everything and stop; with ``check``, raise TrackingError if anything could not be written."""
@@ -100,6 +105,8 @@ class Tracker:
                 writer = SummaryWriter(self.tb_dir)
         except BaseException as err:  # noqa: BLE001 - reported now and raised by close()
             self._fail(err)
+        finally:
+            self._ready.set()
         while True:
             try:
                 kind, steps, metrics = self._q.get(timeout=self.every_s)
@@ -116,11 +123,7 @@ class Tracker:
                                 writer.add_scalar(name.replace("_", "/", 1), value, step)
                 except BaseException as err:  # noqa: BLE001
                     self._fail(err)
-            due = (
-                kind in ("flush", "close", "tick")
-                or len(pending) >= MAX_BATCH
-                or time.monotonic() - last >= self.every_s
-            )
+            due = kind in ("close", "tick") or len(pending) >= MAX_BATCH or time.monotonic() - last >= self.every_s
             if due and self.error is None:
                 try:
                     while pending and client is not None:
