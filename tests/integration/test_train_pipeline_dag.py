@@ -57,6 +57,17 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
         8,
     )
     assert info.saved_input_example_info is not None
+    # what serving the model needs, named at registration (not inferred), pinned to what produced it
+    import mlflow
+    import onnx
+    import onnxruntime
+
+    from trainyard.registry.versions import storage_uri
+
+    stored = storage_uri(c, "digits", mv.version)
+    requirements = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{stored}/requirements.txt"))
+    pins = set(requirements.read_text().split())
+    assert {f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}"} <= pins, pins
 
     run = c.get_run(mv.run_id)
     assert run.data.tags["dataset.commit"] == tags["dataset.commit"]
