@@ -10,10 +10,10 @@ from datafiles import write_files
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
 
-# `make test` runs TEST_WORKERS pytest processes side by side, one per core. Each of them, and every
-# training worker it starts (the launchers keep a set OMP_NUM_THREADS), computes on one thread: with
-# torch's default of a thread per core, the processes' threads spin-wait for cores the others hold, and
-# the digits recipe trained at 97 samples/s beside a second job instead of ~800 (2 cores, 2026-12-01).
+# `make test` runs TEST_WORKERS (2) pytest processes side by side on a 2-core machine. Each of them, and
+# every training worker it starts (the launchers keep a set OMP_NUM_THREADS), computes on one thread:
+# with torch's default of a thread per core the processes' threads spin-wait for cores the others hold
+# (what that costs: trainyard.training.launchers.base.worker_env).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

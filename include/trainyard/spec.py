@@ -105,6 +105,20 @@ class Checkpointing(_Model):
         return self
 
 
+class Tracking(_Model):
+    """How often the training loop records its curves (MLflow and TensorBoard)."""
+
+    log_every_steps: int = Field(
+        10,
+        ge=1,
+        le=100_000,
+        description=(
+            "steps per point of train_loss (their mean over the workers), train_lr and train_grad_norm; "
+            "each epoch's end is a point too. 1 records every step, at a cost in the step's speed"
+        ),
+    )
+
+
 class Resources(_Model):
     """What the job needs. ``gpus_per_node`` is also the local process count, the Airflow pool_slots
     of the train task and, on Kubernetes, the pod's ``nvidia.com/gpu`` limit."""
@@ -270,6 +284,7 @@ class JobSpec(_Model):
     resources: Resources = Resources()
     distributed: Distributed = Distributed()
     checkpointing: Checkpointing = Checkpointing()
+    tracking: Tracking = Tracking()
     gates: tuple[Threshold, ...] = Field(
         (Threshold(metric="val_accuracy", min=0.9),),
         description="thresholds the model must meet to be exported and registered (metrics of the recipe)",

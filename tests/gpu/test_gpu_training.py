@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from trainyard.spec import JobSpec
-from trainyard.training.loop import LOG_EVERY
+from trainyard.training.loop import window_ends
 
 
 def cuda_missing() -> str | None:
@@ -216,9 +216,7 @@ def test_ddp_over_nccl_on_all_gpus(train, prepared):
     events.Reload()
     curve = [(e.step, e.value) for e in events.Scalars("train/loss")]
     steps, per_epoch = run.result["steps"], run.result["steps"] // run.result["epochs"]
-    assert [s for s, _ in curve] == sorted(
-        {s for s in range(1, steps + 1) if s % LOG_EVERY == 0 or s % per_epoch == 0}
-    )  # a point per 10-step window, cut at each epoch's end
+    assert [s for s, _ in curve] == window_ends(steps, per_epoch, 10)  # a point per 10-step window and epoch end
     assert curve[-1][1] < curve[0][1] / 4, curve  # ~2.3 (chance over 10 digits) down to ~0.1
 
 

@@ -19,7 +19,7 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     from trainyard import paths, pipeline
     from trainyard.spec import JobSpec
     from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, client
-    from trainyard.training.loop import LOG_EVERY
+    from trainyard.training.loop import window_ends
 
     dr = dag.test(run_conf=small_spec)
     states = task_states(dr)
@@ -75,8 +75,8 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     loss = c.get_metric_history(mv.run_id, "train_loss")
     trained = xcoms(dr)["train"]
     per_epoch = trained["steps"] // trained["epochs"]
-    window_ends = {s for s in range(1, trained["steps"] + 1) if s % LOG_EVERY == 0 or s % per_epoch == 0}
-    assert [m.step for m in loss] == sorted(window_ends)  # a point per 10-step window and per epoch end
+    # a point per 10-step window (tracking.log_every_steps) and per epoch end
+    assert [m.step for m in loss] == window_ends(trained["steps"], per_epoch, 10)
     assert loss[-1].value < loss[0].value  # it learned
     assert len(c.get_metric_history(mv.run_id, "train_lr")) == len(loss)
     assert c.get_metric_history(mv.run_id, "val_accuracy")

@@ -1,4 +1,4 @@
-"""COCO box mAP through the COCO evaluation libraries (pycocotools or faster-coco-eval).
+"""COCO box mAP through the COCO evaluation libraries (faster-coco-eval or pycocotools).
 
 This module is glue: the matching, the 101-point interpolated precision and the area ranges are the
 library's ``COCOeval(iouType="bbox")``; we only build its inputs from in-memory dicts and read its
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 Backend = Literal["pycocotools", "faster_coco_eval"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
+DEFAULT_BACKEND: Backend = "faster_coco_eval"
 
 # COCOeval.stats[0:6], in this order, for iouType="bbox"
 STAT_KEYS = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large")
@@ -95,7 +96,7 @@ def _faster_coco_eval_eval(gt: dict, detections: list[dict]):
     return COCOeval_faster(coco_gt, coco_dt, iouType="bbox", print_function=log.debug)
 
 
-def coco_map(gt: dict, detections: list[dict], *, backend: str = "faster_coco_eval") -> dict[str, float | None]:
+def coco_map(gt: dict, detections: list[dict], *, backend: str = DEFAULT_BACKEND) -> dict[str, float | None]:
     """Box mAP of ``detections`` against the COCO dict ``gt``; see the module docstring for the keys.
 
     No detections at all gives 0.0 wherever there is ground truth. Detections of a category id that has

@@ -154,13 +154,13 @@ def export(
 
 
 def onnx_session(path: str | Path):
-    """An onnxruntime CPU session. Its threads follow OMP_NUM_THREADS as torch's do (onnxruntime itself
-    ignores the variable and starts a spinning thread per core), so a process given N cores uses N."""
+    """An onnxruntime CPU session. Its threads follow OMP_NUM_THREADS when it is set, as torch's do
+    (onnxruntime itself ignores the variable and starts a spinning thread per core)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
+    if threads.isdecimal() and int(threads) > 0:
         options.intra_op_num_threads = int(threads)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 

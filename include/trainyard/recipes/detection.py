@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 from torch.utils.data import Dataset
 
-from trainyard.evaluation.detection import Backend
+from trainyard.evaluation.detection import DEFAULT_BACKEND, Backend
 from trainyard.recipes.base import Options, Recipe, companion_model, read_split, save_input_example, verify_export
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class DetectionOptions(Options):
     width: int = Field(32, ge=4, le=512, description="channels of the first backbone stage, in 4..512")
     top_k: int = Field(50, ge=1, le=1000, description="detections kept per image, in 1..1000")
     coco_backend: Backend = Field(
-        "faster_coco_eval",
+        DEFAULT_BACKEND,
         description="the COCO evaluator: faster_coco_eval (C++, about 6x faster) or pycocotools (the same figures)",
     )
 

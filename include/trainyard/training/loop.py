@@ -7,12 +7,13 @@ data position saved with each checkpoint and resumed from (torchrun ``--max-rest
 retry continue from the newest good checkpoint), logging, fault injection and the result record.
 
 The step stays hot: no host sync and no tracking call per step. Each step's loss stays on the device;
-every ``LOG_EVERY`` steps (and at each epoch end) the window of losses is averaged over the workers in
-one collective and rank 0's background :class:`Tracker` gets one point for the window, still as tensors:
-the mean loss, the learning rate and the gradient norm at the window's last step. One point per window,
-not per step, as Lightning's ``log_every_n_steps`` does: a metric point costs 28 us in TensorBoard and
-more in MLflow's SQL store, all of it under the GIL the step needs, which per step held the digits recipe
-(about 1 ms a step on CPU) to 0.82x a hand-written loop. The tracker starts first, so its imports run
+every ``tracking.log_every_steps`` steps (and at each epoch end) the window of losses is averaged over the
+workers in one collective and rank 0's background :class:`Tracker` gets one point at the window's last
+step: the window's mean loss (still a tensor) and the learning rate, and the gradient norm at the steps
+that are a multiple of the interval. One point per window, not per step, as Lightning's
+``log_every_n_steps`` does: a metric point costs 28 us in TensorBoard and more in MLflow's SQL store, all
+of it under the GIL the step needs, which per step held the digits recipe (about 1 ms a step on CPU) to
+0.82x a hand-written loop. The tracker starts first, so its imports run
 while the data loads, and the loop waits for them to end (they would hold the GIL the step needs).
 """
 
@@ -34,9 +35,12 @@ from trainyard.recipes.base import to_device
 from trainyard.training.common import atomic_save, resume_point
 from trainyard.training.run_config import RunConfig
 from trainyard.training.strategies.base import Strategy
-from trainyard.training.tracking import Tracker
+from trainyard.training.tracking import READY_TIMEOUT_S, Tracker
 
-LOG_EVERY = 10  # steps per loss all-reduce and per grad-norm computation
+
+def window_ends(total_steps: int, per_epoch: int, every: int) -> list[int]:
+    """The steps that get a point of the curves: every ``every``-th step and each epoch's last."""
+    return [s for s in range(1, total_steps + 1) if s % every == 0 or s % per_epoch == 0]
 
 
 class Progress:
@@ -71,7 +75,7 @@ def _crash(step: int, out_dir: str) -> None:
 
 
 class Window:
-    """The steps since the last log point: losses and grad norms as device tensors, learning rates."""
+    """The steps since the last point: losses and grad norms as device tensors, the latest learning rate."""
 
     def __init__(self) -> None:
         self.reset()
@@ -79,13 +83,13 @@ class Window:
     def reset(self) -> None:
         self.steps: list[int] = []
         self.losses: list[torch.Tensor] = []
-        self.lrs: list[float] = []
+        self.lr = float("nan")
         self.norms: dict[int, object] = {}
 
     def add(self, step: int, loss: torch.Tensor, lr: float, norm) -> None:
         self.steps.append(step)
         self.losses.append(loss.detach())
-        self.lrs.append(lr)
+        self.lr = lr
         if norm is not None:
             self.norms[step] = norm
 
@@ -97,7 +101,7 @@ class Window:
             return None
         losses = strategy.mean(torch.stack(self.losses))
         if tracker is not None:
-            tracker.log([self.steps[-1]], {"train_loss": losses.mean(), "train_lr": self.lrs[-1]})
+            tracker.log([self.steps[-1]], {"train_loss": losses.mean(), "train_lr": self.lr})
             if self.norms:
                 tracker.log(list(self.norms), {"train_grad_norm": list(self.norms.values())})
         self.reset()
@@ -105,14 +109,32 @@ class Window:
 
 
 def train(cfg: RunConfig, strategy: Strategy) -> dict:
+    """Run the job's epochs with ``strategy``; rank 0 returns the result record (the others ``{}``). The
+    tracker and the process group are closed whatever happens, from the moment they exist."""
+    strategy.init()
+    tracker = Tracker(cfg) if strategy.rank == 0 else None  # first, so its imports overlap the data loading
+    ok = False
+    try:
+        result = _train(cfg, strategy, tracker)
+        ok = True
+        return result
+    finally:
+        gc.unfreeze()  # the heap frozen for the loop is collectable again (train can run in a longer process)
+        try:
+            if tracker is not None:
+                tracker.close(check=ok)  # an error of the run itself is the one to report
+        finally:
+            strategy.shutdown()
+
+
+def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None) -> dict:
     from trainyard import recipes
 
     spec, hp = cfg.spec, cfg.spec.hyperparameters
-    strategy.init()
     rank, world, device = strategy.rank, strategy.world, strategy.device
     log = strategy.log
+    log_every = spec.tracking.log_every_steps
 
-    tracker = Tracker(cfg) if rank == 0 else None
     torch.manual_seed(hp.seed)
     recipe = recipes.get(spec.recipe)
     options = recipe.opts(spec)
@@ -137,10 +159,12 @@ def train(cfg: RunConfig, strategy: Strategy) -> dict:
         f"epochs={hp.epochs} steps/epoch={per_epoch} start_step={step} recipe={recipe.name}"
     )
     if tracker is not None:
-        tracker.wait_ready()
+        if not tracker.wait_ready():
+            log(f"tracking: MLflow/TensorBoard not ready after {READY_TIMEOUT_S:.0f}s; training starts without waiting")
+        tracker.check()  # tracking that cannot start fails the run now, not after the training
     # Everything alive now (modules, model, data) lives for the whole run: frozen, the collector stops
     # walking it. MLflow, SQLAlchemy and TensorBoard leave a large heap, and a full collection of it in
-    # the middle of an epoch cost the digits recipe up to a third of its speed.
+    # the middle of an epoch cost the digits recipe up to a third of its speed. train() unfreezes it.
     gc.collect()
     gc.freeze()
     t0 = time.time()
@@ -148,58 +172,49 @@ def train(cfg: RunConfig, strategy: Strategy) -> dict:
     fail_at = fail_once_at()
     window = Window()
     samples, last_loss = 0, float("nan")
-    ok = False
     loop_t0 = time.perf_counter()
-    try:
-        for epoch in range(start_epoch, hp.epochs):
-            sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
-            for i, batch in enumerate(loader):
-                if epoch == start_epoch and i < skip:
-                    continue
-                batch = to_device(batch, device, strategy.input_dtype)
-                with strategy.autocast():
-                    loss = recipe.loss(strategy.forward, batch)
-                lr = strategy.lr()
-                log_point = (step + 1) % LOG_EVERY == 0
-                norm = strategy.step(loss, want_norm=log_point)
-                step += 1
-                samples += len(batch[0]) * world
-                window.add(step, loss, lr, norm)
-                end_of_epoch = i + 1 == per_epoch
-                if log_point or end_of_epoch:
-                    losses = window.close(strategy, tracker)
-                    if end_of_epoch and losses is not None:
-                        last_loss = float(losses[-1])
-                if strategy.due(step, end_of_epoch):
-                    saved = strategy.save(
-                        {"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step
-                    )
-                    log(f"checkpoint {saved} saved at step {step}")
-                if step == fail_at:
-                    _crash(step, cfg.out_dir)
-            metrics = {}
-            if rank == 0 or strategy.evaluate_on_every_rank:
-                metrics = recipe.val_metrics(strategy.model, val, device, strategy.input_dtype)
-            log(progress.line(epoch + 1, hp.epochs, step, samples, loss=last_loss, **metrics))
-            if tracker is not None:
-                tracker.log([step], {**metrics, "epoch": epoch + 1})
-            strategy.barrier()
+    for epoch in range(start_epoch, hp.epochs):
+        sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
+        for i, batch in enumerate(loader):
+            if epoch == start_epoch and i < skip:
+                continue
+            batch = to_device(batch, device, strategy.input_dtype)
+            with strategy.autocast():
+                loss = recipe.loss(strategy.forward, batch)
+            lr = strategy.lr()
+            log_point = (step + 1) % log_every == 0
+            norm = strategy.step(loss, want_norm=log_point)
+            step += 1
+            samples += len(batch[0]) * world
+            window.add(step, loss, lr, norm)
+            end_of_epoch = i + 1 == per_epoch
+            if log_point or end_of_epoch:
+                losses = window.close(strategy, tracker)
+                if end_of_epoch and losses is not None:
+                    last_loss = float(losses.mean())  # the epoch's last window, as the curves show it
+            if strategy.due(step, end_of_epoch):
+                saved = strategy.save(
+                    {"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step
+                )
+                log(f"checkpoint {saved} saved at step {step}")
+            if step == fail_at:
+                _crash(step, cfg.out_dir)
+        metrics = {}
+        if rank == 0 or strategy.evaluate_on_every_rank:
+            metrics = recipe.val_metrics(strategy.model, val, device, strategy.input_dtype)
+        log(progress.line(epoch + 1, hp.epochs, step, samples, loss=last_loss, **metrics))
+        if tracker is not None:
+            tracker.log([step], {**metrics, "epoch": epoch + 1})
+        strategy.barrier()
 
-        loop_s = time.perf_counter() - loop_t0
-        final = strategy.final_model(recipe, meta, options)
-        result = {}
-        if rank == 0:
-            # this try's epoch loop (steps and per-epoch validation): what bench/loop.py compares
-            throughput = round(samples / loop_s, 1) if samples else None
-            result = finish(final, cfg, recipe, val, meta, step, world, t0, resumed_from, throughput)
-            log(f"done: {json.dumps(result)}")
-        ok = True
-    finally:
-        try:
-            if tracker is not None:
-                tracker.close(check=ok)  # an error of the run itself is the one to report
-        finally:
-            strategy.shutdown()
+    loop_s = time.perf_counter() - loop_t0
+    final = strategy.final_model(recipe, meta, options)
+    result: dict = {}
+    if rank == 0:
+        # this try's epoch loop (steps and per-epoch validation): what bench/loop.py compares
+        throughput = round(samples / loop_s, 1) if samples else None
+        result = finish(final, cfg, recipe, val, meta, step, world, t0, resumed_from, throughput)
+        log(f"done: {json.dumps(result)}")
     return result
 
 

@@ -26,6 +26,7 @@ from trainyard.training.run_config import RunConfig
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch request
 QUEUE_ITEMS = 10_000  # windows of steps; a full queue drops (and counts) rather than block the step
 CLOSE_TIMEOUT_S = 300.0  # the longest rank 0 waits at exit for the last metrics to be written
+READY_TIMEOUT_S = 120.0  # the longest the loop waits for the MLflow / TensorBoard imports and clients
 
 
 class TrackingError(RuntimeError):
@@ -58,10 +59,15 @@ class Tracker:
         else:
             self._ready.set()
 
-    def wait_ready(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
-        """Wait until the thread has imported MLflow / TensorBoard and made its clients, so that the loop
-        does not share the GIL with those imports. A failure there is reported by ``close``."""
-        self._ready.wait(timeout)
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
+        """Wait until the thread has imported MLflow / TensorBoard and made its clients (or failed to), so
+        that the loop does not share the GIL with those imports; False if that took longer than ``timeout``."""
+        return self._ready.wait(timeout)
+
+    def check(self) -> None:
+        """Raise TrackingError if the thread has failed (metrics were or would be lost)."""
+        if self.error is not None:
+            raise TrackingError(f"metrics were lost: {type(self.error).__name__}: {self.error}") from self.error
 
     # -- the training thread -------------------------------------------------------------------------------
     def log(self, steps: Sequence[int], metrics: Mapping[str, Any]) -> None:
@@ -82,10 +88,10 @@ class Tracker:
             self._thread.join(CLOSE_TIMEOUT_S)
             if self._thread.is_alive() and self.error is None:
                 self.error = TimeoutError(f"the tracking writer did not finish within {CLOSE_TIMEOUT_S:.0f}s")
-        if self.error is not None and check:
-            raise TrackingError(f"metrics were lost: {type(self.error).__name__}: {self.error}") from self.error
+        if check:
+            self.check()
         if self.dropped:
-            print(f"[trainer] tracking: {self.dropped} steps' metrics dropped (the writer fell behind)", flush=True)
+            print(f"[trainer] tracking: {self.dropped} metric points dropped (the writer fell behind)", flush=True)
 
     # -- the tracker thread --------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -64,6 +64,12 @@ def test_masked_crc32c_known_values():
     assert tfrecord_format.masked_crc32c(b"123456789") == reference_masked_crc32c(b"123456789") == 0xC78AB0E5
 
 
+def test_the_crc_is_the_compiled_one():
+    import google_crc32c
+
+    assert google_crc32c.implementation == "c"  # its pure-Python fallback would be as slow as the stub
+
+
 def test_masked_crc32c_matches_an_independent_implementation():
     """The compiled CRC (google-crc32c) against tensorboard's pure-Python TensorFlow stub, on lengths around
     the word and block sizes a hardware implementation treats specially."""

@@ -162,18 +162,20 @@ def test_worker_env_limits_threads():
 
 
 @pytest.mark.parametrize(
-    "host, threads",
+    "host, gpu_type, threads",
     [
-        (Host(cuda_devices=0, cores=8, cpu_slots=2), "4"),  # a CPU slot's share of the cores
-        (Host(cuda_devices=0, cores=8), "8"),  # no pool known: this job's one worker takes them all
-        (Host(cuda_devices=4, cores=16, cpu_slots=2), "4"),  # on a GPU host, a GPU's share
+        (Host(cuda_devices=0, cores=8, cpu_slots=2), "cpu", "4"),  # a CPU slot's share of the cores
+        (Host(cuda_devices=0, cores=8), "cpu", "8"),  # no pool known: this job's one worker takes them all
+        (Host(cuda_devices=4, cores=16, cpu_slots=2), "a100-80gb", "4"),  # a GPU job: a GPU's share
+        (Host(cuda_devices=4, cores=16, cpu_slots=2), "cpu", "8"),  # a cpu job on that host: a CPU slot's
     ],
 )
-def test_a_job_takes_its_slots_share_of_the_cores_not_all_of_them(host, threads):
+def test_a_job_takes_its_slots_share_of_the_cores_not_all_of_them(host, gpu_type, threads):
     """Two jobs of the same pool side by side must not both start a thread per core (they would spin-wait
     on each other's cores): each worker gets cores / slots threads, whatever the job's own size."""
     for strategy in ("ddp", "horovod", "deepspeed"):
-        job = parse_spec({"resources": {"gpus_per_node": 1}, "distributed": {"strategy": strategy}})
+        resources = {"gpus_per_node": 1, "gpu_type": gpu_type}
+        job = parse_spec({"resources": resources, "distributed": {"strategy": strategy}})
         cmd = local_command(job, host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR)
         assert cmd.env["OMP_NUM_THREADS"] == threads, strategy
 

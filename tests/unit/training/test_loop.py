@@ -8,7 +8,7 @@ import torch
 
 from trainyard.spec import parse_spec
 from trainyard.training import strategies
-from trainyard.training.loop import LOG_EVERY, train
+from trainyard.training.loop import train, window_ends
 from trainyard.training.run_config import RunConfig
 
 
@@ -50,12 +50,17 @@ def test_trains_records_every_step_and_resumes(tmp_path, prepared, capsys):
     }
     assert (result["strategy"], result["world_size"], result["resumed_from_step"]) == ("ddp", 1, None)
     assert json.loads((tmp_path / "train_result.json").read_text()) == result
-    # One point per LOG_EVERY-step window, the windows cut at each epoch's end: the mean of its steps' losses.
-    window_ends = sorted({s for s in range(1, steps + 1) if s % LOG_EVERY == 0 or s % per_epoch == 0})
-    assert [s for s, _ in _scalars(tmp_path / "tb", "train/loss")] == window_ends
-    assert [s for s, _ in _scalars(tmp_path / "tb", "train/lr")] == window_ends
+    import gc
+
+    assert gc.get_freeze_count() == 0  # the heap frozen for the loop is collectable again after it
+    # One point per tracking.log_every_steps window (default 10), cut at each epoch's end.
+    every = cfg.spec.tracking.log_every_steps
+    points = [s for s in range(1, steps + 1) if s % 10 == 0 or s % per_epoch == 0]
+    assert every == 10 and window_ends(steps, per_epoch, every) == points
+    assert [s for s, _ in _scalars(tmp_path / "tb", "train/loss")] == points
+    assert [s for s, _ in _scalars(tmp_path / "tb", "train/lr")] == points
     norms = [s for s, _ in _scalars(tmp_path / "tb", "train/grad_norm")]
-    assert norms == list(range(LOG_EVERY, steps + 1, LOG_EVERY))
+    assert norms == list(range(10, steps + 1, 10))
     ckpts = sorted(p.name for p in cfg.checkpoint_dir.glob("step-*.pt"))
     assert ckpts == [f"step-{steps // 2:08d}.pt", f"step-{steps:08d}.pt"]  # one per epoch
 
@@ -88,3 +93,30 @@ def test_fp16_on_cpu_is_refused_naming_the_field(tmp_path, prepared):
     cfg = _cfg(tmp_path, prepared, distributed={"precision": "fp16"})
     with pytest.raises(PrecisionError, match="distributed.precision 'fp16' needs CUDA GPUs"):
         train(cfg, strategies.for_run(cfg))
+    _no_tracker_left()
+
+
+def _no_tracker_left():
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name == "trainyard-tracker"]  # closed on the way out
+
+
+def test_every_step_is_a_point_when_asked(tmp_path, prepared):
+    cfg = _cfg(tmp_path, prepared, tracking={"log_every_steps": 1})
+    steps = train(cfg, strategies.for_run(cfg))["steps"]
+    assert [s for s, _ in _scalars(tmp_path / "tb", "train/loss")] == list(range(1, steps + 1))
+
+
+def test_tracking_that_cannot_start_fails_the_run_before_it_trains(tmp_path, prepared):
+    from trainyard.training.tracking import TrackingError
+
+    (tmp_path / "not-a-dir").write_text("")
+    cfg = _cfg(tmp_path, prepared)
+    cfg = RunConfig(
+        spec=cfg.spec, data=prepared, out_dir=str(tmp_path), tensorboard_dir=str(tmp_path / "not-a-dir" / "tb")
+    )
+    with pytest.raises(TrackingError, match="metrics were lost"):
+        train(cfg, strategies.for_run(cfg))
+    assert not list(cfg.checkpoint_dir.glob("step-*.pt"))  # not one step was trained
+    _no_tracker_left()

@@ -82,7 +82,8 @@ def worker_env(
     cores = this_host_cores() if cores is None else cores
     # Each worker computes on its slot's share of the cores. With a thread per core, the workers of this
     # job and of the jobs beside it spin-wait for cores the others hold: two 1-process digits jobs on 2
-    # cores trained at 97 samples/s each, against ~800 with one thread each (2026-12-01).
+    # cores trained at 97 samples/s each, against ~800 with one thread each (2026-12-01). The `cpu` pool's
+    # size is taken as this host's number of CPU slots (one worker host, as with LocalExecutor).
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(nproc_per_node, slots))))
     env.setdefault("PYTHONUNBUFFERED", "1")
     # torchrun's workers otherwise share the agent's rendezvous TCPStore across restarts, and a restarted
@@ -93,4 +94,6 @@ def worker_env(
 
 
 def this_host_cores() -> int:
-    return os.cpu_count() or 1
+    """The cores this process may run on (its CPU affinity: a container's or a `taskset`'s share, not the
+    whole machine's count)."""
+    return len(os.sched_getaffinity(0)) or 1

@@ -39,10 +39,10 @@ class Host:
     python: str = sys.executable
     cpu_slots: int = 0  # CPU worker processes this host runs at once over all jobs (the `cpu` pool's slots)
 
-    @property
-    def slots(self) -> int:
-        """Worker processes that share this host's cores when its pool is full: one per GPU, or per CPU slot."""
-        return self.cuda_devices or self.cpu_slots
+    def workers_at_once(self, spec: JobSpec) -> int:
+        """The worker processes of ``spec``'s pool that share this host's cores when the pool is full: one per
+        CPU slot for a ``cpu`` job, one per GPU otherwise (0: unknown)."""
+        return self.cpu_slots if spec.resources.gpu_type == "cpu" else self.cuda_devices
 
 
 @dataclass(frozen=True)
@@ -105,14 +105,16 @@ def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str,
     """Argv and environment of one node's workers for ``spec`` on ``host``."""
     check_gpus(spec, host.cuda_devices)
     nproc = spec.resources.gpus_per_node
-    env = worker_env(nproc, host.env, cores=host.cores, slots=host.slots)
+    env = worker_env(nproc, host.env, cores=host.cores, slots=host.workers_at_once(spec))
     if spec.recipe == "custom":
         return Command(custom_argv(spec, host.python), {**env, **custom.platform_env(data_dir, run_dir)})
     strategy = spec.distributed.strategy
     if strategy in ("ddp", "deepspeed"):
         argv = torchrun_argv(nproc, config_path, max_restarts=spec.distributed.max_restarts, python=host.python)
         if strategy == "deepspeed":
-            env = deepspeed_env(nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores, slots=host.slots)
+            env = deepspeed_env(
+                nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores, slots=host.workers_at_once(spec)
+            )
     elif strategy == "horovod":
         argv = horovodrun_argv(nproc, config_path, python=host.python)
     else:  # the spec's Literal makes this unreachable unless a strategy is added without a launcher
