@@ -270,7 +270,7 @@ def test_gpu_trained_model_passes_the_onnx_export_gate(train, prepared, gpus, di
     out = pipeline.export_onnx(run.spec, {**run.result, "run_dir": str(run.out)}, prepared)
     parity = out["parity"]
     assert parity["passed"] and parity["mismatched"] == 0 and parity["total"] > 0, parity
-    assert parity["max_scaled_diff"] <= run.spec.export.rtol, parity
+    assert parity["max_scaled_diff"] <= parity["rtol"], parity
     assert out["val_accuracy_onnx"] == out["val_accuracy_torch"] > MIN_ACCURACY, out
     assert abs(out["val_accuracy_torch"] - run.result["val_accuracy"]) <= CROSS_DEVICE_ACCURACY, (out, run.result)
     assert Path(out["onnx_path"]).is_file()

@@ -22,6 +22,8 @@ class DigitsCNN(Recipe[DigitsOptions]):
     sources = {"sklearn_digits": "trainyard.data.classification:ingest_digits"}
     options_model = DigitsOptions
     metrics = ("accuracy", "macro_f1")
+    # 20 trainings: faithful exports <= 3.5e-7 of scale, one moved weight >= 1.6e-5 (2e-5 let 5 of 20 pass)
+    export_rtol = 2e-6
 
     # -- data ----------------------------------------------------------------------------------------------
     def validate(self, dataset_dir, docs_dir):
@@ -99,6 +101,7 @@ class DigitsCNN(Recipe[DigitsOptions]):
             torch_outputs=[predict(model, fixed)],
             onnx_outputs=[onnx_predict(onnx_path, fixed.numpy())],
             export=export,
+            default_rtol=self.export_rtol,
             metric="val_accuracy",
             torch_metric=acc_torch,
             onnx_metric=acc_onnx,

@@ -61,9 +61,9 @@ def test_faithful_export_passes_the_default_gate(trained, tmp_path):
     recipe, spec, data, model_path = trained
     out = recipe.export(str(model_path), data, tmp_path, spec.export, recipe.opts(spec))
     parity = out["parity"]
-    assert parity["passed"] and parity["failed"] == [] and parity["rtol"] == ExportSpec().rtol
+    assert parity["passed"] and parity["failed"] == [] and parity["rtol"] == recipe.export_rtol
     assert list(parity["outputs"]) == CASES[recipe.name][2]  # one figure per named graph output
-    assert all(o["scale"] > 0 and o["scaled_diff"] <= ExportSpec().rtol for o in parity["outputs"].values())
+    assert all(o["scale"] > 0 and o["scaled_diff"] <= recipe.export_rtol for o in parity["outputs"].values())
     assert out["torchscript_parity"]["passed"]
 
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainyard.export.onnx_export import ParityError, check_parity, export, onnx_predict
+from trainyard.export.onnx_export import DEFAULT_RTOL, ParityError, check_parity, export, onnx_predict
 from trainyard.training.model import SmallCNN
 
 
@@ -82,7 +82,7 @@ def test_defaults_are_the_export_specs():
     from trainyard.spec import ExportSpec
 
     parity = check_parity(np.ones(3), np.ones(3))
-    assert (parity.rtol, parity.atol) == (ExportSpec().rtol, ExportSpec().atol)
+    assert (parity.rtol, parity.atol) == (DEFAULT_RTOL, ExportSpec().atol)
 
 
 @pytest.mark.parametrize(
