@@ -390,16 +390,17 @@ def check_custom_onnx(trained: dict) -> dict:
     import numpy as np
     import onnx
 
-    from trainyard.export.onnx_export import onnx_predict, onnx_session
+    from trainyard.export.onnx_export import onnx_session
     from trainyard.recipes.base import save_input_example
 
     if not trained.get("onnx_path"):
         raise ExportFailed(f"the custom command wrote no model.onnx into {trained['run_dir']}")
     onnx.checker.check_model(trained["onnx_path"], full_check=True)
-    inp = onnx_session(trained["onnx_path"]).get_inputs()[0]
+    session = onnx_session(trained["onnx_path"])
+    inp = session.get_inputs()[0]
     shape = [d if isinstance(d, int) else 1 for d in inp.shape]
     example = np.zeros(shape, dtype=np.float32)
-    out = onnx_predict(trained["onnx_path"], example)
+    out = session.run(None, {inp.name: example})[0]
     if not np.isfinite(out).all():
         raise ExportFailed(f"{trained['onnx_path']} gives non-finite outputs on a zero input")
     return {

@@ -247,7 +247,8 @@ class ExportSpec(_Model):
         le=0.1,
         description=(
             "largest allowed |onnx - torch| as a fraction of each output's largest |value| (its "
-            "scale); unset: the recipe's measured default (2e-6 to 2e-5; a custom model's is 2e-5); "
+            "scale); unset: the recipe's measured default (2e-6 to 2e-5; a custom command's model is "
+            "only checked to run, having no reference to compare with); "
             "raise it for much larger models"
         ),
     )

@@ -13,8 +13,8 @@ step: the window's mean loss (still a tensor) and the learning rate, and the gra
 that are a multiple of the interval. One point per window, not per step, as Lightning's
 ``log_every_n_steps`` does: a metric point costs 28 us in TensorBoard and more in MLflow's SQL store, all
 of it under the GIL the step needs, which per step held the digits recipe (about 1 ms a step on CPU) to
-0.82x a hand-written loop. The tracker starts first, so its imports run
-while the data loads, and the loop waits for them to end (they would hold the GIL the step needs).
+0.82x a hand-written loop. The tracker starts first, so its imports run while the data loads, and the
+loop waits for them to end (they would hold the GIL the step needs).
 """
 
 from __future__ import annotations
