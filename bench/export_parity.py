@@ -34,6 +34,7 @@ from trainyard.data.prepare import prepare_records
 from trainyard.export import onnx_export
 from trainyard.export.onnx_export import ExportFailed, one_weight_perturbed
 from trainyard.spec import ExportSpec, JobSpec
+from trainyard.training.data import already_batched
 from trainyard.training.run_config import RunConfig
 
 # The built-in datasets at sizes that keep one run (train + two exports) to seconds on a CPU.
@@ -65,7 +66,7 @@ def train(recipe, spec: JobSpec, data: dict, seed: int, steps: int, out: Path) -
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed)
+        dataset, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed), collate_fn=already_batched
     )
     done = 0
     while done < steps:

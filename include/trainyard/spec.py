@@ -47,6 +47,24 @@ class DatasetRef(_Model):
             "'none' = the data is already there (your own upload)"
         ),
     )
+    memory_cache_mb: int = Field(
+        512,
+        ge=0,
+        le=1 << 20,
+        description=(
+            "a split whose records file is at most this many MB is read into memory once per worker; a larger "
+            "one is read batch by batch from the file, so memory does not grow with it (0: always from the file)"
+        ),
+    )
+    loader_workers: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description=(
+            "DataLoader processes per training worker that read and decode batches ahead of the step "
+            "(0: the training process reads them itself)"
+        ),
+    )
 
 
 class SplitSpec(_Model):

@@ -1,13 +1,16 @@
 """Record formats for prepared training data, chosen by the JobSpec's ``dataset.format``.
 
-Each format module offers ``write(path, records, meta) -> count`` and
-``read(path) -> (keys, labels, images, meta)``; a record may be (key, label, image, target) with a JSON-able
-target, which ``read_records(path, with_targets=True)`` returns, in key order, after the other four.
+Each format module offers ``write(path, records, meta) -> count`` (records streamed: (key, label, array)
+or (key, label, array, target) with a JSON-able target) and ``Reader(path)``, the records by index
+(:mod:`trainyard.data.records`). ``read`` and ``read_with_targets`` return a whole split at once, for the
+task-side steps of small splits and for tests.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from trainyard.data.records import Reader
 
 FORMATS = {"lmdb": ("trainyard.data.lmdb_format", "lmdb"), "tfrecord": ("trainyard.data.tfrecord_format", "tfrecord")}
 
@@ -23,8 +26,16 @@ def filename(split: str, fmt: str) -> str:
     return f"{split}.{FORMATS[fmt][1]}"
 
 
-def read(fmt: str, path):
-    return module(fmt).read(path)
+def open_records(fmt: str, path) -> Reader:
+    return module(fmt).Reader(path)
+
+
+def size_bytes(path) -> int:
+    """The bytes a split's records take on disk (an LMDB directory's files, or the TFRecord file)."""
+    from pathlib import Path
+
+    path = Path(path)
+    return sum(f.stat().st_size for f in path.iterdir()) if path.is_dir() else path.stat().st_size
 
 
 def write(fmt: str, path, records, meta: dict) -> int:
@@ -32,4 +43,17 @@ def write(fmt: str, path, records, meta: dict) -> int:
 
 
 def read_with_targets(fmt: str, path):
-    return module(fmt).read_records(path, with_targets=True)
+    """(keys, labels, arrays stacked, meta, targets) of a whole split."""
+    import numpy as np
+
+    reader = open_records(fmt, path)
+    batch = reader.batch(range(len(reader)))
+    arrays = batch.arrays if len(batch) else np.zeros((0,), dtype=np.uint8)
+    if isinstance(arrays, list):
+        raise ValueError(f"{path}: its arrays differ in shape; read it batch by batch (open_records)")
+    return batch.keys, batch.labels, arrays, reader.meta, batch.targets
+
+
+def read(fmt: str, path):
+    """(keys, labels, arrays stacked, meta) of a whole split."""
+    return read_with_targets(fmt, path)[:4]

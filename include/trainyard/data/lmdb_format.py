@@ -1,107 +1,190 @@
-"""LMDB record files for training: one record per sample, keyed by the sample key.
+"""LMDB record files for training: one record per sample, read by index.
 
-Value = 8-byte little-endian label + the image as .npy bytes. ``__keys__`` holds the key order and
-``__meta__`` the dataset metadata, so a reader needs nothing but the file. A record may carry a target
-beyond its label (detection boxes, a sentence pair): JSON under ``__target__/<key>``.
+Record ``i`` (the i-th sample in key order) is stored under ``i`` as an 8-byte big-endian integer, so the
+file's own order is the sample order and a reader fetches any sample, or a batch of them in one read
+transaction, without holding a list of keys. The value carries everything of the sample: its key, label,
+JSON target (detection boxes, a sentence pair; may be absent) and array (shape and dtype, then the raw
+bytes, which ``np.frombuffer`` reads without parsing). ``__trainyard_meta__`` holds the dataset metadata
+and the record count, so a reader needs nothing but the file; named keys are longer than 8 bytes and so
+never meet a record's.
+
+Writing streams: records are committed in transactions of at most ``COMMIT_BYTES`` (an LMDB write
+transaction holds its dirty pages in memory), and the map grows as the file does.
 """
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
+import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-_LABEL = struct.Struct("<q")
+from trainyard.data.records import RecordBatch
+
+META_KEY = b"__trainyard_meta__"
+COMMIT_BYTES = 64 << 20
+INITIAL_MAP_BYTES = 64 << 20  # doubled whenever a commit does not fit
+_INDEX = struct.Struct(">Q")
+_HEAD = struct.Struct("<qIIB")  # label, key bytes, target bytes, array dims
+_DIM = struct.Struct("<Q")
 
 
-def encode(label: int, image: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, image, allow_pickle=False)
-    return _LABEL.pack(int(label)) + buf.getvalue()
+def index_key(i: int) -> bytes:
+    return _INDEX.pack(i)
 
 
-def decode(value: bytes, where: str) -> tuple[int, np.ndarray]:
-    if len(value) < _LABEL.size:
-        raise ValueError(f"{where}: record truncated ({len(value)} bytes)")
-    (label,) = _LABEL.unpack_from(value)
+def encode(key: str, label: int, image: np.ndarray, target=None) -> bytes:
+    image = np.ascontiguousarray(image)
+    raw_key = key.encode()
+    raw_target = json.dumps(target).encode() if target is not None else b""
+    dtype = image.dtype.str.encode()  # e.g. b"|u1", b"<f4": byte order included
+    return b"".join(
+        (
+            _HEAD.pack(int(label), len(raw_key), len(raw_target), image.ndim),
+            b"".join(_DIM.pack(d) for d in image.shape),
+            bytes((len(dtype),)),
+            dtype,
+            raw_key,
+            raw_target,
+            image.tobytes(),
+        )
+    )
+
+
+def decode(value, where: str) -> tuple[str, int, np.ndarray, object]:
+    """(key, label, array, target or None) of one stored value; the array is a copy (the value's buffer
+    lives only as long as its read transaction)."""
     try:
-        image = np.load(io.BytesIO(value[_LABEL.size :]), allow_pickle=False)
-    except (ValueError, EOFError, OSError) as err:
-        raise ValueError(f"{where}: corrupt image record: {err}") from None
-    return label, image
-
-
-TARGET_PREFIX = "__target__/"
+        label, n_key, n_target, ndim = _HEAD.unpack_from(value)
+        pos = _HEAD.size
+        shape = tuple(_DIM.unpack_from(value, pos + _DIM.size * d)[0] for d in range(ndim))
+        pos += _DIM.size * ndim
+        n_dtype = value[pos]
+        dtype = np.dtype(bytes(value[pos + 1 : pos + 1 + n_dtype]).decode())
+        pos += 1 + n_dtype
+        key = bytes(value[pos : pos + n_key]).decode()
+        pos += n_key
+        target = json.loads(bytes(value[pos : pos + n_target])) if n_target else None
+        pos += n_target
+        count = int(np.prod(shape, dtype=np.int64))
+        if len(value) - pos != count * dtype.itemsize:
+            raise ValueError(f"array of {shape} {dtype} needs {count * dtype.itemsize} bytes, has {len(value) - pos}")
+        array = np.frombuffer(value, dtype=dtype, count=count, offset=pos).reshape(shape)
+    except (struct.error, IndexError, TypeError, ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where}: corrupt record: {err}") from None
+    return key, int(label), array.astype(dtype.newbyteorder("="), copy=True), target
 
 
 def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
-    """``records``: (key, label, image) or (key, label, image, target) with a JSON-able target."""
+    """``records``: (key, label, image) or (key, label, image, target) with a JSON-able target, streamed
+    (held one transaction at a time)."""
     import lmdb
 
     path = Path(path)
-    records = [tuple(r) + (None,) * (4 - len(r)) for r in records]
-    reserved = [r[0] for r in records if r[0].startswith("__")]
-    if reserved:  # __keys__, __meta__ and __target__/<key> are this file's own records
-        raise ValueError(f"{path}: sample keys may not start with '__' (reserved): {reserved[:5]}")
-    targets = [json.dumps(r[3]).encode() if r[3] is not None else None for r in records]
-    size = sum(r[2].nbytes + 256 for r in records) * 2 + sum(len(t or b"") * 2 for t in targets) + (1 << 20)
-    env = lmdb.open(str(path), map_size=size, subdir=True, lock=False)
-    keys = []
-    with env.begin(write=True) as txn:
-        for (key, label, image, _), target in zip(records, targets, strict=True):
-            txn.put(key.encode(), encode(label, image))
-            if target is not None:
-                txn.put((TARGET_PREFIX + key).encode(), target)
-            keys.append(key)
-        txn.put(b"__keys__", json.dumps(keys).encode())
-        txn.put(b"__meta__", json.dumps(meta).encode())
-    env.sync()
-    env.close()
-    return len(keys)
+    map_size = INITIAL_MAP_BYTES
+    env = lmdb.open(str(path), map_size=map_size, subdir=True, lock=False)
+    count = 0
+    pending: list[bytes] = []
+    pending_bytes = 0
+
+    def commit() -> None:
+        nonlocal map_size, pending_bytes
+        while True:
+            try:
+                with env.begin(write=True) as txn:
+                    for i, value in enumerate(pending, start=count - len(pending)):
+                        txn.put(index_key(i), value)
+                break
+            except lmdb.MapFullError:  # the aborted transaction wrote nothing: grow the map and redo it
+                map_size *= 2
+                env.set_mapsize(map_size)
+        pending.clear()
+        pending_bytes = 0
+
+    try:
+        for record in records:
+            value = encode(*record)
+            pending.append(value)
+            pending_bytes += len(value)
+            count += 1
+            if pending_bytes >= COMMIT_BYTES:
+                commit()
+        commit()
+        pending.append(json.dumps({"meta": meta, "count": count}).encode())
+        while True:
+            try:
+                with env.begin(write=True) as txn:
+                    txn.put(META_KEY, pending[0])
+                break
+            except lmdb.MapFullError:
+                map_size *= 2
+                env.set_mapsize(map_size)
+        env.sync()
+    finally:
+        env.close()
+    return count
 
 
-def _open(path: Path):
+# One read-only handle per file and process: LMDB refuses a second open of a file in one process, and a
+# handle must not be used across fork (a forked DataLoader worker closes its copy and opens its own).
+_HANDLES: dict[tuple[int, int], tuple[int, Any]] = {}
+
+
+def _handle(path: Path, file_id: tuple[int, int]):
     import lmdb
 
-    if not (path / "data.mdb").exists():
-        raise ValueError(f"{path}: not an LMDB dataset (no data.mdb)")
+    held = _HANDLES.get(file_id)
+    if held is not None and held[0] == os.getpid():
+        return held[1]
+    if held is not None:  # the parent's, inherited through fork: closing this process's copy is safe
+        with contextlib.suppress(lmdb.Error):
+            held[1].close()
     try:
-        return lmdb.open(str(path), readonly=True, lock=False, subdir=True)
+        env = lmdb.open(str(path), readonly=True, lock=False, subdir=True, readahead=False)
     except lmdb.Error as err:
         raise ValueError(f"{path}: cannot open LMDB file: {err}") from None
+    _HANDLES[file_id] = (os.getpid(), env)
+    return env
 
 
-def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
-    """All records of a (small) LMDB file as (keys, labels, images stacked, meta)."""
-    return read_records(path, with_targets=False)[:4]
+class Reader:
+    """The records of one LMDB file by index, one read transaction per batch. Pickles as its path, so a
+    DataLoader worker (spawned or forked) opens its own handle."""
 
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            st = (self.path / "data.mdb").stat()
+        except FileNotFoundError:
+            raise ValueError(f"{self.path}: not an LMDB dataset (no data.mdb)") from None
+        self._file = (st.st_dev, st.st_ino)
+        with self._txn() as txn:
+            raw = txn.get(META_KEY)
+            head = json.loads(bytes(raw)) if raw is not None else None
+        if head is None:
+            raise ValueError(f"{self.path}: no {META_KEY.decode()} record (not written by trainyard, or cut short)")
+        self.meta: dict = head["meta"]
+        self.count: int = head["count"]
 
-def read_records(path: str | Path, with_targets: bool):
-    """(keys, labels, images stacked, meta, targets): with ``with_targets`` each record's target (None
-    where it has none), in key order, read in the same pass; else an empty list."""
-    path = Path(path)
-    env = _open(path)
-    with env.begin() as txn:
-        raw_keys = txn.get(b"__keys__")
-        if raw_keys is None:
-            raise ValueError(f"{path}: missing __keys__ record")
-        keys = json.loads(raw_keys)
-        meta = json.loads(txn.get(b"__meta__") or b"{}")
-        labels, images, targets = [], [], []
-        for key in keys:
-            value = txn.get(key.encode())
-            if value is None:
-                raise ValueError(f"{path}: record {key!r} listed in __keys__ is missing")
-            label, image = decode(value, f"{path} record {key!r}")
-            labels.append(label)
-            images.append(image)
-            if with_targets:
-                raw = txn.get((TARGET_PREFIX + key).encode())
-                targets.append(json.loads(raw) if raw is not None else None)
-    env.close()
-    stacked = np.stack(images) if images else np.zeros((0,), dtype=np.uint8)
-    return keys, np.asarray(labels, dtype=np.int64), stacked, meta, targets
+    def _txn(self):
+        return _handle(self.path, self._file).begin(buffers=True)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def batch(self, indices: Sequence[int]) -> RecordBatch:
+        rows = []
+        with self._txn() as txn:
+            for i in indices:
+                if not 0 <= i < self.count:
+                    raise IndexError(f"{self.path}: record {i} out of range (0..{self.count - 1})")
+                value = txn.get(index_key(i))
+                if value is None:
+                    raise ValueError(f"{self.path}: record {i} of {self.count} is missing")
+                rows.append(decode(value, f"{self.path} record {i}"))
+        return RecordBatch.of(rows)

@@ -18,8 +18,13 @@ class LeakageError(ValueError):
     """A sample key landed in more than one split."""
 
 
+# The records' layout inside their format: part of the cache key, so a layout change never reads an old file.
+# 2: LMDB records keyed by index, each value self-describing (lmdb_format)
+RECORD_LAYOUT = 2
+
+
 def cache_key(commit: str, val_fraction: float, seed: int, fmt: str = "lmdb", test_fraction: float = 0.0) -> str:
-    settings = {"val_fraction": val_fraction, "seed": seed, "format": fmt}
+    settings = {"val_fraction": val_fraction, "seed": seed, "format": fmt, "layout": RECORD_LAYOUT}
     if test_fraction:
         settings["test_fraction"] = test_fraction
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]

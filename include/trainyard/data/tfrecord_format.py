@@ -17,14 +17,15 @@ import functools
 import json
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 import google_crc32c
 import numpy as np
 from google.protobuf import descriptor_pb2
 from google.protobuf.message import DecodeError
+
+from trainyard.data.records import RecordBatch
 
 META_FEATURE = "__meta__"
 _LENGTH = struct.Struct("<Q")
@@ -129,31 +130,6 @@ def decode(data: bytes, where: str, with_target: bool = False):
     return (key, int(label), image, target) if with_target else (key, int(label), image)
 
 
-def iter_records(stream: BinaryIO, path) -> Iterator[bytes]:
-    """The payload of each record, both CRCs checked."""
-    i = 0
-    while True:
-        head = stream.read(_LENGTH.size + _CRC.size)
-        if not head:
-            return
-        if len(head) < _LENGTH.size + _CRC.size:
-            raise ValueError(f"{path}: record {i} truncated (header is {len(head)} bytes)")
-        length = head[: _LENGTH.size]
-        if _CRC.unpack_from(head, _LENGTH.size)[0] != masked_crc32c(length):
-            raise ValueError(f"{path}: record {i} has a bad length CRC (corrupt, or not TFRecord)")
-        (n,) = _LENGTH.unpack(length)
-        data = stream.read(n)
-        tail = stream.read(_CRC.size)
-        if len(data) < n or len(tail) < _CRC.size:
-            got = len(head) + len(data) + len(tail)
-            want = len(head) + n + _CRC.size
-            raise ValueError(f"{path}: record {i} truncated ({got} of {want} bytes)")
-        if _CRC.unpack(tail)[0] != masked_crc32c(data):
-            raise ValueError(f"{path}: record {i} has a bad data CRC (corrupt)")
-        yield data
-        i += 1
-
-
 def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
     """``records``: (key, label, image) or (key, label, image, target) with a JSON-able target."""
     path = Path(path)
@@ -174,36 +150,76 @@ def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
     return count
 
 
-def read(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
-    """All records of a (small) TFRecord file as (keys, labels, images stacked, meta)."""
-    return read_records(path, with_targets=False)[:4]
+class Reader:
+    """The sample records of one TFRecord file by index: one pass over the framing at open records where
+    each payload starts (16 bytes a record, its length CRC checked); a batch then reads only its records,
+    data CRCs checked. The file is opened lazily in each process that reads, so a DataLoader worker
+    pickles only the path and the offsets."""
 
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ValueError(f"{self.path}: not a TFRecord dataset (no such file)")
+        self._fd = -1
+        self._pid = -1
+        starts, lengths = [], []
+        with open(self.path, "rb") as stream:
+            pos, i = 0, 0
+            while True:
+                head = stream.read(_LENGTH.size + _CRC.size)
+                if not head:
+                    break
+                if len(head) < _LENGTH.size + _CRC.size:
+                    raise ValueError(f"{self.path}: record {i} truncated (header is {len(head)} bytes)")
+                length = head[: _LENGTH.size]
+                if _CRC.unpack_from(head, _LENGTH.size)[0] != masked_crc32c(length):
+                    raise ValueError(f"{self.path}: record {i} has a bad length CRC (corrupt, or not TFRecord)")
+                (n,) = _LENGTH.unpack(length)
+                starts.append(pos + len(head))
+                lengths.append(n)
+                pos += len(head) + n + _CRC.size
+                stream.seek(pos)
+                i += 1
+            if pos > self.path.stat().st_size:
+                raise ValueError(f"{self.path}: record {i - 1} truncated (the file ends inside it)")
+        if not starts:
+            raise ValueError(f"{self.path}: empty file, missing the {META_FEATURE} record")
+        self._starts = np.asarray(starts, dtype=np.int64)
+        self._lengths = np.asarray(lengths, dtype=np.int64)
+        try:
+            feature = example_class().FromString(self._payload(0)).features.feature
+            self.meta: dict = json.loads(feature[META_FEATURE].bytes_list.value[0])
+        except (DecodeError, IndexError, ValueError) as err:
+            raise ValueError(f"{self.path}: record 0: bad {META_FEATURE} Example: {err!r}") from None
 
-def read_records(path: str | Path, with_targets: bool):
-    """(keys, labels, images stacked, meta, targets): with ``with_targets`` each record's target (None
-    where it has none), in key order, read in the same pass; else an empty list."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: not a TFRecord dataset (no such file)")
-    keys, labels, images, targets, meta = [], [], [], [], None
-    with open(path, "rb") as stream:
-        for i, data in enumerate(iter_records(stream, path)):
-            where = f"{path}: record {i}"
-            if i == 0:
-                try:
-                    feature = example_class().FromString(data).features.feature
-                    meta = json.loads(feature[META_FEATURE].bytes_list.value[0])
-                except (DecodeError, IndexError, ValueError) as err:
-                    raise ValueError(f"{where}: bad {META_FEATURE} Example: {err!r}") from None
-                continue
-            key, label, image, target = (
-                decode(data, where, with_target=True) if with_targets else (*decode(data, where), None)
-            )
-            targets.append(target)
-            keys.append(key)
-            labels.append(label)
-            images.append(image)
-    if meta is None:
-        raise ValueError(f"{path}: empty file, missing the {META_FEATURE} record")
-    stacked = np.stack(images) if images else np.zeros((0,), dtype=np.uint8)
-    return keys, np.asarray(labels, dtype=np.int64), stacked, meta, targets
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fd": -1, "_pid": -1}
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1  # record 0 is the metadata
+
+    def _payload(self, record: int) -> bytes:
+        if self._fd < 0 or self._pid != os.getpid():
+            self._fd = os.open(self.path, os.O_RDONLY)
+            self._pid = os.getpid()
+        start, n = int(self._starts[record]), int(self._lengths[record])
+        buf = os.pread(self._fd, n + _CRC.size, start)
+        if len(buf) < n + _CRC.size:
+            raise ValueError(f"{self.path}: record {record} truncated (the file changed since it was opened)")
+        data = buf[:n]
+        if _CRC.unpack_from(buf, n)[0] != masked_crc32c(data):
+            raise ValueError(f"{self.path}: record {record} has a bad data CRC (corrupt)")
+        return data
+
+    def batch(self, indices: Sequence[int]) -> RecordBatch:
+        rows = []
+        for i in indices:
+            if not 0 <= i < len(self):
+                raise IndexError(f"{self.path}: record {i} out of range (0..{len(self) - 1})")
+            rows.append(decode(self._payload(i + 1), f"{self.path}: record {i + 1}", with_target=True))
+        return RecordBatch.of(rows)
+
+    def close(self) -> None:
+        if self._fd >= 0 and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = -1

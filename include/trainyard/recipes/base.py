@@ -15,6 +15,7 @@ from trainyard.export.onnx_export import DEFAULT_RTOL
 from trainyard.spec import ExportSpec, JobSpec, SpecError
 
 if TYPE_CHECKING:
+    from trainyard.training.data import RecordDataset
     from trainyard.training.run_config import RunConfig
 
 
@@ -108,8 +109,9 @@ class Recipe(Generic[OptionsT]):
         return self.name
 
     # -- training (workers) --------------------------------------------------------------------------------
-    def load(self, cfg: RunConfig) -> tuple[torch.utils.data.Dataset, Any, dict]:
-        """(train dataset of tensor tuples, val data for ``val_metrics``, meta for ``build_model``)."""
+    def load(self, cfg: RunConfig) -> tuple[RecordDataset, Any, dict]:
+        """(train split as batches of tensors, val data for ``val_metrics``, meta for ``build_model``): the
+        splits through :func:`trainyard.training.data.load_split`, streamed or held by its size."""
         raise NotImplementedError
 
     def build_model(self, meta: dict, options: OptionsT) -> torch.nn.Module:

@@ -10,13 +10,13 @@ check the two against each other).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 from pydantic import Field
-from torch.utils.data import Dataset
 
 from trainyard.evaluation.detection import DEFAULT_BACKEND, Backend
 from trainyard.recipes.base import Options, Recipe, companion_model, read_split, save_input_example, verify_export
@@ -85,26 +85,16 @@ def training_boxes(target: dict, meta: dict) -> tuple[np.ndarray, np.ndarray]:
     return boxes, np.array([index[target["category_ids"][i]] for i in keep], dtype=int)
 
 
-class DetectionDataset(Dataset):
-    """Images as (3, S, S) floats with their dense CenterNet targets, built per item (not held for the
-    whole split: 80 classes at 512 px would be ~5 MB of targets an image)."""
+def detection_batch(batch, meta: dict) -> list[torch.Tensor]:
+    """A RecordBatch of (S, S, 3) uint8 images with their targets -> [images (N, 3, S, S) in [0, 1], then
+    the dense CenterNet targets], built per batch (not held for the split: 80 classes at 512 px would be
+    ~5 MB of targets an image)."""
+    from trainyard.training.centernet import STRIDE, gaussian_targets
 
-    def __init__(self, images: np.ndarray, targets: list[dict], meta: dict) -> None:
-        from trainyard.training.centernet import STRIDE
-
-        self.images, self.targets, self.meta = images, targets, meta
-        self.grid = meta["image_size"] // STRIDE
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, i: int):
-        from trainyard.training.centernet import gaussian_targets
-
-        x = torch.from_numpy(np.ascontiguousarray(self.images[i].transpose(2, 0, 1))).float().div_(255.0)
-        boxes, labels = training_boxes(self.targets[i], self.meta)
-        maps = gaussian_targets(boxes, labels, len(self.meta["categories"]), self.grid)
-        return (x, *(torch.from_numpy(m) for m in maps))
+    x = torch.from_numpy(np.ascontiguousarray(batch.arrays.transpose(0, 3, 1, 2))).float().div_(255.0)
+    grid = meta["image_size"] // STRIDE
+    per_image = [gaussian_targets(*training_boxes(t, meta), len(meta["categories"]), grid) for t in batch.targets]
+    return [x, *(torch.from_numpy(np.stack(maps)) for maps in zip(*per_image, strict=True))]
 
 
 def detections(heads: list[np.ndarray], targets: list[dict], meta: dict, top_k: int) -> list[dict]:
@@ -228,15 +218,13 @@ class CenterNetDetector(Recipe[DetectionOptions]):
         return x, targets, meta
 
     def load(self, cfg):
-        _, _, images, meta, targets = read_split(cfg.data, "train")
-        _, _, images_v, _, targets_v = read_split(cfg.data, "val")
-        val = {
-            "dataset": DetectionDataset(images_v, targets_v, meta),
-            "targets": targets_v,
-            "top_k": self.opts(cfg.spec).top_k,
-            "meta": meta,
-        }
-        return DetectionDataset(images, targets, meta), val, meta
+        from trainyard.training.data import RecordDataset, load_split
+
+        cache_mb = cfg.spec.dataset.memory_cache_mb
+        train, val = load_split(cfg.data, "train", cache_mb), load_split(cfg.data, "val", cache_mb)
+        collate = functools.partial(detection_batch, meta=train.meta)
+        val_data = {"dataset": RecordDataset(val, collate), "top_k": self.opts(cfg.spec).top_k, "meta": train.meta}
+        return RecordDataset(train, collate), val_data, train.meta
 
     def build_model(self, meta, options: DetectionOptions):
         from trainyard.training.centernet import CenterNet
@@ -255,18 +243,17 @@ class CenterNetDetector(Recipe[DetectionOptions]):
 
         was_training = model.training
         model.eval()
-        parts, losses = [], []
+        losses, targets, found = [], [], []
+        dataset, meta = val["dataset"], val["meta"]
         with torch.no_grad():
-            for batch in torch.utils.data.DataLoader(val["dataset"], batch_size=BATCH):
-                x, *maps = batch
-                out = model(x.to(device, dtype))
-                losses.append(float(loss([o.float().cpu() for o in out], *maps)) * len(x))
-                parts.append([o.float().cpu().numpy() for o in out])
+            for records, (x, *maps) in dataset.record_batches(BATCH):
+                out = [o.float().cpu() for o in model(x.to(device, dtype))]
+                losses.append(float(loss(out, *maps)) * len(x))
+                found += detections([o.numpy() for o in out], records.targets, meta, val["top_k"])
+                targets += records.targets  # the boxes only: the split's maps and images are never held
         model.train(was_training)
-        heads = [np.concatenate(p) for p in zip(*parts, strict=True)]
-        val_loss = sum(losses) / max(len(val["dataset"]), 1)
-        meta = val["meta"]
-        m = coco_map(ground_truth(val["targets"], meta), detections(heads, val["targets"], meta, val["top_k"]))
+        val_loss = sum(losses) / max(len(dataset), 1)
+        m = coco_map(ground_truth(targets, meta), found)
         return {"val_loss": val_loss, "val_map": m["map"] or 0.0, "val_map_50": m["map_50"] or 0.0}
 
     def model_blob(self, model, meta):

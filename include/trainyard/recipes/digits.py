@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import TensorDataset
 
 from trainyard.recipes.base import Options, Recipe, read_split, save_input_example, to_device, verify_export
+
+
+def digits_batch(batch, pixel_max: float) -> list[torch.Tensor]:
+    """A RecordBatch of (H, W) images -> [float (N, 1, H, W) in [0, 1], int64 labels]."""
+    from trainyard.training.model import to_input
+
+    return [to_input(batch.arrays, pixel_max), torch.from_numpy(batch.labels)]
 
 
 class DigitsOptions(Options):
@@ -44,15 +51,19 @@ class DigitsCNN(Recipe[DigitsOptions]):
     # -- training ------------------------------------------------------------------------------------------
     @staticmethod
     def _xy(data: dict, split: str):
+        """(inputs, labels, meta) of a whole split, for the task-side evaluation and export."""
         from trainyard.training.model import to_input
 
         _, labels, images, meta, _ = read_split(data, split)
         return to_input(images, meta["pixel_max"]), torch.from_numpy(labels), meta
 
     def load(self, cfg):
-        x, y, meta = self._xy(cfg.data, "train")
-        xv, yv, _ = self._xy(cfg.data, "val")
-        return TensorDataset(x, y), (xv, yv), meta
+        from trainyard.training.data import RecordDataset, load_split
+
+        cache_mb = cfg.spec.dataset.memory_cache_mb
+        train, val = load_split(cfg.data, "train", cache_mb), load_split(cfg.data, "val", cache_mb)
+        collate = functools.partial(digits_batch, pixel_max=float(train.meta["pixel_max"]))
+        return RecordDataset(train, collate), RecordDataset(val, collate), train.meta
 
     def build_model(self, meta, options):
         from trainyard.training.model import SmallCNN
@@ -66,8 +77,7 @@ class DigitsCNN(Recipe[DigitsOptions]):
     def val_metrics(self, model, val, device, dtype=torch.float32):
         from trainyard.training.common import evaluate
 
-        x, y = to_device(val, device, dtype)
-        acc, loss = evaluate(model, x, y)
+        acc, loss = evaluate(model, (to_device(b, device, dtype) for b in val.batches(512)))
         return {"val_accuracy": acc, "val_loss": loss}
 
     def model_from_blob(self, blob):

@@ -13,12 +13,13 @@ for token, and BLEU re-computed with onnxruntime doing the decoding.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
-from torch.utils.data import TensorDataset
 
 from trainyard.recipes.base import (
     Options,
@@ -31,6 +32,22 @@ from trainyard.recipes.base import (
 )
 
 BATCH = 256
+
+
+def sentences(records, side: str, batch: int = 4096) -> Iterator[str]:
+    """One side ("source" or "target") of every pair of a split, read ``batch`` records at a time."""
+    for start in range(0, len(records), batch):
+        for pair in records.batch(range(start, min(start + batch, len(records)))).targets:
+            yield pair[side]
+
+
+def pairs_batch(batch, src_vocab, tgt_vocab, max_len: int) -> list[torch.Tensor]:
+    """A RecordBatch of sentence pairs -> [source ids, target ids], each (N, max_len) padded."""
+    from trainyard.training.seq2seq import pad
+
+    src = pad([src_vocab.encode(t["source"], max_len) for t in batch.targets], max_len)
+    tgt = pad([tgt_vocab.encode(t["target"], max_len) for t in batch.targets], max_len)
+    return [torch.from_numpy(src), torch.from_numpy(tgt)]
 
 
 class TranslationOptions(Options):
@@ -98,16 +115,17 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         return torch.from_numpy(pad([vocab.encode(s, max_len) for s in sentences], max_len))
 
     def load(self, cfg):
+        from trainyard.training.data import RecordDataset, load_split
         from trainyard.training.seq2seq import Vocab
 
         opts = self.opts(cfg.spec)
-        src, tgt = self.pairs(cfg.data, "train")
-        src_vocab, tgt_vocab = Vocab.build(src, opts.max_vocab), Vocab.build(tgt, opts.max_vocab)
-        n = opts.max_len
+        cache_mb = cfg.spec.dataset.memory_cache_mb
+        train, val = load_split(cfg.data, "train", cache_mb), load_split(cfg.data, "val", cache_mb)
+        src_vocab = Vocab.build(sentences(train, "source"), opts.max_vocab)
+        tgt_vocab = Vocab.build(sentences(train, "target"), opts.max_vocab)
         meta = {"src_vocab": src_vocab.words, "tgt_vocab": tgt_vocab.words}
-        vsrc, vtgt = self.pairs(cfg.data, "val")
-        train = TensorDataset(self.encode(src_vocab, src, n), self.encode(tgt_vocab, tgt, n))
-        return train, (self.encode(src_vocab, vsrc, n), self.encode(tgt_vocab, vtgt, n)), meta
+        collate = functools.partial(pairs_batch, src_vocab=src_vocab, tgt_vocab=tgt_vocab, max_len=opts.max_len)
+        return RecordDataset(train, collate), RecordDataset(val, collate), meta
 
     def build_model(self, meta, options: TranslationOptions):
         from trainyard.training.seq2seq import Seq2SeqTransformer
@@ -133,13 +151,12 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         """Teacher-forced loss and next-token accuracy (cheap, every epoch); BLEU comes at evaluation."""
         from trainyard.training.seq2seq import PAD, loss
 
-        src, tgt = to_device(val, device, dtype)
         was_training = model.training
         model.eval()
         total, correct, count = 0.0, 0, 0
         with torch.no_grad():
-            for i in range(0, len(src), BATCH):
-                s, t = src[i : i + BATCH], tgt[i : i + BATCH]
+            for batch in val.batches(BATCH):
+                s, t = to_device(batch, device, dtype)
                 logits = model(s, t[:, :-1]).float()
                 gold = t[:, 1:]
                 keep = gold != PAD

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -106,16 +107,18 @@ def resume_point(state: dict, batches_per_epoch: int, source: str, log) -> tuple
     return epoch, skip, step
 
 
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> tuple[float, float]:
+def evaluate(model: torch.nn.Module, batches: Iterable[list[torch.Tensor]]) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of a classifier over (inputs, labels) batches."""
     import torch.nn.functional as F
 
     was_training = model.training
     model.eval()
-    correct, loss_sum = 0, 0.0
+    correct, loss_sum, count = 0, 0.0, 0
     with torch.no_grad():
-        for i in range(0, len(x), batch):
-            logits = model(x[i : i + batch]).float()
-            loss_sum += float(F.cross_entropy(logits, y[i : i + batch], reduction="sum"))
-            correct += int((logits.argmax(1) == y[i : i + batch]).sum())
+        for x, y in batches:
+            logits = model(x).float()
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+            count += len(y)
     model.train(was_training)
-    return correct / max(len(x), 1), loss_sum / max(len(x), 1)
+    return correct / max(count, 1), loss_sum / max(count, 1)

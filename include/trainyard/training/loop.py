@@ -23,16 +23,14 @@ import gc
 import json
 import os
 import time
-from collections.abc import Sized
 from pathlib import Path
-from typing import cast
 
 import torch
 from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 
 from trainyard.recipes.base import to_device
 from trainyard.training.common import atomic_save, resume_point
+from trainyard.training.data import ShardSampler, already_batched
 from trainyard.training.run_config import RunConfig
 from trainyard.training.strategies.base import Strategy
 from trainyard.training.tracking import READY_TIMEOUT_S, Tracker
@@ -139,8 +137,17 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None) -> dict:
     recipe = recipes.get(spec.recipe)
     options = recipe.opts(spec)
     dataset, val, meta = recipe.load(cfg)
-    sampler: DistributedSampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=hp.seed)
-    loader = DataLoader(dataset, batch_size=hp.batch_size, sampler=sampler, drop_last=False)
+    sampler = ShardSampler(dataset, world, rank, hp.seed)
+    workers = spec.dataset.loader_workers
+    loader = DataLoader(
+        dataset,
+        batch_size=hp.batch_size,
+        sampler=sampler,
+        drop_last=False,
+        collate_fn=already_batched,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
     per_epoch = len(loader)
     total_steps = hp.epochs * per_epoch
     strategy.prepare(recipe.build_model(meta, options).to(device), total_steps)
@@ -153,7 +160,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None) -> dict:
         start_epoch, skip, step = resume_point(position, per_epoch, source, log)
         resumed_from = step
 
-    train_size = len(cast(Sized, dataset))  # map-style, as DistributedSampler requires (torch types Dataset unsized)
+    train_size = len(dataset)
     log(
         f"strategy={strategy.name} world_size={world} {strategy.describe()} train={train_size} "
         f"epochs={hp.epochs} steps/epoch={per_epoch} start_step={step} recipe={recipe.name}"
@@ -174,10 +181,9 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None) -> dict:
     samples, last_loss = 0, float("nan")
     loop_t0 = time.perf_counter()
     for epoch in range(start_epoch, hp.epochs):
-        sampler.set_epoch(epoch)  # the same permutation after a restart, so skipping resumes the data position
-        for i, batch in enumerate(loader):
-            if epoch == start_epoch and i < skip:
-                continue
+        first = skip if epoch == start_epoch else 0  # the batches a resumed run did already
+        sampler.set_epoch(epoch, skip_samples=first * hp.batch_size)
+        for i, batch in enumerate(loader, start=first):
             batch = to_device(batch, device, strategy.input_dtype)
             with strategy.autocast():
                 loss = recipe.loss(strategy.forward, batch)

@@ -29,6 +29,9 @@ def test_plain_records_have_no_targets(tmp_path, fmt):
     assert formats.read_with_targets(fmt, path)[4] == [None]
 
 
-def test_reserved_lmdb_keys_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="may not start with '__'"):
-        formats.write("lmdb", tmp_path / "x.lmdb", [("__meta__", 0, np.zeros((1, 1), np.uint8))], {})
+def test_any_sample_key_is_allowed(tmp_path):
+    """Sample keys live inside the records, so none is reserved (LMDB's own keys are indexes)."""
+    path = tmp_path / "x.lmdb"
+    formats.write("lmdb", path, [("__trainyard_meta__", 0, np.zeros((1, 1), np.uint8))], {"m": 1})
+    keys, _, _, meta = formats.read("lmdb", path)
+    assert keys == ["__trainyard_meta__"] and meta == {"m": 1}

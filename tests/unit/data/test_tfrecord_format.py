@@ -6,7 +6,7 @@ import pytest
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference_masked_crc32c
 
-from trainyard.data import tfrecord_format
+from trainyard.data import formats, tfrecord_format
 
 SAMPLE_FEATURES = {"key", "label", "image/raw", "image/height", "image/width", "image/dtype"}
 
@@ -34,7 +34,7 @@ def _offsets(data: bytes):
 
 def test_round_trip(tmp_path):
     path = _write(tmp_path, meta={"pixel_max": 16, "classes": ["a", "b"]})
-    keys, labels, images, meta = tfrecord_format.read(path)
+    keys, labels, images, meta = formats.read("tfrecord", path)
     assert keys == [f"k{i}" for i in range(5)]
     assert labels.dtype == np.int64 and labels.tolist() == [0, 1, 2, 0, 1]
     assert images.shape == (5, 3, 4) and images.dtype == np.uint8
@@ -47,12 +47,12 @@ def test_round_trip(tmp_path):
 def test_round_trip_empty_and_wider_dtype(tmp_path):
     path = tmp_path / "e.tfrecord"
     assert tfrecord_format.write(path, [], {"m": 1}) == 0
-    keys, labels, images, meta = tfrecord_format.read(path)
+    keys, labels, images, meta = formats.read("tfrecord", path)
     assert keys == [] and labels.shape == (0,) and meta == {"m": 1}
 
     img = np.array([[1, 65535], [256, 2]], dtype=">u2")  # big-endian in, native out
     tfrecord_format.write(path, [("w", 7, img)], {})
-    _, _, images, _ = tfrecord_format.read(path)
+    _, _, images, _ = formats.read("tfrecord", path)
     assert images.dtype == np.uint16 and images[0].tolist() == img.tolist()
 
 
@@ -134,7 +134,7 @@ def test_flipped_data_byte_names_file_and_record(tmp_path):
     start, n = _offsets(path.read_bytes())[2]
     _corrupt(path, start + 12 + n // 2)
     with pytest.raises(ValueError, match=r"train\.tfrecord: record 2 has a bad data CRC") as err:
-        tfrecord_format.read(path)
+        formats.read("tfrecord", path)
     assert str(path) in str(err.value)
 
 
@@ -143,7 +143,7 @@ def test_bad_length_crc(tmp_path):
     start, _ = _offsets(path.read_bytes())[3]
     _corrupt(path, start + 9)
     with pytest.raises(ValueError, match="record 3 has a bad length CRC"):
-        tfrecord_format.read(path)
+        formats.read("tfrecord", path)
 
 
 @pytest.mark.parametrize("cut", [5, 30, -2])  # inside a header, inside data, inside the data CRC
@@ -154,14 +154,14 @@ def test_truncated_file(tmp_path, cut):
     end = start + cut if cut > 0 else len(data) + cut
     path.write_bytes(data[:end])
     with pytest.raises(ValueError, match="record 5 truncated"):
-        tfrecord_format.read(path)
+        formats.read("tfrecord", path)
 
 
 def test_garbage_file(tmp_path):
     path = tmp_path / "junk.tfrecord"
     path.write_bytes(b"this is not a tfrecord file at all" * 10)
     with pytest.raises(ValueError, match=r"junk\.tfrecord: record 0 has a bad length CRC"):
-        tfrecord_format.read(path)
+        formats.read("tfrecord", path)
 
 
 def test_unparseable_example_with_valid_framing(tmp_path):
@@ -169,7 +169,7 @@ def test_unparseable_example_with_valid_framing(tmp_path):
     with open(path, "ab") as out:
         out.write(tfrecord_format.frame(b"\xff\xff\xff"))
     with pytest.raises(ValueError, match="record 2: unparseable Example"):
-        tfrecord_format.read(path)
+        formats.read("tfrecord", path)
 
 
 def test_bad_sample_names_the_key(tmp_path):
@@ -180,21 +180,21 @@ def test_bad_sample_names_the_key(tmp_path):
     with open(path, "ab") as out:
         out.write(tfrecord_format.frame(ex.SerializeToString()))
     with pytest.raises(ValueError, match=r"record 2 \(sample 'cat-17'\): bad sample Example"):
-        tfrecord_format.read(path)
+        formats.read("tfrecord", path)
 
 
 def test_missing_empty_and_meta_less_files(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
-        tfrecord_format.read(tmp_path / "nothing.tfrecord")
+        formats.read("tfrecord", tmp_path / "nothing.tfrecord")
     empty = tmp_path / "empty.tfrecord"
     empty.write_bytes(b"")
     with pytest.raises(ValueError, match="missing the __meta__ record"):
-        tfrecord_format.read(empty)
+        formats.read("tfrecord", empty)
     no_meta = tmp_path / "nometa.tfrecord"
     sample = tfrecord_format.encode("k", 1, np.zeros((2, 2), np.uint8))
     no_meta.write_bytes(tfrecord_format.frame(sample))
     with pytest.raises(ValueError, match="record 0: bad __meta__ Example"):
-        tfrecord_format.read(no_meta)
+        formats.read("tfrecord", no_meta)
 
 
 def test_failed_write_leaves_no_file(tmp_path):

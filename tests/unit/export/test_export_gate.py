@@ -14,6 +14,7 @@ from trainyard.data.prepare import prepare_records
 from trainyard.export import onnx_export
 from trainyard.export.onnx_export import ExportFailed, one_weight_perturbed
 from trainyard.spec import ExportSpec, JobSpec
+from trainyard.training.data import already_batched
 from trainyard.training.run_config import RunConfig
 
 FRACTION = 0.03  # of the layer's RMS weight: a realistic small corruption of one number
@@ -45,7 +46,9 @@ def trained(request, tmp_path_factory):
     train, _, meta = recipe.load(RunConfig(spec=spec, data=data, out_dir=str(root)))
     model = recipe.build_model(meta, opts).train()
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    loader = torch.utils.data.DataLoader(train, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(
+        train, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0), collate_fn=already_batched
+    )
     # 20 steps: an untrained CenterNet's heatmap is its constant prior bias, which no hidden weight moves
     # the batch stream is longer than STEPS on purpose: zip stops after STEPS steps
     for _, batch in zip(range(STEPS), (b for _ in range(STEPS) for b in loader), strict=False):

@@ -1,0 +1,87 @@
+"""A prepared split as the worker loop reads it: batches fetched by index, turned into tensors by the
+recipe's collate function.
+
+``load_split`` holds a split in memory when its records file is at most ``dataset.memory_cache_mb``
+(a batch is then a slice, as fast as tensors in memory), and otherwise reads each batch from the file in
+one go (one LMDB read transaction, or one ``pread`` per TFRecord record): a rank reads only the samples its
+sampler hands it, and its memory does not grow with the dataset.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler, Sampler
+
+from trainyard.data import formats
+from trainyard.data.records import InMemory, Reader, RecordBatch
+
+Collate = Callable[[RecordBatch], list[torch.Tensor]]
+
+
+def load_split(data: dict, split: str, memory_cache_mb: int) -> Reader:
+    """The split's records, in memory when its file is at most ``memory_cache_mb`` MB, else from the file."""
+    reader = formats.open_records(data["format"], data[split])
+    if formats.size_bytes(data[split]) <= memory_cache_mb * (1 << 20):
+        return InMemory(reader)
+    return reader
+
+
+class RecordDataset(Dataset):
+    """Map-style dataset of a split whose items are whole batches: the DataLoader hands ``__getitems__``
+    a batch's indices (its sampler's, so DistributedSampler shards it), and gets the collated tensors;
+    ``already_batched`` is then the DataLoader's collate_fn. ``collate`` must pickle (a module-level
+    function or a ``functools.partial`` of one) for DataLoader workers."""
+
+    def __init__(self, records: Reader, collate: Collate) -> None:
+        self.records, self.collate = records, collate
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[torch.Tensor]:
+        return self.collate(self.records.batch(indices))
+
+    def __getitem__(self, index: int) -> list[torch.Tensor]:
+        """One sample as a batch of one (DataLoader uses ``__getitems__``)."""
+        return self.__getitems__([index])
+
+    def batches(self, size: int) -> Iterator[list[torch.Tensor]]:
+        """The whole split in order, ``size`` samples at a time (validation, evaluation)."""
+        for _, tensors in self.record_batches(size):
+            yield tensors
+
+    def record_batches(self, size: int) -> Iterator[tuple[RecordBatch, list[torch.Tensor]]]:
+        """``batches`` with each batch's records (keys, targets) beside its tensors, read once."""
+        for start in range(0, len(self), size):
+            records = self.records.batch(range(start, min(start + size, len(self))))
+            yield records, self.collate(records)
+
+
+def already_batched(batch: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The DataLoader's collate_fn for a :class:`RecordDataset`: its items are batches already."""
+    return batch
+
+
+class ShardSampler(Sampler[int]):
+    """DistributedSampler's shard of each epoch's permutation, less the samples of the batches a resumed
+    run already did: those are skipped as indices, never read."""
+
+    def __init__(self, dataset: Dataset, world: int, rank: int, seed: int) -> None:
+        self.shard: DistributedSampler = DistributedSampler(
+            dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed
+        )
+        self.skip = 0
+
+    def set_epoch(self, epoch: int, skip_samples: int = 0) -> None:
+        """The same permutation for an epoch after a restart, so skipping resumes the data position."""
+        self.shard.set_epoch(epoch)
+        self.skip = skip_samples
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.shard), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(len(self.shard) - self.skip, 0)
