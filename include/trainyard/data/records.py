@@ -41,6 +41,25 @@ class RecordBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
+    @classmethod
+    def concat(cls, parts: Sequence[RecordBatch]) -> RecordBatch:
+        """Batches one after the other (a split read in chunks, so it is never held twice as rows)."""
+        stacked = [p.arrays for p in parts if isinstance(p.arrays, np.ndarray)]
+        same = len(stacked) == len(parts) and len({(a.shape[1:], a.dtype) for a in stacked}) <= 1
+        arrays: np.ndarray | list[np.ndarray]
+        if not parts:
+            arrays = np.zeros((0,), dtype=np.uint8)
+        elif same:
+            arrays = np.concatenate(stacked)
+        else:
+            arrays = [a for p in parts for a in p.arrays]
+        return cls(
+            keys=[k for p in parts for k in p.keys],
+            labels=np.concatenate([p.labels for p in parts]) if parts else np.zeros((0,), np.int64),
+            arrays=arrays,
+            targets=[t for p in parts for t in p.targets],
+        )
+
 
 class Reader(Protocol):
     meta: dict
@@ -53,9 +72,10 @@ class Reader(Protocol):
 class InMemory:
     """A whole split read once (a reader's every record); a batch is fancy indexing, no decoding."""
 
-    def __init__(self, reader: Reader) -> None:
+    def __init__(self, reader: Reader, chunk: int = 4096) -> None:
         self.meta = reader.meta
-        self.all = reader.batch(range(len(reader)))
+        parts = [reader.batch(range(i, min(i + chunk, len(reader)))) for i in range(0, len(reader), chunk)]
+        self.all = RecordBatch.concat(parts)
 
     def __len__(self) -> int:
         return len(self.all)

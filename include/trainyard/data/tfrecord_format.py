@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import struct
+from array import array
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -162,7 +163,7 @@ class Reader:
             raise ValueError(f"{self.path}: not a TFRecord dataset (no such file)")
         self._fd = -1
         self._pid = -1
-        starts, lengths = [], []
+        starts, lengths = array("q"), array("q")  # 8 bytes a record while scanning
         with open(self.path, "rb") as stream:
             pos, i = 0, 0
             while True:
@@ -184,8 +185,8 @@ class Reader:
                 raise ValueError(f"{self.path}: record {i - 1} truncated (the file ends inside it)")
         if not starts:
             raise ValueError(f"{self.path}: empty file, missing the {META_FEATURE} record")
-        self._starts = np.asarray(starts, dtype=np.int64)
-        self._lengths = np.asarray(lengths, dtype=np.int64)
+        self._starts = np.frombuffer(starts, dtype=np.int64)
+        self._lengths = np.frombuffer(lengths, dtype=np.int64)
         try:
             feature = example_class().FromString(self._payload(0)).features.feature
             self.meta: dict = json.loads(feature[META_FEATURE].bytes_list.value[0])

@@ -9,11 +9,11 @@ sampler hands it, and its memory does not grow with the dataset.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence, Sized
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler, Sampler
+from torch.utils.data import Dataset, Sampler
 
 from trainyard.data import formats
 from trainyard.data.records import InMemory, Reader, RecordBatch
@@ -66,22 +66,35 @@ def already_batched(batch: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class ShardSampler(Sampler[int]):
-    """DistributedSampler's shard of each epoch's permutation, less the samples of the batches a resumed
+    """This rank's shard of each epoch's shuffled order: the order of torch's DistributedSampler (same
+    permutation, padding and striding, so a run's data order is the one it always had), held as an int64
+    tensor (8 bytes a sample, not a list of Python ints at 36), less the samples of the batches a resumed
     run already did: those are skipped as indices, never read."""
 
-    def __init__(self, dataset: Dataset, world: int, rank: int, seed: int) -> None:
-        self.shard: DistributedSampler = DistributedSampler(
-            dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed
-        )
-        self.skip = 0
+    def __init__(self, dataset: Sized, world: int, rank: int, seed: int) -> None:
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in 0..{world - 1}")
+        self.size, self.world, self.rank, self.seed = len(dataset), world, rank, seed
+        self.per_rank = math.ceil(self.size / world)
+        self.epoch, self.skip = 0, 0
 
     def set_epoch(self, epoch: int, skip_samples: int = 0) -> None:
         """The same permutation for an epoch after a restart, so skipping resumes the data position."""
-        self.shard.set_epoch(epoch)
-        self.skip = skip_samples
+        self.epoch, self.skip = epoch, skip_samples
+
+    def shard(self) -> torch.Tensor:
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.size, generator=generator)
+        total = self.per_rank * self.world
+        if total > self.size:  # padded with the order's first samples, so every rank gets as many
+            order = torch.cat([order, order.repeat(math.ceil((total - self.size) / self.size))[: total - self.size]])
+        return order[self.rank : total : self.world][self.skip :]
 
     def __iter__(self) -> Iterator[int]:
-        return itertools.islice(iter(self.shard), self.skip, None)
+        shard = self.shard().numpy()
+        for start in range(0, len(shard), 4096):
+            yield from shard[start : start + 4096].tolist()
 
     def __len__(self) -> int:
-        return max(len(self.shard) - self.skip, 0)
+        return max(self.per_rank - self.skip, 0)

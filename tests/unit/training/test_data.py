@@ -74,3 +74,18 @@ def test_batches_cover_the_split_in_order(tmp_path):
     dataset = RecordDataset(load_split(_split(tmp_path, "tfrecord"), "train", 0), _collate)
     got = [y.tolist() for _, y in dataset.batches(16)]
     assert [len(b) for b in got] == [16, 16, 16, 2] and sum(got, []) == list(range(50))
+
+
+@pytest.mark.parametrize(("size", "world"), [(50, 1), (50, 2), (7, 3), (2, 5), (1000, 4)])
+def test_shard_order_is_distributed_samplers(size, world):
+    """A run's data order is what torch's DistributedSampler gives (resumes and old runs line up)."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = range(size)
+    for rank in range(world):
+        ours = ShardSampler(data, world, rank, seed=11)
+        theirs = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=11)
+        for epoch in (0, 3):
+            ours.set_epoch(epoch)
+            theirs.set_epoch(epoch)
+            assert list(ours) == list(theirs) and len(ours) == len(theirs)
