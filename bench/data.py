@@ -10,7 +10,13 @@ LMDB maps are the kernel's reclaimable cache, not the process's) and the loader'
 run, the trainer's consumption: samples/s of the digits model's training steps (forward, backward, SGD) at
 the same batch size on batches already in memory. The loader must outrun the consumption.
 
+Last, a split a quarter bigger than ``--limit-mb`` trains one epoch through the real worker (torchrun and
+one process: about 550 MB of that is theirs) in a memory cgroup of that size: streamed it trains; held in
+memory the kernel kills it. That part needs
+root and a writable cgroup tree, and says so when it is skipped.
+
     .venv/bin/python bench/data.py [--samples 15000] [--scales 1 4 16] [--formats lmdb tfrecord] [--workers 0 1]
+                                   [--limit-mb 400]
 """
 
 from __future__ import annotations
@@ -129,6 +135,43 @@ def consumption(samples: int = 20 * BATCH * 20) -> float:
     return samples / (time.perf_counter() - t0)
 
 
+def evict(path: Path) -> None:
+    """Drop a file's pages from the page cache, so a reader in a memory cgroup reads (and is charged for)
+    them itself instead of finding them cached on the writer's account."""
+    files = list(path.iterdir()) if path.is_dir() else [path]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def train_under_limit(data: dict, out: Path, limit_mb: int, cache_mb: int) -> tuple[int, float, float | None, str]:
+    """One epoch of the digits recipe through the real worker (torchrun, 1 process) in a memory cgroup of
+    ``limit_mb``; (exit code, the cgroup's peak MB, samples/s or None when it did not finish, its log)."""
+    import memory_cgroup
+
+    from trainyard.spec import parse_spec
+    from trainyard.training.launchers.local import worker_env
+    from trainyard.training.run_config import RunConfig
+
+    out.mkdir(parents=True)
+    spec = parse_spec(
+        {"hyperparameters": {"epochs": 1}, "resources": {"gpus_per_node": 1}, "dataset": {"memory_cache_mb": cache_mb}}
+    )
+    config = RunConfig(spec=spec, data=data, out_dir=str(out)).dump(out / "run.json")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=1"]
+    argv += ["-m", "trainyard.training.entry", "--config", str(config)]
+    for f in (data["train"], data["val"]):
+        evict(Path(f))
+    proc, peak = memory_cgroup.run(argv, limit_mb, env=worker_env(1, dict(os.environ)), capture_output=True, text=True)
+    result = out / "train_result.json"
+    speed = json.loads(result.read_text())["samples_per_second"] if proc.returncode == 0 else None
+    return proc.returncode, peak / (1 << 20), speed, proc.stdout + proc.stderr
+
+
 def run_child(data: dict, cache_mb: int, workers: int) -> dict:
     argv = [sys.executable, __file__, "--child", json.dumps(data), str(cache_mb), str(workers)]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -143,6 +186,12 @@ def main() -> None:
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--formats", nargs="+", default=["lmdb", "tfrecord"])
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1], help="DataLoader workers (streamed)")
+    parser.add_argument(
+        "--limit-mb",
+        type=int,
+        default=640,
+        help="memory cgroup of the training run, whose split is 1.25x this (0: no training run)",
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -175,6 +224,38 @@ def main() -> None:
                     flush=True,
                 )
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if args.limit_mb:
+            train_limited(args.limit_mb, Path(tmp))
+
+
+def train_limited(limit_mb: int, tmp: Path) -> None:
+    """One epoch of a split a quarter bigger than ``limit_mb``, streamed and held, in a cgroup of that size."""
+    import memory_cgroup
+
+    from trainyard.data import formats
+
+    why_not = memory_cgroup.available()
+    if why_not:
+        print(f"training under a memory limit: skipped ({why_not})")
+        return
+    probe = tmp / "probe.lmdb"
+    write_split(probe, "lmdb", 4096)
+    per_sample = formats.size_bytes(probe) / 4096
+    write_split(tmp / "limited.lmdb", "lmdb", int(limit_mb * 1.25 * (1 << 20) / per_sample))
+    write_split(tmp / "limited-val.lmdb", "lmdb", 500)
+    data = {"format": "lmdb", "train": str(tmp / "limited.lmdb"), "val": str(tmp / "limited-val.lmdb")}
+    size_mb = formats.size_bytes(tmp / "limited.lmdb") / (1 << 20)
+    print(f"training one epoch of a {size_mb:.0f} MB split in a {limit_mb} MB memory cgroup (torchrun + 1 worker):")
+    for cache_mb in (0, int(size_mb) + 1):
+        how = "streamed" if cache_mb == 0 else "held in memory"
+        code, peak, speed, log = train_under_limit(data, tmp / f"limited-{cache_mb}", limit_mb, cache_mb)
+        if code == 0:
+            verdict = f"trained, {speed:.0f} samples/s"
+        elif "Signal 9" in log or "exitcode  : -9" in log or code == -9:
+            verdict = "killed by the kernel's OOM killer"
+        else:
+            verdict = f"failed with exit {code}:\n{log[-2000:]}"
+        print(f"  {how:15} peak {peak:6.1f} MB (page cache included): {verdict}", flush=True)
 
 
 if __name__ == "__main__":
