@@ -171,7 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--branch", default="main")
     p.add_argument(
-        "--kind", default="auto", choices=["auto", "image_classification", "coco_detection", "parallel_text"]
+        "--kind",
+        default="auto",
+        choices=["auto", "image_classification", "coco_detection", "parallel_text", "image_folder"],
     )
     p.add_argument("--message", default="")
     p.set_defaults(func=cli_command(cmd_data_upload))

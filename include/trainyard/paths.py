@@ -22,6 +22,11 @@ def runs_root() -> Path:
     return home() / "runs"
 
 
+def weights_root() -> Path:
+    """Initial weights a recipe may start from (``recipe_options.init_weights`` names a file here)."""
+    return home() / "weights"
+
+
 def tensorboard_root() -> Path:
     return home() / "tensorboard"
 

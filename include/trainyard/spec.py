@@ -15,8 +15,10 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from trainyard import TRAINER_IMAGE
 from trainyard.errors import PermanentError, spec_error_message
+from trainyard.recipes import RECIPES as BUILT_IN_RECIPES
 
-RECIPES = ("digits_cnn", "centernet_detector", "transformer_translator", "custom")
+# the built-in recipes (trainyard.recipes.RECIPES, a table of module paths: importing it loads no recipe)
+RECIPES = (*BUILT_IN_RECIPES, "custom")
 NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
@@ -39,11 +41,12 @@ class DatasetRef(_Model):
     repo: str = Field("digits", pattern=NAME_RE, description="dataset repository in the store")
     ref: str = Field("main", min_length=1, description="branch, tag or commit id; resolved to a commit")
     format: Literal["lmdb", "tfrecord"] = Field("lmdb", description="record format the training loaders read")
-    source: Literal["sklearn_digits", "synthetic_shapes", "synthetic_translation", "none"] = Field(
+    source: Literal["sklearn_digits", "synthetic_shapes", "synthetic_translation", "synthetic_photos", "none"] = Field(
         "sklearn_digits",
         description=(
             "built-in source ingested into the store before resolving (sklearn_digits for digits_cnn, "
-            "synthetic_shapes for centernet_detector, synthetic_translation for transformer_translator); "
+            "synthetic_shapes for centernet_detector, synthetic_translation for transformer_translator, "
+            "synthetic_photos for resnet_classifier); "
             "'none' = the data is already there (your own upload)"
         ),
     )
@@ -292,9 +295,9 @@ class JobSpec(_Model):
     recipe: Literal[RECIPES] = Field(  # type: ignore[valid-type]
         "digits_cnn",
         description=(
-            "what is trained: a built-in recipe (digits_cnn: image classification; "
-            "centernet_detector: COCO detection, mAP; transformer_translator: parallel text, BLEU/chrF) or "
-            "custom (your command)"
+            "what is trained: a built-in recipe (digits_cnn: small image classification; "
+            "centernet_detector: COCO detection, mAP; transformer_translator: parallel text, BLEU/chrF; "
+            "resnet_classifier: a folder of images per class, accuracy/top-5/macro-F1) or custom (your command)"
         ),
     )
     dataset: DatasetRef = DatasetRef()

@@ -1,4 +1,4 @@
-"""The detection and translation recipes through train_pipeline (`dag.test()`): train with torchrun,
+"""The detection, translation and ResNet recipes through train_pipeline (`dag.test()`): train with torchrun,
 evaluate (mAP / BLEU), gate, export to ONNX with parity, sign and register; then champion/challenger
 against the registered version, and both COCO evaluators on the trained model's own detections."""
 
@@ -29,6 +29,16 @@ TRANSLATION = {
     "resources": {"gpus_per_node": 1},
     "gates": [{"metric": "val_bleu", "min": 50}],
     "export": {"metric_tolerance": 0.0, "torchscript": True},
+}
+
+PHOTOS = {
+    "name": "photos",
+    "recipe": "resnet_classifier",
+    "dataset": {"repo": "photos", "source": "synthetic_photos"},
+    "hyperparameters": {"epochs": 12, "batch_size": 32, "learning_rate": 0.003, "optimizer": "adamw", "seed": 42},
+    "recipe_options": {"depth": 10, "width": 16, "image_size": 48},
+    "resources": {"gpus_per_node": 1},
+    "gates": [{"metric": "val_accuracy", "min": 0.85}, {"metric": "val_macro_f1", "min": 0.85}],
 }
 
 
@@ -166,3 +176,25 @@ def test_recipes_train_under_the_other_strategies(trainyard_home, job, distribut
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     headline = {"centernet_detector": {"val_map", "val_map_50"}, "transformer_translator": {"val_bleu", "val_chrf"}}
     assert set(pipeline.evaluate(spec, trained, data)) >= headline[spec.recipe]
+
+
+def test_resnet_recipe_end_to_end_on_an_image_folder(dag, trainyard_home, monkeypatch):
+    """Photo-like JPEG/PNG files of any size in a folder per class -> a ResNet that passes its gate,
+    exported, signed and registered; champion/challenger through the version's own ONNX file."""
+    from mlflow.models import get_model_info
+
+    from trainyard import paths, pipeline
+    from trainyard.spec import JobSpec
+
+    x, mv = _run(dag, PHOTOS)
+    ev = x["evaluate"]
+    assert ev["val_accuracy"] >= 0.85 and ev["val_top5_accuracy"] == 1.0  # four classes: all in the top five
+    assert x["validate_data"]["success"]
+    c = _common_checks(mv, x, "val_accuracy")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
+    sig = get_model_info(mv.source).signature
+    assert [tuple(i["tensor-spec"]["shape"]) for i in sig.inputs.to_dict()] == [(-1, 3, 48, 48)]
+    c.set_registered_model_alias("photos", "production", mv.version)
+    spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.0}]})
+    tie = pipeline.gate(spec, ev, x["prepare_data"])
+    assert tie["passed"], tie["message"]

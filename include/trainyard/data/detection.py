@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
 
-from trainyard.data.validation import ValidationReport, load_suite_config, validate_dataframe
+from trainyard.data.validation import ValidationReport, load_suite_config, merge_reports, validate_dataframe
 from trainyard.errors import DataFormatError
 
 _REQUIRED = {
@@ -166,15 +166,6 @@ def profile_images(coco: dict, root: str | Path):
             "height": [img["height"] for img in coco["images"]],
             "size_matches": pd.Series(matches, dtype=object),
         }
-    )
-
-
-def merge_reports(name: str, *reports: ValidationReport) -> ValidationReport:
-    return ValidationReport(
-        suite=name,
-        success=all(r.success for r in reports),
-        checks=[c for r in reports for c in r.checks],
-        docs=next((r.docs for r in reports if r.docs), None),
     )
 
 

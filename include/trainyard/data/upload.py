@@ -69,9 +69,13 @@ def detect_kind(folder: str | Path) -> str:
             return kind
     if (root / "pairs.jsonl").exists():
         return "parallel_text"
+    top = [p for p in root.iterdir() if not p.name.startswith(".")] if root.is_dir() else []
+    if top and all(p.is_dir() for p in top):
+        return "image_folder"  # a folder per class, nothing else at the top (torchvision's ImageFolder)
     raise UploadError(
         f"{folder}: cannot tell the data kind; expected one of: "
         + "; ".join(f"{k} ({' + '.join(m)})" for k, m in KIND_MARKERS.items())
+        + "; image_folder (only a folder per class at the top, images inside)"
     )
 
 
@@ -89,7 +93,11 @@ def validate_folder(folder: str | Path, kind: str, docs_dir: str | Path | None =
         from trainyard.data.parallel_text import validate_parallel_text
 
         return validate_parallel_text(folder, docs_dir=docs_dir)
-    raise UploadError(f"unknown data kind {kind!r}; allowed: {sorted(KIND_MARKERS)}")
+    if kind == "image_folder":
+        from trainyard.data.image_folder import validate_image_folder
+
+        return validate_image_folder(folder, docs_dir=docs_dir)
+    raise UploadError(f"unknown data kind {kind!r}; allowed: {sorted([*KIND_MARKERS, 'image_folder'])}")
 
 
 def upload_folder(

@@ -66,6 +66,16 @@ class ValidationReport:
         }
 
 
+def merge_reports(name: str, *reports: ValidationReport) -> ValidationReport:
+    """Several suites over one dataset as one report (every check, passed only if all passed)."""
+    return ValidationReport(
+        suite=name,
+        success=all(r.success for r in reports),
+        checks=[c for r in reports for c in r.checks],
+        docs=next((r.docs for r in reports if r.docs), None),
+    )
+
+
 def load_suite_config(kind: str, values: dict, config_dir: Path | None = None) -> dict:
     import yaml
 

@@ -12,15 +12,24 @@ def predict(model, x, batch: int = 512) -> np.ndarray:
         return np.concatenate([model(x[i : i + batch]).numpy() for i in range(0, len(x), batch)])
 
 
-def classification_metrics(logits: np.ndarray, labels: np.ndarray, prefix: str = "val") -> dict[str, float]:
+def classification_metrics(
+    logits: np.ndarray, labels: np.ndarray, prefix: str = "val", top5: bool = False
+) -> dict[str, float]:
+    """Accuracy, macro-F1 and the sample count; with ``top5`` also the share whose label is among the five
+    highest scores (all of them, with five classes or fewer)."""
     from sklearn.metrics import accuracy_score, f1_score
 
     pred = logits.argmax(axis=1)
-    return {
+    out = {
         f"{prefix}_accuracy": float(accuracy_score(labels, pred)),
         f"{prefix}_macro_f1": float(f1_score(labels, pred, average="macro")),
         f"{prefix}_samples": float(len(labels)),
     }
+    if top5:
+        k = min(5, logits.shape[1])
+        best = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+        out[f"{prefix}_top5_accuracy"] = float((best == labels[:, None]).any(axis=1).mean()) if len(labels) else 0.0
+    return out
 
 
 def evaluate_model(model_path: str, fmt: str, path: str, prefix: str = "val") -> dict[str, float]:

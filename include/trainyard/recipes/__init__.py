@@ -11,6 +11,7 @@ recipe                   data layout            model                          m
 ``digits_cnn``           image classification   small CNN                      val_accuracy, macro F1
 ``centernet_detector``   COCO detection         small CenterNet                COCO mAP (faster-coco-eval)
 ``transformer_translator`` parallel text        encoder-decoder transformer    BLEU, chrF (sacrebleu)
+``resnet_classifier``    image folder (photos)  ResNet-10/18/34/50             accuracy, top-5, macro F1
 ======================== ====================== ============================== =====================
 """
 
@@ -27,6 +28,7 @@ RECIPES = {
     "digits_cnn": "trainyard.recipes.digits:DigitsCNN",
     "centernet_detector": "trainyard.recipes.detection:CenterNetDetector",
     "transformer_translator": "trainyard.recipes.translation:TransformerTranslator",
+    "resnet_classifier": "trainyard.recipes.resnet:ResNetClassifier",
 }
 
 

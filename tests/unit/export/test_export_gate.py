@@ -9,7 +9,7 @@ import torch
 
 from datafiles import write_files
 from trainyard import recipes
-from trainyard.data import classification, shapes, synthetic_text
+from trainyard.data import classification, photos, shapes, synthetic_text
 from trainyard.data.prepare import prepare_records
 from trainyard.export import onnx_export
 from trainyard.export.onnx_export import ExportFailed, one_weight_perturbed
@@ -25,6 +25,11 @@ CASES = {
     "transformer_translator": (
         lambda: synthetic_text.generate(80, seed=2),
         {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32},
+        ["logits"],
+    ),
+    "resnet_classifier": (
+        lambda: photos.photo_files(per_class=8, seed=2),
+        {"depth": 10, "width": 8, "image_size": 32},
         ["logits"],
     ),
 }

@@ -8,7 +8,7 @@ import torch
 
 from datafiles import write_files
 from trainyard import recipes
-from trainyard.data import shapes, synthetic_text
+from trainyard.data import photos, shapes, synthetic_text
 from trainyard.data.prepare import prepare_records
 from trainyard.export import onnx_export
 from trainyard.export.onnx_export import ExportFailed
@@ -22,6 +22,7 @@ CASES = {
         lambda: synthetic_text.generate(60, seed=2),
         {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32},
     ),
+    "resnet_classifier": (lambda: photos.photo_files(per_class=6, seed=2), {"depth": 10, "width": 8, "image_size": 32}),
 }
 
 
