@@ -89,18 +89,28 @@ def cmd_data_upload(args) -> int:
 
 
 def cmd_data_import(args) -> int:
-    """Convert an annotation tool's export into the dataset layout, then validate the result."""
+    """Convert an annotation tool's export or an image tree into the dataset layout, then validate it."""
     from trainyard.data.upload import validate_folder
 
+    if args.format in ("coco", "labelstudio", "csv") and not args.images:
+        raise PermanentError(f"trainyard data import {args.format} needs --images (the folder the files are in)")
     if args.format == "coco":
         from trainyard.data.importers.coco import import_coco
 
         summary, kind = import_coco(args.export, args.images, args.dest), "coco_detection"
-    else:
+    elif args.format == "labelstudio":
         from trainyard.data.importers.labelstudio import import_labelstudio
 
         summary = import_labelstudio(args.export, args.images, args.dest, args.kind)
         kind = "coco_detection" if args.kind == "detection" else "image_classification"
+    elif args.format == "image-folder":
+        from trainyard.data.importers.image_folder import import_image_folder
+
+        summary, kind = import_image_folder(args.export, args.dest), "image_folder"
+    else:
+        from trainyard.data.importers.image_folder import import_labels_csv
+
+        summary, kind = import_labels_csv(args.export, args.images, args.dest), "image_folder"
     report = validate_folder(args.dest, kind)
     print(json.dumps(summary))
     print(report.summary(), file=sys.stderr)
@@ -177,10 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--message", default="")
     p.set_defaults(func=cli_command(cmd_data_upload))
-    p = data.add_parser("import", help="convert a COCO or Label Studio export into a dataset folder")
-    p.add_argument("format", choices=["coco", "labelstudio"])
-    p.add_argument("export", help="the exported JSON file")
-    p.add_argument("--images", required=True, help="folder with the images the export refers to")
+    p = data.add_parser(
+        "import", help="convert a COCO or Label Studio export, an image tree or a CSV of labels into a dataset folder"
+    )
+    p.add_argument("format", choices=["coco", "labelstudio", "image-folder", "csv"])
+    p.add_argument(
+        "export",
+        help="the exported JSON file; for image-folder the folder (<class>/<image> or <split>/<class>/<image>); "
+        "for csv the file,label CSV",
+    )
+    p.add_argument("--images", help="folder with the images the export or CSV refers to")
     p.add_argument("--dest", required=True, help="new (or empty) folder to write the dataset to")
     p.add_argument(
         "--kind",

@@ -2,10 +2,10 @@
 
 Each class is a structure, never a colour: ``stripes`` (a wave at a random angle and frequency),
 ``checks`` (a rotated checkerboard), ``rings`` (concentric rings round a random centre) and ``spots``
-(scattered discs). Every image gets its own two random colours (one dark, one light), a lighting gradient, sensor noise and a
-random size (48 to 128 px a side, any aspect), and is saved as JPEG (every fifth as PNG), so the
-classifier has to learn shapes from photo-like files of mixed sizes and formats. Everything follows from
-the seed: the same arguments give the same bytes, hence the same dataset commit.
+(scattered discs). Every image gets its own two random colours (one dark, one light), a lighting
+gradient, sensor noise and a random size (48 to 128 px a side, any aspect), and is saved as JPEG (every
+fifth as PNG), so the classifier has to learn shapes from photo-like files of mixed sizes and formats.
+Everything follows from the seed: the same arguments give the same bytes, hence the same dataset commit.
 """
 
 from __future__ import annotations
