@@ -15,7 +15,7 @@ DOCKER_BUILD_ARGS ?=
 LINT_PATHS := include plugins dags
 RUFF_PATHS := $(LINT_PATHS) tests bench scripts
 
-.PHONY: setup demo test test-gpu lint image up clean
+.PHONY: setup demo test test-gpu lint bench image up clean
 
 setup:
 	@scripts/setup.sh
@@ -42,6 +42,11 @@ lint: setup
 	ruff format --check $(RUFF_PATHS) || status=1; \
 	mypy $(LINT_PATHS) || status=1; \
 	exit $$status
+
+# Every benchmark in bench/ at its default size (about 15 minutes on 2 cores), written to BENCHMARKS.md
+# with the machine and the commit; BENCH_ARGS="--only loop data" picks some.
+bench: setup
+	@python bench/all.py $(BENCH_ARGS)
 
 image:
 	@test -n "$(TRAINER_IMAGE)" || { echo "make image: could not read trainyard.TRAINER_IMAGE from include/" >&2; exit 1; }

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def hand_worker(data: dict, out: Path) -> None:
+def hand_worker(data: dict, out: Path, epochs: int = 10) -> None:
     """What someone would write by hand: DataLoader + DistributedSampler, DDP, SGD, cosine, eval per epoch."""
     import torch
     import torch.distributed as dist
@@ -54,7 +54,6 @@ def hand_worker(data: dict, out: Path) -> None:
     model = SmallCNN(len(meta["classes"]), meta["height"], meta["width"])
     net = DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    epochs = 10
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
     samples = 0
     t0 = time.perf_counter()
@@ -118,13 +117,13 @@ def torchrun(nproc: int, tail: list[str], env: dict) -> None:
         raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
-def trainyard_once(root: Path, data: dict, nproc: int, uri: str, run_id: str, rep: int) -> float:
+def trainyard_once(root: Path, data: dict, nproc: int, uri: str, run_id: str, rep: int, epochs: int) -> float:
     from trainyard.spec import parse_spec
     from trainyard.training.run_config import RunConfig
 
     out = root / f"ty-{nproc}-{rep}"
     out.mkdir()
-    spec = parse_spec({"resources": {"gpus_per_node": nproc}})  # the digits defaults
+    spec = parse_spec({"resources": {"gpus_per_node": nproc}, "hyperparameters": {"epochs": epochs}})  # digits
     config = RunConfig(
         spec=spec, data=data, out_dir=str(out), tracking_uri=uri, mlflow_run_id=run_id, tensorboard_dir=str(out / "tb")
     ).dump(out / "run.json")
@@ -132,21 +131,24 @@ def trainyard_once(root: Path, data: dict, nproc: int, uri: str, run_id: str, re
     return json.loads((out / "train_result.json").read_text())["samples_per_second"]
 
 
-def hand_once(root: Path, data: dict, nproc: int, rep: int) -> float:
+def hand_once(root: Path, data: dict, nproc: int, rep: int, epochs: int) -> float:
     out = root / f"hand-{nproc}-{rep}.json"
     (root / "data.json").write_text(json.dumps(data))
-    torchrun(nproc, [str(Path(__file__).resolve()), "--hand-worker", str(root / "data.json"), str(out)], {})
+    argv = [str(Path(__file__).resolve()), "--hand-worker", str(root / "data.json"), str(out), str(epochs)]
+    torchrun(nproc, argv, {})
     return json.loads(out.read_text())["samples_per_second"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--hand-worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--epochs", type=int, default=10, help="epochs of each run (the JobSpec default: 10)")
+    parser.add_argument("--hand-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hand_worker:
-        hand_worker(json.loads(Path(args.hand_worker[0]).read_text()), Path(args.hand_worker[1]))
+        data, out, epochs = args.hand_worker
+        hand_worker(json.loads(Path(data).read_text()), Path(out), int(epochs))
         return
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         root = Path(tmp)
@@ -155,8 +157,8 @@ def main() -> None:
         for nproc in args.procs:
             hand, ty = [], []
             for rep in range(args.reps):
-                hand.append(hand_once(root, data, nproc, rep))
-                ty.append(trainyard_once(root, data, nproc, uri, run_id, rep))
+                hand.append(hand_once(root, data, nproc, rep, args.epochs))
+                ty.append(trainyard_once(root, data, nproc, uri, run_id, rep, args.epochs))
             h, t = statistics.median(hand), statistics.median(ty)
             print(
                 f"{nproc} process(es): hand {h:8.0f} samples/s  trainyard {t:8.0f} samples/s  "

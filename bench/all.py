@@ -1,0 +1,143 @@
+"""``make bench``: every benchmark, one after the other, into BENCHMARKS.md with the machine it ran on.
+
+Each benchmark is its own script in ``bench/`` that measures both sides of each ratio in the same run (the
+machines are shared and noisy) and prints its figures; this runs them with their default sizes, keeps
+what each printed on stdout, and writes BENCHMARKS.md: the machine, the commit, and per benchmark the
+command and its output. ``--smoke`` runs each at a tiny size (the test suite does, so none rots); ``--only``
+picks benchmarks by name.
+
+    .venv/bin/python bench/all.py [--only loop data ...] [--smoke] [--out BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    title: str
+    argv: tuple[str, ...]  # the script and its default arguments
+    smoke: tuple[str, ...]  # the same script's tiny size
+
+
+BENCHES = (
+    Bench(
+        "loop",
+        "Training loop: trainyard's worker against a hand-written PyTorch loop (digits defaults)",
+        ("bench/loop.py", "--reps", "5", "--procs", "1", "2"),
+        ("bench/loop.py", "--reps", "1", "--procs", "1", "--epochs", "1"),
+    ),
+    Bench(
+        "data",
+        "Data: worker memory against dataset size, the loader against the trainer's consumption, a split "
+        "bigger than the memory limit",
+        ("bench/data.py",),
+        ("bench/data.py", "--samples", "400", "--scales", "1", "2", "--workers", "0", "--limit-mb", "0"),
+    ),
+    Bench(
+        "validation",
+        "Validation: great-expectations rows/s against dataset size",
+        ("bench/validation.py",),
+        ("bench/validation.py", "--rows", "100", "--reps", "1"),
+    ),
+    Bench(
+        "evaluation",
+        "Evaluation: faster-coco-eval against pycocotools, and sacrebleu",
+        ("bench/evaluation.py",),
+        ("bench/evaluation.py", "--images", "40", "--sentences", "40", "--reps", "1"),
+    ),
+    Bench(
+        "inference",
+        "Inference: onnxruntime against eager PyTorch, per recipe model",
+        ("bench/inference.py",),
+        ("bench/inference.py", "--iters", "2", "--threads", "1", "--batches", "2"),
+    ),
+    Bench(
+        "parse",
+        "DAG parse time per file",
+        ("bench/parse.py",),
+        ("bench/parse.py", "--reps", "1"),
+    ),
+)
+
+
+def _first_line(path: str, prefix: str) -> str:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(prefix):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def machine() -> list[str]:
+    import numpy
+    import onnxruntime
+    import torch
+
+    mem_kb = _first_line("/proc/meminfo", "MemTotal").split()[0]
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return [
+        f"- CPU: {_first_line('/proc/cpuinfo', 'model name')}, {len(os.sched_getaffinity(0))} cores usable",
+        f"- memory: {int(mem_kb) / (1 << 20):.0f} GiB; GPU: "
+        + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"),
+        f"- Python {platform.python_version()}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "
+        f"numpy {numpy.__version__}; {platform.system()} {platform.release()}",
+        f"- commit {commit or 'unknown'}, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+    ]
+
+
+def run(bench: Bench, smoke: bool) -> tuple[str, str, float]:
+    """(the command as a user types it, its stdout, seconds)."""
+    argv = bench.smoke if smoke else bench.argv
+    env = {**os.environ, "AIRFLOW_HOME": os.environ.get("AIRFLOW_HOME", str(REPO / ".airflow"))}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    took = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"bench {bench.name} failed ({' '.join(argv)}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return ".venv/bin/python " + " ".join(argv), proc.stdout.rstrip(), took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=[b.name for b in BENCHES])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that each benchmark runs")
+    parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
+    args = parser.parse_args()
+    chosen = [b for b in BENCHES if not args.only or b.name in args.only]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (`bench/all.py`). Each ratio is measured side by side in the same run;"
+        " the figures are this machine's, at the commit below. How each is measured: the docstring of its"
+        " script.",
+        "",
+        *machine(),
+    ]
+    for bench in chosen:
+        print(f"== {bench.name}: {' '.join(bench.smoke if args.smoke else bench.argv)}", file=sys.stderr, flush=True)
+        command, output, took = run(bench, args.smoke)
+        print(output, file=sys.stderr, flush=True)
+        lines += ["", f"## {bench.title}", "", f"`{command}` ({took:.0f} s)", "", "```", output, "```"]
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Every benchmark of `make bench` runs (at a tiny size) and prints the figures BENCHMARKS.md is made of.
+Benchmarks are not tests: nothing here asserts a speed."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration
+
+
+def test_every_benchmark_runs_and_reports(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "all.py"), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    text = out.read_text()
+    assert re.search(r"^- CPU: .+ cores usable$", text, re.M) and "- commit " in text
+    for expected in (
+        r"1 process\(es\): hand +\d+ samples/s +trainyard +\d+ samples/s +ratio \d\.\d+x",
+        r"lmdb +2x .* \| +w0: +[\d.]+ +\d+ \( *[\d.]+x\) \|",
+        r"tfrecord +1x",
+        r"100 rows: +[\d.]+ s +\d+ rows/s",
+        r"faster-coco-eval [\d.]+ s +pycocotools [\d.]+ s +ratio [\d.]+x faster",
+        r"every AP figure equal within 1e-9: True",
+        r"sacrebleu BLEU \+ chrF, 40 sentences",
+        r"resnet_classifier \(ResNet-18, 64 px\) +1 +2 +[\d.]+ +[\d.]+ +[\d.]+x",
+        r"transformer_translator \(greedy, 31 tokens\)",
+        r"train_pipeline\.py +14 +\d+ ms",
+    ):
+        assert re.search(expected, text), f"{expected!r} not in\n{text}"
+    assert text.count("\n## ") == 6
