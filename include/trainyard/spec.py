@@ -15,9 +15,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from trainyard import TRAINER_IMAGE
 from trainyard.errors import PermanentError, spec_error_message
-from trainyard.recipes import RECIPES as BUILT_IN_RECIPES
+from trainyard.recipes.catalog import RECIPES as BUILT_IN_RECIPES
 
-# the built-in recipes (trainyard.recipes.RECIPES, a table of module paths: importing it loads no recipe)
 RECIPES = (*BUILT_IN_RECIPES, "custom")
 NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 

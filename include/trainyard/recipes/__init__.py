@@ -20,16 +20,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from trainyard.recipes.catalog import RECIPES
+
 if TYPE_CHECKING:
     from trainyard.recipes.base import Recipe
     from trainyard.spec import JobSpec
-
-RECIPES = {
-    "digits_cnn": "trainyard.recipes.digits:DigitsCNN",
-    "centernet_detector": "trainyard.recipes.detection:CenterNetDetector",
-    "transformer_translator": "trainyard.recipes.translation:TransformerTranslator",
-    "resnet_classifier": "trainyard.recipes.resnet:ResNetClassifier",
-}
 
 
 def get(name: str) -> Recipe[Any]:
