@@ -15,6 +15,7 @@ import argparse
 import datetime
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -33,6 +34,18 @@ class Bench:
 
 
 BENCHES = (
+    Bench(
+        "orchestration",
+        "Orchestration: the pipeline under the real scheduler against the same steps in one process",
+        ("bench/orchestration.py", "--runs", "3"),
+        (
+            "bench/orchestration.py",
+            "--runs",
+            "1",
+            "--conf",
+            '{"hyperparameters": {"epochs": 1}, "resources": {"gpus_per_node": 1}}',
+        ),
+    ),
     Bench(
         "loop",
         "Training loop: trainyard's worker against a hand-written PyTorch loop (digits defaults)",
@@ -111,7 +124,7 @@ def run(bench: Bench, smoke: bool) -> tuple[str, str, float]:
     took = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"bench {bench.name} failed ({' '.join(argv)}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return ".venv/bin/python " + " ".join(argv), proc.stdout.rstrip(), took
+    return ".venv/bin/python " + " ".join(shlex.quote(a) for a in argv), proc.stdout.rstrip(), took
 
 
 def main() -> None:

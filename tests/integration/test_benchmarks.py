@@ -26,6 +26,8 @@ def test_every_benchmark_runs_and_reports(tmp_path):
     text = out.read_text()
     assert re.search(r"^- CPU: .+ cores usable$", text, re.M) and "- commit " in text
     for expected in (
+        r"pipeline wall: first run +in process +[\d.]+ s +under Airflow +[\d.]+ s +ratio [\d.]+x",
+        r"gap between tasks: median [\d.]+ s, p95 [\d.]+ s \(11 tasks\)",
         r"1 process\(es\): hand +\d+ samples/s +trainyard +\d+ samples/s +ratio \d\.\d+x",
         r"lmdb +2x .* \| +w0: +[\d.]+ +\d+ \( *[\d.]+x\) \|",
         r"tfrecord +1x",
@@ -38,4 +40,4 @@ def test_every_benchmark_runs_and_reports(tmp_path):
         r"train_pipeline\.py +14 +\d+ ms",
     ):
         assert re.search(expected, text), f"{expected!r} not in\n{text}"
-    assert text.count("\n## ") == 6
+    assert text.count("\n## ") == 7

@@ -5,15 +5,10 @@ and with one only the JobSpec refuses and see the first task fail naming the fie
 viewer cannot trigger (403).
 """
 
-import contextlib
+import importlib.util
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,93 +17,9 @@ import requests
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 DAG = "train_pipeline"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Airflow:
-    def __init__(self, home: Path, trainyard_home: Path):
-        self.home = home
-        self.port = _free_port()
-        self.url = f"http://localhost:{self.port}"
-        bindir = str(Path(sys.executable).parent)
-        self.env = {
-            **os.environ,
-            "AIRFLOW_HOME": str(home),
-            "TRAINYARD_HOME": str(trainyard_home),
-            "TRAINYARD_API_PORT": str(self.port),
-            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-        }
-        self.env.pop("MLFLOW_TRACKING_URI", None)
-        self.env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)  # this Airflow's own database (xdist sets one)
-        self.procs: list[subprocess.Popen] = []
-
-    def run(self, *argv):
-        subprocess.run(argv, env=self.env, check=True, capture_output=True, text=True, cwd=REPO)
-
-    def setup(self):
-        self.run(sys.executable, "scripts/render_airflow_cfg.py")
-        # Airflow-level users for this test: admin, a viewer.
-        cfg = self.home / "airflow.cfg"
-        cfg.write_text(
-            cfg.read_text().replace(
-                "simple_auth_manager_users = admin:admin,operator:op,viewer:viewer",
-                "simple_auth_manager_users = admin:admin,ann:viewer",
-            )
-        )
-        self.run("airflow", "db", "migrate")
-        pools = subprocess.run(
-            ["trainyard", "pools", "--format", "airflow"], env=self.env, check=True, capture_output=True, text=True
-        ).stdout
-        (self.home / "pools.json").write_text(pools)
-        self.run("airflow", "pools", "import", str(self.home / "pools.json"))
-        self.run("trainyard", "models", "keygen", "--if-missing")  # registered versions are signed
-
-    def start(self):
-        for name in ("api-server", "scheduler", "dag-processor"):
-            argv = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
-            # the child holds its own copy of the descriptor, so ours can close once it has started
-            with open(self.home / f"{name}.log", "w") as log:
-                self.procs.append(
-                    subprocess.Popen(
-                        argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
-                    )
-                )
-        self.wait(lambda: requests.get(f"{self.url}/api/v2/monitor/health", timeout=5).ok, 600, "API server")
-
-    def stop(self):
-        for p in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {f.name}\n" + f.read_text()[-3000:] for f in self.home.glob("*.log"))
-
-    def wait(self, predicate, seconds, what):
-        deadline = time.time() + seconds
-        while time.time() < deadline:
-            try:
-                if predicate():
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(2)
-        raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
-
-    def token(self, user: str) -> str:
-        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
-        r = requests.post(f"{self.url}/auth/token", json={"username": user, "password": passwords[user]}, timeout=10)
-        assert r.status_code == 201, r.text
-        return r.json()["access_token"]
+_spec = importlib.util.spec_from_file_location("airflow_services", REPO / "bench" / "airflow_services.py")
+airflow_services = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(airflow_services)
 
 
 @pytest.fixture(scope="module")
@@ -116,28 +27,19 @@ def airflow(tmp_path_factory):
     if not shutil.which("airflow", path=str(Path(sys.executable).parent)):
         pytest.fail("airflow is not installed in this environment: run the suite with `make test`")
     home = tmp_path_factory.mktemp("airflow_home")
-    af = Airflow(home, tmp_path_factory.mktemp("trainyard_home"))
-    af.setup()
+    af = airflow_services.Airflow(home, tmp_path_factory.mktemp("trainyard_home"))
+    af.setup(users="admin:admin,ann:viewer")  # Airflow-level users for these tests: admin, a viewer
     af.start()
     yield af
     af.stop()
 
 
 def _wait_run(af, headers, run_id, seconds=900):
-    state = {}
-
-    def done():
-        r = requests.get(f"{af.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10)
-        state["run"] = r.json()
-        return r.json()["state"] in ("success", "failed")
-
-    af.wait(done, seconds, f"run {run_id}")
-    return state["run"]
+    return af.wait_run(DAG, run_id, headers, seconds)
 
 
 def _task_instances(af, headers, run_id):
-    r = requests.get(f"{af.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances", headers=headers, timeout=10)
-    return {ti["task_id"]: ti for ti in r.json()["task_instances"]}
+    return af.task_instances(DAG, run_id, headers)
 
 
 def _failure_report(af, headers, run_id, tis) -> str:

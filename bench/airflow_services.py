@@ -1,0 +1,137 @@
+"""A real Airflow for tests and benchmarks: api-server, scheduler and dag-processor as processes of this
+checkout, with their own AIRFLOW_HOME (config rendered by scripts/render_airflow_cfg.py: LocalExecutor,
+SQLite), pools from resources.yaml and a signing key; and the REST calls to trigger a run and wait for it.
+Used by tests/integration/test_rest_api.py and bench/orchestration.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Airflow:
+    def __init__(self, home: Path, trainyard_home: Path):
+        self.home = home
+        self.port = _free_port()
+        self.url = f"http://localhost:{self.port}"
+        bindir = str(Path(sys.executable).parent)
+        self.env = {
+            **os.environ,
+            "AIRFLOW_HOME": str(home),
+            "TRAINYARD_HOME": str(trainyard_home),
+            "TRAINYARD_API_PORT": str(self.port),
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        }
+        self.env.pop("MLFLOW_TRACKING_URI", None)
+        self.env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)  # this Airflow's own database (xdist sets one)
+        self.procs: list[subprocess.Popen] = []
+
+    def run(self, *argv):
+        subprocess.run(argv, env=self.env, check=True, capture_output=True, text=True, cwd=REPO)
+
+    def setup(self, users: str | None = None):
+        """Config, database, pools and a signing key; ``users`` (``name:role,...``) replaces the simple auth
+        manager's users of the rendered config."""
+        self.run(sys.executable, "scripts/render_airflow_cfg.py")
+        if users is not None:
+            cfg = self.home / "airflow.cfg"
+            cfg.write_text(
+                cfg.read_text().replace(
+                    "simple_auth_manager_users = admin:admin,operator:op,viewer:viewer",
+                    f"simple_auth_manager_users = {users}",
+                )
+            )
+        self.run("airflow", "db", "migrate")
+        pools = subprocess.run(
+            ["trainyard", "pools", "--format", "airflow"], env=self.env, check=True, capture_output=True, text=True
+        ).stdout
+        (self.home / "pools.json").write_text(pools)
+        self.run("airflow", "pools", "import", str(self.home / "pools.json"))
+        self.run("trainyard", "models", "keygen", "--if-missing")  # registered versions are signed
+
+    def start(self):
+        for name in ("api-server", "scheduler", "dag-processor"):
+            argv = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
+            # the child holds its own copy of the descriptor, so ours can close once it has started
+            with open(self.home / f"{name}.log", "w") as log:
+                self.procs.append(
+                    subprocess.Popen(
+                        argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+                    )
+                )
+        self.wait(lambda: requests.get(f"{self.url}/api/v2/monitor/health", timeout=5).ok, 600, "API server")
+
+    def stop(self):
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {f.name}\n" + f.read_text()[-3000:] for f in self.home.glob("*.log"))
+
+    def wait(self, predicate, seconds, what):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            try:
+                if predicate():
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
+
+    def token(self, user: str) -> str:
+        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
+        r = requests.post(f"{self.url}/auth/token", json={"username": user, "password": passwords[user]}, timeout=10)
+        assert r.status_code == 201, r.text
+        return r.json()["access_token"]
+
+    def headers(self, user: str = "admin") -> dict:
+        return {"Authorization": f"Bearer {self.token(user)}"}
+
+    def trigger(self, dag_id: str, conf: dict, headers: dict) -> str:
+        r = requests.post(
+            f"{self.url}/api/v2/dags/{dag_id}/dagRuns",
+            headers=headers,
+            json={"logical_date": None, "conf": conf},
+            timeout=30,
+        )
+        r.raise_for_status()
+        return r.json()["dag_run_id"]
+
+    def wait_run(self, dag_id: str, run_id: str, headers: dict, seconds: float = 900) -> dict:
+        state = {}
+
+        def done():
+            r = requests.get(f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}", headers=headers, timeout=10)
+            state["run"] = r.json()
+            return r.json()["state"] in ("success", "failed")
+
+        self.wait(done, seconds, f"run {run_id}")
+        return state["run"]
+
+    def task_instances(self, dag_id: str, run_id: str, headers: dict) -> dict:
+        r = requests.get(f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", headers=headers, timeout=10)
+        return {ti["task_id"]: ti for ti in r.json()["task_instances"]}

@@ -1,0 +1,36 @@
+"""The executor imports [trainyard] preload_modules in the scheduler before it forks its workers (the
+REST test runs it for real; bench/orchestration.py measures what it saves)."""
+
+import sys
+
+from trainyard_airflow import executors
+
+
+def test_modules_are_imported_before_the_workers_are_forked(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(executors.LocalExecutor, "start", lambda self: seen.update(loaded="colorsys" in sys.modules))
+    monkeypatch.setattr(executors, "preload_modules", lambda: ["colorsys", "no_such_module_for_trainyard"])
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    executor = executors.PreloadingLocalExecutor(parallelism=1)
+    executor.is_mp_using_fork = True
+    executor.start()  # a module that cannot be imported is skipped, not fatal
+    assert seen == {"loaded": True}
+
+
+def test_nothing_is_preloaded_where_workers_are_spawned(monkeypatch):
+    monkeypatch.setattr(executors.LocalExecutor, "start", lambda self: None)
+    monkeypatch.setattr(executors, "preload_modules", lambda: ["colorsys"])
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    executor = executors.PreloadingLocalExecutor(parallelism=1)
+    executor.is_mp_using_fork = False
+    executor.start()
+    assert "colorsys" not in sys.modules
+
+
+def test_the_list_comes_from_the_config(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__TRAINYARD__PRELOAD_MODULES", " torch, mlflow,, ")
+    assert executors.preload_modules() == ["torch", "mlflow"]
+    monkeypatch.setenv("AIRFLOW__TRAINYARD__PRELOAD_MODULES", "")
+    assert executors.preload_modules() == []
+    monkeypatch.delenv("AIRFLOW__TRAINYARD__PRELOAD_MODULES")
+    assert executors.preload_modules() == list(executors.DEFAULT_PRELOAD)  # the rendered config sets none
