@@ -5,11 +5,12 @@ The step only appends to a bounded queue (``put_nowait``: it never waits on SQLi
 the disk). The thread imports MLflow / TensorBoard while the worker loads its data and builds its model,
 and the loop starts once they are in (:meth:`Tracker.wait_ready`): an import holds the GIL for seconds,
 and each of the step's small torch calls must take the GIL back, so an import beside the loop ran the
-digits recipe at a fifth of its speed. The thread turns tensors into floats (a host sync it pays, not the
-step) and sends one ``log_batch`` per ``every_s`` seconds or ``MAX_BATCH`` metrics, never more often: a
-``log_batch`` is SQLAlchemy work under the GIL too. ``close`` drains and waits (end of run). A failure in
-the thread is printed when it happens and raised again by ``close``, so a run whose metrics were lost does
-not pass as clean.
+digits recipe at a fifth of its speed. The thread only collects what the loop sends; every ``every_s``
+seconds (or ``MAX_BATCH`` windows) it turns the tensors into floats (a host sync it pays, not the step),
+writes the TensorBoard events and sends one ``log_batch``: its Python work (SQLAlchemy, protobuf) holds
+the GIL the step needs, so it comes in one burst per interval rather than a wake-up per point. ``close``
+drains and waits (end of run). A failure in the thread is printed when it happens and raised again by
+``close``, so a run whose metrics were lost does not pass as clean.
 """
 
 from __future__ import annotations
@@ -113,31 +114,32 @@ class Tracker:
             self._fail(err)
         finally:
             self._ready.set()
+        windows: list = []  # (steps, metrics) as the loop sent them, converted and written together
         while True:
             try:
                 kind, steps, metrics = self._q.get(timeout=self.every_s)
             except queue.Empty:
                 kind, steps, metrics = "tick", None, None
-            if kind == "log" and self.error is None:
-                try:
-                    now = int(time.time() * 1000)
-                    for name, values in metrics.items():
-                        for step, value in zip(steps, _floats(values, len(steps)), strict=True):
-                            if client is not None:
-                                pending.append(Metric(name, value, now, step))
-                            if writer is not None:
-                                writer.add_scalar(name.replace("_", "/", 1), value, step)
-                except BaseException as err:  # noqa: BLE001
-                    self._fail(err)
-            due = kind in ("close", "tick") or len(pending) >= MAX_BATCH or time.monotonic() - last >= self.every_s
+            if kind == "log":
+                windows.append((steps, metrics))  # no work per point: the thread wakes the GIL once a batch
+            due = kind in ("close", "tick") or len(windows) >= MAX_BATCH or time.monotonic() - last >= self.every_s
             if due and self.error is None:
                 try:
+                    now = int(time.time() * 1000)
+                    for steps, metrics in windows:
+                        for name, values in metrics.items():
+                            for step, value in zip(steps, _floats(values, len(steps)), strict=True):
+                                if client is not None:
+                                    pending.append(Metric(name, value, now, step))
+                                if writer is not None:
+                                    writer.add_scalar(name.replace("_", "/", 1), value, step)
+                    windows.clear()
                     while pending and client is not None:
                         client.log_batch(run_id, metrics=pending[:MAX_BATCH])
                         del pending[:MAX_BATCH]
                     if writer is not None:
                         writer.flush()
-                except BaseException as err:  # noqa: BLE001
+                except BaseException as err:  # noqa: BLE001 - reported now and raised by close()
                     self._fail(err)
                 last = time.monotonic()
             if kind == "close":
