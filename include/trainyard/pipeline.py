@@ -445,6 +445,7 @@ def register(
     artifacts = {"pytorch": trained["model_path"]} if trained.get("model_path") else {}
     if exported.get("torchscript_path"):
         artifacts["torchscript"] = exported["torchscript_path"]
+    artifacts.update(exported.get("artifacts", {}))  # a recipe's files for the ONNX graph (a tokenizer)
     info = register_onnx(
         c,
         model_name=spec.name,

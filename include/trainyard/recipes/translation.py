@@ -1,9 +1,13 @@
 """``transformer_translator``: translation on parallel text with a small encoder-decoder transformer.
 
 Data: any dataset commit in the parallel-text layout of :mod:`trainyard.data.parallel_text`
-(``pairs.tsv`` or ``pairs.jsonl``): the built-in synthetic language pair or a user's corpus. Words are
-whitespace tokens; the vocabularies are built from the train split only (so val words unseen in training
-become ``<unk>``, as they would in production) and travel inside model.pt.
+(``pairs.tsv`` or ``pairs.jsonl``): the built-in synthetic language pair or a user's corpus. Text is
+cut into BPE subwords by a SentencePiece model per side, learned from the train split only
+(``tokenizer: bpe``, the default: an unseen word is spelled in known pieces), or into whitespace words
+(``tokenizer: words``: an unseen word becomes ``<unk>``). The vocabularies travel inside model.pt, and
+the SentencePiece models are also registered as files next to the ONNX one (``tokenizer/source.model``,
+``tokenizer/target.model``), readable by any SentencePiece runtime. BLEU scores the decoded, detokenized
+text against the references as written.
 
 Evaluation decodes greedily and scores corpus BLEU and chrF with sacrebleu, recording both signatures
 (tokenizer ``bleu_tokenize``, default 13a). The ONNX file is the one-step graph (src, tgt prefix) ->
@@ -16,6 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -59,7 +64,12 @@ class TranslationOptions(Options):
     ff: int = Field(128, ge=1, le=65536, description="width of the feed-forward blocks")
     max_len: int = Field(32, ge=4, le=512, description="tokens per sentence (longer ones are cut), in 4..512")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout probability")
-    max_vocab: int = Field(10000, ge=8, le=1_000_000, description="words per vocabulary (built from the train split)")
+    tokenizer: Literal["bpe", "words"] = Field(
+        "bpe", description="bpe: SentencePiece subwords learned from the train split; words: whitespace words"
+    )
+    max_vocab: int = Field(
+        10000, ge=8, le=1_000_000, description="subwords (or words) per vocabulary, learned from the train split"
+    )
     bleu_tokenize: str = Field("13a", description="sacrebleu's BLEU tokenizer (e.g. 13a, intl, zh, char, none)")
 
     @field_validator("bleu_tokenize")
@@ -116,14 +126,15 @@ class TransformerTranslator(Recipe[TranslationOptions]):
 
     def load(self, cfg):
         from trainyard.training.data import RecordDataset, load_split
-        from trainyard.training.seq2seq import Vocab
+        from trainyard.training.seq2seq import VOCABS
 
         opts = self.opts(cfg.spec)
         cache_mb = cfg.spec.dataset.memory_cache_mb
         train, val = load_split(cfg.data, "train", cache_mb), load_split(cfg.data, "val", cache_mb)
-        src_vocab = Vocab.build(sentences(train, "source"), opts.max_vocab)
-        tgt_vocab = Vocab.build(sentences(train, "target"), opts.max_vocab)
-        meta = {"src_vocab": src_vocab.words, "tgt_vocab": tgt_vocab.words}
+        vocab = VOCABS[opts.tokenizer]
+        src_vocab = vocab.build(sentences(train, "source"), opts.max_vocab)
+        tgt_vocab = vocab.build(sentences(train, "target"), opts.max_vocab)
+        meta = {"tokenizer": opts.tokenizer, "src_vocab": src_vocab, "tgt_vocab": tgt_vocab}
         collate = functools.partial(pairs_batch, src_vocab=src_vocab, tgt_vocab=tgt_vocab, max_len=opts.max_len)
         return RecordDataset(train, collate), RecordDataset(val, collate), meta
 
@@ -167,14 +178,17 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         return {"val_loss": total / max(count, 1), "val_token_accuracy": correct / max(count, 1)}
 
     def model_blob(self, model, meta):
-        return {**super().model_blob(model, meta), "vocab": {"source": meta["src_vocab"], "target": meta["tgt_vocab"]}}
+        vocab = {"kind": meta["tokenizer"], "source": meta["src_vocab"].state(), "target": meta["tgt_vocab"].state()}
+        return {**super().model_blob(model, meta), "vocab": vocab}
 
     def model_from_blob(self, blob):
-        from trainyard.training.seq2seq import Seq2SeqTransformer, Vocab
+        from trainyard.training.seq2seq import Seq2SeqTransformer, make_vocab
 
         model = Seq2SeqTransformer(**blob["config"])
         model.load_state_dict(blob["state_dict"])
-        model.src_vocab, model.tgt_vocab = Vocab(blob["vocab"]["source"]), Vocab(blob["vocab"]["target"])
+        kind = blob["vocab"].get("kind", "words")  # versions registered before subwords hold word lists
+        model.src_vocab = make_vocab(kind, blob["vocab"]["source"])
+        model.tgt_vocab = make_vocab(kind, blob["vocab"]["target"])
         return model.eval()
 
     # -- evaluation and export -----------------------------------------------------------------------------
@@ -258,6 +272,7 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         problems = [f"greedy decoding differs on {differ}/{len(src)} val sentences"] if differ else []
         bleu_torch = self._scores(model, ids_torch, refs, "val", options)[0]["val_bleu"]
         bleu_onnx = self._scores(model, ids_onnx, refs, "val", options)[0]["val_bleu"]
+        artifacts = self._tokenizer_files(model, Path(out_dir))
         return verify_export(
             onnx_path=onnx_path,
             torch_outputs=[logits_torch],
@@ -275,8 +290,23 @@ class TransformerTranslator(Recipe[TranslationOptions]):
                 "decode_mismatches": differ,
                 "decoded_sentences": len(src),
                 "input_example": save_input_example(out_dir, {"src": src[:1], "tgt": tgt[:1, :-1]}),
+                **({"artifacts": artifacts} if artifacts else {}),
             },
         )
+
+    @staticmethod
+    def _tokenizer_files(model, out_dir: Path) -> dict[str, str]:
+        """The SentencePiece models as files, to be registered beside the ONNX graph (whose inputs and
+        outputs are their ids): {"tokenizer": folder}; none for a word vocabulary (model.pt has it)."""
+        from trainyard.training.seq2seq import SubwordVocab
+
+        if not isinstance(model.src_vocab, SubwordVocab):
+            return {}
+        folder = out_dir / "tokenizer"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "source.model").write_bytes(model.src_vocab.state())
+        (folder / "target.model").write_bytes(model.tgt_vocab.state())
+        return {"tokenizer": str(folder)}
 
     def onnx_metrics(self, onnx_path, data, options):
         from trainyard.export.onnx_export import onnx_session

@@ -33,7 +33,8 @@ def register_onnx(
 ) -> dict:
     """Log the ONNX model to ``run_id`` and register it as a version of ``model_name``.
 
-    ``extra_artifacts`` (e.g. the PyTorch weights) go into the logged model's own artifacts, next to the
+    ``extra_artifacts`` (subdir -> a file or a folder: the PyTorch weights, a tokenizer) go into the logged
+    model's own artifacts, next to the
     ONNX file, so they are part of the version's files: downloaded with it, and covered by its signature.
 
     If this DAG run already has a version (a retry, or a re-run of the task), that version is returned
@@ -70,7 +71,10 @@ def register_onnx(
             pip_requirements=mlflow.onnx.get_default_pip_requirements(),
         )
         for subdir, path in extra_artifacts.items():
-            c.log_model_artifact(info.model_id, str(path), artifact_path=subdir)
+            if Path(path).is_dir():  # every file of the folder, under subdir
+                c.log_model_artifacts(info.model_id, str(path), artifact_path=subdir)
+            else:
+                c.log_model_artifact(info.model_id, str(path), artifact_path=subdir)
     try:
         c.create_registered_model(model_name, description="trained and registered by trainyard")
     except MlflowException as err:

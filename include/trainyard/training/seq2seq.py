@@ -1,4 +1,5 @@
-"""A small encoder-decoder transformer for the translation recipe, with its word vocabulary.
+"""A small encoder-decoder transformer for the translation recipe, with its vocabularies: BPE subwords
+(SentencePiece, the default) or whitespace words.
 
 ``forward(src, tgt)`` maps token ids (N, S) and the shifted target (N, T) to next-token logits
 (N, T, V): one call is one teacher-forced pass, and greedy decoding calls it once per output token. That
@@ -21,8 +22,13 @@ PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
 
+MAX_TRAINING_SENTENCES = 2_000_000  # SentencePiece learns its pieces from at most this many (a sample)
+
+
 class Vocab:
     """Whitespace words, most frequent first (ties alphabetical), so the same corpus gives the same ids."""
+
+    kind = "words"
 
     def __init__(self, words: Sequence[str]) -> None:
         self.words = list(words)
@@ -51,6 +57,88 @@ class Vocab:
             if i not in (PAD, BOS):
                 words.append(self.words[i] if 0 <= i < len(self.words) else SPECIALS[UNK])
         return " ".join(words)
+
+    def state(self) -> list[str]:
+        """What model.pt keeps to rebuild it (``make_vocab``)."""
+        return self.words
+
+
+class SubwordVocab:
+    """BPE subwords learned by SentencePiece from the train split (SentencePiece's own model, so any
+    SentencePiece runtime reads the same file). Ids 0-3 are PAD, BOS, EOS and UNK, as for words; pieces
+    mark a word's start with ``▁``, so decoding restores the text's spaces (detokenized, as BLEU wants it).
+    A character unseen in training becomes UNK."""
+
+    kind = "bpe"
+
+    def __init__(self, model_proto: bytes) -> None:
+        import sentencepiece as spm
+
+        self.model_proto = bytes(model_proto)
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
+
+    @classmethod
+    def build(cls, sentences: Iterable[str], max_size: int = 10000) -> SubwordVocab:
+        """At most ``max_size`` pieces (fewer when the corpus has fewer to merge). Deterministic: the same
+        sentences give the same pieces and ids."""
+        import io
+
+        import sentencepiece as spm
+
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=max_size,
+            hard_vocab_limit=False,  # a small corpus gives fewer pieces rather than an error
+            model_type="bpe",
+            character_coverage=1.0,
+            pad_id=PAD,
+            bos_id=BOS,
+            eos_id=EOS,
+            unk_id=UNK,
+            input_sentence_size=MAX_TRAINING_SENTENCES,
+            shuffle_input_sentence=True,
+            num_threads=1,
+            minloglevel=2,
+        )
+        return cls(model.getvalue())
+
+    def __getstate__(self) -> dict:  # DataLoader workers get the model bytes, and load them themselves
+        return {"model_proto": self.model_proto}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_proto"])  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, sentence: str, max_len: int) -> list[int]:
+        """BOS + ids + EOS, the pieces cut to ``max_len - 2``."""
+        return [BOS, *self.sp.encode(sentence)[: max_len - 2], EOS]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        keep = []
+        for i in ids:
+            i = int(i)
+            if i == EOS:
+                break
+            if i not in (PAD, BOS):
+                keep.append(i if 0 <= i < len(self) else UNK)
+        return self.sp.decode(keep)
+
+    def state(self) -> bytes:
+        return self.model_proto
+
+
+VOCABS: dict[str, type[Vocab] | type[SubwordVocab]] = {"words": Vocab, "bpe": SubwordVocab}
+
+
+def make_vocab(kind: str, state) -> Vocab | SubwordVocab:
+    """A vocabulary from what ``state()`` gave (a word list, or SentencePiece's model bytes)."""
+    if kind not in VOCABS:
+        raise ValueError(f"unknown tokenizer {kind!r}; known: {sorted(VOCABS)}")
+    return VOCABS[kind](state)
 
 
 def pad(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
@@ -106,8 +194,8 @@ class Seq2SeqTransformer(nn.Module):
     # Set by the translation recipe when it loads a model file. Declared for the type checker only: a class
     # annotation on a Module is read by TorchScript when the model is traced.
     if TYPE_CHECKING:
-        src_vocab: Vocab
-        tgt_vocab: Vocab
+        src_vocab: Vocab | SubwordVocab
+        tgt_vocab: Vocab | SubwordVocab
 
     def __init__(
         self,

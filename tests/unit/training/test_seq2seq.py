@@ -71,3 +71,39 @@ def test_padding_does_not_change_the_translation(exported):
     tgt = torch.tensor([[s2.BOS, 9]])
     with torch.no_grad():
         assert torch.allclose(model(src, tgt), model(padded, tgt), atol=1e-5)
+
+
+CORPUS = [
+    "the big young painter watches a blue painter quickly",
+    "a green painter finds the cats",
+    "the cats watch the painters slowly",
+    "a small dog finds a green ball",
+] * 20
+
+
+def test_subwords_are_learned_deterministically_and_decode_to_the_text():
+    a, b = s2.SubwordVocab.build(CORPUS, 60), s2.SubwordVocab.build(CORPUS, 60)
+    assert a.state() == b.state()  # the same sentences, the same pieces and ids
+    assert [a.sp.id_to_piece(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]  # PAD, BOS, EOS, UNK
+    ids = a.encode(CORPUS[0], 64)
+    assert ids[0] == s2.BOS and ids[-1] == s2.EOS and len(ids) < len(CORPUS[0].split()) + 2 + 20
+    assert a.decode(ids[1:] + [s2.PAD, 17]) == CORPUS[0]  # detokenized, stops at EOS
+    # an unseen word is spelled in known pieces, not lost; an unseen character becomes <unk>
+    assert a.decode(a.encode("the painted cat", 64)[1:]) == "the painted cat"
+    assert s2.UNK in a.encode("the catz", 64)
+    assert len(a.encode(CORPUS[0], 5)) == 5  # BOS + 3 pieces + EOS
+
+
+def test_subwords_survive_pickling_and_model_files(tmp_path):
+    import pickle
+
+    vocab = s2.SubwordVocab.build(CORPUS, 60)
+    again = pickle.loads(pickle.dumps(vocab))  # what a DataLoader worker receives
+    assert again.encode(CORPUS[1], 32) == vocab.encode(CORPUS[1], 32)
+    torch.save({"vocab": {"kind": "bpe", "source": vocab.state()}}, tmp_path / "m.pt")
+    blob = torch.load(tmp_path / "m.pt", weights_only=True)  # bytes load with weights_only
+    assert s2.make_vocab(blob["vocab"]["kind"], blob["vocab"]["source"]).encode(CORPUS[2], 32) == vocab.encode(
+        CORPUS[2], 32
+    )
+    with pytest.raises(ValueError, match="unknown tokenizer 'spaces'"):
+        s2.make_vocab("spaces", [])
