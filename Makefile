@@ -43,7 +43,7 @@ lint: setup
 	mypy $(LINT_PATHS) || status=1; \
 	exit $$status
 
-# Every benchmark in bench/ at its default size (about 15 minutes on 2 cores), written to BENCHMARKS.md
+# Every benchmark in bench/ at its default size (about 10 minutes on 2 cores), written to BENCHMARKS.md
 # with the machine and the commit; BENCH_ARGS="--only loop data" picks some.
 bench: setup
 	@python bench/all.py $(BENCH_ARGS)

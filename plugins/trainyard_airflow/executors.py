@@ -1,18 +1,20 @@
-"""LocalExecutor whose tasks start with trainyard's libraries already imported.
+"""LocalExecutor whose tasks start with the heavy libraries already imported.
 
 Every Airflow task runs in a process forked from a LocalExecutor worker, which is forked from the
-scheduler, and each task of train_pipeline imports torch, MLflow, scikit-learn, great-expectations,
-onnxruntime and the DAG file's own imports again: about 5 s of imports across a run's tasks on 2 cores, for
-steps that take 0.01-0.1 s of work (``bench/orchestration.py`` shows each task against the same step in
-one process). This executor imports them once in the scheduler, before the workers are forked, so the
-workers and every task they fork share the loaded modules copy-on-write.
+scheduler, and each task of train_pipeline imported torch, MLflow, scikit-learn, great-expectations,
+onnxruntime and the Kubernetes provider (the DAG file's) again: about 5 s of imports across a run's tasks
+on 2 cores, for steps that take 0.01-0.1 s of work (``bench/orchestration.py`` shows each task against the
+same step in one process). This executor imports them once in the scheduler, before the workers are
+forked, so the workers and every task they fork share the loaded modules copy-on-write.
 
 ``[trainyard] preload_modules`` (comma-separated; empty turns it off) names them; the default is
-``DEFAULT_PRELOAD``. The cost: the scheduler starts a few seconds later and holds them (about 500 MB,
-shared with the workers and tasks). A module that fails to import is logged and skipped: the tasks then
-import it themselves, as with the plain LocalExecutor. Where processes are spawned rather than forked
-(macOS), nothing is preloaded, as nothing would be inherited. Imports only: nothing is run, and no
-thread is started (torch starts its thread pools at the first operation, in the task).
+``DEFAULT_PRELOAD``, third-party libraries only. The cost: the scheduler starts a few seconds later and
+holds them (about 500 MB, shared with the workers and tasks), and an upgrade of one of them needs a
+scheduler restart (as any upgrade does). A module that fails to import is logged and skipped: the tasks
+then import it themselves, as with the plain LocalExecutor. Where processes are spawned rather than forked
+(macOS; forkserver, Python 3.14's default on Linux), nothing is preloaded, as nothing would be inherited,
+and the scheduler log says so. Imports only: nothing is run, and no thread is started (torch starts its
+thread pools at the first operation, in the task).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import time
 from airflow.configuration import conf
 from airflow.executors.local_executor import LocalExecutor
 
+# Third-party libraries only: trainyard's own modules stay out, so a change to them reaches the next task
+# without a scheduler restart (these libraries change only with an upgrade, which restarts it anyway).
 DEFAULT_PRELOAD = (
-    "trainyard.pipeline",
-    "trainyard_airflow.operators.launch",
+    "airflow.providers.cncf.kubernetes.operators.job",
     "torch",
     "mlflow",
     "sklearn.metrics",
@@ -57,4 +60,6 @@ class PreloadingLocalExecutor(LocalExecutor):
             self.log.info("preloaded %s for the tasks in %.1f s", ", ".join(loaded) or "nothing", time.monotonic() - t0)
             if failed:
                 self.log.warning("could not preload %s; tasks will import them themselves", "; ".join(failed))
+        elif preload_modules():
+            self.log.warning("workers are not forked here: [trainyard] preload_modules has no effect")
         super().start()

@@ -43,12 +43,11 @@ def test_a_split_bigger_than_the_limit_streams_and_the_held_one_is_killed(tmp_pa
         argv = [sys.executable, str(REPO / "bench" / "data.py"), "--child", data, str(cache_mb), "0"]
         return cgroup.run(argv, LIMIT_MB, capture_output=True, text=True)
 
-    streamed, peak = epoch(cache_mb=0)
+    streamed, _ = epoch(cache_mb=0)
     assert streamed.returncode == 0, streamed.stderr[-2000:]
     result = json.loads(streamed.stdout.strip().splitlines()[-1])
     assert result["samples"] == 120_000  # rank 0 of 2: its half of the epoch
     assert result["peak_anon_mb"] < 16  # the shard order and a batch, not the split
-    assert peak <= LIMIT_MB << 20
 
     held, _ = epoch(cache_mb=int(size_mb) + 1)
     assert held.returncode == -9, f"held in memory, {size_mb:.0f} MB should not fit in {LIMIT_MB} MB"

@@ -14,7 +14,9 @@ Validation (``image_folder`` and ``image_folder_classes`` suites) decodes every 
 column that is empty for a good file and says what is wrong (with the key) for a bad one, so the report
 names the files: an unknown extension, a file that is not an image or does not decode, an image smaller
 than MIN_SIDE, a decompression bomb (more than MAX_PIXELS pixels: refused from its header, never decoded),
-the same bytes under two classes, a file outside any class folder; and a class folder with no image.
+the same bytes under two classes, or twice in one class (the split could put the copies in train and
+val), a file outside any class folder; and a class folder with no image. Hidden folders (``.git``) are
+not part of the dataset.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def scan(root: str | Path) -> ImageFolder:
     label = {c: i for i, c in enumerate(classes)}
     samples, other, counts = [], [], dict.fromkeys(classes, 0)
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))  # .git, .ipynb_checkpoints
         for name in sorted(filenames):
             key = (Path(dirpath) / name).relative_to(root).as_posix()
             top = key.split("/", 1)[0]
@@ -130,10 +132,15 @@ def profile_files(folder: ImageFolder):
                 "bomb": (f"{s.key}: {p.error or f'{p.width}x{p.height} > {MAX_PIXELS} pixels'}" if p.bomb else None),
             }
         )
+    keys_of: dict[str, list[str]] = defaultdict(list)
+    for row in rows:
+        keys_of[str(row["sha256"])].append(str(row["key"]))
     for row in rows:
         key, digest = str(row["key"]), str(row["sha256"])
         others = sorted(first_key[(digest, c)] for c in digests[digest] if not key.startswith(c + "/"))
         row["same_content_in_another_class"] = f"{key} = {', '.join(others)}" if others else None
+        twins = [k for k in keys_of[digest] if k != key and k.split("/", 1)[0] == key.split("/", 1)[0]]
+        row["same_content_twice"] = f"{key} = {', '.join(twins[:3])}" if twins else None
     for key in folder.other_files:
         why = "outside any class folder" if "/" not in key else f"extension not one of {', '.join(IMAGE_EXTENSIONS)}"
         rows.append({"key": key, "label": -1, "not_an_image": f"{key}: {why}"})
@@ -148,6 +155,7 @@ def profile_files(folder: ImageFolder):
         "too_small",
         "bomb",
         "same_content_in_another_class",
+        "same_content_twice",
     ]
     return pd.DataFrame(rows, columns=columns)
 

@@ -70,7 +70,8 @@ class Recipe(Generic[OptionsT]):
 
     # -- spec ----------------------------------------------------------------------------------------------
     def option_problems(self, given: Mapping[str, Any]) -> list[str]:
-        """One ``recipe_options.<key>: what is wrong; what is allowed`` line per problem (none = valid)."""
+        """One ``recipe_options.<key>: what is wrong; what is allowed`` line per problem (none = valid), as
+        validate_spec checks them; a recipe adds what depends on this host (a file that must exist)."""
         try:
             self.options_model.model_validate(dict(given))
         except ValidationError as err:
@@ -78,11 +79,12 @@ class Recipe(Generic[OptionsT]):
         return []
 
     def opts(self, spec: JobSpec) -> OptionsT:
-        """The recipe's options of ``spec`` with their defaults filled in; SpecError naming each bad one."""
-        problems = self.option_problems(spec.recipe_options)
-        if problems:
-            raise SpecError(spec_error_message(problems))
-        return self.options_model.model_validate(dict(spec.recipe_options))
+        """The recipe's options of ``spec`` with their defaults filled in; SpecError naming each bad one.
+        Parsing only: every step calls it, and a later step must not fail on what validate_spec checked."""
+        try:
+            return self.options_model.model_validate(dict(spec.recipe_options))
+        except ValidationError as err:
+            raise SpecError(spec_error_message(options_problems(self.name, self.options_model, err))) from None
 
     # -- data ----------------------------------------------------------------------------------------------
     def ingest(self, source: str, store, repo: str, branch: str = "main"):

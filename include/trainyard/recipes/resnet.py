@@ -28,6 +28,13 @@ from trainyard.recipes.base import Options, Recipe, save_input_example, to_devic
 BATCH = 64
 
 
+def weights_file(name: str) -> Path:
+    """Where ``recipe_options.init_weights`` is read from: TRAINYARD_HOME/weights/<name>."""
+    from trainyard import paths
+
+    return paths.weights_root() / name
+
+
 class ResNetOptions(Options):
     """``recipe_options`` of resnet_classifier."""
 
@@ -45,15 +52,11 @@ class ResNetOptions(Options):
 
     @field_validator("init_weights")
     @classmethod
-    def _a_file_in_the_weights_folder(cls, name: str | None) -> str | None:
-        from trainyard import paths
-
-        if name is None:
-            return None
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", name):
+    def _a_file_name(cls, name: str | None) -> str | None:
+        """A name, never a path (its folder is fixed); whether the file is there is checked where it is read
+        (``option_problems`` at validate_spec, and the worker), not by every parse of the options."""
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", name):
             raise ValueError("must be a file name (letters, digits, '.', '_', '-'), not a path")
-        if not (paths.weights_root() / name).is_file():
-            raise ValueError(f"no such file in {paths.weights_root()}; copy the checkpoint there first")
         return name
 
 
@@ -91,6 +94,16 @@ class ResNetClassifier(Recipe[ResNetOptions]):
     options_model = ResNetOptions
     metrics = ("accuracy", "top5_accuracy", "macro_f1")
 
+    def option_problems(self, given):
+        problems = super().option_problems(given)
+        name = given.get("init_weights")
+        if not problems and isinstance(name, str) and not (weights_file(name)).is_file():
+            problems.append(
+                f"recipe_options.init_weights: no file {name!r} in {weights_file(name).parent}; copy the "
+                "checkpoint there first"
+            )
+        return problems
+
     # -- data ----------------------------------------------------------------------------------------------
     def validate(self, dataset_dir, docs_dir):
         from trainyard.data.image_folder import validate_image_folder
@@ -122,12 +135,11 @@ class ResNetClassifier(Recipe[ResNetOptions]):
         return train, val, train.records.meta
 
     def build_model(self, meta, options: ResNetOptions):
-        from trainyard import paths
         from trainyard.training.resnet import ResNet, load_initial_weights
 
         model = ResNet(len(meta["classes"]), options.depth, options.width, options.image_size)
         if options.init_weights:
-            print(f"[trainer] {load_initial_weights(model, paths.weights_root() / options.init_weights)}", flush=True)
+            print(f"[trainer] {load_initial_weights(model, weights_file(options.init_weights))}", flush=True)
         return model
 
     def loss(self, model, batch):

@@ -132,8 +132,10 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         cache_mb = cfg.spec.dataset.memory_cache_mb
         train, val = load_split(cfg.data, "train", cache_mb), load_split(cfg.data, "val", cache_mb)
         vocab = VOCABS[opts.tokenizer]
-        src_vocab = vocab.build(sentences(train, "source"), opts.max_vocab)
-        tgt_vocab = vocab.build(sentences(train, "target"), opts.max_vocab)
+        # every rank learns the same vocabularies from the whole train split (same sentences, same seed)
+        seed = cfg.spec.hyperparameters.seed
+        src_vocab = vocab.build(sentences(train, "source"), opts.max_vocab, seed)
+        tgt_vocab = vocab.build(sentences(train, "target"), opts.max_vocab, seed)
         meta = {"tokenizer": opts.tokenizer, "src_vocab": src_vocab, "tgt_vocab": tgt_vocab}
         collate = functools.partial(pairs_batch, src_vocab=src_vocab, tgt_vocab=tgt_vocab, max_len=opts.max_len)
         return RecordDataset(train, collate), RecordDataset(val, collate), meta

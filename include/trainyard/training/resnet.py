@@ -9,8 +9,9 @@ Images arrive as encoded files (the records hold a file's bytes) and are decoded
 training takes a random resized crop (a quarter to all of the image, aspect 3/4 to 4/3) and a horizontal
 flip at random, evaluation resizes the short side to ``size / 0.875`` and takes the centre; both then
 normalise with the ImageNet mean and standard deviation, as the torchvision checkpoints expect. The
-random draws come from torch's generator, which the trainer seeds and checkpoints, and which each
-DataLoader worker gets seeded on its own.
+random draws come from torch's generator: in the training process the trainer seeds it and checkpoints
+its state, so a resumed run draws the same crops; a DataLoader worker (``dataset.loader_workers``) has
+its own, seeded by torch per worker and not checkpointed, so a resumed run's crops differ there.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def load_initial_weights(model: ResNet, path: Path) -> str:
         raise ValueError(f"{path.name}: not a state dict (a mapping of parameter names to tensors)")
     given = {k.removeprefix("module."): v for k, v in raw.items() if isinstance(v, torch.Tensor)}
     own = model.state_dict()
-    body = [k for k in own if not k.startswith("fc.")]
+    # BatchNorm's step counters are not weights: torchvision's older files lack them (it fills them in)
+    body = [k for k in own if not k.startswith("fc.") and not (k.endswith(".num_batches_tracked") and k not in given)]
     wrong = [
         f"{k} (missing)" if k not in given else f"{k} {tuple(given[k].shape)} != {tuple(own[k].shape)}"
         for k in body
@@ -180,7 +182,10 @@ def decode(data: np.ndarray, size: int, train: bool, generator: torch.Generator 
     from PIL import Image
 
     with Image.open(io.BytesIO(data.tobytes())) as img:
-        img.draft("RGB", (size, size))  # JPEG: decode at a reduced scale when the image is much larger
+        # JPEG: decode at a reduced scale when the image is much larger, keeping at least the pixels the
+        # crop needs (a quarter of the area is half the side: twice the size; the centre crop: 1/0.875)
+        keep = 2 * size if train else math.ceil(size / EVAL_CROP)
+        img.draft("RGB", (keep, keep))
         rgb = img.convert("RGB")
     if train:
         box = _random_crop(*rgb.size, generator)

@@ -35,7 +35,8 @@ class Vocab:
         self.index = {w: i for i, w in enumerate(self.words)}
 
     @classmethod
-    def build(cls, sentences: Iterable[str], max_size: int = 10000) -> Vocab:
+    def build(cls, sentences: Iterable[str], max_size: int = 10000, seed: int = 0) -> Vocab:
+        """The ``max_size`` most frequent words (``seed`` is unused: counting is deterministic)."""
         counts = Counter(w for s in sentences for w in s.split())
         ranked = sorted(counts, key=lambda w: (-counts[w], w))[: max_size - len(SPECIALS)]
         return cls(list(SPECIALS) + ranked)
@@ -78,13 +79,15 @@ class SubwordVocab:
         self.sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
 
     @classmethod
-    def build(cls, sentences: Iterable[str], max_size: int = 10000) -> SubwordVocab:
+    def build(cls, sentences: Iterable[str], max_size: int = 10000, seed: int = 0) -> SubwordVocab:
         """At most ``max_size`` pieces (fewer when the corpus has fewer to merge). Deterministic: the same
-        sentences give the same pieces and ids."""
+        sentences and seed give the same pieces and ids (every rank of a run learns the same model; the
+        seed picks the sample of a corpus above MAX_TRAINING_SENTENCES)."""
         import io
 
         import sentencepiece as spm
 
+        spm.set_random_generator_seed(seed)
         model = io.BytesIO()
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences),

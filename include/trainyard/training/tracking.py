@@ -120,7 +120,7 @@ class Tracker:
                 kind, steps, metrics = self._q.get(timeout=self.every_s)
             except queue.Empty:
                 kind, steps, metrics = "tick", None, None
-            if kind == "log":
+            if kind == "log" and self.error is None:  # after a failure nothing is kept (it would only grow)
                 windows.append((steps, metrics))  # no work per point: the thread wakes the GIL once a batch
             due = kind in ("close", "tick") or len(windows) >= MAX_BATCH or time.monotonic() - last >= self.every_s
             if due and self.error is None:
@@ -141,6 +141,7 @@ class Tracker:
                         writer.flush()
                 except BaseException as err:  # noqa: BLE001 - reported now and raised by close()
                     self._fail(err)
+                    windows.clear()
                 last = time.monotonic()
             if kind == "close":
                 if writer is not None:

@@ -47,6 +47,8 @@ def test_good_folder_passes_with_classes_and_keys_from_the_layout(tmp_path, good
     files = dict(good_files)
     files["rings/more/nested.png"] = _png(np.zeros((20, 30, 3), np.uint8))  # sub-folders are the class's
     root = _folder(tmp_path, files)
+    (root / "spots" / ".git").mkdir()  # hidden folders are not the dataset's
+    (root / "spots" / ".git" / "HEAD").write_bytes(b"ref: refs/heads/main")
     report = image_folder.validate_image_folder(root)
     assert report.success, report.summary()
     assert detect_kind(root) == "image_folder"
@@ -72,6 +74,7 @@ def test_each_problem_is_reported_with_its_file(tmp_path, good_files):
             "stripes/bomb.png": _bomb_png(9000, 9000),  # 81 MP: over MAX_PIXELS, under Pillow's own limit
             "stripes/huge-bomb.png": _bomb_png(20000, 20000),  # over Pillow's limit too
             "checks/copy.jpg": good_files["rings/rings-0000.jpg"],
+            "spots/again.jpg": good_files["spots/spots-0000.jpg"],
         }
     )
     root = _folder(tmp_path, files)
@@ -79,18 +82,27 @@ def test_each_problem_is_reported_with_its_file(tmp_path, good_files):
     report = image_folder.validate_image_folder(root)
     assert not report.success
     failed = {c.kwargs.get("column"): c for c in report.failed}
-    assert set(failed) == {"not_an_image", "undecodable", "too_small", "bomb", "same_content_in_another_class", "empty"}
+    assert set(failed) == {
+        "not_an_image",
+        "undecodable",
+        "too_small",
+        "bomb",
+        "same_content_in_another_class",
+        "same_content_twice",
+        "empty",
+    }
     named = {col: " ".join(map(str, c.sample)) for col, c in failed.items()}
     assert "notes.txt: outside any class folder" in named["not_an_image"]
     assert "rings/labels.csv: extension not one of" in named["not_an_image"]
     for key in ("spots/broken.jpg", "spots/really-a-gif.png", "checks/text.jpeg"):
         assert key in named["undecodable"]
     assert str(tmp_path) not in named["undecodable"]  # file names, not the server's paths
-    assert "stripes/tiny.png: 20x4 < 8 px"  # width x height in named["too_small"]
+    assert "stripes/tiny.png: 20x4 < 8 px" in named["too_small"]  # width x height
     assert "stripes/bomb.png: 9000x9000 > 50000000 pixels" in named["bomb"]
     assert "stripes/huge-bomb.png" in named["bomb"] and failed["bomb"].unexpected_count == 2
     assert "checks/copy.jpg = rings/rings-0000.jpg" in named["same_content_in_another_class"]
     assert "class 'empty-class' has no image" in named["empty"]
+    assert "spots/again.jpg = spots/spots-0000.jpg" in named["same_content_twice"]
 
 
 def test_a_bomb_is_refused_from_its_header_without_decoding(tmp_path, monkeypatch):

@@ -77,3 +77,12 @@ def test_csv_needs_known_columns_and_images(tmp_path, capsys):
         import_labels_csv(tmp_path / "labels.csv", tmp_path, tmp_path / "ds")
     assert cli(["data", "import", "csv", str(tmp_path / "labels.csv"), "--dest", str(tmp_path / "ds")]) != 0
     assert "needs --images" in capsys.readouterr().err
+
+
+def test_symlinks_are_not_followed(tmp_path, images):
+    flat = _write(tmp_path / "flat", {"a.jpg": images["rings/rings-0000.jpg"]})
+    (tmp_path / "secret.jpg").write_bytes(images["rings/rings-0001.jpg"])
+    (flat / "b.jpg").symlink_to(tmp_path / "secret.jpg")
+    (tmp_path / "labels.csv").write_text("file,label\na,cat\nb,dog\n")  # "b" finds b.jpg by its extension
+    with pytest.raises(ValueError, match="'b.jpg' is not a file inside .* symlink"):
+        import_labels_csv(tmp_path / "labels.csv", flat, tmp_path / "ds")

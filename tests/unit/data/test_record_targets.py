@@ -35,3 +35,14 @@ def test_any_sample_key_is_allowed(tmp_path):
     formats.write("lmdb", path, [("__trainyard_meta__", 0, np.zeros((1, 1), np.uint8))], {"m": 1})
     keys, _, _, meta = formats.read("lmdb", path)
     assert keys == ["__trainyard_meta__"] and meta == {"m": 1}
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
+def test_encoded_image_files_round_trip(tmp_path, fmt):
+    """The image-folder records: a file's bytes, any length, kept as they are (TFRecord: image/encoded)."""
+    files = [np.frombuffer(b"\xff\xd8jpeg bytes", np.uint8), np.frombuffer(b"\x89PNG longer bytes", np.uint8)]
+    path = tmp_path / formats.filename("train", fmt)
+    formats.write(fmt, path, [("cat/a.jpg", 0, files[0]), ("dog/b.png", 1, files[1])], {"kind": "image_folder"})
+    batch = formats.open_records(fmt, path).batch([1, 0])
+    assert [a.tobytes() for a in batch.arrays] == [files[1].tobytes(), files[0].tobytes()]
+    assert batch.keys == ["dog/b.png", "cat/a.jpg"] and batch.labels.tolist() == [1, 0]

@@ -22,7 +22,12 @@ CASES = {
         lambda: synthetic_text.generate(60, seed=2),
         {"d_model": 16, "nhead": 2, "layers": 1, "ff": 32},
     ),
-    "resnet_classifier": (lambda: photos.photo_files(per_class=6, seed=2), {"depth": 10, "width": 8, "image_size": 32}),
+    # in TFRecord: its records are encoded image files (image/encoded), the other recipes' are arrays
+    "resnet_classifier": (
+        lambda: photos.photo_files(per_class=6, seed=2),
+        {"depth": 10, "width": 8, "image_size": 32},
+        "tfrecord",
+    ),
 }
 
 
@@ -30,13 +35,19 @@ CASES = {
 def case(request, tmp_path_factory):
     """(recipe, options, prepared data, model.pt of an untrained model) for each recipe."""
     name = request.param
-    make, given = CASES[name]
+    make, given, *fmt = CASES[name]
     recipe = recipes.get(name)
     spec = parse_spec({"recipe": name, "recipe_options": given})
     options = recipe.opts(spec)
     root = write_files(tmp_path_factory.mktemp(name), make())
     data = prepare_records(
-        lambda: recipe.samples(root, options), "c" * 64, root / "prepared", 0.3, 0, variant=recipe.variant(options)
+        lambda: recipe.samples(root, options),
+        "c" * 64,
+        root / "prepared",
+        0.3,
+        0,
+        fmt=fmt[0] if fmt else "lmdb",
+        variant=recipe.variant(options),
     )
     torch.manual_seed(0)
     _, _, meta = recipe.load(RunConfig(spec=spec, data=data, out_dir=str(root)))  # what a worker gets

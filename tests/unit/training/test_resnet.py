@@ -105,3 +105,39 @@ def test_image_batch_normalises_and_keeps_labels():
     x, y = image_batch(batch, size=16, train=False)
     assert x.shape == (2, 3, 16, 16) and x.dtype == torch.float32 and y.tolist() == [3, 1]
     assert -3 < float(x.min()) < 0 < float(x.max()) < 3  # ImageNet mean/std, not [0, 255]
+
+
+def test_torchvision_files_without_batchnorm_counters_load(tmp_path):
+    source = ResNet(10, depth=18, width=64)
+    state = {k: v for k, v in source.state_dict().items() if not k.endswith("num_batches_tracked")}
+    assert "initial weights" in load_initial_weights(ResNet(10, depth=18, width=64), _save(state, tmp_path / "old.pth"))
+
+
+def test_top5_counts_a_label_among_the_five_highest_scores():
+    from trainyard.evaluation.classification import classification_metrics
+
+    logits = np.tile(np.arange(8, dtype=np.float32), (3, 1))  # class 7 highest, then 6, 5, 4, 3
+    labels = np.array([7, 3, 2])  # top-1 hit, top-5 hit, top-5 miss
+    m = classification_metrics(logits, labels, top5=True)
+    assert m["val_accuracy"] == pytest.approx(1 / 3) and m["val_top5_accuracy"] == pytest.approx(2 / 3)
+
+
+def test_init_weights_is_a_name_checked_by_validate_spec_not_by_every_parse(tmp_path, monkeypatch):
+    from trainyard import recipes
+    from trainyard.spec import SpecError, parse_spec
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))
+    recipe = recipes.get("resnet_classifier")
+    assert "not a path" in recipe.option_problems({"init_weights": "../keys/signing_key.pem"})[0]
+    missing = recipe.option_problems({"init_weights": "resnet18.pth"})
+    assert missing and "no file 'resnet18.pth' in" in missing[0]
+    spec = parse_spec(
+        {
+            "recipe": "resnet_classifier",
+            "dataset": {"source": "synthetic_photos"},
+            "recipe_options": {"init_weights": "r.pth"},
+        }
+    )
+    assert recipe.opts(spec).init_weights == "r.pth"  # later steps parse; the file may be gone by then
+    with pytest.raises(SpecError, match="not a path"):
+        recipe.opts(parse_spec({"recipe": "resnet_classifier", "recipe_options": {"init_weights": "a/b.pth"}}))

@@ -109,16 +109,10 @@ def plan_csv(labels_csv: str | Path, images_dir: str | Path) -> tuple[dict[str, 
         for line, row in enumerate(reader, start=2):
             where = f"{labels_csv}:{line}"
             name, label = (row[original[file_col]] or "").strip(), row[original[label_col]] or ""
-            path = (images_dir / name).resolve()
-            if not name or images_dir not in path.parents:
-                raise ValueError(f"{where}: {name!r} is not a file inside {images_dir}")
-            if not path.is_file():
-                if not path.suffix and any((images_dir / (name + ext)).is_file() for ext in IMAGE_EXTENSIONS):
-                    path = next(
-                        images_dir / (name + e) for e in IMAGE_EXTENSIONS if (images_dir / (name + e)).is_file()
-                    )
-                else:
-                    raise ValueError(f"{where}: {name!r} not found in {images_dir}")
+            candidates = [name] if Path(name).suffix else [name, *(name + ext for ext in IMAGE_EXTENSIONS)]
+            path = next((p for c in candidates if (p := _inside(images_dir, c, where)).is_file()), None)
+            if path is None:
+                raise ValueError(f"{where}: {name!r} not found in {images_dir}")
             if not _is_image(path):
                 skipped.append(name)
                 continue
@@ -129,10 +123,22 @@ def plan_csv(labels_csv: str | Path, images_dir: str | Path) -> tuple[dict[str, 
     return plan, skipped
 
 
+def _inside(images_dir: Path, name: str, where: str) -> Path:
+    """``images_dir / name`` resolved, when it stays inside ``images_dir`` and is no symlink; else ValueError
+    (``images_dir`` is resolved)."""
+    path = images_dir / name
+    if not name or images_dir not in path.resolve().parents or path.is_symlink():
+        raise ValueError(f"{where}: {name!r} is not a file inside {images_dir} (or is a symlink)")
+    return path.resolve()  # "a/../b.jpg" is keyed as b.jpg
+
+
 def write_plan(plan: dict[str, Path], dest_dir: str | Path) -> Path:
     dest = Path(dest_dir)
     if dest.exists() and any(dest.iterdir()):
         raise ValueError(f"destination {dest} is not empty")
+    links = [str(p) for p in plan.values() if p.is_symlink()]  # again at copy time: a file can change
+    if links:
+        raise ValueError(f"symlinks are not followed: {links[:5]}")
     for key, path in plan.items():
         target = dest / key
         target.parent.mkdir(parents=True, exist_ok=True)
