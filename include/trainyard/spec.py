@@ -16,8 +16,10 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from trainyard import TRAINER_IMAGE
 from trainyard.errors import PermanentError, spec_error_message
 from trainyard.recipes.catalog import RECIPES as BUILT_IN_RECIPES
+from trainyard.recipes.catalog import SOURCES
 
 RECIPES = (*BUILT_IN_RECIPES, "custom")
+SOURCE_CHOICES = (*SOURCES, "none")
 NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
@@ -40,13 +42,12 @@ class DatasetRef(_Model):
     repo: str = Field("digits", pattern=NAME_RE, description="dataset repository in the store")
     ref: str = Field("main", min_length=1, description="branch, tag or commit id; resolved to a commit")
     format: Literal["lmdb", "tfrecord"] = Field("lmdb", description="record format the training loaders read")
-    source: Literal["sklearn_digits", "synthetic_shapes", "synthetic_translation", "synthetic_photos", "none"] = Field(
+    source: Literal[SOURCE_CHOICES] = Field(  # type: ignore[valid-type]
         "sklearn_digits",
         description=(
-            "built-in source ingested into the store before resolving (sklearn_digits for digits_cnn, "
-            "synthetic_shapes for centernet_detector, synthetic_translation for transformer_translator, "
-            "synthetic_photos for resnet_classifier); "
-            "'none' = the data is already there (your own upload)"
+            "built-in source ingested into the store before resolving ("
+            + ", ".join(f"{name} for {recipe}" for name, (recipe, _) in SOURCES.items())
+            + "); 'none' = the data is already there (your own upload)"
         ),
     )
     memory_cache_mb: int = Field(

@@ -60,7 +60,6 @@ class Recipe(Generic[OptionsT]):
 
     name: str = ""
     data_kind: str = ""  # the dataset layout, and so the expectation suites
-    sources: dict[str, str] = {}  # built-in dataset.source -> "module:function(store, repo, branch)"
     options_model: type[OptionsT]  # recipe_options: names, types, defaults, bounds, descriptions
     metrics: tuple[str, ...] = ()  # what ``evaluate`` reports, as <split>_<name>: what gates may name
     # the export gate's rtol when export.rtol is unset: between the recipe's faithful exports and its
@@ -85,6 +84,13 @@ class Recipe(Generic[OptionsT]):
             return self.options_model.model_validate(dict(spec.recipe_options))
         except ValidationError as err:
             raise SpecError(spec_error_message(options_problems(self.name, self.options_model, err))) from None
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """The built-in dataset.source names of this recipe -> their ingest function (``catalog.SOURCES``)."""
+        from trainyard.recipes.catalog import SOURCES
+
+        return {name: ingest for name, (recipe, ingest) in SOURCES.items() if recipe == self.name}
 
     # -- data ----------------------------------------------------------------------------------------------
     def ingest(self, source: str, store, repo: str, branch: str = "main"):

@@ -165,7 +165,6 @@ class DetectionOptions(Options):
 class CenterNetDetector(Recipe[DetectionOptions]):
     name = "centernet_detector"
     data_kind = "coco_detection"
-    sources = {"synthetic_shapes": "trainyard.data.shapes:ingest_shapes"}
     options_model = DetectionOptions
     metrics = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large")
     export_rtol = 4e-6  # 20 trainings: faithful exports <= 3.9e-7 of scale, one moved weight >= 3.4e-5

@@ -26,7 +26,6 @@ class DigitsOptions(Options):
 class DigitsCNN(Recipe[DigitsOptions]):
     name = "digits_cnn"
     data_kind = "image_classification"
-    sources = {"sklearn_digits": "trainyard.data.classification:ingest_digits"}
     options_model = DigitsOptions
     metrics = ("accuracy", "macro_f1")
     # 20 trainings: faithful exports <= 3.5e-7 of scale, one moved weight >= 1.6e-5 (2e-5 let 5 of 20 pass)

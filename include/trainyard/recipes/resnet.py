@@ -90,7 +90,6 @@ def onnx_run(onnx_path):
 class ResNetClassifier(Recipe[ResNetOptions]):
     name = "resnet_classifier"
     data_kind = "image_folder"
-    sources = {"synthetic_photos": "trainyard.data.photos:ingest_photos"}
     options_model = ResNetOptions
     metrics = ("accuracy", "top5_accuracy", "macro_f1")
 

@@ -46,13 +46,18 @@ def sentences(records, side: str, batch: int = 4096) -> Iterator[str]:
             yield pair[side]
 
 
-def pairs_batch(batch, src_vocab, tgt_vocab, max_len: int) -> list[torch.Tensor]:
-    """A RecordBatch of sentence pairs -> [source ids, target ids], each (N, max_len) padded."""
+def encode(vocab, sentences: list[str], max_len: int) -> torch.Tensor:
+    """Sentences -> (N, max_len) ids, BOS and EOS added, padded: the one encoding of training, evaluation
+    and export."""
     from trainyard.training.seq2seq import pad
 
-    src = pad([src_vocab.encode(t["source"], max_len) for t in batch.targets], max_len)
-    tgt = pad([tgt_vocab.encode(t["target"], max_len) for t in batch.targets], max_len)
-    return [torch.from_numpy(src), torch.from_numpy(tgt)]
+    return torch.from_numpy(pad([vocab.encode(s, max_len) for s in sentences], max_len))
+
+
+def pairs_batch(batch, src_vocab, tgt_vocab, max_len: int) -> list[torch.Tensor]:
+    """A RecordBatch of sentence pairs -> [source ids, target ids], each (N, max_len) padded."""
+    src = encode(src_vocab, [t["source"] for t in batch.targets], max_len)
+    return [src, encode(tgt_vocab, [t["target"] for t in batch.targets], max_len)]
 
 
 class TranslationOptions(Options):
@@ -91,7 +96,6 @@ class TranslationOptions(Options):
 class TransformerTranslator(Recipe[TranslationOptions]):
     name = "transformer_translator"
     data_kind = "parallel_text"
-    sources = {"synthetic_translation": "trainyard.data.synthetic_text:ingest_synthetic_text"}
     options_model = TranslationOptions
     metrics = ("bleu", "chrf")
 
@@ -117,12 +121,6 @@ class TransformerTranslator(Recipe[TranslationOptions]):
     def pairs(data: dict, split: str) -> tuple[list[str], list[str]]:
         targets = read_split(data, split)[4]
         return [t["source"] for t in targets], [t["target"] for t in targets]
-
-    @staticmethod
-    def encode(vocab, sentences: list[str], max_len: int) -> torch.Tensor:
-        from trainyard.training.seq2seq import pad
-
-        return torch.from_numpy(pad([vocab.encode(s, max_len) for s in sentences], max_len))
 
     def load(self, cfg):
         from trainyard.training.data import RecordDataset, load_split
@@ -230,7 +228,7 @@ class TransformerTranslator(Recipe[TranslationOptions]):
 
     def _source_ids(self, model, data, split) -> tuple[np.ndarray, list[str]]:
         src, refs = self.pairs(data, split)
-        return self.encode(model.src_vocab, src, model.config["max_len"]).numpy(), refs
+        return encode(model.src_vocab, src, model.config["max_len"]).numpy(), refs
 
     def evaluate(self, model_path, data, split, options):
         from trainyard.recipes import load_model
@@ -247,7 +245,7 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         model = load_model(model_path)
         n = model.config["max_len"]
         src, refs = self._source_ids(model, data, "val")
-        tgt = self.encode(model.tgt_vocab, refs, n).numpy()
+        tgt = encode(model.tgt_vocab, refs, n).numpy()
         dims = {
             "src": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("src_len", min=2, max=n)},
             "tgt": {0: torch.export.Dim("batch", min=1, max=65536), 1: torch.export.Dim("tgt_len", min=1, max=n)},
