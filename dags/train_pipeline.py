@@ -12,9 +12,10 @@ first task; an invalid spec fails that task and nothing else runs. The training 
 `train_kubernetes`) runs in the GPU pool of `resources.gpu_type` and holds `nodes x gpus_per_node` slots,
 all of the job's GPUs at once (set per run by the cluster policy in `plugins/airflow_local_settings.py`).
 
-`recipe` picks what is trained: `digits_cnn` (image classification), `centernet_detector` (COCO
-detection, mAP), `transformer_translator` (parallel text, BLEU/chrF) or `custom` (your command). Example
-specs: `include/config/jobs/*.yaml`; gates must name the recipe's metrics.
+`recipe` picks what is trained: `digits_cnn` (small-image classification), `centernet_detector` (COCO
+detection, mAP), `transformer_translator` (parallel text, BLEU/chrF), `resnet_classifier` (a folder of
+images per class, accuracy/top-5/macro-F1) or `custom` (your command). Example specs:
+`include/config/jobs/*.yaml`; gates must name the recipe's metrics.
 
 Results: the signed model version in MLflow (alias `staging`; ONNX, PyTorch weights, gate result and
 metric signatures as tags), metrics and curves in MLflow and TensorBoard, the files in the run's directory.
