@@ -22,6 +22,18 @@ PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
 
+def content_ids(ids: Iterable[int], size: int) -> list[int]:
+    """A decoded row's tokens: up to the first EOS, without PAD and BOS, an id outside the vocabulary as UNK."""
+    out = []
+    for i in ids:
+        i = int(i)
+        if i == EOS:
+            break
+        if i not in (PAD, BOS):
+            out.append(i if 0 <= i < size else UNK)
+    return out
+
+
 MAX_TRAINING_SENTENCES = 2_000_000  # SentencePiece learns its pieces from at most this many (a sample)
 
 
@@ -50,14 +62,7 @@ class Vocab:
         return [BOS, *ids, EOS]
 
     def decode(self, ids: Iterable[int]) -> str:
-        words = []
-        for i in ids:
-            i = int(i)
-            if i == EOS:
-                break
-            if i not in (PAD, BOS):
-                words.append(self.words[i] if 0 <= i < len(self.words) else SPECIALS[UNK])
-        return " ".join(words)
+        return " ".join(self.words[i] for i in content_ids(ids, len(self.words)))
 
     def state(self) -> list[str]:
         """What model.pt keeps to rebuild it (``make_vocab``)."""
@@ -121,14 +126,7 @@ class SubwordVocab:
         return [BOS, *self.sp.encode(sentence)[: max_len - 2], EOS]
 
     def decode(self, ids: Iterable[int]) -> str:
-        keep = []
-        for i in ids:
-            i = int(i)
-            if i == EOS:
-                break
-            if i not in (PAD, BOS):
-                keep.append(i if 0 <= i < len(self) else UNK)
-        return self.sp.decode(keep)
+        return self.sp.decode(content_ids(ids, len(self)))
 
     def state(self) -> bytes:
         return self.model_proto
