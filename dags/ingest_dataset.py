@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow.sdk import Asset, Param, dag, task
 
+from trainyard.data.kinds import KINDS
 from trainyard_airflow.errors import fail_permanently
 
 DATASETS = Asset(name="trainyard_datasets", uri="trainyard://datasets")
@@ -40,7 +41,7 @@ default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(sec
         "store": Param("local", enum=["local", "lakefs"], description="Dataset store backend."),
         "kind": Param(
             "auto",
-            enum=["auto", "image_classification", "coco_detection", "parallel_text"],
+            enum=["auto", *KINDS],
             description="Data kind (selects the expectation suite); auto = from the folder's files.",
         ),
         "message": Param("", type="string", description="Commit message."),

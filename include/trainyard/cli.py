@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from trainyard.data.kinds import KINDS
 from trainyard.errors import EXIT_ERROR, NotFoundError, PermanentError, cli_command
 
 EPILOG = f"""exit status: 0 when the command did what it says; {EXIT_ERROR} on an error, reported as one line
@@ -183,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kind",
         default="auto",
-        choices=["auto", "image_classification", "coco_detection", "parallel_text", "image_folder"],
+        choices=["auto", *KINDS],
     )
     p.add_argument("--message", default="")
     p.set_defaults(func=cli_command(cmd_data_upload))

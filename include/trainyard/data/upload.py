@@ -10,6 +10,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from trainyard.data.kinds import VALIDATORS
 from trainyard.data.store import Entry, StoreError, check_path, ensure_repo, tree_digest
 from trainyard.errors import PermanentError
 
@@ -81,23 +82,12 @@ def detect_kind(folder: str | Path) -> str:
 
 def validate_folder(folder: str | Path, kind: str, docs_dir: str | Path | None = None):
     """Run the data kind's expectation suite(s) over a dataset folder; returns a ValidationReport."""
-    if kind == "image_classification":
-        from trainyard.data.classification import validate_classification
+    import importlib
 
-        return validate_classification(folder, docs_dir=docs_dir)
-    if kind == "coco_detection":
-        from trainyard.data.detection import validate_detection
-
-        return validate_detection(folder, docs_dir=docs_dir)
-    if kind == "parallel_text":
-        from trainyard.data.parallel_text import validate_parallel_text
-
-        return validate_parallel_text(folder, docs_dir=docs_dir)
-    if kind == "image_folder":
-        from trainyard.data.image_folder import validate_image_folder
-
-        return validate_image_folder(folder, docs_dir=docs_dir)
-    raise UploadError(f"unknown data kind {kind!r}; allowed: {sorted([*KIND_MARKERS, 'image_folder'])}")
+    if kind not in VALIDATORS:
+        raise UploadError(f"unknown data kind {kind!r}; allowed: {sorted(VALIDATORS)}")
+    module, function = VALIDATORS[kind].split(":")
+    return getattr(importlib.import_module(module), function)(folder, docs_dir=docs_dir)
 
 
 def upload_folder(
