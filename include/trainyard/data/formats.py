@@ -44,14 +44,13 @@ def write(fmt: str, path, records, meta: dict) -> int:
 
 def read_with_targets(fmt: str, path):
     """(keys, labels, arrays stacked, meta, targets) of a whole split."""
-    import numpy as np
+    from trainyard.data.records import InMemory
 
-    reader = open_records(fmt, path)
-    batch = reader.batch(range(len(reader)))
-    arrays = batch.arrays if len(batch) else np.zeros((0,), dtype=np.uint8)
-    if isinstance(arrays, list):
+    split = InMemory(open_records(fmt, path))
+    everything = split.all
+    if isinstance(everything.arrays, list):
         raise ValueError(f"{path}: its arrays differ in shape; read it batch by batch (open_records)")
-    return batch.keys, batch.labels, arrays, reader.meta, batch.targets
+    return everything.keys, everything.labels, everything.arrays, split.meta, everything.targets
 
 
 def read(fmt: str, path):

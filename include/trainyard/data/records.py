@@ -9,7 +9,7 @@ once into memory (:func:`trainyard.training.data.load_split` decides), where a b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,13 +69,18 @@ class Reader(Protocol):
     def batch(self, indices: Sequence[int]) -> RecordBatch: ...
 
 
+def batches(reader: Reader, size: int) -> Iterator[RecordBatch]:
+    """Every record of ``reader`` in order, ``size`` at a time."""
+    for start in range(0, len(reader), size):
+        yield reader.batch(range(start, min(start + size, len(reader))))
+
+
 class InMemory:
     """A whole split read once (a reader's every record); a batch is fancy indexing, no decoding."""
 
     def __init__(self, reader: Reader, chunk: int = 4096) -> None:
         self.meta = reader.meta
-        parts = [reader.batch(range(i, min(i + chunk, len(reader)))) for i in range(0, len(reader), chunk)]
-        self.all = RecordBatch.concat(parts)
+        self.all = RecordBatch.concat(list(batches(reader, chunk)))
 
     def __len__(self) -> int:
         return len(self.all)

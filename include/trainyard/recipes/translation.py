@@ -41,8 +41,10 @@ BATCH = 256
 
 def sentences(records, side: str, batch: int = 4096) -> Iterator[str]:
     """One side ("source" or "target") of every pair of a split, read ``batch`` records at a time."""
-    for start in range(0, len(records), batch):
-        for pair in records.batch(range(start, min(start + batch, len(records)))).targets:
+    from trainyard.data.records import batches
+
+    for part in batches(records, batch):
+        for pair in part.targets:
             yield pair[side]
 
 

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from trainyard.data import formats
-from trainyard.data.records import InMemory, Reader, RecordBatch
+from trainyard.data.records import InMemory, Reader, RecordBatch, batches
 
 Collate = Callable[[RecordBatch], list[torch.Tensor]]
 
@@ -55,8 +55,7 @@ class RecordDataset(Dataset):
 
     def record_batches(self, size: int) -> Iterator[tuple[RecordBatch, list[torch.Tensor]]]:
         """``batches`` with each batch's records (keys, targets) beside its tensors, read once."""
-        for start in range(0, len(self), size):
-            records = self.records.batch(range(start, min(start + size, len(self))))
+        for records in batches(self.records, size):
             yield records, self.collate(records)
 
 
