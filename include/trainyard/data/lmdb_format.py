@@ -57,8 +57,9 @@ def encode(key: str, label: int, image: np.ndarray, target=None) -> bytes:
 
 
 def decode(value, where: str) -> tuple[str, int, np.ndarray, object]:
-    """(key, label, array, target or None) of one stored value; the array is a copy (the value's buffer
-    lives only as long as its read transaction)."""
+    """(key, label, array, target or None) of one stored value. The array is a view of ``value`` (in
+    native byte order; a copy where the stored order differs): a caller that keeps it past the read
+    transaction copies it (``Reader.batch`` does, once)."""
     try:
         label, n_key, n_target, ndim = _HEAD.unpack_from(value)
         pos = _HEAD.size
@@ -77,7 +78,7 @@ def decode(value, where: str) -> tuple[str, int, np.ndarray, object]:
         array = np.frombuffer(value, dtype=dtype, count=count, offset=pos).reshape(shape)
     except (struct.error, IndexError, TypeError, ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"{where}: corrupt record: {err}") from None
-    return key, int(label), array.astype(dtype.newbyteorder("="), copy=True), target
+    return key, int(label), array.astype(dtype.newbyteorder("="), copy=False), target
 
 
 def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
@@ -88,42 +89,34 @@ def write(path: str | Path, records: Iterable[tuple], meta: dict) -> int:
     path = Path(path)
     map_size = INITIAL_MAP_BYTES
     env = lmdb.open(str(path), map_size=map_size, subdir=True, lock=False)
-    count = 0
-    pending: list[bytes] = []
-    pending_bytes = 0
 
-    def commit() -> None:
-        nonlocal map_size, pending_bytes
+    def put(items: list[tuple[bytes, bytes]]) -> None:
+        """One write transaction; an aborted one wrote nothing, so it grows the map and is redone."""
+        nonlocal map_size
         while True:
             try:
                 with env.begin(write=True) as txn:
-                    for i, value in enumerate(pending, start=count - len(pending)):
-                        txn.put(index_key(i), value)
-                break
-            except lmdb.MapFullError:  # the aborted transaction wrote nothing: grow the map and redo it
-                map_size *= 2
-                env.set_mapsize(map_size)
-        pending.clear()
-        pending_bytes = 0
-
-    try:
-        for record in records:
-            value = encode(*record)
-            pending.append(value)
-            pending_bytes += len(value)
-            count += 1
-            if pending_bytes >= COMMIT_BYTES:
-                commit()
-        commit()
-        pending.append(json.dumps({"meta": meta, "count": count}).encode())
-        while True:
-            try:
-                with env.begin(write=True) as txn:
-                    txn.put(META_KEY, pending[0])
-                break
+                    for key, value in items:
+                        txn.put(key, value)
+                return
             except lmdb.MapFullError:
                 map_size *= 2
                 env.set_mapsize(map_size)
+
+    count = 0
+    pending: list[tuple[bytes, bytes]] = []
+    pending_bytes = 0
+    try:
+        for record in records:
+            value = encode(*record)
+            pending.append((index_key(count), value))
+            pending_bytes += len(value)
+            count += 1
+            if pending_bytes >= COMMIT_BYTES:
+                put(pending)
+                pending, pending_bytes = [], 0
+        put(pending)
+        put([(META_KEY, json.dumps({"meta": meta, "count": count}).encode())])
         env.sync()
     finally:
         env.close()
@@ -187,4 +180,7 @@ class Reader:
                 if value is None:
                     raise ValueError(f"{self.path}: record {i} of {self.count} is missing")
                 rows.append(decode(value, f"{self.path} record {i}"))
-        return RecordBatch.of(rows)
+            batch = RecordBatch.of(rows)  # stacking copies the arrays out of the transaction's buffers
+            if isinstance(batch.arrays, list):  # not stacked (shapes differ): copy each
+                batch.arrays = [a.copy() for a in batch.arrays]
+        return batch
