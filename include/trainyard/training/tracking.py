@@ -98,11 +98,9 @@ class Tracker:
     def _run(self) -> None:
         client = writer = None
         run_id = ""  # the MLflow run's id, set with the client
-        pending: list = []  # mlflow Metric objects, collected only while there is a client
         last = time.monotonic()
         try:
             if self.uri and self.run_id:  # imported here, off the step: MLflow takes seconds to import
-                from mlflow.entities import Metric
                 from mlflow.tracking import MlflowClient
 
                 client, run_id = MlflowClient(self.uri), self.run_id
@@ -125,28 +123,36 @@ class Tracker:
             due = kind in ("close", "tick") or len(windows) >= MAX_BATCH or time.monotonic() - last >= self.every_s
             if due and self.error is None:
                 try:
-                    now = int(time.time() * 1000)
-                    for steps, metrics in windows:
-                        for name, values in metrics.items():
-                            for step, value in zip(steps, _floats(values, len(steps)), strict=True):
-                                if client is not None:
-                                    pending.append(Metric(name, value, now, step))
-                                if writer is not None:
-                                    writer.add_scalar(name.replace("_", "/", 1), value, step)
-                    windows.clear()
-                    while pending and client is not None:
-                        client.log_batch(run_id, metrics=pending[:MAX_BATCH])
-                        del pending[:MAX_BATCH]
-                    if writer is not None:
-                        writer.flush()
+                    self._write(windows, client, run_id, writer)
                 except BaseException as err:  # noqa: BLE001 - reported now and raised by close()
                     self._fail(err)
-                    windows.clear()
+                windows.clear()
                 last = time.monotonic()
             if kind == "close":
                 if writer is not None:
                     writer.close()
                 return
+
+    @staticmethod
+    def _write(windows: list, client, run_id: str, writer) -> None:
+        """The windows' points to MLflow (``log_batch``, ``MAX_BATCH`` metrics a call) and TensorBoard."""
+        now = int(time.time() * 1000)
+        points = [
+            (name, step, value)
+            for steps, metrics in windows
+            for name, values in metrics.items()
+            for step, value in zip(steps, _floats(values, len(steps)), strict=True)
+        ]
+        if client is not None:
+            from mlflow.entities import Metric
+
+            batch = [Metric(name, value, now, step) for name, step, value in points]
+            for start in range(0, len(batch), MAX_BATCH):
+                client.log_batch(run_id, metrics=batch[start : start + MAX_BATCH])
+        if writer is not None:
+            for name, step, value in points:
+                writer.add_scalar(name.replace("_", "/", 1), value, step)
+            writer.flush()
 
     def _fail(self, err: BaseException) -> None:
         if self.error is None:
