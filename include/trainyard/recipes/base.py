@@ -154,6 +154,26 @@ class Recipe(Generic[OptionsT]):
         raise NotImplementedError
 
 
+class Classifier(Recipe[OptionsT]):
+    """The worker half of a classification recipe: batches of (inputs, labels), a model that returns
+    logits, cross-entropy, and val accuracy and loss every epoch over ``val_batch``-sized batches of the
+    val split (a ``RecordDataset``)."""
+
+    val_batch = 512
+
+    def loss(self, model, batch: list[torch.Tensor]) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        x, y = batch
+        return F.cross_entropy(model(x).float(), y)
+
+    def val_metrics(self, model, val, device: torch.device, dtype: torch.dtype = torch.float32) -> dict[str, float]:
+        from trainyard.training.common import evaluate
+
+        acc, loss = evaluate(model, (to_device(b, device, dtype) for b in val.batches(self.val_batch)))
+        return {"val_accuracy": acc, "val_loss": loss}
+
+
 def to_device(batch, device: torch.device, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """Move a batch. The model's input (the first tensor) takes the training dtype (bf16 under DeepSpeed)
     when it is floating; targets keep theirs: a bf16 Gaussian heatmap would round 0.998 to a false 1.0."""

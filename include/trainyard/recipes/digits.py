@@ -7,9 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from trainyard.recipes.base import Options, Recipe, read_split, save_input_example, to_device, verify_export
+from trainyard.recipes.base import Classifier, Options, read_split, save_input_example, verify_export
 
 
 def digits_batch(batch, pixel_max: float) -> list[torch.Tensor]:
@@ -23,7 +22,7 @@ class DigitsOptions(Options):
     """digits_cnn takes no options: the model's shape (classes, image size) comes from the data."""
 
 
-class DigitsCNN(Recipe[DigitsOptions]):
+class DigitsCNN(Classifier[DigitsOptions]):
     name = "digits_cnn"
     data_kind = "image_classification"
     options_model = DigitsOptions
@@ -68,16 +67,6 @@ class DigitsCNN(Recipe[DigitsOptions]):
         from trainyard.training.model import SmallCNN
 
         return SmallCNN(len(meta["classes"]), meta["height"], meta["width"])
-
-    def loss(self, model, batch):
-        x, y = batch
-        return F.cross_entropy(model(x).float(), y)
-
-    def val_metrics(self, model, val, device, dtype=torch.float32):
-        from trainyard.training.common import evaluate
-
-        acc, loss = evaluate(model, (to_device(b, device, dtype) for b in val.batches(512)))
-        return {"val_accuracy": acc, "val_loss": loss}
 
     def model_from_blob(self, blob):
         from trainyard.training.model import SmallCNN

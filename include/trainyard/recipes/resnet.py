@@ -20,10 +20,9 @@ from typing import Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field, field_validator
 
-from trainyard.recipes.base import Options, Recipe, save_input_example, to_device, verify_export
+from trainyard.recipes.base import Classifier, Options, save_input_example, verify_export
 
 BATCH = 64
 
@@ -87,11 +86,12 @@ def onnx_run(onnx_path):
     return lambda x: session.run(None, {name: x.numpy()})[0]
 
 
-class ResNetClassifier(Recipe[ResNetOptions]):
+class ResNetClassifier(Classifier[ResNetOptions]):
     name = "resnet_classifier"
     data_kind = "image_folder"
     options_model = ResNetOptions
     metrics = ("accuracy", "top5_accuracy", "macro_f1")
+    val_batch = BATCH  # images decoded per batch: smaller than the digits' 512
 
     def option_problems(self, given):
         problems = super().option_problems(given)
@@ -140,16 +140,6 @@ class ResNetClassifier(Recipe[ResNetOptions]):
         if options.init_weights:
             print(f"[trainer] {load_initial_weights(model, weights_file(options.init_weights))}", flush=True)
         return model
-
-    def loss(self, model, batch):
-        x, y = batch
-        return F.cross_entropy(model(x).float(), y)
-
-    def val_metrics(self, model, val, device, dtype=torch.float32):
-        from trainyard.training.common import evaluate
-
-        acc, loss = evaluate(model, (to_device(b, device, dtype) for b in val.batches(BATCH)))
-        return {"val_accuracy": acc, "val_loss": loss}
 
     def model_blob(self, model, meta):
         return {**super().model_blob(model, meta), "classes": meta["classes"]}
