@@ -109,14 +109,10 @@ def profile_files(folder: ImageFolder):
     import pandas as pd
 
     rows: list[dict[str, object]] = []
-    digests: dict[str, set[str]] = defaultdict(set)
-    first_key: dict[tuple[str, str], str] = {}
+    keys_of: dict[str, list[str]] = defaultdict(list)  # content digest -> keys, in sample order
     for s in folder.samples:
-        data = s.path.read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        cls = folder.classes[s.label]
-        digests[digest].add(cls)
-        first_key.setdefault((digest, cls), s.key)
+        digest = hashlib.sha256(s.path.read_bytes()).hexdigest()
+        keys_of[digest].append(s.key)
         p = probe(s.path)
         small = p.width is not None and p.height is not None and min(p.width, p.height) < MIN_SIDE and not p.bomb
         rows.append(
@@ -132,14 +128,19 @@ def profile_files(folder: ImageFolder):
                 "bomb": (f"{s.key}: {p.error or f'{p.width}x{p.height} > {MAX_PIXELS} pixels'}" if p.bomb else None),
             }
         )
-    keys_of: dict[str, list[str]] = defaultdict(list)
     for row in rows:
-        keys_of[str(row["sha256"])].append(str(row["key"]))
-    for row in rows:
-        key, digest = str(row["key"]), str(row["sha256"])
-        others = sorted(first_key[(digest, c)] for c in digests[digest] if not key.startswith(c + "/"))
-        row["same_content_in_another_class"] = f"{key} = {', '.join(others)}" if others else None
-        twins = [k for k in keys_of[digest] if k != key and k.split("/", 1)[0] == key.split("/", 1)[0]]
+        key = str(row["key"])
+        cls = key.split("/", 1)[0]
+        first_in: dict[str, str] = {}  # another class -> its first key with these bytes
+        twins = []  # other keys with these bytes in this class
+        for other in keys_of[str(row["sha256"])]:
+            other_cls = other.split("/", 1)[0]
+            if other_cls != cls:
+                first_in.setdefault(other_cls, other)
+            elif other != key:
+                twins.append(other)
+        elsewhere = sorted(first_in.values())
+        row["same_content_in_another_class"] = f"{key} = {', '.join(elsewhere)}" if elsewhere else None
         row["same_content_twice"] = f"{key} = {', '.join(twins[:3])}" if twins else None
     for key in folder.other_files:
         why = "outside any class folder" if "/" not in key else f"extension not one of {', '.join(IMAGE_EXTENSIONS)}"
