@@ -79,6 +79,12 @@ BENCHES = (
         ("bench/inference.py", "--iters", "2", "--threads", "1", "--batches", "2"),
     ),
     Bench(
+        "gpu",
+        "GPU: GPT-2 small in bf16 through trainyard's loop against a plain loop, tokens/s and MFU",
+        ("bench/gpu.py",),  # says it skipped where there is no CUDA GPU; the device machine runs it
+        ("bench/gpu.py", "--cpu-smoke", "--no-compile"),
+    ),
+    Bench(
         "parse",
         "DAG parse time per file",
         ("bench/parse.py",),

@@ -109,6 +109,22 @@ class Distributed(_Model):
     )
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training precision")
+    compile: bool = Field(
+        False,
+        description=(
+            "compile the model's training forward and backward with torch.compile (inductor): faster steps "
+            "on GPUs after a compile of a minute or so at the start; ddp and horovod"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _compile_strategy(self) -> Distributed:
+        if self.compile and self.strategy == "deepspeed":
+            raise ValueError(
+                "distributed.compile: DeepSpeed runs its own engine around the model; use strategy ddp or "
+                "horovod to compile, or compile: false"
+            )
+        return self
 
 
 class Checkpointing(_Model):

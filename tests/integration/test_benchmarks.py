@@ -1,12 +1,14 @@
 """Every benchmark of `make bench` runs (at a tiny size) and prints the figures BENCHMARKS.md is made of.
 Benchmarks are not tests: nothing here asserts a speed."""
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,6 +40,20 @@ def test_every_benchmark_runs_and_reports(tmp_path):
         r"resnet_classifier \(ResNet-18, 64 px\) +1 +2 +[\d.]+ +[\d.]+ +[\d.]+x",
         r"transformer_translator \(greedy, 31 tokens\)",
         r"train_pipeline\.py +14 +\d+ ms",
+        r"cpu-smoke \(tiny\), batch 4, bf16, compile False, best of 1:\n +hand +\d+ tokens/s +MFU",
+        r"\n +trainyard +\d+ tokens/s +MFU [\d.]+% \(6N\)",
     ):
         assert re.search(expected, text), f"{expected!r} not in\n{text}"
-    assert text.count("\n## ") == 7
+    assert text.count("\n## ") == 8
+
+
+def test_the_gpu_benchmark_says_it_skipped_without_a_gpu(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: bench/gpu.py measures instead of skipping")
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--out", str(out)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "skipped: no CUDA GPU" in proc.stdout
+    assert "no CUDA GPU" in json.loads(out.read_text())["skipped"]

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from trainyard.recipes.base import to_device
+from trainyard.recipes.base import Recipe, to_device
 from trainyard.training.common import atomic_save, resume_point
 from trainyard.training.data import ShardSampler, already_batched
 from trainyard.training.run_config import RunConfig
@@ -64,9 +64,11 @@ def fail_once_at() -> int | None:
     return int(target) if target else None
 
 
-def _crash(step: int, out_dir: str) -> None:
+def _crash(step: int, out_dir: str, strategy: Strategy) -> None:
+    """The fault strikes after the step's checkpoint is on disk (the tests resume from it)."""
     marker = Path(out_dir) / f".fault-injected-{step}"
     if not marker.exists():
+        strategy.checkpoints_written()
         marker.write_text(str(os.getpid()))
         print(f"[trainer] fault injection: crashing at step {step}", flush=True)
         os._exit(17)
@@ -106,26 +108,31 @@ class Window:
         return losses
 
 
-def train(cfg: RunConfig, strategy: Strategy) -> dict:
+def train(cfg: RunConfig, strategy: Strategy, recipe: Recipe | None = None) -> dict:
     """Run the job's epochs with ``strategy``; rank 0 returns the result record (the others ``{}``). The
-    tracker and the process group are closed whatever happens, from the moment they exist."""
+    tracker and the process group are closed whatever happens, from the moment they exist. ``recipe``:
+    the JobSpec's recipe unless given (``bench/gpu.py`` trains a model of its own through this loop)."""
     strategy.init()
     tracker = Tracker(cfg) if strategy.rank == 0 else None  # first, so its imports overlap the data loading
     ok = False
     try:
-        result = _train(cfg, strategy, tracker)
+        result = _train(cfg, strategy, tracker, recipe)
         ok = True
         return result
     finally:
         gc.unfreeze()  # the heap frozen for the loop is collectable again (train can run in a longer process)
         try:
-            if tracker is not None:
-                tracker.close(check=ok)  # an error of the run itself is the one to report
+            # A run that fails still gets its last checkpoint onto the disk, for the retry to resume from.
+            strategy.checkpoints_written(check=ok)  # an error of the run itself is the one to report
         finally:
-            strategy.shutdown()
+            try:
+                if tracker is not None:
+                    tracker.close(check=ok)
+            finally:
+                strategy.shutdown()
 
 
-def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None) -> dict:
+def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe | None) -> dict:
     from trainyard import recipes
 
     spec, hp = cfg.spec, cfg.spec.hyperparameters
@@ -134,7 +141,8 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None) -> dict:
     log_every = spec.tracking.log_every_steps
 
     torch.manual_seed(hp.seed)
-    recipe = recipes.get(spec.recipe)
+    if recipe is None:
+        recipe = recipes.get(spec.recipe)
     options = recipe.opts(spec)
     dataset, val, meta = recipe.load(cfg)
     sampler = ShardSampler(dataset, world, rank, hp.seed)
@@ -147,6 +155,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None) -> dict:
         collate_fn=already_batched,
         num_workers=workers,
         persistent_workers=workers > 0,
+        pin_memory=strategy.cuda,  # page-locked batches: the copy to the GPU does not stall the host
     )
     per_epoch = len(loader)
     total_steps = hp.epochs * per_epoch
@@ -198,13 +207,10 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None) -> dict:
                 losses = window.close(strategy, tracker)
                 if end_of_epoch and losses is not None:
                     last_loss = float(losses.mean())  # the epoch's last window, as the curves show it
-            if strategy.due(step, end_of_epoch):
-                saved = strategy.save(
-                    {"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step
-                )
-                log(f"checkpoint {saved} saved at step {step}")
+            if strategy.due(step, end_of_epoch):  # logged by the strategy once on disk
+                strategy.save({"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step)
             if step == fail_at:
-                _crash(step, cfg.out_dir)
+                _crash(step, cfg.out_dir, strategy)
         metrics = {}
         if rank == 0 or strategy.evaluate_on_every_rank:
             metrics = recipe.val_metrics(strategy.model, val, device, strategy.input_dtype)
@@ -214,6 +220,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None) -> dict:
         strategy.barrier()
 
     loop_s = time.perf_counter() - loop_t0
+    strategy.checkpoints_written()
     final = strategy.final_model(recipe, meta, options)
     result: dict = {}
     if rank == 0:

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from trainyard.training.common import Checkpoints
@@ -42,3 +43,42 @@ def test_interval_rules(tmp_path):
 def test_no_temp_files_left(tmp_path):
     Checkpoints(tmp_path).save(_state(1), 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001.pt"]
+
+
+def test_background_save_writes_a_snapshot_and_reports_once_on_disk(tmp_path):
+    ckpts = Checkpoints(tmp_path, keep=2)
+    live = {"model": {"w": torch.zeros(3)}, "optimizer": {"state": [torch.ones(2)]}, "step": 10}
+    reported = []
+
+    def on_saved(path):
+        reported.append((path.name, path.exists()))
+
+    ckpts.save_in_background(live, 10, on_saved)
+    live["model"]["w"].add_(5.0)  # training goes on changing the tensors the snapshot was taken from
+    live["optimizer"]["state"][0].mul_(3.0)
+    ckpts.close()
+    assert reported == [("step-00000010.pt", True)]
+    saved = ckpts.load_latest()
+    assert saved["model"]["w"].tolist() == [0.0, 0.0, 0.0] and saved["optimizer"]["state"][0].tolist() == [1.0, 1.0]
+
+
+def test_background_save_failure_is_raised_by_the_next_save_or_close(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    ckpts = Checkpoints(blocker / "checkpoints")  # cannot be created: a file is in the way
+    ckpts.save_in_background(_state(1), 1, lambda path: None)
+    with pytest.raises(OSError):
+        ckpts.save_in_background(_state(2), 2, lambda path: None)
+    ckpts.save_in_background(_state(3), 3, lambda path: None)
+    with pytest.raises(OSError):
+        ckpts.close()
+    ckpts.close()  # nothing pending any more
+
+
+def test_close_without_check_prints_the_failure(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    ckpts = Checkpoints(blocker / "checkpoints")
+    ckpts.save_in_background(_state(1), 1, lambda path: None)
+    ckpts.close(check=False)
+    assert "checkpoint write failed" in capsys.readouterr().out

@@ -120,3 +120,31 @@ def test_tracking_that_cannot_start_fails_the_run_before_it_trains(tmp_path, pre
         train(cfg, strategies.for_run(cfg))
     assert not list(cfg.checkpoint_dir.glob("step-*.pt"))  # not one step was trained
     _no_tracker_left()
+
+
+def test_compile_trains_through_torch_compile_and_saves_the_plain_model(tmp_path, prepared, capsys):
+    cfg = _cfg(tmp_path, prepared, distributed={"compile": True})
+    compiled = []
+    real_compile = torch.compile
+
+    def spy(module, *args, **kwargs):
+        compiled.append(type(module).__name__)
+        return real_compile(module, *args, **kwargs)
+
+    torch.compile = spy
+    try:
+        result = train(cfg, strategies.for_run(cfg))
+    finally:
+        torch.compile = real_compile
+    assert compiled == ["SmallCNN"]
+    assert "compile=torch.compile" in capsys.readouterr().out
+    blob = torch.load(result["model_path"], weights_only=True)
+    assert not [k for k in blob["state_dict"] if k.startswith("_orig_mod")]  # the plain module's weights
+    assert result["val_accuracy"] > 0.5
+
+
+def test_compile_is_refused_for_deepspeed_naming_the_way_out():
+    from trainyard.spec import SpecError
+
+    with pytest.raises(SpecError, match="use strategy ddp or horovod to compile"):
+        parse_spec({"distributed": {"strategy": "deepspeed", "compile": True}})

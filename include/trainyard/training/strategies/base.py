@@ -13,7 +13,8 @@ autocast / grad scaler for ``distributed.precision``, and the atomic torch check
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -94,10 +95,15 @@ class Strategy:
     def due(self, step: int, end_of_epoch: bool) -> bool:
         return self.ckpts.due(step, end_of_epoch)
 
-    def save(self, position: dict, step: int) -> str | None:
-        """Every rank, when ``due``: checkpoint the run at ``position`` (epoch, batches_done, step, rng);
-        the checkpoint's name on the rank that wrote it."""
+    def save(self, position: dict, step: int) -> None:
+        """Every rank, when ``due``: checkpoint the run at ``position`` (epoch, batches_done, step, rng),
+        and log ``checkpoint <name> saved at step <step>`` once it is on disk (maybe after this returns)."""
         raise NotImplementedError
+
+    def checkpoints_written(self, check: bool = True) -> None:
+        """Every rank: wait until the checkpoints saved so far are on disk; with ``check``, raise if one
+        could not be written."""
+        self.ckpts.close(check)
 
     def load(self) -> tuple[str, dict] | None:
         """Every rank: restore the newest usable checkpoint; (its name, the position saved with it)."""
@@ -108,7 +114,8 @@ class Strategy:
         return self.model
 
     def describe(self) -> str:
-        return f"backend={self.backend} device={self.device} precision={self.spec.distributed.precision}"
+        compiled = " compile=torch.compile" if self.spec.distributed.compile else ""
+        return f"backend={self.backend} device={self.device} precision={self.spec.distributed.precision}{compiled}"
 
     def shutdown(self) -> None:
         raise NotImplementedError
@@ -119,10 +126,20 @@ class TorchStrategy(Strategy):
 
     def prepare(self, model: torch.nn.Module, total_steps: int) -> None:
         amp.check_precision(self.spec, self.cuda)
-        self.model = self.forward = model
-        self.opt = self.wrap_optimizer(make_optimizer(model.parameters(), self.spec.hyperparameters), model)
+        self.model = model
+        params = model.parameters()
+        self.opt = self.wrap_optimizer(make_optimizer(params, self.spec.hyperparameters, self.cuda), model)
         self.sched = make_scheduler(self.opt, total_steps)
         self.scaler = amp.grad_scaler(self.spec.distributed.precision, self.device)
+        forward = self.wrap_model(model)
+        # Compiled around the DDP wrapper, so that its optimizer splits the graph at the gradient buckets
+        # and the all-reduce of one bucket overlaps the backward of the next.
+        # torch.compile of a module returns the module wrapped (an OptimizedModule); its stubs say callable
+        self.forward = cast(torch.nn.Module, torch.compile(forward)) if self.spec.distributed.compile else forward
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What the loss runs the batch through (DDP: the wrapper that averages gradients in backward)."""
+        return model
 
     def wrap_optimizer(self, opt: torch.optim.Optimizer, model: torch.nn.Module) -> torch.optim.Optimizer:
         return opt
@@ -176,9 +193,14 @@ class TorchStrategy(Strategy):
             self.scaler.load_state_dict(state["scaler"])
 
     def save(self, position, step):
+        """Rank 0, in the background (:meth:`Checkpoints.save_in_background`)."""
         if self.rank != 0:
-            return None
-        return self.ckpts.save(self.state(position), step).name
+            return
+
+        def on_saved(path: Path) -> None:
+            self.log(f"checkpoint {path.name} saved at step {step}")
+
+        self.ckpts.save_in_background(self.state(position), step, on_saved)
 
     def load_file(self) -> dict | None:
         return self.ckpts.load_latest(self.log)

@@ -26,10 +26,10 @@ class DDPStrategy(TorchStrategy):
         if self.world > 1:  # a world of one has nothing to average: no process group, no DDP wrapper
             dist.init_process_group(self.backend, device_id=self.device if self.cuda else None)
 
-    def prepare(self, model, total_steps):
-        super().prepare(model, total_steps)
-        if dist.is_initialized():
-            self.forward = DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None)
+    def wrap_model(self, model):
+        if not dist.is_initialized():
+            return model
+        return DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None)
 
     def mean(self, t):
         if not dist.is_initialized():

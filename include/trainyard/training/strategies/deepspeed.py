@@ -244,7 +244,8 @@ class DeepSpeedStrategy(Strategy):
         return self.sharded.due(step, end_of_epoch, self.world)
 
     def save(self, position, step):
-        return self.sharded.save(position, step)
+        tag = self.sharded.save(position, step)
+        self.log(f"checkpoint {tag} saved at step {step}")
 
     def load(self):
         return self.sharded.load_latest()
