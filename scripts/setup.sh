@@ -68,9 +68,8 @@ export PATH=$VENV/bin:$PATH
 "$VENV/bin/python" scripts/render_airflow_cfg.py
 log "migrating the Airflow database"
 airflow db migrate >"$AIRFLOW_HOME/db-migrate.log" 2>&1 || { cat "$AIRFLOW_HOME/db-migrate.log"; exit 1; }
-log "creating pools from include/config/resources.yaml"
-trainyard pools --format airflow >"$AIRFLOW_HOME/pools.json"
-airflow pools import "$AIRFLOW_HOME/pools.json" >/dev/null
+log "making the GPU pools match include/config/resources.yaml"
+trainyard pools sync >/dev/null
 mkdir -p "$TRAINYARD_HOME"
 log "demo model-signing key pair in $TRAINYARD_HOME/keys (created once)"
 trainyard models keygen --if-missing >/dev/null

@@ -14,6 +14,45 @@ EPILOG = f"""exit status: 0 when the command did what it says; {EXIT_ERROR} on a
 parsed. Add --debug (before the command) to see the error's traceback as well."""
 
 
+def cmd_pools_sync(args) -> int:
+    """Make Airflow's pools match resources.yaml: create and resize the GPU pools, delete the GPU pools the
+    file no longer lists (not one that tasks hold now); idempotent. Needs the Airflow database."""
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    from trainyard.scheduling.resources import load_resources, pool_changes, pools
+
+    wanted = pools(load_resources(args.resources))
+    status = 0
+    with create_session() as session:
+        existing = {str(p.pool): p for p in Pool.get_pools(session=session)}
+        current = {
+            name: {"slots": p.slots, "description": p.description, "include_deferred": p.include_deferred}
+            for name, p in existing.items()
+        }
+        for name, change, fields in pool_changes(current, wanted):
+            if change == "delete":
+                held = existing[name].occupied_slots(session=session)
+                if held:
+                    print(f"{name:20s} kept: {held} slot(s) held by queued or running tasks; sync again later")
+                    status = EXIT_ERROR
+                    continue
+                if not args.dry_run:
+                    Pool.delete_pool(name, session=session)
+                print(f"{name:20s} deleted (not in the file)")
+                continue
+            assert fields is not None
+            if change != "keep" and not args.dry_run:
+                Pool.create_or_update_pool(name, session=session, **fields)
+            before = current.get(name, {}).get("slots")
+            resized = f" (was {before})" if change == "update" and before != fields["slots"] else ""
+            verb = {"create": "created", "update": "updated", "keep": "unchanged"}[change]
+            print(f"{name:20s} {verb}: {fields['slots']} slot(s){resized}")
+        if args.dry_run:
+            session.rollback()
+    return status
+
+
 def cmd_pools(args) -> int:
     from trainyard.scheduling.resources import load_resources, pools
 
@@ -165,10 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("pools", help="the Airflow pools that resources.yaml defines")
+    p = sub.add_parser("pools", help="the Airflow pools that resources.yaml defines ('sync' makes Airflow match)")
     p.add_argument("--format", choices=["airflow", "table"], default="table")
     p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
     p.set_defaults(func=cli_command(cmd_pools))
+    pools_sub = p.add_subparsers(dest="pools_command")
+    sync = pools_sub.add_parser("sync", help="create, resize and delete Airflow's GPU pools to match the file")
+    # SUPPRESS: `pools --resources F sync` and `pools sync --resources F` both keep F
+    sync.add_argument("--resources", default=argparse.SUPPRESS, help="path to resources.yaml")
+    sync.add_argument("--dry-run", action="store_true", help="print the changes without making them")
+    sync.set_defaults(func=cli_command(cmd_pools_sync))
 
     p = sub.add_parser("validate", help="validate a JobSpec YAML file and print it with defaults filled in")
     p.add_argument("job")

@@ -1,8 +1,21 @@
-"""resources.yaml -> GPU types, Airflow pools, and the checks a JobSpec must pass against them."""
+"""The fleet inventory, ``include/config/resources.yaml``: GPU types, teams and their quotas, priority
+classes, and the queueing bound; the Airflow pools made from it; the checks a JobSpec must pass against it.
+
+Units: a GPU type's ``slots`` are what jobs ask for and quotas count: its GPUs, or, on a time-sliced type,
+its GPUs x ``time_slicing.replicas`` (each replica is advertised as one ``nvidia.com/gpu`` with no memory
+isolation, so a quota must count replicas, not GPUs). MIG profiles are listed per type for the Kubernetes
+objects (each profile is a resource of its own there).
+
+A file that cannot describe a real fleet is refused with the line at fault: quotas that sum past a type's
+slots, an unknown GPU type, a lending limit above the quota, a borrowing limit past what exists, MIG
+slices that do not fit a GPU, a priority range upside down.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -11,25 +24,196 @@ from trainyard.errors import spec_error_message
 from trainyard.spec import JobSpec, SpecError
 
 POOL_PREFIX = "gpu-"
+NAME = r"^[a-z0-9][a-z0-9-]{0,40}$"  # DNS-label-like: it names pools, namespaces and Kueue objects
+MIG_PROFILE = re.compile(r"^(?P<g>[1-7])g\.(?P<gb>\d+)gb$")
+MIG_COMPUTE_SLICES = 7  # an A100 / H100 splits into at most seven compute slices
 
 
-class GpuType(BaseModel):
+class ResourcesError(ValueError):
+    """resources.yaml cannot be used; the message names the file, the line and the field."""
+
+
+class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    count: int = Field(ge=1)
-    price_per_hour: float = Field(ge=0.0)
+
+
+class TimeSlicing(_Model):
+    replicas: int = Field(ge=2, le=48, description="each GPU advertised this many times (shares, no memory isolation)")
+
+
+class GpuType(_Model):
+    count: int = Field(ge=1, description="GPUs of this type in the fleet")
+    price_per_hour: float = Field(ge=0.0, description="per GPU (per slot on a time-sliced type)")
     description: str = ""
-    node_selector: dict[str, str] = {}
+    node_selector: dict[str, str] = Field({}, description="the node labels of this type (Kubernetes)")
+    mig_profiles: dict[str, int] = Field({}, description="MIG profile -> slices of it per GPU (mixed strategy)")
+    time_slicing: TimeSlicing | None = None
+
+    @property
+    def slots(self) -> int:
+        """What jobs ask for and quotas count: GPUs, or GPU shares on a time-sliced type."""
+        return self.count * (self.time_slicing.replicas if self.time_slicing else 1)
 
 
-class Team(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class PriorityRange(_Model):
+    min: int = Field(1, ge=1, le=1000)
+    max: int = Field(1000, ge=1, le=1000)
+
+
+class Team(_Model):
     description: str = ""
+    quota: dict[str, int] = Field({}, description="GPU type -> nominal quota in slots (guaranteed)")
+    borrowing_limit: dict[str, int] = Field(
+        {}, description="GPU type -> slots it may use beyond its quota from others' idle quota (absent: no limit)"
+    )
+    lending_limit: dict[str, int] = Field(
+        {}, description="GPU type -> slots of its idle quota others may borrow (absent: all of it)"
+    )
+    monthly_budget: float | None = Field(None, ge=0.0, description="spend per calendar month (None: unlimited)")
+    priority: PriorityRange = PriorityRange()
 
 
-class ResourcesConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Scheduling(_Model):
+    max_wait_minutes: float = Field(
+        30.0,
+        gt=0,
+        description="a job that waited this long stops smaller jobs from passing it, so it starts next",
+    )
+
+
+class ResourcesConfig(_Model):
     gpu_types: dict[str, GpuType]
     teams: dict[str, Team] = {"default": Team()}
+    priority_classes: dict[str, int] = Field(
+        {"low": 100, "normal": 500, "high": 900}, description="name -> value (Kubernetes PriorityClass / Kueue)"
+    )
+    scheduling: Scheduling = Scheduling()
+
+    def quota(self, team: str, gpu_type: str) -> int:
+        return self.teams[team].quota.get(gpu_type, 0)
+
+    def borrowing_limit(self, team: str, gpu_type: str) -> int | None:
+        return self.teams[team].borrowing_limit.get(gpu_type)
+
+    def lending_limit(self, team: str, gpu_type: str) -> int:
+        """What of ``team``'s quota of ``gpu_type`` others may borrow while it is idle."""
+        t = self.teams[team]
+        return t.lending_limit.get(gpu_type, t.quota.get(gpu_type, 0))
+
+    def priority_class(self, priority: int) -> str:
+        """The highest priority class whose value is at most ``priority`` (the lowest class if none is)."""
+        ordered = sorted(self.priority_classes.items(), key=lambda kv: kv[1])
+        below = [name for name, value in ordered if value <= priority]
+        return below[-1] if below else ordered[0][0]
+
+
+def _problems(cfg: ResourcesConfig) -> Iterable[tuple[tuple, str]]:
+    """(the path of the field at fault, what is wrong) for each rule the types alone do not express."""
+    for name in cfg.gpu_types:
+        if not re.match(NAME, name):
+            yield ("gpu_types", name), f"GPU type name {name!r}: lower-case letters, digits and '-'"
+    for name, gpu in cfg.gpu_types.items():
+        if gpu.mig_profiles and gpu.time_slicing:
+            yield ("gpu_types", name, "mig_profiles"), "give mig_profiles or time_slicing, not both"
+        slices = 0
+        for profile, per_gpu in gpu.mig_profiles.items():
+            m = MIG_PROFILE.match(profile)
+            if not m:
+                yield ("gpu_types", name, "mig_profiles", profile), f"MIG profile {profile!r}: write it as 1g.10gb"
+                continue
+            if per_gpu < 1:
+                yield ("gpu_types", name, "mig_profiles", profile), f"{per_gpu} slices: at least 1"
+            slices += int(m["g"]) * per_gpu
+        if slices > MIG_COMPUTE_SLICES:
+            yield (
+                ("gpu_types", name, "mig_profiles"),
+                f"the profiles take {slices} compute slices of a GPU; a GPU has {MIG_COMPUTE_SLICES}",
+            )
+    for name in cfg.teams:
+        if not re.match(NAME, name):
+            yield ("teams", name), f"team name {name!r}: lower-case letters, digits and '-'"
+    for team_name, team in cfg.teams.items():
+        for field in ("quota", "borrowing_limit", "lending_limit"):
+            for gpu_type, value in getattr(team, field).items():
+                where = ("teams", team_name, field, gpu_type)
+                if gpu_type not in cfg.gpu_types:
+                    yield where, f"unknown GPU type {gpu_type!r}; the file lists {sorted(cfg.gpu_types)}"
+                    continue
+                slots = cfg.gpu_types[gpu_type].slots
+                if value < 0:
+                    yield where, f"{value}: a number of slots is at least 0"
+                elif field == "quota" and value > slots:
+                    yield where, f"{value} slots, but {gpu_type} has {slots}"
+                elif field == "lending_limit" and value > team.quota.get(gpu_type, 0):
+                    yield where, f"lends {value} slots of a quota of {team.quota.get(gpu_type, 0)}"
+                elif field == "borrowing_limit" and value > slots - team.quota.get(gpu_type, 0):
+                    yield (
+                        where,
+                        f"{value} slots beyond a quota of {team.quota.get(gpu_type, 0)}, but {gpu_type} has {slots}",
+                    )
+        if team.priority.min > team.priority.max:
+            yield ("teams", team_name, "priority"), f"min {team.priority.min} is above max {team.priority.max}"
+    for gpu_type, gpu in cfg.gpu_types.items():
+        holders = {t: team.quota[gpu_type] for t, team in cfg.teams.items() if team.quota.get(gpu_type, 0) > 0}
+        if sum(holders.values()) > gpu.slots:
+            last = list(holders)[-1]
+            shares = " + ".join(f"{t} {q}" for t, q in holders.items())
+            yield (
+                ("teams", last, "quota", gpu_type),
+                f"quotas over-commit {gpu_type}: {shares} = {sum(holders.values())} slots, but it has {gpu.slots}",
+            )
+    if not cfg.priority_classes:
+        yield ("priority_classes",), "at least one priority class"
+    for name, value in cfg.priority_classes.items():
+        if not re.match(NAME, name):
+            yield ("priority_classes", name), f"priority class name {name!r}: lower-case letters, digits and '-'"
+        if not 1 <= value <= 1000:
+            yield ("priority_classes", name), f"{value}: between 1 and 1000 (the JobSpec's resources.priority)"
+
+
+def _line_of(text: str, path: tuple) -> int | None:
+    """The 1-based line of ``path`` (keys from the top) in the YAML ``text``, or of its nearest parent."""
+    import yaml
+
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for key in path:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for k, v in node.value:
+            if k.value == str(key):
+                line, node = k.start_mark.line + 1, v
+                break
+        else:
+            break
+    return line
+
+
+def parse_resources(text: str, source: str = "resources.yaml") -> ResourcesConfig:
+    """The inventory in ``text``; ResourcesError with ``source:line: field: problem`` for each fault."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ResourcesError(f"{source}: not YAML: {err}") from None
+    faults: list[tuple[tuple, str]] = []
+    try:
+        cfg = ResourcesConfig.model_validate(raw)
+    except ValidationError as err:
+        faults = [(tuple(e["loc"]), e["msg"].removeprefix("Value error, ")) for e in err.errors()]
+    else:
+        faults = list(_problems(cfg))
+    if faults:
+        lines = []
+        for path, msg in faults:
+            line = _line_of(text, path)
+            lines.append(f"{source}:{line if line else '?'}: {'.'.join(str(p) for p in path)}: {msg}")
+        raise ResourcesError("\n".join(lines))
+    return cfg
 
 
 def default_config_dir() -> Path:
@@ -37,13 +221,8 @@ def default_config_dir() -> Path:
 
 
 def load_resources(path: str | os.PathLike | None = None) -> ResourcesConfig:
-    import yaml
-
     path = Path(path) if path else default_config_dir() / "resources.yaml"
-    try:
-        return ResourcesConfig.model_validate(yaml.safe_load(path.read_text()))
-    except ValidationError as err:
-        raise ValueError(f"{path}: {err}") from None
+    return parse_resources(path.read_text(), str(path))
 
 
 def pool_name(gpu_type: str) -> str:
@@ -51,20 +230,42 @@ def pool_name(gpu_type: str) -> str:
 
 
 def pools(config: ResourcesConfig) -> dict[str, dict]:
-    """Airflow pools, in the shape `airflow pools import` reads."""
+    """Airflow pools, in the shape `airflow pools import` reads: one per GPU type, a slot per GPU (per
+    share on a time-sliced type), counting deferred tasks (a deferred training keeps its GPUs)."""
     return {
         pool_name(name): {
-            "slots": gpu.count,
-            "description": f"{gpu.description or name}: {gpu.count} GPU(s) at {gpu.price_per_hour}/GPU-hour",
+            "slots": gpu.slots,
+            "description": f"{gpu.description or name}: {gpu.slots} slot(s) at {gpu.price_per_hour}/hour each",
             "include_deferred": True,
         }
         for name, gpu in sorted(config.gpu_types.items())
     }
 
 
+def pool_changes(current: dict[str, dict], wanted: dict[str, dict]) -> list[tuple[str, str, dict | None]]:
+    """What makes Airflow's pools ``current`` match ``wanted`` (both as :func:`pools` shapes them):
+    (pool, "create" | "update" | "delete" | "keep", the pool's wanted fields or None). Only trainyard's
+    pools (``gpu-*``) are deleted; any other pool is not trainyard's to touch."""
+    changes: list[tuple[str, str, dict | None]] = []
+    for name, fields in wanted.items():
+        have = current.get(name)
+        if have is None:
+            changes.append((name, "create", fields))
+        elif any(have.get(k) != v for k, v in fields.items()):
+            changes.append((name, "update", fields))
+        else:
+            changes.append((name, "keep", fields))
+    for name in sorted(set(current) - set(wanted)):
+        if name.startswith(POOL_PREFIX):
+            changes.append((name, "delete", None))
+    return changes
+
+
 def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
-    """Refuse a job that could never be scheduled: Airflow never runs a task whose pool_slots exceed
-    the pool's size, it would wait forever instead."""
+    """Refuse a job that could never be scheduled (Airflow never runs a task whose pool_slots exceed the
+    pool's size: it would wait forever instead), or that its team may not run: a GPU type the team has no
+    quota of and may not borrow, more slots than its quota plus what it may borrow, a priority outside the
+    team's range."""
     res = spec.resources
     if res.gpu_type not in config.gpu_types:
         raise SpecError(
@@ -76,7 +277,7 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
         raise SpecError(
             spec_error_message([f"resources.team: unknown team {res.team!r}; allowed: {sorted(config.teams)}"])
         )
-    size = config.gpu_types[res.gpu_type].count
+    size = config.gpu_types[res.gpu_type].slots
     if res.total_gpus > size:
         raise SpecError(
             spec_error_message(
@@ -86,6 +287,41 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
                 ]
             )
         )
+    reach = max_reach(config, res.team, res.gpu_type)
+    if res.total_gpus > reach:
+        raise SpecError(
+            spec_error_message(
+                [
+                    f"resources.gpus_per_node: team {res.team!r} may hold at most {reach} {res.gpu_type} slot(s) "
+                    f"(quota {config.quota(res.team, res.gpu_type)} plus what it may borrow), the job needs "
+                    f"{res.total_gpus}; ask for fewer, another gpu_type, or a larger quota in resources.yaml"
+                ]
+            )
+        )
+    allowed = config.teams[res.team].priority
+    if not allowed.min <= res.priority <= allowed.max:
+        raise SpecError(
+            spec_error_message(
+                [
+                    f"resources.priority: {res.priority} is outside team {res.team!r}'s range "
+                    f"{allowed.min}..{allowed.max}"
+                ]
+            )
+        )
+
+
+def max_reach(config: ResourcesConfig, team: str, gpu_type: str) -> int:
+    """The most slots of ``gpu_type`` ``team`` can ever hold at once: its quota plus what the others lend
+    and the slots in no team's quota, capped by its borrowing limit."""
+    lendable = sum(config.lending_limit(t, gpu_type) for t in config.teams if t != team) + unassigned(config, gpu_type)
+    limit = config.borrowing_limit(team, gpu_type)
+    borrow = lendable if limit is None else min(limit, lendable)
+    return min(config.quota(team, gpu_type) + borrow, config.gpu_types[gpu_type].slots)
+
+
+def unassigned(config: ResourcesConfig, gpu_type: str) -> int:
+    """The slots of ``gpu_type`` in no team's quota: any team may borrow them."""
+    return config.gpu_types[gpu_type].slots - sum(config.quota(t, gpu_type) for t in config.teams)
 
 
 def run_cost(config: ResourcesConfig, gpu_type: str, gpu_seconds: float) -> float:
