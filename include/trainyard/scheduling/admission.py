@@ -1,0 +1,278 @@
+"""Admission: which waiting job may take its GPUs now, within every team's quota and what it may borrow.
+
+Airflow's GPU pool of a type bounds the GPUs in use (a training task holds pool_slots = its GPUs), but a
+pool knows nothing of teams, and when the first waiting task does not fit it starts smaller ones behind
+it, so a large job can wait forever. The ledger here adds what pools lack, and nothing else:
+
+* a job's training starts only once the ledger admits it; the ``admit`` task of ``train_pipeline`` waits
+  for that in Airflow's reschedule mode (no worker slot held between looks);
+* never more slots of a type admitted than it has; a team never above its quota plus what it may borrow;
+  borrowing only from what other teams lend of their idle quota and from slots in nobody's quota;
+* order among waiting jobs of a type: a job that waited ``scheduling.max_wait_minutes`` first; then jobs
+  within their team's quota before jobs that would borrow; then ``resources.priority``; then arrival;
+* a job that does not fit does not stop smaller ones behind it (backfill: the fleet stays busy), except
+  that (a) behind a job within its quota that waits for slots, no job may borrow (lent quota comes back as
+  the borrowers finish; nothing running is preempted), and (b) behind a job that has waited
+  ``max_wait_minutes`` for slots, no job of that type starts at all, so it starts once enough running jobs
+  finish: the bound on how long a large job waits behind a stream of small ones.
+
+Every decision is one ``BEGIN IMMEDIATE`` transaction on a SQLite file, so concurrent task processes see
+one order. Nothing leaks when a process dies: every row has a lease. A waiting job's lease is renewed by
+each look of its ``admit`` task, an admitted job's by its training task (:func:`hold`, a heartbeat
+thread); a row whose lease ran out is dropped by the next decision, so a killed worker, a cancelled run or
+a crashed scheduler frees its slots within one lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainyard.scheduling.resources import ResourcesConfig
+
+WAITING_LEASE_S = 120.0  # an admit task looks every poke interval (30 s); three missed looks drop the job
+ADMITTED_LEASE_S = 600.0  # from admission to the training task's first heartbeat (and between retries)
+HEARTBEAT_S = 30.0  # a running training renews its lease this often ...
+RUNNING_LEASE_S = 180.0  # ... for this long
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    team TEXT NOT NULL,
+    gpu_type TEXT NOT NULL,
+    slots INTEGER NOT NULL,
+    priority INTEGER NOT NULL,
+    enqueued REAL NOT NULL,
+    admitted REAL,
+    borrowed INTEGER NOT NULL DEFAULT 0,
+    lease_until REAL NOT NULL
+)
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str  # the run key: "<dag_id>/<run_id>"
+    team: str
+    gpu_type: str
+    slots: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    job: Job
+    enqueued: float
+    admitted: float | None  # None while waiting
+    borrowed: int  # slots beyond the team's quota when it was admitted
+    lease_until: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    reason: str  # why it waits, or what it got
+
+
+def _usage(config: ResourcesConfig, entries: list[Entry], gpu_type: str) -> dict[str, int]:
+    used = dict.fromkeys(config.teams, 0)
+    for e in entries:
+        if e.admitted is not None and e.job.gpu_type == gpu_type:
+            used[e.job.team] = used.get(e.job.team, 0) + e.job.slots
+    return used
+
+
+def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> tuple[int | None, str]:
+    """(slots it would borrow, "") if ``job`` fits now, else (None, why not); ``why`` starts with
+    "team" when only the team's own limits stop it (then the fleet's slots are not what it waits for)."""
+    t, team = job.gpu_type, job.team
+    capacity = config.gpu_types[t].slots
+    in_use = sum(used.values())
+    quota = config.quota(team, t)
+    borrow = max(0, used[team] + job.slots - max(quota, used[team]))  # new slots beyond the quota
+    limit = config.borrowing_limit(team, t)
+    if borrow and limit is not None and max(0, used[team] - quota) + borrow > limit:
+        return None, f"team {team} holds {used[team]} of quota {quota} and may borrow at most {limit}"
+    if in_use + job.slots > capacity:
+        return None, f"{t}: {in_use} of {capacity} slots in use, the job needs {job.slots}"
+    if borrow:
+        others = [o for o in config.teams if o != team]
+        # what the others lend of their idle quota, and the slots in nobody's quota
+        supply = sum(min(config.lending_limit(o, t), max(0, config.quota(o, t) - used[o])) for o in others)
+        supply += capacity - sum(config.quota(o, t) for o in config.teams)
+        # the others' borrowing takes this team's own lendable idle quota first, then the supply
+        own_idle = min(config.lending_limit(team, t), max(0, quota - used[team]))
+        taken = max(0, sum(max(0, used[o] - config.quota(o, t)) for o in others) - own_idle)
+        lendable = supply - taken - max(0, used[team] - quota)
+        if borrow > lendable:
+            return None, f"{t}: the job would borrow {borrow} slots, {max(lendable, 0)} are lendable now"
+    return borrow, ""
+
+
+def plan(config: ResourcesConfig, entries: list[Entry], now: float) -> dict[str, tuple[int | None, str]]:
+    """Every waiting job's verdict now: job id -> (slots borrowed, "") to admit it, or (None, why it
+    waits). Pure: the ledger applies it in one transaction."""
+    max_wait = config.scheduling.max_wait_minutes * 60
+    verdicts: dict[str, tuple[int | None, str]] = {}
+    for gpu_type in config.gpu_types:
+        used = _usage(config, entries, gpu_type)
+        waiting = [e for e in entries if e.admitted is None and e.job.gpu_type == gpu_type]
+
+        def key(e: Entry, used=used, gpu_type=gpu_type) -> tuple:
+            starving = now - e.enqueued >= max_wait
+            within = used[e.job.team] + e.job.slots <= config.quota(e.job.team, gpu_type)
+            return (not starving, not within, -e.job.priority, e.enqueued, e.job.id)
+
+        no_borrowing = closed = ""
+        for e in sorted(waiting, key=key):
+            job = e.job
+            if closed:
+                verdicts[job.id] = (None, closed)
+                continue
+            borrow, why = _room(config, used, job)
+            if borrow is not None and borrow > 0 and no_borrowing:
+                borrow, why = None, no_borrowing
+            if borrow is None:
+                verdicts[job.id] = (None, why)
+                fleet_bound = not why.startswith("team ")
+                if fleet_bound and now - e.enqueued >= max_wait:
+                    waited = (now - e.enqueued) / 60
+                    closed = f"behind {job.id}, which has waited {waited:.0f} min for {job.slots} slots"
+                elif fleet_bound and used[job.team] + job.slots <= config.quota(job.team, gpu_type):
+                    no_borrowing = f"no borrowing while {job.id} waits for its team's own quota"
+                continue
+            verdicts[job.id] = (borrow, "")
+            used[job.team] += job.slots
+    return verdicts
+
+
+class Ledger:
+    """The admission state, a SQLite file shared by every task process on this host (WAL journal)."""
+
+    def __init__(self, path: str | Path, config: ResourcesConfig, clock: Callable[[], float] = time.time) -> None:
+        self.path, self.config, self.clock = Path(path), config, clock
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(SCHEMA)
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One writer at a time, across processes: decisions see and leave one consistent state."""
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    @staticmethod
+    def _entries(conn: sqlite3.Connection) -> list[Entry]:
+        rows = conn.execute(
+            "SELECT id, team, gpu_type, slots, priority, enqueued, admitted, borrowed, lease_until FROM jobs"
+        ).fetchall()
+        return [Entry(Job(*r[:5]), r[5], r[6], r[7], r[8]) for r in rows]
+
+    def _decide(self, conn: sqlite3.Connection, now: float) -> dict[str, tuple[int | None, str]]:
+        conn.execute("DELETE FROM jobs WHERE lease_until < ?", (now,))
+        entries = [e for e in self._entries(conn) if e.job.gpu_type in self.config.gpu_types]
+        verdicts = plan(self.config, entries, now)
+        for job_id, (borrow, _) in verdicts.items():
+            if borrow is not None:
+                conn.execute(
+                    "UPDATE jobs SET admitted = ?, borrowed = ?, lease_until = ? WHERE id = ?",
+                    (now, borrow, now + ADMITTED_LEASE_S, job_id),
+                )
+        return verdicts
+
+    def request(self, job: Job) -> Decision:
+        """Queue ``job`` (or renew its place: the arrival time stays the first request's) and decide;
+        whether it is admitted now, or why it waits."""
+        now = self.clock()
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO jobs (id, team, gpu_type, slots, priority, enqueued, lease_until) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "lease_until = max(lease_until, excluded.lease_until)",
+                (job.id, job.team, job.gpu_type, job.slots, job.priority, now, now + WAITING_LEASE_S),
+            )
+            verdicts = self._decide(conn, now)
+            row = conn.execute("SELECT admitted, borrowed FROM jobs WHERE id = ?", (job.id,)).fetchone()
+        if row[0] is not None:
+            borrowed = f", {row[1]} of them borrowed" if row[1] else ""
+            return Decision(True, f"admitted: {job.slots} {job.gpu_type} slot(s) for team {job.team}{borrowed}")
+        return Decision(False, verdicts.get(job.id, (None, "waiting"))[1])
+
+    def renew(self, job_id: str, lease_s: float = RUNNING_LEASE_S) -> bool:
+        """Extend an admitted job's lease; False if it is no longer admitted (its lease ran out)."""
+        now = self.clock()
+        with self._transaction() as conn:
+            cur = conn.execute(
+                "UPDATE jobs SET lease_until = ? WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?",
+                (now + lease_s, job_id, now),
+            )
+            return cur.rowcount == 1
+
+    def release(self, job_id: str) -> None:
+        """The job's training ended (or it gave up waiting): its slots go to the next job."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            self._decide(conn, self.clock())
+
+    def entries(self) -> list[Entry]:
+        """Every live row (leases not run out), for reports and tests."""
+        now = self.clock()
+        with self._connect() as conn:
+            return [e for e in self._entries(conn) if e.lease_until >= now]
+
+
+def default_ledger(config: ResourcesConfig) -> Ledger:
+    from trainyard import paths
+
+    return Ledger(paths.home() / "scheduling" / "admission.db", config)
+
+
+class NotAdmitted(RuntimeError):
+    """The job's reservation ran out before its training started, and it cannot be admitted again now."""
+
+
+@contextlib.contextmanager
+def hold(ledger: Ledger, job: Job, heartbeat_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """Around a job's training: its reservation, renewed every ``heartbeat_s`` by a thread and released at
+    the end however the training ends. A reservation that ran out (a retry long after the first try) is
+    asked for again; NotAdmitted if it cannot be had now (the task waits and tries again)."""
+    if not ledger.renew(job.id):
+        decision = ledger.request(job)
+        if not decision.admitted:
+            raise NotAdmitted(f"job {job.id} is not admitted any more: {decision.reason}")
+        ledger.renew(job.id)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat_s):
+            with contextlib.suppress(sqlite3.Error):  # a locked file now is retried at the next beat
+                ledger.renew(job.id)
+
+    thread = threading.Thread(target=beat, name="trainyard-admission-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        ledger.release(job.id)

@@ -1,0 +1,213 @@
+"""The admission ledger: capacity, quotas, borrowing and lending, order, the bound on a large job's wait,
+leases that free what a dead process held, and one consistent order across concurrent processes."""
+
+import multiprocessing
+import random
+import time
+
+import pytest
+
+from trainyard.scheduling import admission
+from trainyard.scheduling.admission import Job, Ledger, NotAdmitted, hold
+from trainyard.scheduling.resources import max_reach, parse_resources
+
+FLEET = """\
+gpu_types:
+  a100: {count: 8, price_per_hour: 1.0}
+teams:
+  vision: {quota: {a100: 4}, borrowing_limit: {a100: 2}}
+  nlp: {quota: {a100: 2}}
+  research: {quota: {a100: 2}, lending_limit: {a100: 1}}
+  lab: {}
+scheduling:
+  max_wait_minutes: 10
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def ledger(tmp_path, clock):
+    return Ledger(tmp_path / "admission.db", parse_resources(FLEET), clock)
+
+
+def job(name: str, team: str, slots: int, priority: int = 1) -> Job:
+    return Job(name, team, "a100", slots, priority)
+
+
+def admitted(ledger: Ledger) -> dict[str, int]:
+    return {e.job.id: e.borrowed for e in ledger.entries() if e.admitted is not None}
+
+
+def test_quota_then_borrowing_within_the_limits(ledger):
+    assert ledger.request(job("v1", "vision", 4)).admitted
+    # vision may borrow 2 beyond its 4 (nlp lends all of its idle quota, research 1 of its 2)
+    assert ledger.request(job("v2", "vision", 2)).admitted
+    refused = ledger.request(job("v3", "vision", 1))
+    assert not refused.admitted and "may borrow at most 2" in refused.reason
+    assert admitted(ledger) == {"v1": 0, "v2": 2}
+    # lab has no quota: of research's idle 2 it may borrow the 1 research lends, not the other
+    assert ledger.request(job("l1", "lab", 1)).admitted
+    l2 = ledger.request(job("l2", "lab", 1))
+    assert not l2.admitted and "would borrow 1 slots, 0 are lendable now" in l2.reason
+    assert ledger.request(job("r1", "research", 1)).admitted  # what research kept for itself
+    full = ledger.request(job("n1", "nlp", 1))
+    assert not full.admitted and "8 of 8 slots in use" in full.reason
+
+
+def test_lent_quota_comes_back_as_borrowers_finish(ledger):
+    assert ledger.request(job("v1", "vision", 4)).admitted
+    assert ledger.request(job("v2", "vision", 2)).admitted  # borrows nlp's idle 2
+    assert ledger.request(job("r1", "research", 1)).admitted
+    assert ledger.request(job("r2", "research", 1)).admitted  # the fleet is full
+    assert not ledger.request(job("n1", "nlp", 2)).admitted  # its quota is lent out; nothing is preempted
+    ledger.release("r1")  # one slot free: n1 needs 2, and while it waits for its own quota ...
+    lab = ledger.request(job("l1", "lab", 1))
+    assert not lab.admitted and "no borrowing while n1 waits" in lab.reason  # ... no one borrows the free slot
+    ledger.release("r2")
+    assert "n1" in admitted(ledger)  # the borrowed slots came back to their team as the others finished
+
+
+def test_priority_then_arrival_among_waiting_jobs(ledger, clock):
+    assert ledger.request(job("big", "vision", 4)).admitted
+    assert ledger.request(job("n", "nlp", 2)).admitted
+    assert ledger.request(job("r", "research", 2)).admitted  # the fleet is full
+    for name, prio in (("early", 5), ("late-high", 9), ("late-low", 5)):
+        clock.now += 1
+        assert not ledger.request(job(name, "vision", 4, prio)).admitted
+    ledger.release("big")
+    assert "late-high" in admitted(ledger)
+    ledger.release("late-high")
+    assert "early" in admitted(ledger)
+
+
+STREAM = """\
+gpu_types:
+  a100: {count: 8, price_per_hour: 1.0}
+teams:
+  vision: {quota: {a100: 4}}
+  nlp: {quota: {a100: 4}}
+scheduling:
+  max_wait_minutes: MAX_WAIT
+"""
+
+
+def _large_job_start(tmp_path, clock, max_wait: int, minutes: int = 30) -> int | None:
+    """The minute a 4-slot job starts while its team's 1-slot jobs keep the fleet full (with nlp's idle
+    quota): every minute the oldest running one ends and two arrive, so a free slot is always wanted by a
+    small job that fits. Every waiting job asks again each minute, as its admit task does; running ones
+    renew their lease."""
+    cfg = parse_resources(STREAM.replace("MAX_WAIT", str(max_wait)))
+    ledger = Ledger(tmp_path / f"stream-{max_wait}.db", cfg, clock)
+    jobs = [job(f"s{i}", "vision", 1) for i in range(8)]  # vision's quota and nlp's idle one, lent
+    for j in jobs:
+        assert ledger.request(j).admitted
+    large = job("large", "vision", 4)
+    for minute in range(1, minutes):
+        clock.now += 60
+        live = {e.job.id: e for e in ledger.entries()}
+        if ledger.request(large).admitted:
+            return minute
+        oldest = min((e for e in live.values() if e.admitted is not None), key=lambda e: e.admitted)
+        ledger.release(oldest.job.id)
+        jobs += [job(f"s{minute}-{k}", "vision", 1) for k in range(2)]
+        for j in jobs:
+            entry = live.get(j.id)
+            if entry is None or entry.admitted is None:
+                ledger.request(j)
+            else:
+                ledger.renew(j.id)
+        jobs = [j for j in jobs if j.id != oldest.job.id]
+    return None
+
+
+def test_a_large_job_waits_at_most_the_bound_behind_a_stream_of_small_ones(tmp_path, clock):
+    assert _large_job_start(tmp_path, clock, max_wait=10_000) is None  # no bound: the small ones pass it forever
+    # it arrives at minute 1; past the bound (5 min) no small job starts, and it starts once 4 running ones
+    # have ended (one a minute here)
+    started = _large_job_start(tmp_path, clock, max_wait=5)
+    assert started is not None and 5 < started - 1 <= 5 + 4, started
+
+
+def test_a_killed_holder_frees_its_slots_when_its_lease_runs_out(ledger, clock):
+    assert ledger.request(job("a", "vision", 4)).admitted
+    assert ledger.request(job("b", "nlp", 2)).admitted
+    assert ledger.request(job("c", "research", 2)).admitted
+    assert not ledger.request(job("d", "vision", 2)).admitted
+    ledger.renew("a")
+    clock.now += admission.ADMITTED_LEASE_S + 1  # no heartbeat from a, b or c since: their workers were killed
+    assert ledger.request(job("d", "vision", 2)).admitted
+    assert set(admitted(ledger)) == {"d"}
+
+
+def test_a_waiting_job_whose_run_was_cancelled_leaves_the_queue(ledger, clock):
+    assert ledger.request(job("a", "vision", 4)).admitted
+    assert ledger.request(job("b", "nlp", 2)).admitted
+    assert ledger.request(job("c", "research", 2)).admitted
+    assert not ledger.request(job("gone", "vision", 2, priority=9)).admitted
+    clock.now += admission.WAITING_LEASE_S + 1
+    ledger.renew("a"), ledger.renew("b"), ledger.renew("c")
+    assert "gone" not in {e.job.id for e in ledger.entries()}
+
+
+def test_hold_renews_and_releases_and_asks_again_after_a_lapse(ledger, clock):
+    j = job("a", "vision", 4)
+    assert ledger.request(j).admitted
+    with hold(ledger, j, heartbeat_s=0.01):
+        time.sleep(0.05)
+        assert "a" in admitted(ledger)
+    assert ledger.entries() == []
+    clock.now += 10_000
+    with hold(ledger, j):  # the reservation ran out (a late retry): it is asked for again, and had
+        assert "a" in admitted(ledger)
+    for name, team, slots in (("x", "vision", 6), ("y", "nlp", 2)):
+        assert ledger.request(job(name, team, slots)).admitted
+    with pytest.raises(NotAdmitted, match="not admitted any more"), hold(ledger, job("late", "research", 2)):
+        pass
+
+
+def _worker(path: str, fleet: str, seed: int, jobs: int, out) -> None:
+    cfg = parse_resources(fleet)
+    ledger = Ledger(path, cfg)
+    rng = random.Random(seed)
+    reach = {t: max_reach(cfg, t, "a100") for t in cfg.teams}
+    violations = []
+    for i in range(jobs):
+        team = rng.choice(sorted(cfg.teams))
+        j = Job(f"w{seed}-{i}", team, "a100", rng.randint(1, min(3, reach[team])), rng.randint(1, 9))
+        while not ledger.request(j).admitted:
+            time.sleep(0.002)
+        live = [e for e in ledger.entries() if e.admitted is not None]
+        total = sum(e.job.slots for e in live)
+        per_team = {t: sum(e.job.slots for e in live if e.job.team == t) for t in cfg.teams}
+        if total > 8 or any(per_team[t] > reach[t] for t in cfg.teams):
+            violations.append(f"{total} slots, {per_team}")
+        time.sleep(rng.random() * 0.01)
+        ledger.release(j.id)
+    out.put(violations or "done")
+
+
+def test_concurrent_processes_never_admit_past_capacity_or_quota(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    path = str(tmp_path / "shared.db")
+    Ledger(path, parse_resources(FLEET))
+    procs = [ctx.Process(target=_worker, args=(path, FLEET, seed, 25, out)) for seed in range(4)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert results == ["done"] * 4
+    assert all(p.exitcode == 0 for p in procs)
