@@ -4,13 +4,15 @@
 One training job through the whole production line:
 
 `validate_spec` → `resolve_dataset` → `validate_data` → `prepare_data` → `choose_launcher` →
-`train` (local) | `plan_kubernetes` → `train_kubernetes` → `collect_kubernetes` → `training_result` →
+`admit` → `train` (local) | `plan_kubernetes` → `train_kubernetes` → `collect_kubernetes` → `training_result` →
 `evaluate` → `gate` → `export_onnx` → `register`
 
 The **JobSpec** is this DAG's Params (the trigger form) or the REST `conf`. It is validated once, by the
 first task; an invalid spec fails that task and nothing else runs. The training task (`train` or
 `train_kubernetes`) runs in the GPU pool of `resources.gpu_type` and holds `nodes x gpus_per_node` slots,
 all of the job's GPUs at once (set per run by the cluster policy in `plugins/airflow_local_settings.py`).
+Before a local training, `admit` waits until the admission ledger gives the job its GPUs within its team's
+quota and what it may borrow (`trainyard/scheduling/admission.py`).
 
 `recipe` picks what is trained: `digits_cnn` (small-image classification), `centernet_detector` (COCO
 detection, mAP), `transformer_translator` (parallel text, BLEU/chrF), `resnet_classifier` (a folder of
@@ -26,7 +28,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
 
 from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
@@ -40,6 +42,8 @@ GPU_POOL = pool_name(DEFAULT_SPEC.resources.gpu_type)
 GPU_SLOTS = DEFAULT_SPEC.resources.total_gpus
 
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
+ADMISSION_POKE_S = 10  # how often a waiting job asks the admission ledger again
+ADMISSION_TIMEOUT_S = 7 * 24 * 3600  # the longest a job waits for its GPUs before its run fails
 
 
 class _Shared(dict):
@@ -134,16 +138,43 @@ def train_pipeline():
     @fail_permanently
     def choose_launcher(spec: dict) -> str:
         """backends.launcher: train here (local) or on Kubernetes."""
-        return "train" if _spec(spec).backends.launcher == "local" else "plan_kubernetes"
+        return "admit" if _spec(spec).backends.launcher == "local" else "plan_kubernetes"
+
+    @task.sensor(poke_interval=ADMISSION_POKE_S, mode="reschedule", timeout=ADMISSION_TIMEOUT_S)
+    @fail_permanently
+    def admit(spec: dict) -> PokeReturnValue:
+        """Wait (no worker slot held between looks) until the admission ledger gives the job its GPUs: its
+        team's quota and what it may borrow, in order of priority and arrival, a large job passed by smaller
+        ones for at most scheduling.max_wait_minutes (trainyard/scheduling/admission.py)."""
+        import logging
+
+        from trainyard.scheduling.admission import default_ledger, job_for
+
+        decision = default_ledger().request(job_for(_spec(spec), _run_key()))
+        logging.getLogger(__name__).info("admission: %s", decision.reason)
+        return PokeReturnValue(is_done=decision.admitted, xcom_value=decision.reason)
 
     @task(pool=GPU_POOL, pool_slots=GPU_SLOTS)
     @fail_permanently
-    def train(spec: dict, dataset: dict, data: dict) -> dict:
+    def train(spec: dict, dataset: dict, data: dict, _admitted: str) -> dict:
         """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
-        streamed here; a retry resumes from the newest checkpoint."""
-        from trainyard.pipeline import train as run
+        streamed here; a retry resumes from the newest checkpoint. Holds the job's admission while it runs
+        (a heartbeat renews it; released at the end)."""
+        import logging
+        from datetime import UTC, datetime
 
-        return run(_spec(spec), dataset, data, _run_key())
+        from airflow.sdk.exceptions import AirflowRescheduleException
+
+        from trainyard.pipeline import train as run
+        from trainyard.scheduling.admission import NotAdmitted, default_ledger, hold, job_for
+
+        try:
+            with hold(default_ledger(), job_for(_spec(spec), _run_key())):
+                return run(_spec(spec), dataset, data, _run_key())
+        except NotAdmitted as err:  # a retry long after the admission: wait for it again, holding nothing
+            logging.getLogger(__name__).info("%s; looking again in %ss", err, ADMISSION_POKE_S)
+            again = datetime.now(UTC) + timedelta(seconds=ADMISSION_POKE_S)
+            raise AirflowRescheduleException(again) from None
 
     @task
     @fail_permanently
@@ -214,7 +245,8 @@ def train_pipeline():
     checked: Any = validate_data(spec, dataset)
     data: Any = prepare_data(spec, dataset, checked)
     launcher = choose_launcher(spec)
-    local = train(spec, dataset, data)
+    admitted: Any = admit(spec)
+    local = train(spec, dataset, data, admitted)
     plan: Any = plan_kubernetes(spec, dataset, data)
     on_kubernetes = KubernetesTrainingLauncher(
         task_id="train_kubernetes",
@@ -230,7 +262,7 @@ def train_pipeline():
         ),
     )
     remote = collect_kubernetes(spec, plan)
-    launcher >> [local, plan]
+    launcher >> [admitted, plan]
     on_kubernetes >> remote
     trained: Any = training_result()
     [local, remote] >> trained

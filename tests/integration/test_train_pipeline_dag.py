@@ -27,6 +27,11 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     kubernetes_path = {"plan_kubernetes", "train_kubernetes", "collect_kubernetes"}
     assert {states[t] for t in kubernetes_path} == {"skipped"}
     assert {s for t, s in states.items() if t not in kubernetes_path} == {"success"}
+    from trainyard.scheduling.admission import default_ledger
+
+    admitted = xcoms(dr)["admit"]
+    assert admitted.startswith("admitted: 2 cpu slot(s) for team default"), admitted
+    assert default_ledger().entries() == []  # the training released its admission when it ended
 
     c = client()
     versions = c.search_model_versions("name = 'digits'")

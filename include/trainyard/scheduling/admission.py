@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard.scheduling.resources import ResourcesConfig
+from trainyard.spec import JobSpec
 
 WAITING_LEASE_S = 120.0  # an admit task looks every poke interval (30 s); three missed looks drop the job
 ADMITTED_LEASE_S = 600.0  # from admission to the training task's first heartbeat (and between retries)
@@ -241,10 +242,18 @@ class Ledger:
             return [e for e in self._entries(conn) if e.lease_until >= now]
 
 
-def default_ledger(config: ResourcesConfig) -> Ledger:
+def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
+    """This host's ledger (``$TRAINYARD_HOME/scheduling/admission.db``) over resources.yaml."""
     from trainyard import paths
+    from trainyard.scheduling.resources import load_resources
 
-    return Ledger(paths.home() / "scheduling" / "admission.db", config)
+    return Ledger(paths.home() / "scheduling" / "admission.db", config or load_resources())
+
+
+def job_for(spec: JobSpec, run_key: str) -> Job:
+    """The ledger's view of a run's JobSpec."""
+    res = spec.resources
+    return Job(run_key, res.team, res.gpu_type, res.total_gpus, res.priority)
 
 
 class NotAdmitted(RuntimeError):
