@@ -53,6 +53,32 @@ def cmd_pools_sync(args) -> int:
     return status
 
 
+def cmd_report_cost(args) -> int:
+    """GPU-hours, spend, commitments and what is left of the budget, per team, for one month."""
+    import time
+
+    from trainyard import paths
+    from trainyard.scheduling.admission import default_ledger
+    from trainyard.scheduling.budgets import month_of, team_months
+    from trainyard.scheduling.resources import load_resources
+
+    fleet = load_resources(args.resources)
+    month = args.month or month_of(time.time())
+    rows = team_months(fleet, month, paths.runs_root(), default_ledger(fleet))
+    print(
+        f"{'team':12s} {'month':7s} {'runs':>5s} {'tries':>5s} {'GPU-h':>9s} {'spent':>10s} {'committed':>10s} "
+        f"{'budget':>10s} {'left':>10s}"
+    )
+    for r in rows.values():
+        budget = "-" if r.budget is None else f"{r.budget:.2f}"
+        left = "-" if r.left is None else f"{r.left:.2f}"
+        print(
+            f"{r.team:12s} {r.month:7s} {r.runs:5d} {r.tries:5d} {r.gpu_hours:9.3f} {r.spent:10.2f} "
+            f"{r.committed:10.2f} {budget:>10s} {left:>10s}"
+        )
+    return 0
+
+
 def cmd_pools(args) -> int:
     from trainyard.scheduling.resources import load_resources, pools
 
@@ -194,6 +220,14 @@ def _repo_hint(args, err: Exception) -> str:
     )
 
 
+def _month(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a month; write it as YYYY-MM, e.g. 2026-12")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainyard",
@@ -214,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--resources", default=argparse.SUPPRESS, help="path to resources.yaml")
     sync.add_argument("--dry-run", action="store_true", help="print the changes without making them")
     sync.set_defaults(func=cli_command(cmd_pools_sync))
+
+    report = sub.add_parser("report", help="what the fleet was used for").add_subparsers(
+        dest="report_command", required=True
+    )
+    p = report.add_parser("cost", help="GPU-hours and cost per team for a month, against its budget")
+    p.add_argument("--month", help="YYYY-MM (default: this month, UTC)", type=_month)
+    p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
+    p.set_defaults(func=cli_command(cmd_report_cost))
 
     p = sub.add_parser("validate", help="validate a JobSpec YAML file and print it with defaults filled in")
     p.add_argument("job")

@@ -21,6 +21,8 @@ from trainyard.spec import JobSpec, parse_spec, safe_key
 
 if TYPE_CHECKING:
     from trainyard.recipes.base import Recipe
+    from trainyard.scheduling.budgets import TeamMonth
+    from trainyard.scheduling.resources import ResourcesConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +41,14 @@ def run_dir(spec: JobSpec, run_key: str) -> Path:
 def validate_spec(raw: dict) -> JobSpec:
     """Parse and check a raw spec (Params merged with conf); raise SpecError naming every bad field."""
     from trainyard import recipes
+    from trainyard.scheduling.budgets import check_budget
     from trainyard.scheduling.resources import check_spec, load_resources
     from trainyard.training.strategies.precision import check_precision
 
     spec = parse_spec(raw)
-    check_spec(spec, load_resources())
+    fleet = load_resources()
+    check_spec(spec, fleet)
+    check_budget(spec, fleet, team_standing(fleet, spec.resources.team))
     recipes.check_spec(spec)
     # On Kubernetes the pods get GPUs exactly when the job names a GPU type, so a precision they cannot do
     # is refused here, before any data moves. A local job's workers use whatever CUDA devices this machine
@@ -51,6 +56,18 @@ def validate_spec(raw: dict) -> JobSpec:
     if spec.backends.launcher == "kubernetes":
         check_precision(spec, cuda=spec.resources.gpu_type != "cpu")
     return spec
+
+
+def team_standing(fleet: ResourcesConfig, team: str, month: str | None = None) -> TeamMonth:
+    """The team's spend and commitments this month (or ``month``), from this host's run records and
+    admission ledger."""
+    import time
+
+    from trainyard.scheduling.admission import default_ledger
+    from trainyard.scheduling.budgets import month_of, team_months
+
+    month = month or month_of(time.time())
+    return team_months(fleet, month, paths.runs_root(), default_ledger(fleet))[team]
 
 
 # -- 2. data -----------------------------------------------------------------------------------------------

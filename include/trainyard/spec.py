@@ -165,6 +165,15 @@ class Resources(_Model):
     gpu_type: str = Field("cpu", pattern=NAME_RE, description="a key of resources.yaml gpu_types")
     team: str = Field("default", pattern=NAME_RE, description="a key of resources.yaml teams")
     priority: int = Field(1, ge=1, le=1000, description="Airflow priority_weight of the train task")
+    max_hours: float = Field(
+        24.0,
+        gt=0,
+        le=24 * 31,
+        description=(
+            "the longest the training may hold its GPUs, all tries together: its workers are stopped then, "
+            "and price x max_hours x GPUs is the cost's worst case that the team's budget must cover"
+        ),
+    )
 
     @property
     def total_gpus(self) -> int:

@@ -42,12 +42,13 @@ HEARTBEAT_S = 30.0  # a running training renews its lease this often ...
 RUNNING_LEASE_S = 180.0  # ... for this long
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
+CREATE TABLE IF NOT EXISTS admission (
     id TEXT PRIMARY KEY,
     team TEXT NOT NULL,
     gpu_type TEXT NOT NULL,
     slots INTEGER NOT NULL,
     priority INTEGER NOT NULL,
+    max_hours REAL NOT NULL,
     enqueued REAL NOT NULL,
     admitted REAL,
     borrowed INTEGER NOT NULL DEFAULT 0,
@@ -63,6 +64,7 @@ class Job:
     gpu_type: str
     slots: int
     priority: int
+    max_hours: float = 24.0  # resources.max_hours: the budget's worst case while it is admitted
 
 
 @dataclass(frozen=True)
@@ -185,18 +187,19 @@ class Ledger:
     @staticmethod
     def _entries(conn: sqlite3.Connection) -> list[Entry]:
         rows = conn.execute(
-            "SELECT id, team, gpu_type, slots, priority, enqueued, admitted, borrowed, lease_until FROM jobs"
+            "SELECT id, team, gpu_type, slots, priority, max_hours, enqueued, admitted, borrowed, lease_until "
+            "FROM admission"
         ).fetchall()
-        return [Entry(Job(*r[:5]), r[5], r[6], r[7], r[8]) for r in rows]
+        return [Entry(Job(*r[:6]), r[6], r[7], r[8], r[9]) for r in rows]
 
     def _decide(self, conn: sqlite3.Connection, now: float) -> dict[str, tuple[int | None, str]]:
-        conn.execute("DELETE FROM jobs WHERE lease_until < ?", (now,))
+        conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
         entries = [e for e in self._entries(conn) if e.job.gpu_type in self.config.gpu_types]
         verdicts = plan(self.config, entries, now)
         for job_id, (borrow, _) in verdicts.items():
             if borrow is not None:
                 conn.execute(
-                    "UPDATE jobs SET admitted = ?, borrowed = ?, lease_until = ? WHERE id = ?",
+                    "UPDATE admission SET admitted = ?, borrowed = ?, lease_until = ? WHERE id = ?",
                     (now, borrow, now + ADMITTED_LEASE_S, job_id),
                 )
         return verdicts
@@ -207,13 +210,13 @@ class Ledger:
         now = self.clock()
         with self._transaction() as conn:
             conn.execute(
-                "INSERT INTO jobs (id, team, gpu_type, slots, priority, enqueued, lease_until) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, enqueued, lease_until) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
                 "lease_until = max(lease_until, excluded.lease_until)",
-                (job.id, job.team, job.gpu_type, job.slots, job.priority, now, now + WAITING_LEASE_S),
+                (job.id, job.team, job.gpu_type, job.slots, job.priority, job.max_hours, now, now + WAITING_LEASE_S),
             )
             verdicts = self._decide(conn, now)
-            row = conn.execute("SELECT admitted, borrowed FROM jobs WHERE id = ?", (job.id,)).fetchone()
+            row = conn.execute("SELECT admitted, borrowed FROM admission WHERE id = ?", (job.id,)).fetchone()
         if row[0] is not None:
             borrowed = f", {row[1]} of them borrowed" if row[1] else ""
             return Decision(True, f"admitted: {job.slots} {job.gpu_type} slot(s) for team {job.team}{borrowed}")
@@ -224,7 +227,7 @@ class Ledger:
         now = self.clock()
         with self._transaction() as conn:
             cur = conn.execute(
-                "UPDATE jobs SET lease_until = ? WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?",
+                "UPDATE admission SET lease_until = ? WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?",
                 (now + lease_s, job_id, now),
             )
             return cur.rowcount == 1
@@ -232,7 +235,7 @@ class Ledger:
     def release(self, job_id: str) -> None:
         """The job's training ended (or it gave up waiting): its slots go to the next job."""
         with self._transaction() as conn:
-            conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
             self._decide(conn, self.clock())
 
     def entries(self) -> list[Entry]:
@@ -253,7 +256,7 @@ def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
 def job_for(spec: JobSpec, run_key: str) -> Job:
     """The ledger's view of a run's JobSpec."""
     res = spec.resources
-    return Job(run_key, res.team, res.gpu_type, res.total_gpus, res.priority)
+    return Job(run_key, res.team, res.gpu_type, res.total_gpus, res.priority, res.max_hours)
 
 
 class NotAdmitted(RuntimeError):

@@ -42,3 +42,8 @@ def gpu_seconds(run_dir: str | Path) -> float:
 
 def wall_seconds(run_dir: str | Path) -> float:
     return sum(t["ended"] - t["started"] for t in tries(run_dir))
+
+
+def seconds_left(run_dir: str | Path, max_hours: float) -> float:
+    """What is left of ``resources.max_hours`` after the run's recorded tries (0 when it is used up)."""
+    return max(0.0, max_hours * 3600 - wall_seconds(run_dir))

@@ -471,3 +471,20 @@ def test_collect_records_a_try_per_call_with_the_jobs_gpus(tmp_path):
         (2, 8, "kubernetes"),
     ]
     assert usage.gpu_seconds(tmp_path) == (60 + 30) * 8
+
+
+def test_the_pods_stop_at_what_max_hours_has_left(worker_home):
+    from trainyard.training import usage
+    from trainyard.training.launchers.base import MaxHoursReached
+
+    home, config = worker_home
+    spec = spec_for({"resources": {"max_hours": 2}})
+    assert K.build_pod(spec, RUN_KEY, CONFIG).spec.active_deadline_seconds == 7200
+    cfg, config_path = config(spec)
+    launcher = K.KubernetesLauncher(RUN_KEY, 2, home)
+    usage.record_try(cfg.out_dir, attempt=1, started=0.0, ended=1800.0, gpus=2, where="kubernetes")  # a failed try
+    (pod,) = launcher.plan(cfg.spec, cfg.data, run_dir=cfg.out_dir, config_path=config_path).objects
+    assert pod.spec.active_deadline_seconds == 5400
+    usage.record_try(cfg.out_dir, attempt=2, started=2000.0, ended=7400.0, gpus=2, where="kubernetes")
+    with pytest.raises(MaxHoursReached, match="used all 2 hour"):
+        launcher.plan(cfg.spec, cfg.data, run_dir=cfg.out_dir, config_path=config_path)

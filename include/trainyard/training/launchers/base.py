@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from trainyard.errors import PermanentError
 from trainyard.spec import JobSpec
 from trainyard.training import usage
 
@@ -97,3 +98,18 @@ def this_host_cores() -> int:
     """The cores this process may run on (its CPU affinity: a container's or a `taskset`'s share, not the
     whole machine's count)."""
     return len(os.sched_getaffinity(0)) or 1
+
+
+class MaxHoursReached(PermanentError):
+    """The run's training reached ``resources.max_hours``: retrying cannot help."""
+
+
+def time_left(spec: JobSpec, run_dir: str | Path) -> float:
+    """Seconds of ``resources.max_hours`` the run's earlier tries left; MaxHoursReached if none."""
+    left = usage.seconds_left(run_dir, spec.resources.max_hours)
+    if left <= 0:
+        raise MaxHoursReached(
+            f"resources.max_hours: the run's tries have used all {spec.resources.max_hours:g} hour(s); "
+            f"raise it to train longer"
+        )
+    return left

@@ -55,7 +55,7 @@ from trainyard.errors import PermanentError, spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig, load_resources
 from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
-from trainyard.training.launchers.base import Interval, Launcher
+from trainyard.training.launchers.base import Interval, Launcher, time_left
 from trainyard.training.run_config import RunConfig
 
 TRAINER_UID = 50000  # the user the trainer image runs as (Dockerfile ARG TRAINER_UID)
@@ -313,6 +313,8 @@ def pod_template(
         ),
         # Never: a crashed worker fails the Job (backoff 0) and Airflow decides whether to retry.
         restart_policy="Never",
+        # resources.max_hours; the launcher's plan lowers it to what the run's earlier tries left
+        active_deadline_seconds=max(1, int(spec.resources.max_hours * 3600)),
         subdomain=job_name(spec, run_key, attempt=attempt),
         service_account_name=k.service_account,
         priority_class_name=k.priority_class,
@@ -522,6 +524,12 @@ class KubernetesLauncher(Launcher):
                     spec, self.run_key, config, attempt=self.attempt, resources=self.resources, data_dir=data_dir
                 ),
             )
+        deadline = max(1, int(time_left(spec, run_dir)))  # the pods stop at what max_hours has left
+        for obj in objects:
+            if isinstance(obj, k8s.V1Pod):
+                obj.spec.active_deadline_seconds = deadline
+            elif isinstance(obj, k8s.V1Job):
+                obj.spec.template.spec.active_deadline_seconds = deadline
         return KubernetesPlan(objects, config, run_dir)
 
     def collect(self, plan: KubernetesPlan | None, observed: Iterable[k8s.V1Pod]) -> Interval | None:

@@ -7,9 +7,11 @@ on this machine's facts), launch (:func:`run`), collect (one usage record for th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -17,10 +19,26 @@ from dataclasses import dataclass
 
 from trainyard.errors import RetryableError
 from trainyard.spec import JobSpec
-from trainyard.training.launchers.base import Interval, Launcher, this_host_cores, worker_env
+from trainyard.training.launchers.base import (
+    Interval,
+    Launcher,
+    MaxHoursReached,
+    this_host_cores,
+    time_left,
+    worker_env,
+)
 from trainyard.training.launchers.command import Command, Host, local_command, torchrun_argv
 
-__all__ = ["LaunchError", "LocalLauncher", "launch", "run", "this_host", "torchrun_argv", "worker_env"]
+__all__ = [
+    "LaunchError",
+    "LocalLauncher",
+    "MaxHoursReached",
+    "launch",
+    "run",
+    "this_host",
+    "torchrun_argv",
+    "worker_env",
+]
 
 
 class LaunchError(RetryableError):
@@ -46,6 +64,7 @@ def this_host() -> Host:
 class LocalPlan:
     command: Command
     run_dir: str
+    timeout_s: float  # what is left of resources.max_hours after the run's earlier tries
 
 
 class LocalLauncher(Launcher):
@@ -55,13 +74,15 @@ class LocalLauncher(Launcher):
         self.host = host
 
     def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> LocalPlan:
+        """MaxHoursReached if the run's earlier tries used all of ``resources.max_hours``."""
+        left = time_left(spec, run_dir)
         command = local_command(
             spec, self.host or this_host(), config_path=config_path, data_dir=data["path"], run_dir=run_dir
         )
-        return LocalPlan(command, run_dir)
+        return LocalPlan(command, run_dir, left)
 
     def launch(self, plan: LocalPlan, on_line: Callable[[str], None]) -> None:
-        run(plan.command.argv, env=plan.command.env, on_line=on_line)
+        run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s)
 
     def collect(self, plan: LocalPlan, observed: Interval | None) -> Interval | None:
         return observed  # the subprocess's lifetime is the time its workers held the GPUs
@@ -82,15 +103,45 @@ def launch(spec: JobSpec, data: dict, *, run_dir: str, config_path: str, on_line
         launcher.record(spec, run_dir, launcher.collect(plan, Interval(started, time.time())))
 
 
-def run(argv: list[str], *, env: dict | None = None, on_line: Callable[[str], None] = print, tail: int = 40) -> None:
-    """Run ``argv``, pass every output line to ``on_line``, raise LaunchError with the last lines on failure.
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group, SIGKILL it if it is still there after 10 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run(
+    argv: list[str],
+    *,
+    env: dict | None = None,
+    on_line: Callable[[str], None] = print,
+    tail: int = 40,
+    timeout_s: float | None = None,
+) -> None:
+    """Run ``argv``, pass every output line to ``on_line``, raise LaunchError with the last lines on failure,
+    MaxHoursReached if it still runs after ``timeout_s``.
 
     The child gets its own process group, which is killed if this call is interrupted (task timeout,
-    "mark failed"), so no orphaned workers keep the GPUs."""
+    "mark failed") or times out, so no orphaned workers keep the GPUs."""
     last: deque[str] = deque(maxlen=tail)
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
     )
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        _stop(proc)
+
+    timer = threading.Timer(timeout_s, expire) if timeout_s is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -99,11 +150,16 @@ def run(argv: list[str], *, env: dict | None = None, on_line: Callable[[str], No
             on_line(line)
         rc = proc.wait()
     except BaseException:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _stop(proc)
         raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if timed_out.is_set():
+        hours = (timeout_s or 0) / 3600
+        raise MaxHoursReached(
+            f"resources.max_hours: the workers were stopped after {hours:.3g} hour(s), what was left of the "
+            f"run's max_hours; raise it to train longer (the newest checkpoint is kept)"
+        )
     if rc != 0:
         raise LaunchError(f"{' '.join(argv[:3])} exited with {rc}; last lines:\n" + "\n".join(last))

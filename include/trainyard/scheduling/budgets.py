@@ -1,0 +1,130 @@
+"""Cost and budgets.
+
+A run costs the GPU time its tries held x its GPU type's price per slot-hour: every try's usage record
+(``<run dir>/usage.jsonl``, written when its workers stop, failed tries too; time spent waiting for
+admission or in a Kubernetes queue is not in it). A team's spend in a calendar month (UTC) is the cost of
+its tries that ended in that month. A job admitted and still training has no record yet, so its worst case
+(price x ``resources.max_hours`` x slots, less what its earlier tries cost) counts as committed until it
+ends. Prices are the inventory's current ones.
+
+``validate_spec`` refuses a job whose worst case is more than its team's monthly budget less the month's
+spend and commitments, before any data is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainyard.errors import spec_error_message
+from trainyard.scheduling.resources import ResourcesConfig
+from trainyard.spec import JobSpec, SpecError, safe_key
+
+RUN_CONFIG = "run_config.json"
+USAGE = "usage.jsonl"
+
+
+def month_of(ts: float) -> str:
+    """'YYYY-MM' of an epoch time, in UTC."""
+    return time.strftime("%Y-%m", time.gmtime(ts))
+
+
+def worst_case(config: ResourcesConfig, gpu_type: str, slots: int, max_hours: float) -> float:
+    return config.gpu_types[gpu_type].price_per_hour * max_hours * slots
+
+
+@dataclass(frozen=True)
+class TryCost:
+    run: str  # the run directory's name: the run key made filesystem-safe
+    team: str
+    gpu_type: str
+    ended: float
+    gpu_seconds: float
+    cost: float
+
+
+def tries(config: ResourcesConfig, runs_root: Path) -> Iterator[TryCost]:
+    """Every recorded try under ``runs_root`` (``<job name>/<run>/usage.jsonl`` beside its run config)."""
+    for usage in sorted(runs_root.glob(f"*/*/{USAGE}")):
+        cfg_path = usage.with_name(RUN_CONFIG)
+        if not cfg_path.exists():
+            continue
+        resources = json.loads(cfg_path.read_text())["spec"]["resources"]
+        gpu_type, team = resources["gpu_type"], resources["team"]
+        price = config.gpu_types[gpu_type].price_per_hour if gpu_type in config.gpu_types else 0.0
+        for line in usage.read_text().splitlines():
+            if not line.strip():
+                continue
+            t = json.loads(line)
+            seconds = (t["ended"] - t["started"]) * t["gpus"]
+            yield TryCost(usage.parent.name, team, gpu_type, t["ended"], seconds, price * seconds / 3600)
+
+
+@dataclass(frozen=True)
+class TeamMonth:
+    team: str
+    month: str
+    runs: int
+    tries: int
+    gpu_hours: float
+    spent: float
+    committed: float  # worst cases of the team's admitted jobs, less what their tries cost so far
+    budget: float | None
+
+    @property
+    def left(self) -> float | None:
+        return None if self.budget is None else self.budget - self.spent - self.committed
+
+
+def team_months(config: ResourcesConfig, month: str, runs_root: Path, ledger=None) -> dict[str, TeamMonth]:
+    """Each team's spend in ``month``; with the admission ``ledger``, the commitments of its jobs in flight."""
+    all_tries = list(tries(config, runs_root))
+    spent_by_run: dict[str, float] = {}
+    for t in all_tries:
+        spent_by_run[t.run] = spent_by_run.get(t.run, 0.0) + t.cost
+    committed = dict.fromkeys(config.teams, 0.0)
+    for entry in ledger.entries() if ledger is not None else []:
+        job = entry.job
+        if entry.admitted is None or job.team not in committed or job.gpu_type not in config.gpu_types:
+            continue
+        worst = worst_case(config, job.gpu_type, job.slots, job.max_hours)
+        committed[job.team] += max(0.0, worst - spent_by_run.get(safe_key(job.id), 0.0))
+    out = {}
+    for team, spec in config.teams.items():
+        mine = [t for t in all_tries if t.team == team and month_of(t.ended) == month]
+        out[team] = TeamMonth(
+            team=team,
+            month=month,
+            runs=len({t.run for t in mine}),
+            tries=len(mine),
+            gpu_hours=sum(t.gpu_seconds for t in mine) / 3600,
+            spent=sum(t.cost for t in mine),
+            committed=committed[team],
+            budget=spec.monthly_budget,
+        )
+    return out
+
+
+def check_budget(spec: JobSpec, config: ResourcesConfig, standing: TeamMonth) -> None:
+    """SpecError when the job's worst case is more than what its team has left this month."""
+    res = spec.resources
+    left = standing.left
+    if left is None:
+        return
+    worst = worst_case(config, res.gpu_type, res.total_gpus, res.max_hours)
+    if worst > left:
+        price = config.gpu_types[res.gpu_type].price_per_hour
+        raise SpecError(
+            spec_error_message(
+                [
+                    f"resources.max_hours: the job's worst case, {price:g}/slot-hour x {res.max_hours:g} h x "
+                    f"{res.total_gpus} slot(s) = {worst:.2f}, is more than team {res.team!r} has left in "
+                    f"{standing.month}: {max(left, 0):.2f} of {standing.budget:.2f} ({standing.spent:.2f} spent, "
+                    f"{standing.committed:.2f} committed to jobs running now); ask for fewer hours or GPUs, or a "
+                    f"larger monthly_budget in resources.yaml"
+                ]
+            )
+        )
