@@ -79,6 +79,17 @@ def cmd_report_cost(args) -> int:
     return 0
 
 
+def cmd_cluster_manifests(args) -> int:
+    """The fleet's Kubernetes objects (namespaces, quotas, priority classes, Kueue) as YAML for kubectl."""
+    import yaml
+
+    from trainyard.scheduling.cluster import manifests
+    from trainyard.scheduling.resources import load_resources
+
+    print(yaml.safe_dump_all(manifests(load_resources(args.resources)), sort_keys=False), end="")
+    return 0
+
+
 def cmd_pools(args) -> int:
     from trainyard.scheduling.resources import load_resources, pools
 
@@ -248,6 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--resources", default=argparse.SUPPRESS, help="path to resources.yaml")
     sync.add_argument("--dry-run", action="store_true", help="print the changes without making them")
     sync.set_defaults(func=cli_command(cmd_pools_sync))
+
+    cluster = sub.add_parser("cluster", help="the fleet on Kubernetes").add_subparsers(
+        dest="cluster_command", required=True
+    )
+    p = cluster.add_parser(
+        "manifests", help="namespaces, quotas, priority classes and Kueue queues from resources.yaml, for kubectl"
+    )
+    p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
+    p.set_defaults(func=cli_command(cmd_cluster_manifests))
 
     report = sub.add_parser("report", help="what the fleet was used for").add_subparsers(
         dest="report_command", required=True

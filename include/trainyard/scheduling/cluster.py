@@ -1,0 +1,189 @@
+"""The Kubernetes objects of the fleet inventory: what a cluster enforces from the same resources.yaml.
+
+`trainyard cluster manifests | kubectl apply -f -` creates:
+
+* per team, a Namespace (``trainyard-<team>``) and a ResourceQuota capping its GPU requests at the most it
+  may ever hold (its quota plus what it may borrow): a backstop if Kueue is bypassed;
+* a PriorityClass per ``priority_classes`` entry (the pods' scheduling priority);
+* Kueue (``kueue.x-k8s.io/v1beta2``): a ResourceFlavor per GPU type (its node labels), one Cohort holding
+  the slots in nobody's quota, a ClusterQueue per team in that cohort with its nominal quota, borrowing
+  limit and lending limit per flavor, a LocalQueue in the team's namespace, and a WorkloadPriorityClass per
+  priority class.
+
+On a cluster Kueue does what the admission ledger does locally (``admission.py``), with one difference:
+lent quota is taken back by preemption (``reclaimWithinCohort: Any``) instead of waiting for the borrowers
+to finish. ``flavorFungibility.whenCanBorrow: TryNextFlavor`` makes a team use its own quota of a later
+flavor before borrowing an earlier one.
+
+Units: ``nvidia.com/gpu`` counts GPUs, or shares on a time-sliced type (the device plugin advertises each
+replica as one). A type with ``mig_profiles`` is partitioned (the mixed strategy): it offers its slices, each
+profile a resource of its own (``nvidia.com/mig-<profile>``), and no whole GPU; a team's quota of a slice is
+its GPU quota of the type x the slices of that profile per GPU.
+"""
+
+from __future__ import annotations
+
+from trainyard.scheduling.resources import ResourcesConfig, max_reach, unassigned
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+GPU = "nvidia.com/gpu"
+COHORT = "trainyard"
+LOCAL_QUEUE = "trainyard"
+TEAM_LABEL = "trainyard.io/team"
+CPU_TYPE = "cpu"  # the local CPU workers: no GPU to queue for
+
+
+def namespace(team: str) -> str:
+    return f"trainyard-{team}"
+
+
+def mig_resource(profile: str) -> str:
+    return f"nvidia.com/mig-{profile}"
+
+
+def _gpu_types(config: ResourcesConfig) -> list[str]:
+    return [t for t in config.gpu_types if t != CPU_TYPE]
+
+
+def _quota_entry(name: str, nominal: int, borrowing: int | None, lending: int | None) -> dict:
+    entry: dict = {"name": name, "nominalQuota": nominal}
+    if borrowing is not None:
+        entry["borrowingLimit"] = borrowing
+    if lending is not None:
+        entry["lendingLimit"] = lending
+    return entry
+
+
+def _resource_groups(config: ResourcesConfig, team: str | None) -> list[dict]:
+    """One group of whole GPUs (``nvidia.com/gpu``, a flavor per GPU type) and one per MIG type (its
+    slices; a flavor sits in one group only). ``team`` None: the cohort's own quota, the slots in nobody's
+    quota. Every flavor of a group lists every covered resource, in the group's order (Kueue refuses
+    anything else)."""
+
+    def entries(t: str, resources: list[tuple[str, int]]) -> list[dict]:
+        if team is None:
+            return [_quota_entry(name, unassigned(config, t) * per_gpu, None, None) for name, per_gpu in resources]
+        borrowing, lending = config.borrowing_limit(team, t), config.teams[team].lending_limit.get(t)
+        return [
+            _quota_entry(
+                name,
+                config.quota(team, t) * per_gpu,
+                None if borrowing is None else borrowing * per_gpu,
+                None if lending is None else lending * per_gpu,
+            )
+            for name, per_gpu in resources
+        ]
+
+    whole = [{"name": t, "resources": entries(t, [(GPU, 1)])} for t in _gpu_types(config) if not _mig(config, t)]
+    groups = [{"coveredResources": [GPU], "flavors": whole}] if whole else []
+    for t in _gpu_types(config):
+        profiles = _mig(config, t)
+        if profiles:
+            slices = [(mig_resource(p), n) for p, n in profiles.items()]
+            groups.append(
+                {
+                    "coveredResources": [name for name, _ in slices],
+                    "flavors": [{"name": t, "resources": entries(t, slices)}],
+                }
+            )
+    return groups
+
+
+def _mig(config: ResourcesConfig, gpu_type: str) -> dict[str, int]:
+    """A MIG type's profiles: its GPUs are partitioned (mixed strategy), so it offers slices, no whole GPU."""
+    return config.gpu_types[gpu_type].mig_profiles
+
+
+def manifests(config: ResourcesConfig) -> list[dict]:
+    """Every object, in the order to apply them (namespaces and flavors before what names them)."""
+    objects: list[dict] = []
+    for team in config.teams:
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": namespace(team), "labels": {TEAM_LABEL: team}},
+            }
+        )
+        hard = {
+            f"requests.{GPU}": str(sum(max_reach(config, team, t) for t in _gpu_types(config) if not _mig(config, t)))
+        }
+        for t in _gpu_types(config):
+            for p, n in _mig(config, t).items():
+                key = f"requests.{mig_resource(p)}"
+                hard[key] = str(int(hard.get(key, "0")) + max_reach(config, team, t) * n)
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "trainyard-gpus", "namespace": namespace(team)},
+                "spec": {"hard": hard},
+            }
+        )
+    for name, value in config.priority_classes.items():
+        objects.append(
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": f"trainyard-{name}"},
+                "value": value,
+                "globalDefault": False,
+                "preemptionPolicy": "PreemptLowerPriority",
+                "description": f"trainyard jobs of priority class {name} (resources.priority >= {value})",
+            }
+        )
+    for t in _gpu_types(config):
+        labels = config.gpu_types[t].node_selector
+        objects.append(
+            {
+                "apiVersion": KUEUE_API,
+                "kind": "ResourceFlavor",
+                "metadata": {"name": t},
+                "spec": {"nodeLabels": dict(labels)} if labels else {},
+            }
+        )
+    objects.append(
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "Cohort",
+            "metadata": {"name": COHORT},
+            "spec": {"resourceGroups": _resource_groups(config, None)},
+        }
+    )
+    for team in config.teams:
+        objects.append(
+            {
+                "apiVersion": KUEUE_API,
+                "kind": "ClusterQueue",
+                "metadata": {"name": f"trainyard-{team}"},
+                "spec": {
+                    "cohortName": COHORT,
+                    "namespaceSelector": {"matchLabels": {TEAM_LABEL: team}},
+                    "queueingStrategy": "BestEffortFIFO",
+                    "flavorFungibility": {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor"},
+                    "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"},
+                    "resourceGroups": _resource_groups(config, team),
+                },
+            }
+        )
+        objects.append(
+            {
+                "apiVersion": KUEUE_API,
+                "kind": "LocalQueue",
+                "metadata": {"name": LOCAL_QUEUE, "namespace": namespace(team)},
+                "spec": {"clusterQueue": f"trainyard-{team}"},
+            }
+        )
+    for name, value in config.priority_classes.items():
+        objects.append(
+            {
+                "apiVersion": KUEUE_API,
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": f"trainyard-{name}"},
+                "value": value,
+                "description": f"trainyard jobs of priority class {name}",
+            }
+        )
+    return objects
