@@ -37,6 +37,7 @@ STEPS = (
     "resolve_dataset",
     "validate_data",
     "prepare_data",
+    "admit",
     "train",
     "evaluate",
     "gate",
@@ -63,7 +64,12 @@ def in_process(conf: dict) -> None:
     dataset = timed("resolve_dataset", pipeline.resolve_dataset, spec)
     timed("validate_data", pipeline.validate_data, spec, dataset, key)
     data = timed("prepare_data", pipeline.prepare_data, spec, dataset)
-    trained = timed("train", pipeline.train, spec, dataset, data, key)
+    from trainyard.scheduling.admission import default_ledger, hold, job_for
+
+    ledger, job = default_ledger(), job_for(spec, key)
+    assert timed("admit", ledger.request, job).admitted
+    with hold(ledger, job):
+        trained = timed("train", pipeline.train, spec, dataset, data, key)
     metrics = timed("evaluate", pipeline.evaluate, spec, trained, data)
     verdict = timed("gate", pipeline.gate, spec, metrics, data, trained)
     assert verdict["passed"], verdict

@@ -148,9 +148,13 @@ def train_pipeline():
         ones for at most scheduling.max_wait_minutes (trainyard/scheduling/admission.py)."""
         import logging
 
+        from trainyard import paths
         from trainyard.scheduling.admission import default_ledger, job_for
+        from trainyard.scheduling.budgets import spent_this_month
 
-        decision = default_ledger().request(job_for(_spec(spec), _run_key()))
+        ledger = default_ledger()
+        spent = spent_this_month(ledger.config, paths.runs_root())
+        decision = ledger.request(job_for(_spec(spec), _run_key()), spent)
         logging.getLogger(__name__).info("admission: %s", decision.reason)
         return PokeReturnValue(is_done=decision.admitted, xcom_value=decision.reason)
 
@@ -165,11 +169,15 @@ def train_pipeline():
 
         from airflow.sdk.exceptions import AirflowRescheduleException
 
+        from trainyard import paths
         from trainyard.pipeline import train as run
         from trainyard.scheduling.admission import NotAdmitted, default_ledger, hold, job_for
+        from trainyard.scheduling.budgets import spent_this_month
 
+        ledger = default_ledger()
+        spent = spent_this_month(ledger.config, paths.runs_root())
         try:
-            with hold(default_ledger(), job_for(_spec(spec), _run_key())):
+            with hold(ledger, job_for(_spec(spec), _run_key()), spent=spent):
                 return run(_spec(spec), dataset, data, _run_key())
         except NotAdmitted as err:  # a retry long after the admission: wait for it again, holding nothing
             logging.getLogger(__name__).info("%s; looking again in %ss", err, ADMISSION_POKE_S)

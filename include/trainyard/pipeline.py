@@ -179,7 +179,7 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
 
 def plan_training(spec: JobSpec, dataset: dict, data: dict, run_key: str) -> dict:
     """The MLflow run and the run config every launcher starts its workers with (idempotent)."""
-    from trainyard.training.run_config import RunConfig
+    from trainyard.training.run_config import RUN_CONFIG_FILE, RunConfig
 
     out_dir = run_dir(spec, run_key)
     cfg = RunConfig(
@@ -190,7 +190,7 @@ def plan_training(spec: JobSpec, dataset: dict, data: dict, run_key: str) -> dic
         mlflow_run_id=start_tracking(spec, dataset, run_key),
         tensorboard_dir=str(paths.tensorboard_root() / spec.name / safe_key(run_key)),
     )
-    cfg_path = cfg.dump(out_dir / "run_config.json")
+    cfg_path = cfg.dump(out_dir / RUN_CONFIG_FILE)
     return {
         "config_path": str(cfg_path),
         "run_dir": str(out_dir),

@@ -29,7 +29,7 @@ def test_every_benchmark_runs_and_reports(tmp_path):
     assert re.search(r"^- CPU: .+ cores usable$", text, re.M) and "- commit " in text
     for expected in (
         r"pipeline wall: first run +in process +[\d.]+ s +under Airflow +[\d.]+ s +ratio [\d.]+x",
-        r"gap between tasks: median [\d.]+ s, p95 [\d.]+ s \(11 tasks\)",
+        r"gap between tasks: median [\d.]+ s, p95 [\d.]+ s \(12 tasks\)",
         r"1 process\(es\): hand +\d+ samples/s +trainyard +\d+ samples/s +ratio \d\.\d+x",
         r"lmdb +2x .* \| +w0: +[\d.]+ +\d+ \( *[\d.]+x\) \|",
         r"tfrecord +1x",

@@ -13,35 +13,44 @@ it, so a large job can wait forever. The ledger here adds what pools lack, and n
 * a job that does not fit does not stop smaller ones behind it (backfill: the fleet stays busy), except
   that (a) behind a job within its quota that waits for slots, no job may borrow (lent quota comes back as
   the borrowers finish; nothing running is preempted), and (b) behind a job that has waited
-  ``max_wait_minutes`` for slots, no job of that type starts at all, so it starts once enough running jobs
-  finish: the bound on how long a large job waits behind a stream of small ones.
+  ``max_wait_minutes`` for slots, no job that would borrow and no job of its own team starts (other teams
+  keep their own quota), so it starts once enough running jobs finish: the bound on how long a large job
+  waits behind a stream of small ones;
+* a team's admitted jobs' worst cases (price x max_hours x slots) stay within what its monthly budget has
+  left after the month's spend.
 
 Every decision is one ``BEGIN IMMEDIATE`` transaction on a SQLite file, so concurrent task processes see
 one order. Nothing leaks when a process dies: every row has a lease. A waiting job's lease is renewed by
 each look of its ``admit`` task, an admitted job's by its training task (:func:`hold`, a heartbeat
 thread); a row whose lease ran out is dropped by the next decision, so a killed worker, a cancelled run or
-a crashed scheduler frees its slots within one lease.
+a crashed scheduler frees its slots within one lease. A job's arrival is kept apart from its lease, so a
+missed look or a retried training keeps its place in the queue. The file must be on a local disk (SQLite's
+locking does not hold on network filesystems): one host, as with Airflow's LocalExecutor.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainyard.errors import PermanentError
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.spec import JobSpec
 
-WAITING_LEASE_S = 120.0  # an admit task looks every poke interval (30 s); three missed looks drop the job
+WAITING_LEASE_S = 120.0  # an admit task looks every 10 s; a job that stopped looking for 2 min is dropped
 ADMITTED_LEASE_S = 600.0  # from admission to the training task's first heartbeat (and between retries)
 HEARTBEAT_S = 30.0  # a running training renews its lease this often ...
 RUNNING_LEASE_S = 180.0  # ... for this long
+ARRIVAL_KEPT_S = 8 * 24 * 3600.0  # a job's arrival is kept this long (an admit task times out after 7 days)
 
 SCHEMA = """
+CREATE TABLE IF NOT EXISTS arrivals (id TEXT PRIMARY KEY, enqueued REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS admission (
     id TEXT PRIMARY KEY,
     team TEXT NOT NULL,
@@ -64,7 +73,7 @@ class Job:
     gpu_type: str
     slots: int
     priority: int
-    max_hours: float = 24.0  # resources.max_hours: the budget's worst case while it is admitted
+    max_hours: float  # resources.max_hours: its worst case counts against the team's budget while admitted
 
 
 @dataclass(frozen=True)
@@ -86,13 +95,15 @@ def _usage(config: ResourcesConfig, entries: list[Entry], gpu_type: str) -> dict
     used = dict.fromkeys(config.teams, 0)
     for e in entries:
         if e.admitted is not None and e.job.gpu_type == gpu_type:
-            used[e.job.team] = used.get(e.job.team, 0) + e.job.slots
+            used[e.job.team] += e.job.slots
     return used
 
 
-def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> tuple[int | None, str]:
-    """(slots it would borrow, "") if ``job`` fits now, else (None, why not); ``why`` starts with
-    "team" when only the team's own limits stop it (then the fleet's slots are not what it waits for)."""
+TEAM, FLEET = "team", "fleet"  # what stops a job: its team's own limits, or the fleet's slots
+
+
+def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> tuple[int | None, str, str]:
+    """(slots it would borrow, "", "") if ``job`` fits now, else (None, why not, TEAM or FLEET)."""
     t, team = job.gpu_type, job.team
     capacity = config.gpu_types[t].slots
     in_use = sum(used.values())
@@ -100,57 +111,75 @@ def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> tuple[int 
     borrow = max(0, used[team] + job.slots - max(quota, used[team]))  # new slots beyond the quota
     limit = config.borrowing_limit(team, t)
     if borrow and limit is not None and max(0, used[team] - quota) + borrow > limit:
-        return None, f"team {team} holds {used[team]} of quota {quota} and may borrow at most {limit}"
+        return None, f"team {team} holds {used[team]} of quota {quota} and may borrow at most {limit}", TEAM
     if in_use + job.slots > capacity:
-        return None, f"{t}: {in_use} of {capacity} slots in use, the job needs {job.slots}"
+        return None, f"{t}: {in_use} of {capacity} slots in use, the job needs {job.slots}", FLEET
     if borrow:
         others = [o for o in config.teams if o != team]
-        # what the others lend of their idle quota, and the slots in nobody's quota
+        # what the others lend of their idle quota, and the slots in nobody's quota, less what is borrowed
         supply = sum(min(config.lending_limit(o, t), max(0, config.quota(o, t) - used[o])) for o in others)
         supply += capacity - sum(config.quota(o, t) for o in config.teams)
-        # the others' borrowing takes this team's own lendable idle quota first, then the supply
-        own_idle = min(config.lending_limit(team, t), max(0, quota - used[team]))
-        taken = max(0, sum(max(0, used[o] - config.quota(o, t)) for o in others) - own_idle)
-        lendable = supply - taken - max(0, used[team] - quota)
+        lendable = supply - sum(max(0, used[o] - config.quota(o, t)) for o in config.teams)
         if borrow > lendable:
-            return None, f"{t}: the job would borrow {borrow} slots, {max(lendable, 0)} are lendable now"
-    return borrow, ""
+            return None, f"{t}: the job would borrow {borrow} slots, {max(lendable, 0)} are lendable now", FLEET
+    return borrow, "", ""
 
 
-def plan(config: ResourcesConfig, entries: list[Entry], now: float) -> dict[str, tuple[int | None, str]]:
+def plan(
+    config: ResourcesConfig, entries: list[Entry], now: float, spent: Mapping[str, float] | None = None
+) -> dict[str, tuple[int | None, str]]:
     """Every waiting job's verdict now: job id -> (slots borrowed, "") to admit it, or (None, why it
-    waits). Pure: the ledger applies it in one transaction."""
+    waits). ``spent``: each team's spend this month; with it, a job is admitted only while its worst case
+    and those of its team's admitted jobs fit in the team's monthly budget. Pure: the ledger applies it
+    in one transaction."""
+    from trainyard.scheduling.budgets import worst_case
+
     max_wait = config.scheduling.max_wait_minutes * 60
+    committed = dict.fromkeys(config.teams, 0.0)
+    for e in entries:
+        if e.admitted is not None:
+            committed[e.job.team] += worst_case(config, e.job.gpu_type, e.job.slots, e.job.max_hours)
     verdicts: dict[str, tuple[int | None, str]] = {}
     for gpu_type in config.gpu_types:
         used = _usage(config, entries, gpu_type)
         waiting = [e for e in entries if e.admitted is None and e.job.gpu_type == gpu_type]
 
-        def key(e: Entry, used=used, gpu_type=gpu_type) -> tuple:
-            starving = now - e.enqueued >= max_wait
-            within = used[e.job.team] + e.job.slots <= config.quota(e.job.team, gpu_type)
-            return (not starving, not within, -e.job.priority, e.enqueued, e.job.id)
+        def within(job: Job, used: dict[str, int] = used, gpu_type: str = gpu_type) -> bool:
+            return used[job.team] + job.slots <= config.quota(job.team, gpu_type)
 
-        no_borrowing = closed = ""
+        def key(e: Entry, within=within) -> tuple:
+            return (now - e.enqueued < max_wait, not within(e.job), -e.job.priority, e.enqueued, e.job.id)
+
+        no_borrowing = ""
+        starving: Entry | None = None  # a job past the bound, waiting for slots: it is passed no more
         for e in sorted(waiting, key=key):
             job = e.job
-            if closed:
-                verdicts[job.id] = (None, closed)
-                continue
-            borrow, why = _room(config, used, job)
+            borrow, why, kind = _room(config, used, job)
             if borrow is not None and borrow > 0 and no_borrowing:
                 borrow, why = None, no_borrowing
+            if borrow is not None and starving is not None and (borrow > 0 or job.team == starving.job.team):
+                # what it would take, the starving job needs; other teams still get their own quota
+                waited = (now - starving.enqueued) / 60
+                borrow, why = None, f"behind {starving.job.id}, which has waited {waited:.0f} min"
+            budget = config.teams[job.team].monthly_budget
+            if borrow is not None and spent is not None and budget is not None:
+                worst = worst_case(config, gpu_type, job.slots, job.max_hours)
+                left = budget - spent.get(job.team, 0.0) - committed[job.team]
+                if worst > left:
+                    borrow, why = (
+                        None,
+                        f"team {job.team}'s budget: {max(left, 0):.2f} left, the job may cost {worst:.2f}",
+                    )
             if borrow is None:
                 verdicts[job.id] = (None, why)
-                fleet_bound = not why.startswith("team ")
-                if fleet_bound and now - e.enqueued >= max_wait:
-                    waited = (now - e.enqueued) / 60
-                    closed = f"behind {job.id}, which has waited {waited:.0f} min for {job.slots} slots"
-                elif fleet_bound and used[job.team] + job.slots <= config.quota(job.team, gpu_type):
+                if kind == FLEET and starving is None and now - e.enqueued >= max_wait:
+                    starving = e
+                if kind == FLEET and within(job):
                     no_borrowing = f"no borrowing while {job.id} waits for its team's own quota"
                 continue
             verdicts[job.id] = (borrow, "")
             used[job.team] += job.slots
+            committed[job.team] += worst_case(config, gpu_type, job.slots, job.max_hours)
     return verdicts
 
 
@@ -162,7 +191,7 @@ class Ledger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(SCHEMA)
+            conn.executescript(SCHEMA)
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -192,31 +221,52 @@ class Ledger:
         ).fetchall()
         return [Entry(Job(*r[:6]), r[6], r[7], r[8], r[9]) for r in rows]
 
-    def _decide(self, conn: sqlite3.Connection, now: float) -> dict[str, tuple[int | None, str]]:
+    def _decide(
+        self, conn: sqlite3.Connection, now: float, spent: Mapping[str, float] | None
+    ) -> dict[str, tuple[int | None, str]]:
+        """Drop what ran out, admit what the plan admits. A job admitted on another's request keeps its
+        waiting lease: if its admit task is gone (a cancelled run), its slots come back within that."""
         conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
-        entries = [e for e in self._entries(conn) if e.job.gpu_type in self.config.gpu_types]
-        verdicts = plan(self.config, entries, now)
+        conn.execute("DELETE FROM arrivals WHERE enqueued < ?", (now - ARRIVAL_KEPT_S,))
+        config = self.config
+        entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
+        verdicts = plan(config, entries, now, spent)
         for job_id, (borrow, _) in verdicts.items():
             if borrow is not None:
-                conn.execute(
-                    "UPDATE admission SET admitted = ?, borrowed = ?, lease_until = ? WHERE id = ?",
-                    (now, borrow, now + ADMITTED_LEASE_S, job_id),
-                )
+                conn.execute("UPDATE admission SET admitted = ?, borrowed = ? WHERE id = ?", (now, borrow, job_id))
         return verdicts
 
-    def request(self, job: Job) -> Decision:
-        """Queue ``job`` (or renew its place: the arrival time stays the first request's) and decide;
-        whether it is admitted now, or why it waits."""
+    def request(self, job: Job, spent: Mapping[str, float] | None = None) -> Decision:
+        """Queue ``job`` or renew its place, and decide: whether it is admitted now, or why it waits. Its
+        arrival is its first request's, kept apart from the lease: a job that missed a look, or whose
+        training is retried, keeps its place. ``spent``: each team's spend this month, for the budget gate
+        (:func:`trainyard.scheduling.budgets.spent_this_month`); None leaves budgets out."""
         now = self.clock()
         with self._transaction() as conn:
+            conn.execute("INSERT OR IGNORE INTO arrivals (id, enqueued) VALUES (?, ?)", (job.id, now))
+            (arrived,) = conn.execute("SELECT enqueued FROM arrivals WHERE id = ?", (job.id,)).fetchone()
             conn.execute(
                 "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, enqueued, lease_until) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
                 "lease_until = max(lease_until, excluded.lease_until)",
-                (job.id, job.team, job.gpu_type, job.slots, job.priority, job.max_hours, now, now + WAITING_LEASE_S),
+                (
+                    job.id,
+                    job.team,
+                    job.gpu_type,
+                    job.slots,
+                    job.priority,
+                    job.max_hours,
+                    arrived,
+                    now + WAITING_LEASE_S,
+                ),
             )
-            verdicts = self._decide(conn, now)
+            verdicts = self._decide(conn, now, spent)
             row = conn.execute("SELECT admitted, borrowed FROM admission WHERE id = ?", (job.id,)).fetchone()
+            if row[0] is not None:  # its training has until then to start and take over the lease
+                conn.execute(
+                    "UPDATE admission SET lease_until = max(lease_until, ?) WHERE id = ?",
+                    (now + ADMITTED_LEASE_S, job.id),
+                )
         if row[0] is not None:
             borrowed = f", {row[1]} of them borrowed" if row[1] else ""
             return Decision(True, f"admitted: {job.slots} {job.gpu_type} slot(s) for team {job.team}{borrowed}")
@@ -233,10 +283,11 @@ class Ledger:
             return cur.rowcount == 1
 
     def release(self, job_id: str) -> None:
-        """The job's training ended (or it gave up waiting): its slots go to the next job."""
+        """The job is done (its training ended for good, or it gave up waiting): its slots and its place
+        go; the next look of a waiting job takes them."""
         with self._transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
-            self._decide(conn, self.clock())
+            conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
 
     def entries(self) -> list[Entry]:
         """Every live row (leases not run out), for reports and tests."""
@@ -264,12 +315,16 @@ class NotAdmitted(RuntimeError):
 
 
 @contextlib.contextmanager
-def hold(ledger: Ledger, job: Job, heartbeat_s: float = HEARTBEAT_S) -> Iterator[None]:
-    """Around a job's training: its reservation, renewed every ``heartbeat_s`` by a thread and released at
-    the end however the training ends. A reservation that ran out (a retry long after the first try) is
+def hold(
+    ledger: Ledger, job: Job, heartbeat_s: float = HEARTBEAT_S, spent: Mapping[str, float] | None = None
+) -> Iterator[None]:
+    """Around a job's training: its admission, renewed every ``heartbeat_s`` by a thread. It is released
+    when the training succeeds or fails for good (a PermanentError); after another failure it is kept for
+    ``ADMITTED_LEASE_S``, for the retry to find. An admission that ran out (a retry long after the try) is
     asked for again; NotAdmitted if it cannot be had now (the task waits and tries again)."""
+    log = logging.getLogger(__name__)
     if not ledger.renew(job.id):
-        decision = ledger.request(job)
+        decision = ledger.request(job, spent)
         if not decision.admitted:
             raise NotAdmitted(f"job {job.id} is not admitted any more: {decision.reason}")
         ledger.renew(job.id)
@@ -277,14 +332,28 @@ def hold(ledger: Ledger, job: Job, heartbeat_s: float = HEARTBEAT_S) -> Iterator
 
     def beat() -> None:
         while not stop.wait(heartbeat_s):
-            with contextlib.suppress(sqlite3.Error):  # a locked file now is retried at the next beat
-                ledger.renew(job.id)
+            try:
+                if not ledger.renew(job.id):  # it ran out (the file was locked for minutes): ask again
+                    log.warning("admission of %s ran out while training; asking again: %s", job.id, ledger.request(job))
+            except sqlite3.Error as err:  # retried at the next beat
+                log.warning("admission heartbeat of %s failed: %s", job.id, err)
 
     thread = threading.Thread(target=beat, name="trainyard-admission-heartbeat", daemon=True)
     thread.start()
+    done = False
     try:
         yield
+        done = True
+    except PermanentError:
+        done = True
+        raise
     finally:
         stop.set()
         thread.join()
-        ledger.release(job.id)
+        try:
+            if done:
+                ledger.release(job.id)
+            else:
+                ledger.renew(job.id, ADMITTED_LEASE_S)
+        except sqlite3.Error as err:  # the lease runs out by itself; the training's own outcome stands
+            log.warning("could not hand back the admission of %s: %s", job.id, err)

@@ -8,12 +8,15 @@ its tries that ended in that month. A job admitted and still training has no rec
 ends. Prices are the inventory's current ones.
 
 ``validate_spec`` refuses a job whose worst case is more than its team's monthly budget less the month's
-spend and commitments, before any data is touched.
+spend and commitments, before any data is touched; the admission ledger checks again, in the transaction
+that admits it (many jobs may pass validation before the first is admitted). Kubernetes trainings do not
+go through the ledger yet: their cost counts once their tries are recorded.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,9 +25,10 @@ from pathlib import Path
 from trainyard.errors import spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.spec import JobSpec, SpecError, safe_key
+from trainyard.training.run_config import RUN_CONFIG_FILE
+from trainyard.training.usage import USAGE_FILE
 
-RUN_CONFIG = "run_config.json"
-USAGE = "usage.jsonl"
+log = logging.getLogger(__name__)
 
 
 def month_of(ts: float) -> str:
@@ -48,19 +52,28 @@ class TryCost:
 
 def tries(config: ResourcesConfig, runs_root: Path) -> Iterator[TryCost]:
     """Every recorded try under ``runs_root`` (``<job name>/<run>/usage.jsonl`` beside its run config)."""
-    for usage in sorted(runs_root.glob(f"*/*/{USAGE}")):
-        cfg_path = usage.with_name(RUN_CONFIG)
-        if not cfg_path.exists():
+    for usage in sorted(runs_root.glob(f"*/*/{USAGE_FILE}")):
+        try:
+            resources = json.loads(usage.with_name(RUN_CONFIG_FILE).read_text())["spec"]["resources"]
+            gpu_type, team = resources["gpu_type"], resources["team"]
+            records = [json.loads(line) for line in usage.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError, KeyError) as err:  # one damaged run must not stop every job's validation
+            log.warning("cost of %s not counted: %s: %s", usage.parent, type(err).__name__, err)
             continue
-        resources = json.loads(cfg_path.read_text())["spec"]["resources"]
-        gpu_type, team = resources["gpu_type"], resources["team"]
         price = config.gpu_types[gpu_type].price_per_hour if gpu_type in config.gpu_types else 0.0
-        for line in usage.read_text().splitlines():
-            if not line.strip():
-                continue
-            t = json.loads(line)
+        for t in records:
             seconds = (t["ended"] - t["started"]) * t["gpus"]
             yield TryCost(usage.parent.name, team, gpu_type, t["ended"], seconds, price * seconds / 3600)
+
+
+def spent_this_month(config: ResourcesConfig, runs_root: Path, now: float | None = None) -> dict[str, float]:
+    """Each team's spend in the calendar month of ``now`` (the admission ledger's budget gate)."""
+    month = month_of(time.time() if now is None else now)
+    spent = dict.fromkeys(config.teams, 0.0)
+    for t in tries(config, runs_root):
+        if t.team in spent and month_of(t.ended) == month:
+            spent[t.team] += t.cost
+    return spent
 
 
 @dataclass(frozen=True)

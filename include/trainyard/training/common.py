@@ -3,8 +3,11 @@ schedule made from the JobSpec, torch checkpoint files, the resume position, pro
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,8 +22,10 @@ CKPT_RE = re.compile(r"^step-(\d{8})\.pt$")
 
 
 def log0(rank: int, msg: str) -> None:
+    """A line of rank 0's log, written in one call (the checkpoint writer's thread logs too)."""
     if rank == 0:
-        print(f"[trainer] {msg}", flush=True)
+        sys.stdout.write(f"[trainer] {msg}\n")
+        sys.stdout.flush()
 
 
 def make_optimizer(params, hp: Hyperparameters, cuda: bool = False) -> torch.optim.Optimizer:
@@ -37,25 +42,26 @@ def make_scheduler(opt: torch.optim.Optimizer, total_steps: int) -> torch.optim.
     return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1))
 
 
-def host_copy(obj):
-    """``obj`` with every tensor in its dicts, lists and tuples copied to host memory: a snapshot that
-    training can go on changing the originals of."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: host_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(host_copy(v) for v in obj)
-    return obj
-
-
 def atomic_save(obj, path: Path) -> None:
-    """Write to a temp file, fsync, rename: a crash leaves the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    with open(tmp, "rb") as fh:
+    """Write to a temp file, fsync, rename, fsync the folder: a crash leaves the old file or the new one,
+    never half, and the rename survives a power loss."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write_bytes(buffer.getbuffer(), path)
+
+
+def atomic_write_bytes(data, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 class Checkpoints:
@@ -103,22 +109,34 @@ class Checkpoints:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"step-{step:08d}.pt"
         atomic_save(state, path)
-        for old in self.files()[self.keep :]:
-            old.unlink(missing_ok=True)
+        self._prune()
         return path
 
+    def _prune(self) -> None:
+        for old in self.files()[self.keep :]:
+            old.unlink(missing_ok=True)
+
     def save_in_background(self, state: dict, step: int, on_saved: Callable[[Path], None]) -> None:
-        """Copy ``state``'s tensors to host memory now, then write it on a background thread while training
-        goes on (``torch.save`` and the fsync were 2-3 % of the digits recipe's epoch loop, and a large
-        model's checkpoint stalls its GPU for seconds). One write at a time: this first waits for the one
-        before, and raises its error. ``on_saved(path)`` runs once the file is in place, so what it reports
-        is on disk. :meth:`wait` before the process ends or reads the checkpoints."""
+        """Serialise ``state`` now (``torch.save`` into memory: a snapshot with the tensors copied to the host,
+        shared storage and state-dict metadata kept as a file keeps them), then write, fsync and rename it on
+        a background thread while training goes on: the disk's latency leaves the step. One write at a
+        time: this first waits for the one before, and raises its error. ``on_saved(path)`` runs once the
+        file is in place, so what it reports is on disk. :meth:`close` before the process ends or reads the
+        checkpoints."""
         self.wait()
-        snapshot = host_copy(state)
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
         self.saved()  # the interval counts from the snapshot
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-checkpoint")
-        self._pending = self._writer.submit(lambda: on_saved(self._write(snapshot, step)))
+        self._pending = self._writer.submit(lambda: on_saved(self._write_bytes(buffer, step)))
+
+    def _write_bytes(self, buffer: io.BytesIO, step: int) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"step-{step:08d}.pt"
+        atomic_write_bytes(buffer.getbuffer(), path)
+        self._prune()
+        return path
 
     def wait(self) -> None:
         """Until the background write (if any) is on disk; its error, if it failed."""

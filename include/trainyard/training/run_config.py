@@ -13,6 +13,8 @@ from pathlib import Path
 
 from trainyard.spec import JobSpec
 
+RUN_CONFIG_FILE = "run_config.json"  # in the run's directory: what its workers start from
+
 
 @dataclass(frozen=True)
 class RunConfig:

@@ -43,7 +43,7 @@ def ledger(tmp_path, clock):
 
 
 def job(name: str, team: str, slots: int, priority: int = 1) -> Job:
-    return Job(name, team, "a100", slots, priority)
+    return Job(name, team, "a100", slots, priority, max_hours=1.0)
 
 
 def admitted(ledger: Ledger) -> dict[str, int]:
@@ -76,7 +76,8 @@ def test_lent_quota_comes_back_as_borrowers_finish(ledger):
     lab = ledger.request(job("l1", "lab", 1))
     assert not lab.admitted and "no borrowing while n1 waits" in lab.reason  # ... no one borrows the free slot
     ledger.release("r2")
-    assert "n1" in admitted(ledger)  # the borrowed slots came back to their team as the others finished
+    assert ledger.request(job("l1", "lab", 1)).admitted is False  # n1 is first in line for the 2 free slots
+    assert ledger.request(job("n1", "nlp", 2)).admitted  # its next look: its quota came back as others finished
 
 
 def test_priority_then_arrival_among_waiting_jobs(ledger, clock):
@@ -87,9 +88,11 @@ def test_priority_then_arrival_among_waiting_jobs(ledger, clock):
         clock.now += 1
         assert not ledger.request(job(name, "vision", 4, prio)).admitted
     ledger.release("big")
-    assert "late-high" in admitted(ledger)
+    assert not ledger.request(job("early", "vision", 4, 5)).admitted  # its look admits the first in line ...
+    assert "late-high" in admitted(ledger)  # ... which is the higher priority
     ledger.release("late-high")
-    assert "early" in admitted(ledger)
+    assert not ledger.request(job("late-low", "vision", 4, 5)).admitted
+    assert "early" in admitted(ledger)  # same priority: the earlier arrival
 
 
 STREAM = """\
@@ -161,20 +164,55 @@ def test_a_waiting_job_whose_run_was_cancelled_leaves_the_queue(ledger, clock):
     assert "gone" not in {e.job.id for e in ledger.entries()}
 
 
-def test_hold_renews_and_releases_and_asks_again_after_a_lapse(ledger, clock):
+def test_hold_renews_while_training_and_releases_at_the_end(ledger, clock):
     j = job("a", "vision", 4)
     assert ledger.request(j).admitted
     with hold(ledger, j, heartbeat_s=0.01):
-        time.sleep(0.05)
-        assert "a" in admitted(ledger)
+        for _ in range(3):  # 3 x 150 s: past the 180 s lease, alive by the heartbeat alone
+            clock.now += 150
+            time.sleep(0.2)
+            assert "a" in admitted(ledger)
     assert ledger.entries() == []
-    clock.now += 10_000
-    with hold(ledger, j):  # the reservation ran out (a late retry): it is asked for again, and had
+
+
+def test_a_failed_try_keeps_its_admission_for_the_retry_and_a_permanent_failure_does_not(ledger, clock):
+    from trainyard.errors import PermanentError
+
+    j = job("a", "vision", 4)
+    assert ledger.request(j).admitted
+    with pytest.raises(RuntimeError), hold(ledger, j):
+        raise RuntimeError("a worker crashed")  # Airflow retries the task
+    clock.now += admission.ADMITTED_LEASE_S - 60
+    assert "a" in admitted(ledger)
+    with pytest.raises(PermanentError), hold(ledger, j):  # the retry finds its admission ...
+        raise PermanentError("max_hours reached")  # ... and fails for good
+    assert ledger.entries() == []
+
+
+def test_a_lapsed_admission_is_asked_for_again(ledger, clock):
+    j = job("a", "vision", 4)
+    assert ledger.request(j).admitted
+    clock.now += 10_000  # the retry came much later: the admission ran out
+    with hold(ledger, j):
         assert "a" in admitted(ledger)
     for name, team, slots in (("x", "vision", 6), ("y", "nlp", 2)):
         assert ledger.request(job(name, team, slots)).admitted
     with pytest.raises(NotAdmitted, match="not admitted any more"), hold(ledger, job("late", "research", 2)):
         pass
+
+
+def test_a_job_keeps_its_place_when_it_missed_looks(ledger, clock):
+    for name, team, slots in (("v", "vision", 4), ("n", "nlp", 2), ("r", "research", 2)):
+        assert ledger.request(job(name, team, slots)).admitted
+    assert not ledger.request(job("first", "vision", 4)).admitted
+    clock.now += admission.WAITING_LEASE_S + 1  # its admit task missed looks (a busy scheduler)
+    for name in ("v", "n", "r"):
+        ledger.renew(name)
+    assert not ledger.request(job("second", "vision", 4)).admitted
+    assert not ledger.request(job("first", "vision", 4)).admitted  # back, with its first arrival
+    ledger.release("v")
+    assert not ledger.request(job("second", "vision", 4)).admitted
+    assert "first" in admitted(ledger)
 
 
 def _worker(path: str, fleet: str, seed: int, jobs: int, out) -> None:
@@ -185,9 +223,9 @@ def _worker(path: str, fleet: str, seed: int, jobs: int, out) -> None:
     violations = []
     for i in range(jobs):
         team = rng.choice(sorted(cfg.teams))
-        j = Job(f"w{seed}-{i}", team, "a100", rng.randint(1, min(3, reach[team])), rng.randint(1, 9))
+        j = Job(f"w{seed}-{i}", team, "a100", rng.randint(1, min(3, reach[team])), rng.randint(1, 9), 1.0)
         while not ledger.request(j).admitted:
-            time.sleep(0.002)
+            time.sleep(0.02)
         live = [e for e in ledger.entries() if e.admitted is not None]
         total = sum(e.job.slots for e in live)
         per_team = {t: sum(e.job.slots for e in live if e.job.team == t) for t in cfg.teams}
@@ -206,8 +244,41 @@ def test_concurrent_processes_never_admit_past_capacity_or_quota(tmp_path):
     procs = [ctx.Process(target=_worker, args=(path, FLEET, seed, 25, out)) for seed in range(4)]
     for p in procs:
         p.start()
-    results = [out.get(timeout=120) for _ in procs]
+    results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(30)
     assert results == ["done"] * 4
     assert all(p.exitcode == 0 for p in procs)
+
+
+def test_a_lending_limit_holds_while_others_borrow(tmp_path):
+    cfg = parse_resources(
+        """\
+gpu_types:
+  a100: {count: 10, price_per_hour: 1.0}
+teams:
+  a: {quota: {a100: 4}}
+  b: {quota: {a100: 3}}
+  c: {quota: {a100: 3}, lending_limit: {a100: 1}}
+"""
+    )
+    ledger = Ledger(tmp_path / "lend.db", cfg)
+    assert ledger.request(Job("b1", "b", "a100", 5, 1, 1.0)).admitted  # 2 borrowed: a's idle and c's 1
+    refused = ledger.request(Job("a1", "a", "a100", 5, 1, 1.0))  # would borrow 1 more: only c's kept 2 are left
+    assert not refused.admitted and "0 are lendable" in refused.reason
+    assert ledger.request(Job("c1", "c", "a100", 2, 1, 1.0)).admitted  # what c kept for itself is there
+
+
+def test_a_budget_stops_admission_of_jobs_it_cannot_cover(tmp_path):
+    cfg = parse_resources(
+        FLEET.replace(
+            "vision: {quota: {a100: 4}, borrowing_limit: {a100: 2}}",
+            "vision: {quota: {a100: 4}, borrowing_limit: {a100: 2}, monthly_budget: 10}",
+        )
+    )
+    ledger = Ledger(tmp_path / "budget.db", cfg)
+    spent = {"vision": 4.0}
+    assert ledger.request(Job("v1", "vision", "a100", 2, 1, 2.0), spent).admitted  # 1.0 x 2 h x 2 = 4 of 6 left
+    over = ledger.request(Job("v2", "vision", "a100", 2, 1, 1.5), spent)  # 3 more: only 2 left
+    assert not over.admitted and "team vision's budget: 2.00 left, the job may cost 3.00" in over.reason
+    assert ledger.request(Job("v3", "vision", "a100", 1, 1, 2.0), spent).admitted  # 2 fits

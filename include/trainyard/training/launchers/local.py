@@ -155,7 +155,7 @@ def run(
     finally:
         if timer is not None:
             timer.cancel()
-    if timed_out.is_set():
+    if timed_out.is_set() and rc != 0:  # not a run that ended by itself as the time ran out
         hours = (timeout_s or 0) / 3600
         raise MaxHoursReached(
             f"resources.max_hours: the workers were stopped after {hours:.3g} hour(s), what was left of the "

@@ -133,9 +133,13 @@ class TorchStrategy(Strategy):
         self.scaler = amp.grad_scaler(self.spec.distributed.precision, self.device)
         forward = self.wrap_model(model)
         # Compiled around the DDP wrapper, so that its optimizer splits the graph at the gradient buckets
-        # and the all-reduce of one bucket overlaps the backward of the next.
-        # torch.compile of a module returns the module wrapped (an OptimizedModule); its stubs say callable
-        self.forward = cast(torch.nn.Module, torch.compile(forward)) if self.spec.distributed.compile else forward
+        # and the all-reduce of one bucket overlaps the backward of the next. Static shapes: an epoch's
+        # smaller last batch gets a graph of its own rather than turning every later step's into a
+        # dynamic-shape one. torch.compile of a module returns it wrapped (an OptimizedModule).
+        if self.spec.distributed.compile:
+            self.forward = cast(torch.nn.Module, torch.compile(forward, dynamic=False))
+        else:
+            self.forward = forward
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """What the loss runs the batch through (DDP: the wrapper that averages gradients in backward)."""
