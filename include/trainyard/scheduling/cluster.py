@@ -39,6 +39,11 @@ def namespace(team: str) -> str:
     return f"trainyard-{team}"
 
 
+def priority_class_name(name: str) -> str:
+    """The PriorityClass and WorkloadPriorityClass of a ``priority_classes`` entry."""
+    return f"trainyard-{name}"
+
+
 def mig_resource(profile: str) -> str:
     return f"nvidia.com/mig-{profile}"
 
@@ -127,7 +132,7 @@ def manifests(config: ResourcesConfig) -> list[dict]:
             {
                 "apiVersion": "scheduling.k8s.io/v1",
                 "kind": "PriorityClass",
-                "metadata": {"name": f"trainyard-{name}"},
+                "metadata": {"name": priority_class_name(name)},
                 "value": value,
                 "globalDefault": False,
                 "preemptionPolicy": "PreemptLowerPriority",
@@ -181,7 +186,7 @@ def manifests(config: ResourcesConfig) -> list[dict]:
             {
                 "apiVersion": KUEUE_API,
                 "kind": "WorkloadPriorityClass",
-                "metadata": {"name": f"trainyard-{name}"},
+                "metadata": {"name": priority_class_name(name)},
                 "value": value,
                 "description": f"trainyard jobs of priority class {name}",
             }

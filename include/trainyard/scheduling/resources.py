@@ -79,6 +79,13 @@ class Scheduling(_Model):
         gt=0,
         description="a job that waited this long stops smaller jobs from passing it, so it starts next",
     )
+    kueue: bool = Field(
+        False,
+        description=(
+            "Kubernetes trainings queue in Kueue (`trainyard cluster manifests`): their Jobs start suspended "
+            "with the team's LocalQueue label, in the team's namespace"
+        ),
+    )
 
 
 class ResourcesConfig(_Model):
@@ -298,6 +305,19 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
                 ]
             )
         )
+    if config.scheduling.kueue and spec.backends.launcher == "kubernetes":
+        from trainyard.scheduling.cluster import namespace
+
+        wanted = namespace(res.team)
+        if spec.kubernetes.namespace != wanted:
+            raise SpecError(
+                spec_error_message(
+                    [
+                        f"kubernetes.namespace: team {res.team!r}'s trainings queue in Kueue from namespace "
+                        f"{wanted!r} (its LocalQueue); got {spec.kubernetes.namespace!r}"
+                    ]
+                )
+            )
     allowed = config.teams[res.team].priority
     if not allowed.min <= res.priority <= allowed.max:
         raise SpecError(

@@ -488,3 +488,52 @@ def test_the_pods_stop_at_what_max_hours_has_left(worker_home):
     usage.record_try(cfg.out_dir, attempt=2, started=2000.0, ended=7400.0, gpus=2, where="kubernetes")
     with pytest.raises(MaxHoursReached, match="used all 2 hour"):
         launcher.plan(cfg.spec, cfg.data, run_dir=cfg.out_dir, config_path=config_path)
+
+
+KUEUE_FLEET = """\
+gpu_types:
+  cpu: {count: 2, price_per_hour: 0}
+  a100-80gb: {count: 8, price_per_hour: 1.8, node_selector: {nvidia.com/gpu.product: A100}}
+teams:
+  vision: {quota: {a100-80gb: 8, cpu: 2}}
+priority_classes: {low: 1, high: 500}
+scheduling: {kueue: true}
+"""
+
+
+def test_with_kueue_trainings_queue_suspended_in_the_team_s_namespace():
+    from trainyard.scheduling.resources import check_spec, parse_resources
+
+    fleet = parse_resources(KUEUE_FLEET)
+    spec = spec_for(
+        {"resources": {"team": "vision", "gpu_type": "a100-80gb", "nodes": 2, "priority": 600}},
+        {"kubernetes": {"namespace": "trainyard-vision", "priority_class": None}},  # derived from the priority
+    )
+    check_spec(spec, fleet)
+    job = K.build_job(spec, RUN_KEY, CONFIG, resources=fleet)
+    assert job.spec.suspend is True
+    assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "trainyard"
+    assert job.metadata.labels["kueue.x-k8s.io/priority-class"] == "trainyard-high"
+    assert job.spec.template.spec.priority_class_name == "trainyard-high"
+    single = spec_for(
+        {"resources": {"team": "vision", "gpu_type": "a100-80gb"}}, {"kubernetes": {"namespace": "trainyard-vision"}}
+    )
+    pod = K.build_pod(single, RUN_KEY, CONFIG, resources=fleet)
+    assert pod.metadata.labels["kueue.x-k8s.io/queue-name"] == "trainyard"
+    api = k8s.ApiClient()
+    for obj in (job, pod):
+        kubernetes_validate.validate(api.sanitize_for_serialization(obj), "1.33", strict=True)
+    elsewhere = spec_for(
+        {"resources": {"team": "vision", "gpu_type": "a100-80gb"}}, {"kubernetes": {"namespace": "ml"}}
+    )
+    with pytest.raises(
+        SpecError,
+        match="kubernetes.namespace: team 'vision'.s trainings queue in Kueue from namespace 'trainyard-vision'",
+    ):
+        check_spec(elsewhere, fleet)
+
+
+def test_without_kueue_nothing_is_suspended_or_labelled():
+    job = K.build_job(spec_for({"resources": {"nodes": 2}}, {"kubernetes": {"priority_class": None}}), RUN_KEY, CONFIG)
+    assert job.spec.suspend is None and "kueue.x-k8s.io/queue-name" not in job.metadata.labels
+    assert job.spec.template.spec.priority_class_name is None  # no PriorityClass the cluster may not have

@@ -126,6 +126,28 @@ def run_labels(spec: JobSpec, run_key: str) -> dict[str, str]:
     }
 
 
+def queue_labels(spec: JobSpec, resources: ResourcesConfig | None = None) -> dict[str, str]:
+    """With ``scheduling.kueue``: the team's LocalQueue and the job's WorkloadPriorityClass (Kueue admits
+    the workload; see ``trainyard cluster manifests``). Without: none."""
+    from trainyard.scheduling import cluster
+
+    config = resources or load_resources()
+    if not config.scheduling.kueue:
+        return {}
+    return {
+        cluster.QUEUE_LABEL: cluster.LOCAL_QUEUE,
+        cluster.PRIORITY_LABEL: cluster.priority_class_name(config.priority_class(spec.resources.priority)),
+    }
+
+
+def _queued_priority_class(spec: JobSpec, resources: ResourcesConfig | None) -> str | None:
+    """With Kueue, the PriorityClass of the job's priority (the cluster manifests create them)."""
+    labels = queue_labels(spec, resources)
+    from trainyard.scheduling import cluster
+
+    return labels.get(cluster.PRIORITY_LABEL)
+
+
 def gpu_resource(spec: JobSpec) -> tuple[str, int] | None:
     """The extended resource each pod asks for; None for ``gpu_type: cpu`` (CPU pods).
 
@@ -317,7 +339,7 @@ def pod_template(
         active_deadline_seconds=max(1, int(spec.resources.max_hours * 3600)),
         subdomain=job_name(spec, run_key, attempt=attempt),
         service_account_name=k.service_account,
-        priority_class_name=k.priority_class,
+        priority_class_name=k.priority_class or _queued_priority_class(spec, resources),
         node_selector=node_selector(spec, resources) or None,
         tolerations=_tolerations(spec) or None,
         enable_service_links=False,  # no env var per Service in the namespace
@@ -358,16 +380,19 @@ def build_job(
     resources: ResourcesConfig | None = None,
     data_dir: str | None = None,
 ) -> k8s.V1Job:
-    """An Indexed Job, one pod per node, all started together, never retried by the cluster."""
+    """An Indexed Job, one pod per node, all started together, never retried by the cluster; suspended and
+    labelled with the team's queue when Kueue admits the trainings."""
+    queued = queue_labels(spec, resources)
     return k8s.V1Job(
         api_version="batch/v1",
         kind="Job",
         metadata=k8s.V1ObjectMeta(
             name=job_name(spec, run_key, attempt=attempt),
             namespace=spec.kubernetes.namespace,
-            labels=run_labels(spec, run_key),
+            labels={**run_labels(spec, run_key), **queued},
         ),
         spec=k8s.V1JobSpec(
+            suspend=True if queued else None,  # Kueue unsuspends it once the team's queue admits it
             completion_mode="Indexed",
             completions=spec.resources.nodes,
             parallelism=spec.resources.nodes,
@@ -398,7 +423,8 @@ def build_pod(
         metadata=k8s.V1ObjectMeta(
             name=job_name(spec, run_key, attempt=attempt),
             namespace=spec.kubernetes.namespace,
-            labels=template.metadata.labels,
+            # Kueue's pod integration gates a labelled pod until its queue admits it
+            labels={**template.metadata.labels, **queue_labels(spec, resources)},
         ),
         spec=template.spec,
     )
