@@ -171,14 +171,17 @@ def train_pipeline():
 
         from trainyard import paths
         from trainyard.pipeline import train as run
-        from trainyard.scheduling.admission import NotAdmitted, default_ledger, hold, job_for
+        from trainyard.scheduling.admission import NotAdmitted, default_ledger, hold, host_devices, job_for
         from trainyard.scheduling.budgets import spent_this_month
 
         ledger = default_ledger()
         spent = spent_this_month(ledger.config, paths.runs_root())
+        job = job_for(_spec(spec), _run_key())
         try:
-            with hold(ledger, job_for(_spec(spec), _run_key()), spent=spent):
-                return run(_spec(spec), dataset, data, _run_key())
+            with hold(ledger, job, spent=spent):
+                # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
+                devices = None if job.gpu_type == "cpu" else ledger.claim_devices(job.id, job.slots, host_devices())
+                return run(_spec(spec), dataset, data, _run_key(), devices=devices)
         except NotAdmitted as err:  # a retry long after the admission: wait for it again, holding nothing
             logging.getLogger(__name__).info("%s; looking again in %ss", err, ADMISSION_POKE_S)
             again = datetime.now(UTC) + timedelta(seconds=ADMISSION_POKE_S)

@@ -199,9 +199,16 @@ def plan_training(spec: JobSpec, dataset: dict, data: dict, run_key: str) -> dic
     }
 
 
-def launch_local(spec: JobSpec, data: dict, plan: dict, on_line: Callable[[str], None] | None = None) -> None:
+def launch_local(
+    spec: JobSpec,
+    data: dict,
+    plan: dict,
+    on_line: Callable[[str], None] | None = None,
+    devices: list[str] | None = None,
+) -> None:
     """The strategy's launcher (torchrun, horovodrun, deepspeed; or the custom command under torchrun) as a
-    subprocess; every output line goes to ``on_line`` (the task log). The launcher records this try's GPU
+    subprocess; every output line goes to ``on_line`` (the task log). ``devices``: the GPUs the job was
+    given (its CUDA_VISIBLE_DEVICES), None to leave the environment's. The launcher records this try's GPU
     time in the run's usage file, failed tries included."""
     from trainyard.training.launchers import local
 
@@ -211,6 +218,7 @@ def launch_local(spec: JobSpec, data: dict, plan: dict, on_line: Callable[[str],
         run_dir=plan["run_dir"],
         config_path=plan["config_path"],
         on_line=on_line or (lambda line: log.info("%s", line)),
+        devices=devices,
     )
 
 
@@ -251,11 +259,18 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
     }
 
 
-def train(spec: JobSpec, dataset: dict, data: dict, run_key: str, on_line: Callable[[str], None] | None = None) -> dict:
-    """Local training in one step: plan, launch on this machine, collect. Resumes from the run's newest
-    checkpoint, so a retry continues instead of starting over."""
+def train(
+    spec: JobSpec,
+    dataset: dict,
+    data: dict,
+    run_key: str,
+    on_line: Callable[[str], None] | None = None,
+    devices: list[str] | None = None,
+) -> dict:
+    """Local training in one step: plan, launch on this machine (on ``devices`` if given), collect.
+    Resumes from the run's newest checkpoint, so a retry continues instead of starting over."""
     plan = plan_training(spec, dataset, data, run_key)
-    launch_local(spec, data, plan, on_line)
+    launch_local(spec, data, plan, on_line, devices)
     return collect_training(spec, plan)
 
 

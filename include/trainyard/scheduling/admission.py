@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS admission (
     enqueued REAL NOT NULL,
     admitted REAL,
     borrowed INTEGER NOT NULL DEFAULT 0,
+    devices TEXT NOT NULL DEFAULT '',
     lease_until REAL NOT NULL
 )
 """
@@ -83,6 +84,7 @@ class Entry:
     admitted: float | None  # None while waiting
     borrowed: int  # slots beyond the team's quota when it was admitted
     lease_until: float
+    devices: tuple[str, ...] = ()  # this host's GPUs it was given (claim_devices)
 
 
 @dataclass(frozen=True)
@@ -216,10 +218,10 @@ class Ledger:
     @staticmethod
     def _entries(conn: sqlite3.Connection) -> list[Entry]:
         rows = conn.execute(
-            "SELECT id, team, gpu_type, slots, priority, max_hours, enqueued, admitted, borrowed, lease_until "
-            "FROM admission"
+            "SELECT id, team, gpu_type, slots, priority, max_hours, enqueued, admitted, borrowed, lease_until, "
+            "devices FROM admission"
         ).fetchall()
-        return [Entry(Job(*r[:6]), r[6], r[7], r[8], r[9]) for r in rows]
+        return [Entry(Job(*r[:6]), r[6], r[7], r[8], r[9], tuple(r[10].split(",")) if r[10] else ()) for r in rows]
 
     def _decide(
         self, conn: sqlite3.Connection, now: float, spent: Mapping[str, float] | None
@@ -289,6 +291,42 @@ class Ledger:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
 
+    def claim_devices(self, job_id: str, count: int, available: list[str]) -> list[str]:
+        """``count`` of this host's devices (``available``: CUDA indices or MIG UUIDs) for an admitted job,
+        none of them held by another live job; the same ones again for a job that has them (a retry). They
+        go with the job's admission row, so they come back when it is released or its lease runs out.
+        NoFreeDevices when fewer are free (the task waits and tries again)."""
+        if count > len(available):
+            raise PermanentError(
+                f"job {job_id} needs {count} device(s) and this host has {len(available)} "
+                f"({available}); ask for fewer, or give this GPU type's pool no more slots than its host has"
+            )
+        now = self.clock()
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT devices FROM admission WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?",
+                (job_id, now),
+            ).fetchone()
+            if row is None:
+                raise NotAdmitted(f"job {job_id} is not admitted: no devices for it")
+            if row[0]:
+                return row[0].split(",")
+            held = {
+                d
+                for (devices,) in conn.execute(
+                    "SELECT devices FROM admission WHERE id != ? AND lease_until >= ? AND devices != ''", (job_id, now)
+                )
+                for d in devices.split(",")
+            }
+            free = [d for d in available if d not in held]
+            if len(free) < count:
+                raise NoFreeDevices(
+                    f"job {job_id} needs {count} device(s); this host has {len(available)}, "
+                    f"{len(free)} free ({sorted(held)} held by other jobs)"
+                )
+            conn.execute("UPDATE admission SET devices = ? WHERE id = ?", (",".join(free[:count]), job_id))
+            return free[:count]
+
     def entries(self) -> list[Entry]:
         """Every live row (leases not run out), for reports and tests."""
         now = self.clock()
@@ -312,6 +350,23 @@ def job_for(spec: JobSpec, run_key: str) -> Job:
 
 class NotAdmitted(RuntimeError):
     """The job's reservation ran out before its training started, and it cannot be admitted again now."""
+
+
+class NoFreeDevices(NotAdmitted):
+    """The job is admitted, but fewer of this host's devices are free than it needs (for now)."""
+
+
+def host_devices() -> list[str]:
+    """This host's GPUs as the allocator hands them out: ``TRAINYARD_GPU_DEVICES`` (a comma list of CUDA
+    indices or MIG UUIDs) when set, else every CUDA device torch sees."""
+    import os
+
+    listed = os.environ.get("TRAINYARD_GPU_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
 @contextlib.contextmanager

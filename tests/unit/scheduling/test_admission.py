@@ -226,7 +226,11 @@ def _worker(path: str, fleet: str, seed: int, jobs: int, out) -> None:
         j = Job(f"w{seed}-{i}", team, "a100", rng.randint(1, min(3, reach[team])), rng.randint(1, 9), 1.0)
         while not ledger.request(j).admitted:
             time.sleep(0.02)
+        mine = ledger.claim_devices(j.id, j.slots, [str(d) for d in range(8)])
         live = [e for e in ledger.entries() if e.admitted is not None]
+        given = [d for e in live for d in e.devices]
+        if len(given) != len(set(given)) or len(mine) != j.slots:
+            violations.append(f"devices shared: {[(e.job.id, e.devices) for e in live]}")
         total = sum(e.job.slots for e in live)
         per_team = {t: sum(e.job.slots for e in live if e.job.team == t) for t in cfg.teams}
         if total > 8 or any(per_team[t] > reach[t] for t in cfg.teams):
@@ -241,7 +245,7 @@ def test_concurrent_processes_never_admit_past_capacity_or_quota(tmp_path):
     out = ctx.Queue()
     path = str(tmp_path / "shared.db")
     Ledger(path, parse_resources(FLEET))
-    procs = [ctx.Process(target=_worker, args=(path, FLEET, seed, 25, out)) for seed in range(4)]
+    procs = [ctx.Process(target=_worker, args=(path, FLEET, seed, 12, out)) for seed in range(4)]
     for p in procs:
         p.start()
     results = [out.get(timeout=600) for _ in procs]
@@ -282,3 +286,38 @@ def test_a_budget_stops_admission_of_jobs_it_cannot_cover(tmp_path):
     over = ledger.request(Job("v2", "vision", "a100", 2, 1, 1.5), spent)  # 3 more: only 2 left
     assert not over.admitted and "team vision's budget: 2.00 left, the job may cost 3.00" in over.reason
     assert ledger.request(Job("v3", "vision", "a100", 1, 1, 2.0), spent).admitted  # 2 fits
+
+
+def test_each_job_gets_devices_of_its_own_until_it_is_done(ledger, clock):
+    from trainyard.errors import PermanentError
+    from trainyard.scheduling.admission import NoFreeDevices
+
+    host = ["0", "1", "2", "3", "MIG-5f8e"]
+    a, b, c = job("a", "vision", 2), job("b", "nlp", 2), job("c", "research", 2)
+    for j in (a, b, c):
+        assert ledger.request(j).admitted
+    assert ledger.claim_devices("a", 2, host) == ["0", "1"]
+    assert ledger.claim_devices("b", 2, host) == ["2", "3"]
+    assert ledger.claim_devices("a", 2, host) == ["0", "1"]  # a retry gets the same ones
+    with pytest.raises(NoFreeDevices, match=r"1 free \(\['0', '1', '2', '3'\] held"):
+        ledger.claim_devices("c", 2, host)
+    ledger.release("a")
+    assert ledger.claim_devices("c", 2, host) == ["0", "1"]
+    clock.now += admission.ADMITTED_LEASE_S + 1  # b's worker was killed: no heartbeat
+    ledger.renew("c")  # (c's heartbeat, late: c's lease ran out too)
+    assert ledger.request(job("d", "vision", 4)).admitted
+    assert ledger.claim_devices("d", 4, host) == ["0", "1", "2", "3"]
+    with pytest.raises(PermanentError, match="needs 6 device"):
+        ledger.claim_devices("d", 6, host)
+    with pytest.raises(admission.NotAdmitted, match="not admitted"):
+        ledger.claim_devices("nobody", 1, host)
+
+
+def test_a_job_s_workers_see_only_its_devices(monkeypatch):
+    from trainyard.scheduling.admission import host_devices
+    from trainyard.training.launchers.local import this_host
+
+    monkeypatch.setenv("TRAINYARD_GPU_DEVICES", "0, 1,MIG-ab")
+    assert host_devices() == ["0", "1", "MIG-ab"]
+    host = this_host(["1", "MIG-ab"])
+    assert host.cuda_devices == 2 and host.env["CUDA_VISIBLE_DEVICES"] == "1,MIG-ab"

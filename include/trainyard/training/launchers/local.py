@@ -45,17 +45,23 @@ class LaunchError(RetryableError):
     """The workers exited non-zero; a retry resumes from the newest checkpoint."""
 
 
-def this_host() -> Host:
-    """The facts of this machine a local command depends on (the only impure part of planning)."""
+def this_host(devices: list[str] | None = None) -> Host:
+    """The facts of this machine a local command depends on (the only impure part of planning). With
+    ``devices`` (the GPUs a job was given), the job sees those alone: CUDA_VISIBLE_DEVICES."""
     import torch
 
     from trainyard.scheduling.resources import load_resources
 
     cpu = load_resources().gpu_types.get("cpu")
+    env = dict(os.environ)
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     return Host(
-        cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        cuda_devices=len(devices)
+        if devices is not None
+        else (torch.cuda.device_count() if torch.cuda.is_available() else 0),
         cores=this_host_cores(),
-        env=dict(os.environ),
+        env=env,
         cpu_slots=cpu.count if cpu else 0,
     )
 
@@ -88,12 +94,21 @@ class LocalLauncher(Launcher):
         return observed  # the subprocess's lifetime is the time its workers held the GPUs
 
 
-def launch(spec: JobSpec, data: dict, *, run_dir: str, config_path: str, on_line: Callable[[str], None]) -> None:
-    """Run ``spec``'s workers on this machine and wait; append this try's usage record whatever happens.
+def launch(
+    spec: JobSpec,
+    data: dict,
+    *,
+    run_dir: str,
+    config_path: str,
+    on_line: Callable[[str], None],
+    devices: list[str] | None = None,
+) -> None:
+    """Run ``spec``'s workers on this machine (on ``devices``, when the job was given some) and wait; append
+    this try's usage record whatever happens.
 
     A spec this machine cannot run (more GPUs than it has) fails before anything starts and records
     nothing."""
-    launcher = LocalLauncher()
+    launcher = LocalLauncher(this_host(devices) if devices is not None else None)
     plan = launcher.plan(spec, data, run_dir=run_dir, config_path=config_path)
     on_line("launching: " + " ".join(plan.command.argv))
     started = time.time()
