@@ -23,7 +23,7 @@ its GPU quota of the type x the slices of that profile per GPU.
 
 from __future__ import annotations
 
-from trainyard.scheduling.resources import ResourcesConfig, max_reach, unassigned
+from trainyard.scheduling.resources import ResourcesConfig, max_reach, team_namespace, unassigned
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -33,10 +33,6 @@ COHORT = "trainyard"
 LOCAL_QUEUE = "trainyard"
 TEAM_LABEL = "trainyard.io/team"
 CPU_TYPE = "cpu"  # the local CPU workers: no GPU to queue for
-
-
-def namespace(team: str) -> str:
-    return f"trainyard-{team}"
 
 
 def priority_class_name(name: str) -> str:
@@ -109,7 +105,7 @@ def manifests(config: ResourcesConfig) -> list[dict]:
             {
                 "apiVersion": "v1",
                 "kind": "Namespace",
-                "metadata": {"name": namespace(team), "labels": {TEAM_LABEL: team}},
+                "metadata": {"name": team_namespace(team), "labels": {TEAM_LABEL: team}},
             }
         )
         hard = {
@@ -123,7 +119,7 @@ def manifests(config: ResourcesConfig) -> list[dict]:
             {
                 "apiVersion": "v1",
                 "kind": "ResourceQuota",
-                "metadata": {"name": "trainyard-gpus", "namespace": namespace(team)},
+                "metadata": {"name": "trainyard-gpus", "namespace": team_namespace(team)},
                 "spec": {"hard": hard},
             }
         )
@@ -177,7 +173,7 @@ def manifests(config: ResourcesConfig) -> list[dict]:
             {
                 "apiVersion": KUEUE_API,
                 "kind": "LocalQueue",
-                "metadata": {"name": LOCAL_QUEUE, "namespace": namespace(team)},
+                "metadata": {"name": LOCAL_QUEUE, "namespace": team_namespace(team)},
                 "spec": {"clusterQueue": f"trainyard-{team}"},
             }
         )

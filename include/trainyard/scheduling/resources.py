@@ -232,6 +232,11 @@ def load_resources(path: str | os.PathLike | None = None) -> ResourcesConfig:
     return parse_resources(path.read_text(), str(path))
 
 
+def team_namespace(team: str) -> str:
+    """The team's Kubernetes namespace (``trainyard cluster manifests`` creates it, with its LocalQueue)."""
+    return f"trainyard-{team}"
+
+
 def pool_name(gpu_type: str) -> str:
     return f"{POOL_PREFIX}{gpu_type}"
 
@@ -306,9 +311,7 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
             )
         )
     if config.scheduling.kueue and spec.backends.launcher == "kubernetes":
-        from trainyard.scheduling.cluster import namespace
-
-        wanted = namespace(res.team)
+        wanted = team_namespace(res.team)
         if spec.kubernetes.namespace != wanted:
             raise SpecError(
                 spec_error_message(
