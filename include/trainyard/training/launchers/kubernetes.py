@@ -142,10 +142,9 @@ def queue_labels(spec: JobSpec, resources: ResourcesConfig | None = None) -> dic
 
 def _queued_priority_class(spec: JobSpec, resources: ResourcesConfig | None) -> str | None:
     """With Kueue, the PriorityClass of the job's priority (the cluster manifests create them)."""
-    labels = queue_labels(spec, resources)
     from trainyard.scheduling import cluster
 
-    return labels.get(cluster.PRIORITY_LABEL)
+    return queue_labels(spec, resources).get(cluster.PRIORITY_LABEL)
 
 
 def gpu_resource(spec: JobSpec) -> tuple[str, int] | None:
@@ -310,6 +309,7 @@ def pod_template(
 ) -> k8s.V1PodTemplateSpec:
     """One node of the job: the trainer container with the data PVC and a RAM-backed /dev/shm."""
     k = spec.kubernetes
+    config = resources or load_resources()  # read once for the node selector and the priority class
     ports = [k8s.V1ContainerPort(name="rendezvous", container_port=RDZV_PORT)]
     if spec.recipe != "custom" and spec.distributed.strategy == "horovod":
         ports.append(k8s.V1ContainerPort(name="hvd-rendezvous", container_port=HOROVOD_RDZV_PORT))
@@ -339,8 +339,8 @@ def pod_template(
         active_deadline_seconds=max(1, int(spec.resources.max_hours * 3600)),
         subdomain=job_name(spec, run_key, attempt=attempt),
         service_account_name=k.service_account,
-        priority_class_name=k.priority_class or _queued_priority_class(spec, resources),
-        node_selector=node_selector(spec, resources) or None,
+        priority_class_name=k.priority_class or _queued_priority_class(spec, config),
+        node_selector=node_selector(spec, config) or None,
         tolerations=_tolerations(spec) or None,
         enable_service_links=False,  # no env var per Service in the namespace
         volumes=[
@@ -382,6 +382,7 @@ def build_job(
 ) -> k8s.V1Job:
     """An Indexed Job, one pod per node, all started together, never retried by the cluster; suspended and
     labelled with the team's queue when Kueue admits the trainings."""
+    resources = resources or load_resources()  # read once for the labels and the pod template
     queued = queue_labels(spec, resources)
     return k8s.V1Job(
         api_version="batch/v1",
@@ -415,6 +416,7 @@ def build_pod(
     """A single-node job as a bare Pod (no Job, no Service), for KubernetesPodOperator."""
     if spec.resources.nodes != 1:
         raise _bad("resources.nodes", f"a single pod runs one node; {spec.resources.nodes} nodes need build_job")
+    resources = resources or load_resources()  # read once for the labels and the pod template
     template = pod_template(spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir)
     template.spec.subdomain = None
     return k8s.V1Pod(
