@@ -66,8 +66,10 @@ class Airflow:
         self.run("airflow", "pools", "import", str(self.home / "pools.json"))
         self.run("trainyard", "models", "keygen", "--if-missing")  # registered versions are signed
 
-    def start(self):
-        for name in ("api-server", "scheduler", "dag-processor"):
+    def start(self, triggerer: bool = True):
+        """The api-server, scheduler, dag-processor and (unless told not to) the triggerer: a job that waits
+        for admission waits deferred."""
+        for name in ("api-server", "scheduler", "dag-processor", *(("triggerer",) if triggerer else ())):
             argv = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
             # the child holds its own copy of the descriptor, so ours can close once it has started
             with open(self.home / f"{name}.log", "w") as log:
@@ -89,11 +91,16 @@ class Airflow:
                 os.killpg(p.pid, signal.SIGKILL)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {f.name}\n" + f.read_text()[-3000:] for f in self.home.glob("*.log"))
+        return "\n".join(f"--- {f.name}\n" + f.read_text()[-3000:] for f in sorted(self.home.glob("*.log")))
 
     def wait(self, predicate, seconds, what):
+        """Until ``predicate()`` is true; an AssertionError with the logs on timeout, or as soon as one of
+        the services has exited."""
         deadline = time.time() + seconds
         while time.time() < deadline:
+            dead = [p.args[1] for p in self.procs if p.poll() is not None]
+            if dead:
+                raise AssertionError(f"Airflow's {', '.join(dead)} exited while waiting for {what}\n{self.logs()}")
             try:
                 if predicate():
                     return

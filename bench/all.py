@@ -31,6 +31,7 @@ class Bench:
     title: str
     argv: tuple[str, ...]  # the script and its default arguments
     smoke: tuple[str, ...]  # the same script's tiny size
+    in_all: bool = True  # False: only with --only (too long for every `make bench`)
 
 
 BENCHES = (
@@ -90,6 +91,14 @@ BENCHES = (
         ("bench/parse.py",),
         ("bench/parse.py", "--reps", "1"),
     ),
+    Bench(
+        "scheduler",
+        "Scheduler replay: one multi-team job stream, static per-team partitions against trainyard's queueing",
+        ("bench/scheduler.py", "--png", "docs"),
+        # tests/integration/test_scheduler_replay.py runs it small and checks its invariants
+        ("bench/scheduler.py", "--scenarios", "trainyard", "--types", "h100-80gb", "--window", "30"),
+        in_all=False,
+    ),
 )
 
 
@@ -103,15 +112,19 @@ def _first_line(path: str, prefix: str) -> str:
     return "unknown"
 
 
+def _commit() -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
 def machine() -> list[str]:
     import numpy
     import onnxruntime
     import torch
 
     mem_kb = _first_line("/proc/meminfo", "MemTotal").split()[0]
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = _commit()
     return [
         f"- CPU: {_first_line('/proc/cpuinfo', 'model name')}, {len(os.sched_getaffinity(0))} cores usable",
         f"- memory: {int(mem_kb) / (1 << 20):.0f} GiB; GPU: "
@@ -134,27 +147,48 @@ def run(bench: Bench, smoke: bool) -> tuple[str, str, float]:
     return ".venv/bin/python " + " ".join(shlex.quote(a) for a in argv), proc.stdout.rstrip(), took
 
 
+def _sections(text: str) -> dict[str, list[str]]:
+    """The benchmark sections of a BENCHMARKS.md by title, each as its lines (from the blank before it)."""
+    sections: dict[str, list[str]] = {}
+    title = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            title = line[3:]
+            sections[title] = ["", line]
+        elif title is not None:
+            sections[title].append(line)
+    for lines in sections.values():
+        while lines and not lines[-1].strip():
+            lines.pop()
+    return sections
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=[b.name for b in BENCHES])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that each benchmark runs")
     parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
     args = parser.parse_args()
-    chosen = [b for b in BENCHES if not args.only or b.name in args.only]
-    lines = [
-        "# Benchmarks",
-        "",
-        "Written by `make bench` (`bench/all.py`). Each ratio is measured side by side in the same run;"
-        " the figures are this machine's, at the commit below. How each is measured: the docstring of its"
-        " script.",
-        "",
-        *machine(),
-    ]
+    chosen = [b for b in BENCHES if (b.name in args.only if args.only else b.in_all)]
+    sections = _sections(args.out.read_text()) if args.only and args.out.exists() else {}
     for bench in chosen:
         print(f"== {bench.name}: {' '.join(bench.smoke if args.smoke else bench.argv)}", file=sys.stderr, flush=True)
         command, output, took = run(bench, args.smoke)
         print(output, file=sys.stderr, flush=True)
-        lines += ["", f"## {bench.title}", "", f"`{command}` ({took:.0f} s)", "", "```", output, "```"]
+        when = f"{took:.0f} s, commit {_commit() or 'unknown'}, {datetime.datetime.now(datetime.UTC):%Y-%m-%d}"
+        sections[bench.title] = ["", f"## {bench.title}", "", f"`{command}` ({when})", "", "```", output, "```"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (`bench/all.py`; `--only NAME` rewrites that benchmark's section and keeps the"
+        " others). Each ratio is measured side by side in the same run; the figures are this machine's, at the"
+        " commit below. How each is measured: the docstring of its script.",
+        "",
+        *machine(),
+    ]
+    order = [b.title for b in BENCHES]
+    for title in sorted(sections, key=lambda t: order.index(t) if t in order else len(order)):
+        lines += sections[title]
     args.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
 

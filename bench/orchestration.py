@@ -66,7 +66,7 @@ def in_process(conf: dict) -> None:
     data = timed("prepare_data", pipeline.prepare_data, spec, dataset)
     from trainyard.scheduling.admission import default_ledger, hold, job_for
 
-    ledger, job = default_ledger(), job_for(spec, key)
+    ledger, job = default_ledger(), job_for(spec.resources, key)
     assert timed("admit", ledger.request, job).admitted
     with hold(ledger, job):
         trained = timed("train", pipeline.train, spec, dataset, data, key)

@@ -28,11 +28,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
 
 from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
 from trainyard_airflow.errors import fail_permanently
+from trainyard_airflow.operators.admission import AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 
 DEFAULT_SPEC = JobSpec()
@@ -42,8 +43,7 @@ GPU_POOL = pool_name(DEFAULT_SPEC.resources.gpu_type)
 GPU_SLOTS = DEFAULT_SPEC.resources.total_gpus
 
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
-ADMISSION_POKE_S = 10  # how often a waiting job asks the admission ledger again
-ADMISSION_TIMEOUT_S = 7 * 24 * 3600  # the longest a job waits for its GPUs before its run fails
+RUNS_IN_FLIGHT = 64  # runs at once: a run waiting for GPUs holds no worker (its admit task is deferred)
 
 
 class _Shared(dict):
@@ -89,7 +89,7 @@ def _raw_spec() -> dict:
     dag_id="train_pipeline",
     schedule=None,
     catchup=False,
-    max_active_runs=2,
+    max_active_runs=RUNS_IN_FLIGHT,
     default_args=default_args,
     tags=["trainyard", "training"],
     doc_md=__doc__,
@@ -140,27 +140,9 @@ def train_pipeline():
         """backends.launcher: train here (local) or on Kubernetes."""
         return "admit" if _spec(spec).backends.launcher == "local" else "plan_kubernetes"
 
-    @task.sensor(poke_interval=ADMISSION_POKE_S, mode="reschedule", timeout=ADMISSION_TIMEOUT_S)
-    @fail_permanently
-    def admit(spec: dict) -> PokeReturnValue:
-        """Wait (no worker slot held between looks) until the admission ledger gives the job its GPUs: its
-        team's quota and what it may borrow, in order of priority and arrival, a large job passed by smaller
-        ones for at most scheduling.max_wait_minutes (trainyard/scheduling/admission.py)."""
-        import logging
-
-        from trainyard import paths
-        from trainyard.scheduling.admission import default_ledger, job_for
-        from trainyard.scheduling.budgets import spent_this_month
-
-        ledger = default_ledger()
-        spent = spent_this_month(ledger.config, paths.runs_root())
-        decision = ledger.request(job_for(_spec(spec), _run_key()), spent)
-        logging.getLogger(__name__).info("admission: %s", decision.reason)
-        return PokeReturnValue(is_done=decision.admitted, xcom_value=decision.reason)
-
     @task(pool=GPU_POOL, pool_slots=GPU_SLOTS)
     @fail_permanently
-    def train(spec: dict, dataset: dict, data: dict, _admitted: str) -> dict:
+    def train(spec: dict, dataset: dict, data: dict) -> dict:
         """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
         streamed here; a retry resumes from the newest checkpoint. Holds the job's admission while it runs
         (a heartbeat renews it; released at the end)."""
@@ -176,15 +158,16 @@ def train_pipeline():
 
         ledger = default_ledger()
         spent = spent_this_month(ledger.config, paths.runs_root())
-        job = job_for(_spec(spec), _run_key())
+        job = job_for(_spec(spec).resources, _run_key())
         try:
             with hold(ledger, job, spent=spent):
                 # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
                 devices = None if job.gpu_type == "cpu" else ledger.claim_devices(job.id, job.slots, host_devices())
                 return run(_spec(spec), dataset, data, _run_key(), devices=devices)
         except NotAdmitted as err:  # a retry long after the admission: wait for it again, holding nothing
-            logging.getLogger(__name__).info("%s; looking again in %ss", err, ADMISSION_POKE_S)
-            again = datetime.now(UTC) + timedelta(seconds=ADMISSION_POKE_S)
+            poll_s = ledger.config.scheduling.admission_poll_seconds
+            logging.getLogger(__name__).info("%s; looking again in %ss", err, poll_s)
+            again = datetime.now(UTC) + timedelta(seconds=poll_s)
             raise AirflowRescheduleException(again) from None
 
     @task
@@ -256,8 +239,18 @@ def train_pipeline():
     checked: Any = validate_data(spec, dataset)
     data: Any = prepare_data(spec, dataset, checked)
     launcher = choose_launcher(spec)
-    admitted: Any = admit(spec)
-    local = train(spec, dataset, data, admitted)
+    admitted = AdmitOperator(
+        task_id="admit",
+        spec=spec,
+        run_key="{{ dag_run.dag_id }}/{{ dag_run.run_id }}",
+        doc_md=(
+            "Waits until the admission ledger gives the job its GPUs: its team's quota and what it may borrow, "
+            "in order of priority and arrival, a large job passed by smaller ones for at most "
+            "scheduling.max_wait_minutes. Deferred while it waits: no worker held or started "
+            "(trainyard/scheduling/admission.py)."
+        ),
+    )
+    local = train(spec, dataset, data)
     plan: Any = plan_kubernetes(spec, dataset, data)
     on_kubernetes = KubernetesTrainingLauncher(
         task_id="train_kubernetes",
@@ -274,6 +267,7 @@ def train_pipeline():
     )
     remote = collect_kubernetes(spec, plan)
     launcher >> [admitted, plan]
+    admitted >> local
     on_kubernetes >> remote
     trained: Any = training_result()
     [local, remote] >> trained

@@ -26,7 +26,7 @@ def _airflow_db_per_xdist_worker() -> None:
         return
     copy = (Path(home) / f"airflow-{worker}.db").resolve()
     shutil.copyfile(Path(home) / "airflow.db", copy)
-    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{copy}"
+    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{copy}?timeout=60"
 
 
 _airflow_db_per_xdist_worker()

@@ -79,6 +79,34 @@ def cmd_report_cost(args) -> int:
     return 0
 
 
+def cmd_report_utilisation(args) -> int:
+    """Utilisation per pool and team, queue waits by job size, borrowing and violations, from Airflow's
+    task records (trainyard.scheduling.utilisation defines each figure)."""
+    import time
+    from pathlib import Path
+
+    from trainyard.scheduling.resources import load_resources
+    from trainyard.scheduling.utilisation import allocations_from_airflow, chart, format_report, report
+
+    fleet = load_resources(args.resources)
+    until = args.until if args.until is not None else time.time()
+    since = args.since if args.since is not None else until - 24 * 3600
+    if since >= until:
+        raise PermanentError(f"the window is empty: --since must be before --until ({since:.0f} >= {until:.0f})")
+    allocations = allocations_from_airflow(since, until)
+    try:
+        rep = report(fleet, allocations, since, until, args.type or None)
+    except ValueError as err:
+        raise PermanentError(f"{err}; pass --type with GPU types of the resources file") from None
+    if args.json:
+        print(json.dumps(rep.as_dict(), indent=1))
+    else:
+        print(format_report(rep))
+    if args.png:
+        print(f"chart: {chart(rep, allocations, Path(args.png))}", file=sys.stderr)
+    return 0
+
+
 def cmd_cluster_manifests(args) -> int:
     """The fleet's Kubernetes objects (namespaces, quotas, priority classes, Kueue) as YAML for kubectl."""
     import yaml
@@ -239,6 +267,19 @@ def _month(text: str) -> str:
     return text
 
 
+def _moment(text: str) -> float:
+    """An ISO 8601 date or time (UTC unless it says otherwise) as epoch seconds."""
+    from datetime import UTC, datetime
+
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a date or time; write it as ISO 8601, e.g. 2026-12-01 or 2026-12-01T09:30"
+        ) from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainyard",
@@ -276,6 +317,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--month", help="YYYY-MM (default: this month, UTC)", type=_month)
     p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
     p.set_defaults(func=cli_command(cmd_report_cost))
+    p = report.add_parser(
+        "utilisation", help="GPU utilisation per pool and team, queue waits by job size, borrowing (from Airflow)"
+    )
+    p.add_argument("--since", type=_moment, help="start of the window, ISO 8601 (default: --until less 24 h)")
+    p.add_argument("--until", type=_moment, help="end of the window, ISO 8601 (default: now)")
+    p.add_argument("--type", action="append", help="a GPU type in the fleet figure (repeat; default: every type)")
+    p.add_argument("--png", help="also draw utilisation over time, stacked by team, into this PNG file")
+    p.add_argument("--json", action="store_true", help="the figures as JSON")
+    p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
+    p.set_defaults(func=cli_command(cmd_report_utilisation))
 
     p = sub.add_parser("validate", help="validate a JobSpec YAML file and print it with defaults filled in")
     p.add_argument("job")

@@ -5,7 +5,8 @@ pool knows nothing of teams, and when the first waiting task does not fit it sta
 it, so a large job can wait forever. The ledger here adds what pools lack, and nothing else:
 
 * a job's training starts only once the ledger admits it; the ``admit`` task of ``train_pipeline`` waits
-  for that in Airflow's reschedule mode (no worker slot held between looks);
+  for that deferred, its looks made by a trigger in Airflow's triggerer (no worker held or started while
+  it waits; ``trainyard_airflow.triggers.admission``);
 * never more slots of a type admitted than it has; a team never above its quota plus what it may borrow;
   borrowing only from what other teams lend of their idle quota and from slots in nobody's quota;
 * order among waiting jobs of a type: a job that waited ``scheduling.max_wait_minutes`` first; then jobs
@@ -21,7 +22,7 @@ it, so a large job can wait forever. The ledger here adds what pools lack, and n
 
 Every decision is one ``BEGIN IMMEDIATE`` transaction on a SQLite file, so concurrent task processes see
 one order. Nothing leaks when a process dies: every row has a lease. A waiting job's lease is renewed by
-each look of its ``admit`` task, an admitted job's by its training task (:func:`hold`, a heartbeat
+each look of its ``admit`` task (its trigger), an admitted job's by its training task (:func:`hold`, a heartbeat
 thread); a row whose lease ran out is dropped by the next decision, so a killed worker, a cancelled run or
 a crashed scheduler frees its slots within one lease. A job's arrival is kept apart from its lease, so a
 missed look or a retried training keeps its place in the queue. The file must be on a local disk (SQLite's
@@ -41,9 +42,9 @@ from pathlib import Path
 
 from trainyard.errors import PermanentError
 from trainyard.scheduling.resources import ResourcesConfig
-from trainyard.spec import JobSpec
+from trainyard.spec import Resources
 
-WAITING_LEASE_S = 120.0  # an admit task looks every 10 s; a job that stopped looking for 2 min is dropped
+WAITING_LEASE_S = 120.0  # a waiting job looks every admission_poll_seconds; one silent for 2 min is dropped
 ADMITTED_LEASE_S = 600.0  # from admission to the training task's first heartbeat (and between retries)
 HEARTBEAT_S = 30.0  # a running training renews its lease this often ...
 RUNNING_LEASE_S = 180.0  # ... for this long
@@ -342,9 +343,17 @@ def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
     return Ledger(paths.home() / "scheduling" / "admission.db", config or load_resources())
 
 
-def job_for(spec: JobSpec, run_key: str) -> Job:
-    """The ledger's view of a run's JobSpec."""
-    res = spec.resources
+def look(ledger: Ledger, job: Job) -> Decision:
+    """One look of a waiting job: its request, with this month's spend of every team for the budget gate."""
+    from trainyard import paths
+    from trainyard.scheduling.budgets import spent_this_month
+
+    return ledger.request(job, spent_this_month(ledger.config, paths.runs_root()))
+
+
+def job_for(resources: Resources, run_key: str) -> Job:
+    """The ledger's view of a run's JobSpec (its ``resources``)."""
+    res = resources
     return Job(run_key, res.team, res.gpu_type, res.total_gpus, res.priority, res.max_hours)
 
 

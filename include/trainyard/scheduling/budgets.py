@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,13 +51,34 @@ class TryCost:
     cost: float
 
 
+# usage file -> ((mtime_ns, size) of the usage file and of its run config, (team, gpu_type, records)): a
+# waiting job looks every few seconds and every look sums the month's spend, so a run's files are parsed
+# again only when they change (a try appends a record; nothing else writes them)
+_parsed: dict[Path, tuple[tuple[int, ...], tuple[str, str, list[dict]]]] = {}
+_parsed_lock = threading.Lock()
+
+
+def _run_usage(usage: Path) -> tuple[str, str, list[dict]]:
+    config = usage.with_name(RUN_CONFIG_FILE)
+    a, b = usage.stat(), config.stat()
+    stamp = (a.st_mtime_ns, a.st_size, b.st_mtime_ns, b.st_size)
+    with _parsed_lock:
+        cached = _parsed.get(usage)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    resources = json.loads(config.read_text())["spec"]["resources"]
+    records = [json.loads(line) for line in usage.read_text().splitlines() if line.strip()]
+    parsed = (str(resources["team"]), str(resources["gpu_type"]), records)
+    with _parsed_lock:
+        _parsed[usage] = (stamp, parsed)
+    return parsed
+
+
 def tries(config: ResourcesConfig, runs_root: Path) -> Iterator[TryCost]:
     """Every recorded try under ``runs_root`` (``<job name>/<run>/usage.jsonl`` beside its run config)."""
     for usage in sorted(runs_root.glob(f"*/*/{USAGE_FILE}")):
         try:
-            resources = json.loads(usage.with_name(RUN_CONFIG_FILE).read_text())["spec"]["resources"]
-            gpu_type, team = resources["gpu_type"], resources["team"]
-            records = [json.loads(line) for line in usage.read_text().splitlines() if line.strip()]
+            team, gpu_type, records = _run_usage(usage)
         except (OSError, ValueError, KeyError) as err:  # one damaged run must not stop every job's validation
             log.warning("cost of %s not counted: %s: %s", usage.parent, type(err).__name__, err)
             continue

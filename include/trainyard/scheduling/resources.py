@@ -79,6 +79,12 @@ class Scheduling(_Model):
         gt=0,
         description="a job that waited this long stops smaller jobs from passing it, so it starts next",
     )
+    admission_poll_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=60,
+        description="how often a waiting job asks the admission ledger again (its slots idle at most this long)",
+    )
     kueue: bool = Field(
         False,
         description=(

@@ -1,0 +1,42 @@
+"""### scheduler_replay
+
+One job of the scheduler replay (``bench/scheduler.py``, ``make bench-scheduler``): the admission of
+``train_pipeline`` (the same ``AdmitOperator``), then a stand-in that holds the job's slots of its GPU
+pool for ``hold_seconds`` instead of training. The run's ``conf`` is ``{"resources": {...}, "hold_seconds":
+s}``; the cluster policy puts ``train`` in the pool and slots of ``resources``, as for a real training.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import dag
+from replay_standin import HoldSlots
+
+from trainyard_airflow.operators.admission import AdmitOperator
+
+RUN_KEY = "{{ dag_run.dag_id }}/{{ dag_run.run_id }}"
+
+
+@dag(
+    dag_id="scheduler_replay",
+    schedule=None,
+    catchup=False,
+    max_active_runs=1000,  # the queue is the admission ledger's, not Airflow's run limit
+    max_active_tasks=1000,
+    render_template_as_native_obj=True,
+    tags=["trainyard", "benchmark"],
+    doc_md=__doc__,
+)
+def scheduler_replay():
+    admit = AdmitOperator(task_id="admit", spec="{{ dag_run.conf }}", run_key=RUN_KEY)
+    train = HoldSlots(
+        task_id="train",
+        spec="{{ dag_run.conf }}",
+        seconds="{{ dag_run.conf['hold_seconds'] }}",
+        run_key=RUN_KEY,
+        pool="gpu-cpu",
+        pool_slots=1,
+    )
+    admit >> train
+
+
+scheduler_replay_dag = scheduler_replay()

@@ -1,0 +1,336 @@
+"""The scheduler replay: does queueing with quotas and borrowing buy the utilisation it promises?
+
+A multi-team job stream is submitted through the REST API to a real Airflow of this checkout
+(api-server, scheduler, dag-processor, triggerer; ``bench/airflow_services.py``) against a virtual fleet:
+the GPU pools of ``include/config/resources.yaml`` (``--types``, by default its V100, A100 and H100 pools),
+no GPUs. Each job is a run of ``scheduler_replay`` (``bench/replay/``): the admission of
+``train_pipeline`` (the same operator and ledger), then a stand-in that holds the job's pool slots for its
+duration, deferred (``replay_standin.py``). The same trace runs twice, each time in a fresh Airflow:
+
+* **static**: every team confined to its own quota (the file with every ``borrowing_limit`` 0): the world
+  of per-team partitions, where an idle team's GPUs serve nobody;
+* **trainyard**: the file as it is: quotas, borrowing and lending limits, priority, the wait bound.
+
+The trace (``make_trace``, seeded): Poisson arrivals offering ``--load`` x the fleet's slots over
+``--window`` seconds; job sizes mostly 1 slot with a tail of 2, 4 and 8 (``SIZES``: 70/15/10/5 %, the shape
+of the published Philly and Helios cluster traces, where most jobs use one GPU and a few use 8 or more);
+durations log-normal (median ``--median`` s, sigma 1: a heavy tail, capped at 8x the median); one team
+busy at a time (``PHASES``: vision, then nlp, then research take 55 % of the jobs in turn), as teams'
+deadlines come and go; each job on a GPU type where its team has quota enough to run it alone, so the
+static world can run every job. One job of the largest size arrives early, into the stream of small ones.
+Time is scaled: ``--time-scale`` trace seconds per second here (60: a second is a minute), which scales
+``scheduling.max_wait_minutes`` and the jobs' ``max_hours``; the ledger is asked every
+``--poll`` seconds.
+
+Printed per scenario, from ``trainyard report utilisation`` over the submission window (utilisation) and
+over the whole replay (waits, violations): utilisation (allocated slot-seconds / capacity), p50/p95 wait
+by job size, the largest job's wait, GPU-seconds borrowed, slots over capacity or over quota + borrowing
+limit (must be none), and the replay's makespan. ``--png DIR`` keeps each scenario's chart; ``--out``
+writes the figures as JSON.
+
+    .venv/bin/python bench/scheduler.py [--window 480] [--load 1.25] [--median 40] [--seed 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import airflow_services
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "include"))
+
+from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
+
+DAG = "scheduler_replay"
+SIZES = ((1, 0.70), (2, 0.15), (4, 0.10), (8, 0.05))
+PHASES = ("vision", "nlp", "research")  # the busy team of each third of the window
+BUSY_SHARE = 0.55
+SIGMA = 1.0
+PRIORITY = 100
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    name: str
+    at: float  # seconds after the replay's start
+    team: str
+    gpu_type: str
+    slots: int
+    seconds: float
+
+
+def _pick(rng: random.Random, weighted: list[tuple[object, float]]):
+    total = sum(w for _, w in weighted)
+    x = rng.random() * total
+    for item, w in weighted:
+        x -= w
+        if x <= 0:
+            return item
+    return weighted[-1][0]
+
+
+def _draw(rng: random.Random, config: ResourcesConfig, types: list[str], team: str, median: float):
+    """A job of ``team``: a type weighted by its quota there, a size from SIZES that its quota holds."""
+    size = _pick(rng, list(SIZES))
+    fits = [(t, config.quota(team, t)) for t in types if config.quota(team, t) >= size]
+    while not fits:  # no type where the team holds this size alone: the next smaller size
+        size = max(s for s, _ in SIZES if s < size)
+        fits = [(t, config.quota(team, t)) for t in types if config.quota(team, t) >= size]
+    gpu_type = _pick(rng, fits)
+    seconds = min(8 * median, max(0.1 * median, rng.lognormvariate(math.log(median), SIGMA)))
+    return gpu_type, size, seconds
+
+
+def make_trace(
+    config: ResourcesConfig, types: list[str], *, window: float, load: float, median: float, seed: int
+) -> list[TraceJob]:
+    rng = random.Random(seed)
+    teams = [t for t in config.teams if any(config.quota(t, g) for g in types)]
+    capacity = sum(config.gpu_types[t].slots for t in types)
+
+    def team_at(at: float) -> str:
+        busy = PHASES[min(len(PHASES) - 1, int(at / window * len(PHASES)))]
+        if busy not in teams:
+            return rng.choice(teams)
+        others = [t for t in teams if t != busy]
+        return _pick(rng, [(busy, BUSY_SHARE)] + [(t, (1 - BUSY_SHARE) / len(others)) for t in others])
+
+    probe = random.Random(seed + 1)  # the mean slot-seconds of a job, for the arrival rate
+    mean = sum(s * d for _, s, d in (_draw(probe, config, types, probe.choice(teams), median) for _ in range(20000)))
+    rate = load * capacity / (mean / 20000)
+    jobs, at = [], 0.0
+    while True:
+        at += rng.expovariate(rate)
+        if at >= window:
+            break
+        team = team_at(at)
+        gpu_type, slots, seconds = _draw(rng, config, types, team, median)
+        jobs.append(TraceJob(f"j{len(jobs):04d}-{team}-{slots}", at, team, gpu_type, slots, seconds))
+    # the large job: the largest size some team holds alone, a tenth into the window, among the small ones
+    largest = max((config.quota(t, g), t, g) for t in teams for g in types)
+    size = max(s for s, _ in SIZES if s <= largest[0])
+    jobs.append(TraceJob(f"large-{largest[1]}-{size}", 0.1 * window, largest[1], largest[2], size, median * 2))
+    return sorted(jobs, key=lambda j: j.at)
+
+
+def scenario_config(base: ResourcesConfig, scenario: str, time_scale: float, poll: float) -> ResourcesConfig:
+    data = base.model_dump(mode="json", exclude_unset=False)
+    data["scheduling"]["max_wait_minutes"] = base.scheduling.max_wait_minutes / time_scale
+    data["scheduling"]["admission_poll_seconds"] = poll
+    if scenario == "static":
+        for team in data["teams"].values():
+            team["borrowing_limit"] = dict.fromkeys(base.gpu_types, 0)
+    return ResourcesConfig.model_validate(data)
+
+
+def replay(
+    scenario: str, config: ResourcesConfig, trace: list[TraceJob], types: list[str], args, workdir: Path
+) -> dict:
+    """The trace through a fresh Airflow under ``config``; the utilisation report's figures."""
+    config_dir = workdir / scenario / "config"
+    shutil.copytree(REPO / "include" / "config", config_dir)
+    (config_dir / "resources.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    af = airflow_services.Airflow(workdir / scenario / "airflow", workdir / scenario / "trainyard")
+    af.env.update(
+        {
+            "TRAINYARD_CONFIG_DIR": str(config_dir),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "bench" / "replay"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "bench" / "replay"), os.environ.get("PYTHONPATH")])),
+            "AIRFLOW__CORE__PARALLELISM": "8",
+            "AIRFLOW__TRAINYARD__PRELOAD_MODULES": "trainyard.scheduling.admission",
+        }
+    )
+    af.setup()
+    af.start()
+    try:
+        headers = af.headers()
+        af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, DAG)
+        # a running platform is warm: one job through both tasks before the clock starts
+        warm = af.trigger(DAG, {"resources": {"gpu_type": "cpu", "gpus_per_node": 1}, "hold_seconds": 0.1}, headers)
+        assert af.wait_run(DAG, warm, headers, 300)["state"] == "success", af.logs()
+        scale = args.time_scale
+        errors: list[str] = []
+        t0 = time.time() + 2
+
+        def submit() -> None:
+            for job in trace:
+                time.sleep(max(0.0, t0 + job.at - time.time()))
+                conf = {
+                    "resources": {
+                        "team": job.team,
+                        "gpu_type": job.gpu_type,
+                        "nodes": 1,
+                        "gpus_per_node": job.slots,
+                        "priority": PRIORITY,
+                        "max_hours": round(max(0.01, 2 * job.seconds * scale / 3600), 3),
+                    },
+                    "hold_seconds": round(job.seconds, 2),
+                }
+                try:
+                    r = requests.post(
+                        f"{af.url}/api/v2/dags/{DAG}/dagRuns",
+                        headers=headers,
+                        json={"dag_run_id": job.name, "logical_date": None, "conf": conf},
+                        timeout=60,
+                    )
+                    r.raise_for_status()
+                except requests.RequestException as err:
+                    errors.append(f"{job.name}: {err}")
+
+        submitter = threading.Thread(target=submit, daemon=True)
+        submitter.start()
+        submitter.join()
+        window_end = t0 + args.window
+        states: dict[str, int] = {}
+
+        def finished() -> bool:
+            r = requests.get(f"{af.url}/api/v2/dags/{DAG}/dagRuns", headers=headers, params={"limit": 1000}, timeout=30)
+            runs = r.json()["dag_runs"]
+            states.clear()
+            for run in runs:
+                states[run["state"]] = states.get(run["state"], 0) + 1
+            return sum(states.get(s, 0) for s in ("success", "failed")) >= len(trace) - len(errors) + 1
+
+        af.wait(finished, args.drain_timeout, f"the {scenario} replay's runs to finish ({states})")
+        end = time.time()
+
+        def utilisation(until: float, png: Path | None = None) -> dict:
+            since_iso = datetime.datetime.fromtimestamp(t0, datetime.UTC).isoformat()
+            until_iso = datetime.datetime.fromtimestamp(until, datetime.UTC).isoformat()
+            argv = ["trainyard", "report", "utilisation", "--json", "--since", since_iso, "--until", until_iso]
+            argv += [a for t in types for a in ("--type", t)] + (["--png", str(png)] if png else [])
+            out = subprocess.run(argv, env=af.env, check=True, capture_output=True, text=True, cwd=REPO).stdout
+            return json.loads(out)
+
+        png = Path(args.png) / f"utilisation-{scenario}.png" if args.png else None
+        in_window, whole = utilisation(window_end, png), utilisation(end)
+        states["success"] -= 1  # the warm-up run
+        cost = subprocess.run(
+            ["trainyard", "report", "cost"], env=af.env, check=True, capture_output=True, text=True, cwd=REPO
+        ).stdout
+        large = next(j for j in trace if j.name.startswith("large-"))
+        large_wait = _wait_of(af, headers, large.name)
+        return {
+            "scenario": scenario,
+            "jobs": len(trace),
+            "submit_errors": errors,
+            "runs": dict(states),
+            "utilisation": in_window["utilisation"],
+            "utilisation_whole": whole["utilisation"],
+            "pools": {p: v["utilisation"] for p, v in in_window["pools"].items()},
+            "waits": whole["waits"],
+            "longest_wait": whole["longest_wait"],
+            "large_job": {"run": large.name, "slots": large.slots, "wait_s": large_wait},
+            "borrowed_gpu_s": whole["borrowed_gpu_s"],
+            "violations": whole["violations"],
+            "makespan_s": round(end - t0, 1),
+            "cost_report": cost,
+        }
+    finally:
+        af.stop()
+
+
+def _wait_of(af, headers, run_id: str) -> float | None:
+    r = requests.get(f"{af.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances", headers=headers, timeout=30)
+    if not r.ok:
+        raise RuntimeError(f"task instances of {run_id}: HTTP {r.status_code}: {r.text[:500]}")
+    tis = {ti["task_id"]: ti for ti in r.json()["task_instances"]}
+    admit, train = tis.get("admit", {}), tis.get("train", {})
+    if not admit.get("start_date") or not train.get("start_date"):
+        return None
+    start = datetime.datetime.fromisoformat
+    return round((start(train["start_date"]) - start(admit["start_date"])).total_seconds(), 1)
+
+
+def table(results: list[dict]) -> str:
+    names = [r["scenario"] for r in results]
+    rows = [("", *names), ("jobs", *(str(r["jobs"]) for r in results))]
+    rows.append(("utilisation (submission window)", *(f"{r['utilisation']:.1%}" for r in results)))
+    rows.append(("utilisation (until the last job ended)", *(f"{r['utilisation_whole']:.1%}" for r in results)))
+    pools = sorted({p for r in results for p in r["pools"]})
+    for p in pools:
+        rows.append((f"  gpu-{p}", *(f"{r['pools'].get(p, 0):.1%}" for r in results)))
+    buckets = [b for b in ("1", "2", "3-4", "5-8", "9+") if any(b in r["waits"] for r in results)]
+    for b in buckets:
+        rows.append(
+            (
+                f"wait p50 / p95, {b}-slot jobs (s)",
+                *(
+                    f"{r['waits'][b]['p50_s']:.1f} / {r['waits'][b]['p95_s']:.1f}" if b in r["waits"] else "-"
+                    for r in results
+                ),
+            )
+        )
+    rows.append(
+        (
+            "the large job's wait (s)",
+            *(f"{r['large_job']['wait_s']} ({r['large_job']['slots']} slots)" for r in results),
+        )
+    )
+    rows.append(("longest wait (s)", *(f"{(r['longest_wait'] or {}).get('seconds', 0):.1f}" for r in results)))
+    rows.append(("borrowed GPU-s", *(f"{r['borrowed_gpu_s']:.0f}" for r in results)))
+    rows.append(("violations", *(str(len(r["violations"])) for r in results)))
+    rows.append(("makespan (s)", *(f"{r['makespan_s']:.0f}" for r in results)))
+    rows.append(("runs", *(json.dumps(r["runs"]) for r in results)))
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{r[0]:{width}s}  " + "  ".join(f"{c:>22s}" for c in r[1:]) for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=float, default=480, help="seconds of submissions")
+    parser.add_argument("--load", type=float, default=1.25, help="offered slot-seconds / the fleet's, per second")
+    parser.add_argument("--median", type=float, default=40, help="median job duration, seconds")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--types", nargs="+", default=["v100-16gb", "a100-80gb", "h100-80gb"])
+    parser.add_argument("--scenarios", nargs="+", default=["static", "trainyard"], choices=["static", "trainyard"])
+    parser.add_argument("--time-scale", type=float, default=60, help="trace seconds per second of the replay")
+    parser.add_argument("--poll", type=float, default=1.0, help="scheduling.admission_poll_seconds")
+    parser.add_argument("--drain-timeout", type=float, default=1800, help="seconds to wait for the last runs")
+    parser.add_argument("--resources", help="the fleet (default: include/config/resources.yaml)")
+    parser.add_argument("--png", help="a folder for each scenario's utilisation chart")
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    base = load_resources(args.resources)
+    trace = make_trace(base, args.types, window=args.window, load=args.load, median=args.median, seed=args.seed)
+    sizes = {s: sum(1 for j in trace if j.slots == s) for s, _ in SIZES}
+    print(
+        f"trace: {len(trace)} jobs over {args.window:.0f} s (sizes {sizes}), offered load {args.load}, median "
+        f"{args.median:.0f} s, on {', '.join(args.types)} ({sum(base.gpu_types[t].slots for t in args.types)} "
+        f"slots); time scale {args.time_scale:g}",
+        flush=True,
+    )
+    results = []
+    with tempfile.TemporaryDirectory(prefix="trainyard-replay-") as tmp:
+        for scenario in args.scenarios:
+            config = scenario_config(base, scenario, args.time_scale, args.poll)
+            started = time.time()
+            results.append(replay(scenario, config, trace, args.types, args, Path(tmp)))
+            print(f"{scenario}: replayed in {time.time() - started:.0f} s", flush=True)
+    print(table(results))
+    for r in results:
+        for v in r["violations"]:
+            print(f"VIOLATION ({r['scenario']}): {v}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"trace": [asdict(j) for j in trace], "results": results}, indent=1))
+    return 1 if any(r["violations"] or r["submit_errors"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

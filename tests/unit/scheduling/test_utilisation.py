@@ -1,0 +1,116 @@
+"""The utilisation report's arithmetic: allocation clipped to the window, borrowing as usage above quota,
+waits by size, violations of capacity and of quota + borrowing limit, and the chart."""
+
+import pytest
+
+from trainyard.scheduling.resources import parse_resources
+from trainyard.scheduling.utilisation import Allocation, chart, format_report, percentile, report, timeline
+
+FLEET = parse_resources("""\
+gpu_types:
+  a100: {count: 4, price_per_hour: 1.0}
+  h100: {count: 2, price_per_hour: 2.0}
+teams:
+  vision: {quota: {a100: 2, h100: 1}, borrowing_limit: {a100: 1}}
+  nlp: {quota: {a100: 2, h100: 1}}
+""")
+
+
+def alloc(run, team, gpu, slots, start, end, asked=None, first=True):
+    return Allocation(run, team, gpu, slots, start, end, asked, first)
+
+
+def test_utilisation_counts_slot_seconds_inside_the_window_only():
+    records = [
+        alloc("a", "vision", "a100", 2, 0, 100, asked=0),  # the whole window
+        alloc("b", "nlp", "a100", 1, -50, 50, asked=-60),  # half of it inside
+        alloc("c", "nlp", "h100", 1, 50, None, asked=40),  # still running at the end
+    ]
+    rep = report(FLEET, records, 0, 100)
+    assert rep.pools["a100"].allocated_s == 2 * 100 + 1 * 50
+    assert rep.pools["a100"].utilisation == pytest.approx(250 / 400)
+    assert rep.pools["h100"].utilisation == pytest.approx(50 / 200)
+    assert rep.fleet.utilisation == pytest.approx(300 / 600)
+    assert rep.teams["vision"]["share"] == pytest.approx(200 / 300)
+    assert rep.violations == []
+    # only the types asked for make the fleet figure
+    assert report(FLEET, records, 0, 100, ["h100"]).fleet.utilisation == pytest.approx(0.25)
+
+
+def test_borrowed_is_what_a_team_holds_above_its_quota():
+    records = [
+        alloc("a", "vision", "a100", 2, 0, 100),
+        alloc("b", "vision", "a100", 1, 20, 60),  # 1 above vision's quota of 2 for 40 s
+    ]
+    rep = report(FLEET, records, 0, 100)
+    assert rep.teams["vision"]["borrowed_s"] == pytest.approx(40)
+    assert rep.pools["a100"].borrowed_s == pytest.approx(40)
+    assert rep.violations == []
+
+
+def test_over_capacity_and_over_quota_plus_borrowing_are_violations():
+    over_limit = [alloc("a", "vision", "a100", 2, 0, 10), alloc("b", "vision", "a100", 2, 5, 10)]
+    (v,) = report(FLEET, over_limit, 0, 10).violations
+    assert "team vision held 4 slots, its quota 2 + borrowing limit 1 (first at 5)" in v
+    over_capacity = [alloc("a", "nlp", "h100", 2, 0, 10), alloc("b", "vision", "h100", 1, 0, 10)]
+    found = report(FLEET, over_capacity, 0, 10).violations
+    assert any("h100: 3 slots allocated at once, the type has 2" in v for v in found), found
+    # nlp has no borrowing limit: 2 of h100 is borrowing, not a violation of its own
+    assert not any("team nlp" in v for v in found)
+
+
+def test_a_slot_handed_over_at_the_same_moment_is_not_counted_twice():
+    handover = [alloc("a", "nlp", "h100", 2, 0, 10), alloc("b", "vision", "h100", 2, 10, 20)]
+    assert report(FLEET, handover, 0, 20).violations == []
+
+
+def test_waits_by_size_with_the_longest_and_the_jobs_still_waiting():
+    records = [
+        alloc("a", "vision", "a100", 1, 10, 20, asked=0),
+        alloc("b", "vision", "a100", 1, 30, 40, asked=0),
+        alloc("a-retry", "vision", "a100", 1, 50, 60, asked=None, first=False),  # a retry is not a new wait
+        alloc("big", "nlp", "a100", 4, 60, 90, asked=5),
+        alloc("queued", "nlp", "h100", 2, None, None, asked=70),
+    ]
+    rep = report(FLEET, records, 0, 100)
+    assert rep.waits["1"].jobs == 2 and rep.waits["1"].p50_s == 10 and rep.waits["1"].max_s == 30
+    assert rep.waits["3-4"].max_s == 55
+    assert rep.waits["2"].jobs == 1 and rep.waits["2"].max_s == 30  # its wait so far
+    assert rep.waiting == 1
+    assert rep.longest_wait == ("big", 4, 55)
+    text = format_report(rep)
+    assert "longest wait: 55.0 s, big (4 slots)" in text and "violations: none" in text
+
+
+def test_percentile_is_the_nearest_rank():
+    assert percentile([], 95) == 0
+    assert percentile([5.0], 50) == 5
+    assert percentile([float(i) for i in range(1, 101)], 95) == 95
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2
+
+
+def test_refuses_an_empty_window_and_an_unknown_type():
+    with pytest.raises(ValueError, match="window is empty"):
+        report(FLEET, [], 10, 10)
+    with pytest.raises(ValueError, match=r"GPU types \['v100'\] are not in the resources file"):
+        report(FLEET, [], 0, 10, ["v100"])
+
+
+def test_timeline_and_chart(tmp_path):
+    records = [alloc("a", "vision", "a100", 2, 0, 50), alloc("b", "nlp", "h100", 1, 25, 100)]
+    times, held = timeline(records, 0, 100, points=5)
+    assert times == [0, 25, 50, 75, 100]
+    assert held == {"nlp": [0, 1, 1, 1, 0], "vision": [2, 2, 0, 0, 0]}
+    png = chart(report(FLEET, records, 0, 100), records, tmp_path / "u.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_the_command_refuses_a_bad_window_before_reading_anything(capsys):
+    from trainyard.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["report", "utilisation", "--since", "yesterday"])
+    assert exited.value.code == 2
+    assert "'yesterday' is not a date or time; write it as ISO 8601" in capsys.readouterr().err
+    assert main(["report", "utilisation", "--since", "2026-12-02", "--until", "2026-12-01"]) != 0
+    assert "the window is empty: --since must be before --until" in capsys.readouterr().err
