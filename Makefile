@@ -15,7 +15,7 @@ DOCKER_BUILD_ARGS ?=
 LINT_PATHS := include plugins dags
 RUFF_PATHS := $(LINT_PATHS) tests bench scripts
 
-.PHONY: setup demo test test-gpu lint bench image up clean
+.PHONY: setup demo test test-gpu lint bench bench-scheduler image up clean
 
 setup:
 	@scripts/setup.sh
@@ -47,6 +47,11 @@ lint: setup
 # with the machine and the commit; BENCH_ARGS="--only loop data" picks some.
 bench: setup
 	@python bench/all.py $(BENCH_ARGS)
+
+# The scheduler replay (about 30 minutes on 2 cores): static per-team partitions against trainyard's
+# queueing on one job stream; rewrites its section of BENCHMARKS.md and its charts in docs/.
+bench-scheduler: setup
+	@python bench/all.py --only scheduler
 
 image:
 	@test -n "$(TRAINER_IMAGE)" || { echo "make image: could not read trainyard.TRAINER_IMAGE from include/" >&2; exit 1; }

@@ -170,7 +170,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
     args = parser.parse_args()
     chosen = [b for b in BENCHES if (b.name in args.only if args.only else b.in_all)]
-    sections = _sections(args.out.read_text()) if args.only and args.out.exists() else {}
+    # --only keeps the other benchmarks' sections of the file (not at a smoke size: those are not figures)
+    keep = args.only and not args.smoke and args.out.exists()
+    sections = _sections(args.out.read_text()) if keep else {}
     for bench in chosen:
         print(f"== {bench.name}: {' '.join(bench.smoke if args.smoke else bench.argv)}", file=sys.stderr, flush=True)
         command, output, took = run(bench, args.smoke)
@@ -182,7 +184,7 @@ def main() -> None:
         "",
         "Written by `make bench` (`bench/all.py`; `--only NAME` rewrites that benchmark's section and keeps the"
         " others). Each ratio is measured side by side in the same run; the figures are this machine's, at the"
-        " commit below. How each is measured: the docstring of its script.",
+        " commit each section names. How each is measured: the docstring of its script.",
         "",
         *machine(),
     ]

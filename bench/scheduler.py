@@ -19,7 +19,7 @@ busy at a time (``PHASES``: vision, then nlp, then research take 55 % of the job
 deadlines come and go; each job on a GPU type where its team has quota enough to run it alone, so the
 static world can run every job. One job of the largest size arrives early, into the stream of small ones.
 Time is scaled: ``--time-scale`` trace seconds per second here (60: a second is a minute), which scales
-``scheduling.max_wait_minutes`` and the jobs' ``max_hours``; the ledger is asked every
+``scheduling.max_wait_minutes``; the ledger is asked every
 ``--poll`` seconds.
 
 Printed per scenario, from ``trainyard report utilisation`` over the submission window (utilisation) and
@@ -43,7 +43,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,6 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
 from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
+from trainyard.scheduling.utilisation import SIZE_BUCKETS  # noqa: E402
 
 DAG = "scheduler_replay"
 SIZES = ((1, 0.70), (2, 0.15), (4, 0.10), (8, 0.05))
@@ -164,48 +164,46 @@ def replay(
         # a running platform is warm: one job through both tasks before the clock starts
         warm = af.trigger(DAG, {"resources": {"gpu_type": "cpu", "gpus_per_node": 1}, "hold_seconds": 0.1}, headers)
         assert af.wait_run(DAG, warm, headers, 300)["state"] == "success", af.logs()
-        scale = args.time_scale
         errors: list[str] = []
         t0 = time.time() + 2
+        for job in trace:
+            time.sleep(max(0.0, t0 + job.at - time.time()))
+            conf = {
+                "resources": {
+                    "team": job.team,
+                    "gpu_type": job.gpu_type,
+                    "nodes": 1,
+                    "gpus_per_node": job.slots,
+                    "priority": PRIORITY,
+                    "max_hours": round(max(0.01, 2 * job.seconds / 3600), 3),  # as its usage is recorded
+                },
+                "hold_seconds": round(job.seconds, 2),
+            }
+            try:
+                r = requests.post(
+                    f"{af.url}/api/v2/dags/{DAG}/dagRuns",
+                    headers=headers,
+                    json={"dag_run_id": job.name, "logical_date": None, "conf": conf},
+                    timeout=60,
+                )
+                r.raise_for_status()
+            except requests.RequestException as err:
+                errors.append(f"{job.name}: {err}")
 
-        def submit() -> None:
-            for job in trace:
-                time.sleep(max(0.0, t0 + job.at - time.time()))
-                conf = {
-                    "resources": {
-                        "team": job.team,
-                        "gpu_type": job.gpu_type,
-                        "nodes": 1,
-                        "gpus_per_node": job.slots,
-                        "priority": PRIORITY,
-                        "max_hours": round(max(0.01, 2 * job.seconds * scale / 3600), 3),
-                    },
-                    "hold_seconds": round(job.seconds, 2),
-                }
-                try:
-                    r = requests.post(
-                        f"{af.url}/api/v2/dags/{DAG}/dagRuns",
-                        headers=headers,
-                        json={"dag_run_id": job.name, "logical_date": None, "conf": conf},
-                        timeout=60,
-                    )
-                    r.raise_for_status()
-                except requests.RequestException as err:
-                    errors.append(f"{job.name}: {err}")
-
-        submitter = threading.Thread(target=submit, daemon=True)
-        submitter.start()
-        submitter.join()
         window_end = t0 + args.window
         states: dict[str, int] = {}
 
         def finished() -> bool:
-            r = requests.get(f"{af.url}/api/v2/dags/{DAG}/dagRuns", headers=headers, params={"limit": 1000}, timeout=30)
-            runs = r.json()["dag_runs"]
-            states.clear()
-            for run in runs:
-                states[run["state"]] = states.get(run["state"], 0) + 1
-            return sum(states.get(s, 0) for s in ("success", "failed")) >= len(trace) - len(errors) + 1
+            for state in ("queued", "running", "success", "failed"):
+                r = requests.get(
+                    f"{af.url}/api/v2/dags/{DAG}/dagRuns",
+                    headers=headers,
+                    params={"state": state, "limit": 1},
+                    timeout=30,
+                )
+                r.raise_for_status()
+                states[state] = r.json()["total_entries"]
+            return states["success"] + states["failed"] >= len(trace) - len(errors) + 1
 
         af.wait(finished, args.drain_timeout, f"the {scenario} replay's runs to finish ({states})")
         end = time.time()
@@ -221,6 +219,7 @@ def replay(
         png = Path(args.png) / f"utilisation-{scenario}.png" if args.png else None
         in_window, whole = utilisation(window_end, png), utilisation(end)
         states["success"] -= 1  # the warm-up run
+        states = {k: v for k, v in states.items() if v}
         cost = subprocess.run(
             ["trainyard", "report", "cost"], env=af.env, check=True, capture_output=True, text=True, cwd=REPO
         ).stdout
@@ -266,7 +265,7 @@ def table(results: list[dict]) -> str:
     pools = sorted({p for r in results for p in r["pools"]})
     for p in pools:
         rows.append((f"  gpu-{p}", *(f"{r['pools'].get(p, 0):.1%}" for r in results)))
-    buckets = [b for b in ("1", "2", "3-4", "5-8", "9+") if any(b in r["waits"] for r in results)]
+    buckets = [b for _, _, b in SIZE_BUCKETS if any(b in r["waits"] for r in results)]
     for b in buckets:
         rows.append(
             (

@@ -30,20 +30,22 @@ from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from trainyard.scheduling.admission import RUNS_IN_FLIGHT
 from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
 from trainyard_airflow.errors import fail_permanently
-from trainyard_airflow.operators.admission import AdmitOperator
+from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
+from trainyard_airflow.policy import training_priority
 
 DEFAULT_SPEC = JobSpec()
 DEFAULT = DEFAULT_SPEC.model_dump(mode="json")
 # Parse-time defaults; the cluster policy (plugins/trainyard_airflow/policy.py) sets them per run.
 GPU_POOL = pool_name(DEFAULT_SPEC.resources.gpu_type)
 GPU_SLOTS = DEFAULT_SPEC.resources.total_gpus
+TRAINING_WEIGHT = training_priority(DEFAULT_SPEC.resources.priority)
 
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
-RUNS_IN_FLIGHT = 64  # runs at once: a run waiting for GPUs holds no worker (its admit task is deferred)
 
 
 class _Shared(dict):
@@ -75,6 +77,7 @@ def _spec(xcom: dict) -> JobSpec:
 
 
 def _run_key() -> str:
+    """The ledger's and the run directory's name for this run; ``RUN_KEY`` is the same as a template."""
     dag_run = get_current_context()["dag_run"]
     return f"{dag_run.dag_id}/{dag_run.run_id}"
 
@@ -140,7 +143,7 @@ def train_pipeline():
         """backends.launcher: train here (local) or on Kubernetes."""
         return "admit" if _spec(spec).backends.launcher == "local" else "plan_kubernetes"
 
-    @task(pool=GPU_POOL, pool_slots=GPU_SLOTS)
+    @task(pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute")
     @fail_permanently
     def train(spec: dict, dataset: dict, data: dict) -> dict:
         """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
@@ -242,7 +245,6 @@ def train_pipeline():
     admitted = AdmitOperator(
         task_id="admit",
         spec=spec,
-        run_key="{{ dag_run.dag_id }}/{{ dag_run.run_id }}",
         doc_md=(
             "Waits until the admission ledger gives the job its GPUs: its team's quota and what it may borrow, "
             "in order of priority and arrival, a large job passed by smaller ones for at most "
@@ -255,7 +257,7 @@ def train_pipeline():
     on_kubernetes = KubernetesTrainingLauncher(
         task_id="train_kubernetes",
         spec=spec,
-        run_key="{{ dag_run.dag_id }}/{{ dag_run.run_id }}",
+        run_key=RUN_KEY,
         config_path=plan["config_path"],
         pool=GPU_POOL,
         pool_slots=GPU_SLOTS,

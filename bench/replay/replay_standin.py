@@ -12,6 +12,7 @@ admission back and ends the task from the triggerer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -22,27 +23,38 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 
 class HoldTrigger(BaseTrigger):
-    def __init__(self, job_id: str, run_dir: str, started: float, until: float, slots: int) -> None:
+    def __init__(self, job: dict[str, Any], run_dir: str, attempt: int, started: float, until: float) -> None:
         super().__init__()
-        self.job_id, self.run_dir, self.started, self.until, self.slots = job_id, run_dir, started, until, slots
+        self.job, self.run_dir, self.attempt, self.started, self.until = job, run_dir, attempt, started, until
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        fields = ("job_id", "run_dir", "started", "until", "slots")
+        fields = ("job", "run_dir", "attempt", "started", "until")
         return f"{__name__}.{type(self).__name__}", {k: getattr(self, k) for k in fields}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from trainyard.scheduling.admission import HEARTBEAT_S, default_ledger
-        from trainyard.training.usage import record_try
+        from trainyard.scheduling.admission import HEARTBEAT_S, Job, default_ledger
+        from trainyard.training.usage import record_try, tries
 
         ledger = await asyncio.to_thread(default_ledger)
+        job = Job(**self.job)
         while (left := self.until - time.time()) > 0:
             await asyncio.sleep(min(left, HEARTBEAT_S))
-            await asyncio.to_thread(ledger.renew, self.job_id)
-        ended = time.time()
-        await asyncio.to_thread(
-            record_try, self.run_dir, attempt=1, started=self.started, ended=ended, gpus=self.slots, where="replay"
-        )
-        await asyncio.to_thread(ledger.release, self.job_id)
+            if not await asyncio.to_thread(ledger.renew, job.id):  # as admission.hold does: ask again
+                self.log.warning("admission of %s ran out while holding; asking again", job.id)
+                await asyncio.to_thread(ledger.request, job)
+        # a triggerer restarted after this point runs it again: record the try once
+        recorded = await asyncio.to_thread(tries, self.run_dir)
+        if not any(t["attempt"] == self.attempt for t in recorded):
+            await asyncio.to_thread(
+                record_try,
+                self.run_dir,
+                attempt=self.attempt,
+                started=self.started,
+                ended=time.time(),
+                gpus=job.slots,
+                where="replay",
+            )
+        await asyncio.to_thread(ledger.release, job.id)
         yield TaskSuccessEvent()
 
 
@@ -69,8 +81,9 @@ class HoldSlots(BaseOperator):
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / RUN_CONFIG_FILE).write_text(json.dumps({"spec": {"resources": resources.model_dump(mode="json")}}))
         started = time.time()
+        attempt = context["ti"].try_number
         self.defer(
-            trigger=HoldTrigger(job.id, str(run_dir), started, started + float(self.seconds), job.slots),
+            trigger=HoldTrigger(dataclasses.asdict(job), str(run_dir), attempt, started, started + float(self.seconds)),
             method_name="execute_complete",
         )
 

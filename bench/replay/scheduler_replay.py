@@ -11,23 +11,22 @@ from __future__ import annotations
 from airflow.sdk import dag
 from replay_standin import HoldSlots
 
-from trainyard_airflow.operators.admission import AdmitOperator
-
-RUN_KEY = "{{ dag_run.dag_id }}/{{ dag_run.run_id }}"
+from trainyard.scheduling.admission import RUNS_IN_FLIGHT
+from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 
 
 @dag(
     dag_id="scheduler_replay",
     schedule=None,
     catchup=False,
-    max_active_runs=1000,  # the queue is the admission ledger's, not Airflow's run limit
-    max_active_tasks=1000,
+    max_active_runs=RUNS_IN_FLIGHT,  # as train_pipeline
+    max_active_tasks=2 * RUNS_IN_FLIGHT,
     render_template_as_native_obj=True,
     tags=["trainyard", "benchmark"],
     doc_md=__doc__,
 )
 def scheduler_replay():
-    admit = AdmitOperator(task_id="admit", spec="{{ dag_run.conf }}", run_key=RUN_KEY)
+    admit = AdmitOperator(task_id="admit", spec="{{ dag_run.conf }}")
     train = HoldSlots(
         task_id="train",
         spec="{{ dag_run.conf }}",

@@ -86,18 +86,19 @@ def cmd_report_utilisation(args) -> int:
     from pathlib import Path
 
     from trainyard.scheduling.resources import load_resources
-    from trainyard.scheduling.utilisation import allocations_from_airflow, chart, format_report, report
+    from trainyard.scheduling.utilisation import allocations_from_airflow, chart, check_types, format_report, report
 
     fleet = load_resources(args.resources)
     until = args.until if args.until is not None else time.time()
     since = args.since if args.since is not None else until - 24 * 3600
     if since >= until:
         raise PermanentError(f"the window is empty: --since must be before --until ({since:.0f} >= {until:.0f})")
-    allocations = allocations_from_airflow(since, until)
     try:
-        rep = report(fleet, allocations, since, until, args.type or None)
+        types = check_types(fleet, args.type)
     except ValueError as err:
         raise PermanentError(f"{err}; pass --type with GPU types of the resources file") from None
+    allocations = allocations_from_airflow(since, until)
+    rep = report(fleet, allocations, since, until, types)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=1))
     else:

@@ -4,7 +4,7 @@ Airflow fixes ``pool`` and ``pool_slots`` when a DAG is parsed, but a JobSpec ar
 form, REST ``conf``). Airflow's ``task_instance_mutation_hook`` runs in the scheduler when task instances
 are created, with the run at hand, so it is where ``resources.gpu_type`` becomes the pool,
 ``resources.nodes x gpus_per_node`` the pool_slots (a gang reservation: all of the job's GPUs or none)
-and ``resources.priority`` the priority_weight.
+and ``resources.priority`` the priority_weight, above every other task's (:func:`training_priority`).
 
 It touches only tasks already placed in a GPU pool (``gpu-*``) by their DAG, and only when the run's
 conf carries ``resources``; an invalid conf is left alone, because the first task rejects it with a
@@ -16,6 +16,16 @@ from __future__ import annotations
 import logging
 
 log = logging.getLogger(__name__)
+
+# Training tasks outrank every other task in the executor's queue: an admitted job's GPUs wait for its
+# training, so its training must not wait for a worker behind other runs' data preparation (whose weights,
+# the downstream rule's task counts, stay far below this).
+TRAINING_PRIORITY_BASE = 1000
+
+
+def training_priority(priority: int) -> int:
+    """A training task's priority_weight for ``resources.priority`` (1-1000): their order is kept."""
+    return TRAINING_PRIORITY_BASE + priority
 
 
 def reservation(conf: dict | None) -> tuple[str, int, int] | None:
@@ -31,7 +41,7 @@ def reservation(conf: dict | None) -> tuple[str, int, int] | None:
         res = Resources.model_validate(conf["resources"])
     except ValidationError:
         return None
-    return pool_name(res.gpu_type), res.total_gpus, res.priority
+    return pool_name(res.gpu_type), res.total_gpus, training_priority(res.priority)
 
 
 def task_instance_mutation_hook(task_instance, dag_run=None) -> None:

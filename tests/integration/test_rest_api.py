@@ -93,7 +93,7 @@ def test_trigger_with_conf_runs_to_success(airflow):
     assert run["state"] == "success", _failure_report(airflow, headers, run["dag_run_id"], tis)
     # The conf's resources reached the scheduler: pool, pool_slots and priority of the train task.
     train = tis["train"]
-    assert (train["pool"], train["pool_slots"], train["priority_weight"]) == ("gpu-cpu", 1, 7)
+    assert (train["pool"], train["pool_slots"], train["priority_weight"]) == ("gpu-cpu", 1, 1007)
     r = requests.get(
         f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run['dag_run_id']}/taskInstances/register/xcomEntries/return_value",
         headers=headers,

@@ -48,7 +48,12 @@ WAITING_LEASE_S = 120.0  # a waiting job looks every admission_poll_seconds; one
 ADMITTED_LEASE_S = 600.0  # from admission to the training task's first heartbeat (and between retries)
 HEARTBEAT_S = 30.0  # a running training renews its lease this often ...
 RUNNING_LEASE_S = 180.0  # ... for this long
-ARRIVAL_KEPT_S = 8 * 24 * 3600.0  # a job's arrival is kept this long (an admit task times out after 7 days)
+ADMISSION_TIMEOUT_S = 7 * 24 * 3600.0  # the longest a job waits for its GPUs before its run fails
+ARRIVAL_KEPT_S = ADMISSION_TIMEOUT_S + 24 * 3600.0  # a job's arrival outlives its longest wait
+# Runs of a training DAG in flight at once. A run that waits for GPUs holds no worker (its admit task is
+# deferred), so the queue the ledger orders can be long; runs past this wait in Airflow's own run queue,
+# in arrival order, before they reach the ledger.
+RUNS_IN_FLIGHT = 256
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS arrivals (id TEXT PRIMARY KEY, enqueued REAL NOT NULL);
@@ -291,6 +296,12 @@ class Ledger:
         with self._transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
+
+    def withdraw(self, job_id: str) -> None:
+        """The job stopped waiting (its task was cancelled): its row and any slots it holds go now; its
+        arrival stays (it runs out by itself), so a job withdrawn by mistake that asks again keeps its place."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
 
     def claim_devices(self, job_id: str, count: int, available: list[str]) -> list[str]:
         """``count`` of this host's devices (``available``: CUDA indices or MIG UUIDs) for an admitted job,

@@ -76,7 +76,12 @@ def _run_usage(usage: Path) -> tuple[str, str, list[dict]]:
 
 def tries(config: ResourcesConfig, runs_root: Path) -> Iterator[TryCost]:
     """Every recorded try under ``runs_root`` (``<job name>/<run>/usage.jsonl`` beside its run config)."""
-    for usage in sorted(runs_root.glob(f"*/*/{USAGE_FILE}")):
+    found = sorted(runs_root.glob(f"*/*/{USAGE_FILE}"))
+    present = set(found)
+    with _parsed_lock:  # forget runs that are gone (a long-lived triggerer looks for weeks)
+        for gone in [p for p in _parsed if p.is_relative_to(runs_root) and p not in present]:
+            del _parsed[gone]
+    for usage in found:
         try:
             team, gpu_type, records = _run_usage(usage)
         except (OSError, ValueError, KeyError) as err:  # one damaged run must not stop every job's validation

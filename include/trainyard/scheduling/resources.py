@@ -233,9 +233,21 @@ def default_config_dir() -> Path:
     return Path(os.environ.get("TRAINYARD_CONFIG_DIR", Path(__file__).resolve().parents[2] / "config"))
 
 
+_loaded: dict[Path, tuple[tuple[int, int], ResourcesConfig]] = {}  # path -> ((mtime_ns, size), config)
+
+
 def load_resources(path: str | os.PathLike | None = None) -> ResourcesConfig:
+    """The inventory at ``path`` (default: the config folder's resources.yaml), parsed again only when the
+    file changed (waiting jobs read it at every look)."""
     path = Path(path) if path else default_config_dir() / "resources.yaml"
-    return parse_resources(path.read_text(), str(path))
+    st = path.stat()
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _loaded.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    config = parse_resources(path.read_text(), str(path))
+    _loaded[path] = (stamp, config)
+    return config
 
 
 def team_namespace(team: str) -> str:

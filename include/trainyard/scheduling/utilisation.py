@@ -31,8 +31,11 @@ from typing import Any
 
 from trainyard.scheduling.resources import POOL_PREFIX, ResourcesConfig
 
-# a training task in one of these states without a start never will (a skipped branch, a failed run)
-NEVER_STARTED = ("skipped", "upstream_failed", "removed", "failed", "success")
+# a training try in one of these states held nothing (a skipped branch, a cancelled or failed run); a
+# skipped one still has a start (the moment it was skipped)
+DROPPED = ("skipped", "upstream_failed", "removed")
+# the latest try in one of these has not started (its row may still carry the previous try's dates)
+NOT_STARTED = ("scheduled", "queued", "up_for_retry", "up_for_reschedule", "restarting")
 SIZE_BUCKETS = ((1, 1, "1"), (2, 2, "2"), (3, 4, "3-4"), (5, 8, "5-8"), (9, 10**9, "9+"))
 
 
@@ -163,6 +166,41 @@ def _above(steps: list[tuple[float, int]], limit: int) -> tuple[float, int, floa
     return area, peak, first
 
 
+def _overlent(config: ResourcesConfig, gpu_type: str, spans: dict[str, list[tuple[float, float, int]]]) -> list[str]:
+    """Moments at which the teams above their quota of ``gpu_type`` held more than the others could lend:
+    their idle quota up to each one's lending limit, plus the slots in nobody's quota."""
+    known = {team: ss for team, ss in spans.items() if team in config.teams}
+    if not known:
+        return []
+    quota = {team: config.quota(team, gpu_type) for team in config.teams}
+    unassigned = config.gpu_types[gpu_type].slots - sum(quota.values())
+    deltas: dict[float, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for team, ss in known.items():
+        for lo, hi, amount in ss:
+            deltas[lo][team] += amount
+            deltas[hi][team] -= amount
+    used = dict.fromkeys(config.teams, 0)
+    for t in sorted(deltas):
+        for team, change in deltas[t].items():
+            used[team] += change
+        borrowed = sum(max(0, used[team] - quota[team]) for team in used)
+        lendable = unassigned + sum(
+            min(config.lending_limit(team, gpu_type), max(0, quota[team] - used[team])) for team in used
+        )
+        if borrowed > lendable:
+            return [f"{gpu_type}: {borrowed} slots borrowed at once, {lendable} lendable (first at {t:.0f})"]
+    return []
+
+
+def check_types(config: ResourcesConfig, gpu_types: Sequence[str] | None) -> list[str]:
+    """The GPU types of the fleet figure: ``gpu_types`` (each must be in the file), or every type."""
+    types = list(gpu_types or config.gpu_types)
+    unknown = [t for t in types if t not in config.gpu_types]
+    if unknown:
+        raise ValueError(f"GPU types {unknown} are not in the resources file; it has {sorted(config.gpu_types)}")
+    return types
+
+
 def report(
     config: ResourcesConfig,
     allocations: Sequence[Allocation],
@@ -175,10 +213,7 @@ def report(
     window = until - since
     if window <= 0:
         raise ValueError(f"the window is empty: since {since} is not before until {until}")
-    types = list(gpu_types or config.gpu_types)
-    unknown = [t for t in types if t not in config.gpu_types]
-    if unknown:
-        raise ValueError(f"GPU types {unknown} are not in the resources file; it has {sorted(config.gpu_types)}")
+    types = check_types(config, gpu_types)
     pools = {t: PoolUse(slots=config.gpu_types[t].slots, capacity_s=config.gpu_types[t].slots * window) for t in types}
     teams: dict[str, dict[str, float]] = {}
     spans: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
@@ -201,7 +236,9 @@ def report(
         borrowed, _, _ = _above(steps, quota)
         pools[t].borrowed_s += borrowed
         teams[team_name]["borrowed_s"] += borrowed
-        limit = config.borrowing_limit(team_name, t) if team_name in config.teams else 0
+        if team_name not in config.teams:  # a team the file no longer has: no limits to hold it to
+            continue
+        limit = config.borrowing_limit(team_name, t)
         if limit is not None:
             _, peak, first = _above(steps, quota + limit)
             if first is not None:
@@ -209,6 +246,8 @@ def report(
                     f"{t}: team {team_name} held {peak} slots, its quota {quota} + borrowing limit {limit} "
                     f"(first at {first:.0f})"
                 )
+    for t in pools:
+        violations += _overlent(config, t, {team: ss for (team, gt), ss in spans.items() if gt == t})
     total = sum(p.allocated_s for p in pools.values())
     for team in teams.values():
         team["share"] = team["allocated_s"] / total if total else 0.0
@@ -218,14 +257,13 @@ def report(
     for a in allocations:
         if not a.first_try or a.asked is None or a.gpu_type not in pools:
             continue
-        began = a.start if a.start is not None else None
-        if began is None:
-            if a.asked > until:
-                continue
+        if a.asked > until:
+            continue
+        if a.start is None or a.start > until:  # still waiting at the window's end: its wait so far
             waiting += 1
             wait = until - a.asked
-        elif since <= began <= until:
-            wait = max(0.0, began - a.asked)
+        elif a.start >= since:
+            wait = max(0.0, a.start - a.asked)
         else:
             continue
         by_size[size_bucket(a.slots)].append(wait)
@@ -250,8 +288,9 @@ def timeline(
         if clipped is None:
             continue
         row = held.setdefault(a.team, [0] * points)
+        running_at_end = a.end is None or a.end > until
         for i, t in enumerate(times):
-            if clipped[0] <= t < clipped[1]:
+            if clipped[0] <= t < clipped[1] or (running_at_end and t == clipped[1]):
                 row[i] += a.slots
     return times, dict(sorted(held.items()))
 
@@ -319,17 +358,75 @@ def format_report(rep: Report) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class TryRow:
+    """One row of Airflow's ``task_instance`` (the latest try) or ``task_instance_history`` (earlier tries)."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    try_number: int
+    state: str | None
+    pool: str
+    pool_slots: int
+    start: float | None
+    end: float | None
+    queued: float | None  # when the scheduler queued it (a training without an admit task waits from here)
+    history: bool
+
+
+def allocations_from_rows(
+    rows: Iterable[TryRow], asked: dict[tuple[str, str], float], teams: dict[tuple[str, str], str]
+) -> list[Allocation]:
+    """One :class:`Allocation` per try of a training task. A try is in the history table once the next one
+    is scheduled, and the live row of that next try keeps the old try's dates until it starts: the history
+    row counts, and a live row counts as started only in a state that has started. ``asked``: each run's
+    admit start; ``teams``: each run's team."""
+    tries: dict[tuple, TryRow] = {}
+    for r in rows:
+        key = (r.dag_id, r.run_id, r.task_id, r.map_index, r.try_number)
+        if key not in tries or r.history:
+            tries[key] = r
+    out = []
+    for r in tries.values():
+        if r.state in DROPPED:
+            continue
+        started = r.start is not None and (r.history or r.state not in NOT_STARTED)
+        first = r.try_number <= 1  # a retry (or a cleared run's next try) is not a new wait
+        if not started and not first:
+            continue
+        run = (r.dag_id, r.run_id)
+        asked_at = asked.get(run, r.queued) if first else None
+        if not started and asked_at is None:  # not asking for GPUs yet (its run is still preparing data)
+            continue
+        out.append(
+            Allocation(
+                run=f"{r.dag_id}/{r.run_id}",
+                team=teams.get(run, ""),
+                gpu_type=r.pool[len(POOL_PREFIX) :],
+                slots=r.pool_slots,
+                start=r.start if started else None,
+                end=r.end if started else None,
+                asked=asked_at,
+                first_try=first,
+            )
+        )
+    return out
+
+
 def allocations_from_airflow(since: float, until: float) -> list[Allocation]:
     """Every try of a training task (a task in a ``gpu-*`` pool) that overlaps the window, or whose job was
     waiting in it, from this Airflow's database. The team is the run conf's ``resources.team`` (the
-    JobSpec's default team without one)."""
+    JobSpec's default team without one). Runs that Airflow keeps queued by a DAG's ``max_active_runs``
+    have no task yet: their wait before the admit task is not counted."""
     from datetime import UTC, datetime
 
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.taskinstancehistory import TaskInstanceHistory
     from airflow.utils.session import create_session
-    from sqlalchemy import select
+    from sqlalchemy import and_, or_, select
 
     from trainyard.spec import Resources
 
@@ -339,48 +436,46 @@ def allocations_from_airflow(since: float, until: float) -> list[Allocation]:
     def ts(value) -> float | None:
         return None if value is None else value.timestamp()
 
-    out: list[Allocation] = []
+    models: tuple[Any, ...] = (TaskInstance, TaskInstanceHistory)
+    rows: list[TryRow] = []
+    asked: dict[tuple[str, str], float] = {}
     with create_session() as session:
-        runs = {
-            (r.dag_id, r.run_id): r.conf or {} for r in session.scalars(select(DagRun).where(DagRun.start_date <= hi))
-        }
-        asked = {
-            (ti.dag_id, ti.run_id): ti.start_date
-            for ti in session.scalars(select(TaskInstance).where(TaskInstance.task_id == "admit"))
-            if ti.start_date is not None
-        }
-        tries: list[Any] = []  # TaskInstance and TaskInstanceHistory rows (the same columns)
-        models: tuple[Any, ...] = (TaskInstance, TaskInstanceHistory)
         for model in models:
-            query = select(model).where(model.pool.like(POOL_PREFIX + "%"))
-            tries += [ti for ti in session.scalars(query) if (ti.dag_id, ti.run_id) in runs]
-        first: dict[tuple[str, str], int] = {}
-        for ti in tries:
-            key = (ti.dag_id, ti.run_id)
-            if ti.try_number and (key not in first or ti.try_number < first[key]):
-                first[key] = ti.try_number
-        for ti in tries:
-            key = (ti.dag_id, ti.run_id)
-            if ti.end_date is not None and ti.end_date < lo:
-                continue
-            conf = runs[key]
-            resources = conf["resources"] if isinstance(conf.get("resources"), dict) else {}
-            is_first = ti.try_number == first.get(key, ti.try_number)
-            if ti.start_date is None and ti.state in NEVER_STARTED:
-                continue
-            began = asked.get(key) or ti.queued_dttm or ti.scheduled_dttm
-            if ti.start_date is None and began is None:
-                continue
-            out.append(
-                Allocation(
-                    run=f"{ti.dag_id}/{ti.run_id}",
-                    team=str(resources.get("team", default_team)),
-                    gpu_type=ti.pool[len(POOL_PREFIX) :],
-                    slots=ti.pool_slots,
-                    start=ts(ti.start_date),
-                    end=ts(ti.end_date),
-                    asked=ts(began) if is_first else None,
-                    first_try=is_first,
-                )
+            live = or_(model.state.is_(None), model.state.notin_(DROPPED))
+            overlaps = and_(
+                or_(model.end_date.is_(None), model.end_date >= lo),
+                or_(model.start_date.is_(None), model.start_date <= hi),
             )
-    return out
+            for ti in session.scalars(select(model).where(model.pool.like(POOL_PREFIX + "%"), live, overlaps)):
+                rows.append(
+                    TryRow(
+                        ti.dag_id,
+                        ti.run_id,
+                        ti.task_id,
+                        ti.map_index,
+                        ti.try_number,
+                        None if ti.state is None else str(ti.state),
+                        ti.pool,
+                        ti.pool_slots,
+                        ts(ti.start_date),
+                        ts(ti.end_date),
+                        ts(ti.queued_dttm or ti.scheduled_dttm),
+                        model is TaskInstanceHistory,
+                    )
+                )
+            admits = select(model.dag_id, model.run_id, model.start_date).where(
+                model.task_id == "admit", model.start_date.is_not(None), live, model.start_date <= hi
+            )
+            for dag_id, run_id, started in session.execute(admits):
+                key = (dag_id, run_id)
+                asked[key] = min(asked.get(key, started.timestamp()), started.timestamp())
+        wanted = {(r.dag_id, r.run_id) for r in rows}
+        teams: dict[tuple[str, str], str] = {}
+        for dag_id in {d for d, _ in wanted}:
+            runs = [run_id for d, run_id in wanted if d == dag_id]
+            query = select(DagRun.run_id, DagRun.conf).where(DagRun.dag_id == dag_id, DagRun.run_id.in_(runs))
+            for run_id, conf in session.execute(query):
+                resources = (conf or {}).get("resources")
+                team = resources.get("team") if isinstance(resources, dict) else None
+                teams[(dag_id, run_id)] = str(team or default_team)
+    return allocations_from_rows(rows, asked, teams)

@@ -3,12 +3,13 @@
 One look on the worker; a job admitted at once (the usual case on an idle fleet, and every CPU job of
 the default team) is done there. Otherwise the task defers to
 :class:`trainyard_airflow.triggers.admission.AdmissionTrigger`, which looks again from the triggerer and
-ends the task itself once the job is admitted: a queue of a hundred waiting jobs holds no worker and
-starts no task process, where a reschedule-mode sensor started one per look. The task's XCom is the
-ledger's reason ("admitted: 4 a100-80gb slot(s) for team vision, 2 of them borrowed").
+ends the task itself once the job is admitted: waiting jobs hold no worker and start no task process,
+where a reschedule-mode sensor started one per look. The task's XCom is the ledger's reason ("admitted:
+4 a100-80gb slot(s) for team vision, 2 of them borrowed").
 
-``execution_timeout`` bounds the wait (the deferral's timeout); the job's row in the ledger then runs out
-with its lease. Parse-light: trainyard's scheduling modules are imported when the task runs.
+A job waits at most ``ADMISSION_TIMEOUT_S`` (the deferral's timeout); then its run fails, without a
+retry (another week of waiting is not what a retry is for), and its row in the ledger runs out with its
+lease.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-ADMISSION_TIMEOUT = timedelta(days=7)  # the longest a job waits for its GPUs before its run fails
+from trainyard.scheduling.admission import ADMISSION_TIMEOUT_S
+from trainyard_airflow.errors import fail_permanently
+
+ADMISSION_TIMEOUT = timedelta(seconds=ADMISSION_TIMEOUT_S)
+# The ledger's name for a run: the same "<dag_id>/<run_id>" that train_pipeline's tasks build from their
+# context (``_run_key``); the training finds its admission by it.
+RUN_KEY = "{{ dag_run.dag_id }}/{{ dag_run.run_id }}"
 
 
 class AdmitOperator(BaseOperator):
@@ -30,11 +37,13 @@ class AdmitOperator(BaseOperator):
     template_fields: Sequence[str] = ("spec", "run_key")
     ui_color = "#e8d5f5"
 
-    def __init__(self, *, spec: Any, run_key: str, **kwargs: Any) -> None:
-        kwargs.setdefault("execution_timeout", ADMISSION_TIMEOUT)
+    def __init__(self, *, spec: Any, run_key: str = RUN_KEY, **kwargs: Any) -> None:
+        kwargs["execution_timeout"] = ADMISSION_TIMEOUT
+        kwargs["retries"] = 0
         super().__init__(**kwargs)
         self.spec, self.run_key = spec, run_key
 
+    @fail_permanently
     def execute(self, context: Any) -> str:
         from trainyard.scheduling.admission import default_ledger, job_for, look
         from trainyard.spec import Resources
@@ -48,10 +57,11 @@ class AdmitOperator(BaseOperator):
         self.defer(
             trigger=AdmissionTrigger(dataclasses.asdict(job)),
             method_name="execute_complete",
-            timeout=self.execution_timeout,
+            timeout=ADMISSION_TIMEOUT,
         )
 
     def execute_complete(self, context: Any, event: Any = None) -> str:
-        """Where the task resumes if the trigger hands back instead of ending it (``dag.test()`` runs the
-        trigger in line and resumes here)."""
+        """Where the task resumes when the trigger hands back instead of ending the task: a trigger made
+        with ``end_from_trigger=False``, or ``dag.test()``, which runs the trigger in line and passes the
+        ending event's state ("success") rather than its XCom."""
         return event["reason"] if isinstance(event, dict) else str(event)

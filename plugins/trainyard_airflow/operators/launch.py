@@ -25,6 +25,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from trainyard_airflow.errors import fail_permanently
+
 
 class KubernetesTrainingLauncher(BaseOperator):
     """Train a JobSpec on Kubernetes, deferred. ``config_path`` is the run config on this worker."""
@@ -65,14 +67,16 @@ class KubernetesTrainingLauncher(BaseOperator):
             )
         return self._inner
 
+    # A permanent trainyard error (a retry that finds resources.max_hours used up by the try the cluster
+    # stopped at its deadline: MaxHoursReached) fails the task at once, as in every task of the DAGs.
     def execute(self, context):
-        return self.operator().execute(context)
+        return fail_permanently(self.operator().execute)(context)
 
     def execute_complete(self, context, event, **kwargs):
-        return self.operator().execute_complete(context, event, **kwargs)
+        return fail_permanently(self.operator().execute_complete)(context, event, **kwargs)
 
     def trigger_reentry(self, context, event):
-        return self.operator().trigger_reentry(context, event)
+        return fail_permanently(self.operator().trigger_reentry)(context, event)
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context):
         try:

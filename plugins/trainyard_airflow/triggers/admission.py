@@ -8,12 +8,15 @@ the admission is not followed by a worker start either; the reason it got ("admi
 ...") is the task's XCom, and every change of the reason it waits for goes to the task log.
 
 A triggerer that dies takes no reservation with it: the job's waiting row runs out (its lease) and its
-arrival is kept, so the restarted trigger finds its place again.
+arrival is kept, so the restarted trigger finds its place again. A task marked failed or cleared while it
+waits withdraws its row (``on_kill``). A ledger that cannot be read for a moment (SQLite locked past its
+timeout) is logged and looked at again at the next tick; resources.yaml is read again at every look.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,19 +36,34 @@ class AdmissionTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from trainyard.scheduling.admission import Job, default_ledger, look
+        from trainyard.scheduling.resources import load_resources
 
         ledger = await asyncio.to_thread(default_ledger)
         job = Job(**self.job)
         said = ""
         while True:
-            decision = await asyncio.to_thread(look, ledger, job)
-            if decision.reason != said:
-                self.log.info("admission of %s: %s", job.id, decision.reason)
-                said = decision.reason
-            if decision.admitted:
-                if self.end_from_trigger:
-                    yield TaskSuccessEvent(xcoms={"return_value": decision.reason})
-                else:
-                    yield TriggerEvent({"admitted": True, "reason": decision.reason})
-                return
+            try:
+                # resources.yaml as it is now (a quota changed while the job waits applies to its next look)
+                ledger.config = await asyncio.to_thread(load_resources)
+                decision = await asyncio.to_thread(look, ledger, job)
+            except (sqlite3.Error, OSError) as err:  # the ledger was locked or unreadable: look again later
+                self.log.warning("admission of %s: could not look (%s); looking again", job.id, err)
+            else:
+                if decision.reason != said:
+                    self.log.info("admission of %s: %s", job.id, decision.reason)
+                    said = decision.reason
+                if decision.admitted:
+                    if self.end_from_trigger:
+                        yield TaskSuccessEvent(xcoms={"return_value": decision.reason})
+                    else:
+                        yield TriggerEvent({"admitted": True, "reason": decision.reason})
+                    return
             await asyncio.sleep(ledger.config.scheduling.admission_poll_seconds)
+
+    async def on_kill(self) -> None:
+        """The task was marked failed or cleared while it waited: its place (and any slots it was just
+        given) go back now rather than when its lease runs out."""
+        from trainyard.scheduling.admission import default_ledger
+
+        ledger = await asyncio.to_thread(default_ledger)
+        await asyncio.to_thread(ledger.withdraw, self.job["id"])

@@ -14,8 +14,8 @@ def _ti(pool="gpu-cpu"):
     [
         ({}, None),
         (None, None),
-        ({"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 1, "priority": 50}}, ("gpu-h100-80gb", 1, 50)),
-        ({"resources": {"gpus_per_node": 2}}, ("gpu-cpu", 2, 1)),
+        ({"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 1, "priority": 50}}, ("gpu-h100-80gb", 1, 1050)),
+        ({"resources": {"gpus_per_node": 2}}, ("gpu-cpu", 2, 1001)),
         ({"resources": {"gpus_per_node": -1}}, None),  # invalid: left for validate_spec to reject
     ],
 )
@@ -27,7 +27,7 @@ def test_hook_routes_gpu_tasks_only():
     run = SimpleNamespace(conf={"resources": {"gpu_type": "a100-80gb", "gpus_per_node": 1, "priority": 9}})
     ti = _ti()
     task_instance_mutation_hook(ti, dag_run=run)
-    assert (ti.pool, ti.pool_slots, ti.priority_weight) == ("gpu-a100-80gb", 1, 9)
+    assert (ti.pool, ti.pool_slots, ti.priority_weight) == ("gpu-a100-80gb", 1, 1009)
     other = _ti(pool="default_pool")
     task_instance_mutation_hook(other, dag_run=run)
     assert (other.pool, other.pool_slots) == ("default_pool", 2)

@@ -219,6 +219,16 @@ def test_a_failed_job_fails_the_task_and_is_deleted(run, cluster):
     assert usage.gpu_seconds(run.run_dir) == (FINISHED - STARTED) * 8  # the failed try's time is counted
 
 
+def test_a_retry_after_the_deadline_used_up_max_hours_fails_at_once_creating_nothing(run, cluster):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    spec = {**SPEC, "resources": {**SPEC["resources"], "max_hours": 0.05}}  # 180 s
+    usage.record_try(run.run_dir, attempt=1, started=STARTED, ended=STARTED + 180, gpus=8, where="kubernetes")
+    with pytest.raises(AirflowFailException, match="max_hours"):  # no retry: a retry cannot help
+        launcher(run, spec).execute(context())
+    assert nothing_left(cluster)
+
+
 def _poll_hook(cluster, name, action):
     """Run ``action`` when the operator first polls the Job: it is then waiting, as for a kill or a timeout."""
 

@@ -48,6 +48,18 @@ def test_spend_per_team_and_month_counts_every_try(tmp_path):
     assert budgets.team_months(cfg, "2026-11", tmp_path)["vision"].spent == pytest.approx(24.0)
 
 
+def test_a_new_try_is_counted_at_the_next_look_and_a_removed_run_is_forgotten(tmp_path):
+    cfg = parse_resources(FLEET)
+    now = DEC
+    run = _run(tmp_path, "r1", "vision", [(now - 7200, 1.0, 1)])
+    assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == pytest.approx(2.0)
+    usage.record_try(run, attempt=2, started=now - 3600, ended=now, gpus=1, where="local")  # the retry ends
+    assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == pytest.approx(4.0)
+    (run / usage.USAGE_FILE).unlink()
+    assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == 0
+    assert not any(p.is_relative_to(tmp_path) for p in budgets._parsed)
+
+
 def test_a_running_job_commits_its_worst_case_less_what_it_spent(tmp_path):
     cfg = parse_resources(FLEET)
     ledger = Ledger(tmp_path / "a.db", cfg)

@@ -114,3 +114,65 @@ def test_the_command_refuses_a_bad_window_before_reading_anything(capsys):
     assert "'yesterday' is not a date or time; write it as ISO 8601" in capsys.readouterr().err
     assert main(["report", "utilisation", "--since", "2026-12-02", "--until", "2026-12-01"]) != 0
     assert "the window is empty: --since must be before --until" in capsys.readouterr().err
+
+
+def row(try_number, state, start, end, history=False, run="r1", queued=None):
+    from trainyard.scheduling.utilisation import TryRow
+
+    return TryRow("train_pipeline", run, "train", -1, try_number, state, "gpu-a100", 2, start, end, queued, history)
+
+
+def test_a_retried_try_counts_once_and_the_next_try_waits_without_the_old_dates():
+    from trainyard.scheduling.utilisation import allocations_from_rows
+
+    rows = [
+        row(1, "up_for_retry", 10, 50, history=True),  # try 1, archived when try 2 was scheduled
+        row(2, "queued", 10, 50),  # the live row of try 2 still carries try 1's dates
+    ]
+    asked = {("train_pipeline", "r1"): 5.0}
+    (one,) = allocations_from_rows(rows, asked, {("train_pipeline", "r1"): "vision"})
+    assert (one.start, one.end, one.asked, one.first_try, one.team) == (10, 50, 5.0, True, "vision")
+    rows.append(row(3, "running", 70, None, history=False))  # try 3 started: a third record, not a new wait
+    rows[1] = row(2, "failed", 55, 60, history=True)
+    got = sorted(allocations_from_rows(rows, asked, {}), key=lambda a: a.start)
+    assert [(a.start, a.end, a.first_try, a.asked) for a in got] == [
+        (10, 50, True, 5.0),
+        (55, 60, False, None),
+        (70, None, False, None),
+    ]
+    assert report(FLEET, got, 0, 100).pools["a100"].allocated_s == 2 * (40 + 5 + 30)
+
+
+def test_skipped_and_cancelled_trainings_hold_nothing_and_wait_for_nothing():
+    from trainyard.scheduling.utilisation import allocations_from_rows
+
+    rows = [
+        row(0, "skipped", 40, 40, run="kubernetes-branch"),  # skipped: start = end = the moment of the skip
+        row(0, "upstream_failed", None, 40, run="failed-run"),
+        row(0, None, None, None, run="waiting"),  # its admit started: it waits
+        row(0, None, None, None, run="data-prep"),  # no admit yet: not waiting for GPUs
+    ]
+    asked = {("train_pipeline", "waiting"): 20.0, ("train_pipeline", "kubernetes-branch"): 30.0}
+    (waiting,) = allocations_from_rows(rows, asked, {})
+    assert waiting.run == "train_pipeline/waiting" and waiting.start is None and waiting.asked == 20.0
+
+
+def test_a_job_that_started_after_a_past_window_was_waiting_in_it():
+    records = [alloc("late", "vision", "a100", 1, 150, 160, asked=80)]
+    rep = report(FLEET, records, 0, 100)
+    assert rep.waiting == 1 and rep.waits["1"].max_s == 20
+
+
+def test_borrowing_beyond_what_the_others_could_lend_is_a_violation():
+    lender = parse_resources("""\
+gpu_types:
+  a100: {count: 4, price_per_hour: 1.0}
+teams:
+  vision: {quota: {a100: 2}}
+  nlp: {quota: {a100: 2}, lending_limit: {a100: 1}}
+""")
+    ok = [alloc("a", "vision", "a100", 3, 0, 10)]  # borrows the 1 nlp lends
+    assert report(lender, ok, 0, 10).violations == []
+    too_much = [alloc("a", "vision", "a100", 4, 0, 10)]  # 2 borrowed, 1 lendable
+    (v,) = report(lender, too_much, 0, 10).violations
+    assert v == "a100: 2 slots borrowed at once, 1 lendable (first at 0)"
