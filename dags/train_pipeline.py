@@ -233,7 +233,9 @@ def train_pipeline():
         (found again by the run key tag on a retry)."""
         from trainyard.pipeline import register as run
 
-        return run(_spec(spec), dataset, trained, exported, metrics, _run_key())
+        dag_run = get_current_context()["dag_run"]
+        user = getattr(dag_run, "triggering_user_name", None) or "train_pipeline"  # None: scheduled, dag.test()
+        return run(_spec(spec), dataset, trained, exported, metrics, _run_key(), user=user)
 
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for
     # at run time. `Any` says both to mypy, which still checks each call's arguments by count and name.

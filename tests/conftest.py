@@ -24,9 +24,18 @@ def _airflow_db_per_xdist_worker() -> None:
     worker, home = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("AIRFLOW_HOME")
     if not worker or not home or not (Path(home) / "airflow.db").is_file():
         return
-    copy = (Path(home) / f"airflow-{worker}.db").resolve()
-    shutil.copyfile(Path(home) / "airflow.db", copy)
-    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{copy}?timeout=60"
+    original = (Path(home) / "airflow.db").resolve()
+    copy = original.with_name(f"airflow-{worker}.db")
+    shutil.copyfile(original, copy)
+    # the rendered config's URL (with its options) with the copy's path
+    rendered = next(
+        line.split("=", 1)[1].strip()
+        for line in (Path(home) / "airflow.cfg").read_text().splitlines()
+        if line.startswith("sql_alchemy_conn")
+    )
+    if str(original) not in rendered:
+        raise RuntimeError(f"{home}/airflow.cfg's database is not {original}: run `make setup` again")
+    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = rendered.replace(str(original), str(copy))
 
 
 _airflow_db_per_xdist_worker()

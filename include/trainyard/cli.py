@@ -108,6 +108,34 @@ def cmd_report_utilisation(args) -> int:
     return 0
 
 
+def cmd_audit_verify(args) -> int:
+    """Check the audit trail's chain: every entry whole, in order, none removed (and ``--head`` still in it)."""
+    from trainyard.audit import AuditLog
+
+    trail = AuditLog(args.path)
+    problems, notes = trail.verify(args.head)
+    for note in notes:
+        print(f"note: {note}")
+    if problems:
+        for problem in problems:
+            print(f"TAMPERED: {problem}")
+        raise PermanentError(
+            f"the audit trail {trail.path} was changed outside trainyard ({len(problems)} problem(s) above); "
+            "restore it from a backup and find out who could write it"
+        )
+    entries = trail.entries()
+    print(f"{trail.path}: {len(entries)} entries, chain intact; head {trail.head()}")
+    return 0
+
+
+def cmd_audit_log(args) -> int:
+    from trainyard.audit import AuditLog
+
+    for entry in AuditLog(args.path).entries(args.kind)[-args.last :]:
+        print(json.dumps(entry, sort_keys=True))
+    return 0
+
+
 def cmd_cluster_manifests(args) -> int:
     """The fleet's Kubernetes objects (namespaces, quotas, priority classes, Kueue) as YAML for kubectl."""
     import yaml
@@ -328,6 +356,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the figures as JSON")
     p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
     p.set_defaults(func=cli_command(cmd_report_utilisation))
+
+    audit = sub.add_parser("audit", help="the tamper-evident audit trail").add_subparsers(
+        dest="audit_command", required=True
+    )
+    p = audit.add_parser("verify", help="check that no entry was edited, removed or reordered")
+    p.add_argument("--head", help="a head hash printed earlier: also catches entries cut off the end")
+    p.add_argument("--path", help="the trail (default: $TRAINYARD_HOME/audit/audit.jsonl)")
+    p.set_defaults(func=cli_command(cmd_audit_verify))
+    p = audit.add_parser("log", help="the newest entries, as JSON lines")
+    p.add_argument("--kind", help="only entries of this kind (alias_move, ...)")
+    p.add_argument("--last", type=int, default=50, help="how many (default 50)")
+    p.add_argument("--path", help="the trail (default: $TRAINYARD_HOME/audit/audit.jsonl)")
+    p.set_defaults(func=cli_command(cmd_audit_log))
 
     p = sub.add_parser("validate", help="validate a JobSpec YAML file and print it with defaults filled in")
     p.add_argument("job")

@@ -450,9 +450,11 @@ def register(
     metrics: dict,
     run_key: str,
     extra_tags: dict[str, str] | None = None,
+    user: str = "train_pipeline",
 ) -> dict:
     """One signed MLflow model version per DAG run: ONNX model (signature, input example), PyTorch weights
-    (and TorchScript) beside it, lineage, metrics, metric signatures and the gate result as tags."""
+    (and TorchScript) beside it, lineage, metrics, metric signatures and the gate result as tags. ``user``:
+    who triggered the run, the actor of the staging move in the audit trail."""
     from trainyard.recipes.base import load_input_example
     from trainyard.registry.mlflow_registry import register_onnx
     from trainyard.tracking import mlflow_tracking as mt
@@ -501,7 +503,7 @@ def register(
         info["name"],
         info["version"],
         "staging",
-        user="train_pipeline",
+        user=user,
         reason=f"registered by {run_key}",
         public_key=load_public_key(),
     )

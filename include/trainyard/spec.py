@@ -164,7 +164,9 @@ class Resources(_Model):
     gpus_per_node: int = Field(2, ge=1, le=64, description="worker processes (GPUs) on each node")
     gpu_type: str = Field("cpu", pattern=NAME_RE, description="a key of resources.yaml gpu_types")
     team: str = Field("default", pattern=NAME_RE, description="a key of resources.yaml teams")
-    priority: int = Field(1, ge=1, le=1000, description="Airflow priority_weight of the train task")
+    priority: int = Field(
+        1, ge=1, le=1000, description="order among waiting jobs; the train task's priority_weight is 1000 + this"
+    )
     max_hours: float = Field(
         24.0,
         gt=0,

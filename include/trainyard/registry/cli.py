@@ -30,9 +30,9 @@ def _errors() -> tuple[type[Exception], ...]:
     from mlflow.exceptions import MlflowException
 
     from trainyard.registry.signing import SigningKeyError, VerificationError
-    from trainyard.registry.versions import RollbackError
+    from trainyard.registry.versions import RollbackError, UnexplainedAlias
 
-    return MlflowException, LookupError, RollbackError, SigningKeyError, VerificationError
+    return MlflowException, LookupError, RollbackError, SigningKeyError, UnexplainedAlias, VerificationError
 
 
 def _as_command_error(err: Exception, doing: str = "") -> CommandError:
@@ -70,9 +70,15 @@ def cmd_verify(args) -> int:
     try:
         version = versions.resolve_version(c, args.model, args.version, args.alias)
         info = versions.verify_version(c, args.model, version, signing.load_public_key(args.key))
+        moved = versions.unexplained_aliases(c, args.model, versions.History())
     except _errors() as err:
         raise _as_command_error(err, "not verified: ") from err
-    print(json.dumps(info))
+    print(json.dumps({**info, "unexplained_aliases": moved}))
+    if moved:
+        raise CommandError(
+            f"version {version} verifies, but {'; '.join(moved.values())}; see 'trainyard models history "
+            f"{args.model}' and 'trainyard audit verify'"
+        )
     return 0
 
 

@@ -10,18 +10,17 @@ once: signing it again over the same content is a no-op; over different content 
 
 Moves: ``promote`` verifies the version, moves the alias, then appends a history entry (who, when, from
 which version, why). ``rollback`` picks the version that held the alias before the current one (or a named
-one) and goes through ``promote``, so the same checks apply. The history is an append-only JSON-lines file,
-``$TRAINYARD_HOME/registry/alias_history.jsonl`` (locked, fsynced): the source of truth. The newest entries
+one) and goes through ``promote``, so the same checks apply. The history is the alias moves of the audit
+trail, ``$TRAINYARD_HOME/audit/audit.jsonl`` (append-only, hash-chained, locked, fsynced; ``trainyard.audit``):
+the source of truth. The newest entries
 that fit in 5,000 characters are mirrored onto the registered model as tag ``trainyard.alias_history``,
 for a look in the MLflow UI; the mirror is best-effort and rebuilt from the file on every move.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import tempfile
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -41,6 +40,13 @@ SIGNATURE_TAG = "trainyard.signature"
 KEY_ID_TAG = "trainyard.signing_key_id"
 HISTORY_TAG = "trainyard.alias_history"
 TAG_LIMIT = 5000
+
+
+MANAGED_ALIASES = ("staging", "production")  # trainyard moves these; every move is in the audit trail
+
+
+class UnexplainedAlias(PermanentError):
+    """An alias points where trainyard's history does not say it does: it was moved outside trainyard."""
 
 
 class RollbackError(PermanentError):
@@ -182,57 +188,46 @@ def verify_version(client, name: str, version, public_key) -> dict:
 
 # -- history -----------------------------------------------------------------------------------------------
 class History:
-    """The append-only alias history: one JSON object per line, appended under an exclusive lock."""
+    """The alias moves of the audit trail (``trainyard.audit``: append-only, hash-chained, one JSON object
+    per line under an exclusive lock), kind ``alias_move``, actor = the user who moved it. Moves recorded
+    before the trail existed (``registry/alias_history.jsonl``) are imported into it once, in order."""
+
+    KIND = "alias_move"
+    LEGACY = "registry/alias_history.jsonl"
 
     def __init__(self, path: str | Path | None = None):
-        self.path = Path(path) if path else paths.home() / "registry" / "alias_history.jsonl"
+        from trainyard.audit import AuditLog
 
-    def append(self, entry: dict) -> dict:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        new = not self.path.exists()
-        with open(self.path, "a+b") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                f.seek(0, os.SEEK_END)
-                if f.tell():
-                    f.seek(-1, os.SEEK_END)
-                    # A writer that died mid-line left no newline: end that line so this entry stays whole.
-                    prefix = b"" if f.read(1) == b"\n" else b"\n"
-                else:
-                    prefix = b""
-                f.write(prefix + json.dumps(entry, sort_keys=True).encode("utf-8") + b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-        if new:
-            fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        return entry
+        self.log = AuditLog(path)
+        self.path = self.log.path
+        if path is None:
+            self._import_legacy(paths.home() / self.LEGACY)
 
-    def entries(self, name: str | None = None, alias: str | None = None) -> list[dict]:
-        if not self.path.exists():
-            return []
-        with open(self.path, "rb") as f:
-            fcntl.flock(f, fcntl.LOCK_SH)
-            try:
-                lines = f.read().splitlines()
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-        out = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+    def _import_legacy(self, legacy: Path) -> None:
+        if not legacy.exists():
+            return
+        moves = []
+        for n, line in enumerate(legacy.read_bytes().splitlines(), 1):
             try:
                 e = json.loads(line)
             except ValueError:
-                log.warning("%s:%d: unreadable history line skipped", self.path, n)
+                log.warning("%s:%d: unreadable history line not imported", legacy, n)
                 continue
+            fields = {k: v for k, v in e.items() if k not in ("at", "kind", "actor", "seq", "prev", "hash")}
+            moves.append((self.KIND, str(e.get("user") or "unknown"), {**fields, "recorded_at": e.get("at")}))
+        self.log.extend(
+            [(k, a, {**f, "imported_from": str(legacy)}) for k, a, f in moves], unless_kind_with="imported_from"
+        )
+
+    def append(self, entry: dict) -> dict:
+        """Record a move (``user`` is its actor); returns the entry as chained, with ``at``."""
+        return self.log.append(self.KIND, str(entry["user"]), **entry)
+
+    def entries(self, name: str | None = None, alias: str | None = None) -> list[dict]:
+        out = []
+        for e in self.log.entries(self.KIND):
             if (name is None or e.get("model") == name) and (alias is None or e.get("alias") == alias):
-                out.append(e)
+                out.append({**e, "at": e.get("recorded_at") or e["at"]})
         return out
 
 
@@ -246,7 +241,8 @@ def _mirror(client, name: str, history: History) -> None:
     from mlflow.exceptions import MlflowException
 
     kept: list[dict] = []
-    for e in reversed(history.entries(name)):
+    chain = ("prev", "hash", "kind", "actor", "imported_from", "recorded_at")  # the trail's own fields
+    for e in reversed([{k: v for k, v in e.items() if k not in chain} for e in history.entries(name)]):
         if len(json.dumps([e, *kept], separators=(",", ":"))) > TAG_LIMIT:
             break
         kept.insert(0, e)
@@ -302,6 +298,25 @@ def alias_holder(client, name: str, alias: str) -> str | None:
     return None if holder is None else str(holder)
 
 
+def unexplained_aliases(client, name: str, history) -> dict[str, str]:
+    """alias -> what is wrong, for each alias of ``name`` (trainyard's own, and any its history names)
+    whose holder is not the one its last recorded move put there."""
+    holders = {a: str(v) for a, v in client.get_registered_model(name).aliases.items()}
+    recorded: dict[str, str] = {}
+    for e in _entries(history, name, None):
+        recorded[e["alias"]] = e["to_version"]
+    out = {}
+    for alias in sorted((set(holders) & set(MANAGED_ALIASES)) | set(recorded)):
+        have, said = holders.get(alias), recorded.get(alias)
+        if have != said:
+            out[alias] = (
+                f"alias {alias!r} of {name!r} points at {'version ' + have if have else 'nothing'}, but trainyard's "
+                f"history has it at {'version ' + said if said else 'nothing'}: it was moved outside trainyard "
+                "(the MLflow UI or API)"
+            )
+    return out
+
+
 def resolve_version(client, name: str, version: str | int | None, alias: str = "staging") -> str:
     """``version`` itself, or (when empty) the version ``alias`` points at."""
     if version not in (None, ""):
@@ -310,6 +325,18 @@ def resolve_version(client, name: str, version: str | int | None, alias: str = "
     if holder is None:
         raise NotFoundError(f"no version given and {name!r} has no {alias!r} alias; give a version number")
     return holder
+
+
+def _check_source(name: str, alias: str, current: str | None, last: dict | None, action: str) -> None:
+    """UnexplainedAlias when ``alias`` points somewhere its last recorded move did not put it."""
+    said = last["to_version"] if last else None
+    if current is not None and current != said:
+        where = f"version {said}" if said else "nothing"
+        raise UnexplainedAlias(
+            f"alias {alias!r} of {name!r} points at version {current}, but trainyard's history has it at "
+            f"{where}: it was moved outside trainyard (the MLflow UI or API), so it is not a source to {action} "
+            f"from; find out who moved it, point it back at {where} in MLflow, then {action} again"
+        )
 
 
 def promote(
@@ -339,6 +366,7 @@ def promote(
         # Moved but not recorded (a crash between the two): record the move from the last recorded holder.
         from_version = last["to_version"] if last else None
     else:
+        _check_source(name, alias, current, last, action)
         from_version = current
     client.set_registered_model_alias(name, alias, version)
     entry = {
@@ -348,13 +376,12 @@ def promote(
         "to_version": version,
         "user": user,
         "reason": reason,
-        "at": datetime.now(UTC).isoformat(timespec="microseconds"),
         "action": action,
         "manifest_sha256": verified["manifest_sha256"],
         "key_id": verified["key_id"],
         **(extra or {}),
     }
-    history.append(entry)
+    entry = history.append(entry)
     _mirror(client, name, history)
     log.info("%s: %s alias %r %s -> %s by %s (%s)", action, name, alias, from_version, version, user, reason)
     return {**entry, "changed": True}
@@ -376,11 +403,9 @@ def rollback(
     one; verified like any promotion."""
     history = history or History()
     current = alias_holder(client, name, alias)
-    target: str | None
-    if to_version not in (None, ""):
-        target = str(to_version)
-    else:
-        target = previous_version(_entries(history, name, alias), current)
+    recorded = _entries(history, name, alias)
+    _check_source(name, alias, current, recorded[-1] if recorded else None, "rollback")
+    target = str(to_version) if to_version not in (None, "") else previous_version(recorded, current)
     if target is None:
         raise RollbackError(
             f"no version of {name!r} is recorded as holding {alias!r} before version {current}; "

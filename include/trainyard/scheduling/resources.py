@@ -82,8 +82,11 @@ class Scheduling(_Model):
     admission_poll_seconds: float = Field(
         10.0,
         gt=0,
-        le=60,
-        description="how often a waiting job asks the admission ledger again (its slots idle at most this long)",
+        le=60,  # well inside the waiting lease (admission.WAITING_LEASE_S, 120 s) that each look renews
+        description=(
+            "how often a waiting job asks the admission ledger again: slots freed by a finished job wait up "
+            "to this long for the next look, then for Airflow to start the training"
+        ),
     )
     kueue: bool = Field(
         False,

@@ -197,10 +197,10 @@ def test_previous_version(moves, current, expected):
 
 def test_history_file_survives_a_torn_write(tmp_path):
     h = History(tmp_path / "h.jsonl")
-    h.append({"model": "m", "alias": "production", "to_version": "1"})
+    h.append({"model": "m", "alias": "production", "to_version": "1", "user": "u"})
     with open(h.path, "ab") as f:
         f.write(b'{"model": "m", "alias": "produ')  # a writer died here
-    h.append({"model": "m", "alias": "production", "to_version": "2"})
+    h.append({"model": "m", "alias": "production", "to_version": "2", "user": "u"})
     assert [e["to_version"] for e in h.entries("m")] == ["1", "2"]
 
 
@@ -235,3 +235,35 @@ def test_cli(reg, capsys, monkeypatch):
     _flip(_stored_file(reg["home"], reg["model_id"], "model.onnx"))
     rc, out = run("promote", NAME, reg["v2"], "--reason", "again")
     assert rc == 1 and "not promoted" in out.err and "model.onnx: content changed" in out.err
+
+
+def test_an_alias_moved_outside_trainyard_is_flagged_and_refused_as_a_source(reg):
+    from trainyard.audit import AuditLog
+    from trainyard.registry.versions import UnexplainedAlias
+
+    c = reg["client"]
+    _promote(reg, reg["v1"])
+    assert versions.unexplained_aliases(c, NAME, reg["history"]) == {}
+    c.set_registered_model_alias(NAME, "production", reg["v2"])  # the MLflow UI, behind trainyard's back
+    (why,) = versions.unexplained_aliases(c, NAME, reg["history"]).values()
+    assert "points at version 2, but trainyard's history has it at version 1" in why
+    with pytest.raises(UnexplainedAlias, match="not a source to rollback from"):
+        versions.rollback(c, NAME, user="ann", reason="r", public_key=reg["public"], history=reg["history"])
+    with pytest.raises(UnexplainedAlias, match="point it back at version 1 in MLflow, then promote again"):
+        _promote(reg, reg["v1"], reason="again")
+    c.set_registered_model_alias(NAME, "production", reg["v1"])  # put back: explained again, promotable
+    assert _promote(reg, reg["v2"])["from_version"] == reg["v1"]
+    moves = AuditLog().entries("alias_move")
+    assert [(e["actor"], e["to_version"]) for e in moves] == [("ann", reg["v1"]), ("ann", reg["v2"])]
+    assert AuditLog().verify() == ([], [])
+
+
+def test_moves_recorded_before_the_audit_trail_are_imported_once(trainyard_home):
+    legacy = trainyard_home / "registry" / "alias_history.jsonl"
+    legacy.parent.mkdir(parents=True)
+    old = {"model": "m", "alias": "production", "from_version": None, "to_version": "1", "user": "bob"}
+    legacy.write_text(json.dumps({**old, "reason": "launch", "at": "2026-01-02T03:04:05+00:00"}) + "\n")
+    History()
+    (entry,) = History().entries("m")  # a second History imports nothing again
+    assert entry["at"] == "2026-01-02T03:04:05+00:00" and entry["actor"] == "bob" and entry["to_version"] == "1"
+    assert versions.live_at(History(), "m", "production", "2026-01-03") == "1"
