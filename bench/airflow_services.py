@@ -6,12 +6,15 @@ and wait for it. Used by tests/integration/test_rest_api.py and bench/orchestrat
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,8 +29,47 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class Postgres:
+    """A throwaway PostgreSQL server (the Debian package's binaries) for one Airflow: its own data folder,
+    on 127.0.0.1 at a free port, trust authentication, database ``airflow``. PostgreSQL refuses to run as
+    root, so as root its processes run as the ``postgres`` user the package creates."""
+
+    def __init__(self) -> None:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not found:
+            raise RuntimeError(
+                "PostgreSQL's server is not installed (no /usr/lib/postgresql/*/bin/initdb); "
+                "`make setup` installs it (apt-get install postgresql)"
+            )
+        self.bin = Path(found[-1]).parent
+        self.dir = Path(tempfile.mkdtemp(prefix="trainyard-pg-"))
+        self.port = _free_port()
+        self.url = f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/airflow"
+        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _run(self, *argv: str) -> None:
+        subprocess.run([*self.as_postgres, *argv], check=True, capture_output=True, text=True, cwd=self.dir)
+
+    def start(self) -> Postgres:
+        data = self.dir / "data"
+        if self.as_postgres:
+            self.dir.chmod(0o755)
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run(str(self.bin / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(str(self.bin / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
+        self._run(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "airflow")
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class Airflow:
-    def __init__(self, home: Path, trainyard_home: Path):
+    def __init__(self, home: Path, trainyard_home: Path, database: str | None = None):
+        """``database``: a SQLAlchemy URL for Airflow's metadata (default: SQLite in ``home``)."""
         self.home = home
         self.port = _free_port()
         self.url = f"http://localhost:{self.port}"
@@ -41,6 +83,8 @@ class Airflow:
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)
         self.env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)  # this Airflow's own database (xdist sets one)
+        if database:
+            self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = database
         self.procs: list[subprocess.Popen] = []
 
     def run(self, *argv):

@@ -146,7 +146,10 @@ def replay(
     config_dir = workdir / scenario / "config"
     shutil.copytree(REPO / "include" / "config", config_dir)
     (config_dir / "resources.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    af = airflow_services.Airflow(workdir / scenario / "airflow", workdir / scenario / "trainyard")
+    # PostgreSQL: under a job stream SQLite's single writer stops the scheduler or the triggerer with
+    # "database is locked" (a deferred transaction cannot wait for the lock), as Airflow's docs warn
+    database = airflow_services.Postgres().start()
+    af = airflow_services.Airflow(workdir / scenario / "airflow", workdir / scenario / "trainyard", database.url)
     af.env.update(
         {
             "TRAINYARD_CONFIG_DIR": str(config_dir),
@@ -156,9 +159,9 @@ def replay(
             "AIRFLOW__TRAINYARD__PRELOAD_MODULES": "trainyard.scheduling.admission",
         }
     )
-    af.setup()
-    af.start()
     try:
+        af.setup()
+        af.start()
         headers = af.headers()
         af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, DAG)
         # a running platform is warm: one job through both tasks before the clock starts
@@ -243,6 +246,7 @@ def replay(
         }
     finally:
         af.stop()
+        database.stop()
 
 
 def _wait_of(af, headers, run_id: str) -> float | None:

@@ -82,6 +82,11 @@ def _run_key() -> str:
     return f"{dag_run.dag_id}/{dag_run.run_id}"
 
 
+def _triggering_user() -> str | None:
+    """The Airflow user who triggered this run (UI, REST); None for a scheduled or asset-triggered run."""
+    return getattr(get_current_context()["dag_run"], "triggering_user_name", None) or None
+
+
 def _raw_spec() -> dict:
     """The JobSpec defaults (= the Params) overlaid with the run's conf: the trigger form sends every
     field as conf, a REST call sends what it overrides. Unknown keys stay, so the spec can refuse them."""
@@ -105,7 +110,7 @@ def train_pipeline():
         """Validate the JobSpec; fails at once, naming every bad field."""
         from trainyard.pipeline import validate_spec as check
 
-        return check(_raw_spec()).model_dump(mode="json")
+        return check(_raw_spec(), user=_triggering_user()).model_dump(mode="json")
 
     @task
     @fail_permanently
@@ -233,8 +238,7 @@ def train_pipeline():
         (found again by the run key tag on a retry)."""
         from trainyard.pipeline import register as run
 
-        dag_run = get_current_context()["dag_run"]
-        user = getattr(dag_run, "triggering_user_name", None) or "train_pipeline"  # None: scheduled, dag.test()
+        user = _triggering_user() or "train_pipeline"
         return run(_spec(spec), dataset, trained, exported, metrics, _run_key(), user=user)
 
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for

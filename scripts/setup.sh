@@ -65,6 +65,17 @@ else
 fi
 export PATH=$VENV/bin:$PATH
 
+# The scheduler replay (make bench-scheduler; a small one in make test) runs Airflow on a throwaway
+# PostgreSQL server (bench/airflow_services.py), from the Debian package's binaries.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing PostgreSQL's server (apt-get install postgresql)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  else
+    log "PostgreSQL's server is missing: the scheduler replay needs it (Debian: sudo apt-get install postgresql)"
+  fi
+fi
+
 "$VENV/bin/python" scripts/render_airflow_cfg.py
 log "migrating the Airflow database"
 airflow db migrate >"$AIRFLOW_HOME/db-migrate.log" 2>&1 || { cat "$AIRFLOW_HOME/db-migrate.log"; exit 1; }

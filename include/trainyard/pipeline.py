@@ -38,16 +38,19 @@ def run_dir(spec: JobSpec, run_key: str) -> Path:
 
 
 # -- 1. spec ---------------------------------------------------------------------------------------------
-def validate_spec(raw: dict) -> JobSpec:
-    """Parse and check a raw spec (Params merged with conf); raise SpecError naming every bad field."""
+def validate_spec(raw: dict, user: str | None = None) -> JobSpec:
+    """Parse and check a raw spec (Params merged with conf); raise SpecError naming every bad field.
+    ``user``: who triggered the run, who must be a member of its team (None: no person did)."""
     from trainyard import recipes
     from trainyard.scheduling.budgets import check_budget
-    from trainyard.scheduling.resources import check_spec, load_resources
+    from trainyard.scheduling.resources import check_member, check_policy, check_spec, load_resources
     from trainyard.training.strategies.precision import check_precision
 
     spec = parse_spec(raw)
     fleet = load_resources()
     check_spec(spec, fleet)
+    check_member(spec, fleet, user)
+    check_policy(spec, fleet)
     check_budget(spec, fleet, team_standing(fleet, spec.resources.team))
     recipes.check_spec(spec)
     # On Kubernetes the pods get GPUs exactly when the job names a GPU type, so a precision they cannot do

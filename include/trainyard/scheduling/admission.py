@@ -200,6 +200,10 @@ class Ledger:
         with self._connect() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(admission)")}
+            if "devices" not in columns:  # a ledger made before devices were allocated
+                with contextlib.suppress(sqlite3.OperationalError):  # another process added it meanwhile
+                    conn.execute("ALTER TABLE admission ADD COLUMN devices TEXT NOT NULL DEFAULT ''")
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:

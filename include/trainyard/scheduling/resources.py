@@ -13,6 +13,7 @@ slices that do not fit a GPU, a priority range upside down.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainyard import TRAINER_IMAGE
 from trainyard.errors import spec_error_message
 from trainyard.spec import JobSpec, SpecError
 
@@ -60,8 +62,32 @@ class PriorityRange(_Model):
     max: int = Field(1000, ge=1, le=1000)
 
 
+class TeamPolicy(_Model):
+    """What a team's jobs may ask for beyond GPUs: checked by ``validate_spec`` and again where each thing
+    is used (the Kubernetes launcher, the local launcher)."""
+
+    namespaces: list[str] | None = Field(
+        None, description="Kubernetes namespaces its jobs may run in (absent: 'trainyard' and trainyard-<team>)"
+    )
+    service_accounts: list[str] = Field(
+        [], description="service accounts its pods may run as, besides the namespace's default one"
+    )
+    image_prefixes: list[str] = Field(
+        [TRAINER_IMAGE.rsplit(":", 1)[0] + ":"], description="images its pods may run: names starting with one"
+    )
+    env: list[str] = Field(
+        [], description="environment variables its jobs may set (kubernetes.env), as names or patterns (NCCL_*)"
+    )
+    custom_commands: bool = Field(False, description="whether it may run its own command (recipe: custom)")
+    max_gpus_per_job: int | None = Field(None, ge=1, description="the most GPUs (slots) one job may ask for")
+
+
 class Team(_Model):
     description: str = ""
+    members: list[str] | None = Field(
+        None, description="the Airflow users who may run its jobs ('*': everyone; absent: everyone)"
+    )
+    policy: TeamPolicy = TeamPolicy()
     quota: dict[str, int] = Field({}, description="GPU type -> nominal quota in slots (guaranteed)")
     borrowing_limit: dict[str, int] = Field(
         {}, description="GPU type -> slots it may use beyond its quota from others' idle quota (absent: no limit)"
@@ -352,6 +378,87 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
                 ]
             )
         )
+
+
+def check_member(spec: JobSpec, config: ResourcesConfig, user: str | None) -> None:
+    """Refuse a job for a team ``user`` is not a member of, naming both. ``user`` None: a run no person
+    triggered (a schedule, an asset event), which acts as the team its job file names."""
+    team = spec.resources.team
+    members = config.teams[team].members if team in config.teams else None
+    if user is None or members is None or "*" in members or user in members:
+        return
+    raise SpecError(
+        spec_error_message(
+            [
+                f"resources.team: user {user!r} is not a member of team {team!r} (members: "
+                f"{', '.join(sorted(members)) or 'none'}); run it as a team you belong to, or ask for {user!r} "
+                "to be added to the team's members in resources.yaml"
+            ]
+        )
+    )
+
+
+def policy_problems(spec: JobSpec, config: ResourcesConfig) -> list[str]:
+    """Every field of ``spec`` its team's policy does not allow, each with what is allowed."""
+    team = spec.resources.team
+    if team not in config.teams:
+        return [f"resources.team: unknown team {team!r}; allowed: {sorted(config.teams)}"]
+    policy = config.teams[team].policy
+    problems = []
+    if spec.recipe == "custom" and not policy.custom_commands:
+        problems.append(
+            f"recipe: team {team!r} may not run its own commands (policy.custom_commands is false); "
+            "use a built-in recipe, or ask for custom_commands in resources.yaml"
+        )
+    if policy.max_gpus_per_job is not None and spec.resources.total_gpus > policy.max_gpus_per_job:
+        problems.append(
+            f"resources.gpus_per_node: team {team!r} may ask for at most {policy.max_gpus_per_job} GPU(s) per "
+            f"job (policy.max_gpus_per_job); the job asks for {spec.resources.total_gpus}"
+        )
+    k8s = spec.kubernetes
+    if spec.backends.launcher == "kubernetes":
+        namespaces = policy.namespaces if policy.namespaces is not None else ["trainyard", team_namespace(team)]
+        if k8s.namespace not in namespaces:
+            problems.append(
+                f"kubernetes.namespace: {k8s.namespace!r} is not allowed for team {team!r}; allowed: {namespaces}"
+            )
+        if k8s.service_account is not None and k8s.service_account not in policy.service_accounts:
+            allowed = policy.service_accounts or "only the namespace's default (leave it unset)"
+            problems.append(
+                f"kubernetes.service_account: {k8s.service_account!r} is not allowed for team {team!r}; "
+                f"allowed: {allowed}"
+            )
+        images = [("kubernetes.image", k8s.image)] + (
+            [("custom.image", spec.custom.image)] if spec.custom and spec.custom.image else []
+        )
+        for field, image in images:
+            if not any(image.startswith(prefix) for prefix in policy.image_prefixes):
+                problems.append(
+                    f"{field}: {image!r} is not allowed for team {team!r}; allowed: names starting with "
+                    f"{policy.image_prefixes}"
+                )
+        refused_env = sorted(name for name in k8s.env if not any(fnmatch.fnmatchcase(name, p) for p in policy.env))
+        if refused_env:
+            problems.append(
+                f"kubernetes.env: {refused_env} may not be set by team {team!r}; allowed: {policy.env or 'none'}"
+            )
+        if k8s.priority_class is not None:
+            value = config.priority_classes.get(k8s.priority_class)
+            ceiling = config.teams[team].priority.max
+            if value is None or value > ceiling:
+                allowed_classes = sorted(n for n, v in config.priority_classes.items() if v <= ceiling)
+                problems.append(
+                    f"kubernetes.priority_class: {k8s.priority_class!r} is not allowed for team {team!r}; allowed: "
+                    f"{allowed_classes}"
+                )
+    return problems
+
+
+def check_policy(spec: JobSpec, config: ResourcesConfig) -> None:
+    """SpecError naming every field of ``spec`` that its team's policy does not allow."""
+    problems = policy_problems(spec, config)
+    if problems:
+        raise SpecError(spec_error_message(problems))
 
 
 def max_reach(config: ResourcesConfig, team: str, gpu_type: str) -> int:

@@ -31,8 +31,8 @@ SPEC = {
     "resources": {"nodes": 2, "gpus_per_node": 4, "gpu_type": "h100-80gb", "team": "vision"},
     "distributed": {"strategy": "ddp"},
     "kubernetes": {
-        "namespace": "ml",
-        "priority_class": "train-high",
+        "namespace": "trainyard-vision",
+        "priority_class": "high",
         "node_selector": {"pool": "training"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
         "env": {"WANDB_MODE": "offline"},
@@ -124,7 +124,7 @@ def test_building_connects_to_nothing(run, monkeypatch):
 def test_build_job_request_obj_carries_the_spec_and_the_pods_paths(run):
     op = launcher(run).operator()
     job = op.build_job_request_obj(context())
-    assert job.metadata.namespace == "ml"
+    assert job.metadata.namespace == "trainyard-vision"
     assert (job.spec.completion_mode, job.spec.parallelism, job.spec.completions, job.spec.backoff_limit) == (
         "Indexed",
         2,
@@ -163,7 +163,7 @@ def test_execute_creates_the_job_and_service_and_defers_to_the_providers_trigger
     trigger = deferred.value.trigger
     assert isinstance(trigger, KubernetesJobTrigger) and isinstance(trigger, TrainingJobTrigger)
     assert deferred.value.method_name == "execute_complete"
-    assert (trigger.job_name, trigger.job_namespace, trigger.service_name) == (name, "ml", name)
+    assert (trigger.job_name, trigger.job_namespace, trigger.service_name) == (name, "trainyard-vision", name)
     assert trigger.pod_names == [p["metadata"]["name"] for p in cluster.pods_of(name)] and len(trigger.pod_names) == 2
     assert trigger.schedule_timeout == 7200  # kubernetes.schedule_timeout_s
     classpath, kwargs = trigger.serialize()
@@ -171,18 +171,21 @@ def test_execute_creates_the_job_and_service_and_defers_to_the_providers_trigger
     assert TrainingJobTrigger(**kwargs).serialize() == (classpath, kwargs)  # the triggerer rebuilds it
     # Still running: nothing is deleted while deferred.
     assert cluster.names("jobs") == cluster.names("services") == [name]
-    service = cluster.objects[("services", "ml", name)]
+    service = cluster.objects[("services", "trainyard-vision", name)]
     assert service["spec"]["clusterIP"] == "None"
-    assert service["metadata"]["ownerReferences"][0]["uid"] == cluster.objects[("jobs", "ml", name)]["metadata"]["uid"]
+    assert (
+        service["metadata"]["ownerReferences"][0]["uid"]
+        == cluster.objects[("jobs", "trainyard-vision", name)]["metadata"]["uid"]
+    )
 
 
 def _event(cluster, name, status="success"):
-    job = cluster.objects[("jobs", "ml", name)]
+    job = cluster.objects[("jobs", "trainyard-vision", name)]
     return {
         "name": name,
-        "namespace": "ml",
+        "namespace": "trainyard-vision",
         "pod_names": [p["metadata"]["name"] for p in cluster.pods_of(name)],
-        "pod_namespace": "ml",
+        "pod_namespace": "trainyard-vision",
         "status": status,
         "message": "Job failed" if status == "error" else "ok",
         "job": job,
@@ -278,12 +281,12 @@ def test_any_exception_after_creating_deletes_the_job_and_service(run, cluster):
         raise ConnectionError("the API server went away")
 
     cluster.on_request = lambda method, path: (
-        unavailable() if (method, path) == ("GET", "/api/v1/namespaces/ml/pods") else None
+        unavailable() if (method, path) == ("GET", "/api/v1/namespaces/trainyard-vision/pods") else None
     )
     with pytest.raises(ConnectionError):
         op.execute(context())
     cluster.on_request = None
-    assert ("POST", "/apis/batch/v1/namespaces/ml/jobs") in cluster.requests  # it had been created
+    assert ("POST", "/apis/batch/v1/namespaces/trainyard-vision/jobs") in cluster.requests  # it had been created
     assert nothing_left(cluster), cluster.objects.keys()
 
 
@@ -336,11 +339,12 @@ def test_single_node_defers_to_the_providers_pod_trigger_and_cleans_up_when_done
     assert (trigger.pod_name, trigger.schedule_timeout) == (name, 7200)
     assert cluster.names("pods") == [name] and cluster.names("jobs") == cluster.names("services") == []
 
-    pod = cluster.objects[("pods", "ml", name)]
+    pod = cluster.objects[("pods", "trainyard-vision", name)]
     cluster.finish([pod], started=STARTED, finished=FINISHED)
     cluster.logs[name] = "[rank 0]: done\n"
     launcher(run, SINGLE).trigger_reentry(
-        context(), {"status": "success", "name": name, "namespace": "ml", "message": "ok", "last_log_time": None}
+        context(),
+        {"status": "success", "name": name, "namespace": "trainyard-vision", "message": "ok", "last_log_time": None},
     )
     assert "[rank 0]: done" in capsys.readouterr().out
     assert nothing_left(cluster)
@@ -356,7 +360,7 @@ def test_single_node_on_kill_and_timeout_delete_the_pod(run, cluster):
     assert nothing_left(cluster)
 
     cluster.requests.clear()
-    created = ("POST", "/api/v1/namespaces/ml/pods")
+    created = ("POST", "/api/v1/namespaces/trainyard-vision/pods")
 
     def timeout_after_creating(method, path):
         if created in cluster.requests and (method, path) != created:

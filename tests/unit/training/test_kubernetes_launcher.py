@@ -26,8 +26,8 @@ BASE = {
     "backends": {"launcher": "kubernetes"},
     "resources": {"gpus_per_node": 2, "team": "vision"},
     "kubernetes": {
-        "namespace": "ml",
-        "priority_class": "train-high",
+        "namespace": "trainyard-vision",
+        "priority_class": "high",
         "service_account": "trainer",
         "node_selector": {"pool": "training"},
         "tolerations": [
@@ -57,6 +57,26 @@ STRATEGIES = {
     "deepspeed": ({"distributed": {"strategy": "deepspeed", "max_restarts": 2}}, "torchrun"),
     "custom": ({"recipe": "custom", "custom": {"command": BYO, "image": "registry.example/byo:1"}}, None),
 }
+
+
+@pytest.fixture(autouse=True)
+def vision_may_bring_its_own(tmp_path_factory, monkeypatch):
+    """The shipped fleet, with team vision allowed its own commands in its own registry's images (the
+    launcher checks the team's policy again where it builds the pods)."""
+    import shutil
+
+    import yaml
+
+    from trainyard.scheduling.resources import default_config_dir
+
+    config = tmp_path_factory.mktemp("fleet") / "config"
+    shutil.copytree(default_config_dir(), config)
+    data = yaml.safe_load((config / "resources.yaml").read_text())
+    data["teams"]["vision"]["policy"].update(
+        custom_commands=True, image_prefixes=["trainyard/trainer:", "registry.example/"]
+    )
+    (config / "resources.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -95,7 +115,12 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     name = K.job_name(spec, RUN_KEY)
     labels = K.run_labels(spec, RUN_KEY)
 
-    assert (job.kind, job.api_version, job.metadata.name, job.metadata.namespace) == ("Job", "batch/v1", name, "ml")
+    assert (job.kind, job.api_version, job.metadata.name, job.metadata.namespace) == (
+        "Job",
+        "batch/v1",
+        name,
+        "trainyard-vision",
+    )
     assert job.spec.completion_mode == "Indexed"
     assert job.spec.parallelism == job.spec.completions == nodes
     assert job.spec.backoff_limit == 0
@@ -105,7 +130,7 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     pod = job.spec.template.spec
     assert pod.restart_policy == "Never"
     assert pod.subdomain == name
-    assert pod.priority_class_name == "train-high" and pod.service_account_name == "trainer"
+    assert pod.priority_class_name == "high" and pod.service_account_name == "trainer"
     assert pod.node_selector == {**gpu_selector, "pool": "training"}
     assert [(t.key, t.operator, t.value, t.effect, t.toleration_seconds) for t in pod.tolerations] == [
         ("nvidia.com/gpu", "Exists", None, "NoSchedule", None),
@@ -141,7 +166,7 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     else:
         assert not any(k.startswith("HOROVOD_") for k in env)
 
-    pod0 = f"{name}-0.{name}.ml.svc.cluster.local"
+    pod0 = f"{name}-0.{name}.trainyard-vision.svc.cluster.local"
     if launcher_kind is None:
         assert c.command == BYO and c.image == "registry.example/byo:1"
         assert env["MASTER_ADDR"] == ("localhost" if nodes == 1 else pod0)

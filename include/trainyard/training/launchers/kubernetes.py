@@ -533,7 +533,12 @@ class KubernetesLauncher(Launcher):
         self.run_key, self.attempt, self.home, self.resources = run_key, attempt, Path(home), resources
 
     def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> KubernetesPlan:
-        """Writes the pods' run config next to ``config_path`` (idempotent) and builds the objects."""
+        """Writes the pods' run config next to ``config_path`` (idempotent) and builds the objects; SpecError
+        if the team's policy does not allow the namespace, service account, image or env (checked again
+        here, where the pods are made)."""
+        from trainyard.scheduling.resources import check_policy, load_resources
+
+        check_policy(spec, self.resources or load_resources())
         cfg = pod_run_config(RunConfig.load(config_path), self.home)
         pod_config = Path(run_dir) / POD_CONFIG
         cfg.dump(pod_config)

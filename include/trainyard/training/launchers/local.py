@@ -80,7 +80,11 @@ class LocalLauncher(Launcher):
         self.host = host
 
     def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> LocalPlan:
-        """MaxHoursReached if the run's earlier tries used all of ``resources.max_hours``."""
+        """MaxHoursReached if the run's earlier tries used all of ``resources.max_hours``; SpecError if its
+        team's policy does not allow it (checked again here, where the command is started)."""
+        from trainyard.scheduling.resources import check_policy, load_resources
+
+        check_policy(spec, load_resources())
         left = time_left(spec, run_dir)
         command = local_command(
             spec, self.host or this_host(), config_path=config_path, data_dir=data["path"], run_dir=run_dir
