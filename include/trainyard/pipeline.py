@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from trainyard import paths
 from trainyard.errors import PermanentError
 from trainyard.export.onnx_export import ExportFailed
-from trainyard.spec import JobSpec, parse_spec, safe_key
+from trainyard.spec import JobSpec, SpecError, parse_spec, safe_key
 
 if TYPE_CHECKING:
     from trainyard.recipes.base import Recipe
@@ -49,8 +49,14 @@ def validate_spec(raw: dict, user: str | None = None) -> JobSpec:
     spec = parse_spec(raw)
     fleet = load_resources()
     check_spec(spec, fleet)
-    check_member(spec, fleet, user)
-    check_policy(spec, fleet)
+    try:
+        check_member(spec, fleet, user)
+        check_policy(spec, fleet)
+    except SpecError as err:  # who tried what, in the audit trail
+        from trainyard.audit import AuditLog
+
+        AuditLog().append("policy_refusal", user or "scheduler", team=spec.resources.team, refused=str(err))
+        raise
     check_budget(spec, fleet, team_standing(fleet, spec.resources.team))
     recipes.check_spec(spec)
     # On Kubernetes the pods get GPUs exactly when the job names a GPU type, so a precision they cannot do

@@ -2,7 +2,7 @@
 
 Trigger train_pipeline with a conf and wait for success; trigger it with a conf its Params refuse (400)
 and with one only the JobSpec refuses and see the first task fail naming the fields; no token -> 401; a
-viewer cannot trigger (403).
+viewer cannot trigger (403); a user may trigger but not run the job of a team they are not in.
 """
 
 import importlib.util
@@ -28,7 +28,8 @@ def airflow(tmp_path_factory):
         pytest.fail("airflow is not installed in this environment: run the suite with `make test`")
     home = tmp_path_factory.mktemp("airflow_home")
     af = airflow_services.Airflow(home, tmp_path_factory.mktemp("trainyard_home"))
-    af.setup(users="admin:admin,ann:viewer")  # Airflow-level users for these tests: admin, a viewer
+    # Airflow-level users for these tests: admin, a viewer, and bob, who may trigger (op) and is in team nlp
+    af.setup(users="admin:admin,ann:viewer,bob:op")
     af.start()
     yield af
     af.stop()
@@ -134,6 +135,27 @@ def test_invalid_conf_fails_at_the_first_task(airflow):
     )
     assert log.ok, log.text
     assert "invalid JobSpec" in log.text and "val_fraction + test_fraction must be < 1" in log.text
+
+
+def test_a_user_outside_a_team_cannot_run_its_job(airflow):
+    headers = {"Authorization": f"Bearer {airflow.token('bob')}"}
+    r = requests.post(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns",
+        headers=headers,
+        json={"logical_date": None, "conf": {"resources": {"team": "vision", "gpus_per_node": 1}}},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text  # Airflow lets bob trigger; the team boundary is trainyard's
+    run_id = r.json()["dag_run_id"]
+    assert _wait_run(airflow, headers, run_id, seconds=300)["state"] == "failed"
+    tis = _task_instances(airflow, headers, run_id)
+    assert tis["validate_spec"]["state"] == "failed" and tis["train"]["state"] == "upstream_failed"
+    log = requests.get(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/validate_spec/logs/1",
+        headers={**headers, "Accept": "application/json"},
+        timeout=10,
+    )
+    assert "user 'bob' is not a member of team 'vision' (members: admin, alice)" in log.text, log.text[-3000:]
 
 
 def test_viewer_cannot_trigger(airflow):

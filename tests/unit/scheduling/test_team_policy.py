@@ -1,0 +1,105 @@
+"""Teams as a boundary: who may run a team's jobs, and what its jobs may ask for (namespaces, service
+accounts, images, env, their own commands, GPUs per job, priority class), each refusal naming the field
+and what is allowed, and written to the audit trail."""
+
+import pytest
+
+from trainyard.scheduling.resources import check_member, load_resources, parse_resources, policy_problems
+from trainyard.spec import SpecError, parse_spec
+
+FLEET = parse_resources("""\
+gpu_types:
+  a100: {count: 8, price_per_hour: 1.0}
+teams:
+  open: {quota: {a100: 2}}
+  vision:
+    members: [alice]
+    quota: {a100: 4}
+    priority: {max: 500}
+    policy:
+      namespaces: [vision-train]
+      service_accounts: [trainer]
+      image_prefixes: [registry.example/vision/]
+      env: ["NCCL_*", WANDB_MODE]
+      max_gpus_per_job: 4
+priority_classes: {low: 100, high: 900}
+""")
+
+
+def spec(team="vision", **kubernetes):
+    return parse_spec(
+        {
+            "backends": {"launcher": "kubernetes"},
+            "resources": {"team": team, "gpu_type": "a100", "gpus_per_node": 2},
+            "kubernetes": {"namespace": "vision-train", "image": "registry.example/vision/train:3", **kubernetes},
+        }
+    )
+
+
+def test_only_members_run_a_team_s_jobs():
+    check_member(spec(), FLEET, "alice")
+    check_member(spec(), FLEET, None)  # a scheduled run acts as the team its job file names
+    check_member(spec("open"), FLEET, "anyone")  # a team without members is open to everyone
+    with pytest.raises(SpecError, match=r"user 'mallory' is not a member of team 'vision' \(members: alice\)"):
+        check_member(spec(), FLEET, "mallory")
+
+
+def test_a_spec_within_the_policy_passes():
+    assert (
+        policy_problems(spec(service_account="trainer", env={"NCCL_DEBUG": "INFO", "WANDB_MODE": "off"}), FLEET) == []
+    )
+
+
+@pytest.mark.parametrize(
+    "kubernetes, expected",
+    [
+        (
+            {"namespace": "kube-system"},
+            "kubernetes.namespace: 'kube-system' is not allowed for team 'vision'; allowed: ['vision-train']",
+        ),
+        (
+            {"service_account": "cluster-admin"},
+            "kubernetes.service_account: 'cluster-admin' is not allowed for team 'vision'; allowed: ['trainer']",
+        ),
+        (
+            {"image": "docker.io/evil/miner:1"},
+            "kubernetes.image: 'docker.io/evil/miner:1' is not allowed for team "
+            "'vision'; allowed: names starting with ['registry.example/vision/']",
+        ),
+        (
+            {"env": {"LD_PRELOAD": "/x.so", "NCCL_DEBUG": "INFO"}},
+            "kubernetes.env: ['LD_PRELOAD'] may not be set by team 'vision'; allowed: ['NCCL_*', 'WANDB_MODE']",
+        ),
+        (
+            {"priority_class": "high"},
+            "kubernetes.priority_class: 'high' is not allowed for team 'vision'; allowed: ['low']",
+        ),
+    ],
+)
+def test_each_refused_field_is_named_with_what_is_allowed(kubernetes, expected):
+    assert policy_problems(spec(**kubernetes), FLEET) == [expected]
+
+
+def test_own_commands_and_large_jobs_are_refused_unless_allowed():
+    custom = parse_spec(
+        {
+            "recipe": "custom",
+            "custom": {"command": ["python", "train.py"]},
+            "resources": {"team": "vision", "gpu_type": "a100", "gpus_per_node": 6},
+        }
+    )
+    problems = policy_problems(custom, FLEET)
+    assert problems[0].startswith("recipe: team 'vision' may not run its own commands")
+    assert "may ask for at most 4 GPU(s) per job (policy.max_gpus_per_job); the job asks for 6" in problems[1]
+
+
+def test_validate_spec_refuses_a_non_member_and_audits_it(trainyard_home):
+    from trainyard.audit import AuditLog
+    from trainyard.pipeline import validate_spec
+
+    assert "operator" not in (load_resources().teams["vision"].members or [])
+    with pytest.raises(SpecError, match="user 'operator' is not a member of team 'vision'"):
+        validate_spec({"resources": {"team": "vision", "gpu_type": "cpu"}}, user="operator")
+    (entry,) = AuditLog().entries("policy_refusal")
+    assert entry["actor"] == "operator" and entry["team"] == "vision" and "not a member" in entry["refused"]
+    validate_spec({"resources": {"team": "default"}}, user="operator")  # everyone is in the default team
