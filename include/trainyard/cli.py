@@ -98,7 +98,7 @@ def cmd_report_utilisation(args) -> int:
     except ValueError as err:
         raise PermanentError(f"{err}; pass --type with GPU types of the resources file") from None
     allocations = allocations_from_airflow(since, until)
-    rep = report(fleet, allocations, since, until, types)
+    rep = report(fleet, allocations, since, until, types, args.tolerance)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=1))
     else:
@@ -353,6 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", type=_moment, help="end of the window, ISO 8601 (default: now)")
     p.add_argument("--type", action="append", help="a GPU type in the fleet figure (repeat; default: every type)")
     p.add_argument("--png", help="also draw utilisation over time, stacked by team, into this PNG file")
+    from trainyard.scheduling.utilisation import HANDOVER_S
+
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=HANDOVER_S,
+        help="seconds a limit may look exceeded at a stretch (a job's slots handed to the next one a moment "
+        "before Airflow records the first's end) before it is a violation (default %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="the figures as JSON")
     p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
     p.set_defaults(func=cli_command(cmd_report_utilisation))

@@ -13,8 +13,10 @@ Definitions (``trainyard report utilisation`` prints them with the figures):
   cluster), from the training task's first queueing. A job still waiting at the window's end counts with
   its wait so far;
 * **borrowed**: at each moment, what a team holds of a type beyond its quota, integrated over the window;
-* **violation**: a moment at which a type's allocations exceed its slots, or a team's exceed its quota
-  plus its borrowing limit.
+* **violation**: a type's allocations above its slots, a team's above its quota plus its borrowing limit,
+  or the teams above quota holding more than the others could lend, for more than ``HANDOVER_S`` (5 s)
+  at a stretch: a job hands its slots to the ledger as its training ends, a moment before Airflow stamps
+  the task's end, so the next job's record may overlap the last one's by about a second.
 
 Pure functions over :class:`Allocation` records; :func:`allocations_from_airflow` reads them from the
 Airflow database (``task_instance`` and ``task_instance_history``, joined to the run's conf for the team).
@@ -36,6 +38,10 @@ from trainyard.scheduling.resources import POOL_PREFIX, ResourcesConfig
 DROPPED = ("skipped", "upstream_failed", "removed")
 # the latest try in one of these has not started (its row may still carry the previous try's dates)
 NOT_STARTED = ("scheduled", "queued", "up_for_retry", "up_for_reschedule", "restarting")
+# A job hands its slots back to the ledger as its training ends, a moment before Airflow writes the task's
+# end: the next job may start in that moment, so two records overlap by about a second. A limit exceeded
+# for longer than this at a stretch is a violation.
+HANDOVER_S = 5.0
 SIZE_BUCKETS = ((1, 1, "1"), (2, 2, "2"), (3, 4, "3-4"), (5, 8, "5-8"), (9, 10**9, "9+"))
 
 
@@ -155,18 +161,25 @@ def _steps(spans: Iterable[tuple[float, float, int]]) -> list[tuple[float, int]]
     return out
 
 
-def _above(steps: list[tuple[float, int]], limit: int) -> tuple[float, int, float | None]:
-    """Seconds-times-amount above ``limit``, the highest level, and when it was first exceeded."""
-    area, peak, first = 0.0, 0, None
+def _above(steps: list[tuple[float, int]], limit: int) -> tuple[float, int, float | None, float]:
+    """Seconds-times-amount above ``limit``, the highest level, when it was first exceeded, and the
+    longest stretch of time it stayed exceeded."""
+    area, peak, first, longest, since = 0.0, 0, None, 0.0, None
     for (t, level), (t_next, _) in zip(steps, steps[1:], strict=False):
         peak = max(peak, level)
         if level > limit:
             area += (level - limit) * (t_next - t)
             first = t if first is None else first
-    return area, peak, first
+            since = t if since is None else since
+            longest = max(longest, t_next - since)
+        else:
+            since = None
+    return area, peak, first, longest
 
 
-def _overlent(config: ResourcesConfig, gpu_type: str, spans: dict[str, list[tuple[float, float, int]]]) -> list[str]:
+def _overlent(
+    config: ResourcesConfig, gpu_type: str, spans: dict[str, list[tuple[float, float, int]]], tolerance: float
+) -> list[str]:
     """Moments at which the teams above their quota of ``gpu_type`` held more than the others could lend:
     their idle quota up to each one's lending limit, plus the slots in nobody's quota."""
     known = {team: ss for team, ss in spans.items() if team in config.teams}
@@ -180,6 +193,8 @@ def _overlent(config: ResourcesConfig, gpu_type: str, spans: dict[str, list[tupl
             deltas[lo][team] += amount
             deltas[hi][team] -= amount
     used = dict.fromkeys(config.teams, 0)
+    since: float | None = None
+    worst: tuple[float, float, int, int] | None = None  # (stretch, start, borrowed, lendable)
     for t in sorted(deltas):
         for team, change in deltas[t].items():
             used[team] += change
@@ -188,8 +203,14 @@ def _overlent(config: ResourcesConfig, gpu_type: str, spans: dict[str, list[tupl
             min(config.lending_limit(team, gpu_type), max(0, quota[team] - used[team])) for team in used
         )
         if borrowed > lendable:
-            return [f"{gpu_type}: {borrowed} slots borrowed at once, {lendable} lendable (first at {t:.0f})"]
-    return []
+            since = t if since is None else since
+        elif since is not None:
+            if worst is None or t - since > worst[0]:
+                worst = (t - since, since, borrowed, lendable)
+            since = None
+    if worst is None or worst[0] <= tolerance:
+        return []
+    return [f"{gpu_type}: more borrowed than lendable for {worst[0]:.1f} s (from {worst[1]:.0f})"]
 
 
 def check_types(config: ResourcesConfig, gpu_types: Sequence[str] | None) -> list[str]:
@@ -207,9 +228,11 @@ def report(
     since: float,
     until: float,
     gpu_types: Sequence[str] | None = None,
+    tolerance: float = HANDOVER_S,
 ) -> Report:
     """The window's utilisation per pool (``gpu_types``: those in the fleet figure, default every type in
-    the file), per team, waits by size, borrowing and violations."""
+    the file), per team, waits by size, borrowing and violations: a limit exceeded for more than
+    ``tolerance`` seconds at a stretch."""
     window = until - since
     if window <= 0:
         raise ValueError(f"the window is empty: since {since} is not before until {until}")
@@ -227,27 +250,30 @@ def report(
         team["allocated_s"] += a.slots * (clipped[1] - clipped[0])
     violations: list[str] = []
     for t, pool in pools.items():
-        _, peak, first = _above(_steps(s for (_, gt), ss in spans.items() if gt == t for s in ss), pool.slots)
-        if first is not None:
-            violations.append(f"{t}: {peak} slots allocated at once, the type has {pool.slots} (first at {first:.0f})")
+        _, peak, first, stretch = _above(_steps(s for (_, gt), ss in spans.items() if gt == t for s in ss), pool.slots)
+        if first is not None and stretch > tolerance:
+            violations.append(
+                f"{t}: {peak} slots allocated at once, the type has {pool.slots} (for {stretch:.1f} s at most; "
+                f"first at {first:.0f})"
+            )
     for (team_name, t), team_spans in sorted(spans.items()):
         steps = _steps(team_spans)
         quota = config.quota(team_name, t) if team_name in config.teams else 0
-        borrowed, _, _ = _above(steps, quota)
+        borrowed, _, _, _ = _above(steps, quota)
         pools[t].borrowed_s += borrowed
         teams[team_name]["borrowed_s"] += borrowed
         if team_name not in config.teams:  # a team the file no longer has: no limits to hold it to
             continue
         limit = config.borrowing_limit(team_name, t)
         if limit is not None:
-            _, peak, first = _above(steps, quota + limit)
-            if first is not None:
+            _, peak, first, stretch = _above(steps, quota + limit)
+            if first is not None and stretch > tolerance:
                 violations.append(
                     f"{t}: team {team_name} held {peak} slots, its quota {quota} + borrowing limit {limit} "
-                    f"(first at {first:.0f})"
+                    f"(for {stretch:.1f} s at most; first at {first:.0f})"
                 )
     for t in pools:
-        violations += _overlent(config, t, {team: ss for (team, gt), ss in spans.items() if gt == t})
+        violations += _overlent(config, t, {team: ss for (team, gt), ss in spans.items() if gt == t}, tolerance)
     total = sum(p.allocated_s for p in pools.values())
     for team in teams.values():
         team["share"] = team["allocated_s"] / total if total else 0.0
