@@ -3,7 +3,7 @@ jobs from two teams on an 8-slot pool where every limit binds (``tests/fixtures/
 borrows at most 2, nlp lends at most 2), with one 4-slot job among 1- and 2-slot ones. Only invariants are
 asserted, never a utilisation figure (that is `make bench-scheduler`'s): from Airflow's own task records,
 through `trainyard report utilisation`, never more slots allocated than exist, no team above its quota
-plus its borrowing limit, nothing borrowed beyond what was lendable; borrowing happened; every job
+plus its borrowing limit (for more than a handover's moment); borrowing happened; every job
 finishes; the large job starts within the wait bound; the cost report has the run's GPU time."""
 
 import json

@@ -13,10 +13,11 @@ Definitions (``trainyard report utilisation`` prints them with the figures):
   cluster), from the training task's first queueing. A job still waiting at the window's end counts with
   its wait so far;
 * **borrowed**: at each moment, what a team holds of a type beyond its quota, integrated over the window;
-* **violation**: a type's allocations above its slots, a team's above its quota plus its borrowing limit,
-  or the teams above quota holding more than the others could lend, for more than ``HANDOVER_S`` (5 s)
-  at a stretch: a job hands its slots to the ledger as its training ends, a moment before Airflow stamps
-  the task's end, so the next job's record may overlap the last one's by about a second.
+* **violation**: a type's allocations above its slots, or a team's above its quota plus its borrowing
+  limit, for more than ``HANDOVER_S`` (5 s) at a stretch: a job hands its slots to the ledger as its
+  training ends, a moment before Airflow stamps the task's end, so the next job's record may overlap the
+  last one's by about a second. Reported apart (``Report.overlent``), not as violations: stretches in which
+  the teams above quota held more than the others' lending limits allow.
 
 Pure functions over :class:`Allocation` records; :func:`allocations_from_airflow` reads them from the
 Airflow database (``task_instance`` and ``task_instance_history``, joined to the run's conf for the team).
@@ -90,6 +91,10 @@ class Report:
     longest_wait: tuple[str, int, float] | None  # (run, slots, seconds)
     waiting: int  # jobs still waiting at the window's end
     violations: list[str] = field(default_factory=list)
+    # stretches in which borrowers held more than the others' lending limits allow: the ledger checks the
+    # limits when it admits a borrower; a lender that takes its own quota back afterwards is not made to
+    # wait, and nothing running is preempted, so another team's reserve covers it until a borrower ends
+    overlent: list[str] = field(default_factory=list)
 
     @property
     def fleet(self) -> PoolUse:
@@ -126,6 +131,7 @@ class Report:
             ),
             "waiting": self.waiting,
             "violations": self.violations,
+            "overlent": self.overlent,
         }
 
 
@@ -272,8 +278,9 @@ def report(
                     f"{t}: team {team_name} held {peak} slots, its quota {quota} + borrowing limit {limit} "
                     f"(for {stretch:.1f} s at most; first at {first:.0f})"
                 )
+    overlent: list[str] = []
     for t in pools:
-        violations += _overlent(config, t, {team: ss for (team, gt), ss in spans.items() if gt == t}, tolerance)
+        overlent += _overlent(config, t, {team: ss for (team, gt), ss in spans.items() if gt == t}, tolerance)
     total = sum(p.allocated_s for p in pools.values())
     for team in teams.values():
         team["share"] = team["allocated_s"] / total if total else 0.0
@@ -300,7 +307,7 @@ def report(
         for _, _, name in SIZE_BUCKETS
         if (w := by_size.get(name))
     }
-    return Report(since, until, pools, dict(sorted(teams.items())), waits, longest, waiting, violations)
+    return Report(since, until, pools, dict(sorted(teams.items())), waits, longest, waiting, violations, overlent)
 
 
 def timeline(
@@ -381,6 +388,11 @@ def format_report(rep: Report) -> str:
         lines.append(f"still waiting at the window's end: {rep.waiting} job(s) (counted with their wait so far)")
     lines.append("")
     lines.append("violations: none" if not rep.violations else "violations:\n  " + "\n  ".join(rep.violations))
+    if rep.overlent:
+        lines.append(
+            "lent beyond lending limits (a lender took its quota back while borrowers held it; nothing is "
+            "preempted):\n  " + "\n  ".join(rep.overlent)
+        )
     return "\n".join(lines)
 
 
