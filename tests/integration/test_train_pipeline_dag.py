@@ -107,8 +107,9 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
 
     assert verify_version(c, "digits", mv.version, load_public_key())["manifest_sha256"] == again["manifest_sha256"]
     moves = [e for e in History().entries() if e["model"] == "digits" and e["alias"] == "staging"]
-    assert [(m["from_version"], m["to_version"], m["user"]) for m in moves] == [
-        (None, str(mv.version), "train_pipeline")
+    mover = dr.triggering_user_name or "train_pipeline"  # who triggered the run (dag.test() names one)
+    assert [(m["from_version"], m["to_version"], m["user"], m["actor"]) for m in moves] == [
+        (None, str(mv.version), mover, mover)
     ]
 
     # Champion/challenger: with this version in production, the same model is measured again through its
