@@ -5,8 +5,8 @@ its own fields, ``prev`` (the hash of the entry before it; 64 zeros for the firs
 the entry's canonical JSON without ``hash``. An edited entry no longer matches its hash, a removed or
 reordered one breaks the next entry's ``prev`` or the run of ``seq``; :meth:`AuditLog.verify` names the
 first entry at fault. Removing entries from the end leaves a shorter, valid chain: that is caught only
-against a head recorded elsewhere (``trainyard audit verify --head HASH``, the hash ``trainyard audit head``
-printed earlier), as for any hash chain without an outside anchor.
+against a head recorded elsewhere (``trainyard audit verify --head HASH``, the head an earlier
+``trainyard audit verify`` printed), as for any hash chain without an outside anchor.
 
 Appends hold an exclusive ``flock`` on the file, read the last entry, and write and fsync one line, so
 concurrent processes chain one after another. A writer that died mid-line leaves a torn line, which the
@@ -143,10 +143,10 @@ class AuditLog:
                 )
             if entry.get("seq") != seq + 1:
                 problems.append(f"{where}: entry {entry.get('seq')} where {seq + 1} was due")
-            prev, seq = entry.get("hash", ""), entry.get("seq", seq) if isinstance(entry.get("seq"), int) else seq
-            seen_head = seen_head or prev == head
             if problems:
                 break  # what follows a break cannot be checked against it
+            prev, seq = entry["hash"], entry["seq"]
+            seen_head = seen_head or prev == head
         if not seen_head and not problems:
             problems.append(
                 f"{self.path}: the recorded head {head} is not in the trail: entries at its end were removed"

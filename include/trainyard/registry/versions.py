@@ -19,6 +19,7 @@ for a look in the MLflow UI; the mirror is best-effort and rebuilt from the file
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
@@ -27,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from trainyard import paths
+from trainyard.audit import RESERVED, AuditLog
 from trainyard.errors import NotFoundError, PermanentError
 from trainyard.registry import signing
 from trainyard.registry.signing import VerificationError
@@ -196,8 +198,6 @@ class History:
     LEGACY = "registry/alias_history.jsonl"
 
     def __init__(self, path: str | Path | None = None):
-        from trainyard.audit import AuditLog
-
         self.log = AuditLog(path)
         self.path = self.log.path
         if path is None:
@@ -213,11 +213,14 @@ class History:
             except ValueError:
                 log.warning("%s:%d: unreadable history line not imported", legacy, n)
                 continue
-            fields = {k: v for k, v in e.items() if k not in ("at", "kind", "actor", "seq", "prev", "hash")}
+            fields = {k: v for k, v in e.items() if k not in RESERVED}
             moves.append((self.KIND, str(e.get("user") or "unknown"), {**fields, "recorded_at": e.get("at")}))
         self.log.extend(
             [(k, a, {**f, "imported_from": str(legacy)}) for k, a, f in moves], unless_kind_with="imported_from"
         )
+        # imported (here or by another process): set aside, so later histories do not read the trail again
+        with contextlib.suppress(FileNotFoundError):
+            legacy.rename(legacy.with_name(legacy.name + ".imported"))
 
     def append(self, entry: dict) -> dict:
         """Record a move (``user`` is its actor); returns the entry as chained, with ``at``."""
@@ -305,16 +308,21 @@ def unexplained_aliases(client, name: str, history) -> dict[str, str]:
     recorded: dict[str, str] = {}
     for e in _entries(history, name, None):
         recorded[e["alias"]] = e["to_version"]
-    out = {}
-    for alias in sorted((set(holders) & set(MANAGED_ALIASES)) | set(recorded)):
-        have, said = holders.get(alias), recorded.get(alias)
-        if have != said:
-            out[alias] = (
-                f"alias {alias!r} of {name!r} points at {'version ' + have if have else 'nothing'}, but trainyard's "
-                f"history has it at {'version ' + said if said else 'nothing'}: it was moved outside trainyard "
-                "(the MLflow UI or API)"
-            )
-    return out
+    aliases = sorted((set(holders) & set(MANAGED_ALIASES)) | set(recorded))
+    return {
+        alias: _moved_outside(name, alias, holders.get(alias), recorded.get(alias))
+        for alias in aliases
+        if holders.get(alias) != recorded.get(alias)
+    }
+
+
+def _moved_outside(name: str, alias: str, have: str | None, said: str | None) -> str:
+    """Why ``alias`` is unexplained: it points at ``have``, its last recorded move put it at ``said``."""
+    return (
+        f"alias {alias!r} of {name!r} points at {'version ' + have if have else 'nothing'}, but trainyard's "
+        f"history has it at {'version ' + said if said else 'nothing'}: it was moved outside trainyard "
+        "(the MLflow UI or API)"
+    )
 
 
 def resolve_version(client, name: str, version: str | int | None, alias: str = "staging") -> str:
@@ -333,9 +341,8 @@ def _check_source(name: str, alias: str, current: str | None, last: dict | None,
     if current is not None and current != said:
         where = f"version {said}" if said else "nothing"
         raise UnexplainedAlias(
-            f"alias {alias!r} of {name!r} points at version {current}, but trainyard's history has it at "
-            f"{where}: it was moved outside trainyard (the MLflow UI or API), so it is not a source to {action} "
-            f"from; find out who moved it, point it back at {where} in MLflow, then {action} again"
+            f"{_moved_outside(name, alias, current, said)}, so it is not a source to {action} from; find out who "
+            f"moved it, point it back at {where} in MLflow, then {action} again"
         )
 
 

@@ -366,9 +366,8 @@ def look(ledger: Ledger, job: Job) -> Decision:
     return ledger.request(job, spent_this_month(ledger.config, paths.runs_root()))
 
 
-def job_for(resources: Resources, run_key: str) -> Job:
+def job_for(res: Resources, run_key: str) -> Job:
     """The ledger's view of a run's JobSpec (its ``resources``)."""
-    res = resources
     return Job(run_key, res.team, res.gpu_type, res.total_gpus, res.priority, res.max_hours)
 
 

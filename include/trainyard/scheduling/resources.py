@@ -320,6 +320,10 @@ def pool_changes(current: dict[str, dict], wanted: dict[str, dict]) -> list[tupl
     return changes
 
 
+def _unknown_team(team: str, config: ResourcesConfig) -> str:
+    return f"resources.team: unknown team {team!r}; allowed: {sorted(config.teams)}"
+
+
 def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
     """Refuse a job that could never be scheduled (Airflow never runs a task whose pool_slots exceed the
     pool's size: it would wait forever instead), or that its team may not run: a GPU type the team has no
@@ -333,9 +337,7 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
             )
         )
     if res.team not in config.teams:
-        raise SpecError(
-            spec_error_message([f"resources.team: unknown team {res.team!r}; allowed: {sorted(config.teams)}"])
-        )
+        raise SpecError(spec_error_message([_unknown_team(res.team, config)]))
     size = config.gpu_types[res.gpu_type].slots
     if res.total_gpus > size:
         raise SpecError(
@@ -402,7 +404,7 @@ def policy_problems(spec: JobSpec, config: ResourcesConfig) -> list[str]:
     """Every field of ``spec`` its team's policy does not allow, each with what is allowed."""
     team = spec.resources.team
     if team not in config.teams:
-        return [f"resources.team: unknown team {team!r}; allowed: {sorted(config.teams)}"]
+        return [_unknown_team(team, config)]
     policy = config.teams[team].policy
     problems = []
     if spec.recipe == "custom" and not policy.custom_commands:

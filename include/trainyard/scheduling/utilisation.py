@@ -200,7 +200,7 @@ def _overlent(
             deltas[hi][team] -= amount
     used = dict.fromkeys(config.teams, 0)
     since: float | None = None
-    worst: tuple[float, float, int, int] | None = None  # (stretch, start, borrowed, lendable)
+    worst: tuple[float, float] | None = None  # (the longest stretch, its start)
     for t in sorted(deltas):
         for team, change in deltas[t].items():
             used[team] += change
@@ -212,7 +212,7 @@ def _overlent(
             since = t if since is None else since
         elif since is not None:
             if worst is None or t - since > worst[0]:
-                worst = (t - since, since, borrowed, lendable)
+                worst = (t - since, since)
             since = None
     if worst is None or worst[0] <= tolerance:
         return []
