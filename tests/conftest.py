@@ -41,6 +41,21 @@ def _airflow_db_per_xdist_worker() -> None:
 _airflow_db_per_xdist_worker()
 
 
+@pytest.fixture(autouse=True)
+def _sandbox_or_skip(request):
+    """Tests marked ``sandbox`` need the custom-command sandbox. Without root it cannot exist: skipped. As
+    root (CI) it must: a missing one fails the test, naming what `trainyard sandbox setup` would fix."""
+    if request.node.get_closest_marker("sandbox") is None:
+        return
+    from trainyard.training.launchers.sandbox import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason and os.geteuid() == 0:
+        pytest.fail(f"the sandbox is missing on a root machine: {reason}")
+    if reason:
+        pytest.skip(f"no custom-command sandbox here: {reason}")
+
+
 @pytest.fixture
 def trainyard_home(tmp_path, monkeypatch):
     """A fresh TRAINYARD_HOME (store, cache, runs, MLflow) per test."""

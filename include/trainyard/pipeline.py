@@ -59,6 +59,10 @@ def validate_spec(raw: dict, user: str | None = None) -> JobSpec:
         raise
     check_budget(spec, fleet, team_standing(fleet, spec.resources.team))
     recipes.check_spec(spec)
+    if spec.recipe == "custom" and spec.backends.launcher == "local":
+        from trainyard.training.launchers.sandbox import require
+
+        require()  # refused here, before any data moves, rather than at the train step
     # On Kubernetes the pods get GPUs exactly when the job names a GPU type, so a precision they cannot do
     # is refused here, before any data moves. A local job's workers use whatever CUDA devices this machine
     # has, which only the workers see (this step does not import torch): they refuse it, naming the field.
@@ -316,7 +320,7 @@ def champion_metrics(spec: JobSpec, data: dict) -> dict | None:
     from mlflow.exceptions import MlflowException
 
     from trainyard import recipes
-    from trainyard.registry.signing import load_public_key
+    from trainyard.registry.signing import trusted_keys
     from trainyard.registry.versions import storage_uri, verify_version
     from trainyard.tracking import mlflow_tracking as mt
 
@@ -325,7 +329,7 @@ def champion_metrics(spec: JobSpec, data: dict) -> dict | None:
         mv = c.get_model_version_by_alias(spec.name, "production")
     except MlflowException:
         return None
-    verify_version(c, spec.name, mv.version, load_public_key())  # never compare against tampered files
+    verify_version(c, spec.name, mv.version, trusted_keys())  # never compare against tampered files
     # The storage location itself, into a temp dir: a models:/ download writes a metadata file into its
     # destination, which must never be the artifact store.
     local = Path(
@@ -433,9 +437,11 @@ def check_custom_onnx(trained: dict) -> dict:
 
     from trainyard.export.onnx_export import onnx_session
     from trainyard.recipes.base import save_input_example
+    from trainyard.training import custom
 
     if not trained.get("onnx_path"):
-        raise ExportFailed(f"the custom command wrote no model.onnx into {trained['run_dir']}")
+        raise ExportFailed(f"the custom command wrote no model.onnx into {custom.work_dir(trained['run_dir'])}")
+    custom.check_external_data(Path(trained["onnx_path"]))
     onnx.checker.check_model(trained["onnx_path"], full_check=True)
     session = onnx_session(trained["onnx_path"])
     inp = session.get_inputs()[0]
@@ -500,7 +506,7 @@ def register(
         tags=tags,
         alias=None,  # set below, after signing, through the recorded (verified) alias move
     )
-    from trainyard.registry.signing import load_private_key, load_public_key
+    from trainyard.registry.signing import load_private_key, trusted_keys
     from trainyard.registry.versions import promote, sign_version
 
     # A digest of every file of the version and an Ed25519 signature over them: promote and rollback
@@ -514,7 +520,7 @@ def register(
         "staging",
         user=user,
         reason=f"registered by {run_key}",
-        public_key=load_public_key(),
+        trusted=trusted_keys(),
     )
     log.info(
         "registered %s version %s (%s), signed by key %s",

@@ -157,8 +157,9 @@ def sign_version(client, name: str, version, private_key) -> dict:
     return {**summary, "changed": True}
 
 
-def verify_version(client, name: str, version, public_key) -> dict:
-    """Download the version again and check it against its signed manifest; VerificationError if not."""
+def verify_version(client, name: str, version, trusted: signing.Keyring) -> dict:
+    """Download the version again and check it against its signed manifest, with the trusted key of the id
+    it was signed with; VerificationError if it does not match, or that key is not trusted."""
     version = str(version)
     subject = f"{name} version {version}"
     mv = client.get_model_version(name, version)
@@ -166,6 +167,16 @@ def verify_version(client, name: str, version, public_key) -> dict:
     if stored is None:
         raise VerificationError(subject, ["not signed (no trainyard.signature tag): run `trainyard models sign`"])
     m, signature = stored
+    kid = (mv.tags or {}).get(KEY_ID_TAG, "")
+    public_key = trusted.get(kid)
+    if public_key is None:
+        raise VerificationError(
+            subject,
+            [
+                f"signed with key {kid or '(no key id)'}, which is not trusted here (trusted: "
+                f"{', '.join(sorted(trusted)) or 'none'}); a key that was distrusted, or one from elsewhere"
+            ],
+        )
     problems = []
     if m.get("model") != name or m.get("version") != version:
         problems.append(f"manifest is for {m.get('model')!r} version {m.get('version')!r}, not this version")
@@ -184,7 +195,7 @@ def verify_version(client, name: str, version, public_key) -> dict:
         "version": version,
         "manifest_sha256": signing.digest(m),
         "files": len(m["files"]),
-        "key_id": signing.key_id(public_key),
+        "key_id": kid,
     }
 
 
@@ -354,7 +365,7 @@ def promote(
     *,
     user: str,
     reason: str,
-    public_key,
+    trusted: signing.Keyring,
     history: History | None = None,
     action: str = "promote",
     extra: dict | None = None,
@@ -363,7 +374,7 @@ def promote(
     ``changed`` (False when the alias already pointed there and that move is already recorded)."""
     history = history or History()
     version = str(version)
-    verified = verify_version(client, name, version, public_key)
+    verified = verify_version(client, name, version, trusted)
     current = alias_holder(client, name, alias)
     recorded = _entries(history, name, alias)
     last = recorded[-1] if recorded else None
@@ -402,7 +413,7 @@ def rollback(
     alias: str = "production",
     user: str,
     reason: str,
-    public_key,
+    trusted: signing.Keyring,
     history: History | None = None,
     extra: dict | None = None,
 ) -> dict:
@@ -427,7 +438,7 @@ def rollback(
         alias,
         user=user,
         reason=reason,
-        public_key=public_key,
+        trusted=trusted,
         history=history,
         action="rollback",
         extra=extra,

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from trainyard.errors import RetryableError
 from trainyard.spec import JobSpec
+from trainyard.training import custom
+from trainyard.training.launchers import sandbox
 from trainyard.training.launchers.base import (
     Interval,
     Launcher,
@@ -71,6 +73,8 @@ class LocalPlan:
     command: Command
     run_dir: str
     timeout_s: float  # what is left of resources.max_hours after the run's earlier tries
+    data_dir: str = ""
+    sandboxed: bool = False  # a custom command: run as a sandbox user (trainyard.training.launchers.sandbox)
 
 
 class LocalLauncher(Launcher):
@@ -85,14 +89,29 @@ class LocalLauncher(Launcher):
         from trainyard.scheduling.resources import check_policy, load_resources
 
         check_policy(spec, load_resources())
+        sandboxed = spec.recipe == "custom"
+        if sandboxed:
+            sandbox.require()
         left = time_left(spec, run_dir)
         command = local_command(
             spec, self.host or this_host(), config_path=config_path, data_dir=data["path"], run_dir=run_dir
         )
-        return LocalPlan(command, run_dir, left)
+        return LocalPlan(command, run_dir, left, data_dir=data["path"], sandboxed=sandboxed)
 
     def launch(self, plan: LocalPlan, on_line: Callable[[str], None]) -> None:
-        run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s)
+        if not plan.sandboxed:
+            run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s)
+            return
+        with sandbox.Sandbox(custom.work_dir(plan.run_dir), readable=[plan.data_dir]) as box:
+            assert box.user is not None
+            on_line(f"sandbox: running as {box.user.name} (uid {box.user.uid})")
+            run(
+                plan.command.argv,
+                env=box.env(plan.command.env),
+                on_line=on_line,
+                timeout_s=plan.timeout_s,
+                popen_args=box.popen_args(),
+            )
 
     def collect(self, plan: LocalPlan, observed: Interval | None) -> Interval | None:
         return observed  # the subprocess's lifetime is the time its workers held the GPUs
@@ -141,15 +160,24 @@ def run(
     on_line: Callable[[str], None] = print,
     tail: int = 40,
     timeout_s: float | None = None,
+    popen_args: dict | None = None,
 ) -> None:
     """Run ``argv``, pass every output line to ``on_line``, raise LaunchError with the last lines on failure,
-    MaxHoursReached if it still runs after ``timeout_s``.
+    MaxHoursReached if it still runs after ``timeout_s``. ``popen_args``: more of subprocess.Popen's
+    (the sandbox's user, groups and umask).
 
     The child gets its own process group, which is killed if this call is interrupted (task timeout,
     "mark failed") or times out, so no orphaned workers keep the GPUs."""
     last: deque[str] = deque(maxlen=tail)
     proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+        **(popen_args or {}),
     )
     timed_out = threading.Event()
 
