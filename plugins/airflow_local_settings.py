@@ -5,6 +5,7 @@ from trainyard_airflow.policy import task_instance_mutation_hook
 
 __all__ = ["task_instance_mutation_hook"]
 
-# Every Airflow process (and the tasks and workers it starts) creates files for its own user only: what a
-# sandboxed custom command may search on its way to its run leads to nothing else it could read.
+# Every Airflow process (and the tasks and workers it starts) creates files for its own user and group
+# only (the Kubernetes pods share group 0; the sandbox users never do): what a sandboxed custom command may
+# search on its way to its run leads to nothing else it could read.
 private_umask()

@@ -93,7 +93,7 @@ log "demo model-signing key pair in $TRAINYARD_HOME/keys (created once)"
 trainyard models keygen --if-missing >/dev/null
 if [ "$(id -u)" = 0 ]; then
   log "sandbox users for custom commands; trainyard's and Airflow's state closed to other users"
-  trainyard sandbox setup >/dev/null
+  trainyard sandbox setup >/dev/null || log "no sandbox: custom commands will be refused locally (trainyard sandbox check says why)"
 else
   log "not root: no sandbox users, so custom commands are refused locally (trainyard sandbox check says why)"
 fi

@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainyard.training.launchers.sandbox import private_umask
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep command output readable
-    private_umask()  # what the CLI writes into trainyard's state is its user's alone, as the workers' is
+    private_umask()  # what the CLI writes into trainyard's state is closed to others, as the workers' is
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

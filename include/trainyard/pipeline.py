@@ -59,16 +59,22 @@ def validate_spec(raw: dict, user: str | None = None) -> JobSpec:
         raise
     check_budget(spec, fleet, team_standing(fleet, spec.resources.team))
     recipes.check_spec(spec)
-    if spec.recipe == "custom" and spec.backends.launcher == "local":
-        from trainyard.training.launchers.sandbox import require
-
-        require()  # refused here, before any data moves, rather than at the train step
     # On Kubernetes the pods get GPUs exactly when the job names a GPU type, so a precision they cannot do
     # is refused here, before any data moves. A local job's workers use whatever CUDA devices this machine
     # has, which only the workers see (this step does not import torch): they refuse it, naming the field.
     if spec.backends.launcher == "kubernetes":
         check_precision(spec, cuda=spec.resources.gpu_type != "cpu")
     return spec
+
+
+def check_worker(spec: JobSpec) -> None:
+    """What the worker that runs the job must offer, checked on it before any data moves: a local custom
+    command needs the sandbox (SandboxUnavailable, saying why, where there is none). Apart from
+    validate_spec, which also runs where the job is only written (``trainyard validate``)."""
+    if spec.recipe == "custom" and spec.backends.launcher == "local":
+        from trainyard.training.launchers.sandbox import require
+
+        require()
 
 
 def team_standing(fleet: ResourcesConfig, team: str, month: str | None = None) -> TeamMonth:

@@ -1,9 +1,11 @@
 """No secret where it does not belong: a whole training run, with every secret trainyard and Airflow are
 configured with in the worker's environment, leaves none of their values in XCom, the task logs, MLflow
-(params, tags, the store itself), the run's configs or any other file of trainyard's state but the keys."""
+(params, tags, the store itself), the run's configs or any other file of trainyard's state but the keys,
+Airflow's database or its log files."""
 
 import json
 import secrets
+from pathlib import Path
 
 import pytest
 from dag_helpers import load_dag, xcoms
@@ -61,5 +63,16 @@ def test_a_whole_run_leaves_no_secret_behind(trainyard_home, small_spec, monkeyp
         hits = _scan(path.read_bytes(), values)
         if hits:
             found[str(path.relative_to(trainyard_home))] = hits
+    # Airflow's own records of the run (dag_run.conf, rendered fields, XCom rows) and its log files
+    db_url = conf.get("database", "sql_alchemy_conn")
+    assert db_url.startswith("sqlite:///")
+    db = Path(db_url.removeprefix("sqlite:///").split("?")[0])
+    found["Airflow database"] = _scan(
+        db.read_bytes() + b"".join(p.read_bytes() for p in db.parent.glob(db.name + "-wal")), values
+    )
+    logs_dir = Path(conf.get("logging", "base_log_folder"))
+    for path in logs_dir.rglob("*") if logs_dir.is_dir() else []:
+        if path.is_file() and (hits := _scan(path.read_bytes(), values)):
+            found[str(path)] = hits
     assert {where: hits for where, hits in found.items() if hits} == {}
     assert _scan((trainyard_home / "keys" / "signing_key.pem").read_bytes(), values) == ["signing key"]

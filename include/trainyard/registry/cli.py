@@ -91,7 +91,9 @@ def cmd_sign(args) -> int:
     from trainyard.registry import signing, versions
 
     try:
-        info = versions.sign_version(_client(), args.model, args.version, signing.load_private_key(args.key))
+        info = versions.sign_version(
+            _client(), args.model, args.version, signing.load_private_key(args.key), replace=args.replace
+        )
     except _errors() as err:
         raise _as_command_error(err, "not signed: ") from err
     print(json.dumps(info))
@@ -221,6 +223,11 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser("sign", parents=[key], help="hash a version's files and sign the manifest")
     p.add_argument("model")
     p.add_argument("version")
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="sign again a version signed by another key (after distrusting it; check the files first)",
+    )
     p.set_defaults(func=cli_command(cmd_sign))
 
     p = sub.add_parser("verify", parents=[key], help="re-hash a version's files and check its signature")

@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -154,17 +155,20 @@ def rotate(directory: str | Path | None = None) -> tuple[str, str]:
         old = load_private_key(private).public_key()
         _trust(d, _public_pem(old))
         private_pem, public_pem = _new_pems()
+        new = _trust(d, public_pem)  # trusted before it signs anything: a crash leaves no untrusted signer
         _write_private(private, private_pem, replace=True)
         tmp = d / f".{PUBLIC_NAME}.tmp-{os.getpid()}"
         tmp.write_bytes(public_pem)
         os.replace(tmp, d / PUBLIC_NAME)
-        return key_id(old), _trust(d, public_pem)
+        return key_id(old), new
 
 
 def distrust(kid: str, directory: str | Path | None = None) -> Path:
     """Stop trusting key ``kid`` (a leaked or retired key): what it signed fails verification from now on.
     The current signing key cannot be distrusted; rotate first."""
     d = Path(directory) if directory else keys_dir()
+    if not re.fullmatch(r"[0-9a-f]{16}", kid):
+        raise SigningKeyError(f"{kid!r} is not a key id (16 hex digits, as `trainyard models keys list` prints)")
     with _keys_lock(d):
         target = d / TRUSTED_DIR / f"{kid}.pem"
         if not target.is_file():
@@ -179,8 +183,8 @@ def distrust(kid: str, directory: str | Path | None = None) -> Path:
 
 def trusted_keys(source: KeySource = None) -> Keyring:
     """The verify keys by key id: the one of ``source`` or ``$TRAINYARD_VERIFY_KEY`` when given (a path or
-    PEM: that key alone, or a directory: its trusted keys); else every key in ``keys/trusted/`` plus
-    ``keys/verify_key.pem``."""
+    PEM: that key alone, or a directory: its trusted keys); else every key in ``keys/trusted/`` (a key
+    directory made before rotation existed, without ``trusted/``: its ``verify_key.pem``)."""
     if source is None and os.environ.get(VERIFY_ENV):
         source = os.environ[VERIFY_ENV]
     directory = Path(source).expanduser() if isinstance(source, (str, Path)) and _is_dir(source) else None
@@ -192,9 +196,9 @@ def trusted_keys(source: KeySource = None) -> Keyring:
     for pem in sorted((d / TRUSTED_DIR).glob("*.pem")):
         key = load_public_key(pem)
         ring[key_id(key)] = key
-    if (d / PUBLIC_NAME).is_file():
+    if not (d / TRUSTED_DIR).is_dir() and (d / PUBLIC_NAME).is_file():
         key = load_public_key(d / PUBLIC_NAME)
-        ring.setdefault(key_id(key), key)
+        ring[key_id(key)] = key
     if not ring:
         raise SigningKeyError(
             f"no trusted verify key in {d}; create a key pair with `trainyard models keygen` "

@@ -108,8 +108,10 @@ def _stored(mv) -> tuple[dict, str] | None:
         return {}, tags[SIGNATURE_TAG]
 
 
-def sign_version(client, name: str, version, private_key) -> dict:
-    """Hash every file of ``name`` version ``version``, sign the manifest and store it as version tags."""
+def sign_version(client, name: str, version, private_key, *, replace: bool = False) -> dict:
+    """Hash every file of ``name`` version ``version``, sign the manifest and store it as version tags.
+    ``replace``: sign again with this key a version already signed over the same content by another (one
+    whose key was distrusted, once someone has checked its files)."""
     version = str(version)
     mv = client.get_model_version(name, version)
     with tempfile.TemporaryDirectory(prefix="trainyard-sign-") as tmp:
@@ -127,8 +129,11 @@ def sign_version(client, name: str, version, private_key) -> dict:
     }
     stored = _stored(mv)
     if stored is not None:
-        if signing.digest(stored[0]) == digest:  # signed before (a retry): keep that signature and its key
+        same_key = mv.tags.get(KEY_ID_TAG) == summary["key_id"]
+        if signing.digest(stored[0]) == digest and (same_key or not replace):
+            # signed before (a retry): keep that signature and its key
             return {**summary, "key_id": mv.tags.get(KEY_ID_TAG), "changed": False}
+    if stored is not None and signing.digest(stored[0]) != digest:
         raise VerificationError(
             f"{name} version {version}",
             [

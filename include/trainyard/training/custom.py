@@ -54,12 +54,13 @@ def output_file(run_dir: Path, name: str) -> Path | None:
     only, never what a link points at)."""
     path = Path(work_dir(str(run_dir))) / name
     try:
-        mode = path.lstat().st_mode
+        st = path.lstat()
     except FileNotFoundError:
         return None
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         raise PermanentError(
-            f"{path} is not a regular file (a symbolic link, a pipe?): the custom command must write {name} itself"
+            f"{path} is not a regular file of its own (a symbolic or hard link, a pipe?): the custom command "
+            f"must write {name} itself"
         )
     return path
 

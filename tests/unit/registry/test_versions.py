@@ -281,6 +281,10 @@ def test_rotated_keys_keep_verifying_until_distrusted(reg):
     with pytest.raises(VerificationError, match="not trusted"):
         versions.promote(c, NAME, reg["v1"], "production", user="ann", reason="r", trusted=signing.trusted_keys())
     assert new in signing.trusted_keys()
+    # someone checked v1's files: it is signed again with the current key, and verifies
+    assert versions.sign_version(c, NAME, reg["v1"], signing.load_private_key())["changed"] is False
+    assert versions.sign_version(c, NAME, reg["v1"], signing.load_private_key(), replace=True)["changed"] is True
+    assert versions.verify_version(c, NAME, reg["v1"], signing.trusted_keys())["key_id"] == new
 
 
 def test_a_version_signed_with_a_key_from_elsewhere_is_refused(reg, tmp_path):

@@ -4,6 +4,7 @@ real ACLs: what a sandboxed process can and cannot reach, two launches at once, 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,13 +18,16 @@ from trainyard.training.launchers.local import run
 # Tries each path given (a directory: lists it), writes each of WRITE; prints {path: outcome} as JSON.
 PROBE = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, socket, sys
     from pathlib import Path
     out = {}
     reads, writes = ([p for p in arg.split(",") if p] for arg in sys.argv[1:3])
     for p in reads:
         try:
-            _ = list(Path(p).iterdir()) if Path(p).is_dir() else Path(p).read_bytes()
+            if p.startswith("tcp:"):  # a service of the host's loopback
+                socket.create_connection(("127.0.0.1", int(p[4:])), timeout=5).close()
+            else:
+                _ = list(Path(p).iterdir()) if Path(p).is_dir() else Path(p).read_bytes()
             out[p] = "read"
         except OSError as err:
             out[p] = type(err).__name__
@@ -38,11 +42,11 @@ PROBE = textwrap.dedent(
 )
 
 
-def probe(box: sandbox.Sandbox, reads: list[Path], writes: list[Path] = ()) -> dict:
+def probe(box: sandbox.Sandbox, reads: list, writes: list[Path] = ()) -> dict:
     lines: list[str] = []
     argv = [sys.executable, "-c", PROBE, ",".join(map(str, reads)), ",".join(map(str, writes))]
     env = box.env(sandbox.scrubbed_env(os.environ))
-    run(argv, env=env, on_line=lines.append, popen_args=box.popen_args())
+    run(box.command(argv), env=env, on_line=lines.append, after_exit=box.stop)
     return json.loads(lines[-1])
 
 
@@ -89,15 +93,17 @@ def test_a_sandboxed_process_reads_its_data_and_writes_its_work_only(state):
     work = state["run_config"].parent / "work"
     data = state["data"].parent
     forbidden = ["key", "airflow_cfg", "mlflow_db", "other_data", "checkout", "run_config", "other_run"]
-    with sandbox.Sandbox(work, readable=[data]) as box:
+    with socket.create_server(("127.0.0.1", 0)) as service, sandbox.Sandbox(work, readable=[data]) as box:
         assert box.user is not None
         uid = box.user.uid
+        service_port = f"tcp:{service.getsockname()[1]}"  # a local service (a rendezvous store, the API)
         report = probe(
             box,
-            reads=[state["data"], state["earlier_try"], *(state[k] for k in forbidden)],
+            reads=[state["data"], state["earlier_try"], *(state[k] for k in forbidden), service_port],
             writes=[work / "model.onnx", work.parent / "usage.json", data / "poisoned"],
         )
     outcomes = report["outcomes"]
+    assert outcomes[service_port] in ("ConnectionRefusedError", "OSError")  # its own network namespace
     assert report["uid"] == uid != 0
     assert outcomes[str(state["data"])] == "read"
     assert outcomes[str(state["earlier_try"])] == "read"  # a retry resumes from the earlier try's checkpoint
@@ -118,7 +124,9 @@ CHILD = textwrap.dedent(
     from trainyard.training.launchers import sandbox
     work, data, crash = sys.argv[1], sys.argv[2], sys.argv[3] == "crash"
     box = sandbox.Sandbox(work, readable=[data]).__enter__()
-    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True, **box.popen_args())
+    sleeper = subprocess.Popen(box.command(["sleep", "600"]), env=box.env({"PATH": "/usr/bin:/bin"}))
+    while not sandbox.processes_of(box.user.uid):  # the entry point switches to the user, then execs
+        pass
     print(json.dumps({"user": box.user.name, "uid": box.user.uid, "sleeper": sleeper.pid}), flush=True)
     if crash:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -174,15 +182,58 @@ def test_a_crashed_launch_is_cleaned_up_by_the_next_one_under_that_user(state):
         assert all(p.lstat().st_uid == os.getuid() for p in [old_work, *old_work.rglob("*")])
 
 
+LEAVER = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    key, work = sys.argv[1], os.getcwd()
+    # a daemon of its own session that keeps the output open, links to what it could not read, a file in /tmp
+    subprocess.Popen(["sleep", "600"], start_new_session=True)
+    os.symlink(key, os.path.join(work, "model.onnx"))
+    os.symlink(os.path.dirname(key), os.path.join(work, "keys"))
+    open(os.path.join("/tmp", f"left-by-{os.getuid()}"), "w").close()
+    print("done", flush=True)
+    """
+)
+
+
+@pytest.mark.sandbox
+def test_what_a_command_leaves_running_linked_or_in_tmp_is_dealt_with(state):
+    """A daemon that holds the output open does not hold the launch; links into trainyard's state are given
+    back without following them; what it left in /tmp is gone."""
+    import time
+
+    work = state["run_config"].parent / "work"
+    key_before = state["key"].stat()
+    started = time.monotonic()
+    with sandbox.Sandbox(work, readable=[state["data"].parent]) as box:
+        assert box.user is not None
+        uid = box.user.uid
+        lines: list[str] = []
+        argv = box.command([sys.executable, "-c", LEAVER, str(state["key"])])
+        run(argv, env=box.env({"PATH": os.environ["PATH"]}), on_line=lines.append, after_exit=box.stop)
+        assert lines[-1] == "done"
+    assert time.monotonic() - started < 60
+    assert sandbox.processes_of(uid) == []
+    assert not Path(f"/tmp/left-by-{uid}").exists()
+    key_after = state["key"].stat()
+    assert (key_after.st_uid, key_after.st_mode) == (key_before.st_uid, key_before.st_mode)
+    assert (work / "model.onnx").lstat().st_uid == os.getuid()  # the link itself, not what it points at
+    assert state["key"].parent.stat().st_uid == os.getuid()
+
+
 def test_a_custom_command_is_refused_where_there_is_no_sandbox(monkeypatch, trainyard_home):
     """Not root: a local custom job is refused before any data moves, saying why; on Kubernetes it is not."""
-    from trainyard.pipeline import validate_spec
+    from trainyard.pipeline import check_worker, validate_spec
+    from trainyard.training.launchers.local import LocalLauncher
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     raw = {"recipe": "custom", "custom": {"command": ["python", "train.py"]}}
+    spec = validate_spec(raw)  # the spec itself is fine: `trainyard validate` accepts it anywhere
     with pytest.raises(sandbox.SandboxUnavailable, match="does not run as root"):
-        validate_spec(raw)
-    validate_spec({**raw, "backends": {"launcher": "kubernetes"}})
+        check_worker(spec)  # the DAG's first task, on the worker
+    with pytest.raises(sandbox.SandboxUnavailable, match="does not run as root"):
+        LocalLauncher().plan(spec, {"path": "/d"}, run_dir=str(trainyard_home / "r"), config_path="c.json")
+    check_worker(validate_spec({**raw, "backends": {"launcher": "kubernetes"}}))
 
 
 def test_the_environment_keeps_no_setting_or_secret():

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainyard import paths
 from trainyard.errors import RetryableError
 from trainyard.spec import JobSpec
 from trainyard.training import custom
@@ -56,6 +57,10 @@ def this_host(devices: list[str] | None = None) -> Host:
 
     cpu = load_resources().gpu_types.get("cpu")
     env = dict(os.environ)
+    # torch.compile's caches of the platform's own workers in trainyard's private cache, never in the
+    # shared /tmp, where another user (a sandboxed custom command) could plant code for them to load
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.cache_root() / "torchinductor"))
+    env.setdefault("TRITON_CACHE_DIR", str(paths.cache_root() / "triton"))
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     return Host(
@@ -106,11 +111,11 @@ class LocalLauncher(Launcher):
             assert box.user is not None
             on_line(f"sandbox: running as {box.user.name} (uid {box.user.uid})")
             run(
-                plan.command.argv,
+                box.command(plan.command.argv),
                 env=box.env(plan.command.env),
                 on_line=on_line,
                 timeout_s=plan.timeout_s,
-                popen_args=box.popen_args(),
+                after_exit=box.stop,
             )
 
     def collect(self, plan: LocalPlan, observed: Interval | None) -> Interval | None:
@@ -160,11 +165,11 @@ def run(
     on_line: Callable[[str], None] = print,
     tail: int = 40,
     timeout_s: float | None = None,
-    popen_args: dict | None = None,
+    after_exit: Callable[[], None] | None = None,
 ) -> None:
     """Run ``argv``, pass every output line to ``on_line``, raise LaunchError with the last lines on failure,
-    MaxHoursReached if it still runs after ``timeout_s``. ``popen_args``: more of subprocess.Popen's
-    (the sandbox's user, groups and umask).
+    MaxHoursReached if it still runs after ``timeout_s``. ``after_exit``: called once the child itself has
+    ended (the sandbox kills what it left: a daemon holding the output open would block the reading).
 
     The child gets its own process group, which is killed if this call is interrupted (task timeout,
     "mark failed") or times out, so no orphaned workers keep the GPUs."""
@@ -177,9 +182,10 @@ def run(
         text=True,
         bufsize=1,
         start_new_session=True,
-        **(popen_args or {}),
     )
     timed_out = threading.Event()
+    if after_exit is not None:
+        threading.Thread(target=lambda: (proc.wait(), after_exit()), name="launch-after-exit", daemon=True).start()
 
     def expire() -> None:
         timed_out.set()
