@@ -519,6 +519,20 @@ def register(
     # refuse a version whose files no longer match. Re-signing the same content keeps the signature.
     signed = sign_version(c, info["name"], info["version"], load_private_key())
     info = {**info, "manifest_sha256": signed["manifest_sha256"], "signing_key_id": signed["key_id"]}
+    from trainyard.audit import AuditLog
+
+    trail = AuditLog()
+    version = str(info["version"])
+    if not any(e.get("model") == info["name"] and e.get("version") == version for e in trail.entries("registration")):
+        trail.append(  # once per version: a retried register finds its entry
+            "registration",
+            user,
+            model=info["name"],
+            version=version,
+            run_key=run_key,
+            manifest_sha256=signed["manifest_sha256"],
+            key_id=signed["key_id"],
+        )
     promote(
         c,
         info["name"],

@@ -111,6 +111,11 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     assert [(m["from_version"], m["to_version"], m["user"], m["actor"]) for m in moves] == [
         (None, str(mv.version), mover, mover)
     ]
+    from trainyard.audit import AuditLog
+
+    (registered,) = AuditLog().entries("registration")  # the retried register above added no second one
+    assert (registered["model"], registered["version"], registered["actor"]) == ("digits", str(mv.version), mover)
+    assert registered["manifest_sha256"] == again["manifest_sha256"]
 
     # Champion/challenger: with this version in production, the same model is measured again through its
     # registered ONNX file on the same val split; a challenger must beat it by the margin.
