@@ -241,7 +241,6 @@ def replay(
             "large_job": {"run": large.name, "slots": large.slots, "wait_s": large_wait},
             "borrowed_gpu_s": whole["borrowed_gpu_s"],
             "violations": whole["violations"],
-            "overlent": whole["overlent"],
             "makespan_s": round(end - t0, 1),
             "cost_report": cost,
         }
@@ -290,7 +289,6 @@ def table(results: list[dict]) -> str:
     rows.append(("longest wait (s)", *(f"{(r['longest_wait'] or {}).get('seconds', 0):.1f}" for r in results)))
     rows.append(("borrowed GPU-s", *(f"{r['borrowed_gpu_s']:.0f}" for r in results)))
     rows.append(("violations", *(str(len(r["violations"])) for r in results)))
-    rows.append(("lent beyond lending limits (s)", *(str(len(r["overlent"])) for r in results)))
     rows.append(("makespan (s)", *(f"{r['makespan_s']:.0f}" for r in results)))
     rows.append(("runs", *(json.dumps(r["runs"]) for r in results)))
     width = max(len(r[0]) for r in rows)
@@ -332,8 +330,6 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         for v in r["violations"]:
             print(f"VIOLATION ({r['scenario']}): {v}")
-        for v in r["overlent"]:
-            print(f"lent beyond lending limits ({r['scenario']}): {v}")
     if args.out:
         Path(args.out).write_text(json.dumps({"trace": [asdict(j) for j in trace], "results": results}, indent=1))
     return 1 if any(r["violations"] or r["submit_errors"] for r in results) else 0

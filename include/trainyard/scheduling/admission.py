@@ -8,7 +8,9 @@ it, so a large job can wait forever. The ledger here adds what pools lack, and n
   for that deferred, its looks made by a trigger in Airflow's triggerer (no worker held or started while
   it waits; ``trainyard_airflow.triggers.admission``);
 * never more slots of a type admitted than it has; a team never above its quota plus what it may borrow;
-  borrowing only from what other teams lend of their idle quota and from slots in nobody's quota;
+  borrowing only from what other teams lend of their idle quota and from slots in nobody's quota, and
+  what a team does not lend stays its own: a lender taking its lent quota back waits for the borrowers
+  to finish rather than take another team's reserve (``ResourcesConfig.lent``);
 * order among waiting jobs of a type: a job that waited ``scheduling.max_wait_minutes`` first; then jobs
   within their team's quota before jobs that would borrow; then ``resources.priority``; then arrival;
 * a job that does not fit does not stop smaller ones behind it (backfill: the fleet stays busy), except
@@ -122,14 +124,14 @@ def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> tuple[int 
         return None, f"team {team} holds {used[team]} of quota {quota} and may borrow at most {limit}", TEAM
     if in_use + job.slots > capacity:
         return None, f"{t}: {in_use} of {capacity} slots in use, the job needs {job.slots}", FLEET
-    if borrow:
-        others = [o for o in config.teams if o != team]
-        # what the others lend of their idle quota, and the slots in nobody's quota, less what is borrowed
-        supply = sum(min(config.lending_limit(o, t), max(0, config.quota(o, t) - used[o])) for o in others)
-        supply += capacity - sum(config.quota(o, t) for o in config.teams)
-        lendable = supply - sum(max(0, used[o] - config.quota(o, t)) for o in config.teams)
-        if borrow > lendable:
-            return None, f"{t}: the job would borrow {borrow} slots, {max(lendable, 0)} are lendable now", FLEET
+    borrowed, lendable = config.lent(t, {**used, team: used[team] + job.slots})
+    if borrowed > lendable:
+        if borrow:  # what was lendable before this job
+            left = lendable - (borrowed - borrow)
+            return None, f"{t}: the job would borrow {borrow} slots, {max(left, 0)} are lendable now", FLEET
+        # A lender taking its quota back while borrowers hold it: the free slots are other teams' reserve
+        # (what they do not lend). It starts as the borrowers finish; nothing running is preempted.
+        return None, f"{t}: team {team}'s quota is lent out; the free slots are other teams' reserve", FLEET
     return borrow, "", ""
 
 

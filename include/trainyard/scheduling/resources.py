@@ -16,7 +16,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -141,6 +141,17 @@ class ResourcesConfig(_Model):
         """What of ``team``'s quota of ``gpu_type`` others may borrow while it is idle."""
         t = self.teams[team]
         return t.lending_limit.get(gpu_type, t.quota.get(gpu_type, 0))
+
+    def lent(self, gpu_type: str, used: Mapping[str, int]) -> tuple[int, int]:
+        """(borrowed, lendable) of ``gpu_type`` when each team holds ``used[team]`` slots: what the teams above
+        their quota hold beyond it, and what may be lent: each other team's idle quota up to its lending
+        limit, plus the slots in nobody's quota. Admission keeps borrowed <= lendable at every moment, so
+        what a team keeps out of lending stays its own, also while it takes its lent quota back."""
+        quota = {team: self.quota(team, gpu_type) for team in self.teams}
+        borrowed = sum(max(0, used.get(team, 0) - q) for team, q in quota.items())
+        lendable = self.gpu_types[gpu_type].slots - sum(quota.values())
+        lendable += sum(min(self.lending_limit(t, gpu_type), max(0, q - used.get(t, 0))) for t, q in quota.items())
+        return borrowed, lendable
 
     def priority_class(self, priority: int) -> str:
         """The highest priority class whose value is at most ``priority`` (the lowest class if none is)."""

@@ -16,8 +16,8 @@ Definitions (``trainyard report utilisation`` prints them with the figures):
 * **violation**: a type's allocations above its slots, or a team's above its quota plus its borrowing
   limit, for more than ``HANDOVER_S`` (5 s) at a stretch: a job hands its slots to the ledger as its
   training ends, a moment before Airflow stamps the task's end, so the next job's record may overlap the
-  last one's by about a second. Reported apart (``Report.overlent``), not as violations: stretches in which
-  the teams above quota held more than the others' lending limits allow.
+  last one's by about a second. A third kind: the teams above their quota holding more than the others'
+  lending limits allow (a team's reserve taken).
 
 Pure functions over :class:`Allocation` records; :func:`allocations_from_airflow` reads them from the
 Airflow database (``task_instance`` and ``task_instance_history``, joined to the run's conf for the team).
@@ -91,10 +91,6 @@ class Report:
     longest_wait: tuple[str, int, float] | None  # (run, slots, seconds)
     waiting: int  # jobs still waiting at the window's end
     violations: list[str] = field(default_factory=list)
-    # stretches in which borrowers held more than the others' lending limits allow: the ledger checks the
-    # limits when it admits a borrower; a lender that takes its own quota back afterwards is not made to
-    # wait, and nothing running is preempted, so another team's reserve covers it until a borrower ends
-    overlent: list[str] = field(default_factory=list)
 
     @property
     def fleet(self) -> PoolUse:
@@ -131,7 +127,6 @@ class Report:
             ),
             "waiting": self.waiting,
             "violations": self.violations,
-            "overlent": self.overlent,
         }
 
 
@@ -183,16 +178,14 @@ def _above(steps: list[tuple[float, int]], limit: int) -> tuple[float, int, floa
     return area, peak, first, longest
 
 
-def _overlent(
+def _lent_beyond_limits(
     config: ResourcesConfig, gpu_type: str, spans: dict[str, list[tuple[float, float, int]]], tolerance: float
 ) -> list[str]:
-    """Moments at which the teams above their quota of ``gpu_type`` held more than the others could lend:
-    their idle quota up to each one's lending limit, plus the slots in nobody's quota."""
+    """The longest stretch in which the teams above their quota of ``gpu_type`` held more than the others
+    could lend (``ResourcesConfig.lent``), if it is longer than ``tolerance``."""
     known = {team: ss for team, ss in spans.items() if team in config.teams}
     if not known:
         return []
-    quota = {team: config.quota(team, gpu_type) for team in config.teams}
-    unassigned = config.gpu_types[gpu_type].slots - sum(quota.values())
     deltas: dict[float, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for team, ss in known.items():
         for lo, hi, amount in ss:
@@ -204,10 +197,7 @@ def _overlent(
     for t in sorted(deltas):
         for team, change in deltas[t].items():
             used[team] += change
-        borrowed = sum(max(0, used[team] - quota[team]) for team in used)
-        lendable = unassigned + sum(
-            min(config.lending_limit(team, gpu_type), max(0, quota[team] - used[team])) for team in used
-        )
+        borrowed, lendable = config.lent(gpu_type, used)
         if borrowed > lendable:
             since = t if since is None else since
         elif since is not None:
@@ -216,7 +206,10 @@ def _overlent(
             since = None
     if worst is None or worst[0] <= tolerance:
         return []
-    return [f"{gpu_type}: more borrowed than lendable for {worst[0]:.1f} s (from {worst[1]:.0f})"]
+    return [
+        f"{gpu_type}: teams above their quota held more than the others' lending limits allow "
+        f"(for {worst[0]:.1f} s at most; first at {worst[1]:.0f})"
+    ]
 
 
 def check_types(config: ResourcesConfig, gpu_types: Sequence[str] | None) -> list[str]:
@@ -278,9 +271,10 @@ def report(
                     f"{t}: team {team_name} held {peak} slots, its quota {quota} + borrowing limit {limit} "
                     f"(for {stretch:.1f} s at most; first at {first:.0f})"
                 )
-    overlent: list[str] = []
     for t in pools:
-        overlent += _overlent(config, t, {team: ss for (team, gt), ss in spans.items() if gt == t}, tolerance)
+        violations += _lent_beyond_limits(
+            config, t, {team: ss for (team, gt), ss in spans.items() if gt == t}, tolerance
+        )
     total = sum(p.allocated_s for p in pools.values())
     for team in teams.values():
         team["share"] = team["allocated_s"] / total if total else 0.0
@@ -307,7 +301,7 @@ def report(
         for _, _, name in SIZE_BUCKETS
         if (w := by_size.get(name))
     }
-    return Report(since, until, pools, dict(sorted(teams.items())), waits, longest, waiting, violations, overlent)
+    return Report(since, until, pools, dict(sorted(teams.items())), waits, longest, waiting, violations)
 
 
 def timeline(
@@ -388,11 +382,6 @@ def format_report(rep: Report) -> str:
         lines.append(f"still waiting at the window's end: {rep.waiting} job(s) (counted with their wait so far)")
     lines.append("")
     lines.append("violations: none" if not rep.violations else "violations:\n  " + "\n  ".join(rep.violations))
-    if rep.overlent:
-        lines.append(
-            "lent beyond lending limits (a lender took its quota back while borrowers held it; nothing is "
-            "preempted):\n  " + "\n  ".join(rep.overlent)
-        )
     return "\n".join(lines)
 
 

@@ -77,7 +77,10 @@ def test_lent_quota_comes_back_as_borrowers_finish(ledger):
     assert not lab.admitted and "no borrowing while n1 waits" in lab.reason  # ... no one borrows the free slot
     ledger.release("r2")
     assert ledger.request(job("l1", "lab", 1)).admitted is False  # n1 is first in line for the 2 free slots
-    assert ledger.request(job("n1", "nlp", 2)).admitted  # its next look: its quota came back as others finished
+    n1 = ledger.request(job("n1", "nlp", 2))  # but they are research's: it lends 1 and keeps 1 for itself
+    assert not n1.admitted and "the free slots are other teams' reserve" in n1.reason
+    ledger.release("v2")
+    assert ledger.request(job("n1", "nlp", 2)).admitted  # its next look: its quota came back as v2 finisheded
 
 
 def test_priority_then_arrival_among_waiting_jobs(ledger, clock):
@@ -195,9 +198,9 @@ def test_a_lapsed_admission_is_asked_for_again(ledger, clock):
     clock.now += 10_000  # the retry came much later: the admission ran out
     with hold(ledger, j):
         assert "a" in admitted(ledger)
-    for name, team, slots in (("x", "vision", 6), ("y", "nlp", 2)):
+    for name, team, slots in (("x", "vision", 6), ("y", "research", 2)):  # the fleet is full
         assert ledger.request(job(name, team, slots)).admitted
-    with pytest.raises(NotAdmitted, match="not admitted any more"), hold(ledger, job("late", "research", 2)):
+    with pytest.raises(NotAdmitted, match="not admitted any more"), hold(ledger, job("late", "nlp", 2)):
         pass
 
 
@@ -271,6 +274,28 @@ teams:
     refused = ledger.request(Job("a1", "a", "a100", 5, 1, 1.0))  # would borrow 1 more: only c's kept 2 are left
     assert not refused.admitted and "0 are lendable" in refused.reason
     assert ledger.request(Job("c1", "c", "a100", 2, 1, 1.0)).admitted  # what c kept for itself is there
+
+
+def test_a_lender_taking_its_quota_back_waits_rather_than_take_another_teams_reserve(tmp_path):
+    """c lends nothing: its 2 slots are its own whatever happens. When a wants back the quota b borrowed,
+    the free slots are c's, so a waits for b (nothing running is preempted), and c still gets its own."""
+    cfg = parse_resources(
+        """\
+gpu_types:
+  a100: {count: 6, price_per_hour: 1.0}
+teams:
+  a: {quota: {a100: 2}}
+  b: {quota: {a100: 2}}
+  c: {quota: {a100: 2}, lending_limit: {a100: 0}}
+"""
+    )
+    ledger = Ledger(tmp_path / "reserve.db", cfg)
+    assert ledger.request(Job("b1", "b", "a100", 4, 1, 1.0)).admitted  # borrows a's idle 2
+    back = ledger.request(Job("a1", "a", "a100", 1, 1, 1.0))
+    assert not back.admitted and "team a's quota is lent out; the free slots are other teams' reserve" in back.reason
+    assert ledger.request(Job("c1", "c", "a100", 2, 1, 1.0)).admitted  # c's reserve was kept for it
+    ledger.release("b1")
+    assert ledger.request(Job("a1", "a", "a100", 1, 1, 1.0)).admitted  # the borrower ended: a's quota is back
 
 
 def test_a_budget_stops_admission_of_jobs_it_cannot_cover(tmp_path):

@@ -167,7 +167,7 @@ def test_a_job_that_started_after_a_past_window_was_waiting_in_it():
     assert rep.waiting == 1 and rep.waits["1"].max_s == 20
 
 
-def test_borrowing_beyond_what_the_others_could_lend_is_reported_apart():
+def test_borrowing_beyond_what_the_others_could_lend_is_a_violation():
     lender = parse_resources("""\
 gpu_types:
   a100: {count: 4, price_per_hour: 1.0}
@@ -176,7 +176,8 @@ teams:
   nlp: {quota: {a100: 2}, lending_limit: {a100: 1}}
 """)
     ok = [alloc("a", "vision", "a100", 3, 0, 10)]  # borrows the 1 nlp lends
-    assert report(lender, ok, 0, 10).overlent == []
+    assert report(lender, ok, 0, 10).violations == []
     too_much = [alloc("a", "vision", "a100", 4, 0, 10)]  # 2 borrowed, 1 lendable
-    rep = report(lender, too_much, 0, 10)
-    assert rep.overlent == ["a100: more borrowed than lendable for 10.0 s (from 0)"] and rep.violations == []
+    assert report(lender, too_much, 0, 10).violations == [
+        "a100: teams above their quota held more than the others' lending limits allow (for 10.0 s at most; first at 0)"
+    ]
