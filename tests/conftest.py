@@ -46,6 +46,7 @@ def _sandbox_or_skip(request):
     """Tests marked ``sandbox`` need the custom-command sandbox. Without root it cannot exist: skipped. As
     root (CI) it must: a missing one fails the test, naming what `trainyard sandbox setup` would fix."""
     if request.node.get_closest_marker("sandbox") is None:
+        yield
         return
     from trainyard.training.launchers.sandbox import unavailable_reason
 
@@ -54,6 +55,15 @@ def _sandbox_or_skip(request):
         pytest.fail(f"the sandbox is missing on a root machine: {reason}")
     if reason:
         pytest.skip(f"no custom-command sandbox here: {reason}")
+    # One sandbox test at a time on the host: they assert which sandbox users are taken and what is left
+    # under them, which another xdist worker's launch would change under their feet.
+    import fcntl
+
+    from trainyard.training.launchers.sandbox import STATE_DIR
+
+    with open(STATE_DIR / "tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture

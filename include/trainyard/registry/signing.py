@@ -324,18 +324,25 @@ def sign(m: dict, private_key) -> str:
     return base64.b64encode(private_key.sign(canonical(m))).decode("ascii")
 
 
+def signature_valid(m: dict, signature: str, public_key) -> bool:
+    """Whether ``signature`` is ``public_key``'s over the canonical manifest ``m`` (no file is read)."""
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        public_key.verify(base64.b64decode(signature, validate=True), canonical(m))
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
 def verify(m: dict, signature: str, public_key, files: Mapping[str, Path], subject: str = "artifact set") -> None:
     """Check the signature over ``m`` and re-hash every file of ``files`` against it.
 
     Raises VerificationError listing every problem: a bad signature, a changed, missing or extra file."""
-    from cryptography.exceptions import InvalidSignature
-
     problems = []
     if m.get("format") != FORMAT:
         problems.append(f"manifest format {m.get('format')!r} is not {FORMAT!r}")
-    try:
-        public_key.verify(base64.b64decode(signature, validate=True), canonical(m))
-    except (InvalidSignature, ValueError, TypeError):
+    if not signature_valid(m, signature, public_key):
         problems.append(
             f"signature does not match the manifest for verify key {key_id(public_key)} "
             "(wrong key, or the manifest or signature was altered)"

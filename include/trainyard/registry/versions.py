@@ -129,7 +129,10 @@ def sign_version(client, name: str, version, private_key, *, replace: bool = Fal
     }
     stored = _stored(mv)
     if stored is not None:
-        same_key = mv.tags.get(KEY_ID_TAG) == summary["key_id"]
+        # (a --replace that crashed between its tags left this key's id beside the old signature: not same)
+        same_key = mv.tags.get(KEY_ID_TAG) == summary["key_id"] and signing.signature_valid(
+            stored[0], stored[1], private_key.public_key()
+        )
         if signing.digest(stored[0]) == digest and (same_key or not replace):
             # signed before (a retry): keep that signature and its key
             return {**summary, "key_id": mv.tags.get(KEY_ID_TAG), "changed": False}

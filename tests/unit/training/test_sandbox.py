@@ -120,13 +120,14 @@ def test_a_sandboxed_process_reads_its_data_and_writes_its_work_only(state):
 
 CHILD = textwrap.dedent(
     """
-    import json, os, signal, subprocess, sys
+    import json, os, signal, subprocess, sys, time
     from trainyard.training.launchers import sandbox
     work, data, crash = sys.argv[1], sys.argv[2], sys.argv[3] == "crash"
     box = sandbox.Sandbox(work, readable=[data]).__enter__()
     sleeper = subprocess.Popen(box.command(["sleep", "600"]), env=box.env({"PATH": "/usr/bin:/bin"}))
+    deadline = time.monotonic() + 30
     while not sandbox.processes_of(box.user.uid):  # the entry point switches to the user, then execs
-        pass
+        assert sleeper.poll() is None and time.monotonic() < deadline, "the sandboxed sleeper did not start"
     print(json.dumps({"user": box.user.name, "uid": box.user.uid, "sleeper": sleeper.pid}), flush=True)
     if crash:
         os.kill(os.getpid(), signal.SIGKILL)

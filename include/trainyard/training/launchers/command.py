@@ -78,7 +78,13 @@ def torchrun_argv(
     that argv run as given (``--no-python``: not as a Python script), as a custom command is."""
     if nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
-    worker = ["--no-python", *program] if program else ["-m", "trainyard.training.entry", "--config", config_path]
+    # A custom command runs in the sandbox's network namespace, where loopback is the only interface: the
+    # workers must find the rendezvous there, not at the address this host's name resolves to.
+    worker = (
+        ["--local-addr=127.0.0.1", "--no-python", *program]
+        if program
+        else ["-m", "trainyard.training.entry", "--config", config_path]
+    )
     return [
         python or sys.executable,
         "-m",

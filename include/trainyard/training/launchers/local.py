@@ -184,8 +184,18 @@ def run(
         start_new_session=True,
     )
     timed_out = threading.Event()
-    if after_exit is not None:
-        threading.Thread(target=lambda: (proc.wait(), after_exit()), name="launch-after-exit", daemon=True).start()
+    failed: list[BaseException] = []
+
+    def then() -> None:
+        proc.wait()
+        try:
+            after_exit()  # type: ignore[misc]
+        except BaseException as err:  # raised below, once the output is read
+            failed.append(err)
+
+    watcher = threading.Thread(target=then, name="launch-after-exit", daemon=True) if after_exit else None
+    if watcher is not None:
+        watcher.start()
 
     def expire() -> None:
         timed_out.set()
@@ -208,6 +218,10 @@ def run(
     finally:
         if timer is not None:
             timer.cancel()
+        if watcher is not None:
+            watcher.join()  # what the child left is gone before the caller goes on (and gives the user back)
+    if failed:
+        raise failed[0]
     if timed_out.is_set() and rc != 0:  # not a run that ended by itself as the time ran out
         hours = (timeout_s or 0) / 3600
         raise MaxHoursReached(

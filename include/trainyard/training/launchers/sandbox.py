@@ -116,18 +116,26 @@ def unavailable_reason() -> str | None:
         return f"no sandbox users ({USER_PREFIX}0...) on this host: run `trainyard sandbox setup` as root"
     if shutil.which("setfacl") is None:
         return "setfacl is missing (Debian: apt-get install acl), so the run's files cannot be opened to it alone"
+    if shutil.which("kill") is None:
+        return "kill is missing (Debian: apt-get install procps), so what a command leaves running cannot be stopped"
+    if _ready:
+        return None
     try:
         STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
         _setfacl("-m", f"u:{found[0].uid}:---", str(STATE_DIR))
         _setfacl("-x", f"u:{found[0].uid}", str(STATE_DIR))
     except (OSError, SandboxError) as err:
         return f"the filesystem of {STATE_DIR} takes no POSIX ACL ({err})"
-    probe = _bootstrap("from {module} import _libc_call as c, CLONE_NEWNET as n, CLONE_NEWNS as m; c('unshare', n | m)")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    probe = _bootstrap("from {module} import _libc_call, NAMESPACES; _libc_call('unshare', NAMESPACES)")
+    done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True)
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or ["?"])[-1]
         return f"this host does not let the worker create network and mount namespaces (CAP_SYS_ADMIN): {why}"
+    _ready.append(True)  # users, ACLs and namespaces do not go away: this process need not ask again
     return None
+
+
+_ready: list[bool] = []
 
 
 def require() -> None:
@@ -214,7 +222,8 @@ def setup() -> list[str]:
 
 
 # -- the pieces of a launch --------------------------------------------------------------------------------
-CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
+NAMESPACES = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC  # a sandbox's own network, mounts and SysV IPC
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 1 << 18
 PR_SET_NO_NEW_PRIVS = 38
 
@@ -348,7 +357,8 @@ class Sandbox:
     def stop(self) -> None:
         """Kill every process the command left (a daemon that would hold its output open, or run on)."""
         assert self.user is not None
-        kill_all(self.user)
+        if self._lock_fd is not None:  # never once the user is given back: it may be another launch's then
+            kill_all(self.user)
 
     def _leave(self) -> None:
         assert self.user is not None and self._lock_fd is not None
@@ -456,7 +466,10 @@ class Sandbox:
         """``argv`` started through :func:`main` as this sandbox's user, in its namespaces."""
         assert self.user is not None
         entry = _bootstrap("from {module} import main; main(sys.argv[1:])")
-        return [sys.executable, "-c", entry, str(self.user.uid), str(self.user.gid), str(self.work_dir), "--", *argv]
+        # -I: the root part reads no user site-packages, no PYTHON* variable and not the working directory
+        # (HOME is the work directory, which the program wrote on an earlier try)
+        uid, gid = str(self.user.uid), str(self.user.gid)
+        return [sys.executable, "-I", "-c", entry, uid, gid, str(self.work_dir), "--", *argv]
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` for the sandboxed command: HOME and TMPDIR in its work directory, gloo and NCCL on
@@ -493,7 +506,7 @@ def _loopback_up() -> None:
 def enter(uid: int, gid: int, work_dir: str, argv: list[str]) -> None:
     """Unshare the network and mount namespaces, bring loopback up, mount a fresh /dev/shm, forbid new
     privileges, become ``uid``:``gid`` with no other group and exec ``argv``. Never returns."""
-    _libc_call("unshare", CLONE_NEWNET | CLONE_NEWNS)
+    _libc_call("unshare", NAMESPACES)
     _libc_call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # nothing mounted here leaks out
     _libc_call("mount", b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777")
     _loopback_up()
