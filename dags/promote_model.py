@@ -32,18 +32,19 @@ APPROVAL_TIMEOUT = timedelta(hours=24)
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
 
 
-def _verify_key():
-    """The verify key from the Airflow connection if there is one, else from the environment or file."""
+def _trusted_keys():
+    """The trusted verify keys: the Airflow connection's key if there is one, else the environment's or the
+    keyring in $TRAINYARD_HOME/keys (trainyard.registry.signing.trusted_keys)."""
     from airflow.sdk import Connection
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    from trainyard.registry.signing import load_public_key
+    from trainyard.registry.signing import trusted_keys
 
     try:
         extra = Connection.get(CONN_ID).extra_dejson or {}
     except AirflowNotFoundException:
-        return load_public_key()
-    return load_public_key(extra.get("verify_key") or extra.get("verify_key_path"))
+        return trusted_keys()
+    return trusted_keys(extra.get("verify_key") or extra.get("verify_key_path"))
 
 
 @dag(
@@ -75,7 +76,7 @@ def promote_model():
 
         c = client()
         version = resolve_version(c, params["model"], params["version"])
-        info = verify_version(c, params["model"], version, _verify_key())
+        info = verify_version(c, params["model"], version, _trusted_keys())
         return {**info, "alias": params["alias"], "current": alias_holder(c, params["model"], params["alias"])}
 
     @task.branch
@@ -125,7 +126,7 @@ def promote_model():
             params["alias"],
             user=getattr(dag_run, "triggering_user_name", None) or "airflow",
             reason=params["reason"],
-            public_key=_verify_key(),
+            trusted=_trusted_keys(),
             extra=extra,
         )
 

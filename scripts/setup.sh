@@ -76,6 +76,13 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   fi
 fi
 
+# Custom commands run as unprivileged sandbox users, which need POSIX ACLs (setfacl) and root to set up
+# (trainyard.training.launchers.sandbox); without them custom commands are refused, the rest works.
+if [ "$(id -u)" = 0 ] && ! command -v setfacl >/dev/null && command -v apt-get >/dev/null; then
+  log "installing setfacl (apt-get install acl) for the custom-command sandbox"
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null
+fi
+
 "$VENV/bin/python" scripts/render_airflow_cfg.py
 log "migrating the Airflow database"
 airflow db migrate >"$AIRFLOW_HOME/db-migrate.log" 2>&1 || { cat "$AIRFLOW_HOME/db-migrate.log"; exit 1; }
@@ -84,5 +91,11 @@ trainyard pools sync >/dev/null
 mkdir -p "$TRAINYARD_HOME"
 log "demo model-signing key pair in $TRAINYARD_HOME/keys (created once)"
 trainyard models keygen --if-missing >/dev/null
+if [ "$(id -u)" = 0 ]; then
+  log "sandbox users for custom commands; trainyard's and Airflow's state closed to other users"
+  trainyard sandbox setup >/dev/null || log "no sandbox: custom commands will be refused locally (trainyard sandbox check says why)"
+else
+  log "not root: no sandbox users, so custom commands are refused locally (trainyard sandbox check says why)"
+fi
 finish_horovod_build
 log "ready: AIRFLOW_HOME=$AIRFLOW_HOME TRAINYARD_HOME=$TRAINYARD_HOME"

@@ -41,6 +41,31 @@ def _airflow_db_per_xdist_worker() -> None:
 _airflow_db_per_xdist_worker()
 
 
+@pytest.fixture(autouse=True)
+def _sandbox_or_skip(request):
+    """Tests marked ``sandbox`` need the custom-command sandbox. Without root it cannot exist: skipped. As
+    root (CI) it must: a missing one fails the test, naming what `trainyard sandbox setup` would fix."""
+    if request.node.get_closest_marker("sandbox") is None:
+        yield
+        return
+    from trainyard.training.launchers.sandbox import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason and os.geteuid() == 0:
+        pytest.fail(f"the sandbox is missing on a root machine: {reason}")
+    if reason:
+        pytest.skip(f"no custom-command sandbox here: {reason}")
+    # One sandbox test at a time on the host: they assert which sandbox users are taken and what is left
+    # under them, which another xdist worker's launch would change under their feet.
+    import fcntl
+
+    from trainyard.training.launchers.sandbox import STATE_DIR
+
+    with open(STATE_DIR / "tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture
 def trainyard_home(tmp_path, monkeypatch):
     """A fresh TRAINYARD_HOME (store, cache, runs, MLflow) per test."""

@@ -108,6 +108,26 @@ def cmd_report_utilisation(args) -> int:
     return 0
 
 
+def cmd_sandbox_setup(args) -> int:
+    """Create the sandbox users custom commands run as, and close trainyard's and Airflow's state to others."""
+    from trainyard.training.launchers import sandbox
+
+    for line in sandbox.setup():
+        print(line)
+    return cmd_sandbox_check(args)
+
+
+def cmd_sandbox_check(args) -> int:
+    """Say whether this host can run custom commands (only sandboxed, locally), and if not, why."""
+    from trainyard.training.launchers import sandbox
+
+    reason = sandbox.unavailable_reason()
+    if reason:
+        raise PermanentError(f"custom commands cannot run locally on this host: {reason}")
+    print(f"sandbox ready: {len(sandbox.users())} users ({sandbox.USER_PREFIX}0...), custom commands run locally")
+    return 0
+
+
 def cmd_audit_verify(args) -> int:
     """Check the audit trail's chain: every entry whole, in order, none removed (and ``--head`` still in it)."""
     from trainyard.audit import AuditLog
@@ -379,6 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", help="the trail (default: $TRAINYARD_HOME/audit/audit.jsonl)")
     p.set_defaults(func=cli_command(cmd_audit_log))
 
+    sandbox = sub.add_parser("sandbox", help="the OS users custom commands run as locally").add_subparsers(
+        dest="sandbox_command", required=True
+    )
+    p = sandbox.add_parser("setup", help="create the sandbox users, close trainyard's state to others (root)")
+    p.set_defaults(func=cli_command(cmd_sandbox_setup))
+    p = sandbox.add_parser("check", help="can custom commands run on this host, and if not, why")
+    p.set_defaults(func=cli_command(cmd_sandbox_check))
+
     p = sub.add_parser("validate", help="validate a JobSpec YAML file and print it with defaults filled in")
     p.add_argument("job")
     p.set_defaults(func=cli_command(cmd_validate))
@@ -442,7 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import os
 
+    from trainyard.training.launchers.sandbox import private_umask
+
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep command output readable
+    private_umask()  # what the CLI writes into trainyard's state is closed to others, as the workers' is
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

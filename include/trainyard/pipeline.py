@@ -67,6 +67,16 @@ def validate_spec(raw: dict, user: str | None = None) -> JobSpec:
     return spec
 
 
+def check_worker(spec: JobSpec) -> None:
+    """What the worker that runs the job must offer, checked on it before any data moves: a local custom
+    command needs the sandbox (SandboxUnavailable, saying why, where there is none). Apart from
+    validate_spec, which also runs where the job is only written (``trainyard validate``)."""
+    if spec.recipe == "custom" and spec.backends.launcher == "local":
+        from trainyard.training.launchers.sandbox import require
+
+        require()
+
+
 def team_standing(fleet: ResourcesConfig, team: str, month: str | None = None) -> TeamMonth:
     """The team's spend and commitments this month (or ``month``), from this host's run records and
     admission ledger."""
@@ -316,7 +326,7 @@ def champion_metrics(spec: JobSpec, data: dict) -> dict | None:
     from mlflow.exceptions import MlflowException
 
     from trainyard import recipes
-    from trainyard.registry.signing import load_public_key
+    from trainyard.registry.signing import trusted_keys
     from trainyard.registry.versions import storage_uri, verify_version
     from trainyard.tracking import mlflow_tracking as mt
 
@@ -325,7 +335,7 @@ def champion_metrics(spec: JobSpec, data: dict) -> dict | None:
         mv = c.get_model_version_by_alias(spec.name, "production")
     except MlflowException:
         return None
-    verify_version(c, spec.name, mv.version, load_public_key())  # never compare against tampered files
+    verify_version(c, spec.name, mv.version, trusted_keys())  # never compare against tampered files
     # The storage location itself, into a temp dir: a models:/ download writes a metadata file into its
     # destination, which must never be the artifact store.
     local = Path(
@@ -433,9 +443,11 @@ def check_custom_onnx(trained: dict) -> dict:
 
     from trainyard.export.onnx_export import onnx_session
     from trainyard.recipes.base import save_input_example
+    from trainyard.training import custom
 
     if not trained.get("onnx_path"):
-        raise ExportFailed(f"the custom command wrote no model.onnx into {trained['run_dir']}")
+        raise ExportFailed(f"the custom command wrote no model.onnx into {custom.work_dir(trained['run_dir'])}")
+    custom.check_external_data(Path(trained["onnx_path"]))
     onnx.checker.check_model(trained["onnx_path"], full_check=True)
     session = onnx_session(trained["onnx_path"])
     inp = session.get_inputs()[0]
@@ -500,13 +512,27 @@ def register(
         tags=tags,
         alias=None,  # set below, after signing, through the recorded (verified) alias move
     )
-    from trainyard.registry.signing import load_private_key, load_public_key
+    from trainyard.registry.signing import load_private_key, trusted_keys
     from trainyard.registry.versions import promote, sign_version
 
     # A digest of every file of the version and an Ed25519 signature over them: promote and rollback
     # refuse a version whose files no longer match. Re-signing the same content keeps the signature.
     signed = sign_version(c, info["name"], info["version"], load_private_key())
     info = {**info, "manifest_sha256": signed["manifest_sha256"], "signing_key_id": signed["key_id"]}
+    from trainyard.audit import AuditLog
+
+    trail = AuditLog()
+    version = str(info["version"])
+    if not any(e.get("model") == info["name"] and e.get("version") == version for e in trail.entries("registration")):
+        trail.append(  # once per version: a retried register finds its entry
+            "registration",
+            user,
+            model=info["name"],
+            version=version,
+            run_key=run_key,
+            manifest_sha256=signed["manifest_sha256"],
+            key_id=signed["key_id"],
+        )
     promote(
         c,
         info["name"],
@@ -514,7 +540,7 @@ def register(
         "staging",
         user=user,
         reason=f"registered by {run_key}",
-        public_key=load_public_key(),
+        trusted=trusted_keys(),
     )
     log.info(
         "registered %s version %s (%s), signed by key %s",

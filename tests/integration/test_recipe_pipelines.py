@@ -61,7 +61,7 @@ def _run(dag, conf) -> tuple[dict, object]:
 
 
 def _common_checks(mv, x, metric):
-    from trainyard.registry.signing import load_public_key
+    from trainyard.registry.signing import trusted_keys
     from trainyard.registry.versions import _stored, verify_version
     from trainyard.tracking.mlflow_tracking import client
 
@@ -78,7 +78,7 @@ def _common_checks(mv, x, metric):
     ex = x["export_onnx"]
     assert ex["parity"]["passed"] and ex[f"{metric}_onnx"] == pytest.approx(ex[f"{metric}_torch"])
     # signed over every file of the version, the PyTorch weights included
-    verify_version(c, mv.name, mv.version, load_public_key())
+    verify_version(c, mv.name, mv.version, trusted_keys())
     signed, _ = _stored(c.get_model_version(mv.name, mv.version))
     assert {"model.onnx", "pytorch/model.pt"} <= set(signed["files"])
     return c

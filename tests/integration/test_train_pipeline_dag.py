@@ -102,15 +102,20 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     assert x["train"]["gpu_seconds"] == pytest.approx(x["train"]["wall_seconds"] * spec.resources.total_gpus, rel=1e-3)
 
     # The version is signed, and its staging alias move is in the history ("what was live when").
-    from trainyard.registry.signing import load_public_key
+    from trainyard.registry.signing import trusted_keys
     from trainyard.registry.versions import History, verify_version
 
-    assert verify_version(c, "digits", mv.version, load_public_key())["manifest_sha256"] == again["manifest_sha256"]
+    assert verify_version(c, "digits", mv.version, trusted_keys())["manifest_sha256"] == again["manifest_sha256"]
     moves = [e for e in History().entries() if e["model"] == "digits" and e["alias"] == "staging"]
     mover = dr.triggering_user_name or "train_pipeline"  # who triggered the run (dag.test() names one)
     assert [(m["from_version"], m["to_version"], m["user"], m["actor"]) for m in moves] == [
         (None, str(mv.version), mover, mover)
     ]
+    from trainyard.audit import AuditLog
+
+    (registered,) = AuditLog().entries("registration")  # the retried register above added no second one
+    assert (registered["model"], registered["version"], registered["actor"]) == ("digits", str(mv.version), mover)
+    assert registered["manifest_sha256"] == again["manifest_sha256"]
 
     # Champion/challenger: with this version in production, the same model is measured again through its
     # registered ONNX file on the same val split; a challenger must beat it by the margin.
@@ -181,17 +186,33 @@ def test_bad_data_never_reaches_training(dag, trainyard_home):
     assert not (trainyard_home / "cache" / "prepared").exists()
 
 
+@pytest.mark.sandbox
 def test_custom_command_trains_and_registers(dag, trainyard_home):
-    """Bring your own training: the platform runs the command under torchrun with the data, checkpoint,
-    output and metrics locations, logs its metrics, gates on them and registers its ONNX model."""
+    """Bring your own training: the platform runs the command under torchrun, as an unprivileged sandbox
+    user, with the data, checkpoint, output and metrics locations, logs its metrics, gates on them and
+    registers its ONNX model. The same command cannot read the signing key, the Airflow config, MLflow's
+    database, the dataset store or another team's run, and sees none of the worker's settings."""
+    import json
+    import os
+
     from trainyard.tracking.mlflow_tracking import client
 
-    script = REPO / "tests" / "fixtures" / "custom_train.py"
+    other_run = trainyard_home / "runs" / "vision-secret-job" / "run1"
+    other_run.mkdir(parents=True)
+    (other_run / "model.pt").write_text("another team's model")
+    forbidden = [
+        trainyard_home / "keys" / "signing_key.pem",
+        Path(os.environ["AIRFLOW_HOME"]) / "airflow.cfg",
+        trainyard_home / "mlflow" / "mlflow.db",
+        trainyard_home / "datasets",
+        other_run / "model.pt",
+    ]
+    script = REPO / "tests" / "fixtures" / "custom_probe.py"
     dr = dag.test(
         run_conf={
             "name": "byo",
             "recipe": "custom",
-            "custom": {"command": [sys.executable, str(script)]},
+            "custom": {"command": [sys.executable, str(script), *map(str, forbidden)]},
             "gates": [{"metric": "val_accuracy", "min": 0.8}],
         }
     )
@@ -203,6 +224,13 @@ def test_custom_command_trains_and_registers(dag, trainyard_home):
     assert [m.step for m in history] == [50, 100, 150, 200]
     assert c.get_metric_history(mv.run_id, "workers")[-1].value == 2.0  # both workers joined the rendezvous
     assert float(mv.tags["metric.val_accuracy"]) >= 0.8
+
+    (probe,) = (trainyard_home / "runs" / "byo").glob("*/work/probe.json")
+    report = json.loads(probe.read_text())
+    assert report["paths"] == {str(p): "PermissionError" for p in forbidden}
+    assert report["uid"] != 0
+    assert not [k for k in report["env"] if k.startswith(("AIRFLOW", "MLFLOW")) or k == "TRAINYARD_HOME"]
+    assert probe.stat().st_uid == os.getuid()  # the work tree is the platform's again
 
 
 def test_kubernetes_launcher_branch_without_a_cluster(dag, trainyard_home, monkeypatch):

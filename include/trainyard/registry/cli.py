@@ -11,6 +11,7 @@ import getpass
 import json
 import os
 import sys
+from pathlib import Path
 
 from trainyard.errors import CommandError, NotFoundError, cli_command
 
@@ -52,11 +53,47 @@ def cmd_keygen(args) -> int:
     return 0
 
 
+def cmd_keys_list(args) -> int:
+    from trainyard.registry import signing
+
+    d = Path(args.dir) if args.dir else signing.keys_dir()
+    signer = d / signing.PRIVATE_NAME
+    signing_id = signing.key_id(signing.load_private_key(signer)) if signer.is_file() else None
+    for kid in sorted(signing.trusted_keys(d)):
+        print(f"{kid}  {'signs and verifies' if kid == signing_id else 'verifies'}")
+    return 0
+
+
+def cmd_keys_rotate(args) -> int:
+    from trainyard.registry import signing
+
+    try:
+        old, new = signing.rotate(args.dir)
+    except signing.SigningKeyError as err:
+        raise _as_command_error(err, "not rotated: ") from err
+    print(f"signing key {old} replaced by {new}; {old} still verifies what it signed", file=sys.stderr)
+    print(new)
+    return 0
+
+
+def cmd_keys_distrust(args) -> int:
+    from trainyard.registry import signing
+
+    try:
+        signing.distrust(args.key_id, args.dir)
+    except signing.SigningKeyError as err:
+        raise _as_command_error(err, "not distrusted: ") from err
+    print(f"key {args.key_id} is no longer trusted: versions it signed fail verification", file=sys.stderr)
+    return 0
+
+
 def cmd_sign(args) -> int:
     from trainyard.registry import signing, versions
 
     try:
-        info = versions.sign_version(_client(), args.model, args.version, signing.load_private_key(args.key))
+        info = versions.sign_version(
+            _client(), args.model, args.version, signing.load_private_key(args.key), replace=args.replace
+        )
     except _errors() as err:
         raise _as_command_error(err, "not signed: ") from err
     print(json.dumps(info))
@@ -69,7 +106,7 @@ def cmd_verify(args) -> int:
     c = _client()
     try:
         version = versions.resolve_version(c, args.model, args.version, args.alias)
-        info = versions.verify_version(c, args.model, version, signing.load_public_key(args.key))
+        info = versions.verify_version(c, args.model, version, signing.trusted_keys(args.key))
         moved = versions.unexplained_aliases(c, args.model, versions.History())
     except _errors() as err:
         raise _as_command_error(err, "not verified: ") from err
@@ -93,7 +130,7 @@ def cmd_promote(args) -> int:
             args.alias,
             user=_user(args),
             reason=args.reason,
-            public_key=signing.load_public_key(args.key),
+            trusted=signing.trusted_keys(args.key),
         )
     except _errors() as err:
         raise _as_command_error(err, "not promoted: ") from err
@@ -112,7 +149,7 @@ def cmd_rollback(args) -> int:
             alias=args.alias,
             user=_user(args),
             reason=args.reason,
-            public_key=signing.load_public_key(args.key),
+            trusted=signing.trusted_keys(args.key),
         )
     except _errors() as err:
         raise _as_command_error(err, "not rolled back: ") from err
@@ -170,9 +207,27 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--if-missing", action="store_true", help="succeed without change if a key pair exists")
     p.set_defaults(func=cli_command(cmd_keygen))
 
+    keys = sub.add_parser("keys", help="the signing key and the trusted verify keys: list, rotate, distrust")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    p = keys_sub.add_parser("list", help="the trusted verify keys by id, and which one signs")
+    p.add_argument("--dir", help="default: $TRAINYARD_HOME/keys")
+    p.set_defaults(func=cli_command(cmd_keys_list))
+    p = keys_sub.add_parser("rotate", help="a new signing key; the old one's public half stays trusted")
+    p.add_argument("--dir", help="default: $TRAINYARD_HOME/keys")
+    p.set_defaults(func=cli_command(cmd_keys_rotate))
+    p = keys_sub.add_parser("distrust", help="stop trusting a key (leaked, retired): what it signed fails")
+    p.add_argument("key_id")
+    p.add_argument("--dir", help="default: $TRAINYARD_HOME/keys")
+    p.set_defaults(func=cli_command(cmd_keys_distrust))
+
     p = sub.add_parser("sign", parents=[key], help="hash a version's files and sign the manifest")
     p.add_argument("model")
     p.add_argument("version")
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="sign again a version signed by another key (after distrusting it; check the files first)",
+    )
     p.set_defaults(func=cli_command(cmd_sign))
 
     p = sub.add_parser("verify", parents=[key], help="re-hash a version's files and check its signature")

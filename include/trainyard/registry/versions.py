@@ -108,8 +108,10 @@ def _stored(mv) -> tuple[dict, str] | None:
         return {}, tags[SIGNATURE_TAG]
 
 
-def sign_version(client, name: str, version, private_key) -> dict:
-    """Hash every file of ``name`` version ``version``, sign the manifest and store it as version tags."""
+def sign_version(client, name: str, version, private_key, *, replace: bool = False) -> dict:
+    """Hash every file of ``name`` version ``version``, sign the manifest and store it as version tags.
+    ``replace``: sign again with this key a version already signed over the same content by another (one
+    whose key was distrusted, once someone has checked its files)."""
     version = str(version)
     mv = client.get_model_version(name, version)
     with tempfile.TemporaryDirectory(prefix="trainyard-sign-") as tmp:
@@ -127,8 +129,14 @@ def sign_version(client, name: str, version, private_key) -> dict:
     }
     stored = _stored(mv)
     if stored is not None:
-        if signing.digest(stored[0]) == digest:  # signed before (a retry): keep that signature and its key
+        # (a --replace that crashed between its tags left this key's id beside the old signature: not same)
+        same_key = mv.tags.get(KEY_ID_TAG) == summary["key_id"] and signing.signature_valid(
+            stored[0], stored[1], private_key.public_key()
+        )
+        if signing.digest(stored[0]) == digest and (same_key or not replace):
+            # signed before (a retry): keep that signature and its key
             return {**summary, "key_id": mv.tags.get(KEY_ID_TAG), "changed": False}
+    if stored is not None and signing.digest(stored[0]) != digest:
         raise VerificationError(
             f"{name} version {version}",
             [
@@ -157,8 +165,9 @@ def sign_version(client, name: str, version, private_key) -> dict:
     return {**summary, "changed": True}
 
 
-def verify_version(client, name: str, version, public_key) -> dict:
-    """Download the version again and check it against its signed manifest; VerificationError if not."""
+def verify_version(client, name: str, version, trusted: signing.Keyring) -> dict:
+    """Download the version again and check it against its signed manifest, with the trusted key of the id
+    it was signed with; VerificationError if it does not match, or that key is not trusted."""
     version = str(version)
     subject = f"{name} version {version}"
     mv = client.get_model_version(name, version)
@@ -166,6 +175,16 @@ def verify_version(client, name: str, version, public_key) -> dict:
     if stored is None:
         raise VerificationError(subject, ["not signed (no trainyard.signature tag): run `trainyard models sign`"])
     m, signature = stored
+    kid = (mv.tags or {}).get(KEY_ID_TAG, "")
+    public_key = trusted.get(kid)
+    if public_key is None:
+        raise VerificationError(
+            subject,
+            [
+                f"signed with key {kid or '(no key id)'}, which is not trusted here (trusted: "
+                f"{', '.join(sorted(trusted)) or 'none'}); a key that was distrusted, or one from elsewhere"
+            ],
+        )
     problems = []
     if m.get("model") != name or m.get("version") != version:
         problems.append(f"manifest is for {m.get('model')!r} version {m.get('version')!r}, not this version")
@@ -184,7 +203,7 @@ def verify_version(client, name: str, version, public_key) -> dict:
         "version": version,
         "manifest_sha256": signing.digest(m),
         "files": len(m["files"]),
-        "key_id": signing.key_id(public_key),
+        "key_id": kid,
     }
 
 
@@ -354,7 +373,7 @@ def promote(
     *,
     user: str,
     reason: str,
-    public_key,
+    trusted: signing.Keyring,
     history: History | None = None,
     action: str = "promote",
     extra: dict | None = None,
@@ -363,7 +382,7 @@ def promote(
     ``changed`` (False when the alias already pointed there and that move is already recorded)."""
     history = history or History()
     version = str(version)
-    verified = verify_version(client, name, version, public_key)
+    verified = verify_version(client, name, version, trusted)
     current = alias_holder(client, name, alias)
     recorded = _entries(history, name, alias)
     last = recorded[-1] if recorded else None
@@ -402,7 +421,7 @@ def rollback(
     alias: str = "production",
     user: str,
     reason: str,
-    public_key,
+    trusted: signing.Keyring,
     history: History | None = None,
     extra: dict | None = None,
 ) -> dict:
@@ -427,7 +446,7 @@ def rollback(
         alias,
         user=user,
         reason=reason,
-        public_key=public_key,
+        trusted=trusted,
         history=history,
         action="rollback",
         extra=extra,

@@ -125,13 +125,21 @@ def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> tuple[int 
     if in_use + job.slots > capacity:
         return None, f"{t}: {in_use} of {capacity} slots in use, the job needs {job.slots}", FLEET
     borrowed, lendable = config.lent(t, {**used, team: used[team] + job.slots})
-    if borrowed > lendable:
+    before = config.lent(t, used)
+    # A job may not make the fleet lend more than the lending limits allow; where it already does (limits
+    # lowered in the file since), a job that makes it no worse still starts.
+    if borrowed - lendable > max(0, before[0] - before[1]):
         if borrow:  # what was lendable before this job
             left = lendable - (borrowed - borrow)
             return None, f"{t}: the job would borrow {borrow} slots, {max(left, 0)} are lendable now", FLEET
         # A lender taking its quota back while borrowers hold it: the free slots are other teams' reserve
         # (what they do not lend). It starts as the borrowers finish; nothing running is preempted.
-        return None, f"{t}: team {team}'s quota is lent out; the free slots are other teams' reserve", FLEET
+        return (
+            None,
+            f"{t}: team {team}'s quota is lent out and the free slots are other teams' reserve; "
+            "it starts as the borrowers finish",
+            FLEET,
+        )
     return borrow, "", ""
 
 

@@ -130,3 +130,29 @@ def test_non_ed25519_keys_are_refused(tmp_path):
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     with pytest.raises(SigningKeyError, match="not Ed25519"):
         signing.load_private_key(pem)
+
+
+def test_rotation_under_concurrent_processes(tmp_path):
+    """Four processes rotate the same key directory at once: every rotation is kept (each old key stays
+    trusted), one signing key is left, and it is the newest trusted one."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "k"
+    first = signing.key_id(signing.load_public_key(signing.generate_keypair(d)[1]))
+    code = "import sys; from trainyard.registry import signing; print(signing.rotate(sys.argv[1])[1])"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(d)], stdout=subprocess.PIPE, text=True) for _ in range(4)
+    ]
+    new_ids = [p.communicate()[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    ring = signing.trusted_keys(d)
+    assert set(ring) == {first, *new_ids} and len(ring) == 5
+    signer = signing.key_id(signing.load_private_key(d / signing.PRIVATE_NAME))
+    assert signer in new_ids and signing.key_id(signing.load_public_key(d / signing.PUBLIC_NAME)) == signer
+    with pytest.raises(SigningKeyError, match="current signing key"):
+        signing.distrust(signer, d)
+    signing.distrust(first, d)
+    assert first not in signing.trusted_keys(d)
+    with pytest.raises(SigningKeyError, match="not trusted here"):
+        signing.distrust(first, d)

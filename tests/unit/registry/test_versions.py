@@ -65,14 +65,14 @@ def reg(trainyard_home, tmp_path, monkeypatch):
         "run": run,
         "model_id": lm.model_id,
         "home": trainyard_home,
-        "public": signing.load_public_key(),
+        "trusted": signing.trusted_keys(),
         "history": History(),
     }
 
 
 def _promote(reg, version, alias="production", reason="because"):
     return versions.promote(
-        reg["client"], NAME, version, alias, user="ann", reason=reason, public_key=reg["public"], history=reg["history"]
+        reg["client"], NAME, version, alias, user="ann", reason=reason, trusted=reg["trusted"], history=reg["history"]
     )
 
 
@@ -86,8 +86,8 @@ def test_sign_stores_tags_and_is_idempotent(reg):
     again = versions.sign_version(c, NAME, reg["v1"], signing.load_private_key())
     assert again["changed"] is False and again["manifest_sha256"] == tags[versions.DIGEST_TAG]
     assert c.get_model_version(NAME, reg["v1"]).tags == tags
-    info = versions.verify_version(c, NAME, reg["v2"], reg["public"])
-    assert info["files"] == 3 and info["key_id"] == signing.key_id(reg["public"])
+    info = versions.verify_version(c, NAME, reg["v2"], reg["trusted"])
+    assert info["files"] == 3 and info["key_id"] == signing.key_id(signing.load_private_key())
 
 
 def test_resigning_changed_content_is_refused(reg):
@@ -110,7 +110,7 @@ def test_signature_of_another_version_is_refused(reg):
     for key, value in c.get_model_version(NAME, reg["v1"]).tags.items():
         c.set_model_version_tag(NAME, reg["v2"], key, value)
     with pytest.raises(VerificationError) as err:
-        versions.verify_version(c, NAME, reg["v2"], reg["public"])
+        versions.verify_version(c, NAME, reg["v2"], reg["trusted"])
     assert any("manifest is for" in p for p in err.value.problems)
     assert any(p.startswith("model.onnx: content changed") for p in err.value.problems)
 
@@ -133,11 +133,11 @@ def test_promote_history_live_at_and_rollback(reg):
     assert versions.live_at(reg["history"], NAME, "production", (t2 + timedelta(days=1)).isoformat()) == v2
     assert versions.live_at(entries, NAME, "staging", t2) is None
 
-    back = versions.rollback(c, NAME, user="bob", reason="regression", public_key=reg["public"], history=reg["history"])
+    back = versions.rollback(c, NAME, user="bob", reason="regression", trusted=reg["trusted"], history=reg["history"])
     assert (back["from_version"], back["to_version"], back["action"], back["user"]) == (v2, v1, "rollback", "bob")
     assert versions.alias_holder(c, NAME, "production") == v1
     with pytest.raises(RollbackError, match="name the version"):
-        versions.rollback(c, NAME, user="bob", reason="again", public_key=reg["public"], history=reg["history"])
+        versions.rollback(c, NAME, user="bob", reason="again", trusted=reg["trusted"], history=reg["history"])
     mirrored = json.loads(c.get_registered_model(NAME).tags[versions.HISTORY_TAG])
     assert [e["to_version"] for e in mirrored] == [v1, v2, v1]
 
@@ -155,7 +155,7 @@ def test_tampered_artifact_blocks_promote_and_rollback(reg):
     _promote(reg, v2)
     _flip(_stored_file(reg["home"], reg["run"] + "/artifacts/model", "model.onnx"))  # v1's file
     with pytest.raises(VerificationError) as err:
-        versions.rollback(c, NAME, user="bob", reason="regression", public_key=reg["public"], history=reg["history"])
+        versions.rollback(c, NAME, user="bob", reason="regression", trusted=reg["trusted"], history=reg["history"])
     assert err.value.problems[0].startswith("model.onnx: content changed")
     assert versions.alias_holder(c, NAME, "production") == v2
     assert len(reg["history"].entries(NAME)) == 2
@@ -175,7 +175,7 @@ def test_large_manifest_is_split_across_tags(reg, tmp_path):
     tags = c.get_model_version(NAME, v).tags
     assert int(tags[versions.PARTS_TAG]) >= 2 and versions.MANIFEST_TAG not in tags
     assert all(len(value) <= versions.TAG_LIMIT for value in tags.values())
-    assert versions.verify_version(c, NAME, v, reg["public"])["files"] == 120
+    assert versions.verify_version(c, NAME, v, reg["trusted"])["files"] == 120
 
 
 @pytest.mark.parametrize(
@@ -248,7 +248,7 @@ def test_an_alias_moved_outside_trainyard_is_flagged_and_refused_as_a_source(reg
     (why,) = versions.unexplained_aliases(c, NAME, reg["history"]).values()
     assert "points at version 2, but trainyard's history has it at version 1" in why
     with pytest.raises(UnexplainedAlias, match="not a source to rollback from"):
-        versions.rollback(c, NAME, user="ann", reason="r", public_key=reg["public"], history=reg["history"])
+        versions.rollback(c, NAME, user="ann", reason="r", trusted=reg["trusted"], history=reg["history"])
     with pytest.raises(UnexplainedAlias, match="point it back at version 1 in MLflow, then promote again"):
         _promote(reg, reg["v1"], reason="again")
     c.set_registered_model_alias(NAME, "production", reg["v1"])  # put back: explained again, promotable
@@ -267,3 +267,32 @@ def test_moves_recorded_before_the_audit_trail_are_imported_once(trainyard_home)
     (entry,) = History().entries("m")  # a second History imports nothing again
     assert entry["at"] == "2026-01-02T03:04:05+00:00" and entry["actor"] == "bob" and entry["to_version"] == "1"
     assert versions.live_at(History(), "m", "production", "2026-01-03") == "1"
+
+
+def test_rotated_keys_keep_verifying_until_distrusted(reg):
+    """After a rotation the versions the old key signed still verify (its public half stays trusted); once
+    it is distrusted they are refused, naming the key, and so is promoting one."""
+    c = reg["client"]
+    old, new = signing.rotate()
+    assert versions.verify_version(c, NAME, reg["v1"], signing.trusted_keys())["key_id"] == old
+    signing.distrust(old)
+    with pytest.raises(VerificationError, match=f"signed with key {old}, which is not trusted"):
+        versions.verify_version(c, NAME, reg["v1"], signing.trusted_keys())
+    with pytest.raises(VerificationError, match="not trusted"):
+        versions.promote(c, NAME, reg["v1"], "production", user="ann", reason="r", trusted=signing.trusted_keys())
+    assert new in signing.trusted_keys()
+    # someone checked v1's files: it is signed again with the current key, and verifies
+    assert versions.sign_version(c, NAME, reg["v1"], signing.load_private_key())["changed"] is False
+    assert versions.sign_version(c, NAME, reg["v1"], signing.load_private_key(), replace=True)["changed"] is True
+    assert versions.verify_version(c, NAME, reg["v1"], signing.trusted_keys())["key_id"] == new
+
+
+def test_a_version_signed_with_a_key_from_elsewhere_is_refused(reg, tmp_path):
+    """A valid signature by a key trainyard does not trust (forged by whoever made that key) is refused."""
+    c = reg["client"]
+    v3 = c.create_model_version(NAME, source=f"models:/{reg['model_id']}", run_id=reg["run"]).version
+    foreign_private, _ = signing.generate_keypair(tmp_path / "elsewhere")
+    foreign = signing.load_private_key(foreign_private)
+    versions.sign_version(c, NAME, v3, foreign)
+    with pytest.raises(VerificationError, match=f"signed with key {signing.key_id(foreign)}, which is not trusted"):
+        versions.verify_version(c, NAME, v3, reg["trusted"])

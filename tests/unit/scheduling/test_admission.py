@@ -80,7 +80,7 @@ def test_lent_quota_comes_back_as_borrowers_finish(ledger):
     n1 = ledger.request(job("n1", "nlp", 2))  # but they are research's: it lends 1 and keeps 1 for itself
     assert not n1.admitted and "the free slots are other teams' reserve" in n1.reason
     ledger.release("v2")
-    assert ledger.request(job("n1", "nlp", 2)).admitted  # its next look: its quota came back as v2 finisheded
+    assert ledger.request(job("n1", "nlp", 2)).admitted  # its next look: its quota came back as v2 finished
 
 
 def test_priority_then_arrival_among_waiting_jobs(ledger, clock):
@@ -292,10 +292,31 @@ teams:
     ledger = Ledger(tmp_path / "reserve.db", cfg)
     assert ledger.request(Job("b1", "b", "a100", 4, 1, 1.0)).admitted  # borrows a's idle 2
     back = ledger.request(Job("a1", "a", "a100", 1, 1, 1.0))
-    assert not back.admitted and "team a's quota is lent out; the free slots are other teams' reserve" in back.reason
+    assert not back.admitted and "team a's quota is lent out and the free slots are other teams' reserve" in back.reason
     assert ledger.request(Job("c1", "c", "a100", 2, 1, 1.0)).admitted  # c's reserve was kept for it
     ledger.release("b1")
     assert ledger.request(Job("a1", "a", "a100", 1, 1, 1.0)).admitted  # the borrower ended: a's quota is back
+
+
+def test_a_fleet_already_lending_too_much_still_admits_what_makes_it_no_worse(tmp_path):
+    """After the file lowers a lending limit, what is running may lend more than the new limits allow: a job
+    that makes that no worse (one of a team that lends nothing) still starts."""
+    before = """\
+gpu_types:
+  a100: {count: 6, price_per_hour: 1.0}
+teams:
+  a: {quota: {a100: 2}}
+  b: {quota: {a100: 2}}
+  r: {quota: {a100: 2}, lending_limit: {a100: 0}}
+"""
+    ledger = Ledger(tmp_path / "edit.db", parse_resources(before))
+    assert ledger.request(Job("b1", "b", "a100", 4, 1, 1.0)).admitted  # borrows a's idle 2
+    ledger.config = parse_resources(
+        before.replace("a: {quota: {a100: 2}}", "a: {quota: {a100: 2}, lending_limit: {a100: 0}}")
+    )
+    assert ledger.request(Job("r1", "r", "a100", 1, 1, 1.0)).admitted  # r's own reserve, no worse for anyone
+    refused = ledger.request(Job("b2", "b", "a100", 1, 1, 1.0))
+    assert not refused.admitted and "0 are lendable" in refused.reason
 
 
 def test_a_budget_stops_admission_of_jobs_it_cannot_cover(tmp_path):

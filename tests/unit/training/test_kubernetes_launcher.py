@@ -179,7 +179,7 @@ def test_job_for_every_combination(nodes, strategy, gpu):
         assert env["NODE_RANK"] == env["RANK"] == K.INDEX_FIELD
         run_dir = CONFIG.rsplit("/", 1)[0]
         assert {k: env[k] for k in custom.platform_env(DATA_DIR, run_dir)} == custom.platform_env(DATA_DIR, run_dir)
-        assert env["TRAINYARD_OUTPUT_DIR"] == run_dir and env["TRAINYARD_DATA_DIR"] == DATA_DIR
+        assert env["TRAINYARD_OUTPUT_DIR"] == custom.work_dir(run_dir) and env["TRAINYARD_DATA_DIR"] == DATA_DIR
     else:
         assert c.image == TRAINER_IMAGE and c.image_pull_policy == "IfNotPresent"
         assert c.command[:4] == ["torchrun", "--nproc_per_node=2", "--max_restarts=2", "--tee=3"]

@@ -80,6 +80,7 @@ CASES = [
             *TORCHRUN,
             "--nproc_per_node=3",
             "--max_restarts=0",
+            "--local-addr=127.0.0.1",
             "--no-python",
             "python",
             "train.py",
@@ -88,9 +89,9 @@ CASES = [
         ],
         {
             "TRAINYARD_DATA_DIR": DATA,
-            "TRAINYARD_OUTPUT_DIR": RUN_DIR,
-            "TRAINYARD_CHECKPOINT_DIR": f"{RUN_DIR}/checkpoints",
-            "TRAINYARD_METRICS_FILE": f"{RUN_DIR}/metrics.jsonl",
+            "TRAINYARD_OUTPUT_DIR": f"{RUN_DIR}/work",
+            "TRAINYARD_CHECKPOINT_DIR": f"{RUN_DIR}/work/checkpoints",
+            "TRAINYARD_METRICS_FILE": f"{RUN_DIR}/work/metrics.jsonl",
             "OMP_NUM_THREADS": "2",
         },
         [],
@@ -99,7 +100,14 @@ CASES = [
         "custom ignores the strategy",
         {**CUSTOM, "distributed": {"strategy": "deepspeed"}},
         CPU,
-        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", "--no-python", *CUSTOM["custom"]["command"]],
+        [
+            *TORCHRUN,
+            "--nproc_per_node=2",
+            "--max_restarts=1",
+            "--local-addr=127.0.0.1",
+            "--no-python",
+            *CUSTOM["custom"]["command"],
+        ],
         {},
         ["DS_ACCELERATOR"],
     ),
@@ -207,9 +215,20 @@ def _custom(tmp_path: Path, code: str):
     )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    (tmp_path / "prepared").mkdir()
     return spec, {"path": str(tmp_path / "prepared")}, run_dir
 
 
+def test_a_custom_command_gets_none_of_the_workers_settings():
+    host = Host(0, 4, {"PATH": "/usr/bin", "AIRFLOW__CORE__FERNET_KEY": "k", "TRAINYARD_SIGNING_KEY": "pem"}, "/p")
+    env = local_command(parse_spec(CUSTOM), host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR).env
+    assert env["PATH"] == "/usr/bin"
+    assert not {"AIRFLOW__CORE__FERNET_KEY", "TRAINYARD_SIGNING_KEY"} & set(env)
+    built_in = local_command(parse_spec({}), host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR).env
+    assert "AIRFLOW__CORE__FERNET_KEY" in built_in  # the platform's own workers keep the worker's settings
+
+
+@pytest.mark.sandbox
 def test_launch_runs_the_command_with_the_platform_env_and_records_the_try(tmp_path):
     code = "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('TRAINYARD_')}))"
     spec, data, run_dir = _custom(tmp_path, code)
@@ -217,12 +236,13 @@ def test_launch_runs_the_command_with_the_platform_env_and_records_the_try(tmp_p
     local.launch(spec, data, run_dir=str(run_dir), config_path=str(run_dir / "run_config.json"), on_line=lines.append)
     (env_line,) = [line for line in lines if "TRAINYARD_DATA_DIR" in line]
     env = json.loads(env_line[env_line.index("{") :])
-    assert env["TRAINYARD_DATA_DIR"] == data["path"] and env["TRAINYARD_OUTPUT_DIR"] == str(run_dir)
+    assert env["TRAINYARD_DATA_DIR"] == data["path"] and env["TRAINYARD_OUTPUT_DIR"] == str(run_dir / "work")
     (record,) = usage.tries(run_dir)
     assert (record["attempt"], record["gpus"], record["where"]) == (1, 1, "local")
     assert 0 < record["ended"] - record["started"] < 120
 
 
+@pytest.mark.sandbox
 def test_a_failed_try_is_recorded_and_the_next_try_numbers_on(tmp_path):
     spec, data, run_dir = _custom(tmp_path, "raise SystemExit(4)")
     for _ in range(2):
@@ -232,6 +252,7 @@ def test_a_failed_try_is_recorded_and_the_next_try_numbers_on(tmp_path):
     assert usage.gpu_seconds(run_dir) > 0
 
 
+@pytest.mark.sandbox
 def test_an_interrupted_try_is_recorded(tmp_path):
     spec, data, run_dir = _custom(tmp_path, "import time; print('work' + 'er up', flush=True); time.sleep(60)")
 
@@ -245,6 +266,7 @@ def test_an_interrupted_try_is_recorded(tmp_path):
     assert record["ended"] - record["started"] < 30  # the workers were killed, not waited for
 
 
+@pytest.mark.sandbox
 def test_a_spec_the_machine_cannot_run_starts_nothing_and_records_nothing(tmp_path, monkeypatch):
     spec, data, run_dir = _custom(tmp_path, "print('ran')")
     spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus_per_node": 4})})

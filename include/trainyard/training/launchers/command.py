@@ -9,7 +9,9 @@ and environment. Nothing user-supplied goes through a shell: every argument is o
 - deepspeed: torchrun as for ddp, with ``DS_ACCELERATOR=cpu`` on a machine without CUDA
   (:mod:`~trainyard.training.launchers.deepspeed` says why not DeepSpeed's own launcher);
 - custom: the user's command under ``torchrun --no-python``, with the platform environment of
-  :func:`trainyard.training.custom.platform_env` (the same four variables the pods get).
+  :func:`trainyard.training.custom.platform_env` (the same four variables the pods get) and nothing of
+  the worker's but :func:`~trainyard.training.launchers.sandbox.scrubbed_env`; the local launcher runs
+  it in the :mod:`~trainyard.training.launchers.sandbox`.
 
 On a machine with CUDA each process takes one GPU (``cuda:<local_rank>``), so ``gpus_per_node`` may not
 exceed the GPUs present; without CUDA the processes are CPU workers and any count runs.
@@ -27,6 +29,7 @@ from trainyard.training import custom
 from trainyard.training.launchers.base import worker_env
 from trainyard.training.launchers.deepspeed import deepspeed_env
 from trainyard.training.launchers.horovod import horovodrun_argv
+from trainyard.training.launchers.sandbox import scrubbed_env
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,13 @@ def torchrun_argv(
     that argv run as given (``--no-python``: not as a Python script), as a custom command is."""
     if nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
-    worker = ["--no-python", *program] if program else ["-m", "trainyard.training.entry", "--config", config_path]
+    # A custom command runs in the sandbox's network namespace, where loopback is the only interface: the
+    # workers must find the rendezvous there, not at the address this host's name resolves to.
+    worker = (
+        ["--local-addr=127.0.0.1", "--no-python", *program]
+        if program
+        else ["-m", "trainyard.training.entry", "--config", config_path]
+    )
     return [
         python or sys.executable,
         "-m",
@@ -105,9 +114,10 @@ def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str,
     """Argv and environment of one node's workers for ``spec`` on ``host``."""
     check_gpus(spec, host.cuda_devices)
     nproc = spec.resources.gpus_per_node
-    env = worker_env(nproc, host.env, cores=host.cores, slots=host.workers_at_once(spec))
-    if spec.recipe == "custom":
+    if spec.recipe == "custom":  # the user's program sees none of the worker's settings and secrets
+        env = worker_env(nproc, scrubbed_env(host.env), cores=host.cores, slots=host.workers_at_once(spec))
         return Command(custom_argv(spec, host.python), {**env, **custom.platform_env(data_dir, run_dir)})
+    env = worker_env(nproc, host.env, cores=host.cores, slots=host.workers_at_once(spec))
     strategy = spec.distributed.strategy
     if strategy in ("ddp", "deepspeed"):
         argv = torchrun_argv(nproc, config_path, max_restarts=spec.distributed.max_restarts, python=host.python)

@@ -542,6 +542,8 @@ class KubernetesLauncher(Launcher):
         cfg = pod_run_config(RunConfig.load(config_path), self.home)
         pod_config = Path(run_dir) / POD_CONFIG
         cfg.dump(pod_config)
+        if spec.recipe == "custom":  # the one place the program writes (its pods see it on the shared volume)
+            Path(custom.work_dir(run_dir)).mkdir(exist_ok=True)
         config = in_pod(pod_config, self.home)
         data_dir = in_pod(data["path"], self.home)
         if spec.resources.nodes == 1:

@@ -17,8 +17,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainyard import paths
 from trainyard.errors import RetryableError
 from trainyard.spec import JobSpec
+from trainyard.training import custom
+from trainyard.training.launchers import sandbox
 from trainyard.training.launchers.base import (
     Interval,
     Launcher,
@@ -54,6 +57,10 @@ def this_host(devices: list[str] | None = None) -> Host:
 
     cpu = load_resources().gpu_types.get("cpu")
     env = dict(os.environ)
+    # torch.compile's caches of the platform's own workers in trainyard's private cache, never in the
+    # shared /tmp, where another user (a sandboxed custom command) could plant code for them to load
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.cache_root() / "torchinductor"))
+    env.setdefault("TRITON_CACHE_DIR", str(paths.cache_root() / "triton"))
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     return Host(
@@ -71,6 +78,8 @@ class LocalPlan:
     command: Command
     run_dir: str
     timeout_s: float  # what is left of resources.max_hours after the run's earlier tries
+    data_dir: str = ""
+    sandboxed: bool = False  # a custom command: run as a sandbox user (trainyard.training.launchers.sandbox)
 
 
 class LocalLauncher(Launcher):
@@ -85,14 +94,29 @@ class LocalLauncher(Launcher):
         from trainyard.scheduling.resources import check_policy, load_resources
 
         check_policy(spec, load_resources())
+        sandboxed = spec.recipe == "custom"
+        if sandboxed:
+            sandbox.require()
         left = time_left(spec, run_dir)
         command = local_command(
             spec, self.host or this_host(), config_path=config_path, data_dir=data["path"], run_dir=run_dir
         )
-        return LocalPlan(command, run_dir, left)
+        return LocalPlan(command, run_dir, left, data_dir=data["path"], sandboxed=sandboxed)
 
     def launch(self, plan: LocalPlan, on_line: Callable[[str], None]) -> None:
-        run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s)
+        if not plan.sandboxed:
+            run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s)
+            return
+        with sandbox.Sandbox(custom.work_dir(plan.run_dir), readable=[plan.data_dir]) as box:
+            assert box.user is not None
+            on_line(f"sandbox: running as {box.user.name} (uid {box.user.uid})")
+            run(
+                box.command(plan.command.argv),
+                env=box.env(plan.command.env),
+                on_line=on_line,
+                timeout_s=plan.timeout_s,
+                after_exit=box.stop,
+            )
 
     def collect(self, plan: LocalPlan, observed: Interval | None) -> Interval | None:
         return observed  # the subprocess's lifetime is the time its workers held the GPUs
@@ -141,17 +165,37 @@ def run(
     on_line: Callable[[str], None] = print,
     tail: int = 40,
     timeout_s: float | None = None,
+    after_exit: Callable[[], None] | None = None,
 ) -> None:
     """Run ``argv``, pass every output line to ``on_line``, raise LaunchError with the last lines on failure,
-    MaxHoursReached if it still runs after ``timeout_s``.
+    MaxHoursReached if it still runs after ``timeout_s``. ``after_exit``: called once the child itself has
+    ended (the sandbox kills what it left: a daemon holding the output open would block the reading).
 
     The child gets its own process group, which is killed if this call is interrupted (task timeout,
     "mark failed") or times out, so no orphaned workers keep the GPUs."""
     last: deque[str] = deque(maxlen=tail)
     proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
     )
     timed_out = threading.Event()
+    failed: list[BaseException] = []
+
+    def then() -> None:
+        proc.wait()
+        try:
+            after_exit()  # type: ignore[misc]
+        except BaseException as err:  # raised below, once the output is read
+            failed.append(err)
+
+    watcher = threading.Thread(target=then, name="launch-after-exit", daemon=True) if after_exit else None
+    if watcher is not None:
+        watcher.start()
 
     def expire() -> None:
         timed_out.set()
@@ -174,6 +218,10 @@ def run(
     finally:
         if timer is not None:
             timer.cancel()
+        if watcher is not None:
+            watcher.join()  # what the child left is gone before the caller goes on (and gives the user back)
+    if failed:
+        raise failed[0]
     if timed_out.is_set() and rc != 0:  # not a run that ended by itself as the time ran out
         hours = (timeout_s or 0) / 3600
         raise MaxHoursReached(

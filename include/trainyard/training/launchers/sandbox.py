@@ -1,0 +1,534 @@
+"""The local sandbox a custom command runs in: an unprivileged OS user of its own, namespaces of its own
+(no network but loopback, a private ``/dev/shm``), a scrubbed environment, read access to its run's
+prepared data and write access to its run's ``work`` directory, nothing else of trainyard's.
+
+**Who.** ``trainyard sandbox setup`` (``scripts/setup.sh``, as root) creates :data:`USERS` system users,
+``trainyard-run0`` ... ``trainyard-run15``, each with its own group and no home or login shell. A launch
+takes one that no other launch on this host holds (an exclusive ``flock`` in :data:`STATE_DIR`, released by
+the kernel when the launching process dies), so two runs never share a user and cannot read each other's
+files. A busy fleet of sandboxes is a retryable error: the task tries again later.
+
+**How it starts.** The launcher runs :func:`main` (``python -c``) with the user, the work directory and
+the command, as root: it unshares a network namespace (loopback only, so no local service, another job's
+rendezvous store or the Airflow API is reachable, and no outside network either) and a mount namespace
+(a fresh ``/dev/shm``), sets ``no_new_privs``, drops every group and switches to the sandbox user, then
+execs the command (torchrun and the user's program).
+
+**What it can reach.** trainyard's state is not for others: ``$TRAINYARD_HOME`` and ``$AIRFLOW_HOME`` are
+closed to others (``chmod o-rwx``, at set-up and again at each launch; the Airflow processes and the CLI
+create files with umask 007, :func:`private_umask`: group kept for the Kubernetes pods, which share group 0
+with the Airflow user, never the sandbox users). A launch opens exactly one way in: POSIX ACL entries for
+its user only (``setfacl``): search (``x``) on the directories that lead to the run's data and run
+directory, to the Python environment and to the ``trainyard`` package, read on the prepared data, and
+ownership of the run's ``work`` directory. Inside trainyard's and Airflow's state every directory on the
+way has its other entries closed to others, so the way in leads nowhere else: the signing keys, the
+Airflow config and database, MLflow's store, the dataset store and every other run's and team's files give
+the command ``Permission denied``. Directories outside that state that others may not search (a Python
+under ``/root``) become searchable for the user, not readable: see :func:`private_dirs_opened`.
+
+**Crash safety.** What a launch grants is written to ``STATE_DIR/<user>.json`` before it is granted.
+Leaving the sandbox kills every process left under the user (``kill -1`` as that user), revokes what the
+record lists, deletes what it left in ``/tmp`` and gives the ``work`` tree back to the Airflow user (a walk
+by directory descriptors that follows no link); only then is the lock released. A launch that died with its
+sandbox open is cleaned up the same way by the next launch on the host that finds its user unlocked.
+
+Where the sandbox cannot be had (not root, no sandbox users, no ``setfacl``, no ACL support, no namespaces)
+:func:`require` refuses the custom command and says why; nothing runs unsandboxed. On Kubernetes a custom
+command runs in its team's namespace with the team's service account instead
+(:mod:`~trainyard.training.launchers.kubernetes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import pwd
+import re
+import resource
+import shutil
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainyard import paths
+from trainyard.errors import PermanentError, RetryableError
+
+USER_PREFIX = "trainyard-run"
+USERS = 16  # custom commands that can run at once on one worker host
+STATE_DIR = Path("/var/lib/trainyard-sandbox")  # host-wide: locks and grant records of every launch here
+PRIVATE_UMASK = 0o007
+PROCESS_LIMIT = 4096  # RLIMIT_NPROC of a sandbox user: a fork bomb stops there
+# What a custom command's environment keeps of the worker's (the rest, Airflow's and trainyard's settings
+# and any secret in them, is dropped); the launcher adds the platform's TRAINYARD_* and rendezvous variables.
+KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+KEPT_ENV_PREFIXES = ("NCCL_",)
+SYSTEM_DIRS = {Path(p) for p in ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/opt", "/proc", "/root")}
+SYSTEM_DIRS |= {Path(p) for p in ("/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib")}
+
+
+class SandboxUnavailable(PermanentError):
+    """A custom command cannot run here, because the sandbox it must run in cannot be had."""
+
+
+class SandboxBusy(RetryableError):
+    """Every sandbox user is taken by a running custom command; a later try gets one."""
+
+
+class SandboxError(RetryableError):
+    """Setting up or tearing down a sandbox failed (the message says which step, and the tool's error)."""
+
+
+@dataclass(frozen=True)
+class SandboxUser:
+    name: str
+    uid: int
+    gid: int
+
+
+def users() -> list[SandboxUser]:
+    """The sandbox users set-up created on this host, in order."""
+    found = []
+    for i in range(USERS):
+        with contextlib.suppress(KeyError):
+            entry = pwd.getpwnam(f"{USER_PREFIX}{i}")
+            found.append(SandboxUser(entry.pw_name, entry.pw_uid, entry.pw_gid))
+    return found
+
+
+def unavailable_reason() -> str | None:
+    """Why this host cannot sandbox a custom command, or None if it can."""
+    if os.geteuid() != 0:
+        return (
+            "the worker does not run as root, so it cannot switch to an unprivileged sandbox user "
+            "(run the Airflow worker as root, or send custom jobs to Kubernetes: backends.launcher 'kubernetes')"
+        )
+    found = users()
+    if not found:
+        return f"no sandbox users ({USER_PREFIX}0...) on this host: run `trainyard sandbox setup` as root"
+    if shutil.which("setfacl") is None:
+        return "setfacl is missing (Debian: apt-get install acl), so the run's files cannot be opened to it alone"
+    if shutil.which("kill") is None:
+        return "kill is missing (Debian: apt-get install procps), so what a command leaves running cannot be stopped"
+    if _ready:
+        return None
+    try:
+        STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _setfacl("-m", f"u:{found[0].uid}:---", str(STATE_DIR))
+        _setfacl("-x", f"u:{found[0].uid}", str(STATE_DIR))
+    except (OSError, SandboxError) as err:
+        return f"the filesystem of {STATE_DIR} takes no POSIX ACL ({err})"
+    probe = _bootstrap("from {module} import _libc_call, NAMESPACES; _libc_call('unshare', NAMESPACES)")
+    done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return f"this host does not let the worker create network and mount namespaces (CAP_SYS_ADMIN): {why}"
+    _ready.append(True)  # users, ACLs and namespaces do not go away: this process need not ask again
+    return None
+
+
+_ready: list[bool] = []
+
+
+def require() -> None:
+    """SandboxUnavailable, saying why, if a custom command cannot be sandboxed on this host."""
+    reason = unavailable_reason()
+    if reason:
+        raise SandboxUnavailable(
+            f"recipe 'custom': a custom command runs locally only as an unprivileged sandbox user, and this "
+            f"host has no sandbox: {reason}"
+        )
+
+
+def private_umask() -> None:
+    """Files trainyard and Airflow create from now on in this process (and its children) are for their
+    user and group only, so a sandboxed command cannot read them even where it may search a directory."""
+    os.umask(PRIVATE_UMASK)
+
+
+def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a sandboxed command keeps of ``env``: :data:`KEPT_ENV` and :data:`KEPT_ENV_PREFIXES` only."""
+    return {k: v for k, v in env.items() if k in KEPT_ENV or k.startswith(KEPT_ENV_PREFIXES)}
+
+
+def protected_paths() -> list[Path]:
+    """The state a sandboxed command must never read: trainyard's home and Airflow's (config, database,
+    logs), whatever their place."""
+    airflow = Path(os.environ.get("AIRFLOW_HOME") or "~/airflow").expanduser()
+    return [paths.home(), airflow.resolve()]
+
+
+def close_to_others(path: Path) -> None:
+    """``chmod o-rwx`` on ``path`` if it exists (not on what is below it; a link is left alone)."""
+    with contextlib.suppress(FileNotFoundError):
+        st = path.lstat()
+        if not stat.S_ISLNK(st.st_mode) and st.st_mode & stat.S_IRWXO:
+            path.chmod(stat.S_IMODE(st.st_mode) & ~stat.S_IRWXO)
+
+
+def private_dirs_opened() -> list[Path]:
+    """Directories outside trainyard's state that others may not search and a launch makes searchable for
+    its user (a Python installed under ``/root``): what is world-readable in them becomes readable by name."""
+    package = Path(__file__).resolve().parents[3]
+    targets = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), package]
+    return [d for d in dict.fromkeys(d for t in targets for d in _search_path(t)) if not _inside(d, protected_paths())]
+
+
+# -- set-up ------------------------------------------------------------------------------------------------
+def setup() -> list[str]:
+    """Create the sandbox users that are missing and close trainyard's and Airflow's state to others
+    (idempotent; root only; TRAINYARD_HOME and AIRFLOW_HOME must be set, and may not be system directories).
+    Returns what it did, one line each."""
+    if os.geteuid() != 0:
+        raise PermanentError("trainyard sandbox setup: run it as root (it creates system users)")
+    missing = [name for name in ("TRAINYARD_HOME", "AIRFLOW_HOME") if not os.environ.get(name)]
+    if missing:
+        raise PermanentError(
+            f"trainyard sandbox setup: set {' and '.join(missing)} (sudo drops the environment: `sudo -E`), "
+            "so that it closes the right directories"
+        )
+    protected = protected_paths()
+    system = [str(p) for p in protected if p in SYSTEM_DIRS]
+    if system:
+        raise PermanentError(f"trainyard sandbox setup: refusing to close system directories {system} to others")
+    done = []
+    existing = {u.name for u in users()}
+    for i in range(USERS):
+        name = f"{USER_PREFIX}{i}"
+        if name in existing:
+            continue
+        subprocess.run(
+            ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+             "--shell", "/usr/sbin/nologin", "--comment", "trainyard sandbox for custom commands", name],
+            check=True,
+        )  # fmt: skip
+        done.append(f"created user {name}")
+    STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for path in protected:
+        path.mkdir(parents=True, exist_ok=True, mode=0o770)
+        for p in [path, *path.rglob("*")]:
+            close_to_others(p)
+        done.append(f"closed {path} to other users")
+    done += [f"note: {d} is searchable by the sandbox users (the Python lives below it)" for d in private_dirs_opened()]
+    return done
+
+
+# -- the pieces of a launch --------------------------------------------------------------------------------
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
+NAMESPACES = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC  # a sandbox's own network, mounts and SysV IPC
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 1 << 18
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def _libc_call(name: str, *args) -> None:
+    """Call libc's ``name``; OSError with the errno on failure."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{name}: {os.strerror(errno)}")
+
+
+def _setfacl(*args: str) -> None:
+    done = subprocess.run(["setfacl", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SandboxError(f"setfacl {' '.join(args)} failed: {done.stderr.strip() or done.returncode}")
+
+
+def _inside(path: Path, roots: Iterable[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def _search_path(target: Path) -> list[Path]:
+    """The directories above ``target`` (and ``target`` if it is one) that others may not search."""
+    chain = [p for p in [target, *target.parents] if p.is_dir()]
+    return [p for p in chain if not p.stat().st_mode & stat.S_IXOTH]
+
+
+def processes_of(uid: int) -> list[int]:
+    """Pids of the live processes (zombies are dead) whose real user is ``uid``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            fields = dict(line.split(":", 1) for line in (entry / "status").read_text().splitlines() if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
+                pids.append(int(entry.name))
+    return pids
+
+
+def kill_all(user: SandboxUser, wait_s: float = 30.0) -> None:
+    """SIGKILL every process of ``user`` (nothing else runs as it) and wait until none is left: ``kill -1``
+    run as that user signals all of them at once, also those forked while it runs."""
+    deadline = time.monotonic() + wait_s
+    while processes_of(user.uid):
+        subprocess.run(["kill", "-KILL", "-1"], user=user.uid, group=user.gid, extra_groups=[], capture_output=True)
+        if time.monotonic() > deadline:
+            raise SandboxError(
+                f"processes {processes_of(user.uid)} of sandbox user {user.name} survive SIGKILL for {wait_s:.0f} s "
+                "(stuck in the kernel, e.g. on a GPU driver call); the task's retry cleans them up"
+            )
+        time.sleep(0.05)
+
+
+def _chown_tree(root: Path, uid: int, gid: int, only_from: int | None = None) -> None:
+    """Give ``root`` and what is below it to ``uid``:``gid``, walking by directory descriptors and following
+    no link (a link swapped in mid-walk cannot redirect it). ``only_from``: only entries that user owns.
+    Otherwise a regular file with other hard links is left alone (it may be someone else's)."""
+    if not root.is_dir() or root.is_symlink():
+        return
+
+    def give(name: str, dir_fd: int) -> None:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if only_from is not None and st.st_uid != only_from:
+            return
+        if only_from is None and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            return
+        os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+
+    parent_fd = os.open(root.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        give(root.name, parent_fd)
+    finally:
+        os.close(parent_fd)
+    for _, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
+        for name in [*dirnames, *filenames]:
+            with contextlib.suppress(FileNotFoundError):
+                give(name, dir_fd)
+
+
+def _remove_owned(uid: int, roots: Iterable[Path] = (Path("/tmp"), Path("/var/tmp"))) -> None:
+    """Delete what ``uid`` left at the top of the shared temporary directories (a later run under the same
+    user must not find it)."""
+    for root in roots:
+        with contextlib.suppress(FileNotFoundError):
+            for entry in root.iterdir():
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.lstat()
+                    if st.st_uid != uid:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        shutil.rmtree(entry)  # descriptor-based on Linux: it follows no link
+                    else:
+                        entry.unlink()
+
+
+# -- one launch --------------------------------------------------------------------------------------------
+class Sandbox:
+    """``with Sandbox(work_dir, readable=[data_dir]) as box:`` run ``box.command(argv)`` with
+    ``box.env(...)``, and call ``box.stop()`` once the command's own process has ended.
+
+    ``work_dir`` becomes the sandbox user's for the duration (created if missing); ``readable`` are the
+    files or trees it may read; what leads to them it may search."""
+
+    def __init__(
+        self, work_dir: str | Path, readable: Iterable[str | Path] = (), among: Iterable[str] | None = None
+    ) -> None:
+        self.work_dir = Path(work_dir).resolve()
+        self.readable = [Path(p).resolve() for p in readable]
+        self.among = None if among is None else set(among)  # the sandbox users it may take (default: any)
+        self.user: SandboxUser | None = None
+        self._lock_fd: int | None = None
+
+    # entering and leaving
+    def __enter__(self) -> Sandbox:
+        require()
+        self.user, self._lock_fd = self._take_user()
+        try:
+            self._clean_up(self.user)  # what a crashed launch under this user left
+            self._clean_up_unlocked()  # and under any other user no launch holds
+            self._grant(self.user)
+        except BaseException:
+            self._leave()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._leave()
+
+    def stop(self) -> None:
+        """Kill every process the command left (a daemon that would hold its output open, or run on)."""
+        assert self.user is not None
+        if self._lock_fd is not None:  # never once the user is given back: it may be another launch's then
+            kill_all(self.user)
+
+    def _leave(self) -> None:
+        assert self.user is not None and self._lock_fd is not None
+        try:
+            self._clean_up(self.user)
+        finally:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @staticmethod
+    def _lock(user: SandboxUser) -> int | None:
+        """The user's lock, held, or None if another launch holds it."""
+        fd = os.open(STATE_DIR / f"{user.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    def _take_user(self) -> tuple[SandboxUser, int]:
+        STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+        candidates = [u for u in users() if self.among is None or u.name in self.among]
+        for user in candidates:
+            fd = self._lock(user)
+            if fd is not None:
+                return user, fd
+        raise SandboxBusy(f"all {len(candidates)} sandbox users are running custom commands; try again later")
+
+    def _clean_up_unlocked(self) -> None:
+        for user in users():
+            if user == self.user or not _record_path(user).exists():
+                continue
+            fd = self._lock(user)
+            if fd is None:
+                continue  # a live launch holds it
+            try:
+                self._clean_up(user)
+            finally:
+                os.close(fd)
+
+    @contextlib.contextmanager
+    def _acl_lock(self) -> Iterator[None]:
+        """setfacl (and chmod, which rewrites the ACL's mask) reads, changes and writes a file's whole ACL:
+        two launches changing the same directory at once must take turns, or one's entry is lost."""
+        fd = os.open(STATE_DIR / "acl.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _grant(self, user: SandboxUser) -> None:
+        protected = protected_paths()
+        self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        package = Path(__file__).resolve().parents[3]  # the directory trainyard is imported from
+        # The interpreter may live in another tree than the venv (pyenv under /root): both are searched.
+        targets = [*self.readable, self.work_dir.parent, Path(sys.prefix), Path(sys.base_prefix), package]
+        targets = [t.resolve() for t in targets]
+        with self._acl_lock():
+            for path in protected:
+                close_to_others(path)
+            # Inside trainyard's and Airflow's state, every entry beside the way in is closed to others
+            # first (the umask keeps new ones closed), so searching a directory on the way leads nowhere else.
+            for target in targets:
+                for d in [target, *target.parents]:
+                    if d.is_dir() and _inside(d, protected):
+                        for entry in d.iterdir():
+                            close_to_others(entry)
+            searched = list(dict.fromkeys(d for t in targets for d in _search_path(t if t.is_dir() else t.parent)))
+            record = {
+                "search": [str(d) for d in searched],
+                "read": [str(p) for p in self.readable],
+                "work": str(self.work_dir),
+            }
+            tmp = _record_path(user).with_suffix(".tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, _record_path(user))  # recorded before granted: a crash leaves nothing unrevoked
+            _chown_tree(self.work_dir, user.uid, user.gid)
+            for d in searched:
+                _setfacl("-m", f"u:{user.uid}:x", str(d))
+            for p in self.readable:
+                _setfacl("-R", "-P", "-m", f"u:{user.uid}:rX", str(p))
+
+    def _clean_up(self, user: SandboxUser) -> None:
+        kill_all(user)
+        _remove_owned(user.uid)
+        record_path = _record_path(user)
+        if not record_path.exists():
+            return
+        record = json.loads(record_path.read_text())
+        with self._acl_lock():
+            for p in record.get("read", []):
+                if Path(p).exists():
+                    _setfacl("-R", "-P", "-x", f"u:{user.uid}", p)
+            for d in record.get("search", []):
+                if Path(d).exists():
+                    _setfacl("-x", f"u:{user.uid}", d)
+        if record.get("work"):
+            _chown_tree(Path(record["work"]), os.getuid(), os.getgid(), only_from=user.uid)
+        record_path.unlink()
+
+    # what the launch uses
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` started through :func:`main` as this sandbox's user, in its namespaces."""
+        assert self.user is not None
+        entry = _bootstrap("from {module} import main; main(sys.argv[1:])")
+        # -I: the root part reads no user site-packages, no PYTHON* variable and not the working directory
+        # (HOME is the work directory, which the program wrote on an earlier try)
+        uid, gid = str(self.user.uid), str(self.user.gid)
+        return [sys.executable, "-I", "-c", entry, uid, gid, str(self.work_dir), "--", *argv]
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` for the sandboxed command: HOME and TMPDIR in its work directory, gloo and NCCL on
+        loopback (the only interface of its network namespace)."""
+        tmp = self.work_dir / "tmp"
+        return {
+            **base,
+            "HOME": str(self.work_dir),
+            "TMPDIR": str(tmp),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "NCCL_SOCKET_IFNAME": "lo",
+        }
+
+
+def _bootstrap(code: str) -> str:
+    """``code`` (``{module}``: this module's name) for ``python -c``, importing trainyard from where this
+    process does (the sandboxed environment has no PYTHONPATH)."""
+    package = str(Path(__file__).resolve().parents[3])
+    return f"import sys; sys.path.insert(0, {package!r}); " + code.format(module=__name__)
+
+
+def _record_path(user: SandboxUser) -> Path:
+    return STATE_DIR / f"{user.name}.json"
+
+
+# -- the entry point: as root, into the namespaces, then the user ----------------------------------------
+def _loopback_up() -> None:
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sh", fcntl.ioctl(s, siocgifflags, struct.pack("16sh", b"lo", 0)))[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))
+
+
+def enter(uid: int, gid: int, work_dir: str, argv: list[str]) -> None:
+    """Unshare the network and mount namespaces, bring loopback up, mount a fresh /dev/shm, forbid new
+    privileges, become ``uid``:``gid`` with no other group and exec ``argv``. Never returns."""
+    _libc_call("unshare", NAMESPACES)
+    _libc_call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # nothing mounted here leaks out
+    _libc_call("mount", b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777")
+    _loopback_up()
+    resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
+    _libc_call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    os.umask(0o077)
+    os.chdir(work_dir)
+    Path(work_dir, "tmp").mkdir(exist_ok=True)
+    os.execvp(argv[0], argv)
+
+
+def main(args: list[str]) -> None:
+    if os.geteuid() != 0 or len(args) < 5 or args[3] != "--" or not re.fullmatch(r"[0-9]+", args[0] + args[1]):
+        sys.exit(f"usage (as root, by the local launcher): {__name__}.main([UID, GID, WORK, '--', *ARGV])")
+    uid, gid = int(args[0]), int(args[1])
+    if uid not in {u.uid for u in users()}:
+        sys.exit(f"uid {uid} is not a sandbox user")
+    enter(uid, gid, args[2], args[4:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
