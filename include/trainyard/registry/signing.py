@@ -19,8 +19,6 @@ Verification picks the key by the id the version was signed with and refuses an 
 from __future__ import annotations
 
 import base64
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -92,16 +90,12 @@ def _write_private(path: Path, pem: bytes, *, replace: bool) -> None:
         os.replace(target, path)
 
 
-@contextlib.contextmanager
 def _keys_lock(directory: Path):
     """One key change at a time in ``directory`` (keygen, rotate, distrust from several processes)."""
+    from trainyard.data.store import file_lock
+
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return file_lock(directory / ".lock")
 
 
 def _new_pems() -> tuple[bytes, bytes]:

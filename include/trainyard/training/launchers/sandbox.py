@@ -55,7 +55,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -400,16 +400,13 @@ class Sandbox:
             finally:
                 os.close(fd)
 
-    @contextlib.contextmanager
-    def _acl_lock(self) -> Iterator[None]:
+    @staticmethod
+    def _acl_lock() -> contextlib.AbstractContextManager[None]:
         """setfacl (and chmod, which rewrites the ACL's mask) reads, changes and writes a file's whole ACL:
         two launches changing the same directory at once must take turns, or one's entry is lost."""
-        fd = os.open(STATE_DIR / "acl.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        from trainyard.data.store import file_lock
+
+        return file_lock(STATE_DIR / "acl.lock")
 
     def _grant(self, user: SandboxUser) -> None:
         protected = protected_paths()
