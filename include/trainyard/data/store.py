@@ -128,7 +128,8 @@ def _check_name(kind: str, name: str) -> str:
     return name
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` whole or not at all (a temp file, mode 0600, fsynced, then renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
@@ -231,8 +232,8 @@ class LocalStore:
         with file_lock(self.root / ".locks" / f"{repo}.lock"):
             if (path / "repo.json").exists():
                 raise StoreError(f"repository {repo!r} already exists")
-            _atomic_write(path / "refs" / "branches" / default_branch, b"")
-            _atomic_write(path / "repo.json", _canonical({"default_branch": default_branch, "created_at": time.time()}))
+            atomic_write(path / "refs" / "branches" / default_branch, b"")
+            atomic_write(path / "repo.json", _canonical({"default_branch": default_branch, "created_at": time.time()}))
 
     def repo_exists(self, repo: str) -> bool:
         return (self.root / _check_name("repository", repo) / "repo.json").exists()
@@ -244,7 +245,7 @@ class LocalStore:
         with self._branch_lock(repo_dir, branch):
             if ref.exists():
                 raise StoreError(f"branch {branch!r} already exists in {repo!r}")
-            _atomic_write(ref, commit.encode())
+            atomic_write(ref, commit.encode())
         return commit
 
     def _branch_head(self, repo_dir: Path, branch: str) -> str | None:
@@ -258,7 +259,7 @@ class LocalStore:
         sha = hashlib.sha256(data).hexdigest()
         blob = self._blob_path(repo_dir, sha)
         if not blob.exists():
-            _atomic_write(blob, data)
+            atomic_write(blob, data)
         return sha
 
     def _put_blobs(self, repo: str, branch: str, files: Mapping[str, bytes]) -> tuple[Path, dict[str, dict]]:
@@ -337,7 +338,7 @@ class LocalStore:
             commit_id = hashlib.sha256(_canonical(body)).hexdigest()
             commit_file = repo_dir / "commits" / commit_id[:2] / f"{commit_id}.json"
             if not commit_file.exists():
-                _atomic_write(commit_file, _canonical(dict(body, created_at=time.time())))
+                atomic_write(commit_file, _canonical(dict(body, created_at=time.time())))
             # The ref update is the commit point.
             self._swap_ref(repo_dir / "refs" / "branches" / branch, head, commit_id)
         return self.get_commit(repo, commit_id)
@@ -351,7 +352,7 @@ class LocalStore:
                 f"branch {ref.name!r} of {ref.parents[2].name!r} moved to {str(current)[:12]} while "
                 f"a commit was built on {str(expected)[:12]}; run it again"
             )
-        _atomic_write(ref, new.encode())
+        atomic_write(ref, new.encode())
 
     def tag(self, repo: str, tag: str, ref: str) -> str:
         repo_dir = self._repo(repo)
@@ -364,7 +365,7 @@ class LocalStore:
                 if existing != commit:
                     raise StoreError(f"tag {tag!r} already points at {existing[:12]} in {repo!r}")
                 return commit
-            _atomic_write(path, commit.encode())
+            atomic_write(path, commit.encode())
         return commit
 
     # -- reading ------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard import paths
+from trainyard.data.store import atomic_write, file_lock
 from trainyard.errors import PermanentError
 
 if TYPE_CHECKING:
@@ -71,29 +72,25 @@ def _trust(directory: Path, public_pem: bytes) -> str:
     trusted.mkdir(mode=0o700, exist_ok=True)
     target = trusted / f"{kid}.pem"
     if not target.exists():
-        tmp = trusted / f".{kid}.pem.tmp-{os.getpid()}"
-        tmp.write_bytes(public_pem)
-        os.replace(tmp, target)
+        atomic_write(target, public_pem)
     return kid
 
 
 def _write_private(path: Path, pem: bytes, *, replace: bool) -> None:
     """0600 from the first byte on. ``replace``: atomically over the old key (rotation), else O_EXCL (a
     concurrent keygen cannot silently replace this key)."""
-    target = path.with_name(f".{path.name}.tmp-{os.getpid()}") if replace else path
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    if replace:
+        atomic_write(path, pem)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
         f.flush()
         os.fsync(f.fileno())
-    if replace:
-        os.replace(target, path)
 
 
 def _keys_lock(directory: Path):
     """One key change at a time in ``directory`` (keygen, rotate, distrust from several processes)."""
-    from trainyard.data.store import file_lock
-
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     return file_lock(directory / ".lock")
 
@@ -151,9 +148,7 @@ def rotate(directory: str | Path | None = None) -> tuple[str, str]:
         private_pem, public_pem = _new_pems()
         new = _trust(d, public_pem)  # trusted before it signs anything: a crash leaves no untrusted signer
         _write_private(private, private_pem, replace=True)
-        tmp = d / f".{PUBLIC_NAME}.tmp-{os.getpid()}"
-        tmp.write_bytes(public_pem)
-        os.replace(tmp, d / PUBLIC_NAME)
+        atomic_write(d / PUBLIC_NAME, public_pem)
         return key_id(old), new
 
 

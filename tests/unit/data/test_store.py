@@ -77,17 +77,17 @@ def test_crash_before_ref_update_leaves_previous_commit(store, monkeypatch):
     store.upload("r", "main", "a", b"2")
     import trainyard.data.store as mod
 
-    real = mod._atomic_write
+    real = mod.atomic_write
 
     def crash_on_ref(path, data):
         if "refs" in path.parts:
             raise OSError("simulated crash")
         return real(path, data)
 
-    monkeypatch.setattr(mod, "_atomic_write", crash_on_ref)
+    monkeypatch.setattr(mod, "atomic_write", crash_on_ref)
     with pytest.raises(OSError):
         store.commit("r", "main", "two")
-    monkeypatch.setattr(mod, "_atomic_write", real)
+    monkeypatch.setattr(mod, "atomic_write", real)
     assert store.resolve("r", "main") == c1
     assert store.read("r", "main", "a") == b"1"
 

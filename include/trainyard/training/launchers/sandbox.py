@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard import paths
+from trainyard.data.store import atomic_write, file_lock
 from trainyard.errors import PermanentError, RetryableError
 
 USER_PREFIX = "trainyard-run"
@@ -174,12 +175,20 @@ def close_to_others(path: Path) -> None:
             path.chmod(stat.S_IMODE(st.st_mode) & ~stat.S_IRWXO)
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory trainyard is imported from
+
+
+def _code_dirs() -> list[Path]:
+    """What a sandboxed command runs from: the venv, the interpreter's own tree (pyenv keeps it apart, under
+    /root) and trainyard's package root."""
+    return [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), PACKAGE_ROOT]
+
+
 def private_dirs_opened() -> list[Path]:
     """Directories outside trainyard's state that others may not search and a launch makes searchable for
     its user (a Python installed under ``/root``): what is world-readable in them becomes readable by name."""
-    package = Path(__file__).resolve().parents[3]
-    targets = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), package]
-    return [d for d in dict.fromkeys(d for t in targets for d in _search_path(t)) if not _inside(d, protected_paths())]
+    searched = dict.fromkeys(d for t in _code_dirs() for d in _search_path(t))
+    return [d for d in searched if not _inside(d, protected_paths())]
 
 
 # -- set-up ------------------------------------------------------------------------------------------------
@@ -404,17 +413,12 @@ class Sandbox:
     def _acl_lock() -> contextlib.AbstractContextManager[None]:
         """setfacl (and chmod, which rewrites the ACL's mask) reads, changes and writes a file's whole ACL:
         two launches changing the same directory at once must take turns, or one's entry is lost."""
-        from trainyard.data.store import file_lock
-
         return file_lock(STATE_DIR / "acl.lock")
 
     def _grant(self, user: SandboxUser) -> None:
         protected = protected_paths()
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        package = Path(__file__).resolve().parents[3]  # the directory trainyard is imported from
-        # The interpreter may live in another tree than the venv (pyenv under /root): both are searched.
-        targets = [*self.readable, self.work_dir.parent, Path(sys.prefix), Path(sys.base_prefix), package]
-        targets = [t.resolve() for t in targets]
+        targets = [*self.readable, self.work_dir.parent, *_code_dirs()]
         with self._acl_lock():
             for path in protected:
                 close_to_others(path)
@@ -425,15 +429,14 @@ class Sandbox:
                     if d.is_dir() and _inside(d, protected):
                         for entry in d.iterdir():
                             close_to_others(entry)
-            searched = list(dict.fromkeys(d for t in targets for d in _search_path(t if t.is_dir() else t.parent)))
+            searched = list(dict.fromkeys(d for t in targets for d in _search_path(t)))
             record = {
                 "search": [str(d) for d in searched],
                 "read": [str(p) for p in self.readable],
                 "work": str(self.work_dir),
             }
-            tmp = _record_path(user).with_suffix(".tmp")
-            tmp.write_text(json.dumps(record))
-            os.replace(tmp, _record_path(user))  # recorded before granted: a crash leaves nothing unrevoked
+            # recorded before granted: a crash leaves nothing unrevoked
+            atomic_write(_record_path(user), json.dumps(record).encode())
             _chown_tree(self.work_dir, user.uid, user.gid)
             for d in searched:
                 _setfacl("-m", f"u:{user.uid}:x", str(d))
@@ -484,8 +487,7 @@ class Sandbox:
 def _bootstrap(code: str) -> str:
     """``code`` (``{module}``: this module's name) for ``python -c``, importing trainyard from where this
     process does (the sandboxed environment has no PYTHONPATH)."""
-    package = str(Path(__file__).resolve().parents[3])
-    return f"import sys; sys.path.insert(0, {package!r}); " + code.format(module=__name__)
+    return f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); " + code.format(module=__name__)
 
 
 def _record_path(user: SandboxUser) -> Path:
