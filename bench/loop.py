@@ -3,7 +3,8 @@
 Both sides train the digits recipe's SmallCNN on the same prepared split with the JobSpec defaults
 (batch 32, SGD lr 0.1 momentum 0.9, cosine schedule, 10 epochs, validation after each epoch), on 1 and on
 2 processes (torchrun, gloo). trainyard runs as in production: ``torchrun -m trainyard.training.entry``
-with MLflow tracking on SQLite and TensorBoard. Repetitions alternate hand / trainyard; each side's
+with rank 0 writing the metrics file that this process relays to MLflow on SQLite and TensorBoard, as the
+local launcher does. Repetitions alternate hand / trainyard; each side's
 throughput is samples per second of its epoch loop (first step to last validation, the same span on both
 sides: process start-up and imports are not the loop); the medians and their ratio are printed.
 
@@ -118,17 +119,23 @@ def torchrun(nproc: int, tail: list[str], env: dict) -> None:
 
 
 def trainyard_once(root: Path, data: dict, nproc: int, uri: str, run_id: str, rep: int, epochs: int) -> float:
+    from mlflow.tracking import MlflowClient
+
     from trainyard.spec import parse_spec
-    from trainyard.training.run_config import RunConfig
+    from trainyard.training.metrics import LiveRelay, metrics_path
+    from trainyard.training.run_config import RunConfig, work_dir
 
     out = root / f"ty-{nproc}-{rep}"
     out.mkdir()
     spec = parse_spec({"resources": {"gpus_per_node": nproc}, "hyperparameters": {"epochs": epochs}})  # digits
-    config = RunConfig(
-        spec=spec, data=data, out_dir=str(out), tracking_uri=uri, mlflow_run_id=run_id, tensorboard_dir=str(out / "tb")
-    ).dump(out / "run.json")
-    torchrun(nproc, ["-m", "trainyard.training.entry", "--config", str(config)], {})
-    return json.loads((out / "train_result.json").read_text())["samples_per_second"]
+    # as the local launcher runs it: rank 0 writes the metrics file, this process relays it to MLflow
+    work = Path(work_dir(str(out)))
+    config = RunConfig(spec=spec, data=data, out_dir=str(work), metrics_file=str(metrics_path(out))).dump(
+        out / "run.json"
+    )
+    with LiveRelay(out, MlflowClient(uri), run_id, str(out / "tb"), on_line=lambda line: None):
+        torchrun(nproc, ["-m", "trainyard.training.entry", "--config", str(config)], {})
+    return json.loads((work / "train_result.json").read_text())["samples_per_second"]
 
 
 def hand_once(root: Path, data: dict, nproc: int, rep: int, epochs: int) -> float:

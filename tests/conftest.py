@@ -40,14 +40,23 @@ def _airflow_db_per_xdist_worker() -> None:
 
 _airflow_db_per_xdist_worker()
 
+# The sandbox users tests marked `sandbox` take; every other process of the suite (the Airflow servers it
+# starts included) trains under the others. Set at import, before any fixture starts a server.
+SANDBOX_TEST_USERS = "0-7"
+os.environ["TRAINYARD_SANDBOX_USERS"] = "8-15"
+
 
 @pytest.fixture(autouse=True)
-def _sandbox_or_skip(request):
-    """Tests marked ``sandbox`` need the custom-command sandbox. Without root it cannot exist: skipped. As
-    root (CI) it must: a missing one fails the test, naming what `trainyard sandbox setup` would fix."""
+def _sandbox_or_skip(request, monkeypatch):
+    """Tests marked ``sandbox`` need the sandbox. Without root it cannot exist: skipped. As root (CI) it
+    must: a missing one fails the test, naming what `trainyard sandbox setup` would fix.
+
+    They take sandbox users 0-7, every other test's trainings (sandboxed too, where it can be had) 8-15
+    (see above): a training beside a sandbox test must not take or clean up the users that test looks at."""
     if request.node.get_closest_marker("sandbox") is None:
         yield
         return
+    monkeypatch.setenv("TRAINYARD_SANDBOX_USERS", SANDBOX_TEST_USERS)
     from trainyard.training.launchers.sandbox import unavailable_reason
 
     reason = unavailable_reason()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -198,17 +199,21 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
 
 def plan_training(spec: JobSpec, dataset: dict, data: dict, run_key: str) -> dict:
     """The MLflow run and the run config every launcher starts its workers with (idempotent)."""
-    from trainyard.training.run_config import RUN_CONFIG_FILE, RunConfig
+    from trainyard.training.metrics import metrics_path
+    from trainyard.training.run_config import RUN_CONFIG_FILE, RunConfig, work_dir
 
     out_dir = run_dir(spec, run_key)
+    # The workers write in work/ only, and their metrics into a file there that the launcher relays: the
+    # config they read names no tracking store (its URI may carry credentials)
     cfg = RunConfig(
         spec=spec,
         data=data,
-        out_dir=str(out_dir),
-        tracking_uri=paths.mlflow_tracking_uri(),
+        out_dir=work_dir(str(out_dir)),
         mlflow_run_id=start_tracking(spec, dataset, run_key),
         tensorboard_dir=str(paths.tensorboard_root() / spec.name / safe_key(run_key)),
+        metrics_file=str(metrics_path(out_dir)),
     )
+    Path(cfg.out_dir).mkdir(exist_ok=True)
     cfg_path = cfg.dump(out_dir / RUN_CONFIG_FILE)
     return {
         "config_path": str(cfg_path),
@@ -242,19 +247,17 @@ def launch_local(
 
 
 def collect_training(spec: JobSpec, plan: dict) -> dict:
-    """What the workers left: train_result.json (built-in recipes) or the custom metrics file; plus the GPU
-    time of every try (the launchers' usage records: a retry adds to it, queue time is not in it) and its
-    cost."""
+    """What the workers left: train_result.json (built-in recipes) or the custom metrics file, their
+    metrics not relayed to MLflow yet; plus the GPU time of every try (the launchers' usage records: a retry
+    adds to it, queue time is not in it) and its cost."""
     from trainyard.scheduling.resources import load_resources, run_cost
     from trainyard.tracking import mlflow_tracking as mt
-    from trainyard.training import custom, usage
+    from trainyard.training import custom, metrics, usage
 
     out_dir = Path(plan["run_dir"])
     c = mt.client()
-    if spec.recipe == "custom":
-        result = custom.collect(out_dir, c, plan["mlflow_run_id"])
-    else:
-        result = json.loads((out_dir / "train_result.json").read_text())
+    metrics.relay(out_dir, c, plan["mlflow_run_id"], plan["tensorboard_dir"], on_line=log.info)
+    result = custom.collect(out_dir) if spec.recipe == "custom" else built_in_result(out_dir)
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
     cost = run_cost(load_resources(), spec.resources.gpu_type, gpu_seconds)
@@ -276,6 +279,37 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
         "tries": len(tries),
         "cost": cost,
     }
+
+
+RESULT_LIMIT = 1 << 20  # bytes of train_result.json read: a result record is a few hundred
+
+
+def built_in_result(out_dir: Path) -> dict:
+    """The result record rank 0 wrote (``work/train_result.json``), read as untrusted: a JSON object of
+    plain values under plain names, with the model at the one place the platform expects it, a regular
+    file of its own."""
+    import re
+
+    from trainyard.training.run_config import WorkerOutputError, open_untrusted, output_file, work_dir
+
+    path = Path(work_dir(str(out_dir))) / "train_result.json"
+    with open_untrusted(path) as fd:
+        if fd is None:
+            raise FileNotFoundError(f"{path}: the workers ended without their result record")
+        raw = os.pread(fd, RESULT_LIMIT + 1, 0)
+    try:
+        result = json.loads(raw) if len(raw) <= RESULT_LIMIT else None
+    except ValueError:
+        result = None
+    plain = (str, int, float, bool, type(None))
+    if not isinstance(result, dict) or not all(
+        re.fullmatch(r"[a-z][a-z0-9_]{0,63}", k) and isinstance(v, plain) for k, v in result.items()
+    ):
+        raise WorkerOutputError(f"{path}: expected a JSON object of plain values (at most {RESULT_LIMIT} bytes)")
+    model = output_file(out_dir, "model.pt")
+    if model is None:
+        raise FileNotFoundError(f"{path.parent / 'model.pt'}: the workers ended without writing the model")
+    return {**result, "model_path": str(model)}
 
 
 def train(
@@ -444,9 +478,10 @@ def check_custom_onnx(trained: dict) -> dict:
     from trainyard.export.onnx_export import onnx_session
     from trainyard.recipes.base import save_input_example
     from trainyard.training import custom
+    from trainyard.training.run_config import work_dir
 
     if not trained.get("onnx_path"):
-        raise ExportFailed(f"the custom command wrote no model.onnx into {custom.work_dir(trained['run_dir'])}")
+        raise ExportFailed(f"the custom command wrote no model.onnx into {work_dir(trained['run_dir'])}")
     custom.check_external_data(Path(trained["onnx_path"]))
     onnx.checker.check_model(trained["onnx_path"], full_check=True)
     session = onnx_session(trained["onnx_path"])

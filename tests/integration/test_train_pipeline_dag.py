@@ -233,6 +233,50 @@ def test_custom_command_trains_and_registers(dag, trainyard_home):
     assert probe.stat().st_uid == os.getuid()  # the work tree is the platform's again
 
 
+@pytest.mark.sandbox
+def test_a_built_in_trainers_workers_run_in_the_sandbox(trainyard_home, small_spec):
+    """The platform's own workers are sandboxed too (they decode user data and may load a user's weights):
+    every worker process runs as the sandbox user, the config they read names no tracking store, and their
+    curves still reach MLflow and TensorBoard, relayed by the task from the metrics file."""
+    import os
+    import pwd
+
+    import psutil
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainyard import pipeline
+    from trainyard.tracking.mlflow_tracking import client
+    from trainyard.training.run_config import RunConfig
+
+    spec = pipeline.validate_spec({**small_spec, "hyperparameters": {**small_spec["hyperparameters"], "epochs": 2}})
+    dataset = pipeline.resolve_dataset(spec)
+    data = pipeline.prepare_data(spec, dataset)
+    seen: dict = {}
+
+    def on_line(line: str) -> None:
+        if line.startswith("sandbox: running as"):
+            seen["uid"] = pwd.getpwnam(line.split()[3]).pw_uid
+        if "epoch 1/" in line and "workers" not in seen:  # while they train: who runs the workers
+            seen["workers"] = {  # attributes read by process_iter: a process that ends meanwhile is skipped
+                p.pid: p.info["uids"].real
+                for p in psutil.process_iter(["cmdline", "uids"])
+                if "trainyard.training.entry" in (p.info["cmdline"] or [])
+                and str(trainyard_home) in " ".join(p.info["cmdline"])  # this run's, not another test's
+            }
+
+    trained = pipeline.train(spec, dataset, data, "sandboxed", on_line=on_line)
+    assert len(seen["workers"]) >= 2 and set(seen["workers"].values()) == {seen["uid"]}, seen
+    run_dir = Path(trained["run_dir"])
+    assert RunConfig.load(run_dir / "run_config.json").tracking_uri is None
+    assert Path(trained["model_path"]) == run_dir / "work" / "model.pt"
+    assert all(p.lstat().st_uid == os.getuid() for p in (run_dir / "work").rglob("*"))  # the platform's again
+    losses = client().get_metric_history(trained["mlflow_run_id"], "train_loss")
+    assert losses and max(m.step for m in losses) == trained["steps"]
+    events = EventAccumulator(trained["tensorboard_dir"])
+    events.Reload()
+    assert events.Scalars("train/loss")[-1].step == trained["steps"]
+
+
 def test_kubernetes_launcher_branch_without_a_cluster(dag, trainyard_home, monkeypatch):
     """launcher: kubernetes takes the Kubernetes branch (the local train task is skipped); with no cluster
     configured here the launch itself fails, and nothing is evaluated or registered."""

@@ -85,6 +85,11 @@ class Recipe(Generic[OptionsT]):
         except ValidationError as err:
             raise SpecError(spec_error_message(options_problems(self.name, self.options_model, err))) from None
 
+    def worker_inputs(self, options: OptionsT) -> list[Path]:
+        """Files the workers read besides the prepared data and the run config (a sandboxed worker may read
+        these and nothing else of the platform's)."""
+        return []
+
     @property
     def sources(self) -> dict[str, str]:
         """The built-in dataset.source names of this recipe -> their ingest function (``catalog.SOURCES``)."""

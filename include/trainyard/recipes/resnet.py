@@ -133,6 +133,9 @@ class ResNetClassifier(Classifier[ResNetOptions]):
         val = self._split(cfg.data, "val", options, False, cache_mb)
         return train, val, train.records.meta
 
+    def worker_inputs(self, options: ResNetOptions) -> list[Path]:
+        return [weights_file(options.init_weights)] if options.init_weights else []
+
     def build_model(self, meta, options: ResNetOptions):
         from trainyard.training.resnet import ResNet, load_initial_weights
 

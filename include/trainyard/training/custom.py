@@ -12,27 +12,21 @@ The contract with the user's program (the same locally and on Kubernetes):
   locally; the platform's own files of the run are beside it, out of its reach);
 - ``TRAINYARD_CHECKPOINT_DIR``: where to keep checkpoints, inside it (it survives a retry of the task);
 - ``TRAINYARD_METRICS_FILE``: JSON lines, one object per report, ``{"step": 12, "train_loss": 0.3, ...}``;
-  every numeric field but ``step`` is a metric. The platform logs them to MLflow and gates on the last
-  value of each.
+  every numeric field but ``step`` is a metric. The platform relays them to MLflow and TensorBoard while
+  the program runs (:mod:`trainyard.training.metrics`, the built-in trainers' format too) and gates on the
+  last value of each. Append to it (open it with ``"a"``, also after a restart): a file rewritten from its
+  start is relayed again from its start.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import posixpath
-import stat
 from pathlib import Path
 
 from trainyard.errors import PermanentError
-
-METRICS_FILE = "metrics.jsonl"
-WORK_DIR = "work"  # in the run directory: all the program may write
-
-
-def work_dir(run_dir: str) -> str:
-    """Where the program of the run in ``run_dir`` writes (a POSIX path: the pods' as well as this host's)."""
-    return posixpath.join(run_dir, WORK_DIR)
+from trainyard.training.metrics import METRICS_FILE, read_metrics
+from trainyard.training.run_config import WorkerOutputError, output_file, work_dir
 
 
 def platform_env(data_dir: str, run_dir: str) -> dict[str, str]:
@@ -46,23 +40,6 @@ def platform_env(data_dir: str, run_dir: str) -> dict[str, str]:
         "TRAINYARD_OUTPUT_DIR": work,
         "TRAINYARD_METRICS_FILE": posixpath.join(work, METRICS_FILE),
     }
-
-
-def output_file(run_dir: Path, name: str) -> Path | None:
-    """The program's output ``name`` as a regular file, None if it wrote none; a link or anything but a
-    regular file is refused (the platform reads it with its own rights, and must read the program's file
-    only, never what a link points at)."""
-    path = Path(work_dir(str(run_dir))) / name
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
-        raise PermanentError(
-            f"{path} is not a regular file of its own (a symbolic or hard link, a pipe?): the custom command "
-            f"must write {name} itself"
-        )
-    return path
 
 
 def check_external_data(model_path: Path) -> None:
@@ -85,45 +62,25 @@ def check_external_data(model_path: Path) -> None:
         output_file(model_path.parent.parent, location)  # a link or a pipe is refused
 
 
-def read_metrics(path: str | Path) -> list[tuple[int, str, float]]:
-    """(step, name, value) for every numeric field; a malformed line fails naming the file and line."""
-    rows: list[tuple[int, str, float]] = []
-    path = Path(path)
-    if not path.exists():
-        return rows
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            step = int(record["step"])
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{path}:{lineno}: expected a JSON object with an integer 'step' ({err})") from None
-        for name, value in record.items():
-            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                if not math.isfinite(value):
-                    raise ValueError(f"{path}:{lineno}: metric {name!r} is {value}")
-                rows.append((step, name, float(value)))
-    return rows
-
-
-def collect(run_dir: Path, client, mlflow_run_id: str) -> dict:
-    """Log the program's metrics to MLflow; return the last value of each and where its model is."""
-    from mlflow.entities import Metric
-
-    metrics_path = output_file(run_dir, METRICS_FILE)
-    rows = read_metrics(metrics_path) if metrics_path else []
+def collect(run_dir: Path) -> dict:
+    """The last value of each of the program's metrics (the metrics file, which
+    :func:`trainyard.training.metrics.relay` logs to MLflow) and where its model is."""
+    metrics_file = Path(work_dir(str(run_dir))) / METRICS_FILE
+    rows = read_metrics(metrics_file)
     if not rows:
-        raise ValueError(
-            f"the custom command reported no metrics in {Path(work_dir(str(run_dir))) / METRICS_FILE}; "
-            "see trainyard.training.custom for the format"
+        raise WorkerOutputError(
+            f"the custom command reported no metrics in {metrics_file}; see trainyard.training.custom for the format"
         )
-    metrics = [Metric(name, value, 0, step) for step, name, value in rows]
-    for i in range(0, len(metrics), 1000):
-        client.log_batch(mlflow_run_id, metrics=metrics[i : i + 1000])
     final: dict[str, float] = {}
     for _step, name, value in sorted(rows, key=lambda r: r[0]):
         final[name] = value
+    # NaN is a point of a curve, but not a result to gate on, record or register
+    broken = {name: value for name, value in final.items() if not math.isfinite(value)}
+    if broken:
+        raise WorkerOutputError(
+            f"{metrics_file}: the last value of {', '.join(f'{k} is {v}' for k, v in broken.items())}: a final "
+            "metric must be a finite number"
+        )
     onnx_path = output_file(run_dir, "model.onnx")
     return {
         "final_metrics": final,

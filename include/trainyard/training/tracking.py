@@ -1,12 +1,13 @@
-"""Rank 0's metric sink, kept off the training step: MLflow (``log_batch``) and TensorBoard, written by a
-background thread.
+"""Rank 0's metric sink, kept off the training step: the run's metrics file (a local worker: the launching
+task relays it to MLflow and TensorBoard, :mod:`trainyard.training.metrics`) or MLflow (``log_batch``) and
+TensorBoard themselves (a pod), written by a background thread.
 
 The step only appends to a bounded queue (``put_nowait``: it never waits on SQLite, a tracking server or
 the disk). The thread imports MLflow / TensorBoard while the worker loads its data and builds its model,
 and the loop starts once they are in (:meth:`Tracker.wait_ready`): an import holds the GIL for seconds,
 and each of the step's small torch calls must take the GIL back, so an import beside the loop ran the
 digits recipe at a fifth of its speed. The thread only collects what the loop sends; every ``every_s``
-seconds (or ``MAX_BATCH`` windows) it turns the tensors into floats (a host sync it pays, not the step),
+seconds (or ``MLFLOW_BATCH`` windows) it turns the tensors into floats (a host sync it pays, not the step),
 writes the TensorBoard events and sends one ``log_batch``: its Python work (SQLAlchemy, protobuf) holds
 the GIL the step needs, so it comes in one burst per interval rather than a wake-up per point. ``close``
 drains and waits (end of run). A failure in the thread is printed when it happens and raised again by
@@ -16,15 +17,16 @@ drains and waits (end of run). A failure in the thread is printed when it happen
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trainyard.training.metrics import MLFLOW_BATCH, log_points, open_for_append
 from trainyard.training.run_config import RunConfig
 
-MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch request
 QUEUE_ITEMS = 10_000  # windows of steps; a full queue drops (and counts) rather than block the step
 CLOSE_TIMEOUT_S = 300.0  # the longest rank 0 waits at exit for the last metrics to be written
 READY_TIMEOUT_S = 120.0  # the longest the loop waits for the MLflow / TensorBoard imports and clients
@@ -44,11 +46,14 @@ def _floats(values: Any, n: int) -> list[float]:
 
 class Tracker:
     """``log(steps, {name: values})``: one value per step, as a tensor, a list of floats, or one float
-    for all of them. Nothing is written unless the run config names an MLflow run or a TensorBoard dir."""
+    for all of them. Nothing is written unless the run config names a metrics file, an MLflow run or a
+    TensorBoard dir; with a metrics file, only that is written."""
 
     def __init__(self, cfg: RunConfig, every_s: float = 5.0) -> None:
-        self.uri, self.run_id, self.tb_dir = cfg.tracking_uri, cfg.mlflow_run_id, cfg.tensorboard_dir
-        self.enabled = bool(self.uri and self.run_id) or bool(self.tb_dir)
+        self.metrics_file = cfg.metrics_file
+        self.uri, self.run_id = (None, None) if self.metrics_file else (cfg.tracking_uri, cfg.mlflow_run_id)
+        self.tb_dir = None if self.metrics_file else cfg.tensorboard_dir
+        self.enabled = bool(self.metrics_file) or bool(self.uri and self.run_id) or bool(self.tb_dir)
         self.every_s = every_s
         self.dropped = 0
         self.error: BaseException | None = None
@@ -96,10 +101,12 @@ class Tracker:
 
     # -- the tracker thread --------------------------------------------------------------------------------
     def _run(self) -> None:
-        client = writer = None
+        client = writer = sink = None
         run_id = ""  # the MLflow run's id, set with the client
         last = time.monotonic()
         try:
+            if self.metrics_file:
+                sink = open_for_append(self.metrics_file)
             if self.uri and self.run_id:  # imported here, off the step: MLflow takes seconds to import
                 from mlflow.tracking import MlflowClient
 
@@ -120,39 +127,36 @@ class Tracker:
                 kind, steps, metrics = "tick", None, None
             if kind == "log" and self.error is None:  # after a failure nothing is kept (it would only grow)
                 windows.append((steps, metrics))  # no work per point: the thread wakes the GIL once a batch
-            due = kind in ("close", "tick") or len(windows) >= MAX_BATCH or time.monotonic() - last >= self.every_s
+            due = kind in ("close", "tick") or len(windows) >= MLFLOW_BATCH or time.monotonic() - last >= self.every_s
             if due and self.error is None:
                 try:
-                    self._write(windows, client, run_id, writer)
+                    self._write(windows, client, run_id, writer, sink)
                 except BaseException as err:  # noqa: BLE001 - reported now and raised by close()
                     self._fail(err)
                 windows.clear()
                 last = time.monotonic()
             if kind == "close":
-                if writer is not None:
-                    writer.close()
+                for done in (writer, sink):
+                    if done is not None:
+                        done.close()
                 return
 
     @staticmethod
-    def _write(windows: list, client, run_id: str, writer) -> None:
-        """The windows' points to MLflow (``log_batch``, ``MAX_BATCH`` metrics a call) and TensorBoard."""
-        now = int(time.time() * 1000)
+    def _write(windows: list, client, run_id: str, writer, sink=None) -> None:
+        """The windows' points to the metrics file (a line per step), or to MLflow and TensorBoard."""
         points = [
-            (name, step, value)
+            (step, name, value)
             for steps, metrics in windows
             for name, values in metrics.items()
             for step, value in zip(steps, _floats(values, len(steps)), strict=True)
         ]
-        if client is not None:
-            from mlflow.entities import Metric
-
-            batch = [Metric(name, value, now, step) for name, step, value in points]
-            for start in range(0, len(batch), MAX_BATCH):
-                client.log_batch(run_id, metrics=batch[start : start + MAX_BATCH])
-        if writer is not None:
-            for name, step, value in points:
-                writer.add_scalar(name.replace("_", "/", 1), value, step)
-            writer.flush()
+        if sink is not None:
+            by_step: dict[int, dict[str, float]] = {}
+            for step, name, value in points:
+                by_step.setdefault(step, {})[name] = value
+            sink.write("".join(json.dumps({"step": step, **values}) + "\n" for step, values in by_step.items()))
+            sink.flush()  # whole lines only: the relay reads up to the last newline
+        log_points(points, client, run_id, writer=writer)
 
     def _fail(self, err: BaseException) -> None:
         if self.error is None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
@@ -88,7 +89,12 @@ class _TrainingRun:
 
     def _plan(self, context: Context | None) -> launcher.KubernetesPlan:
         cfg = RunConfig.load(self.config_path)
-        return self._launcher(context).plan(self.job_spec, cfg.data, run_dir=cfg.out_dir, config_path=self.config_path)
+        plan = self._launcher(context).plan
+        return plan(self.job_spec, cfg.data, run_dir=self._run_dir, config_path=self.config_path)
+
+    @property
+    def _run_dir(self) -> str:
+        return str(Path(self.config_path).parent)  # the run config is written into the run's directory
 
     @property
     def _namespace(self) -> str:
@@ -107,9 +113,8 @@ class _TrainingRun:
         try:
             pods = self._pods()
             spec = self.job_spec
-            run_dir = RunConfig.load(self.config_path).out_dir
             seam = launcher.KubernetesLauncher(self.run_key, attempt, paths.home())
-            seam.record(spec, run_dir, launcher.running_interval(pods))
+            seam.record(spec, self._run_dir, launcher.running_interval(pods))
         except Exception as err:  # logged only: see the docstring
             self.log.warning("could not record the usage of try %s: %s", self._try, err)
 

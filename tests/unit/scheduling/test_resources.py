@@ -41,7 +41,9 @@ def test_collect_training_costs_every_recorded_try(trainyard_home, tmp_path):
     spec = parse_spec({"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 2}})
     c = mt.client()
     run_id = c.create_run(mt.experiment_id(c, "cost")).info.run_id
-    (tmp_path / "train_result.json").write_text(json.dumps({"model_path": "m.pt"}))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "train_result.json").write_text(json.dumps({"steps": 10}))
+    (tmp_path / "work" / "model.pt").write_bytes(b"weights")
     usage.record_try(tmp_path, attempt=1, started=1000.0, ended=1600.0, gpus=2, where="local")  # failed try
     usage.record_try(tmp_path, attempt=2, started=2000.0, ended=2900.0, gpus=2, where="local")
     plan = {"run_dir": str(tmp_path), "mlflow_run_id": run_id, "tensorboard_dir": str(tmp_path / "tb")}

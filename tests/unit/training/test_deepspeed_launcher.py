@@ -20,8 +20,8 @@ def test_the_one_builder_starts_deepspeed_under_torchrun(cuda_devices, visible):
     """The same torchrun command as ddp (restarts included); CUDA_VISIBLE_DEVICES passes through untouched,
     so the workers take cuda:0..N-1 of the GPUs the job was given."""
     spec = parse_spec({"distributed": {"strategy": "deepspeed", "max_restarts": 2}, "resources": {"gpus_per_node": 2}})
-    base = {"X": "1"} if visible is None else {"X": "1", "CUDA_VISIBLE_DEVICES": visible}
-    host = Host(cuda_devices=cuda_devices, cores=4, env=base, python="/py")
+    base = {"OMP_PROC_BIND": "close"} | ({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})
+    host = Host(cuda_devices=cuda_devices, cores=4, env={**base, "SECRET": "x"}, python="/py")
     cmd = local_command(spec, host, config_path="/r.json", data_dir="/d", run_dir="/r")
     assert cmd.argv == torchrun_argv(2, "/r.json", max_restarts=2, python="/py")
     assert cmd.env == deepspeed_env(2, base, cuda=cuda_devices > 0, cores=4)  # a cpu job, no cpu slots named

@@ -4,6 +4,7 @@ them checked against the Kubernetes OpenAPI schema (kubernetes-validate, strict:
 import copy
 import re
 from datetime import UTC
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -336,6 +337,10 @@ def test_custom_needs_the_data_dir():
 
 
 # -- the launcher seam's Kubernetes implementation: plan on a real shared-volume layout, collect ----------
+def _run_dir(config_path: str) -> str:
+    return str(Path(config_path).parent)
+
+
 @pytest.fixture
 def worker_home(tmp_path):
     """TRAINYARD_HOME on the worker (the shared volume), with a prepared split and a run config."""
@@ -359,10 +364,11 @@ def worker_home(tmp_path):
         cfg = RunConfig(
             spec=spec,
             data=data,
-            out_dir=str(run_dir),
+            out_dir=str(run_dir / "work"),
             tracking_uri=f"sqlite:///{home}/mlflow/mlflow.db",
             mlflow_run_id="r1",
             tensorboard_dir=str(home / "tensorboard" / "digits"),
+            metrics_file=str(run_dir / "work" / "metrics.jsonl"),
         )
         return cfg, str(cfg.dump(run_dir / "run_config.json"))
 
@@ -377,13 +383,18 @@ def test_plan_gives_the_pods_the_shared_volumes_paths(worker_home, nodes, strate
     home, config = worker_home
     spec = spec_for(STRATEGIES[strategy][0], {"resources": {"nodes": nodes}})
     cfg, config_path = config(spec)
-    plan = K.KubernetesLauncher(RUN_KEY, 2, home).plan(cfg.spec, cfg.data, run_dir=cfg.out_dir, config_path=config_path)
+    plan = K.KubernetesLauncher(RUN_KEY, 2, home).plan(
+        cfg.spec, cfg.data, run_dir=_run_dir(config_path), config_path=config_path
+    )
 
     assert [kind for kind, _ in plan.names] == (["Pod"] if nodes == 1 else ["Service", "Job"])
     assert {name for _, name in plan.names} == {K.job_name(spec, RUN_KEY, attempt=2)}
     pod_config = RunConfig.load(home / "runs" / "digits" / "run1" / K.POD_CONFIG)  # what the pods read
     assert plan.config_path == "/var/trainyard/runs/digits/run1/" + K.POD_CONFIG
-    assert pod_config.out_dir == "/var/trainyard/runs/digits/run1"
+    assert pod_config.out_dir == "/var/trainyard/runs/digits/run1/work"
+    # built-in trainers' pods write MLflow themselves; a custom program's file is relayed at collect
+    custom_file = "/var/trainyard/runs/digits/run1/work/metrics.jsonl" if strategy == "custom" else None
+    assert pod_config.metrics_file == custom_file
     assert pod_config.data == {
         **cfg.data,
         "path": "/var/trainyard/cache/prepared/abc",
@@ -417,7 +428,8 @@ def test_plan_refuses_data_outside_the_shared_volume(worker_home, tmp_path):
     cfg, config_path = config(spec_for(STRATEGIES["custom"][0]))
     elsewhere = {**cfg.data, "path": str(tmp_path / "not-shared")}
     with pytest.raises(K.PermanentError, match="not under TRAINYARD_HOME"):
-        K.KubernetesLauncher(RUN_KEY, 1, home).plan(cfg.spec, elsewhere, run_dir=cfg.out_dir, config_path=config_path)
+        run_dir = _run_dir(config_path)
+        K.KubernetesLauncher(RUN_KEY, 1, home).plan(cfg.spec, elsewhere, run_dir=run_dir, config_path=config_path)
 
 
 @pytest.mark.parametrize(
@@ -507,12 +519,13 @@ def test_the_pods_stop_at_what_max_hours_has_left(worker_home):
     assert K.build_pod(spec, RUN_KEY, CONFIG).spec.active_deadline_seconds == 7200
     cfg, config_path = config(spec)
     launcher = K.KubernetesLauncher(RUN_KEY, 2, home)
-    usage.record_try(cfg.out_dir, attempt=1, started=0.0, ended=1800.0, gpus=2, where="kubernetes")  # a failed try
-    (pod,) = launcher.plan(cfg.spec, cfg.data, run_dir=cfg.out_dir, config_path=config_path).objects
+    # a failed try
+    usage.record_try(_run_dir(config_path), attempt=1, started=0.0, ended=1800.0, gpus=2, where="kubernetes")
+    (pod,) = launcher.plan(cfg.spec, cfg.data, run_dir=_run_dir(config_path), config_path=config_path).objects
     assert pod.spec.active_deadline_seconds == 5400
-    usage.record_try(cfg.out_dir, attempt=2, started=2000.0, ended=7400.0, gpus=2, where="kubernetes")
+    usage.record_try(_run_dir(config_path), attempt=2, started=2000.0, ended=7400.0, gpus=2, where="kubernetes")
     with pytest.raises(MaxHoursReached, match="used all 2 hour"):
-        launcher.plan(cfg.spec, cfg.data, run_dir=cfg.out_dir, config_path=config_path)
+        launcher.plan(cfg.spec, cfg.data, run_dir=_run_dir(config_path), config_path=config_path)
 
 
 KUEUE_FLEET = """\

@@ -20,6 +20,7 @@ DATA = "/cache/prepared/abc"
 CPU = Host(cuda_devices=0, cores=8, env={"PATH": "/bin"}, python="/venv/bin/python")
 TORCHRUN = ["/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
 ENTRY = ["-m", "trainyard.training.entry", "--config", CONFIG]
+LOOPBACK = "--local-addr=127.0.0.1"  # torchrun's rendezvous in the sandbox's network namespace
 CUSTOM = {"recipe": "custom", "custom": {"command": ["python", "train.py", "--lr", "$(LR); rm -rf /"]}}
 
 # name, spec overrides, host, expected argv, expected env (a subset), env keys that must be absent
@@ -28,7 +29,7 @@ CASES = [
         "ddp",
         {"distributed": {"strategy": "ddp", "max_restarts": 2}},
         CPU,
-        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=2", *ENTRY],
+        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=2", LOOPBACK, *ENTRY],
         {"OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PATH": "/bin"},
         ["DS_ACCELERATOR", "TRAINYARD_DATA_DIR"],
     ),
@@ -44,7 +45,7 @@ CASES = [
         "deepspeed on cpu",
         {"distributed": {"strategy": "deepspeed"}},
         CPU,
-        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", *ENTRY],
+        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", LOOPBACK, *ENTRY],
         {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1"},
         [],
     ),
@@ -52,7 +53,7 @@ CASES = [
         "deepspeed on gpus",
         {"distributed": {"strategy": "deepspeed"}},
         Host(2, 8, {}, "/venv/bin/python"),
-        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", *ENTRY],
+        [*TORCHRUN, "--nproc_per_node=2", "--max_restarts=1", LOOPBACK, *ENTRY],
         {"OMP_NUM_THREADS": "4"},
         ["DS_ACCELERATOR"],
     ),
@@ -219,13 +220,26 @@ def _custom(tmp_path: Path, code: str):
     return spec, {"path": str(tmp_path / "prepared")}, run_dir
 
 
-def test_a_custom_command_gets_none_of_the_workers_settings():
-    host = Host(0, 4, {"PATH": "/usr/bin", "AIRFLOW__CORE__FERNET_KEY": "k", "TRAINYARD_SIGNING_KEY": "pem"}, "/p")
+def test_no_worker_gets_the_tasks_secrets():
+    task_env = {
+        "PATH": "/usr/bin",
+        "AIRFLOW__CORE__FERNET_KEY": "k",
+        "TRAINYARD_SIGNING_KEY": "pem",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "TRAINYARD_HOME": "/var/ty",
+        "OMP_PROC_BIND": "close",
+    }
+    host = Host(0, 4, task_env, "/p")
     env = local_command(parse_spec(CUSTOM), host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR).env
     assert env["PATH"] == "/usr/bin"
-    assert not {"AIRFLOW__CORE__FERNET_KEY", "TRAINYARD_SIGNING_KEY"} & set(env)
-    built_in = local_command(parse_spec({}), host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR).env
-    assert "AIRFLOW__CORE__FERNET_KEY" in built_in  # the platform's own workers keep the worker's settings
+    secrets = {"AIRFLOW__CORE__FERNET_KEY", "TRAINYARD_SIGNING_KEY", "AWS_SECRET_ACCESS_KEY"}
+    assert not (secrets | {"TRAINYARD_HOME"}) & set(env)
+    for strategy in ("ddp", "horovod", "deepspeed"):
+        spec = parse_spec({"distributed": {"strategy": strategy}})
+        built_in = local_command(spec, host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR).env
+        assert not secrets & set(built_in)
+        # the trainer's own settings stay: its home (a recipe's input files) and the libraries' tuning
+        assert built_in["TRAINYARD_HOME"] == "/var/ty" and built_in["OMP_PROC_BIND"] == "close"
 
 
 @pytest.mark.sandbox
@@ -274,3 +288,20 @@ def test_a_spec_the_machine_cannot_run_starts_nothing_and_records_nothing(tmp_pa
     with pytest.raises(PermanentError, match="resources.gpus_per_node"):
         local.launch(spec, data, run_dir=str(run_dir), config_path="c.json", on_line=lambda _: None)
     assert usage.tries(run_dir) == []
+
+
+def test_a_run_once_sandboxed_is_not_resumed_outside_the_sandbox(tmp_path, monkeypatch):
+    """Its checkpoints were written by a sandbox user (and a checkpoint is a pickle): a later try on a host
+    that cannot sandbox now waits for one that can instead of loading them as the task's user."""
+    from trainyard.training.launchers import sandbox
+    from trainyard.training.run_config import RunConfig
+
+    monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "no sandbox users")
+    spec = parse_spec({})
+    config = RunConfig(spec=spec, data={"path": DATA}, out_dir=str(tmp_path / "work")).dump(tmp_path / "run.json")
+    launcher = local.LocalLauncher(Host(0, 2, {}, "/p"))
+    plan = launcher.plan(spec, {"path": DATA}, run_dir=str(tmp_path), config_path=str(config))
+    assert not plan.sandboxed and plan.unsandboxed_because == "no sandbox users"
+    (tmp_path / local.SANDBOXED_MARK).touch()
+    with pytest.raises(sandbox.SandboxError, match="resumed only inside one; this host cannot sandbox now"):
+        launcher.plan(spec, {"path": DATA}, run_dir=str(tmp_path), config_path=str(config))

@@ -73,3 +73,158 @@ def test_nothing_to_track_starts_no_thread(tmp_path):
     tracker.log([1], {"train_loss": 1.0})
     tracker.close()
     assert not tracker._thread.is_alive() and not tracker.enabled
+
+
+# -- the metrics file: what a local worker writes instead, and the task's relay -------------------------------
+def _run_dir_with_metrics(tmp_path, text: str):
+    (tmp_path / "work").mkdir(exist_ok=True)
+    (tmp_path / "work" / "metrics.jsonl").write_text(text)
+    return tmp_path
+
+
+def test_a_worker_with_a_metrics_file_writes_only_that(tmp_path, mlflow_run):
+    from trainyard.training.metrics import read_metrics
+
+    uri, client, _ = mlflow_run
+    run_id = client.create_run(client.get_experiment_by_name("t").experiment_id).info.run_id
+    path = tmp_path / "metrics.jsonl"
+    cfg = _cfg(
+        tmp_path, tracking_uri=uri, mlflow_run_id=run_id, tensorboard_dir=str(tmp_path / "tb"), metrics_file=str(path)
+    )
+    tracker = Tracker(cfg)
+    tracker.log([1, 2], {"train_loss": torch.tensor([0.5, 0.25]), "train_lr": 0.1})
+    tracker.log([2], {"val_accuracy": 0.75, "epoch": 1})
+    tracker.close()
+    assert read_metrics(path) == [
+        (1, "train_loss", 0.5),
+        (1, "train_lr", 0.1),
+        (2, "train_loss", 0.25),
+        (2, "train_lr", 0.1),
+        (2, "val_accuracy", 0.75),
+        (2, "epoch", 1.0),
+    ]
+    assert client.get_metric_history(run_id, "train_loss") == []  # nothing of its own to MLflow
+    assert not (tmp_path / "tb").exists()
+
+
+def test_the_relay_logs_each_complete_line_once(tmp_path, mlflow_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainyard.training import metrics
+
+    _, client, _ = mlflow_run
+    run_id = client.create_run(client.get_experiment_by_name("t").experiment_id).info.run_id
+    written = '{"step": 1, "train_loss": 2.0}\n{"step": 2, "train_loss": 1.5}\n{"step": 3, "tra'
+    run_dir = _run_dir_with_metrics(tmp_path, written)
+    tb = str(tmp_path / "tb")
+    assert metrics.relay(run_dir, client, run_id, tb) == 2  # the line still being written waits
+    with open(run_dir / "work" / "metrics.jsonl", "a") as fh:
+        fh.write('in_loss": 1.0, "train_lr": NaN}\n')
+    assert metrics.relay(run_dir, client, run_id, tb) == 2
+    assert metrics.relay(run_dir, client, run_id, tb) == 0  # nothing twice
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train_loss"))
+    assert history == [(1, 2.0), (2, 1.5), (3, 1.0)]
+    events = EventAccumulator(tb)
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
+
+
+def test_the_relay_reads_a_large_file_in_pieces(tmp_path, mlflow_run, monkeypatch):
+    from trainyard.training import metrics
+
+    _, client, _ = mlflow_run
+    run_id = client.create_run(client.get_experiment_by_name("t").experiment_id).info.run_id
+    monkeypatch.setattr(metrics, "READ_LIMIT", 64)
+    run_dir = _run_dir_with_metrics(tmp_path, "".join(f'{{"step": {s}, "loss": {s}}}\n' for s in range(1, 41)))
+    assert metrics.relay(run_dir, client, run_id) == 40
+    assert len(client.get_metric_history(run_id, "loss")) == 40
+
+
+def test_a_malformed_line_stops_the_relay_naming_it_and_keeps_what_came_before(tmp_path, mlflow_run):
+    from trainyard.training import metrics
+
+    _, client, _ = mlflow_run
+    run_id = client.create_run(client.get_experiment_by_name("t").experiment_id).info.run_id
+    run_dir = _run_dir_with_metrics(tmp_path, '{"step": 1, "loss": 1}\n\n{"loss": 2}\n{"step": 3, "loss": 3}\n')
+    for _ in range(2):  # the collect step's pass fails the same way as the live relay's
+        with pytest.raises(ValueError, match=r"metrics.jsonl:3: expected a JSON object with an integer 'step'"):
+            metrics.relay(run_dir, client, run_id)
+    assert [m.value for m in client.get_metric_history(run_id, "loss")] == [1.0]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo"])
+def test_the_relay_reads_the_workers_own_file_never_what_it_points_at(tmp_path, mlflow_run, kind):
+    """A sandboxed command links its metrics file to a secret it cannot read: the relay, which can, refuses."""
+    import os
+
+    from trainyard.training import metrics
+
+    _, client, run_id = mlflow_run
+    secret = tmp_path / "signing.pem"
+    secret.write_text('{"step": 1, "stolen": 1}\n')
+    (tmp_path / "run" / "work").mkdir(parents=True)
+    path = tmp_path / "run" / "work" / "metrics.jsonl"
+    if kind == "symlink":
+        path.symlink_to(secret)
+    elif kind == "hardlink":
+        os.link(secret, path)
+    else:
+        os.mkfifo(path)
+    with pytest.raises(ValueError, match="not a regular file of its own"):
+        metrics.relay(tmp_path / "run", client, run_id)
+    with pytest.raises(ValueError, match="not a regular file of its own"):
+        metrics.read_metrics(path)
+
+
+def test_a_half_written_line_of_a_killed_try_is_cut_before_the_next_try_appends(tmp_path):
+    from trainyard.training.metrics import open_for_append, read_metrics
+
+    path = tmp_path / "work" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo')  # SIGKILLed mid-write
+    with open_for_append(path) as fh:
+        fh.write('{"step": 2, "loss": 0.5}\n')
+    assert read_metrics(path) == [(1, "loss", 1.0), (2, "loss", 0.5)]
+    with open_for_append(tmp_path / "new" / "metrics.jsonl") as fh:  # the directory is made
+        fh.write('{"step": 1, "loss": 1.0}\n')
+
+
+def test_a_metrics_file_rewritten_from_its_start_is_relayed_again_from_its_start(tmp_path, mlflow_run):
+    """A custom program that reopens its file with "w" after a restart: nothing is skipped or misparsed."""
+    from trainyard.training import metrics
+
+    _, client, _ = mlflow_run
+    run_id = client.create_run(client.get_experiment_by_name("t").experiment_id).info.run_id
+    run_dir = _run_dir_with_metrics(tmp_path, '{"step": 1, "loss": 1}\n{"step": 2, "loss": 2}\n')
+    assert metrics.relay(run_dir, client, run_id) == 2
+    path = run_dir / "work" / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 3}\n{"step": 2, "loss": 4}\n{"step": 3, "loss": 5}\n')  # same inode
+    lines: list[str] = []
+    assert metrics.relay(run_dir, client, run_id, on_line=lines.append) == 3
+    assert "relaying it again from its start" in lines[0]
+    path.unlink()
+    path.write_text('{"step": 4, "loss": 6}\n')  # a new file
+    assert metrics.relay(run_dir, client, run_id, on_line=lines.append) == 1
+    assert [m.value for m in client.get_metric_history(run_id, "loss")][-1] == 6.0
+
+
+def test_the_result_record_is_read_as_untrusted(tmp_path):
+    import json
+
+    from trainyard.pipeline import built_in_result
+    from trainyard.training.run_config import WorkerOutputError
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model.pt").write_bytes(b"weights")
+    (work / "train_result.json").write_text(json.dumps({"steps": 4, "model_path": "/etc/shadow", "val_acc": 0.5}))
+    assert built_in_result(tmp_path) == {"steps": 4, "model_path": str(work / "model.pt"), "val_acc": 0.5}
+    for bad in ([1], {"x": {"nested": 1}}, {"Bad Name": 1}):
+        (work / "train_result.json").write_text(json.dumps(bad))
+        with pytest.raises(WorkerOutputError, match="plain values"):
+            built_in_result(tmp_path)
+    (work / "train_result.json").write_text("{}")
+    (work / "model.pt").unlink()
+    (work / "model.pt").symlink_to(tmp_path / "elsewhere.pt")
+    with pytest.raises(WorkerOutputError, match="not a regular file of its own"):
+        built_in_result(tmp_path)

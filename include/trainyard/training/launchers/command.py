@@ -10,8 +10,11 @@ and environment. Nothing user-supplied goes through a shell: every argument is o
   (:mod:`~trainyard.training.launchers.deepspeed` says why not DeepSpeed's own launcher);
 - custom: the user's command under ``torchrun --no-python``, with the platform environment of
   :func:`trainyard.training.custom.platform_env` (the same four variables the pods get) and nothing of
-  the worker's but :func:`~trainyard.training.launchers.sandbox.scrubbed_env`; the local launcher runs
-  it in the :mod:`~trainyard.training.launchers.sandbox`.
+  the task's but :func:`~trainyard.training.launchers.sandbox.scrubbed_env`.
+
+The built-in strategies' workers keep a little more of the task's environment (``scrubbed_env(...,
+built_in=True)``: trainyard's home, the libraries' tuning variables), never its secrets. The local launcher
+runs every kind in the :mod:`~trainyard.training.launchers.sandbox` where the host has one.
 
 On a machine with CUDA each process takes one GPU (``cuda:<local_rank>``), so ``gpus_per_node`` may not
 exceed the GPUs present; without CUDA the processes are CPU workers and any count runs.
@@ -78,13 +81,7 @@ def torchrun_argv(
     that argv run as given (``--no-python``: not as a Python script), as a custom command is."""
     if nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
-    # A custom command runs in the sandbox's network namespace, where loopback is the only interface: the
-    # workers must find the rendezvous there, not at the address this host's name resolves to.
-    worker = (
-        ["--local-addr=127.0.0.1", "--no-python", *program]
-        if program
-        else ["-m", "trainyard.training.entry", "--config", config_path]
-    )
+    worker = ["--no-python", *program] if program else ["-m", "trainyard.training.entry", "--config", config_path]
     return [
         python or sys.executable,
         "-m",
@@ -93,6 +90,9 @@ def torchrun_argv(
         "--nnodes=1",
         f"--nproc_per_node={nproc_per_node}",
         f"--max_restarts={max_restarts}",
+        # The workers run in the sandbox's network namespace, where loopback is the only interface: they
+        # must find the rendezvous there, not at the address this host's name resolves to.
+        "--local-addr=127.0.0.1",
         *worker,
     ]
 
@@ -117,13 +117,14 @@ def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str,
     if spec.recipe == "custom":  # the user's program sees none of the worker's settings and secrets
         env = worker_env(nproc, scrubbed_env(host.env), cores=host.cores, slots=host.workers_at_once(spec))
         return Command(custom_argv(spec, host.python), {**env, **custom.platform_env(data_dir, run_dir)})
-    env = worker_env(nproc, host.env, cores=host.cores, slots=host.workers_at_once(spec))
+    kept = scrubbed_env(host.env, built_in=True)  # the trainer's settings, none of the task's secrets
+    env = worker_env(nproc, kept, cores=host.cores, slots=host.workers_at_once(spec))
     strategy = spec.distributed.strategy
     if strategy in ("ddp", "deepspeed"):
         argv = torchrun_argv(nproc, config_path, max_restarts=spec.distributed.max_restarts, python=host.python)
         if strategy == "deepspeed":
             env = deepspeed_env(
-                nproc, host.env, cuda=host.cuda_devices > 0, cores=host.cores, slots=host.workers_at_once(spec)
+                nproc, kept, cuda=host.cuda_devices > 0, cores=host.cores, slots=host.workers_at_once(spec)
             )
     elif strategy == "horovod":
         argv = horovodrun_argv(nproc, config_path, python=host.python)

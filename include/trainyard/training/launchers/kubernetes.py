@@ -56,7 +56,7 @@ from trainyard.scheduling.resources import ResourcesConfig, load_resources
 from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher, time_left
-from trainyard.training.run_config import RunConfig
+from trainyard.training.run_config import RunConfig, work_dir
 
 TRAINER_UID = 50000  # the user the trainer image runs as (Dockerfile ARG TRAINER_UID)
 TRAINYARD_HOME = "/var/trainyard"  # the data PVC's mount point in every pod
@@ -483,9 +483,16 @@ def _rewrite(value: Any, home: Path) -> Any:
 
 
 def pod_run_config(cfg: RunConfig, home: str | Path) -> RunConfig:
-    """The run config with the pods' paths: the same spec, data and run, read through the shared volume."""
+    """The run config with the pods' paths: the same spec, data and run, read through the shared volume.
+    A built-in trainer's rank 0 writes MLflow and TensorBoard itself, through that volume: no task of the
+    platform runs beside the pods to relay a metrics file while they train (the task waits deferred)."""
+    from trainyard import paths
+
     root = Path(home).resolve()
-    raw = _rewrite({k: v for k, v in cfg.to_json().items() if k != "spec"}, root)
+    raw = {k: v for k, v in cfg.to_json().items() if k != "spec"}
+    if cfg.spec.recipe != "custom":  # a custom program reports through its metrics file, relayed at collect
+        raw.update(tracking_uri=cfg.tracking_uri or paths.mlflow_tracking_uri(), metrics_file=None)
+    raw = _rewrite(raw, root)
     return RunConfig(spec=cfg.spec, **raw)
 
 
@@ -542,8 +549,7 @@ class KubernetesLauncher(Launcher):
         cfg = pod_run_config(RunConfig.load(config_path), self.home)
         pod_config = Path(run_dir) / POD_CONFIG
         cfg.dump(pod_config)
-        if spec.recipe == "custom":  # the one place the program writes (its pods see it on the shared volume)
-            Path(custom.work_dir(run_dir)).mkdir(exist_ok=True)
+        Path(work_dir(run_dir)).mkdir(exist_ok=True)  # where the workers write (on the shared volume)
         config = in_pod(pod_config, self.home)
         data_dir = in_pod(data["path"], self.home)
         if spec.resources.nodes == 1:

@@ -16,11 +16,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainyard import paths
 from trainyard.errors import RetryableError
 from trainyard.spec import JobSpec
-from trainyard.training import custom
 from trainyard.training.launchers import sandbox
 from trainyard.training.launchers.base import (
     Interval,
@@ -31,6 +31,8 @@ from trainyard.training.launchers.base import (
     worker_env,
 )
 from trainyard.training.launchers.command import Command, Host, local_command, torchrun_argv
+from trainyard.training.metrics import LiveRelay
+from trainyard.training.run_config import RunConfig, work_dir
 
 __all__ = [
     "LaunchError",
@@ -59,6 +61,9 @@ def this_host(devices: list[str] | None = None) -> Host:
     env = dict(os.environ)
     # torch.compile's caches of the platform's own workers in trainyard's private cache, never in the
     # shared /tmp, where another user (a sandboxed custom command) could plant code for them to load
+    # trainyard's home named: the workers find a recipe's input files there, and their working directory
+    # (work/ in the sandbox) is not where the default home would be
+    env.setdefault("TRAINYARD_HOME", str(paths.home()))
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.cache_root() / "torchinductor"))
     env.setdefault("TRITON_CACHE_DIR", str(paths.cache_root() / "triton"))
     if devices is not None:
@@ -73,13 +78,21 @@ def this_host(devices: list[str] | None = None) -> Host:
     )
 
 
+# In the run directory once a try has run sandboxed: what that try's workers wrote (a checkpoint is a
+# pickle) is never loaded by a later try that would run as the task's own user.
+SANDBOXED_MARK = "sandboxed"
+
+
 @dataclass(frozen=True)
 class LocalPlan:
     command: Command
     run_dir: str
     timeout_s: float  # what is left of resources.max_hours after the run's earlier tries
-    data_dir: str = ""
-    sandboxed: bool = False  # a custom command: run as a sandbox user (trainyard.training.launchers.sandbox)
+    readable: tuple[str, ...] = ()  # what the workers read: the prepared data, the run config, recipe inputs
+    sandboxed: bool = False  # run as a sandbox user (trainyard.training.launchers.sandbox)
+    unsandboxed_because: str | None = None  # why a built-in trainer's workers run as the task's own user
+    relay_to_run: str | None = None  # the MLflow run the metrics file is relayed to while the workers run
+    tensorboard_dir: str | None = None
 
 
 class LocalLauncher(Launcher):
@@ -90,33 +103,69 @@ class LocalLauncher(Launcher):
 
     def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> LocalPlan:
         """MaxHoursReached if the run's earlier tries used all of ``resources.max_hours``; SpecError if its
-        team's policy does not allow it (checked again here, where the command is started)."""
+        team's policy does not allow it (checked again here, where the command is started).
+
+        The workers run in the sandbox: a custom command always (SandboxUnavailable where there is none), a
+        built-in trainer's wherever this host has one (elsewhere as the task's user, and the log says why)."""
+        from trainyard import recipes
         from trainyard.scheduling.resources import check_policy, load_resources
 
         check_policy(spec, load_resources())
-        sandboxed = spec.recipe == "custom"
-        if sandboxed:
+        if spec.recipe == "custom":
             sandbox.require()
+            why, readable = None, [data["path"]]
+        else:
+            why = sandbox.unavailable_reason()
+            if why and (Path(run_dir) / SANDBOXED_MARK).exists():
+                raise sandbox.SandboxError(
+                    f"an earlier try of this run ran in the sandbox, so its work/ files (checkpoints) were "
+                    f"written by a sandbox user, and they are resumed only inside one; this host cannot sandbox "
+                    f"now: {why}"
+                )
+            recipe = recipes.get(spec.recipe)
+            readable = [data["path"], config_path, *map(str, recipe.worker_inputs(recipe.opts(spec)))]
         left = time_left(spec, run_dir)
         command = local_command(
             spec, self.host or this_host(), config_path=config_path, data_dir=data["path"], run_dir=run_dir
         )
-        return LocalPlan(command, run_dir, left, data_dir=data["path"], sandboxed=sandboxed)
+        cfg = RunConfig.load(config_path) if Path(config_path).is_file() else None
+        return LocalPlan(
+            command,
+            run_dir,
+            left,
+            readable=tuple(readable),
+            sandboxed=why is None,
+            unsandboxed_because=why,
+            relay_to_run=cfg.mlflow_run_id if cfg and cfg.metrics_file else None,
+            tensorboard_dir=cfg.tensorboard_dir if cfg else None,
+        )
 
     def launch(self, plan: LocalPlan, on_line: Callable[[str], None]) -> None:
-        if not plan.sandboxed:
-            run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s)
-            return
-        with sandbox.Sandbox(custom.work_dir(plan.run_dir), readable=[plan.data_dir]) as box:
-            assert box.user is not None
-            on_line(f"sandbox: running as {box.user.name} (uid {box.user.uid})")
-            run(
-                box.command(plan.command.argv),
-                env=box.env(plan.command.env),
-                on_line=on_line,
-                timeout_s=plan.timeout_s,
-                after_exit=box.stop,
-            )
+        with self._relay(plan, on_line):
+            if not plan.sandboxed:
+                on_line(f"sandbox: none on this host, the workers run as this task's user: {plan.unsandboxed_because}")
+                run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s)
+                return
+            Path(plan.run_dir, SANDBOXED_MARK).touch()
+            with sandbox.Sandbox(work_dir(plan.run_dir), readable=plan.readable) as box:
+                assert box.user is not None
+                on_line(f"sandbox: running as {box.user.name} (uid {box.user.uid})")
+                run(
+                    box.command(plan.command.argv),
+                    env=box.env(plan.command.env),
+                    on_line=on_line,
+                    timeout_s=plan.timeout_s,
+                    after_exit=box.stop,
+                )
+
+    @staticmethod
+    def _relay(plan: LocalPlan, on_line: Callable[[str], None]) -> contextlib.AbstractContextManager:
+        """The metrics file relayed to the run's MLflow run and TensorBoard while the workers run."""
+        if not plan.relay_to_run:
+            return contextlib.nullcontext()
+        from trainyard.tracking import mlflow_tracking as mt
+
+        return LiveRelay(plan.run_dir, mt.client(), plan.relay_to_run, plan.tensorboard_dir, on_line)
 
     def collect(self, plan: LocalPlan, observed: Interval | None) -> Interval | None:
         return observed  # the subprocess's lifetime is the time its workers held the GPUs

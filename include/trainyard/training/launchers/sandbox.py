@@ -1,26 +1,30 @@
-"""The local sandbox a custom command runs in: an unprivileged OS user of its own, namespaces of its own
-(no network but loopback, a private ``/dev/shm``), a scrubbed environment, read access to its run's
-prepared data and write access to its run's ``work`` directory, nothing else of trainyard's.
+"""The local sandbox a training's workers run in (a custom command, and a built-in trainer's workers
+wherever the host has it): an unprivileged OS user of its own, namespaces of its own (no network but
+loopback, a private ``/dev/shm``), a scrubbed environment, read access to its run's prepared data (and
+run config, and a recipe's input files) and write access to its run's ``work`` directory, nothing else
+of trainyard's. Their metrics reach MLflow through a file the launching task relays
+(:mod:`trainyard.training.metrics`), so the workers never touch MLflow's store.
 
 **Who.** ``trainyard sandbox setup`` (``scripts/setup.sh``, as root) creates :data:`USERS` system users,
 ``trainyard-run0`` ... ``trainyard-run15``, each with its own group and no home or login shell. A launch
 takes one that no other launch on this host holds (an exclusive ``flock`` in :data:`STATE_DIR`, released by
 the kernel when the launching process dies), so two runs never share a user and cannot read each other's
-files. A busy fleet of sandboxes is a retryable error: the task tries again later.
+files. A launch waits a while for a free user; a fleet of sandboxes that stays busy is a retryable error.
 
 **How it starts.** The launcher runs :func:`main` (``python -c``) with the user, the work directory and
 the command, as root: it unshares a network namespace (loopback only, so no local service, another job's
 rendezvous store or the Airflow API is reachable, and no outside network either) and a mount namespace
 (a fresh ``/dev/shm``), sets ``no_new_privs``, drops every group and switches to the sandbox user, then
-execs the command (torchrun and the user's program).
+execs the command (torchrun or horovodrun and their workers: trainyard's or the user's program).
 
 **What it can reach.** trainyard's state is not for others: ``$TRAINYARD_HOME`` and ``$AIRFLOW_HOME`` are
 closed to others (``chmod o-rwx``, at set-up and again at each launch; the Airflow processes and the CLI
 create files with umask 007, :func:`private_umask`: group kept for the Kubernetes pods, which share group 0
 with the Airflow user, never the sandbox users). A launch opens exactly one way in: POSIX ACL entries for
 its user only (``setfacl``): search (``x``) on the directories that lead to the run's data and run
-directory, to the Python environment and to the ``trainyard`` package, read on the prepared data, and
-ownership of the run's ``work`` directory. Inside trainyard's and Airflow's state every directory on the
+directory, to the Python environment and to the ``trainyard`` package, read on what the launcher names
+(the prepared data; a built-in trainer's run config and a recipe's input files), and ownership of the
+run's ``work`` directory. Inside trainyard's and Airflow's state every directory on the
 way has its other entries closed to others, so the way in leads nowhere else: the signing keys, the
 Airflow config and database, MLflow's store, the dataset store and every other run's and team's files give
 the command ``Permission denied``. Directories outside that state that others may not search (a Python
@@ -33,8 +37,9 @@ by directory descriptors that follows no link); only then is the lock released. 
 sandbox open is cleaned up the same way by the next launch on the host that finds its user unlocked.
 
 Where the sandbox cannot be had (not root, no sandbox users, no ``setfacl``, no ACL support, no namespaces)
-:func:`require` refuses the custom command and says why; nothing runs unsandboxed. On Kubernetes a custom
-command runs in its team's namespace with the team's service account instead
+:func:`require` refuses a custom command and says why; no custom command runs unsandboxed. A built-in
+trainer's workers then run as the task's own user (trainyard's code on the run's data; the log says so).
+On Kubernetes the workers run in their team's namespace with the team's service account instead
 (:mod:`~trainyard.training.launchers.kubernetes`).
 """
 
@@ -64,14 +69,20 @@ from trainyard.data.store import atomic_write, file_lock
 from trainyard.errors import PermanentError, RetryableError
 
 USER_PREFIX = "trainyard-run"
-USERS = 16  # custom commands that can run at once on one worker host
+USERS = 16  # sandboxed trainings that can run at once on one worker host
 STATE_DIR = Path("/var/lib/trainyard-sandbox")  # host-wide: locks and grant records of every launch here
 PRIVATE_UMASK = 0o007
+BUSY_WAIT_S = 900.0  # the longest a launch waits for a free sandbox user
 PROCESS_LIMIT = 4096  # RLIMIT_NPROC of a sandbox user: a fork bomb stops there
 # What a custom command's environment keeps of the worker's (the rest, Airflow's and trainyard's settings
 # and any secret in them, is dropped); the launcher adds the platform's TRAINYARD_* and rendezvous variables.
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 KEPT_ENV_PREFIXES = ("NCCL_",)
+# What a built-in trainer's workers keep besides: trainyard's code and home (a recipe's input files are
+# found there), the fault-injection hook of the resume tests, and the libraries' own tuning variables.
+BUILT_IN_ENV: tuple[str, ...] = ("HOME", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
+BUILT_IN_ENV += ("TRAINYARD_HOME", "TRAINYARD_FAIL_ONCE_AT_STEP")
+BUILT_IN_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GLOO_", "TORCH", "TRITON_", "HOROVOD_", "DS_", "CUDA_", "PYTORCH_")
 SYSTEM_DIRS = {Path(p) for p in ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/opt", "/proc", "/root")}
 SYSTEM_DIRS |= {Path(p) for p in ("/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib")}
 
@@ -81,7 +92,7 @@ class SandboxUnavailable(PermanentError):
 
 
 class SandboxBusy(RetryableError):
-    """Every sandbox user is taken by a running custom command; a later try gets one."""
+    """Every sandbox user is taken by a running training; a later try gets one."""
 
 
 class SandboxError(RetryableError):
@@ -95,10 +106,26 @@ class SandboxUser:
     gid: int
 
 
-def users() -> list[SandboxUser]:
-    """The sandbox users set-up created on this host, in order."""
+def user_numbers() -> range:
+    """The sandbox users launches from this installation take (and clean up after): all :data:`USERS`, or
+    ``TRAINYARD_SANDBOX_USERS=FIRST-LAST`` (two installations sharing a host, such as a test suite beside
+    a worker, each keep to their own users and never clean up the other's)."""
+    given = os.environ.get("TRAINYARD_SANDBOX_USERS", "")
+    if not given:
+        return range(USERS)
+    found = re.fullmatch(r"([0-9]+)-([0-9]+)", given)
+    if not found or not int(found[1]) <= int(found[2]) < USERS:
+        raise PermanentError(
+            f"TRAINYARD_SANDBOX_USERS={given!r}: expected FIRST-LAST with 0 <= FIRST <= LAST < {USERS}"
+        )
+    return range(int(found[1]), int(found[2]) + 1)
+
+
+def users(numbers: Iterable[int] | None = None) -> list[SandboxUser]:
+    """The sandbox users set-up created on this host, in order: those of :func:`user_numbers`, or of
+    ``numbers``."""
     found = []
-    for i in range(USERS):
+    for i in user_numbers() if numbers is None else numbers:
         with contextlib.suppress(KeyError):
             entry = pwd.getpwnam(f"{USER_PREFIX}{i}")
             found.append(SandboxUser(entry.pw_name, entry.pw_uid, entry.pw_gid))
@@ -106,7 +133,7 @@ def users() -> list[SandboxUser]:
 
 
 def unavailable_reason() -> str | None:
-    """Why this host cannot sandbox a custom command, or None if it can."""
+    """Why this host cannot sandbox a training's workers, or None if it can."""
     if os.geteuid() != 0:
         return (
             "the worker does not run as root, so it cannot switch to an unprivileged sandbox user "
@@ -155,9 +182,12 @@ def private_umask() -> None:
     os.umask(PRIVATE_UMASK)
 
 
-def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:
-    """What a sandboxed command keeps of ``env``: :data:`KEPT_ENV` and :data:`KEPT_ENV_PREFIXES` only."""
-    return {k: v for k, v in env.items() if k in KEPT_ENV or k.startswith(KEPT_ENV_PREFIXES)}
+def scrubbed_env(env: Mapping[str, str], built_in: bool = False) -> dict[str, str]:
+    """What a worker keeps of ``env``: :data:`KEPT_ENV` and :data:`KEPT_ENV_PREFIXES` only, and with
+    ``built_in`` (a built-in trainer's workers) :data:`BUILT_IN_ENV` and :data:`BUILT_IN_ENV_PREFIXES`."""
+    names = KEPT_ENV + BUILT_IN_ENV if built_in else KEPT_ENV
+    prefixes = KEPT_ENV_PREFIXES + BUILT_IN_ENV_PREFIXES if built_in else KEPT_ENV_PREFIXES
+    return {k: v for k, v in env.items() if k in names or k.startswith(prefixes)}
 
 
 def protected_paths() -> list[Path]:
@@ -209,14 +239,14 @@ def setup() -> list[str]:
     if system:
         raise PermanentError(f"trainyard sandbox setup: refusing to close system directories {system} to others")
     done = []
-    existing = {u.name for u in users()}
+    existing = {u.name for u in users(range(USERS))}
     for i in range(USERS):
         name = f"{USER_PREFIX}{i}"
         if name in existing:
             continue
         subprocess.run(
             ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-             "--shell", "/usr/sbin/nologin", "--comment", "trainyard sandbox for custom commands", name],
+             "--shell", "/usr/sbin/nologin", "--comment", "trainyard sandbox for training workers", name],
             check=True,
         )  # fmt: skip
         done.append(f"created user {name}")
@@ -343,6 +373,8 @@ class Sandbox:
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.readable = [Path(p).resolve() for p in readable]
+        # the names the command opens them by (a link's own directory must be searchable too)
+        self.named = [Path(p).absolute() for p in readable]
         self.among = None if among is None else set(among)  # the sandbox users it may take (default: any)
         self.user: SandboxUser | None = None
         self._lock_fd: int | None = None
@@ -389,13 +421,22 @@ class Sandbox:
         return fd
 
     def _take_user(self) -> tuple[SandboxUser, int]:
+        """A free sandbox user, locked; waits up to :data:`BUSY_WAIT_S` for one (a host whose pools have
+        more slots than it has sandbox users: a training ends and gives its user back)."""
         STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
         candidates = [u for u in users() if self.among is None or u.name in self.among]
-        for user in candidates:
-            fd = self._lock(user)
-            if fd is not None:
-                return user, fd
-        raise SandboxBusy(f"all {len(candidates)} sandbox users are running custom commands; try again later")
+        deadline = time.monotonic() + BUSY_WAIT_S
+        while True:
+            for user in candidates:
+                fd = self._lock(user)
+                if fd is not None:
+                    return user, fd
+            if time.monotonic() > deadline:
+                raise SandboxBusy(
+                    f"all {len(candidates)} sandbox users were running trainings for {BUSY_WAIT_S:.0f}s; "
+                    "a later try gets one"
+                )
+            time.sleep(2.0)
 
     def _clean_up_unlocked(self) -> None:
         for user in users():
@@ -418,7 +459,7 @@ class Sandbox:
     def _grant(self, user: SandboxUser) -> None:
         protected = protected_paths()
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        targets = [*self.readable, self.work_dir.parent, *_code_dirs()]
+        targets = list(dict.fromkeys([*self.readable, *self.named, self.work_dir.parent, *_code_dirs()]))
         with self._acl_lock():
             for path in protected:
                 close_to_others(path)
@@ -472,13 +513,15 @@ class Sandbox:
         return [sys.executable, "-I", "-c", entry, uid, gid, str(self.work_dir), "--", *argv]
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
-        """``base`` for the sandboxed command: HOME and TMPDIR in its work directory, gloo and NCCL on
-        loopback (the only interface of its network namespace)."""
+        """``base`` for the sandboxed command: HOME, TMPDIR and torch.compile's caches in its work
+        directory, gloo and NCCL on loopback (the only interface of its network namespace)."""
         tmp = self.work_dir / "tmp"
         return {
             **base,
             "HOME": str(self.work_dir),
             "TMPDIR": str(tmp),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp / "torchinductor"),
+            "TRITON_CACHE_DIR": str(tmp / "triton"),
             "GLOO_SOCKET_IFNAME": "lo",
             "NCCL_SOCKET_IFNAME": "lo",
         }
@@ -524,7 +567,7 @@ def main(args: list[str]) -> None:
     if os.geteuid() != 0 or len(args) < 5 or args[3] != "--" or not re.fullmatch(r"[0-9]+", args[0] + args[1]):
         sys.exit(f"usage (as root, by the local launcher): {__name__}.main([UID, GID, WORK, '--', *ARGV])")
     uid, gid = int(args[0]), int(args[1])
-    if uid not in {u.uid for u in users()}:
+    if uid not in {u.uid for u in users(range(USERS))}:
         sys.exit(f"uid {uid} is not a sandbox user")
     enter(uid, gid, args[2], args[4:])
 

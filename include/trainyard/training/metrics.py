@@ -1,0 +1,256 @@
+"""The metrics file: how a local worker's curves reach MLflow and TensorBoard without the worker touching
+either.
+
+A worker (rank 0 of a built-in trainer, or a custom command) appends JSON lines to ``metrics.jsonl`` in
+its run's ``work`` directory, one object per step: ``{"step": 12, "train_loss": 0.3, ...}``; every numeric
+field but ``step`` is a metric (NaN and infinities included: a diverging curve must show). The launching
+task, which runs as the platform and holds MLflow's store, relays what is new every few seconds
+(:class:`LiveRelay`) and once more when it collects the run (:func:`relay`): curves stay live, and the
+sandboxed worker never needs MLflow's database, its credentials or the TensorBoard tree.
+
+How far the file has been relayed (its inode and byte offset) is kept beside the ``work`` directory
+(:data:`RELAYED_FILE`, out of the worker's reach), so a retry or the final pass does not log a point again.
+The file is append-only: one that was replaced or cut shorter is relayed again from its start (the log
+says so). Delivery is at least once: a pass that fails between MLflow and recording the offset sends those
+points again on the next pass.
+
+The file is written by code the platform does not trust (a custom command; a built-in worker fed hostile
+data): it is opened without following a link (:func:`~trainyard.training.run_config.open_untrusted`), and
+a malformed line fails the run naming the file and line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from trainyard.data.store import atomic_write
+from trainyard.errors import PermanentError
+from trainyard.training.run_config import WorkerOutputError, open_untrusted, work_dir
+
+METRICS_FILE = "metrics.jsonl"
+RELAYED_FILE = "metrics_relayed.json"  # in the run directory: what of the metrics file is relayed
+READ_LIMIT = 8 << 20  # bytes read per pass: a huge file is relayed in pieces, never held whole
+MLFLOW_BATCH = 1000  # MLflow's limit of metrics per log_batch request
+
+Point = tuple[int, str, float]  # (step, name, value)
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    return Path(work_dir(str(run_dir))) / METRICS_FILE
+
+
+def parse_line(line: str | bytes, where: str) -> tuple[int, list[tuple[str, float]]]:
+    """One line's step and its (name, value) metrics; WorkerOutputError naming ``where`` if it is not one."""
+    try:
+        record = json.loads(line)
+        step = int(record["step"])
+        points = [
+            (name, float(value))
+            for name, value in record.items()
+            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as err:
+        raise WorkerOutputError(f"{where}: expected a JSON object with an integer 'step' ({err})") from None
+    return step, points
+
+
+def read_metrics(path: str | Path) -> list[Point]:
+    """(step, name, value) for every numeric field of the whole file (none if there is no file)."""
+    rows: list[Point] = []
+    path = Path(path)
+    with open_untrusted(path) as fd:
+        if fd is None:
+            return rows
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if line.strip():
+                    step, points = parse_line(line, f"{path}:{lineno}")
+                    rows.extend((step, name, value) for name, value in points)
+    return rows
+
+
+def open_for_append(path: str | Path) -> IO[str]:
+    """The metrics file for a worker to append to (created with its directory). A line a killed earlier
+    try left half-written is cut off first: the next line would otherwise join it into a malformed one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as fh:
+        end = keep = fh.seek(0, os.SEEK_END)
+        while keep > 0:  # back to just after the last newline, 64 KiB at a time
+            start = max(0, keep - 65536)
+            fh.seek(start)
+            newline = fh.read(keep - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            keep = start
+        if keep != end:
+            fh.truncate(keep)
+    return open(path, "a", encoding="utf-8")  # noqa: SIM115 - the caller closes it
+
+
+HEAD_BYTES = 4096  # the start of the file fingerprinted: a file rewritten from its start differs there
+
+
+def _relayed(run_dir: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads((run_dir / RELAYED_FILE).read_text())
+        return {k: int(raw[k]) for k in ("inode", "offset", "lines")} | {"head": str(raw["head"])}
+    except FileNotFoundError:
+        return {"inode": 0, "offset": 0, "lines": 0, "head": ""}
+
+
+def _head(fd: int, offset: int) -> str:
+    """A fingerprint of the first bytes relayed (up to :data:`HEAD_BYTES` of the first ``offset``)."""
+    return hashlib.sha256(os.pread(fd, min(offset, HEAD_BYTES), 0)).hexdigest()
+
+
+def relay(
+    run_dir: str | Path,
+    client,
+    run_id: str,
+    tensorboard_dir: str | None = None,
+    writer=None,
+    on_line: Callable[[str], None] = print,
+) -> int:
+    """Log the metrics file's complete lines not relayed yet to MLflow run ``run_id`` (and as TensorBoard
+    scalars under ``tensorboard_dir``, through ``writer`` if given); returns how many points. Raises
+    WorkerOutputError at a malformed line (what came before it is relayed and kept)."""
+    run_dir = Path(run_dir)
+    path = metrics_path(run_dir)
+    state = _relayed(run_dir)
+    total = 0
+    while True:
+        with open_untrusted(path) as fd:
+            if fd is None:
+                return total
+            st = os.fstat(fd)
+            at = state["offset"]
+            if at and (st.st_ino != state["inode"] or st.st_size < at or _head(fd, at) != state["head"]):
+                on_line(f"{path} was replaced or rewritten (it is append-only): relaying it again from its start")
+                state = {"inode": st.st_ino, "offset": 0, "lines": 0, "head": ""}
+                atomic_write(run_dir / RELAYED_FILE, json.dumps(state).encode())
+            chunk = os.pread(fd, READ_LIMIT, state["offset"])
+            end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next pass
+            if end == 0:
+                if len(chunk) == READ_LIMIT:
+                    raise WorkerOutputError(f"{path}:{state['lines'] + 1}: a line longer than {READ_LIMIT} bytes")
+                return total
+            rows: list[Point] = []
+            error: WorkerOutputError | None = None
+            done, lines = 0, state["lines"]
+            for raw in chunk[:end].splitlines(keepends=True):
+                if raw.strip():
+                    try:
+                        step, points = parse_line(raw, f"{path}:{lines + 1}")
+                    except WorkerOutputError as err:
+                        error = err
+                        break
+                    rows.extend((step, name, value) for name, value in points)
+                done += len(raw)
+                lines += 1
+            log_points(rows, client, run_id, tensorboard_dir, writer)
+            offset = state["offset"] + done
+            state = {"inode": st.st_ino, "offset": offset, "lines": lines, "head": _head(fd, offset)}
+        atomic_write(run_dir / RELAYED_FILE, json.dumps(state).encode())
+        total += len(rows)
+        if error is not None:
+            raise error
+        if len(chunk) < READ_LIMIT:  # the whole file was read; else a partial last line is read again
+            return total
+
+
+def log_points(
+    rows: Iterable[Point], client, run_id: str | None, tensorboard_dir: str | None = None, writer=None
+) -> None:
+    """``rows`` to MLflow run ``run_id`` through ``client`` (``log_batch``, :data:`MLFLOW_BATCH` a call;
+    none without a client) and as TensorBoard scalars: through ``writer``, or a writer of its own for
+    ``tensorboard_dir`` (neither: none)."""
+    rows = list(rows)
+    if not rows:
+        return
+    if client is not None and run_id:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(name, value, now, step) for step, name, value in rows]
+        for start in range(0, len(batch), MLFLOW_BATCH):
+            client.log_batch(run_id, metrics=batch[start : start + MLFLOW_BATCH])
+    own = writer is None and bool(tensorboard_dir)
+    if own:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(tensorboard_dir)
+    if writer is None:
+        return
+    try:
+        for step, name, value in rows:
+            writer.add_scalar(tensorboard_tag(name), value, step)
+    finally:
+        writer.close() if own else writer.flush()
+
+
+def tensorboard_tag(name: str) -> str:
+    """``train_loss`` -> ``train/loss``: TensorBoard groups a run's curves by the part before the slash."""
+    return name.replace("_", "/", 1)
+
+
+class LiveRelay:
+    """:func:`relay` every ``every_s`` seconds on a thread while the workers run (``with LiveRelay(...):``).
+    The TensorBoard writer is made on entering, so a tree it cannot write fails the run before the workers
+    start. A failed pass (MLflow away for a moment) is printed through ``on_line`` and tried again at the
+    next; a malformed file stops the relaying, and the collect step's pass raises it."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        client,
+        run_id: str,
+        tensorboard_dir: str | None,
+        on_line: Callable[[str], None],
+        every_s: float = 5.0,
+    ) -> None:
+        self.run_dir, self.client, self.run_id, self.tensorboard_dir = Path(run_dir), client, run_id, tensorboard_dir
+        self.on_line, self.every_s = on_line, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainyard-metrics-relay", daemon=True)
+        self._writer: Any = None  # TensorBoard's SummaryWriter
+
+    def __enter__(self) -> LiveRelay:
+        if self.tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(self.tensorboard_dir)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._writer is not None:
+            self._writer.close()
+
+    def _run(self) -> None:
+        last_error = ""
+        while True:
+            stopping = self._stop.wait(self.every_s)
+            try:
+                relay(self.run_dir, self.client, self.run_id, self.tensorboard_dir, self._writer, self.on_line)
+                last_error = ""
+            except PermanentError as err:
+                self.on_line(f"metrics relay stopped: {err}")
+                return
+            except Exception as err:  # noqa: BLE001 - a store away for a moment: the next pass tries again
+                message = f"{type(err).__name__}: {err}"
+                if message != last_error:  # once per kind of failure, not every few seconds
+                    self.on_line(f"metrics relay failed, trying again: {message}")
+                last_error = message
+            if stopping:
+                return
