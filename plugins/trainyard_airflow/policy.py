@@ -1,4 +1,6 @@
-"""Per-run GPU reservation: route a training task to the pool, slots and priority its JobSpec asks for.
+"""trainyard's Airflow cluster policies: per-run GPU reservation, and team policy on every pod.
+
+Per-run GPU reservation: route a training task to the pool, slots and priority its JobSpec asks for.
 
 Airflow fixes ``pool`` and ``pool_slots`` when a DAG is parsed, but a JobSpec arrives per run (trigger
 form, REST ``conf``). Airflow's ``task_instance_mutation_hook`` runs in the scheduler when task instances
@@ -9,6 +11,11 @@ and ``resources.priority`` the priority_weight, above every other task's (:func:
 It touches only tasks already placed in a GPU pool (``gpu-*``) by their DAG, and only when the run's
 conf carries ``resources``; an invalid conf is left alone, because the first task rejects it with a
 message naming the field.
+
+Team policy on pods (``pod_mutation_hook``): the JobSpec's team policy is checked in ``validate_spec`` and
+where the pods are built; this hook checks the pod itself once more, after every mutation, so whatever
+builds a pod labelled for a team (and whatever policy mutates it) cannot give it a namespace, service
+account, image or priority class the team may not use.
 """
 
 from __future__ import annotations
@@ -42,6 +49,20 @@ def reservation(conf: dict | None) -> tuple[str, int, int] | None:
     except ValidationError:
         return None
     return pool_name(res.gpu_type), res.total_gpus, training_priority(res.priority)
+
+
+def pod_mutation_hook(pod) -> None:
+    """Airflow's pod cluster policy, run on every pod an operator builds (trainyard's operators call it
+    after building theirs): a pod labelled for a team must keep to that team's policy, whoever built or
+    mutated it; what it may not have is named (SpecError: the task fails, without a retry)."""
+    from trainyard.errors import spec_error_message
+    from trainyard.scheduling.resources import load_resources
+    from trainyard.spec import SpecError
+    from trainyard.training.launchers.kubernetes import pod_policy_problems
+
+    problems = pod_policy_problems(pod, load_resources())
+    if problems:
+        raise SpecError(spec_error_message(problems))
 
 
 def task_instance_mutation_hook(task_instance, dag_run=None) -> None:

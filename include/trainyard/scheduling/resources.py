@@ -430,40 +430,63 @@ def policy_problems(spec: JobSpec, config: ResourcesConfig) -> list[str]:
         )
     k8s = spec.kubernetes
     if spec.backends.launcher == "kubernetes":
-        namespaces = policy.namespaces if policy.namespaces is not None else ["trainyard", team_namespace(team)]
-        if k8s.namespace not in namespaces:
-            problems.append(
-                f"kubernetes.namespace: {k8s.namespace!r} is not allowed for team {team!r}; allowed: {namespaces}"
-            )
-        if k8s.service_account is not None and k8s.service_account not in policy.service_accounts:
-            allowed = policy.service_accounts or "only the namespace's default (leave it unset)"
-            problems.append(
-                f"kubernetes.service_account: {k8s.service_account!r} is not allowed for team {team!r}; "
-                f"allowed: {allowed}"
-            )
         images = [("kubernetes.image", k8s.image)] + (
             [("custom.image", spec.custom.image)] if spec.custom and spec.custom.image else []
         )
-        for field, image in images:
-            if not any(image.startswith(prefix) for prefix in policy.image_prefixes):
-                problems.append(
-                    f"{field}: {image!r} is not allowed for team {team!r}; allowed: names starting with "
-                    f"{policy.image_prefixes}"
-                )
-        refused_env = sorted(name for name in k8s.env if not any(fnmatch.fnmatchcase(name, p) for p in policy.env))
-        if refused_env:
+        problems += kubernetes_problems(
+            config,
+            team,
+            namespace=k8s.namespace,
+            service_account=k8s.service_account,
+            images=images,
+            env_names=list(k8s.env),
+            priority_class=k8s.priority_class,
+        )
+    return problems
+
+
+def kubernetes_problems(
+    config: ResourcesConfig,
+    team: str,
+    *,
+    namespace: str,
+    service_account: str | None,
+    images: list[tuple[str, str]],
+    env_names: list[str],
+    priority_class: str | None,
+) -> list[str]:
+    """What team ``team``'s policy does not allow of what its pods are given (``images``: (field, image)):
+    the one definition the JobSpec check and the pod check (:mod:`trainyard_airflow.policy`) use."""
+    policy = config.teams[team].policy
+    problems = []
+    namespaces = policy.namespaces if policy.namespaces is not None else ["trainyard", team_namespace(team)]
+    if namespace not in namespaces:
+        problems.append(f"kubernetes.namespace: {namespace!r} is not allowed for team {team!r}; allowed: {namespaces}")
+    if service_account is not None and service_account not in policy.service_accounts:
+        allowed = policy.service_accounts or "only the namespace's default (leave it unset)"
+        problems.append(
+            f"kubernetes.service_account: {service_account!r} is not allowed for team {team!r}; allowed: {allowed}"
+        )
+    for field, image in images:
+        if not any(image.startswith(prefix) for prefix in policy.image_prefixes):
             problems.append(
-                f"kubernetes.env: {refused_env} may not be set by team {team!r}; allowed: {policy.env or 'none'}"
+                f"{field}: {image!r} is not allowed for team {team!r}; allowed: names starting with "
+                f"{policy.image_prefixes}"
             )
-        if k8s.priority_class is not None:
-            value = config.priority_classes.get(k8s.priority_class)
-            ceiling = config.teams[team].priority.max
-            if value is None or value > ceiling:
-                allowed_classes = sorted(n for n, v in config.priority_classes.items() if v <= ceiling)
-                problems.append(
-                    f"kubernetes.priority_class: {k8s.priority_class!r} is not allowed for team {team!r}; allowed: "
-                    f"{allowed_classes}"
-                )
+    refused_env = sorted(name for name in env_names if not any(fnmatch.fnmatchcase(name, p) for p in policy.env))
+    if refused_env:
+        problems.append(
+            f"kubernetes.env: {refused_env} may not be set by team {team!r}; allowed: {policy.env or 'none'}"
+        )
+    if priority_class is not None:
+        value = config.priority_classes.get(priority_class)
+        ceiling = config.teams[team].priority.max
+        if value is None or value > ceiling:
+            allowed_classes = sorted(n for n, v in config.priority_classes.items() if v <= ceiling)
+            problems.append(
+                f"kubernetes.priority_class: {priority_class!r} is not allowed for team {team!r}; allowed: "
+                f"{allowed_classes}"
+            )
     return problems
 
 

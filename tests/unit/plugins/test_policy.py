@@ -1,3 +1,4 @@
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -34,3 +35,61 @@ def test_hook_routes_gpu_tasks_only():
     untouched = _ti()
     task_instance_mutation_hook(untouched, dag_run=None)
     assert untouched.pool_slots == 2
+
+
+def _pod(**changes):
+    """A pod as trainyard builds it for a default-team job, with ``changes`` made after (another policy, a
+    hand-built operator)."""
+    from trainyard.spec import parse_spec
+    from trainyard.training.launchers.kubernetes import build_pod
+
+    spec = parse_spec({"backends": {"launcher": "kubernetes"}, "resources": {"gpus_per_node": 1}})
+    pod = build_pod(spec, "train_pipeline/manual__1", "/var/trainyard/runs/digits/r/run_config.json")
+    for path, value in changes.items():
+        target = pod
+        *parents, name = path.split(".")
+        for part in parents:
+            target = getattr(target, part) if not part.isdigit() else target[int(part)]
+        setattr(target, name, value)
+    return pod
+
+
+def test_a_pod_as_trainyard_builds_it_passes_the_pod_policy():
+    from trainyard_airflow.policy import pod_mutation_hook
+
+    pod_mutation_hook(_pod())
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        (
+            {"metadata.namespace": "kube-system"},
+            "kubernetes.namespace: 'kube-system' is not allowed",
+        ),
+        ({"spec.service_account_name": "cluster-admin"}, "kubernetes.service_account: 'cluster-admin'"),
+        ({"spec.containers.0.image": "evil.io/miner:1"}, "containers.trainer.image: 'evil.io/miner:1'"),
+        ({"spec.priority_class_name": "no-such-class"}, "kubernetes.priority_class: 'no-such-class'"),
+        ({"metadata.labels": {"trainyard.io/team": "nobody"}}, "trainyard.io/team='nobody' is no team"),
+    ],
+)
+def test_a_pod_changed_after_the_spec_check_is_refused_naming_what(changes, named):
+    """The cluster policy checks the pod itself: what a JobSpec check cannot see (a mutation after it) is
+    caught where the pod is made."""
+    from trainyard.spec import SpecError
+    from trainyard_airflow.policy import pod_mutation_hook
+
+    with pytest.raises(SpecError, match=re.escape(named)):
+        pod_mutation_hook(_pod(**changes))
+
+
+def test_a_pod_that_is_not_trainyards_is_left_alone():
+    from kubernetes.client import models as k8s
+
+    from trainyard_airflow.policy import pod_mutation_hook
+
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(namespace="kube-system", labels={"app": "other"}),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="anything")]),
+    )
+    pod_mutation_hook(pod)

@@ -52,7 +52,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from trainyard.errors import PermanentError, spec_error_message
-from trainyard.scheduling.resources import ResourcesConfig, load_resources
+from trainyard.scheduling.resources import ResourcesConfig, kubernetes_problems, load_resources
 from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher, time_left
@@ -115,15 +115,41 @@ def job_name(spec: JobSpec, run_key: str, *, attempt: int = 1) -> str:
     return slug[: NAME_MAX - len(tail)].rstrip("-") + tail
 
 
+TEAM_LABEL = "trainyard.io/team"
+
+
 def run_labels(spec: JobSpec, run_key: str) -> dict[str, str]:
     """The identity of a run's objects: the Service selects by these, the operator finds by these."""
     return {
         "app.kubernetes.io/name": "trainyard",
         "trainyard.io/job": _label_value(spec.name),
         "trainyard.io/run": run_hash(run_key),
-        "trainyard.io/team": _label_value(spec.resources.team),
+        TEAM_LABEL: _label_value(spec.resources.team),
         "trainyard.io/gpu-type": _label_value(spec.resources.gpu_type),
     }
+
+
+def pod_policy_problems(pod: k8s.V1Pod, config: ResourcesConfig) -> list[str]:
+    """What the policy of the team a pod is labelled for does not allow of the pod as it will be created:
+    its namespace, service account, images and priority class (the cluster policy's check, after every
+    mutation; the environment is the JobSpec's check, as the platform's own variables are in the pod too).
+    A pod with no team label is not trainyard's: none."""
+    label = (pod.metadata.labels or {}).get(TEAM_LABEL)
+    if label is None:
+        return []
+    team = next((t for t in config.teams if _label_value(t) == label), None)
+    if team is None:
+        return [f"metadata.labels: {TEAM_LABEL}={label!r} is no team of resources.yaml ({sorted(config.teams)})"]
+    containers = [*(pod.spec.init_containers or []), *pod.spec.containers]
+    return kubernetes_problems(
+        config,
+        team,
+        namespace=pod.metadata.namespace or "default",
+        service_account=pod.spec.service_account_name,
+        images=[(f"containers.{c.name}.image", c.image or "") for c in containers],
+        env_names=[],
+        priority_class=pod.spec.priority_class_name,
+    )
 
 
 def queue_labels(spec: JobSpec, resources: ResourcesConfig | None = None) -> dict[str, str]:
