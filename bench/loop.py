@@ -8,6 +8,14 @@ local launcher does. Repetitions alternate hand / trainyard; each side's
 throughput is samples per second of its epoch loop (first step to last validation, the same span on both
 sides: process start-up and imports are not the loop); the medians and their ratio are printed.
 
+Per process count it also prints, from the same runs and a third side (trainyard with tracking off):
+
+- start-up and exit: the torchrun command's wall time less its epoch loop, trainyard against the hand
+  script (imports, data loading, model build, the final model and result files, process exit);
+- tracking overhead: trainyard's samples/s with the metrics file and its relay against none at all;
+- checkpoint stall: the training thread's time in checkpoint saves (the write to disk is a background
+  thread's), per save against one step's time, and as a share of the loop.
+
     .venv/bin/python bench/loop.py [--reps 5] [--procs 1 2]
 """
 
@@ -21,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +85,8 @@ def hand_worker(data: dict, out: Path, epochs: int = 10) -> None:
             dist.barrier()
     elapsed = time.perf_counter() - t0
     if rank == 0:
-        out.write_text(json.dumps({"samples_per_second": samples / elapsed, "val_accuracy": acc}))
+        result = {"samples_per_second": samples / elapsed, "loop_seconds": elapsed, "val_accuracy": acc}
+        out.write_text(json.dumps(result))
     if world > 1:
         dist.destroy_process_group()
 
@@ -101,7 +111,23 @@ def mlflow_run(root: Path) -> tuple[str, str]:
     return uri, client.create_run(exp).info.run_id
 
 
-def torchrun(nproc: int, tail: list[str], env: dict) -> None:
+@dataclass(frozen=True)
+class Run:
+    samples_per_second: float
+    loop_s: float
+    wall_s: float  # the torchrun command, start to exit
+    steps: int = 0
+    stall_s: float = 0.0  # the training thread's time in checkpoint saves
+    checkpoints: int = 0
+
+    @property
+    def outside_s(self) -> float:
+        """Start-up and exit: all of the command but its epoch loop."""
+        return self.wall_s - self.loop_s
+
+
+def torchrun(nproc: int, tail: list[str], env: dict) -> float:
+    """Run the command; its wall time in seconds."""
     from trainyard.training.launchers.local import worker_env
 
     argv = [
@@ -113,37 +139,81 @@ def torchrun(nproc: int, tail: list[str], env: dict) -> None:
         f"--nproc_per_node={nproc}",
         *tail,
     ]
+    started = time.perf_counter()
     proc = subprocess.run(argv, env=worker_env(nproc, {**os.environ, **env}), capture_output=True, text=True)
+    wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return wall
 
 
-def trainyard_once(root: Path, data: dict, nproc: int, uri: str, run_id: str, rep: int, epochs: int) -> float:
+def trainyard_once(
+    root: Path, data: dict, nproc: int, uri: str, run_id: str, rep: int, epochs: int, tracking: bool = True
+) -> Run:
     from mlflow.tracking import MlflowClient
 
     from trainyard.spec import parse_spec
     from trainyard.training.metrics import LiveRelay, metrics_path
     from trainyard.training.run_config import RunConfig, work_dir
 
-    out = root / f"ty-{nproc}-{rep}"
+    out = root / f"ty-{nproc}-{rep}-{'tracked' if tracking else 'untracked'}"
     out.mkdir()
     spec = parse_spec({"resources": {"gpus_per_node": nproc}, "hyperparameters": {"epochs": epochs}})  # digits
     # as the local launcher runs it: rank 0 writes the metrics file, this process relays it to MLflow
     work = Path(work_dir(str(out)))
-    config = RunConfig(spec=spec, data=data, out_dir=str(work), metrics_file=str(metrics_path(out))).dump(
-        out / "run.json"
+    metrics_file = str(metrics_path(out)) if tracking else None
+    config = RunConfig(spec=spec, data=data, out_dir=str(work), metrics_file=metrics_file).dump(out / "run.json")
+    argv = ["-m", "trainyard.training.entry", "--config", str(config)]
+    if tracking:
+        with LiveRelay(out, MlflowClient(uri), run_id, str(out / "tb"), on_line=lambda line: None):
+            wall = torchrun(nproc, argv, {})
+    else:
+        wall = torchrun(nproc, argv, {})
+    result = json.loads((work / "train_result.json").read_text())
+    return Run(
+        result["samples_per_second"],
+        result["loop_seconds"],
+        wall,
+        result["steps"],
+        result["checkpoint_stall_seconds"],
+        result["checkpoints"],
     )
-    with LiveRelay(out, MlflowClient(uri), run_id, str(out / "tb"), on_line=lambda line: None):
-        torchrun(nproc, ["-m", "trainyard.training.entry", "--config", str(config)], {})
-    return json.loads((work / "train_result.json").read_text())["samples_per_second"]
 
 
-def hand_once(root: Path, data: dict, nproc: int, rep: int, epochs: int) -> float:
+def hand_once(root: Path, data: dict, nproc: int, rep: int, epochs: int) -> Run:
     out = root / f"hand-{nproc}-{rep}.json"
     (root / "data.json").write_text(json.dumps(data))
     argv = [str(Path(__file__).resolve()), "--hand-worker", str(root / "data.json"), str(out), str(epochs)]
-    torchrun(nproc, argv, {})
-    return json.loads(out.read_text())["samples_per_second"]
+    wall = torchrun(nproc, argv, {})
+    result = json.loads(out.read_text())
+    return Run(result["samples_per_second"], result["loop_seconds"], wall)
+
+
+def report(nproc: int, hand: list[Run], ty: list[Run], untracked: list[Run]) -> str:
+    """The lines of one process count: the ratio first (what BENCHMARKS.md and the goal quote)."""
+    med = statistics.median
+
+    def speeds(runs: list[Run]) -> list[int]:
+        return [round(r.samples_per_second) for r in runs]
+
+    h, t, u = (med(r.samples_per_second for r in runs) for runs in (hand, ty, untracked))
+    step_ms = med(r.loop_s / r.steps for r in ty) * 1000
+    saves = med(r.checkpoints for r in ty)
+    stall_ms = med(r.stall_s / r.checkpoints for r in ty if r.checkpoints) * 1000 if saves else 0.0
+    share = med(r.stall_s / r.loop_s for r in ty)
+    outside_h, outside_t = med(r.outside_s for r in hand), med(r.outside_s for r in ty)
+    return "\n".join(
+        [
+            f"{nproc} process(es): hand {h:8.0f} samples/s  trainyard {t:8.0f} samples/s  ratio {t / h:.3f}x  "
+            f"(median of {len(ty)}; hand {speeds(hand)}, trainyard {speeds(ty)})",
+            f"  start-up + exit (wall - loop): hand {outside_h:.2f} s  trainyard {outside_t:.2f} s  "
+            f"({outside_t - outside_h:+.2f} s)",
+            f"  tracking: on {t:.0f} samples/s  off {u:.0f} samples/s  overhead {1 - t / u:+.1%}  "
+            f"(off: {speeds(untracked)})",
+            f"  checkpoints: {saves:.0f} a run, {stall_ms:.2f} ms stall each = {stall_ms / step_ms:.2f} steps "
+            f"({step_ms:.2f} ms a step); {share:.2%} of the loop",
+        ]
+    )
 
 
 def main() -> None:
@@ -162,17 +232,12 @@ def main() -> None:
         data = prepare(root)
         uri, run_id = mlflow_run(root)
         for nproc in args.procs:
-            hand, ty = [], []
+            hand, ty, untracked = [], [], []
             for rep in range(args.reps):
                 hand.append(hand_once(root, data, nproc, rep, args.epochs))
                 ty.append(trainyard_once(root, data, nproc, uri, run_id, rep, args.epochs))
-            h, t = statistics.median(hand), statistics.median(ty)
-            print(
-                f"{nproc} process(es): hand {h:8.0f} samples/s  trainyard {t:8.0f} samples/s  "
-                f"ratio {t / h:.3f}x  (median of {args.reps}; hand {[round(v) for v in hand]}, "
-                f"trainyard {[round(v) for v in ty]})",
-                flush=True,
-            )
+                untracked.append(trainyard_once(root, data, nproc, uri, run_id, rep, args.epochs, tracking=False))
+            print(report(nproc, hand, ty, untracked), flush=True)
 
 
 if __name__ == "__main__":

@@ -188,6 +188,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     fail_at = fail_once_at()
     window = Window()
     samples, last_loss = 0, float("nan")
+    stall, saves = 0.0, 0  # the training thread's time in checkpoint saves (the write itself is off it)
     loop_t0 = time.perf_counter()
     for epoch in range(start_epoch, hp.epochs):
         first = skip if epoch == start_epoch else 0  # the batches a resumed run did already
@@ -208,7 +209,9 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
                 if end_of_epoch and losses is not None:
                     last_loss = float(losses.mean())  # the epoch's last window, as the curves show it
             if strategy.due(step, end_of_epoch):  # logged by the strategy once on disk
+                saved_t0 = time.perf_counter()
                 strategy.save({"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step)
+                stall, saves = stall + time.perf_counter() - saved_t0, saves + 1
             if step == fail_at:
                 _crash(step, cfg.out_dir, strategy)
         metrics = {}
@@ -225,8 +228,13 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     result: dict = {}
     if rank == 0:
         # this try's epoch loop (steps and per-epoch validation): what bench/loop.py compares
-        throughput = round(samples / loop_s, 1) if samples else None
-        result = finish(final, cfg, recipe, val, meta, step, world, t0, resumed_from, throughput)
+        timing = {
+            "samples_per_second": round(samples / loop_s, 1) if samples else None,
+            "loop_seconds": round(loop_s, 3),
+            "checkpoint_stall_seconds": round(stall, 4),  # bench/loop.py reports it as a share of a step
+            "checkpoints": saves,
+        }
+        result = finish(final, cfg, recipe, val, meta, step, world, t0, resumed_from, timing)
         log(f"done: {json.dumps(result)}")
     return result
 
@@ -241,9 +249,10 @@ def finish(
     world: int,
     t0: float,
     resumed_from_step: int | None,
-    samples_per_second: float | None,
+    timing: dict,
 ) -> dict:
-    """Rank 0: the final model file and the result record the train task reads."""
+    """Rank 0: the final model file and the result record the train task reads (``timing``: this try's
+    epoch loop, as ``_train`` measured it)."""
     out_dir = Path(cfg.out_dir)
     atomic_save(recipe.model_blob(model, meta), out_dir / "model.pt")
     metrics = recipe.val_metrics(model, val, next(model.parameters()).device)
@@ -257,7 +266,7 @@ def finish(
         "train_seconds": round(time.time() - t0, 3),
         **metrics,
         "resumed_from_step": resumed_from_step,
-        "samples_per_second": samples_per_second,
+        **timing,
     }
     (out_dir / "train_result.json").write_text(json.dumps(result, indent=1))
     return result
