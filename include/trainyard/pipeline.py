@@ -256,7 +256,7 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
 
     out_dir = Path(plan["run_dir"])
     c = mt.client()
-    metrics.relay(out_dir, c, plan["mlflow_run_id"], plan["tensorboard_dir"], on_line=log.info)
+    metrics.relay(out_dir, c, plan["mlflow_run_id"], plan["tensorboard_dir"], on_line=log.info, final=True)
     result = custom.collect(out_dir) if spec.recipe == "custom" else built_in_result(out_dir)
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
@@ -282,6 +282,8 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
 
 
 RESULT_LIMIT = 1 << 20  # bytes of train_result.json read: a result record is a few hundred
+RESULT_FIELDS = {"recipe", "steps", "epochs", "world_size", "strategy", "train_seconds", "resumed_from_step"}
+RESULT_FIELDS |= {"samples_per_second", "loop_seconds", "checkpoint_stall_seconds", "checkpoints"}
 
 
 def built_in_result(out_dir: Path) -> dict:
@@ -306,6 +308,8 @@ def built_in_result(out_dir: Path) -> dict:
         re.fullmatch(r"[a-z][a-z0-9_]{0,63}", k) and isinstance(v, plain) for k, v in result.items()
     ):
         raise WorkerOutputError(f"{path}: expected a JSON object of plain values (at most {RESULT_LIMIT} bytes)")
+    # what the loop writes (trainyard.training.loop.finish) and the recipe's val_* metrics, nothing else
+    result = {k: v for k, v in result.items() if k in RESULT_FIELDS or k.startswith("val_")}
     model = output_file(out_dir, "model.pt")
     if model is None:
         raise FileNotFoundError(f"{path.parent / 'model.pt'}: the workers ended without writing the model")

@@ -13,9 +13,10 @@ conf carries ``resources``; an invalid conf is left alone, because the first tas
 message naming the field.
 
 Team policy on pods (``pod_mutation_hook``): the JobSpec's team policy is checked in ``validate_spec`` and
-where the pods are built; this hook checks the pod itself once more, after every mutation, so whatever
-builds a pod labelled for a team (and whatever policy mutates it) cannot give it a namespace, service
-account, image or priority class the team may not use.
+where the pods are built; this hook checks the pod itself, so whatever builds a pod labelled for a team
+cannot give it a namespace, service account, image or priority class the team may not use. Airflow runs
+the policies of installed packages after this module's, so trainyard's operators check their pods once
+more after all of them (``operators.training._mutate``).
 """
 
 from __future__ import annotations
@@ -53,13 +54,16 @@ def reservation(conf: dict | None) -> tuple[str, int, int] | None:
 
 def pod_mutation_hook(pod) -> None:
     """Airflow's pod cluster policy, run on every pod an operator builds (trainyard's operators call it
-    after building theirs): a pod labelled for a team must keep to that team's policy, whoever built or
-    mutated it; what it may not have is named (SpecError: the task fails, without a retry)."""
+    after building theirs, and check the pod once more after every policy has run): a pod labelled for a
+    team must keep to that team's policy, whoever built it; what it may not have is named (SpecError: the
+    task fails, without a retry)."""
     from trainyard.errors import spec_error_message
     from trainyard.scheduling.resources import load_resources
     from trainyard.spec import SpecError
-    from trainyard.training.launchers.kubernetes import pod_policy_problems
+    from trainyard.training.launchers.kubernetes import pod_policy_problems, team_label
 
+    if team_label(pod) is None:  # not trainyard's pod: nothing of resources.yaml is read for it
+        return
     problems = pod_policy_problems(pod, load_resources())
     if problems:
         raise SpecError(spec_error_message(problems))

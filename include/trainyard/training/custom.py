@@ -12,10 +12,10 @@ The contract with the user's program (the same locally and on Kubernetes):
   locally; the platform's own files of the run are beside it, out of its reach);
 - ``TRAINYARD_CHECKPOINT_DIR``: where to keep checkpoints, inside it (it survives a retry of the task);
 - ``TRAINYARD_METRICS_FILE``: JSON lines, one object per report, ``{"step": 12, "train_loss": 0.3, ...}``;
-  every numeric field but ``step`` is a metric. The platform relays them to MLflow and TensorBoard while
-  the program runs (:mod:`trainyard.training.metrics`, the built-in trainers' format too) and gates on the
-  last value of each. Append to it (open it with ``"a"``, also after a restart): a file rewritten from its
-  start is relayed again from its start.
+  every numeric field but ``step`` is a metric. The platform relays them to MLflow and TensorBoard (while
+  the program runs locally, when its pods end on Kubernetes; :mod:`trainyard.training.metrics`, the
+  built-in trainers' format too) and gates on the last value of each. Append to it (open it with
+  ``"a"``, also after a restart): a file rewritten from its start is relayed again from its start.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ A worker (rank 0 of a built-in trainer, or a custom command) appends JSON lines 
 its run's ``work`` directory, one object per step: ``{"step": 12, "train_loss": 0.3, ...}``; every numeric
 field but ``step`` is a metric (NaN and infinities included: a diverging curve must show). The launching
 task, which runs as the platform and holds MLflow's store, relays what is new every few seconds
-(:class:`LiveRelay`) and once more when it collects the run (:func:`relay`): curves stay live, and the
-sandboxed worker never needs MLflow's database, its credentials or the TensorBoard tree.
+(:class:`LiveRelay`, local runs) and once more when it collects the run (:func:`relay`; a custom
+program's pods on Kubernetes get only this pass): curves stay live, and the sandboxed worker never needs
+MLflow's database, its credentials or the TensorBoard tree.
 
 How far the file has been relayed (its inode and byte offset) is kept beside the ``work`` directory
 (:data:`RELAYED_FILE`, out of the worker's reach), so a retry or the final pass does not log a point again.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -46,8 +48,13 @@ def metrics_path(run_dir: str | Path) -> Path:
     return Path(work_dir(str(run_dir))) / METRICS_FILE
 
 
+METRIC_NAME = re.compile(r"[\w./\- :]{1,250}")  # what MLflow accepts as a metric's name
+STEP_MAX = 2**63 - 1  # MLflow keeps a step as a 64-bit integer
+
+
 def parse_line(line: str | bytes, where: str) -> tuple[int, list[tuple[str, float]]]:
-    """One line's step and its (name, value) metrics; WorkerOutputError naming ``where`` if it is not one."""
+    """One line's step and its (name, value) metrics; WorkerOutputError naming ``where`` if it is not one
+    (MLflow would refuse it: the relay would send its batch again and again)."""
     try:
         record = json.loads(line)
         step = int(record["step"])
@@ -58,6 +65,14 @@ def parse_line(line: str | bytes, where: str) -> tuple[int, list[tuple[str, floa
         ]
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as err:
         raise WorkerOutputError(f"{where}: expected a JSON object with an integer 'step' ({err})") from None
+    if not 0 <= step <= STEP_MAX:
+        raise WorkerOutputError(f"{where}: step {step} is out of range (0 to 2**63-1)")
+    bad = [name for name, _ in points if not METRIC_NAME.fullmatch(name)]
+    if bad:
+        raise WorkerOutputError(
+            f"{where}: metric names {bad} are not allowed (letters, digits, '_', '-', '.', '/', ' ', ':'; "
+            "at most 250 characters)"
+        )
     return step, points
 
 
@@ -69,7 +84,7 @@ def read_metrics(path: str | Path) -> list[Point]:
         if fd is None:
             return rows
         with os.fdopen(os.dup(fd), "rb") as fh:
-            for lineno, line in enumerate(fh, start=1):
+            for lineno, line in enumerate(fh.read().split(b"\n"), start=1):
                 if line.strip():
                     step, points = parse_line(line, f"{path}:{lineno}")
                     rows.extend((step, name, value) for name, value in points)
@@ -119,10 +134,12 @@ def relay(
     tensorboard_dir: str | None = None,
     writer=None,
     on_line: Callable[[str], None] = print,
+    final: bool = False,
 ) -> int:
     """Log the metrics file's complete lines not relayed yet to MLflow run ``run_id`` (and as TensorBoard
     scalars under ``tensorboard_dir``, through ``writer`` if given); returns how many points. Raises
-    WorkerOutputError at a malformed line (what came before it is relayed and kept)."""
+    WorkerOutputError at a malformed line (what came before it is relayed and kept). ``final``: the
+    workers have ended, so a last line without its newline is complete too."""
     run_dir = Path(run_dir)
     path = metrics_path(run_dir)
     state = _relayed(run_dir)
@@ -138,6 +155,8 @@ def relay(
                 state = {"inode": st.st_ino, "offset": 0, "lines": 0, "head": ""}
                 atomic_write(run_dir / RELAYED_FILE, json.dumps(state).encode())
             chunk = os.pread(fd, READ_LIMIT, state["offset"])
+            unterminated = final and 0 < len(chunk) < READ_LIMIT and not chunk.endswith(b"\n")
+            chunk += b"\n" if unterminated else b""
             end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next pass
             if end == 0:
                 if len(chunk) == READ_LIMIT:
@@ -146,7 +165,7 @@ def relay(
             rows: list[Point] = []
             error: WorkerOutputError | None = None
             done, lines = 0, state["lines"]
-            for raw in chunk[:end].splitlines(keepends=True):
+            for raw in chunk[: end - 1].split(b"\n"):
                 if raw.strip():
                     try:
                         step, points = parse_line(raw, f"{path}:{lines + 1}")
@@ -154,10 +173,10 @@ def relay(
                         error = err
                         break
                     rows.extend((step, name, value) for name, value in points)
-                done += len(raw)
+                done += len(raw) + 1
                 lines += 1
             log_points(rows, client, run_id, tensorboard_dir, writer)
-            offset = state["offset"] + done
+            offset = state["offset"] + min(done, len(chunk) - unterminated)  # the newline added is not the file's
             state = {"inode": st.st_ino, "offset": offset, "lines": lines, "head": _head(fd, offset)}
         atomic_write(run_dir / RELAYED_FILE, json.dumps(state).encode())
         total += len(rows)
@@ -228,14 +247,25 @@ class LiveRelay:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(self.tensorboard_dir)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            self._close_writer()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
-        if self._writer is not None:
+        self._thread.join()  # its last pass ends before the collect step's, never beside it
+        self._close_writer()
+
+    def _close_writer(self) -> None:
+        if self._writer is None:
+            return
+        try:
             self._writer.close()
+        except Exception as err:  # noqa: BLE001 - reported, not raised over the run's own outcome
+            self.on_line(f"metrics relay: the TensorBoard writer did not close: {type(err).__name__}: {err}")
 
     def _run(self) -> None:
         last_error = ""

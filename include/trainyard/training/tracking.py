@@ -3,13 +3,14 @@ task relays it to MLflow and TensorBoard, :mod:`trainyard.training.metrics`) or 
 TensorBoard themselves (a pod), written by a background thread.
 
 The step only appends to a bounded queue (``put_nowait``: it never waits on SQLite, a tracking server or
-the disk). The thread imports MLflow / TensorBoard while the worker loads its data and builds its model,
-and the loop starts once they are in (:meth:`Tracker.wait_ready`): an import holds the GIL for seconds,
-and each of the step's small torch calls must take the GIL back, so an import beside the loop ran the
-digits recipe at a fifth of its speed. The thread only collects what the loop sends; every ``every_s``
-seconds (or ``MLFLOW_BATCH`` windows) it turns the tensors into floats (a host sync it pays, not the step),
-writes the TensorBoard events and sends one ``log_batch``: its Python work (SQLAlchemy, protobuf) holds
-the GIL the step needs, so it comes in one burst per interval rather than a wake-up per point. ``close``
+the disk). With a metrics file the thread only opens it; writing to MLflow / TensorBoard itself, it
+imports them while the worker loads its data and builds its model, and the loop starts once they are in
+(:meth:`Tracker.wait_ready`): an import holds the GIL for seconds, and each of the step's small torch
+calls must take the GIL back, so an import beside the loop ran the digits recipe at a fifth of its speed.
+The thread only collects what the loop sends; every ``every_s`` seconds (or ``MLFLOW_BATCH`` windows) it
+turns the tensors into floats (a host sync it pays, not the step) and writes them out: a line per step to
+the file, or TensorBoard events and one ``log_batch`` (whose Python work, SQLAlchemy and protobuf, holds
+the GIL the step needs), in one burst per interval rather than a wake-up per point. ``close``
 drains and waits (end of run). A failure in the thread is printed when it happens and raised again by
 ``close``, so a run whose metrics were lost does not pass as clean.
 """

@@ -59,10 +59,17 @@ def _attempt(context: Context | None) -> int:
 
 
 def _mutate(pod: k8s.V1Pod) -> k8s.V1Pod:
-    # The provider applies the cluster policy in its own builders, which these operators replace.
+    """The cluster policies on ``pod`` (the provider applies them in its own builders, which these
+    operators replace), then the team's policy on the pod as they left it: installed packages' policies
+    run after trainyard's own hook and may have changed it."""
     from airflow.settings import pod_mutation_hook
 
+    from trainyard.scheduling.resources import load_resources
+
     pod_mutation_hook(pod)
+    problems = launcher.pod_policy_problems(pod, load_resources())
+    if problems:
+        raise SpecError(spec_error_message(problems))
     return pod
 
 

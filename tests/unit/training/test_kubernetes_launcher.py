@@ -561,6 +561,12 @@ def test_with_kueue_trainings_queue_suspended_in_the_team_s_namespace():
     api = k8s.ApiClient()
     for obj in (job, pod):
         kubernetes_validate.validate(api.sanitize_for_serialization(obj), "1.33", strict=True)
+    # the cluster policy passes the queue's choices: the team's namespace, the class named trainyard-<entry>
+    # (this spec's service account, 'trainer', is one the fleet's policy does not list)
+    template = k8s.V1Pod(metadata=job.spec.template.metadata, spec=job.spec.template.spec)
+    template.metadata.namespace = job.metadata.namespace
+    for built in (pod, template):
+        assert [p.split(":")[0] for p in K.pod_policy_problems(built, fleet)] == ["kubernetes.service_account"]
     elsewhere = spec_for(
         {"resources": {"team": "vision", "gpu_type": "a100-80gb"}}, {"kubernetes": {"namespace": "ml"}}
     )

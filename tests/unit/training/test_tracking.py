@@ -1,5 +1,7 @@
 """The background tracker: real MLflow (SQLite) and TensorBoard files, written off the training thread."""
 
+import re
+
 import pytest
 import torch
 
@@ -217,7 +219,9 @@ def test_the_result_record_is_read_as_untrusted(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "model.pt").write_bytes(b"weights")
-    (work / "train_result.json").write_text(json.dumps({"steps": 4, "model_path": "/etc/shadow", "val_acc": 0.5}))
+    written = {"steps": 4, "model_path": "/etc/shadow", "val_acc": 0.5, "onnx_path": "/etc/shadow"}
+    (work / "train_result.json").write_text(json.dumps(written))
+    # the model where the platform expects it, the loop's fields and val_* metrics, nothing else
     assert built_in_result(tmp_path) == {"steps": 4, "model_path": str(work / "model.pt"), "val_acc": 0.5}
     for bad in ([1], {"x": {"nested": 1}}, {"Bad Name": 1}):
         (work / "train_result.json").write_text(json.dumps(bad))
@@ -228,3 +232,33 @@ def test_the_result_record_is_read_as_untrusted(tmp_path):
     (work / "model.pt").symlink_to(tmp_path / "elsewhere.pt")
     with pytest.raises(WorkerOutputError, match="not a regular file of its own"):
         built_in_result(tmp_path)
+
+
+def test_the_final_pass_relays_a_last_line_without_its_newline(tmp_path, mlflow_run):
+    """A custom program that ended without the last newline: gated on, so it must reach MLflow too."""
+    from trainyard.training import metrics
+
+    _, client, _ = mlflow_run
+    run_id = client.create_run(client.get_experiment_by_name("t").experiment_id).info.run_id
+    run_dir = _run_dir_with_metrics(tmp_path, '{"step": 1, "acc": 0.5}\n{"step": 2, "acc": 0.9}')
+    assert metrics.relay(run_dir, client, run_id) == 1  # while it runs, the line may still be being written
+    assert metrics.relay(run_dir, client, run_id, final=True) == 1
+    assert metrics.relay(run_dir, client, run_id, final=True) == 0
+    assert [m.value for m in client.get_metric_history(run_id, "acc")] == [0.5, 0.9]
+
+
+@pytest.mark.parametrize(
+    "line, named",
+    [
+        ('{"step": 1, "acc@1": 0.5}', "metric names ['acc@1'] are not allowed"),
+        ('{"step": 99999999999999999999, "acc": 0.5}', "out of range"),
+        ('{"step": -1, "acc": 0.5}', "out of range"),
+    ],
+)
+def test_what_mlflow_would_refuse_is_refused_naming_the_line(tmp_path, mlflow_run, line, named):
+    from trainyard.training import metrics
+
+    _, client, run_id = mlflow_run
+    run_dir = _run_dir_with_metrics(tmp_path, '{"step": 0, "acc": 0.1}\n' + line + "\n")
+    with pytest.raises(metrics.WorkerOutputError, match=rf"metrics.jsonl:2: .*{re.escape(named)}"):
+        metrics.relay(run_dir, client, run_id)

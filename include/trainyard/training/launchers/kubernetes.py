@@ -133,23 +133,31 @@ def pod_policy_problems(pod: k8s.V1Pod, config: ResourcesConfig) -> list[str]:
     """What the policy of the team a pod is labelled for does not allow of the pod as it will be created:
     its namespace, service account, images and priority class (the cluster policy's check, after every
     mutation; the environment is the JobSpec's check, as the platform's own variables are in the pod too).
-    A pod with no team label is not trainyard's: none."""
-    label = (pod.metadata.labels or {}).get(TEAM_LABEL)
-    if label is None:
-        return []
-    team = next((t for t in config.teams if _label_value(t) == label), None)
-    if team is None:
-        return [f"metadata.labels: {TEAM_LABEL}={label!r} is no team of resources.yaml ({sorted(config.teams)})"]
-    containers = [*(pod.spec.init_containers or []), *pod.spec.containers]
+    Call it for pods with a :func:`team_label` only."""
+    from trainyard.scheduling import cluster
+
+    teams = [t for t in config.teams if _label_value(t) == team_label(pod)]
+    if len(teams) != 1:
+        found = "is no team" if not teams else f"matches several teams {teams}"
+        return [f"metadata.labels: {TEAM_LABEL}={team_label(pod)!r} {found} of resources.yaml ({sorted(config.teams)})"]
+    spec = pod.spec or k8s.V1PodSpec(containers=[])
+    containers = [*(spec.init_containers or []), *(spec.containers or [])]
+    # the classes `trainyard cluster manifests` creates are named for the priority_classes entries
+    named = {cluster.priority_class_name(n): n for n in config.priority_classes}
     return kubernetes_problems(
         config,
-        team,
+        teams[0],
         namespace=pod.metadata.namespace or "default",
-        service_account=pod.spec.service_account_name,
+        service_account=spec.service_account_name or spec.service_account,  # the API copies the old field over
         images=[(f"containers.{c.name}.image", c.image or "") for c in containers],
         env_names=[],
-        priority_class=pod.spec.priority_class_name,
+        priority_class=named.get(spec.priority_class_name, spec.priority_class_name),
     )
+
+
+def team_label(pod: k8s.V1Pod) -> str | None:
+    """The team a pod is labelled for (None: not trainyard's pod)."""
+    return ((pod.metadata and pod.metadata.labels) or {}).get(TEAM_LABEL)
 
 
 def queue_labels(spec: JobSpec, resources: ResourcesConfig | None = None) -> dict[str, str]:

@@ -100,6 +100,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self, host: Host | None = None) -> None:
         self.host = host
+        self.workers_started: float | None = None  # once a sandbox user is had: the try's GPU time starts
 
     def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> LocalPlan:
         """MaxHoursReached if the run's earlier tries used all of ``resources.max_hours``; SpecError if its
@@ -144,12 +145,14 @@ class LocalLauncher(Launcher):
         with self._relay(plan, on_line):
             if not plan.sandboxed:
                 on_line(f"sandbox: none on this host, the workers run as this task's user: {plan.unsandboxed_because}")
+                self.workers_started = time.time()
                 run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s)
                 return
             Path(plan.run_dir, SANDBOXED_MARK).touch()
             with sandbox.Sandbox(work_dir(plan.run_dir), readable=plan.readable) as box:
                 assert box.user is not None
                 on_line(f"sandbox: running as {box.user.name} (uid {box.user.uid})")
+                self.workers_started = time.time()
                 run(
                     box.command(plan.command.argv),
                     env=box.env(plan.command.env),
@@ -188,11 +191,13 @@ def launch(
     launcher = LocalLauncher(this_host(devices) if devices is not None else None)
     plan = launcher.plan(spec, data, run_dir=run_dir, config_path=config_path)
     on_line("launching: " + " ".join(plan.command.argv))
-    started = time.time()
     try:
         launcher.launch(plan, on_line)
     finally:
-        launcher.record(spec, run_dir, launcher.collect(plan, Interval(started, time.time())))
+        # from the workers' start: waiting for a free sandbox user holds the job's GPUs, but is not its use
+        started = launcher.workers_started
+        if started is not None:
+            launcher.record(spec, run_dir, launcher.collect(plan, Interval(started, time.time())))
 
 
 def _stop(proc: subprocess.Popen) -> None:

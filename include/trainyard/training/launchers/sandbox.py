@@ -137,7 +137,7 @@ def unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return (
             "the worker does not run as root, so it cannot switch to an unprivileged sandbox user "
-            "(run the Airflow worker as root, or send custom jobs to Kubernetes: backends.launcher 'kubernetes')"
+            "(run the Airflow worker as root, or train on Kubernetes: backends.launcher 'kubernetes')"
         )
     found = users()
     if not found:
