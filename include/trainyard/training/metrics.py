@@ -22,6 +22,7 @@ a malformed line fails the run naming the file and line.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ METRICS_FILE = "metrics.jsonl"
 RELAYED_FILE = "metrics_relayed.json"  # in the run directory: what of the metrics file is relayed
 READ_LIMIT = 8 << 20  # bytes read per pass: a huge file is relayed in pieces, never held whole
 MLFLOW_BATCH = 1000  # MLflow's limit of metrics per log_batch request
+RELAY_NICE = 10  # the live relay thread's nice value
 
 Point = tuple[int, str, float]  # (step, name, value)
 
@@ -268,6 +270,10 @@ class LiveRelay:
             self.on_line(f"metrics relay: the TensorBoard writer did not close: {type(err).__name__}: {err}")
 
     def _run(self) -> None:
+        # The relay is never in a hurry and the workers are: this thread alone (Linux schedules threads as
+        # tasks) takes the CPU the workers leave, so a pass on a busy host does not slow their steps.
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RELAY_NICE)
         last_error = ""
         while True:
             stopping = self._stop.wait(self.every_s)
