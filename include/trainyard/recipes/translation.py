@@ -18,6 +18,7 @@ for token, and BLEU re-computed with onnxruntime doing the decoding.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -126,16 +127,20 @@ class TransformerTranslator(Recipe[TranslationOptions]):
 
     def load(self, cfg):
         from trainyard.training.data import RecordDataset, load_split
-        from trainyard.training.seq2seq import VOCABS
+        from trainyard.training.seq2seq import run_vocab
 
         opts = self.opts(cfg.spec)
         cache_mb = cfg.spec.dataset.memory_cache_mb
         train, val = load_split(cfg.data, "train", cache_mb), load_split(cfg.data, "val", cache_mb)
-        vocab = VOCABS[opts.tokenizer]
-        # every rank learns the same vocabularies from the whole train split (same sentences, same seed)
+        # learned once per run from the whole train split (the first rank; the others read its file)
         seed = cfg.spec.hyperparameters.seed
-        src_vocab = vocab.build(sentences(train, "source"), opts.max_vocab, seed)
-        tgt_vocab = vocab.build(sentences(train, "target"), opts.max_vocab, seed)
+        digest = hashlib.sha256(str(cfg.data.get("train", cfg.data.get("path", ""))).encode()).hexdigest()[:12]
+
+        def vocab(side: str):
+            cache = Path(cfg.out_dir) / "vocab" / f"{side}-{opts.tokenizer}-{opts.max_vocab}-{seed}-{digest}"
+            return run_vocab(opts.tokenizer, lambda: sentences(train, side), opts.max_vocab, seed, cache)
+
+        src_vocab, tgt_vocab = vocab("source"), vocab("target")
         meta = {"tokenizer": opts.tokenizer, "src_vocab": src_vocab, "tgt_vocab": tgt_vocab}
         collate = functools.partial(pairs_batch, src_vocab=src_vocab, tgt_vocab=tgt_vocab, max_len=opts.max_len)
         return RecordDataset(train, collate), RecordDataset(val, collate), meta

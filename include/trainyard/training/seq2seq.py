@@ -9,8 +9,10 @@ PyTorch and onnxruntime alike and the two decodings can be compared token for to
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -133,6 +135,24 @@ class SubwordVocab:
 
 
 VOCABS: dict[str, type[Vocab] | type[SubwordVocab]] = {"words": Vocab, "bpe": SubwordVocab}
+
+
+def run_vocab(
+    kind: str, sentences: Callable[[], Iterable[str]], max_size: int, seed: int, cache: Path
+) -> Vocab | SubwordVocab:
+    """The vocabulary of a run, learned once: the first worker to take ``cache``'s lock learns it from
+    ``sentences()`` and writes its state there; the other ranks, and a retry of the run, read that file
+    (learning it on every rank from the whole split was world_size times the work)."""
+    from trainyard.data.store import atomic_write, file_lock
+
+    with file_lock(cache.with_name(cache.name + ".lock")):
+        if cache.exists():
+            raw = cache.read_bytes()
+            return make_vocab(kind, json.loads(raw) if kind == "words" else raw)
+        vocab = VOCABS[kind].build(sentences(), max_size, seed)
+        state = vocab.state()
+        atomic_write(cache, json.dumps(state).encode() if isinstance(state, list) else state)
+        return vocab
 
 
 def make_vocab(kind: str, state) -> Vocab | SubwordVocab:

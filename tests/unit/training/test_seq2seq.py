@@ -107,3 +107,41 @@ def test_subwords_survive_pickling_and_model_files(tmp_path):
     )
     with pytest.raises(ValueError, match="unknown tokenizer 'spaces'"):
         s2.make_vocab("spaces", [])
+
+
+VOCAB_WORKER = """
+import sys
+from pathlib import Path
+from trainyard.training import seq2seq as s2
+
+cache, kind, log = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+
+def sentences():
+    with open(log, "a") as fh:  # one line per process that learned the vocabulary
+        fh.write("learned\\n")
+    return ["the cat sat on the mat", "a dog ran to the cat", "the mat is red"] * 50
+
+vocab = s2.run_vocab(kind, sentences, 40, 7, cache)
+print(len(vocab), vocab.encode("the cat ran", 16))
+"""
+
+
+@pytest.mark.parametrize("kind", ["words", "bpe"])
+def test_a_runs_vocabulary_is_learned_once_by_concurrent_workers(tmp_path, kind):
+    """Four worker processes start at once: one learns the vocabulary, the others wait and read its file,
+    and all encode alike."""
+    import subprocess
+    import sys
+
+    cache, log = tmp_path / "vocab" / f"source-{kind}", tmp_path / "learned.log"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", VOCAB_WORKER, str(cache), kind, str(log)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    outputs = {p.communicate(timeout=120)[0] for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(outputs) == 1  # the same vocabulary in every process
+    assert log.read_text().count("learned") == 1
+    assert cache.exists()
