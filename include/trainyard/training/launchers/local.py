@@ -89,10 +89,14 @@ class LocalPlan:
     run_dir: str
     timeout_s: float  # what is left of resources.max_hours after the run's earlier tries
     readable: tuple[str, ...] = ()  # what the workers read: the prepared data, the run config, recipe inputs
-    sandboxed: bool = False  # run as a sandbox user (trainyard.training.launchers.sandbox)
     unsandboxed_because: str | None = None  # why a built-in trainer's workers run as the task's own user
     relay_to_run: str | None = None  # the MLflow run the metrics file is relayed to while the workers run
     tensorboard_dir: str | None = None
+
+    @property
+    def sandboxed(self) -> bool:
+        """Run as a sandbox user (trainyard.training.launchers.sandbox)."""
+        return self.unsandboxed_because is None
 
 
 class LocalLauncher(Launcher):
@@ -135,7 +139,6 @@ class LocalLauncher(Launcher):
             run_dir,
             left,
             readable=tuple(readable),
-            sandboxed=why is None,
             unsandboxed_because=why,
             relay_to_run=cfg.mlflow_run_id if cfg and cfg.metrics_file else None,
             tensorboard_dir=cfg.tensorboard_dir if cfg else None,
