@@ -8,13 +8,15 @@ retry continue from the newest good checkpoint), logging, fault injection and th
 
 The step stays hot: no host sync and no tracking call per step. Each step's loss stays on the device;
 every ``tracking.log_every_steps`` steps (and at each epoch end) the window of losses is averaged over the
-workers in one collective and rank 0's background :class:`Tracker` gets one point at the window's last
-step: the window's mean loss (still a tensor) and the learning rate, and the gradient norm at the steps
-that are a multiple of the interval. One point per window, not per step, as Lightning's
-``log_every_n_steps`` does: a metric point costs 28 us in TensorBoard and more in MLflow's SQL store, all
-of it under the GIL the step needs, which per step held the digits recipe (about 1 ms a step on CPU) to
-0.82x a hand-written loop. The tracker starts first, so its imports run while the data loads, and the
-loop waits for them to end (they would hold the GIL the step needs).
+workers in one collective, started then and waited for at the next window's end (so it runs beside the
+steps, not between them; an epoch's last window is waited for at once), and rank 0's background
+:class:`Tracker` gets one point at the window's last step: the window's mean loss (still a tensor) and
+the learning rate, and the gradient norm at the steps that are a multiple of the interval. One point per
+window, not per step, as Lightning's ``log_every_n_steps`` does: a metric point costs 28 us in
+TensorBoard and more in MLflow's SQL store, all of it under the GIL the step needs, which per step held
+the digits recipe (about 1 ms a step on CPU) to 0.82x a hand-written loop. The tracker starts first, so
+its imports run while the data loads, and the loop waits for them to end (they would hold the GIL the
+step needs).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import gc
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -75,10 +78,13 @@ def _crash(step: int, out_dir: str, strategy: Strategy) -> None:
 
 
 class Window:
-    """The steps since the last point: losses and grad norms as device tensors, the latest learning rate."""
+    """The steps since the last point: losses and grad norms as device tensors, the latest learning rate.
+    A closed window's losses are averaged over the workers while the next window's steps run; its point
+    goes to the tracker when that mean is in (at the next close, or at once at an epoch's end)."""
 
     def __init__(self) -> None:
         self.reset()
+        self.pending: tuple[Callable[[], torch.Tensor], list[int], float, dict[int, object]] | None = None
 
     def reset(self) -> None:
         self.steps: list[int] = []
@@ -93,18 +99,29 @@ class Window:
         if norm is not None:
             self.norms[step] = norm
 
-    def close(self, strategy: Strategy, tracker: Tracker | None) -> torch.Tensor | None:
-        """Every rank: the window's losses averaged over the workers (one collective); rank 0 hands the
-        tracker the window's point (mean loss, last learning rate, at its last step). Returns the averaged
+    def close(self, strategy: Strategy, tracker: Tracker | None, wait: bool) -> torch.Tensor | None:
+        """Every rank: start averaging the window's losses over the workers (one collective), after the
+        window before it is done. With ``wait`` (an epoch's end) finish it now and return the averaged
         losses, one per step."""
+        self.finish(tracker)
         if not self.steps:
             return None
-        losses = strategy.mean(torch.stack(self.losses))
-        if tracker is not None:
-            tracker.log([self.steps[-1]], {"train_loss": losses.mean(), "train_lr": self.lr})
-            if self.norms:
-                tracker.log(list(self.norms), {"train_grad_norm": list(self.norms.values())})
+        self.pending = (strategy.start_mean(torch.stack(self.losses)), self.steps, self.lr, self.norms)
         self.reset()
+        return self.finish(tracker) if wait else None
+
+    def finish(self, tracker: Tracker | None) -> torch.Tensor | None:
+        """Wait for the closed window's mean; rank 0 hands the tracker its point (mean loss, last learning
+        rate, at its last step) and its gradient norms."""
+        if self.pending is None:
+            return None
+        mean, steps, lr, norms = self.pending
+        self.pending = None
+        losses = mean()
+        if tracker is not None:
+            tracker.log([steps[-1]], {"train_loss": losses.mean(), "train_lr": lr})
+            if norms:
+                tracker.log(list(norms), {"train_grad_norm": list(norms.values())})
         return losses
 
 
@@ -190,7 +207,9 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     samples, last_loss = 0, float("nan")
     stall, saves = 0.0, 0  # the training thread's time in checkpoint saves (the write itself is off it)
     loop_t0 = time.perf_counter()
+    fastest_epoch = float("inf")  # the quickest whole epoch's steps and validation (bench/loop.py)
     for epoch in range(start_epoch, hp.epochs):
+        epoch_t0 = time.perf_counter()
         first = skip if epoch == start_epoch else 0  # the batches a resumed run did already
         sampler.set_epoch(epoch, skip_samples=first * hp.batch_size)
         for i, batch in enumerate(loader, start=first):
@@ -205,8 +224,8 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             window.add(step, loss, lr, norm)
             end_of_epoch = i + 1 == per_epoch
             if log_point or end_of_epoch:
-                losses = window.close(strategy, tracker)
-                if end_of_epoch and losses is not None:
+                losses = window.close(strategy, tracker, wait=end_of_epoch)
+                if losses is not None:
                     last_loss = float(losses.mean())  # the epoch's last window, as the curves show it
             if strategy.due(step, end_of_epoch):  # logged by the strategy once on disk
                 saved_t0 = time.perf_counter()
@@ -221,6 +240,8 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
         if tracker is not None:
             tracker.log([step], {**metrics, "epoch": epoch + 1})
         strategy.barrier()
+        if not (epoch == start_epoch and skip):  # a resumed run's first epoch is only its rest
+            fastest_epoch = min(fastest_epoch, time.perf_counter() - epoch_t0)
 
     loop_s = time.perf_counter() - loop_t0
     strategy.checkpoints_written()
@@ -233,6 +254,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             "loop_seconds": round(loop_s, 3),
             "checkpoint_stall_seconds": round(stall, 4),  # bench/loop.py reports it as a share of a step
             "checkpoints": saves,
+            "fastest_epoch_seconds": round(fastest_epoch, 4) if fastest_epoch < float("inf") else None,
         }
         result = finish(final, cfg, recipe, val, meta, step, world, t0, resumed_from, timing)
         log(f"done: {json.dumps(result)}")

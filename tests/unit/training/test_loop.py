@@ -49,6 +49,7 @@ def test_trains_records_every_step_and_resumes(tmp_path, prepared, capsys):
         "resumed_from_step",
     }
     assert (result["strategy"], result["world_size"], result["resumed_from_step"]) == ("ddp", 1, None)
+    assert 0 < result["fastest_epoch_seconds"] <= result["loop_seconds"] / 2  # the quicker of the two epochs
     assert json.loads((tmp_path / "train_result.json").read_text()) == result
     import gc
 
@@ -66,6 +67,7 @@ def test_trains_records_every_step_and_resumes(tmp_path, prepared, capsys):
 
     again = train(cfg, strategies.for_run(cfg))  # a retry of a finished run resumes at its end
     assert again["resumed_from_step"] == steps == again["steps"]
+    assert again["fastest_epoch_seconds"] is None  # no whole epoch ran in this try
     assert f"resumed from checkpoint step-{steps:08d}.pt at step {steps}" in capsys.readouterr().out
 
 

@@ -13,10 +13,12 @@ autocast / grad scaler for ``distributed.precision``, and the atomic torch check
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import torch
+import torch.distributed as dist
 
 from trainyard.errors import PermanentError
 from trainyard.training.common import Checkpoints, log0, make_optimizer, make_scheduler
@@ -28,6 +30,20 @@ def total_norm(model: torch.nn.Module) -> torch.Tensor:
     """The global L2 norm of the gradients, left on the device (no host sync)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+
+
+def start_all_reduce_mean(t: torch.Tensor, world: int) -> Callable[[], torch.Tensor]:
+    """:meth:`Strategy.start_mean` over torch.distributed's default group (none: a world of one)."""
+    if not dist.is_initialized():
+        return lambda: t
+    t = t.detach().clone()
+    work = dist.all_reduce(t, async_op=True)  # SUM: gloo has no AVG
+
+    def mean() -> torch.Tensor:
+        work.wait()
+        return t / world
+
+    return mean
 
 
 def cuda_device(local_rank: int) -> torch.device:
@@ -85,8 +101,9 @@ class Strategy:
         (None where the strategy cannot give it)."""
         raise NotImplementedError
 
-    def mean(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` averaged over the workers (every rank calls it)."""
+    def start_mean(self, t: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start averaging ``t`` over the workers (every rank calls it, in the same order) and return what
+        waits for the mean: the collective runs beside the steps that follow instead of holding them."""
         raise NotImplementedError
 
     def barrier(self) -> None:

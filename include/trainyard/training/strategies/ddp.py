@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainyard.training.strategies.base import TorchStrategy, cuda_device
+from trainyard.training.strategies.base import TorchStrategy, cuda_device, start_all_reduce_mean
 
 
 class DDPStrategy(TorchStrategy):
@@ -31,12 +31,8 @@ class DDPStrategy(TorchStrategy):
             return model
         return DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None)
 
-    def mean(self, t):
-        if not dist.is_initialized():
-            return t
-        t = t.detach().clone()
-        dist.all_reduce(t)  # SUM: gloo has no AVG
-        return t / self.world
+    def start_mean(self, t):
+        return start_all_reduce_mean(t, self.world)
 
     def barrier(self) -> None:
         if dist.is_initialized():

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from trainyard.training.common import Checkpoints, make_scheduler
 from trainyard.training.deepspeed_config import deepspeed_config
-from trainyard.training.strategies.base import Strategy, cuda_device, total_norm
+from trainyard.training.strategies.base import Strategy, cuda_device, start_all_reduce_mean, total_norm
 
 TAG_RE = re.compile(r"^step-(\d{8})$")
 MARKER = "trainyard.json"
@@ -232,10 +232,8 @@ class DeepSpeedStrategy(Strategy):
         norm = self.engine.get_global_grad_norm()
         return norm if norm is not None else local
 
-    def mean(self, t):
-        t = t.detach().clone()
-        dist.all_reduce(t)  # SUM: gloo has no AVG
-        return t / self.world
+    def start_mean(self, t):
+        return start_all_reduce_mean(t, self.world)
 
     def barrier(self) -> None:
         dist.barrier()

@@ -91,8 +91,9 @@ class HorovodStrategy(TorchStrategy):
         with self.opt.skip_synchronize():
             super().optimizer_step()
 
-    def mean(self, t):
-        return self.hvd.allreduce(t.detach(), op=self.hvd.Average, name="train_loss")
+    def start_mean(self, t):
+        handle = self.hvd.allreduce_async(t.detach(), op=self.hvd.Average, name="train_loss")
+        return lambda: self.hvd.synchronize(handle)
 
     def barrier(self) -> None:
         self.hvd.barrier()
