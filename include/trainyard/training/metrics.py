@@ -225,9 +225,11 @@ def tensorboard_tag(name: str) -> str:
 
 class LiveRelay:
     """:func:`relay` every ``every_s`` seconds on a thread while the workers run (``with LiveRelay(...):``).
-    The TensorBoard writer is made on entering, so a tree it cannot write fails the run before the workers
-    start. A failed pass (MLflow away for a moment) is printed through ``on_line`` and tried again at the
-    next; a malformed file stops the relaying, and the collect step's pass raises it."""
+    The thread runs at nice ``RELAY_NICE`` and makes the TensorBoard writer itself, so the writer's own
+    thread (it serialises and writes each event) inherits the nice value too; entering waits for the
+    writer, so a tree it cannot write fails the run before the workers start. A failed pass (MLflow away
+    for a moment) is printed through ``on_line`` and tried again at the next; a malformed file stops the
+    relaying, and the collect step's pass raises it."""
 
     def __init__(
         self,
@@ -241,19 +243,17 @@ class LiveRelay:
         self.run_dir, self.client, self.run_id, self.tensorboard_dir = Path(run_dir), client, run_id, tensorboard_dir
         self.on_line, self.every_s = on_line, every_s
         self._stop = threading.Event()
+        self._started = threading.Event()  # the thread has its nice value and its writer (or failed to)
+        self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="trainyard-metrics-relay", daemon=True)
         self._writer: Any = None  # TensorBoard's SummaryWriter
 
     def __enter__(self) -> LiveRelay:
-        if self.tensorboard_dir:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(self.tensorboard_dir)
-        try:
-            self._thread.start()
-        except BaseException:
-            self._close_writer()
-            raise
+        self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            raise self._start_error
         return self
 
     def __exit__(self, *exc) -> None:
@@ -270,10 +270,21 @@ class LiveRelay:
             self.on_line(f"metrics relay: the TensorBoard writer did not close: {type(err).__name__}: {err}")
 
     def _run(self) -> None:
-        # The relay is never in a hurry and the workers are: this thread alone (Linux schedules threads as
-        # tasks) takes the CPU the workers leave, so a pass on a busy host does not slow their steps.
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RELAY_NICE)
+        # The relay is never in a hurry and the workers are: this thread and the writer's it starts (Linux
+        # schedules threads as tasks, and a new one inherits its creator's nice value) take the CPU the
+        # workers leave, so a pass on a busy host does not slow their steps.
+        try:
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RELAY_NICE)
+            if self.tensorboard_dir:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(self.tensorboard_dir)
+        except BaseException as err:  # noqa: BLE001 - raised by __enter__ in the caller's thread
+            self._start_error = err
+            return
+        finally:
+            self._started.set()
         last_error = ""
         while True:
             stopping = self._stop.wait(self.every_s)

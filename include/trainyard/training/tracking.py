@@ -7,10 +7,12 @@ the disk). With a metrics file the thread only opens it; writing to MLflow / Ten
 imports them while the worker loads its data and builds its model, and the loop starts once they are in
 (:meth:`Tracker.wait_ready`): an import holds the GIL for seconds, and each of the step's small torch
 calls must take the GIL back, so an import beside the loop ran the digits recipe at a fifth of its speed.
-The thread only collects what the loop sends; every ``every_s`` seconds (or ``MLFLOW_BATCH`` windows) it
-turns the tensors into floats (a host sync it pays, not the step) and writes them out: a line per step to
-the file, or TensorBoard events and one ``log_batch`` (whose Python work, SQLAlchemy and protobuf, holds
-the GIL the step needs), in one burst per interval rather than a wake-up per point. ``close``
+The thread sleeps while the loop's windows gather in the queue, and wakes once every ``every_s`` seconds
+(sooner when the queue is half full): it takes them all, turns the tensors into floats (a host sync it
+pays, not the step) and writes them out: a line per step to the file, or TensorBoard events and
+``log_batch`` calls (whose Python work, SQLAlchemy and protobuf, holds the GIL the step needs), in one
+burst per interval rather than a wake-up per window, each of which would take a core from the step's
+threads for a moment. ``close``
 drains and waits (end of run). A failure in the thread is printed when it happens and raised again by
 ``close``, so a run whose metrics were lost does not pass as clean.
 """
@@ -21,14 +23,14 @@ import contextlib
 import json
 import queue
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainyard.training.metrics import MLFLOW_BATCH, log_points, open_for_append
+from trainyard.training.metrics import log_points, open_for_append
 from trainyard.training.run_config import RunConfig
 
 QUEUE_ITEMS = 10_000  # windows of steps; a full queue drops (and counts) rather than block the step
+WAKE_AT = QUEUE_ITEMS // 2  # windows waiting that wake the thread before its interval is up
 CLOSE_TIMEOUT_S = 300.0  # the longest rank 0 waits at exit for the last metrics to be written
 READY_TIMEOUT_S = 120.0  # the longest the loop waits for the MLflow / TensorBoard imports and clients
 
@@ -60,6 +62,8 @@ class Tracker:
         self.error: BaseException | None = None
         self._q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
         self._ready = threading.Event()  # the thread's imports and clients are done (or failed)
+        self._wake = threading.Event()  # write now: the queue is half full, or closing
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name="trainyard-tracker", daemon=True)
         if self.enabled:
             self._thread.start()
@@ -81,17 +85,19 @@ class Tracker:
         if not self.enabled:
             return
         try:
-            self._q.put_nowait(("log", list(steps), dict(metrics)))
+            self._q.put_nowait((list(steps), dict(metrics)))
         except queue.Full:
             self.dropped += len(steps)
+        if self._q.qsize() >= WAKE_AT:
+            self._wake.set()
 
     def close(self, check: bool = True) -> None:
         """Send everything and stop; with ``check``, raise TrackingError if anything could not be written."""
         if self.enabled and self._thread.is_alive():
             # Waiting is fine here (the run is over), but not forever: a hung tracking server must not hang
             # the job, so after CLOSE_TIMEOUT_S the unwritten metrics count as lost.
-            with contextlib.suppress(queue.Full):
-                self._q.put(("close", None, None), timeout=CLOSE_TIMEOUT_S)
+            self._closing = True
+            self._wake.set()
             self._thread.join(CLOSE_TIMEOUT_S)
             if self._thread.is_alive() and self.error is None:
                 self.error = TimeoutError(f"the tracking writer did not finish within {CLOSE_TIMEOUT_S:.0f}s")
@@ -104,7 +110,6 @@ class Tracker:
     def _run(self) -> None:
         client = writer = sink = None
         run_id = ""  # the MLflow run's id, set with the client
-        last = time.monotonic()
         try:
             if self.metrics_file:
                 sink = open_for_append(self.metrics_file)
@@ -120,23 +125,20 @@ class Tracker:
             self._fail(err)
         finally:
             self._ready.set()
-        windows: list = []  # (steps, metrics) as the loop sent them, converted and written together
         while True:
-            try:
-                kind, steps, metrics = self._q.get(timeout=self.every_s)
-            except queue.Empty:
-                kind, steps, metrics = "tick", None, None
-            if kind == "log" and self.error is None:  # after a failure nothing is kept (it would only grow)
-                windows.append((steps, metrics))  # no work per point: the thread wakes the GIL once a batch
-            due = kind in ("close", "tick") or len(windows) >= MLFLOW_BATCH or time.monotonic() - last >= self.every_s
-            if due and self.error is None:
+            self._wake.wait(self.every_s)
+            self._wake.clear()
+            closing = self._closing  # read before taking the queue: what was logged before close() is in it
+            windows = []  # (steps, metrics) as the loop sent them, converted and written together
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    windows.append(self._q.get_nowait())
+            if windows and self.error is None:  # after a failure nothing is written (or kept)
                 try:
                     self._write(windows, client, run_id, writer, sink)
                 except BaseException as err:  # noqa: BLE001 - reported now and raised by close()
                     self._fail(err)
-                windows.clear()
-                last = time.monotonic()
-            if kind == "close":
+            if closing:
                 for done in (writer, sink):
                     if done is not None:
                         done.close()

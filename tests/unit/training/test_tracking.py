@@ -131,6 +131,47 @@ def test_the_relay_logs_each_complete_line_once(tmp_path, mlflow_run):
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
 
 
+def test_the_live_relay_and_its_tensorboard_writer_run_at_its_nice_value(tmp_path, mlflow_run):
+    import os
+    import threading
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainyard.training import metrics
+
+    _, client, _ = mlflow_run
+    run_id = client.create_run(client.get_experiment_by_name("t").experiment_id).info.run_id
+    run_dir = _run_dir_with_metrics(tmp_path, '{"step": 1, "train_loss": 2.0}\n')
+    tb = str(tmp_path / "tb")
+    before = {t.native_id for t in threading.enumerate()}
+    with metrics.LiveRelay(run_dir, client, run_id, tb, on_line=print, every_s=0.05):
+        started = [t for t in threading.enumerate() if t.native_id not in before]
+        assert len(started) >= 2  # the relay's and the writer's
+        nice = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id) for t in started}
+        deadline = time.monotonic() + 30
+        while not client.get_metric_history(run_id, "train_loss") and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert set(nice.values()) == {metrics.RELAY_NICE}, nice
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # the caller's thread is untouched
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(1, 2.0)]
+    events = EventAccumulator(tb)
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1]
+
+
+def test_a_tensorboard_folder_that_cannot_be_made_fails_the_live_relay_on_entering(tmp_path, mlflow_run):
+    from trainyard.training import metrics
+
+    _, client, run_id = mlflow_run
+    (tmp_path / "a-file").write_text("")
+    tb = str(tmp_path / "a-file" / "tb")
+    relay = metrics.LiveRelay(_run_dir_with_metrics(tmp_path, ""), client, run_id, tb, print)
+    with pytest.raises(OSError), relay:
+        pytest.fail("entered a relay whose TensorBoard writer could not be made")
+    assert not relay._thread.is_alive()
+
+
 def test_the_relay_reads_a_large_file_in_pieces(tmp_path, mlflow_run, monkeypatch):
     from trainyard.training import metrics
 
