@@ -9,8 +9,9 @@ local launcher does.
 The machines these run on are shared: another tenant's load slows a run by 10-30 % for seconds at a time,
 which moves a whole run's throughput more than the difference measured. So the repetitions rotate the
 order of the sides (each goes first, second and third in turn), and the first figure is each side's
-fastest epoch (its steps and its validation) over all its runs: interference only ever slows an epoch, so
-the quickest is the one nearest the code's own speed. The whole loop's samples per second (first step to
+fastest epoch over all its runs (its steps and its validation; trainyard's also its checkpoint, which
+the hand loop does not write): interference only ever slows an epoch, so the quickest is the one
+nearest the code's own speed. The whole loop's samples per second (first step to
 last validation, the same span on both sides: process start-up and imports are not the loop) follows,
 as medians, with each repetition's trainyard / hand ratio.
 
@@ -133,7 +134,7 @@ class Run:
     steps: int = 0
     stall_s: float = 0.0  # the training thread's time in checkpoint saves
     checkpoints: int = 0
-    fastest_epoch_s: float = float("nan")  # the quickest epoch's steps and validation
+    fastest_epoch_s: float = float("nan")  # the quickest epoch: its steps, validation (and checkpoint)
 
     @property
     def outside_s(self) -> float:

@@ -207,7 +207,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     samples, last_loss = 0, float("nan")
     stall, saves = 0.0, 0  # the training thread's time in checkpoint saves (the write itself is off it)
     loop_t0 = time.perf_counter()
-    fastest_epoch = float("inf")  # the quickest whole epoch's steps and validation (bench/loop.py)
+    fastest_epoch = float("inf")  # the quickest whole epoch: steps, checkpoints, validation (bench/loop.py)
     for epoch in range(start_epoch, hp.epochs):
         epoch_t0 = time.perf_counter()
         first = skip if epoch == start_epoch else 0  # the batches a resumed run did already
@@ -228,6 +228,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
                 if losses is not None:
                     last_loss = float(losses.mean())  # the epoch's last window, as the curves show it
             if strategy.due(step, end_of_epoch):  # logged by the strategy once on disk
+                window.finish(tracker)  # every point up to the checkpoint's step goes before it exists
                 saved_t0 = time.perf_counter()
                 strategy.save({"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step)
                 stall, saves = stall + time.perf_counter() - saved_t0, saves + 1

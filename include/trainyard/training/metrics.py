@@ -249,8 +249,16 @@ class LiveRelay:
         self._writer: Any = None  # TensorBoard's SummaryWriter
 
     def __enter__(self) -> LiveRelay:
+        if self.tensorboard_dir:  # imported here, at the caller's priority: only the writer is made niced
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         self._thread.start()
-        self._started.wait()
+        try:
+            self._started.wait()
+        except BaseException:  # interrupted (the task is being killed): no thread left behind
+            self._stop.set()
+            self._thread.join()
+            self._close_writer()
+            raise
         if self._start_error is not None:
             self._thread.join()
             raise self._start_error

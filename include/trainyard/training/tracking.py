@@ -30,7 +30,6 @@ from trainyard.training.metrics import log_points, open_for_append
 from trainyard.training.run_config import RunConfig
 
 QUEUE_ITEMS = 10_000  # windows of steps; a full queue drops (and counts) rather than block the step
-WAKE_AT = QUEUE_ITEMS // 2  # windows waiting that wake the thread before its interval is up
 CLOSE_TIMEOUT_S = 300.0  # the longest rank 0 waits at exit for the last metrics to be written
 READY_TIMEOUT_S = 120.0  # the longest the loop waits for the MLflow / TensorBoard imports and clients
 
@@ -88,7 +87,7 @@ class Tracker:
             self._q.put_nowait((list(steps), dict(metrics)))
         except queue.Full:
             self.dropped += len(steps)
-        if self._q.qsize() >= WAKE_AT:
+        if self._q.qsize() >= self._q.maxsize // 2:  # wake the thread before its interval is up
             self._wake.set()
 
     def close(self, check: bool = True) -> None:

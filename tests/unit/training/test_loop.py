@@ -49,7 +49,7 @@ def test_trains_records_every_step_and_resumes(tmp_path, prepared, capsys):
         "resumed_from_step",
     }
     assert (result["strategy"], result["world_size"], result["resumed_from_step"]) == ("ddp", 1, None)
-    assert 0 < result["fastest_epoch_seconds"] <= result["loop_seconds"] / 2  # the quicker of the two epochs
+    assert 0 < result["fastest_epoch_seconds"] <= result["loop_seconds"] / 2 + 1e-3  # the quicker of the two
     assert json.loads((tmp_path / "train_result.json").read_text()) == result
     import gc
 

@@ -77,6 +77,39 @@ def test_nothing_to_track_starts_no_thread(tmp_path):
     assert not tracker._thread.is_alive() and not tracker.enabled
 
 
+def test_the_tracker_thread_writes_at_close_without_waiting_out_its_interval(tmp_path):
+    import time
+
+    from trainyard.training.metrics import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    tracker = Tracker(_cfg(tmp_path, metrics_file=str(path)), every_s=3600)
+    assert tracker.wait_ready()
+    tracker.log([1], {"train_loss": torch.tensor([0.5])})
+    started = time.monotonic()
+    tracker.close()
+    assert time.monotonic() - started < 60 and read_metrics(path) == [(1, "train_loss", 0.5)]
+
+
+def test_a_half_full_queue_wakes_the_tracker_thread_before_its_interval(tmp_path, monkeypatch):
+    import time
+
+    from trainyard.training import tracking
+    from trainyard.training.metrics import read_metrics
+
+    monkeypatch.setattr(tracking, "QUEUE_ITEMS", 4)
+    path = tmp_path / "metrics.jsonl"
+    tracker = Tracker(_cfg(tmp_path, metrics_file=str(path)), every_s=3600)
+    assert tracker.wait_ready()
+    tracker.log([1], {"train_loss": 1.0})
+    tracker.log([2], {"train_loss": 0.5})  # 2 of 4: the thread wakes and writes both
+    deadline = time.monotonic() + 60
+    while not (path.exists() and read_metrics(path)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert read_metrics(path) == [(1, "train_loss", 1.0), (2, "train_loss", 0.5)]
+    tracker.close()
+
+
 # -- the metrics file: what a local worker writes instead, and the task's relay -------------------------------
 def _run_dir_with_metrics(tmp_path, text: str):
     (tmp_path / "work").mkdir(exist_ok=True)
@@ -134,7 +167,6 @@ def test_the_relay_logs_each_complete_line_once(tmp_path, mlflow_run):
 def test_the_live_relay_and_its_tensorboard_writer_run_at_its_nice_value(tmp_path, mlflow_run):
     import os
     import threading
-    import time
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -144,16 +176,14 @@ def test_the_live_relay_and_its_tensorboard_writer_run_at_its_nice_value(tmp_pat
     run_id = client.create_run(client.get_experiment_by_name("t").experiment_id).info.run_id
     run_dir = _run_dir_with_metrics(tmp_path, '{"step": 1, "train_loss": 2.0}\n')
     tb = str(tmp_path / "tb")
-    before = {t.native_id for t in threading.enumerate()}
-    with metrics.LiveRelay(run_dir, client, run_id, tb, on_line=print, every_s=0.05):
-        started = [t for t in threading.enumerate() if t.native_id not in before]
-        assert len(started) >= 2  # the relay's and the writer's
-        nice = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id) for t in started}
-        deadline = time.monotonic() + 30
-        while not client.get_metric_history(run_id, "train_loss") and time.monotonic() < deadline:
-            time.sleep(0.05)
-    assert set(nice.values()) == {metrics.RELAY_NICE}, nice
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # the caller's thread is untouched
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with metrics.LiveRelay(run_dir, client, run_id, tb, on_line=print, every_s=3600) as relay:
+        events_writer = relay._writer._get_file_writer().event_writer  # tensorboard's EventFileWriter
+        threads = {"relay": relay._thread, "writer": events_writer._async_writer._worker}
+        nice = {name: os.getpriority(os.PRIO_PROCESS, t.native_id) for name, t in threads.items()}
+    assert nice == {"relay": max(base, metrics.RELAY_NICE), "writer": max(base, metrics.RELAY_NICE)}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's thread untouched
+    # the pass on leaving relays what the workers wrote
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(1, 2.0)]
     events = EventAccumulator(tb)
     events.Reload()

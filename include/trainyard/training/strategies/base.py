@@ -37,7 +37,10 @@ def start_all_reduce_mean(t: torch.Tensor, world: int) -> Callable[[], torch.Ten
     if not dist.is_initialized():
         return lambda: t
     t = t.detach().clone()
-    work = dist.all_reduce(t, async_op=True)  # SUM: gloo has no AVG
+    if t.is_cuda:  # NCCL: a blocking call only queues it on the stream (the host does not wait), and one
+        dist.all_reduce(t)  # in flight beside DeepSpeed's own communicator's could deadlock
+        return lambda: t / world
+    work = dist.all_reduce(t, async_op=True)  # gloo: runs on its threads beside the next steps; SUM, no AVG
 
     def mean() -> torch.Tensor:
         work.wait()
