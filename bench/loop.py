@@ -156,7 +156,10 @@ def torchrun(nproc: int, tail: list[str], env: dict) -> float:
         *tail,
     ]
     started = time.perf_counter()
-    proc = subprocess.run(argv, env=worker_env(nproc, {**os.environ, **env}), capture_output=True, text=True)
+    env = worker_env(nproc, {**os.environ, **env})
+    # a session of its own, as the local launcher starts the workers: with the kernel's autogroup on, the
+    # workers are then a scheduling group apart from this process and its relay thread
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, start_new_session=True)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

@@ -9,10 +9,10 @@ retry continue from the newest good checkpoint), logging, fault injection and th
 The step stays hot: no host sync and no tracking call per step. Each step's loss stays on the device;
 every ``tracking.log_every_steps`` steps (and at each epoch end) the window of losses is averaged over the
 workers in one collective, started then and waited for at the next window's end (so it runs beside the
-steps, not between them; an epoch's last window is waited for at once), and rank 0's background
-:class:`Tracker` gets one point at the window's last step: the window's mean loss (still a tensor) and
-the learning rate, and the gradient norm at the steps that are a multiple of the interval. One point per
-window, not per step, as Lightning's ``log_every_n_steps`` does: a metric point costs 28 us in
+steps, not between them; at an epoch's end or a checkpoint it is waited for at once), and rank 0's
+background :class:`Tracker` gets one point at the window's last step: the window's mean loss (still a
+tensor) and the learning rate, and the gradient norm at the steps that are a multiple of the interval.
+One point per window, not per step, as Lightning's ``log_every_n_steps`` does: a metric point costs 28 us in
 TensorBoard and more in MLflow's SQL store, all of it under the GIL the step needs, which per step held
 the digits recipe (about 1 ms a step on CPU) to 0.82x a hand-written loop. The tracker starts first, so
 its imports run while the data loads, and the loop waits for them to end (they would hold the GIL the
@@ -80,7 +80,8 @@ def _crash(step: int, out_dir: str, strategy: Strategy) -> None:
 class Window:
     """The steps since the last point: losses and grad norms as device tensors, the latest learning rate.
     A closed window's losses are averaged over the workers while the next window's steps run; its point
-    goes to the tracker when that mean is in (at the next close, or at once at an epoch's end)."""
+    goes to the tracker when that mean is in (at the next close, or at once at an epoch's end or a
+    checkpoint)."""
 
     def __init__(self) -> None:
         self.reset()

@@ -245,6 +245,7 @@ class LiveRelay:
         self._stop = threading.Event()
         self._started = threading.Event()  # the thread has its nice value and its writer (or failed to)
         self._start_error: BaseException | None = None
+        self._aborted = False  # entering was interrupted: the thread ends without relaying
         self._thread = threading.Thread(target=self._run, name="trainyard-metrics-relay", daemon=True)
         self._writer: Any = None  # TensorBoard's SummaryWriter
 
@@ -255,6 +256,7 @@ class LiveRelay:
         try:
             self._started.wait()
         except BaseException:  # interrupted (the task is being killed): no thread left behind
+            self._aborted = True
             self._stop.set()
             self._thread.join()
             self._close_writer()
@@ -278,9 +280,11 @@ class LiveRelay:
             self.on_line(f"metrics relay: the TensorBoard writer did not close: {type(err).__name__}: {err}")
 
     def _run(self) -> None:
-        # The relay is never in a hurry and the workers are: this thread and the writer's it starts (Linux
-        # schedules threads as tasks, and a new one inherits its creator's nice value) take the CPU the
-        # workers leave, so a pass on a busy host does not slow their steps.
+        # The relay is never in a hurry: this thread and the writer's it starts (Linux schedules threads as
+        # tasks, and a new one inherits its creator's nice value) weigh about a tenth of a nice-0 thread
+        # of the same scheduling group. The local launcher starts the workers in a session of their own,
+        # which is a group of its own where the kernel's autogroup is on: against them it is then the
+        # task process's group that counts, and that is all but idle beside this thread.
         try:
             with contextlib.suppress(OSError, AttributeError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RELAY_NICE)
@@ -296,6 +300,8 @@ class LiveRelay:
         last_error = ""
         while True:
             stopping = self._stop.wait(self.every_s)
+            if self._aborted:  # entering was interrupted (set before the stop): no pass, not even the last
+                return
             try:
                 relay(self.run_dir, self.client, self.run_id, self.tensorboard_dir, self._writer, self.on_line)
                 last_error = ""

@@ -91,6 +91,22 @@ def test_the_tracker_thread_writes_at_close_without_waiting_out_its_interval(tmp
     assert time.monotonic() - started < 60 and read_metrics(path) == [(1, "train_loss", 0.5)]
 
 
+def test_the_tracker_thread_writes_every_interval(tmp_path):
+    import time
+
+    from trainyard.training.metrics import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    tracker = Tracker(_cfg(tmp_path, metrics_file=str(path)), every_s=0.2)
+    assert tracker.wait_ready()
+    tracker.log([1], {"train_loss": 1.0})  # 1 of 10,000: only the interval wakes the thread
+    deadline = time.monotonic() + 60
+    while not (path.exists() and read_metrics(path)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert read_metrics(path) == [(1, "train_loss", 1.0)]
+    tracker.close()
+
+
 def test_a_half_full_queue_wakes_the_tracker_thread_before_its_interval(tmp_path, monkeypatch):
     import time
 
@@ -188,6 +204,28 @@ def test_the_live_relay_and_its_tensorboard_writer_run_at_its_nice_value(tmp_pat
     events = EventAccumulator(tb)
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [1]
+
+
+def test_an_interrupted_start_of_the_live_relay_leaves_no_thread_and_relays_nothing(tmp_path, mlflow_run):
+    """The task is killed while the relay starts: entering raises, and no pass (MLflow may not answer) runs."""
+    import threading
+
+    from trainyard.training import metrics
+
+    class Interrupted(threading.Event):
+        def wait(self, timeout=None):
+            super().wait(timeout)  # the thread has its writer, and would go on to relay
+            raise KeyboardInterrupt
+
+    _, client, _ = mlflow_run
+    run_id = client.create_run(client.get_experiment_by_name("t").experiment_id).info.run_id
+    run_dir = _run_dir_with_metrics(tmp_path, '{"step": 1, "train_loss": 2.0}\n')
+    relay = metrics.LiveRelay(run_dir, client, run_id, str(tmp_path / "tb"), print, every_s=3600)
+    relay._started = Interrupted()
+    with pytest.raises(KeyboardInterrupt), relay:
+        pytest.fail("entered an interrupted relay")
+    assert not relay._thread.is_alive()
+    assert client.get_metric_history(run_id, "train_loss") == []
 
 
 def test_a_tensorboard_folder_that_cannot_be_made_fails_the_live_relay_on_entering(tmp_path, mlflow_run):

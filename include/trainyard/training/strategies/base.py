@@ -37,8 +37,8 @@ def start_all_reduce_mean(t: torch.Tensor, world: int) -> Callable[[], torch.Ten
     if not dist.is_initialized():
         return lambda: t
     t = t.detach().clone()
-    if t.is_cuda:  # NCCL: a blocking call only queues it on the stream (the host does not wait), and one
-        dist.all_reduce(t)  # in flight beside DeepSpeed's own communicator's could deadlock
+    if t.device.type != "cpu":  # NCCL: a blocking call only queues it on the stream (the host does not
+        dist.all_reduce(t)  # wait), and one in flight beside DeepSpeed's own communicator's could deadlock
         return lambda: t / world
     work = dist.all_reduce(t, async_op=True)  # gloo: runs on its threads beside the next steps; SUM, no AVG
 
