@@ -6,14 +6,16 @@ Both sides train the digits recipe's SmallCNN on the same prepared split with th
 with rank 0 writing the metrics file that this process relays to MLflow on SQLite and TensorBoard, as the
 local launcher does.
 
-The machines these run on are shared: another tenant's load slows a run by 10-30 % for seconds at a time,
-which moves a whole run's throughput more than the difference measured. So the repetitions rotate the
-order of the sides (each goes first, second and third in turn), and the first figure is each side's
-fastest epoch over all its runs (its steps and its validation; trainyard's also its checkpoint, which
-the hand loop does not write): interference only ever slows an epoch, so the quickest is the one
-nearest the code's own speed. The whole loop's samples per second (first step to
-last validation, the same span on both sides: process start-up and imports are not the loop) follows,
-as medians, with each repetition's trainyard / hand ratio.
+The machines these run on are shared: another tenant's load slows a run by 10-30 % for seconds at a
+time, which moves a whole run's throughput more than the difference measured. So the repetitions rotate
+the order of the sides (each goes first, second and third in turn), and the first figure is the median
+epoch of each side, over every whole epoch of all its runs: an epoch is its steps and rank 0's validation
+(trainyard's also its checkpoint, which the hand loop does not write), timed by trainyard's loop itself
+(its ``epoch_seconds`` curve, read from the metrics file) and at the same point by the hand loop. A burst
+of interference slows a few epochs, which move a median little and a whole run's mean much. The fastest
+epoch of each side follows (interference only ever slows an epoch), then the whole loop's samples per
+second (first step to last validation, the same span on both sides: process start-up and imports are not
+the loop), as medians, with each repetition's trainyard / hand ratio.
 
 Per process count it also prints, from the same runs and a third side (trainyard with tracking off):
 
@@ -74,7 +76,7 @@ def hand_worker(data: dict, out: Path, epochs: int = 10) -> None:
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
     samples = 0
     t0 = time.perf_counter()
-    fastest_epoch = float("inf")
+    epoch_seconds = []  # rank 0's, up to its validation: where trainyard's loop times its epochs
     for epoch in range(epochs):
         epoch_t0 = time.perf_counter()
         sampler.set_epoch(epoch)
@@ -90,15 +92,15 @@ def hand_worker(data: dict, out: Path, epochs: int = 10) -> None:
             with torch.no_grad():
                 acc = float((model(xv).argmax(1) == yv).float().mean())
             model.train()
+            epoch_seconds.append(time.perf_counter() - epoch_t0)
         if world > 1:
             dist.barrier()
-        fastest_epoch = min(fastest_epoch, time.perf_counter() - epoch_t0)
     elapsed = time.perf_counter() - t0
     if rank == 0:
         result = {
             "samples_per_second": samples / elapsed,
             "loop_seconds": elapsed,
-            "fastest_epoch_seconds": fastest_epoch,
+            "epoch_seconds": epoch_seconds,
             "val_accuracy": acc,
         }
         out.write_text(json.dumps(result))
@@ -134,7 +136,7 @@ class Run:
     steps: int = 0
     stall_s: float = 0.0  # the training thread's time in checkpoint saves
     checkpoints: int = 0
-    fastest_epoch_s: float = float("nan")  # the quickest epoch: its steps, validation (and checkpoint)
+    epochs_s: tuple[float, ...] = ()  # each whole epoch: its steps, checkpoint (trainyard's) and validation
 
     @property
     def outside_s(self) -> float:
@@ -172,7 +174,7 @@ def trainyard_once(
     from mlflow.tracking import MlflowClient
 
     from trainyard.spec import parse_spec
-    from trainyard.training.metrics import LiveRelay, metrics_path
+    from trainyard.training.metrics import LiveRelay, metrics_path, read_metrics
     from trainyard.training.run_config import RunConfig, work_dir
 
     out = root / f"ty-{nproc}-{rep}-{'tracked' if tracking else 'untracked'}"
@@ -189,6 +191,8 @@ def trainyard_once(
     else:
         wall = torchrun(nproc, argv, {})
     result = json.loads((work / "train_result.json").read_text())
+    # the loop's own epoch timings: its epoch_seconds curve (tracked runs only)
+    epochs_s = tuple(v for _, name, v in read_metrics(metrics_file) if name == "epoch_seconds") if metrics_file else ()
     return Run(
         result["samples_per_second"],
         result["loop_seconds"],
@@ -196,7 +200,7 @@ def trainyard_once(
         result["steps"],
         result["checkpoint_stall_seconds"],
         result["checkpoints"],
-        result["fastest_epoch_seconds"],
+        epochs_s,
     )
 
 
@@ -206,9 +210,7 @@ def hand_once(root: Path, data: dict, nproc: int, rep: int, epochs: int) -> Run:
     argv = [str(Path(__file__).resolve()), "--hand-worker", str(root / "data.json"), str(out), str(epochs)]
     wall = torchrun(nproc, argv, {})
     result = json.loads(out.read_text())
-    return Run(
-        result["samples_per_second"], result["loop_seconds"], wall, fastest_epoch_s=result["fastest_epoch_seconds"]
-    )
+    return Run(result["samples_per_second"], result["loop_seconds"], wall, epochs_s=tuple(result["epoch_seconds"]))
 
 
 def report(nproc: int, epochs: int, hand: list[Run], ty: list[Run], untracked: list[Run]) -> str:
@@ -220,7 +222,9 @@ def report(nproc: int, epochs: int, hand: list[Run], ty: list[Run], untracked: l
 
     h, t, u = (med(r.samples_per_second for r in runs) for runs in (hand, ty, untracked))
     paired = sorted(b.samples_per_second / a.samples_per_second for a, b in zip(hand, ty, strict=True))
-    best_h, best_t = (min(r.fastest_epoch_s for r in runs) for runs in (hand, ty))
+    epochs_h, epochs_t = ([e for r in runs for e in r.epochs_s] for runs in (hand, ty))
+    typical_h, typical_t = med(epochs_h), med(epochs_t)
+    best_h, best_t = min(epochs_h), min(epochs_t)
     step_ms = med(r.loop_s / r.steps for r in ty) * 1000
     saves = med(r.checkpoints for r in ty)
     stall_ms = med(r.stall_s / r.checkpoints for r in ty if r.checkpoints) * 1000 if saves else 0.0
@@ -228,8 +232,10 @@ def report(nproc: int, epochs: int, hand: list[Run], ty: list[Run], untracked: l
     outside_h, outside_t = med(r.outside_s for r in hand), med(r.outside_s for r in ty)
     return "\n".join(
         [
-            f"{nproc} process(es): fastest epoch: hand {best_h * 1000:.1f} ms  trainyard {best_t * 1000:.1f} ms  "
-            f"ratio {best_h / best_t:.3f}x (the quickest of {len(ty)} runs x {epochs} epochs a side)",
+            f"{nproc} process(es): median epoch: hand {typical_h * 1000:.1f} ms  trainyard {typical_t * 1000:.1f} ms  "
+            f"ratio {typical_h / typical_t:.3f}x (of all {len(epochs_t)} epochs a side: {len(ty)} runs x {epochs})",
+            f"  fastest epoch: hand {best_h * 1000:.1f} ms  trainyard {best_t * 1000:.1f} ms  "
+            f"ratio {best_h / best_t:.3f}x",
             f"  whole loop: hand {h:.0f} samples/s  trainyard {t:.0f} samples/s  ratio {t / h:.3f}x  "
             f"(medians; paired ratios {[round(p, 3) for p in paired]}; hand {speeds(hand)}, trainyard {speeds(ty)})",
             f"  start-up + exit (wall - loop): hand {outside_h:.2f} s  trainyard {outside_t:.2f} s  "

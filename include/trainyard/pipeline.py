@@ -282,9 +282,19 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
 
 
 RESULT_LIMIT = 1 << 20  # bytes of train_result.json read: a result record is a few hundred
-RESULT_FIELDS = {"recipe", "steps", "epochs", "world_size", "strategy", "train_seconds", "resumed_from_step"}
-RESULT_FIELDS |= {"samples_per_second", "loop_seconds", "fastest_epoch_seconds", "checkpoint_stall_seconds"}
-RESULT_FIELDS |= {"checkpoints"}
+RESULT_FIELDS = {
+    "recipe",
+    "steps",
+    "epochs",
+    "world_size",
+    "strategy",
+    "train_seconds",
+    "resumed_from_step",
+    "samples_per_second",
+    "loop_seconds",
+    "checkpoint_stall_seconds",
+    "checkpoints",
+}
 
 
 def built_in_result(out_dir: Path) -> dict:

@@ -208,7 +208,6 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     samples, last_loss = 0, float("nan")
     stall, saves = 0.0, 0  # the training thread's time in checkpoint saves (the write itself is off it)
     loop_t0 = time.perf_counter()
-    fastest_epoch = float("inf")  # the quickest whole epoch: steps, checkpoints, validation (bench/loop.py)
     for epoch in range(start_epoch, hp.epochs):
         epoch_t0 = time.perf_counter()
         first = skip if epoch == start_epoch else 0  # the batches a resumed run did already
@@ -240,10 +239,11 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             metrics = recipe.val_metrics(strategy.model, val, device, strategy.input_dtype)
         log(progress.line(epoch + 1, hp.epochs, step, samples, loss=last_loss, **metrics))
         if tracker is not None:
-            tracker.log([step], {**metrics, "epoch": epoch + 1})
+            # the epoch's wall time (steps, checkpoint, validation) as a curve: slow epochs show in the UI
+            # (bench/loop.py compares them with a hand loop's); a resumed try's first epoch is only its rest
+            whole = {} if epoch == start_epoch and skip else {"epoch_seconds": time.perf_counter() - epoch_t0}
+            tracker.log([step], {**metrics, "epoch": epoch + 1, **whole})
         strategy.barrier()
-        if not (epoch == start_epoch and skip):  # a resumed run's first epoch is only its rest
-            fastest_epoch = min(fastest_epoch, time.perf_counter() - epoch_t0)
 
     loop_s = time.perf_counter() - loop_t0
     strategy.checkpoints_written()
@@ -256,7 +256,6 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             "loop_seconds": round(loop_s, 3),
             "checkpoint_stall_seconds": round(stall, 4),  # bench/loop.py reports it as a share of a step
             "checkpoints": saves,
-            "fastest_epoch_seconds": round(fastest_epoch, 4) if fastest_epoch < float("inf") else None,
         }
         result = finish(final, cfg, recipe, val, meta, step, world, t0, resumed_from, timing)
         log(f"done: {json.dumps(result)}")

@@ -49,7 +49,6 @@ def test_trains_records_every_step_and_resumes(tmp_path, prepared, capsys):
         "resumed_from_step",
     }
     assert (result["strategy"], result["world_size"], result["resumed_from_step"]) == ("ddp", 1, None)
-    assert 0 < result["fastest_epoch_seconds"] <= result["loop_seconds"] / 2 + 1e-3  # the quicker of the two
     assert json.loads((tmp_path / "train_result.json").read_text()) == result
     import gc
 
@@ -62,12 +61,14 @@ def test_trains_records_every_step_and_resumes(tmp_path, prepared, capsys):
     assert [s for s, _ in _scalars(tmp_path / "tb", "train/lr")] == points
     norms = [s for s, _ in _scalars(tmp_path / "tb", "train/grad_norm")]
     assert norms == list(range(10, steps + 1, 10))
+    epochs = _scalars(tmp_path / "tb", "epoch/seconds")  # each whole epoch's wall time, at its last step
+    assert [s for s, _ in epochs] == [per_epoch, steps]
+    assert all(v > 0 for _, v in epochs) and sum(v for _, v in epochs) <= result["loop_seconds"] + 1e-3
     ckpts = sorted(p.name for p in cfg.checkpoint_dir.glob("step-*.pt"))
     assert ckpts == [f"step-{steps // 2:08d}.pt", f"step-{steps:08d}.pt"]  # one per epoch
 
     again = train(cfg, strategies.for_run(cfg))  # a retry of a finished run resumes at its end
     assert again["resumed_from_step"] == steps == again["steps"]
-    assert again["fastest_epoch_seconds"] is None  # no whole epoch ran in this try
     assert f"resumed from checkpoint step-{steps:08d}.pt at step {steps}" in capsys.readouterr().out
 
 
@@ -102,6 +103,16 @@ def _no_tracker_left():
     import threading
 
     assert not [t for t in threading.enumerate() if t.name == "trainyard-tracker"]  # closed on the way out
+
+
+def test_a_try_resumed_mid_epoch_times_only_its_whole_epochs(tmp_path, prepared):
+    cfg = _cfg(tmp_path, prepared, checkpointing={"every_steps": 30})  # 23 steps an epoch: one checkpoint
+    assert train(cfg, strategies.for_run(cfg))["steps"] == 46
+    retry = RunConfig(spec=cfg.spec, data=prepared, out_dir=cfg.out_dir, tensorboard_dir=str(tmp_path / "tb2"))
+    assert train(retry, strategies.for_run(retry))["resumed_from_step"] == 30  # the rest of epoch 2 only
+    assert [s for s, _ in _scalars(tmp_path / "tb2", "epoch")] == [46]
+    with pytest.raises(KeyError):  # no point for the rest of an epoch: it would read as a fast epoch
+        _scalars(tmp_path / "tb2", "epoch/seconds")
 
 
 def test_every_step_is_a_point_when_asked(tmp_path, prepared):
