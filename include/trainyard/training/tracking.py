@@ -12,9 +12,8 @@ The thread sleeps while the loop's windows gather in the queue, and wakes once e
 pays, not the step) and writes them out: a line per step to the file, or TensorBoard events and
 ``log_batch`` calls (whose Python work, SQLAlchemy and protobuf, holds the GIL the step needs), in one
 burst per interval rather than a wake-up per window, each of which would take a core from the step's
-threads for a moment. ``close``
-drains and waits (end of run). A failure in the thread is printed when it happens and raised again by
-``close``, so a run whose metrics were lost does not pass as clean.
+threads for a moment. ``close`` drains and waits (end of run). A failure in the thread is printed when it
+happens and raised again by ``close``, so a run whose metrics were lost does not pass as clean.
 """
 
 from __future__ import annotations
