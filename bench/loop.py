@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def hand_worker(data: dict, out: Path, epochs: int = 10) -> None:
+def hand_worker(data: dict, out: Path, epochs: int) -> None:
     """What someone would write by hand: DataLoader + DistributedSampler, DDP, SGD, cosine, eval per epoch."""
     import torch
     import torch.distributed as dist
@@ -224,6 +224,8 @@ def report(nproc: int, epochs: int, hand: list[Run], ty: list[Run], untracked: l
     h, t, u = (med(r.samples_per_second for r in runs) for runs in (hand, ty, untracked))
     paired = sorted(b.samples_per_second / a.samples_per_second for a, b in zip(hand, ty, strict=True))
     epochs_h, epochs_t = ([e for r in runs for e in r.epochs_s] for runs in (hand, ty))
+    if len(epochs_h) != len(epochs_t) or not epochs_t:
+        raise SystemExit(f"epoch timings: hand {len(epochs_h)}, trainyard {len(epochs_t)}: expected as many, > 0")
     typical_h, typical_t = med(epochs_h), med(epochs_t)
     best_h, best_t = min(epochs_h), min(epochs_t)
     step_ms = med(r.loop_s / r.steps for r in ty) * 1000
