@@ -241,7 +241,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
         if tracker is not None:
             # the epoch's wall time (steps, checkpoint, validation) as a curve: slow epochs show in the UI
             # (bench/loop.py compares them with a hand loop's); a resumed try's first epoch is only its rest
-            timed = {} if epoch == start_epoch and skip else {"epoch_seconds": time.perf_counter() - epoch_t0}
+            timed = {} if first else {"epoch_seconds": time.perf_counter() - epoch_t0}
             tracker.log([step], {**metrics, "epoch": epoch + 1, **timed})
         strategy.barrier()
 
