@@ -1,48 +1,61 @@
-"""trainyard's worker loop against a hand-written PyTorch loop, on the digits defaults.
+"""trainyard's worker loop against a hand-written PyTorch loop, on the digits defaults, epoch by epoch in turns.
 
 Both sides train the digits recipe's SmallCNN on the same prepared split with the JobSpec defaults
 (batch 32, SGD lr 0.1 momentum 0.9, cosine schedule, validation after each epoch), on 1 and on 2
-processes (torchrun, gloo), for 20 epochs: the JobSpec's 10 twice, so each run's start-up (about 11 s)
-buys twice the epochs measured; the steps are the same, the schedule only stretches. trainyard runs as
-in production: ``torchrun -m trainyard.training.entry`` with rank 0 writing the metrics file that this
-process relays to MLflow on SQLite and TensorBoard, as the local launcher does.
+processes (torchrun, gloo). trainyard runs as in production: ``torchrun -m trainyard.training.entry``
+with rank 0 writing the metrics file that a relay process sends to MLflow on SQLite and TensorBoard, as
+the local launcher's relay does; a third side is trainyard with tracking off.
 
-The machines these run on are shared: another tenant's load slows a run by 10-30 % for seconds at a
-time, which moves a whole run's throughput more than the difference measured. So the repetitions rotate
-the order of the sides (each goes first, second and third in turn), and the first figure is the median
-epoch of each side, over every whole epoch of all its runs: an epoch is its steps and rank 0's validation
-(trainyard's also its checkpoint, which the hand loop does not write), timed by trainyard's loop itself
-(its ``epoch_seconds`` curve, read from the metrics file) and at the same point by the hand loop. A burst
-of interference slows a few epochs, which move a median little and a whole run's mean much. The fastest
-epoch of each side follows (interference only ever slows an epoch), then the whole loop's samples per
-second (first step to last validation, the same span on both sides: process start-up and imports are not
-the loop), as medians, with each repetition's trainyard / hand ratio.
+The machines these run on are shared, and their speed moves under the work: the same pure-Python loop
+takes 10.7 ms or 20 ms on one core, from one tenth of a second to the next (2026-12-02). Runs of one side
+after the other compared seconds apart, and their ratios moved by ±12 % between runs of the same code.
+So the sides run at once and take turns: each repetition starts the three commands one after the other,
+each alone, and pauses each (SIGSTOP to the command and every process it started) at the end of its first
+epoch; then, round after round, each side in turn is resumed for one epoch and paused again when rank 0
+prints that epoch's line (both loops print it after the epoch's validation, before the barrier). One epoch
+of each side is timed by this process from its resume to its line, with the other sides paused, and the
+three epochs of a round lie within a second of each other. Each round's trainyard / hand speed ratio is
+one pair; the figure is the median pair with a bootstrap 95 % interval, and a verdict on the goal of 0.97x.
+An epoch is its steps and rank 0's validation (trainyard's also its checkpoint, which the hand loop does
+not write); the first epoch of each run is the warm-up, not measured.
 
-Per process count it also prints, from the same runs and a third side (trainyard with tracking off):
+Per process count it also prints, from the same runs:
 
-- start-up and exit: the torchrun command's wall time less its epoch loop, trainyard against the hand
-  script (imports, data loading, model build, the final model and result files, process exit);
-- tracking overhead: trainyard's samples/s with the metrics file and its relay against none at all;
+- the median epoch of each side and its samples/s;
+- start-up and exit: each command's time to its first epoch's line less its median epoch, plus its time
+  from the last resume to its exit (imports, data loading, model build, the final model and result files,
+  process exit), trainyard against the hand script;
+- tracking overhead: the same pairs, trainyard with tracking on against off;
 - checkpoint stall: the training thread's time in checkpoint saves (the write to disk is a background
-  thread's), per save against one step's time, and as a share of the loop.
+  thread's, paused and resumed with its process), per save against one step's time, and per epoch.
 
-    .venv/bin/python bench/loop.py [--reps 7] [--procs 1 2] [--epochs 20]
+    .venv/bin/python bench/loop.py [--reps 4] [--procs 1 2] [--epochs 100]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import queue
+import random
+import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+GOAL = 0.97  # trainyard's samples/s against the hand loop's (issue 10)
+SIDES = ("hand", "tracked", "untracked")
+EPOCH_LINE = re.compile(r"\bepoch \d+/\d+ step ")  # trainyard's progress line; the hand worker prints one too
 
 
 def hand_worker(data: dict, out: Path, epochs: int) -> None:
@@ -76,10 +89,7 @@ def hand_worker(data: dict, out: Path, epochs: int) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
     samples = 0
-    t0 = time.perf_counter()
-    epoch_seconds = []  # rank 0's, up to its validation: where trainyard's loop times its epochs
     for epoch in range(epochs):
-        epoch_t0 = time.perf_counter()
         sampler.set_epoch(epoch)
         for xb, yb in loader:
             opt.zero_grad(set_to_none=True)
@@ -93,18 +103,11 @@ def hand_worker(data: dict, out: Path, epochs: int) -> None:
             with torch.no_grad():
                 acc = float((model(xv).argmax(1) == yv).float().mean())
             model.train()
-            epoch_seconds.append(time.perf_counter() - epoch_t0)
+            print(f"epoch {epoch + 1}/{epochs} step {(epoch + 1) * len(loader)} val_accuracy {acc:.4f}", flush=True)
         if world > 1:
             dist.barrier()
-    elapsed = time.perf_counter() - t0
     if rank == 0:
-        result = {
-            "samples_per_second": samples / elapsed,
-            "loop_seconds": elapsed,
-            "epoch_seconds": epoch_seconds,
-            "val_accuracy": acc,
-        }
-        out.write_text(json.dumps(result))
+        out.write_text(json.dumps({"samples": samples, "val_accuracy": acc}))
     if world > 1:
         dist.destroy_process_group()
 
@@ -129,154 +132,268 @@ def mlflow_run(root: Path) -> tuple[str, str]:
     return uri, client.create_run(exp).info.run_id
 
 
-@dataclass(frozen=True)
-class Run:
-    samples_per_second: float
-    loop_s: float
-    wall_s: float  # the torchrun command, start to exit
-    steps: int = 0
-    stall_s: float = 0.0  # the training thread's time in checkpoint saves
-    checkpoints: int = 0
-    epochs_s: tuple[float, ...] = ()  # each whole epoch: its steps, checkpoint (trainyard's) and validation
+def relay_worker(run_dir: str, uri: str, run_id: str, tensorboard_dir: str) -> None:
+    """The tracked side's relay, as the local launcher runs it beside the workers, in a process of its own
+    so that it is paused with them: its passes run in trainyard's turns, not in the hand loop's."""
+    from mlflow.tracking import MlflowClient
+
+    from trainyard.training.metrics import LiveRelay
+
+    with LiveRelay(run_dir, MlflowClient(uri), run_id, tensorboard_dir, on_line=print):
+        print("relaying", flush=True)
+        sys.stdin.read()  # until the bench closes it, when the workers have exited
+
+
+class Job:
+    """A command whose output this process reads line by line (``marker`` lines are timed as they come), and
+    which it pauses and resumes whole: the command and every process it started (torchrun starts each
+    worker in a session of its own)."""
+
+    def __init__(self, argv: list[str], env: dict, marker: re.Pattern) -> None:
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.marks: queue.Queue[float | None] = queue.Queue()
+        self.tail: deque[str] = deque(maxlen=60)
+        self.pids: list[int] = []
+        threading.Thread(target=self._read, args=(marker,), daemon=True).start()
+
+    def _read(self, marker: re.Pattern) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if marker.search(line):
+                self.marks.put(time.perf_counter())
+            self.tail.append(line)
+        self.marks.put(None)
+
+    def next_mark(self, timeout_s: float = 600.0) -> float:
+        """When the command's next marker line came."""
+        try:
+            at = self.marks.get(timeout=timeout_s)
+        except queue.Empty:
+            at = None
+        if at is None:
+            raise SystemExit(f"{' '.join(self.proc.args)}: no line like {EPOCH_LINE.pattern!r}:\n{''.join(self.tail)}")
+        return at
+
+    def signal(self, sig: int) -> None:
+        import psutil
+
+        if not self.pids:  # taken once, when its processes are all up (after its first marker)
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+            self.pids = [self.proc.pid, *(child.pid for child in children)]
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def finish(self) -> None:
+        """Wait for the command's exit; a failure stops the bench with its output."""
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        if self.proc.wait() != 0:
+            raise SystemExit(f"{' '.join(self.proc.args)} failed:\n{''.join(self.tail)}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+@dataclass
+class Side:
+    """One side of a repetition: its torchrun command, and the relay for the tracked side."""
+
+    job: Job
+    result: Path  # the side's result record
+    relay: Job | None = None
+    epochs_s: list[float] = field(default_factory=list)  # each measured epoch: resume to its line
+    first_s: float = 0.0  # start to the first epoch's line
+    exit_s: float = 0.0  # last resume to exit
+
+    def pause(self) -> None:
+        for job in self.jobs:
+            job.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for job in self.jobs:
+            job.signal(signal.SIGCONT)
+
+    @property
+    def jobs(self) -> list[Job]:
+        return [self.job, *([self.relay] if self.relay else [])]
 
     @property
     def outside_s(self) -> float:
-        """Start-up and exit: all of the command but its epoch loop."""
-        return self.wall_s - self.loop_s
+        """Start-up and exit: the command's time to its first epoch's end, less a typical epoch, and after
+        its last epoch's end."""
+        return self.first_s - statistics.median(self.epochs_s) + self.exit_s
 
 
-def torchrun(nproc: int, tail: list[str], env: dict) -> float:
-    """Run the command; its wall time in seconds."""
+def torchrun(nproc: int, tail: list[str]) -> Job:
     from trainyard.training.launchers.local import worker_env
 
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes=1",
-        f"--nproc_per_node={nproc}",
-        *tail,
-    ]
-    started = time.perf_counter()
-    env = worker_env(nproc, {**os.environ, **env})
-    # a session of its own, as the local launcher starts the workers: with the kernel's autogroup on, the
-    # workers are then a scheduling group apart from this process and its relay thread
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, start_new_session=True)
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return wall
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc_per_node={nproc}"]
+    return Job([*argv, *tail], worker_env(nproc, dict(os.environ)), EPOCH_LINE)
 
 
-def trainyard_once(
-    root: Path, data: dict, nproc: int, uri: str, run_id: str, rep: int, epochs: int, tracking: bool = True
-) -> Run:
-    from mlflow.tracking import MlflowClient
-
+def start(side: str, root: Path, data: dict, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str]) -> Side:
+    """Start one side's command (the tracked side's relay first, as the local launcher enters it)."""
     from trainyard.spec import parse_spec
-    from trainyard.training.metrics import LiveRelay, metrics_path, read_metrics
+    from trainyard.training.metrics import metrics_path
     from trainyard.training.run_config import RunConfig, work_dir
 
-    out = root / f"ty-{nproc}-{rep}-{'tracked' if tracking else 'untracked'}"
+    out = root / f"{side}-{nproc}-{rep}"
     out.mkdir()
+    if side == "hand":
+        (root / "data.json").write_text(json.dumps(data))
+        argv = [str(Path(__file__).resolve()), "--hand-worker", str(root / "data.json"), str(out / "result.json")]
+        return Side(torchrun(nproc, [*argv, str(epochs)]), out / "result.json")
     spec = parse_spec({"resources": {"gpus_per_node": nproc}, "hyperparameters": {"epochs": epochs}})  # digits
-    # as the local launcher runs it: rank 0 writes the metrics file, this process relays it to MLflow
     work = Path(work_dir(str(out)))
-    metrics_file = str(metrics_path(out)) if tracking else None
+    work.mkdir()  # as the launchers make it
+    metrics_file = str(metrics_path(out)) if side == "tracked" else None
     config = RunConfig(spec=spec, data=data, out_dir=str(work), metrics_file=metrics_file).dump(out / "run.json")
-    argv = ["-m", "trainyard.training.entry", "--config", str(config)]
-    if tracking:
-        with LiveRelay(out, MlflowClient(uri), run_id, str(out / "tb"), on_line=lambda line: None):
-            wall = torchrun(nproc, argv, {})
-    else:
-        wall = torchrun(nproc, argv, {})
-    result = json.loads((work / "train_result.json").read_text())
-    # the loop's own epoch timings: its epoch_seconds curve (tracked runs only)
-    epochs_s = tuple(v for _, name, v in read_metrics(metrics_file) if name == "epoch_seconds") if metrics_file else ()
-    return Run(
-        result["samples_per_second"],
-        result["loop_seconds"],
-        wall,
-        result["steps"],
-        result["checkpoint_stall_seconds"],
-        result["checkpoints"],
-        epochs_s,
-    )
+    relay = None
+    if side == "tracked":
+        relay = Job(
+            [sys.executable, __file__, "--relay", str(out), *mlflow, str(out / "tb")],
+            dict(os.environ),
+            re.compile("^relaying"),
+        )
+        relay.next_mark()
+    job = torchrun(nproc, ["-m", "trainyard.training.entry", "--config", str(config)])
+    return Side(job, work / "train_result.json", relay)
 
 
-def hand_once(root: Path, data: dict, nproc: int, rep: int, epochs: int) -> Run:
-    out = root / f"hand-{nproc}-{rep}.json"
-    (root / "data.json").write_text(json.dumps(data))
-    argv = [str(Path(__file__).resolve()), "--hand-worker", str(root / "data.json"), str(out), str(epochs)]
-    wall = torchrun(nproc, argv, {})
-    result = json.loads(out.read_text())
-    return Run(result["samples_per_second"], result["loop_seconds"], wall, epochs_s=tuple(result["epoch_seconds"]))
+def repetition(root: Path, data: dict, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str]) -> dict[str, Side]:
+    """One run of each side, their epochs in turns; the sides' order rotates with the repetition and the
+    round, so that each side goes first, second and third in turn."""
+
+    def rotated(k: int) -> list[str]:
+        return [*SIDES[k % 3 :], *SIDES[: k % 3]]
+
+    sides: dict[str, Side] = {}
+    try:
+        for name in rotated(rep):  # each starts alone: the sides before it are paused
+            side = sides[name] = start(name, root, data, nproc, rep, epochs, mlflow)
+            side.first_s = side.job.next_mark() - side.job.started
+            side.pause()
+        for round_ in range(1, epochs):
+            for name in rotated(rep + round_):
+                side = sides[name]
+                resumed = time.perf_counter()
+                side.resume()
+                side.epochs_s.append(side.job.next_mark() - resumed)
+                side.pause()
+        for name in rotated(rep):  # each ends alone
+            side = sides[name]
+            resumed = time.perf_counter()
+            side.resume()
+            side.job.finish()
+            side.exit_s = time.perf_counter() - resumed
+            if side.relay:
+                side.relay.finish()  # its last pass, after the workers' exit as in the launcher
+    finally:
+        for side in sides.values():
+            for job in side.jobs:
+                job.kill()
+    return sides
 
 
-def report(nproc: int, epochs: int, hand: list[Run], ty: list[Run], untracked: list[Run]) -> str:
-    """The lines of one process count: the ratios first (what BENCHMARKS.md and the goal quote)."""
+def samples_per_epoch(side: Side, epochs: int) -> float:
+    result = json.loads(side.result.read_text())
+    if "samples" in result:  # the hand loop's
+        return result["samples"] / epochs
+    return result["samples_per_second"] * result["loop_seconds"] / epochs
+
+
+def median_interval(pairs: list[float], draws: int = 2000) -> tuple[float, float, float]:
+    """The median of ``pairs`` and its bootstrap 95 % interval (pairs drawn again with replacement)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(draws))
+    return statistics.median(pairs), medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
+def verdict(low: float, high: float) -> str:
+    if low >= GOAL:
+        return f"goal {GOAL}x met (the interval is above it)"
+    if high < GOAL:
+        return f"goal {GOAL}x missed (the interval is below it)"
+    return f"goal {GOAL}x not shown (the interval holds it)"
+
+
+def report(nproc: int, epochs: int, runs: list[dict[str, Side]]) -> str:
+    """The lines of one process count: the ratio and its verdict first (what BENCHMARKS.md and the goal quote)."""
     med = statistics.median
-
-    def speeds(runs: list[Run]) -> list[int]:
-        return [round(r.samples_per_second) for r in runs]
-
-    h, t, u = (med(r.samples_per_second for r in runs) for runs in (hand, ty, untracked))
-    paired = sorted(b.samples_per_second / a.samples_per_second for a, b in zip(hand, ty, strict=True))
-    epochs_h, epochs_t = ([e for r in runs for e in r.epochs_s] for runs in (hand, ty))
-    if len(epochs_h) != len(epochs_t) or not epochs_t:
-        raise SystemExit(f"epoch timings: hand {len(epochs_h)}, trainyard {len(epochs_t)}: expected as many, > 0")
-    typical_h, typical_t = med(epochs_h), med(epochs_t)
-    best_h, best_t = min(epochs_h), min(epochs_t)
-    step_ms = med(r.loop_s / r.steps for r in ty) * 1000
-    saves = med(r.checkpoints for r in ty)
-    stall_ms = med(r.stall_s / r.checkpoints for r in ty if r.checkpoints) * 1000 if saves else 0.0
-    share = med(r.stall_s / r.loop_s for r in ty)
-    outside_h, outside_t = med(r.outside_s for r in hand), med(r.outside_s for r in ty)
+    speeds: dict[str, list[float]] = {name: [] for name in SIDES}  # samples/s of each measured epoch
+    for run in runs:
+        for name, side in run.items():
+            speeds[name] += [samples_per_epoch(side, epochs) / s for s in side.epochs_s]
+    hand, tracked, untracked = (speeds[name] for name in SIDES)
+    ratio, low, high = median_interval([t / h for h, t in zip(hand, tracked, strict=True)])
+    on_off, on_off_low, on_off_high = median_interval([t / u for u, t in zip(untracked, tracked, strict=True)])
+    epoch_ms = {name: med(s for run in runs for s in run[name].epochs_s) * 1000 for name in SIDES}
+    per_second = {
+        name: med(samples_per_epoch(run[name], epochs) for run in runs) / epoch_ms[name] * 1000 for name in SIDES
+    }
+    outside = {name: med(run[name].outside_s for run in runs) for name in SIDES}
+    records = [json.loads(run["tracked"].result.read_text()) for run in runs]
+    saves = med(r["checkpoints"] for r in records)
+    stall_ms = med(r["checkpoint_stall_seconds"] / r["checkpoints"] for r in records if r["checkpoints"]) * 1000
+    step_ms = epoch_ms["tracked"] / (records[0]["steps"] / epochs)
     return "\n".join(
         [
-            f"{nproc} process(es): median epoch: hand {typical_h * 1000:.1f} ms  trainyard {typical_t * 1000:.1f} ms  "
-            f"ratio {typical_h / typical_t:.3f}x (of all {len(epochs_t)} epochs a side: {len(ty)} runs x {epochs})",
-            f"  fastest epoch: hand {best_h * 1000:.1f} ms  trainyard {best_t * 1000:.1f} ms  "
-            f"ratio {best_h / best_t:.3f}x",
-            f"  whole loop: hand {h:.0f} samples/s  trainyard {t:.0f} samples/s  ratio {t / h:.3f}x  "
-            f"(medians; paired ratios {[round(p, 3) for p in paired]}; hand {speeds(hand)}, trainyard {speeds(ty)})",
-            f"  start-up + exit (wall - loop): hand {outside_h:.2f} s  trainyard {outside_t:.2f} s  "
-            f"({outside_t - outside_h:+.2f} s)",
-            f"  tracking: on {t:.0f} samples/s  off {u:.0f} samples/s  overhead {1 - t / u:+.1%}  "
-            f"(off: {speeds(untracked)})",
-            f"  checkpoints: {saves:.0f} a run, {stall_ms:.2f} ms stall each = {stall_ms / step_ms:.2f} steps "
-            f"({step_ms:.2f} ms a step); {share:.2%} of the loop",
+            f"{nproc} process(es): trainyard {ratio:.3f}x the hand loop's samples/s (median of {len(hand)} epoch "
+            f"pairs, 95% interval {low:.3f}-{high:.3f}x): {verdict(low, high)}",
+            f"  median epoch: hand {epoch_ms['hand']:.1f} ms ({per_second['hand']:.0f} samples/s)  trainyard "
+            f"{epoch_ms['tracked']:.1f} ms ({per_second['tracked']:.0f} samples/s)  ({len(runs)} runs x {epochs - 1} "
+            f"epochs a side, in turns)",
+            f"  start-up + exit: hand {outside['hand']:.2f} s  trainyard {outside['tracked']:.2f} s  "
+            f"({outside['tracked'] - outside['hand']:+.2f} s)",
+            f"  tracking: on {on_off:.3f}x off's samples/s, overhead {1 - on_off:+.1%} (95% interval "
+            f"{1 - on_off_high:+.1%} to {1 - on_off_low:+.1%}; off: median epoch {epoch_ms['untracked']:.1f} ms)",
+            f"  checkpoints: {saves / epochs:.0f} an epoch, {stall_ms:.2f} ms stall each = {stall_ms / step_ms:.2f} "
+            f"steps ({step_ms:.2f} ms a step); {stall_ms * saves / epochs / epoch_ms['tracked']:.2%} of an epoch",
         ]
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--epochs", type=int, default=20, help="epochs of each run (the JobSpec's default is 10)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=100,
+        help="epochs of each run, the first not measured (the JobSpec's default is 10)",
+    )
     parser.add_argument("--hand-worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--relay", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hand_worker:
         data, out, epochs = args.hand_worker
         hand_worker(json.loads(Path(data).read_text()), Path(out), int(epochs))
         return
+    if args.relay:
+        relay_worker(*args.relay)
+        return
+    if args.epochs < 2:
+        parser.error("--epochs: at least 2 (each run's first epoch is not measured)")
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         root = Path(tmp)
         data = prepare(root)
-        uri, run_id = mlflow_run(root)
+        mlflow = mlflow_run(root)
         for nproc in args.procs:
-            sides: dict[str, list[Run]] = {"hand": [], "tracked": [], "untracked": []}
-            order = list(sides)
-            for rep in range(args.reps):
-                for side in order[rep % 3 :] + order[: rep % 3]:  # each side first, second, third in turn
-                    if side == "hand":
-                        sides[side].append(hand_once(root, data, nproc, rep, args.epochs))
-                    else:
-                        tracked = side == "tracked"
-                        sides[side].append(trainyard_once(root, data, nproc, uri, run_id, rep, args.epochs, tracked))
-            print(report(nproc, args.epochs, *sides.values()), flush=True)
+            runs = [repetition(root, data, nproc, rep, args.epochs, mlflow) for rep in range(args.reps)]
+            print(report(nproc, args.epochs, runs), flush=True)
 
 
 if __name__ == "__main__":
