@@ -146,12 +146,13 @@ class Tracking(_Model):
     """How often the training loop records its curves (MLflow and TensorBoard)."""
 
     log_every_steps: int = Field(
-        10,
+        50,
         ge=1,
         le=100_000,
         description=(
             "steps per point of train_loss (their mean over the workers), train_lr and train_grad_norm; "
-            "each epoch's end is a point too. 1 records every step, at a cost in the step's speed"
+            "each epoch's end is a point too. 1 records every step, at a cost in the step's speed (50, "
+            "Lightning's default: at 10, the points cost the digits recipe about 3 % of its speed)"
         ),
     )
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainyard.spec import JobSpec
+from trainyard.spec import JobSpec, Tracking
 from trainyard.training.loop import window_ends
 
 
@@ -216,7 +216,8 @@ def test_ddp_over_nccl_on_all_gpus(train, prepared):
     events.Reload()
     curve = [(e.step, e.value) for e in events.Scalars("train/loss")]
     steps, per_epoch = run.result["steps"], run.result["steps"] // run.result["epochs"]
-    assert [s for s, _ in curve] == window_ends(steps, per_epoch, 10)  # a point per 10-step window and epoch end
+    # a point per tracking.log_every_steps window (the default here) and per epoch end
+    assert [s for s, _ in curve] == window_ends(steps, per_epoch, Tracking().log_every_steps)
     assert curve[-1][1] < curve[0][1] / 4, curve  # ~2.3 (chance over 10 digits) down to ~0.1
 
 

@@ -17,7 +17,7 @@ def dag():
 
 def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monkeypatch):
     from trainyard import paths, pipeline
-    from trainyard.spec import JobSpec
+    from trainyard.spec import JobSpec, Tracking
     from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, client
     from trainyard.training.loop import window_ends
 
@@ -80,8 +80,8 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     loss = c.get_metric_history(mv.run_id, "train_loss")
     trained = xcoms(dr)["train"]
     per_epoch = trained["steps"] // trained["epochs"]
-    # a point per 10-step window (tracking.log_every_steps) and per epoch end
-    assert [m.step for m in loss] == window_ends(trained["steps"], per_epoch, 10)
+    # a point per tracking.log_every_steps window (the default here) and per epoch end
+    assert [m.step for m in loss] == window_ends(trained["steps"], per_epoch, Tracking().log_every_steps)
     assert loss[-1].value < loss[0].value  # it learned
     assert len(c.get_metric_history(mv.run_id, "train_lr")) == len(loss)
     assert c.get_metric_history(mv.run_id, "val_accuracy")
