@@ -7,27 +7,36 @@ with rank 0 writing the metrics file that a relay process sends to MLflow on SQL
 the local launcher's relay does; a third side is trainyard with tracking off.
 
 The machines these run on are shared, and their speed moves under the work: the same pure-Python loop
-takes 10.7 ms or 20 ms on one core, from one tenth of a second to the next (2026-12-02). Runs of one side
-after the other compared seconds apart, and their ratios moved by ±12 % between runs of the same code.
-So the sides run at once and take turns: each repetition starts the three commands one after the other,
-each alone, and pauses each (SIGSTOP to the command and every process it started) at the end of its first
-epoch; then, round after round, each side in turn is resumed for one epoch and paused again when rank 0
-prints that epoch's line (both loops print it after the epoch's validation, before the barrier). One epoch
-of each side is timed by this process from its resume to its line, with the other sides paused, and the
-three epochs of a round lie within a second of each other. Each round's trainyard / hand speed ratio is
-one pair; the figure is the median pair with a bootstrap 95 % interval, and a verdict on the goal of 0.97x.
-An epoch is its steps and rank 0's validation (trainyard's also its checkpoint, which the hand loop does
-not write); the first epoch of each run is the warm-up, not measured.
+takes 10.7 ms or 20 ms on one core, from one tenth of a second to the next (2026-12-02). Whole runs of one
+side and then the other, each about 15 s, gave ratios that moved by ±12 % between runs of the same code.
+So the sides run at once and take turns. Each repetition (one run of each side) starts the three commands
+one after the other, each alone, and pauses each at the end of its first epoch: SIGSTOP to the command and
+every process it started. Then, round after round, each side in turn is resumed for one epoch and paused
+again when rank 0 prints that epoch's line (both loops print it after the epoch's validation, before the
+barrier). This process times each such epoch from the resume to the line, with the other sides paused,
+and the three epochs of a round lie within a second of each other. Each round's trainyard / hand speed
+ratio is one pair. The figure is the median pair, with a 95 % interval from a bootstrap that redraws
+blocks of consecutive rounds (interference lasts seconds, so neighbouring rounds are not independent),
+and a verdict on the goal of 0.97x.
+
+What an epoch holds: its steps and rank 0's validation (trainyard's also its checkpoint, which the hand
+loop does not write), and the end of the epoch before it that came after that epoch's line (trainyard's
+``tracker.log``, the barrier). The first epoch of each run is the warm-up, not measured. Between a line and
+the pause a side runs on for a fraction of a millisecond that no side is charged; it is the same for all.
+Timers of wall time keep running while a side is paused, and trainyard has two: its relay passes every
+5 s, so here it passes every 15 s (trainyard runs a third of the time); the worker's tracker thread wakes
+every 5 s of wall time, so here up to three times as often per epoch as in production, a bias against
+trainyard.
 
 Per process count it also prints, from the same runs:
 
 - the median epoch of each side and its samples/s;
-- start-up and exit: each command's time to its first epoch's line less its median epoch, plus its time
-  from the last resume to its exit (imports, data loading, model build, the final model and result files,
-  process exit), trainyard against the hand script;
-- tracking overhead: the same pairs, trainyard with tracking on against off;
+- start-up, warm-up and exit: each command's time to its first epoch's line less its median epoch, plus
+  its time from the last resume to its exit (imports, data loading, model build, the first epoch's extra
+  time, the final model and result files, process exit), trainyard against the hand script;
+- tracking overhead: the tracked and untracked sides' epochs of the same rounds, paired the same way;
 - checkpoint stall: the training thread's time in checkpoint saves (the write to disk is a background
-  thread's, paused and resumed with its process), per save against one step's time, and per epoch.
+  thread's, paused and resumed with its process), per save against an epoch's time per step, and per epoch.
 
     .venv/bin/python bench/loop.py [--reps 4] [--procs 1 2] [--epochs 100]
 """
@@ -52,10 +61,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 GOAL = 0.97  # trainyard's samples/s against the hand loop's (issue 10)
 SIDES = ("hand", "tracked", "untracked")
 EPOCH_LINE = re.compile(r"\bepoch \d+/\d+ step ")  # trainyard's progress line; the hand worker prints one too
+RELAY_EVERY_S = 5.0 * len(SIDES)  # the launcher's relay passes every 5 s; here trainyard runs a third of the time
+SCRIPT = str(Path(__file__).resolve())  # what torchrun and the relay process run, from any directory
+BLOCK = 8  # rounds per block of the bootstrap: about 6 s, longer than most bursts of interference
 
 
 def hand_worker(data: dict, out: Path, epochs: int) -> None:
@@ -139,17 +150,19 @@ def relay_worker(run_dir: str, uri: str, run_id: str, tensorboard_dir: str) -> N
 
     from trainyard.training.metrics import LiveRelay
 
-    with LiveRelay(run_dir, MlflowClient(uri), run_id, tensorboard_dir, on_line=print):
+    with LiveRelay(run_dir, MlflowClient(uri), run_id, tensorboard_dir, on_line=print, every_s=RELAY_EVERY_S):
         print("relaying", flush=True)
         sys.stdin.read()  # until the bench closes it, when the workers have exited
 
 
 class Job:
     """A command whose output this process reads line by line (``marker`` lines are timed as they come), and
-    which it pauses and resumes whole: the command and every process it started (torchrun starts each
-    worker in a session of its own)."""
+    which it pauses and resumes whole: the command and the processes it started (torchrun starts each worker
+    in a session of its own), as found at the first pause; these commands start none after their first
+    epoch (the digits JobSpec's loader has no worker processes)."""
 
     def __init__(self, argv: list[str], env: dict, marker: re.Pattern) -> None:
+        self.marker = marker
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             argv,
@@ -162,16 +175,21 @@ class Job:
         )
         self.marks: queue.Queue[float | None] = queue.Queue()
         self.tail: deque[str] = deque(maxlen=60)
-        self.pids: list[int] = []
-        threading.Thread(target=self._read, args=(marker,), daemon=True).start()
+        self.processes: list = []  # psutil.Process: a signal never reaches another process given a freed pid
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
-    def _read(self, marker: re.Pattern) -> None:
+    def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            if marker.search(line):
+            if self.marker.search(line):
                 self.marks.put(time.perf_counter())
             self.tail.append(line)
         self.marks.put(None)
+
+    def output(self) -> str:
+        self.reader.join(timeout=10)  # the rest of a dead command's output, traceback included
+        return f"{' '.join(self.proc.args)}:\n{''.join(self.tail)}"
 
     def next_mark(self, timeout_s: float = 600.0) -> float:
         """When the command's next marker line came."""
@@ -180,30 +198,32 @@ class Job:
         except queue.Empty:
             at = None
         if at is None:
-            raise SystemExit(f"{' '.join(self.proc.args)}: no line like {EPOCH_LINE.pattern!r}:\n{''.join(self.tail)}")
+            raise SystemExit(f"no line like {self.marker.pattern!r} from {self.output()}")
         return at
 
-    def signal(self, sig: int) -> None:
+    def send(self, sig: int) -> None:
         import psutil
 
-        if not self.pids:  # taken once, when its processes are all up (after its first marker)
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-            self.pids = [self.proc.pid, *(child.pid for child in children)]
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        if not self.processes:  # found once, when its processes are all up (at its first pause)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                command = psutil.Process(self.proc.pid)
+                self.processes = [command, *command.children(recursive=True)]
+        for process in self.processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(sig)
 
-    def finish(self) -> None:
+    def finish(self, timeout_s: float = 600.0) -> None:
         """Wait for the command's exit; a failure stops the bench with its output."""
         if self.proc.stdin:
             self.proc.stdin.close()
-        if self.proc.wait() != 0:
-            raise SystemExit(f"{' '.join(self.proc.args)} failed:\n{''.join(self.tail)}")
+        if self.proc.wait(timeout_s) != 0:
+            raise SystemExit(f"failed: {self.output()}")
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.signal(signal.SIGKILL)
-            self.proc.wait()
+        """The command and its processes, paused or not (a no-op for those that have exited)."""
+        self.send(signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait()
 
 
 @dataclass
@@ -217,22 +237,36 @@ class Side:
     first_s: float = 0.0  # start to the first epoch's line
     exit_s: float = 0.0  # last resume to exit
 
-    def pause(self) -> None:
-        for job in self.jobs:
-            job.signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        for job in self.jobs:
-            job.signal(signal.SIGCONT)
-
     @property
     def jobs(self) -> list[Job]:
         return [self.job, *([self.relay] if self.relay else [])]
 
+    def pause(self) -> None:
+        for job in self.jobs:
+            job.send(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for job in self.jobs:
+            job.send(signal.SIGCONT)
+
+    def kill(self) -> None:
+        for job in self.jobs:
+            with contextlib.suppress(Exception):  # every job gets its kill, whatever one of them raises
+                job.kill()
+
+    def record(self) -> dict:
+        return json.loads(self.result.read_text())
+
+    def samples_per_epoch(self, epochs: int) -> float:
+        record = self.record()
+        if "samples" in record:  # the hand loop's
+            return record["samples"] / epochs
+        return record["samples_per_second"] * record["loop_seconds"] / epochs
+
     @property
     def outside_s(self) -> float:
-        """Start-up and exit: the command's time to its first epoch's end, less a typical epoch, and after
-        its last epoch's end."""
+        """Start-up, warm-up and exit: the command's time to its first epoch's end less its median epoch,
+        and its time after its last epoch's end."""
         return self.first_s - statistics.median(self.epochs_s) + self.exit_s
 
 
@@ -243,7 +277,7 @@ def torchrun(nproc: int, tail: list[str]) -> Job:
     return Job([*argv, *tail], worker_env(nproc, dict(os.environ)), EPOCH_LINE)
 
 
-def start(side: str, root: Path, data: dict, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str]) -> Side:
+def start(side: str, root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str]) -> Side:
     """Start one side's command (the tracked side's relay first, as the local launcher enters it)."""
     from trainyard.spec import parse_spec
     from trainyard.training.metrics import metrics_path
@@ -252,27 +286,32 @@ def start(side: str, root: Path, data: dict, nproc: int, rep: int, epochs: int, 
     out = root / f"{side}-{nproc}-{rep}"
     out.mkdir()
     if side == "hand":
-        (root / "data.json").write_text(json.dumps(data))
-        argv = [str(Path(__file__).resolve()), "--hand-worker", str(root / "data.json"), str(out / "result.json")]
-        return Side(torchrun(nproc, [*argv, str(epochs)]), out / "result.json")
+        argv = [SCRIPT, "--hand-worker", str(root / "data.json"), str(out / "result.json"), str(epochs)]
+        return Side(torchrun(nproc, argv), out / "result.json")
     spec = parse_spec({"resources": {"gpus_per_node": nproc}, "hyperparameters": {"epochs": epochs}})  # digits
     work = Path(work_dir(str(out)))
     work.mkdir()  # as the launchers make it
     metrics_file = str(metrics_path(out)) if side == "tracked" else None
+    data = json.loads((root / "data.json").read_text())
     config = RunConfig(spec=spec, data=data, out_dir=str(work), metrics_file=metrics_file).dump(out / "run.json")
     relay = None
     if side == "tracked":
         relay = Job(
-            [sys.executable, __file__, "--relay", str(out), *mlflow, str(out / "tb")],
+            [sys.executable, SCRIPT, "--relay", str(out), *mlflow, str(out / "tb")],
             dict(os.environ),
             re.compile("^relaying"),
         )
-        relay.next_mark()
-    job = torchrun(nproc, ["-m", "trainyard.training.entry", "--config", str(config)])
-    return Side(job, work / "train_result.json", relay)
+        try:
+            relay.next_mark()
+        except BaseException:
+            relay.kill()
+            raise
+    return Side(
+        torchrun(nproc, ["-m", "trainyard.training.entry", "--config", str(config)]), work / "train_result.json", relay
+    )
 
 
-def repetition(root: Path, data: dict, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str]) -> dict[str, Side]:
+def repetition(root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str]) -> dict[str, Side]:
     """One run of each side, their epochs in turns; the sides' order rotates with the repetition and the
     round, so that each side goes first, second and third in turn."""
 
@@ -282,7 +321,7 @@ def repetition(root: Path, data: dict, nproc: int, rep: int, epochs: int, mlflow
     sides: dict[str, Side] = {}
     try:
         for name in rotated(rep):  # each starts alone: the sides before it are paused
-            side = sides[name] = start(name, root, data, nproc, rep, epochs, mlflow)
+            side = sides[name] = start(name, root, nproc, rep, epochs, mlflow)
             side.first_s = side.job.next_mark() - side.job.started
             side.pause()
         for round_ in range(1, epochs):
@@ -302,22 +341,23 @@ def repetition(root: Path, data: dict, nproc: int, rep: int, epochs: int, mlflow
                 side.relay.finish()  # its last pass, after the workers' exit as in the launcher
     finally:
         for side in sides.values():
-            for job in side.jobs:
-                job.kill()
+            side.kill()
     return sides
 
 
-def samples_per_epoch(side: Side, epochs: int) -> float:
-    result = json.loads(side.result.read_text())
-    if "samples" in result:  # the hand loop's
-        return result["samples"] / epochs
-    return result["samples_per_second"] * result["loop_seconds"] / epochs
-
-
-def median_interval(pairs: list[float], draws: int = 2000) -> tuple[float, float, float]:
-    """The median of ``pairs`` and its bootstrap 95 % interval (pairs drawn again with replacement)."""
+def median_interval(runs: list[list[float]], draws: int = 2000) -> tuple[float, float, float]:
+    """The median of the pairs (``runs``: each run's, round by round) and its 95 % interval from a moving
+    block bootstrap: blocks of ``BLOCK`` consecutive rounds of one run, drawn again with replacement."""
+    pairs = [p for run in runs for p in run]
+    blocks = [run[i : i + BLOCK] for run in runs for i in range(max(len(run) - BLOCK, 0) + 1)]
     rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(draws))
+    medians = []
+    for _ in range(draws):
+        drawn: list[float] = []
+        while len(drawn) < len(pairs):
+            drawn += rng.choice(blocks)
+        medians.append(statistics.median(drawn[: len(pairs)]))
+    medians.sort()
     return statistics.median(pairs), medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
@@ -332,30 +372,38 @@ def verdict(low: float, high: float) -> str:
 def report(nproc: int, epochs: int, runs: list[dict[str, Side]]) -> str:
     """The lines of one process count: the ratio and its verdict first (what BENCHMARKS.md and the goal quote)."""
     med = statistics.median
-    speeds: dict[str, list[float]] = {name: [] for name in SIDES}  # samples/s of each measured epoch
-    for run in runs:
-        for name, side in run.items():
-            speeds[name] += [samples_per_epoch(side, epochs) / s for s in side.epochs_s]
-    hand, tracked, untracked = (speeds[name] for name in SIDES)
-    ratio, low, high = median_interval([t / h for h, t in zip(hand, tracked, strict=True)])
-    on_off, on_off_low, on_off_high = median_interval([t / u for u, t in zip(untracked, tracked, strict=True)])
+
+    def paired(a: str, b: str) -> list[list[float]]:
+        """Per run, round by round: side ``b``'s samples/s against side ``a``'s."""
+        return [
+            [
+                (run[b].samples_per_epoch(epochs) / tb) / (run[a].samples_per_epoch(epochs) / ta)
+                for ta, tb in zip(run[a].epochs_s, run[b].epochs_s, strict=True)
+            ]
+            for run in runs
+        ]
+
+    pairs = paired("hand", "tracked")
+    ratio, low, high = median_interval(pairs)
+    on_off, on_off_low, on_off_high = median_interval(paired("untracked", "tracked"))
     epoch_ms = {name: med(s for run in runs for s in run[name].epochs_s) * 1000 for name in SIDES}
     per_second = {
-        name: med(samples_per_epoch(run[name], epochs) for run in runs) / epoch_ms[name] * 1000 for name in SIDES
+        name: med(run[name].samples_per_epoch(epochs) for run in runs) / epoch_ms[name] * 1000 for name in SIDES
     }
     outside = {name: med(run[name].outside_s for run in runs) for name in SIDES}
-    records = [json.loads(run["tracked"].result.read_text()) for run in runs]
+    records = [run["tracked"].record() for run in runs]
     saves = med(r["checkpoints"] for r in records)
-    stall_ms = med(r["checkpoint_stall_seconds"] / r["checkpoints"] for r in records if r["checkpoints"]) * 1000
-    step_ms = epoch_ms["tracked"] / (records[0]["steps"] / epochs)
+    stalls = [r["checkpoint_stall_seconds"] / r["checkpoints"] for r in records if r["checkpoints"]]
+    stall_ms = med(stalls) * 1000 if stalls else 0.0
+    step_ms = epoch_ms["tracked"] / (records[0]["steps"] / epochs)  # an epoch's time per step
     return "\n".join(
         [
-            f"{nproc} process(es): trainyard {ratio:.3f}x the hand loop's samples/s (median of {len(hand)} epoch "
-            f"pairs, 95% interval {low:.3f}-{high:.3f}x): {verdict(low, high)}",
+            f"{nproc} process(es): trainyard {ratio:.3f}x the hand loop's samples/s (median of "
+            f"{sum(map(len, pairs))} epoch pairs, 95% interval {low:.3f}-{high:.3f}x): {verdict(low, high)}",
             f"  median epoch: hand {epoch_ms['hand']:.1f} ms ({per_second['hand']:.0f} samples/s)  trainyard "
-            f"{epoch_ms['tracked']:.1f} ms ({per_second['tracked']:.0f} samples/s)  ({len(runs)} runs x {epochs - 1} "
-            f"epochs a side, in turns)",
-            f"  start-up + exit: hand {outside['hand']:.2f} s  trainyard {outside['tracked']:.2f} s  "
+            f"{epoch_ms['tracked']:.1f} ms ({per_second['tracked']:.0f} samples/s)  ({len(runs)} runs x "
+            f"{epochs - 1} epochs a side, in turns)",
+            f"  start-up, warm-up and exit: hand {outside['hand']:.2f} s  trainyard {outside['tracked']:.2f} s  "
             f"({outside['tracked'] - outside['hand']:+.2f} s)",
             f"  tracking: on {on_off:.3f}x off's samples/s, overhead {1 - on_off:+.1%} (95% interval "
             f"{1 - on_off_high:+.1%} to {1 - on_off_low:+.1%}; off: median epoch {epoch_ms['untracked']:.1f} ms)",
@@ -369,12 +417,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
-    parser.add_argument(
-        "--epochs",
-        type=int,
-        default=100,
-        help="epochs of each run, the first not measured (the JobSpec's default is 10)",
-    )
+    parser.add_argument("--epochs", type=int, default=100, help="epochs of each run, the first not measured")
     parser.add_argument("--hand-worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--relay", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -387,12 +430,14 @@ def main() -> None:
         return
     if args.epochs < 2:
         parser.error("--epochs: at least 2 (each run's first epoch is not measured)")
+    # a SIGTERM (a timeout's) unwinds through the repetitions' clean-up: no paused process is left behind
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         root = Path(tmp)
-        data = prepare(root)
+        (root / "data.json").write_text(json.dumps(prepare(root)))
         mlflow = mlflow_run(root)
         for nproc in args.procs:
-            runs = [repetition(root, data, nproc, rep, args.epochs, mlflow) for rep in range(args.reps)]
+            runs = [repetition(root, nproc, rep, args.epochs, mlflow) for rep in range(args.reps)]
             print(report(nproc, args.epochs, runs), flush=True)
 
 

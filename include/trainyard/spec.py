@@ -151,8 +151,8 @@ class Tracking(_Model):
         le=100_000,
         description=(
             "steps per point of train_loss (their mean over the workers), train_lr and train_grad_norm; "
-            "each epoch's end is a point too. 1 records every step, at a cost in the step's speed (50, "
-            "Lightning's default: at 10, the points cost the digits recipe about 3 % of its speed)"
+            "each epoch's end is a point too. 1 records every step, at a cost in the step's speed (the "
+            "default is Lightning's; bench/loop.py measured 10 at 2-6 % of the digits recipe's speed)"
         ),
     )
 

@@ -33,7 +33,7 @@ def test_every_benchmark_runs_and_reports(tmp_path):
         r"1 process\(es\): trainyard \d\.\d+x the hand loop's samples/s \(median of 1 epoch pairs, 95% interval "
         r"\d\.\d+-\d\.\d+x\): goal 0\.97x (met|missed|not shown)",
         r"median epoch: hand +[\d.]+ ms \(\d+ samples/s\) +trainyard +[\d.]+ ms \(\d+ samples/s\) +\(1 runs x 1 epochs",
-        r"start-up \+ exit: hand -?[\d.]+ s +trainyard -?[\d.]+ s +\([+-][\d.]+ s\)",
+        r"start-up, warm-up and exit: hand -?[\d.]+ s +trainyard -?[\d.]+ s +\([+-][\d.]+ s\)",
         r"tracking: on \d\.\d+x off's samples/s, overhead [+-][\d.]+% \(95% interval [+-][\d.]+% to [+-][\d.]+%",
         r"checkpoints: 1 an epoch, [\d.]+ ms stall each = [\d.]+ steps \([\d.]+ ms a step\); [\d.]+% of an epoch",
         r"lmdb +2x .* \| +w0: +[\d.]+ +\d+ \( *[\d.]+x\) \|",

@@ -239,8 +239,8 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             metrics = recipe.val_metrics(strategy.model, val, device, strategy.input_dtype)
         log(progress.line(epoch + 1, hp.epochs, step, samples, loss=last_loss, **metrics))
         if tracker is not None:
-            # the epoch's wall time (steps, checkpoint, validation) as a curve: slow epochs show in the UI
-            # (bench/loop.py compares them with a hand loop's); a resumed try's first epoch is only its rest
+            # the epoch's wall time (steps, checkpoint, validation) as a curve: slow epochs show in the UI;
+            # a resumed try's first epoch is only its rest
             timed = {} if first else {"epoch_seconds": time.perf_counter() - epoch_t0}
             tracker.log([step], {**metrics, "epoch": epoch + 1, **timed})
         strategy.barrier()
@@ -250,7 +250,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     final = strategy.final_model(recipe, meta, options)
     result: dict = {}
     if rank == 0:
-        # this try's epoch loop (steps and per-epoch validation): what bench/loop.py compares
+        # this try's epoch loop (steps and per-epoch validation)
         timing = {
             "samples_per_second": round(samples / loop_s, 1) if samples else None,
             "loop_seconds": round(loop_s, 3),
