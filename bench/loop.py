@@ -375,13 +375,13 @@ def report(nproc: int, epochs: int, runs: list[dict[str, Side]]) -> str:
 
     def paired(a: str, b: str) -> list[list[float]]:
         """Per run, round by round: side ``b``'s samples/s against side ``a``'s."""
-        return [
-            [
-                (run[b].samples_per_epoch(epochs) / tb) / (run[a].samples_per_epoch(epochs) / ta)
-                for ta, tb in zip(run[a].epochs_s, run[b].epochs_s, strict=True)
-            ]
-            for run in runs
-        ]
+        pairs = []
+        for run in runs:
+            samples_a, samples_b = run[a].samples_per_epoch(epochs), run[b].samples_per_epoch(epochs)
+            pairs.append(
+                [(samples_b / tb) / (samples_a / ta) for ta, tb in zip(run[a].epochs_s, run[b].epochs_s, strict=True)]
+            )
+        return pairs
 
     pairs = paired("hand", "tracked")
     ratio, low, high = median_interval(pairs)

@@ -218,8 +218,8 @@ def test_ddp_over_nccl_on_all_gpus(train, prepared):
     steps, per_epoch = run.result["steps"], run.result["steps"] // run.result["epochs"]
     # a point per tracking.log_every_steps window (the default here) and per epoch end
     assert [s for s, _ in curve] == window_ends(steps, per_epoch, Tracking().log_every_steps)
-    # the first window's mean (its steps from chance, ~2.3 over 10 digits, downwards) against the last (~0.1)
-    assert curve[-1][1] < curve[0][1] / 2, curve
+    # the first window's mean (from chance, ~2.3 over 10 digits, downwards: 1.8 on CPU) against the last
+    assert curve[-1][1] < curve[0][1] / 4, curve
 
 
 def test_bf16_autocast_on_all_gpus(train, prepared):
