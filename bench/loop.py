@@ -19,10 +19,12 @@ ratio is one pair. The figure is the median pair, with a 95 % interval from a bo
 blocks of consecutive rounds (interference lasts seconds, so neighbouring rounds are not independent),
 and a verdict on the goal of 0.97x.
 
-What an epoch holds: its steps and rank 0's validation (trainyard's also its checkpoint, which the hand
-loop does not write), and the end of the epoch before it that came after that epoch's line (trainyard's
-``tracker.log``, the barrier). The first epoch of each run is the warm-up, not measured. Between a line and
-the pause a side runs on for a fraction of a millisecond that no side is charged; it is the same for all.
+What an epoch holds, on both sides: its steps, rank 0's checkpoint and validation (the JobSpec's defaults:
+a checkpoint each epoch; the hand loop writes it with a plain ``torch.save``, trainyard's is a snapshot in
+memory that a background thread writes, fsyncs and renames), and the end of the epoch before it that came
+after that epoch's line (trainyard's ``tracker.log``, the barrier). The first epoch of each run is the
+warm-up, not measured. Between a line and the pause a side runs on for a fraction of a millisecond that no
+side is charged; it is the same for all.
 Timers of wall time keep running while a side is paused, and trainyard has two: its relay passes every
 5 s, so here it passes every 15 s (trainyard runs a third of the time); the worker's tracker thread wakes
 every 5 s of wall time, so here up to three times as often per epoch as in production, a bias against
@@ -70,7 +72,9 @@ BLOCK = 8  # rounds per block of the bootstrap: about 6 s, longer than most burs
 
 
 def hand_worker(data: dict, out: Path, epochs: int) -> None:
-    """What someone would write by hand: DataLoader + DistributedSampler, DDP, SGD, cosine, eval per epoch."""
+    """What someone would write by hand for the same job: DataLoader + DistributedSampler, DDP, SGD, cosine;
+    after each epoch, rank 0 saves a checkpoint (``torch.save`` of model, optimizer and schedule to one file)
+    and computes the validation accuracy and loss, as the JobSpec's defaults ask of trainyard."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -110,11 +114,15 @@ def hand_worker(data: dict, out: Path, epochs: int) -> None:
             sched.step()
             samples += len(xb) * world
         if rank == 0:
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+            torch.save({**state, "epoch": epoch + 1}, out.parent / "checkpoint.pt")
             model.eval()
             with torch.no_grad():
-                acc = float((model(xv).argmax(1) == yv).float().mean())
+                logits = model(xv)
+                acc, val_loss = float((logits.argmax(1) == yv).float().mean()), float(F.cross_entropy(logits, yv))
             model.train()
-            print(f"epoch {epoch + 1}/{epochs} step {(epoch + 1) * len(loader)} val_accuracy {acc:.4f}", flush=True)
+            line = f"step {(epoch + 1) * len(loader)} val_accuracy {acc:.4f} val_loss {val_loss:.4f}"
+            print(f"epoch {epoch + 1}/{epochs} {line}", flush=True)
         if world > 1:
             dist.barrier()
     if rank == 0:
