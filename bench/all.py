@@ -51,7 +51,7 @@ BENCHES = (
     Bench(
         "loop",
         "Training loop: trainyard's worker against a hand-written PyTorch loop (digits defaults)",
-        ("bench/loop.py", "--reps", "4", "--procs", "1", "2"),
+        ("bench/loop.py", "--reps", "8", "--procs", "1", "2"),
         ("bench/loop.py", "--reps", "1", "--procs", "1", "--epochs", "2"),
     ),
     Bench(
