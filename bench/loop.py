@@ -1,8 +1,8 @@
 """trainyard's worker loop against a hand-written PyTorch loop, on the digits defaults, epoch by epoch in turns.
 
 Both sides train the digits recipe's SmallCNN on the same prepared split with the JobSpec defaults
-(batch 32, SGD lr 0.1 momentum 0.9, cosine schedule, validation after each epoch), on 1 and on 2
-processes (torchrun, gloo). trainyard runs as in production: ``torchrun -m trainyard.training.entry``
+(batch 32, SGD lr 0.1 momentum 0.9, cosine schedule, a checkpoint and validation after each epoch), on 1
+and on 2 processes (torchrun, gloo). trainyard runs as in production: ``torchrun -m trainyard.training.entry``
 with rank 0 writing the metrics file that a relay process sends to MLflow on SQLite and TensorBoard, as
 the local launcher's relay does; a third side is trainyard with tracking off.
 
@@ -19,12 +19,15 @@ ratio is one pair. The figure is the median pair, with a 95 % interval from a bo
 blocks of consecutive rounds (interference lasts seconds, so neighbouring rounds are not independent),
 and a verdict on the goal of 0.97x.
 
-What an epoch holds, on both sides: its steps, rank 0's checkpoint and validation (the JobSpec's defaults:
-a checkpoint each epoch; the hand loop writes it with a plain ``torch.save``, trainyard's is a snapshot in
-memory that a background thread writes, fsyncs and renames), and the end of the epoch before it that came
-after that epoch's line (trainyard's ``tracker.log``, the barrier). The first epoch of each run is the
-warm-up, not measured. Between a line and the pause a side runs on for a fraction of a millisecond that no
-side is charged; it is the same for all.
+What an epoch holds, on both sides: its steps, rank 0's checkpoint and validation, and the end of the
+epoch before it that came after that epoch's line (trainyard's ``tracker.log``, the barrier). The hand loop
+writes its checkpoint with a plain ``torch.save``, over one file, without fsync; trainyard serialises it
+into memory and a background thread writes, fsyncs, renames and prunes it (keeping 3). Until 8807e0f the
+hand loop wrote none, and trainyard's checkpoint was charged to it alone; the report gives the ratio
+without either side's save too. The hand loop reads its batches as most people write it (a
+``TensorDataset``: 32 items fetched and stacked a batch), trainyard reads a batch in one go. The first
+epoch of each run is the warm-up, not measured. Between a line and the pause a side runs on for a fraction
+of a millisecond that no side is charged; it is the same for all.
 Timers of wall time keep running while a side is paused, and trainyard has two: its relay passes every
 5 s, so here it passes every 15 s (trainyard runs a third of the time); the worker's tracker thread wakes
 every 5 s of wall time, so here up to three times as often per epoch as in production, a bias against
@@ -35,10 +38,14 @@ Per process count it also prints, from the same runs:
 - the median epoch of each side and its samples/s;
 - start-up, warm-up and exit: each command's time to its first epoch's line less its median epoch, plus
   its time from the last resume to its exit (imports, data loading, model build, the first epoch's extra
-  time, the final model and result files, process exit), trainyard against the hand script;
+  time, the result file, process exit; trainyard also writes the final model and validates it once more),
+  trainyard against the hand script;
 - tracking overhead: the tracked and untracked sides' epochs of the same rounds, paired the same way;
-- checkpoint stall: the training thread's time in checkpoint saves (the write to disk is a background
-  thread's, paused and resumed with its process), per save against an epoch's time per step, and per epoch.
+- without the checkpoints: the same pairs, each side's epochs less its own save (the hand loop's
+  ``torch.save``, as its epoch line reports it; trainyard's stall, its mean per epoch): the loop alone;
+- checkpoint stall: trainyard's training thread's time in checkpoint saves (the write to disk is a
+  background thread's, paused and resumed with its process), per save against an epoch's time per step, and
+  per epoch; beside it the hand loop's ``torch.save``.
 
     .venv/bin/python bench/loop.py [--reps 4] [--procs 1 2] [--epochs 100]
 """
@@ -68,13 +75,15 @@ SIDES = ("hand", "tracked", "untracked")
 EPOCH_LINE = re.compile(r"\bepoch \d+/\d+ step ")  # trainyard's progress line; the hand worker prints one too
 RELAY_EVERY_S = 5.0 * len(SIDES)  # the launcher's relay passes every 5 s; here trainyard runs a third of the time
 SCRIPT = str(Path(__file__).resolve())  # what torchrun and the relay process run, from any directory
+CHECKPOINT_MS = re.compile(r"\bcheckpoint_ms ([\d.]+)")  # the hand loop's save, on its epoch line
 BLOCK = 8  # rounds per block of the bootstrap: about 6 s, longer than most bursts of interference
 
 
 def hand_worker(data: dict, out: Path, epochs: int) -> None:
     """What someone would write by hand for the same job: DataLoader + DistributedSampler, DDP, SGD, cosine;
-    after each epoch, rank 0 saves a checkpoint (``torch.save`` of model, optimizer and schedule to one file)
-    and computes the validation accuracy and loss, as the JobSpec's defaults ask of trainyard."""
+    after each epoch, rank 0 saves a checkpoint (``torch.save`` of model, optimizer and schedule, over one
+    file, no fsync) and computes the validation accuracy and loss, as the JobSpec's defaults ask of
+    trainyard. Its epoch line gives the save's time (``checkpoint_ms``) for the report."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -114,15 +123,17 @@ def hand_worker(data: dict, out: Path, epochs: int) -> None:
             sched.step()
             samples += len(xb) * world
         if rank == 0:
+            saving = time.perf_counter()
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
-            torch.save({**state, "epoch": epoch + 1}, out.parent / "checkpoint.pt")
+            torch.save({**state, "epoch": epoch + 1}, out.parent / "checkpoint.pt")  # one dict, as people write it
+            save_ms = (time.perf_counter() - saving) * 1000
             model.eval()
             with torch.no_grad():
                 logits = model(xv)
                 acc, val_loss = float((logits.argmax(1) == yv).float().mean()), float(F.cross_entropy(logits, yv))
             model.train()
-            line = f"step {(epoch + 1) * len(loader)} val_accuracy {acc:.4f} val_loss {val_loss:.4f}"
-            print(f"epoch {epoch + 1}/{epochs} {line}", flush=True)
+            metrics = f"val_accuracy {acc:.4f} val_loss {val_loss:.4f} checkpoint_ms {save_ms:.3f}"
+            print(f"epoch {epoch + 1}/{epochs} step {(epoch + 1) * len(loader)} {metrics}", flush=True)
         if world > 1:
             dist.barrier()
     if rank == 0:
@@ -182,6 +193,7 @@ class Job:
             start_new_session=True,
         )
         self.marks: queue.Queue[float | None] = queue.Queue()
+        self.marked: list[str] = []  # the marker lines, in order
         self.tail: deque[str] = deque(maxlen=60)
         self.processes: list = []  # psutil.Process: a signal never reaches another process given a freed pid
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -192,6 +204,7 @@ class Job:
         for line in self.proc.stdout:
             if self.marker.search(line):
                 self.marks.put(time.perf_counter())
+                self.marked.append(line)
             self.tail.append(line)
         self.marks.put(None)
 
@@ -270,6 +283,15 @@ class Side:
         if "samples" in record:  # the hand loop's
             return record["samples"] / epochs
         return record["samples_per_second"] * record["loop_seconds"] / epochs
+
+    def saves_s(self, epochs: int) -> list[float]:
+        """The checkpoint save in each measured epoch, on the training thread: the hand loop's from its epoch
+        lines; trainyard's stall, its mean per epoch (the worker does not print each save's)."""
+        record = self.record()
+        if "samples" in record:  # the hand loop's: its first line is the warm-up's
+            lines = self.job.marked[1 : len(self.epochs_s) + 1]
+            return [float(match.group(1)) / 1000 if (match := CHECKPOINT_MS.search(line)) else 0.0 for line in lines]
+        return [record["checkpoint_stall_seconds"] / epochs] * len(self.epochs_s)
 
     @property
     def outside_s(self) -> float:
@@ -381,19 +403,26 @@ def report(nproc: int, epochs: int, runs: list[dict[str, Side]]) -> str:
     """The lines of one process count: the ratio and its verdict first (what BENCHMARKS.md and the goal quote)."""
     med = statistics.median
 
-    def paired(a: str, b: str) -> list[list[float]]:
-        """Per run, round by round: side ``b``'s samples/s against side ``a``'s."""
+    def epochs_s(side: Side, less_saves: bool) -> list[float]:
+        if not less_saves:
+            return side.epochs_s
+        return [t - saved for t, saved in zip(side.epochs_s, side.saves_s(epochs), strict=True)]
+
+    def paired(a: str, b: str, less_saves: bool = False) -> list[list[float]]:
+        """Per run, round by round: side ``b``'s samples/s against side ``a``'s (``less_saves``: each
+        epoch less that side's checkpoint save)."""
         pairs = []
         for run in runs:
             samples_a, samples_b = run[a].samples_per_epoch(epochs), run[b].samples_per_epoch(epochs)
-            pairs.append(
-                [(samples_b / tb) / (samples_a / ta) for ta, tb in zip(run[a].epochs_s, run[b].epochs_s, strict=True)]
-            )
+            times = zip(epochs_s(run[a], less_saves), epochs_s(run[b], less_saves), strict=True)
+            pairs.append([(samples_b / tb) / (samples_a / ta) for ta, tb in times])
         return pairs
 
     pairs = paired("hand", "tracked")
     ratio, low, high = median_interval(pairs)
     on_off, on_off_low, on_off_high = median_interval(paired("untracked", "tracked"))
+    bare, bare_low, bare_high = median_interval(paired("hand", "tracked", less_saves=True))
+    hand_save_ms = med(s for run in runs for s in run["hand"].saves_s(epochs)) * 1000
     epoch_ms = {name: med(s for run in runs for s in run[name].epochs_s) * 1000 for name in SIDES}
     per_second = {
         name: med(run[name].samples_per_epoch(epochs) for run in runs) / epoch_ms[name] * 1000 for name in SIDES
@@ -415,8 +444,11 @@ def report(nproc: int, epochs: int, runs: list[dict[str, Side]]) -> str:
             f"({outside['tracked'] - outside['hand']:+.2f} s)",
             f"  tracking: on {on_off:.3f}x off's samples/s, overhead {1 - on_off:+.1%} (95% interval "
             f"{1 - on_off_high:+.1%} to {1 - on_off_low:+.1%}; off: median epoch {epoch_ms['untracked']:.1f} ms)",
+            f"  without the checkpoints (each side's epochs less its own save): trainyard {bare:.3f}x the hand "
+            f"loop's samples/s (95% interval {bare_low:.3f}-{bare_high:.3f}x)",
             f"  checkpoints: {saves / epochs:.0f} an epoch, {stall_ms:.2f} ms stall each = {stall_ms / step_ms:.2f} "
-            f"steps ({step_ms:.2f} ms a step); {stall_ms * saves / epochs / epoch_ms['tracked']:.2%} of an epoch",
+            f"steps ({step_ms:.2f} ms a step); {stall_ms * saves / epochs / epoch_ms['tracked']:.2%} of an epoch; "
+            f"the hand loop's torch.save {hand_save_ms:.2f} ms",
         ]
     )
 
