@@ -41,13 +41,15 @@ Per process count it also prints, from the same runs:
   time, the result file, process exit; trainyard also writes the final model and validates it once more),
   trainyard against the hand script;
 - tracking overhead: the tracked and untracked sides' epochs of the same rounds, paired the same way;
-- without the checkpoints: the same pairs, each side's epochs less its own save (the hand loop's
-  ``torch.save``, as its epoch line reports it; trainyard's stall, its mean per epoch): the loop alone;
+- without the checkpoints: the same pairs, each side's epochs less its training thread's time in its save
+  (the hand loop's whole ``torch.save``, as its epoch line reports it; trainyard's stall, its mean over all
+  its saves, the warm-up's included, as its result record gives only the sum). trainyard's background
+  write stays in its epochs, a bias against it;
 - checkpoint stall: trainyard's training thread's time in checkpoint saves (the write to disk is a
-  background thread's, paused and resumed with its process), per save against an epoch's time per step, and
-  per epoch; beside it the hand loop's ``torch.save``.
+  background thread's, paused and resumed with its process), the mean per save against an epoch's time
+  per step, and per epoch; beside it the hand loop's ``torch.save``, the median of the measured epochs'.
 
-    .venv/bin/python bench/loop.py [--reps 4] [--procs 1 2] [--epochs 100]
+    .venv/bin/python bench/loop.py [--reps 8] [--procs 1 2] [--epochs 100]
 """
 
 from __future__ import annotations
@@ -203,8 +205,9 @@ class Job:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if self.marker.search(line):
-                self.marks.put(time.perf_counter())
-                self.marked.append(line)
+                at = time.perf_counter()
+                self.marked.append(line)  # before its time is handed out: whoever reads the time finds it
+                self.marks.put(at)
             self.tail.append(line)
         self.marks.put(None)
 
@@ -290,7 +293,10 @@ class Side:
         record = self.record()
         if "samples" in record:  # the hand loop's: its first line is the warm-up's
             lines = self.job.marked[1 : len(self.epochs_s) + 1]
-            return [float(match.group(1)) / 1000 if (match := CHECKPOINT_MS.search(line)) else 0.0 for line in lines]
+            saves = [CHECKPOINT_MS.search(line) for line in lines]
+            if not all(saves):
+                raise SystemExit(f"a hand loop epoch line without {CHECKPOINT_MS.pattern!r}: {self.output()}")
+            return [float(match.group(1)) / 1000 for match in saves if match]
         return [record["checkpoint_stall_seconds"] / epochs] * len(self.epochs_s)
 
     @property
@@ -455,7 +461,7 @@ def report(nproc: int, epochs: int, runs: list[dict[str, Side]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=8, help="runs of each side (4 leave an interval 3 points wide)")
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--epochs", type=int, default=100, help="epochs of each run, the first not measured")
     parser.add_argument("--hand-worker", nargs=3, help=argparse.SUPPRESS)
