@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -126,8 +127,13 @@ def hand_worker(data: dict, out: Path, epochs: int) -> None:
             samples += len(xb) * world
         if rank == 0:
             saving = time.perf_counter()
-            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
-            torch.save({**state, "epoch": epoch + 1}, out.parent / "checkpoint.pt")  # one dict, as people write it
+            state = {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "epoch": epoch + 1,
+            }
+            torch.save(state, out.parent / "checkpoint.pt")
             save_ms = (time.perf_counter() - saving) * 1000
             model.eval()
             with torch.no_grad():
@@ -278,11 +284,13 @@ class Side:
             with contextlib.suppress(Exception):  # every job gets its kill, whatever one of them raises
                 job.kill()
 
+    @functools.cached_property
     def record(self) -> dict:
+        """The side's result record, read once (the report asks after the command has exited)."""
         return json.loads(self.result.read_text())
 
     def samples_per_epoch(self, epochs: int) -> float:
-        record = self.record()
+        record = self.record
         if "samples" in record:  # the hand loop's
             return record["samples"] / epochs
         return record["samples_per_second"] * record["loop_seconds"] / epochs
@@ -290,12 +298,12 @@ class Side:
     def saves_s(self, epochs: int) -> list[float]:
         """The checkpoint save in each measured epoch, on the training thread: the hand loop's from its epoch
         lines; trainyard's stall, its mean per epoch (the worker does not print each save's)."""
-        record = self.record()
+        record = self.record
         if "samples" in record:  # the hand loop's: its first line is the warm-up's
             lines = self.job.marked[1 : len(self.epochs_s) + 1]
             saves = [CHECKPOINT_MS.search(line) for line in lines]
             if not all(saves):
-                raise SystemExit(f"a hand loop epoch line without {CHECKPOINT_MS.pattern!r}: {self.output()}")
+                raise SystemExit(f"a hand loop epoch line without {CHECKPOINT_MS.pattern!r}: {self.job.output()}")
             return [float(match.group(1)) / 1000 for match in saves if match]
         return [record["checkpoint_stall_seconds"] / epochs] * len(self.epochs_s)
 
@@ -434,7 +442,7 @@ def report(nproc: int, epochs: int, runs: list[dict[str, Side]]) -> str:
         name: med(run[name].samples_per_epoch(epochs) for run in runs) / epoch_ms[name] * 1000 for name in SIDES
     }
     outside = {name: med(run[name].outside_s for run in runs) for name in SIDES}
-    records = [run["tracked"].record() for run in runs]
+    records = [run["tracked"].record for run in runs]
     saves = med(r["checkpoints"] for r in records)
     stalls = [r["checkpoint_stall_seconds"] / r["checkpoints"] for r in records if r["checkpoints"]]
     stall_ms = med(stalls) * 1000 if stalls else 0.0
