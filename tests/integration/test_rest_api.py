@@ -43,27 +43,6 @@ def _task_instances(af, headers, run_id):
     return af.task_instances(DAG, run_id, headers)
 
 
-def _failure_report(af, headers, run_id, tis) -> str:
-    """The states, then the log of every failed task and the tails of the Airflow processes' own logs."""
-    lines = [str({t: ti["state"] for t, ti in tis.items()})]
-    for task_id, ti in tis.items():
-        if ti["state"] != "failed":
-            continue
-        for attempt in range(1, max(ti.get("try_number") or 1, 1) + 1):
-            try:
-                r = requests.get(
-                    f"{af.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{attempt}",
-                    headers={**headers, "Accept": "application/json"},
-                    timeout=30,
-                )
-                text = r.text[-4000:]
-            except requests.RequestException as err:  # the report must not hide the failure it reports
-                text = f"(could not fetch it: {err})"
-            lines.append(f"--- log of {task_id}, try {attempt}\n{text}")
-    lines.append(af.logs())
-    return "\n".join(lines)
-
-
 def test_auth_is_required(airflow):
     assert requests.get(f"{airflow.url}/api/v2/dags", timeout=10).status_code == 401
     r = requests.post(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", json={"logical_date": None}, timeout=10)
@@ -91,7 +70,7 @@ def test_trigger_with_conf_runs_to_success(airflow):
     assert r.status_code == 200, r.text
     run = _wait_run(airflow, headers, r.json()["dag_run_id"])
     tis = _task_instances(airflow, headers, run["dag_run_id"])
-    assert run["state"] == "success", _failure_report(airflow, headers, run["dag_run_id"], tis)
+    assert run["state"] == "success", airflow.failure_report(DAG, run["dag_run_id"], headers)
     # The conf's resources reached the scheduler: pool, pool_slots and priority of the train task.
     train = tis["train"]
     assert (train["pool"], train["pool_slots"], train["priority_weight"]) == ("gpu-cpu", 1, 1007)

@@ -290,3 +290,68 @@ def test_the_platform_reads_no_link_the_program_left(tmp_path):
     onnx.save(helper.make_model(graph), str(work / "model.onnx"))
     with pytest.raises(PermanentError, match="external data must be a file beside model.onnx"):
         custom.check_external_data(work / "model.onnx")
+
+
+# What a process holds: fd 0's target and every descriptor above stderr (the listing's own excepted).
+FDS = textwrap.dedent(
+    """
+    import json, os
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass  # the listing's own descriptor, closed by now
+    print(json.dumps(fds))
+    """
+)
+
+
+def _fds(lines: list[str]) -> dict[int, str]:
+    return {int(k): v for k, v in json.loads(lines[-1]).items()}
+
+
+@pytest.mark.sandbox
+def test_the_sandbox_entry_keeps_no_descriptor_it_was_handed(state):
+    """The root entry itself (not only the launcher) puts /dev/null on stdin and closes what is above
+    stderr: here it is handed a socket on stdin, as a task's supervisor does, and another socket besides."""
+    parent_end, child_end = socket.socketpair()
+    extra_a, extra_b = socket.socketpair()
+    with parent_end, child_end, extra_a, extra_b, sandbox.Sandbox(state["run_config"].parent / "work") as box:
+        argv = box.command([sys.executable, "-c", FDS])
+        done = subprocess.run(
+            argv,
+            stdin=child_end.fileno(),
+            pass_fds=[extra_b.fileno()],
+            env=box.env({"PATH": os.environ["PATH"]}),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        box.stop()
+    fds = _fds(done.stdout.splitlines())
+    assert fds[0] == "/dev/null"
+    assert set(fds) == {0, 1, 2}, fds
+    assert not any(target.startswith("socket:") for target in fds.values()), fds
+
+
+def test_the_launcher_gives_its_workers_no_stdin_and_no_other_descriptor(tmp_path):
+    """``run`` from a process whose stdin is a socket (a task under Airflow's supervisor) holding another
+    descriptor: the child has /dev/null on stdin and nothing above stderr."""
+    parent_end, child_end = socket.socketpair()
+    launcher = textwrap.dedent(
+        f"""
+        import os, sys
+        from trainyard.training.launchers.local import run
+        held = os.open({str(tmp_path)!r}, os.O_RDONLY)  # a descriptor this process holds, inheritable
+        os.set_inheritable(held, True)
+        run([sys.executable, "-c", {FDS!r}], on_line=print)
+        """
+    )
+    with parent_end, child_end:
+        done = subprocess.run(
+            [sys.executable, "-c", launcher], stdin=child_end.fileno(), capture_output=True, text=True, check=True
+        )
+    fds = _fds(done.stdout.splitlines())
+    assert fds[0] == "/dev/null" and set(fds) == {0, 1, 2}, fds
+    assert fds[1].startswith("pipe:") and fds[2] == fds[1]  # the launcher reads both from one pipe

@@ -234,6 +234,10 @@ def run(
     proc = subprocess.Popen(
         argv,
         env=env,
+        # Under Airflow's executor this task's stdin is its supervisor's request socket: the workers get
+        # /dev/null instead, and close_fds (on by default, kept explicit) drops every other inherited descriptor
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -46,17 +46,14 @@ On Kubernetes the workers run in their team's namespace with the team's service 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
 import pwd
 import re
-import resource
 import shutil
-import socket
+import signal
 import stat
-import struct
 import subprocess
 import sys
 import time
@@ -67,13 +64,12 @@ from pathlib import Path
 from trainyard import paths
 from trainyard.data.store import atomic_write, file_lock
 from trainyard.errors import PermanentError, RetryableError
+from trainyard.training.launchers import sandbox_entry
+from trainyard.training.launchers.sandbox_entry import USER_PREFIX, USERS
 
-USER_PREFIX = "trainyard-run"
-USERS = 16  # sandboxed trainings that can run at once on one worker host
 STATE_DIR = Path("/var/lib/trainyard-sandbox")  # host-wide: locks and grant records of every launch here
 PRIVATE_UMASK = 0o007
 BUSY_WAIT_S = 900.0  # the longest a launch waits for a free sandbox user
-PROCESS_LIMIT = 4096  # RLIMIT_NPROC of a sandbox user: a fork bomb stops there
 # What a custom command's environment keeps of the worker's (the rest, Airflow's and trainyard's settings
 # and any secret in them, is dropped); the launcher adds the platform's TRAINYARD_* and rendezvous variables.
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
@@ -144,8 +140,6 @@ def unavailable_reason() -> str | None:
         return f"no sandbox users ({USER_PREFIX}0...) on this host: run `trainyard sandbox setup` as root"
     if shutil.which("setfacl") is None:
         return "setfacl is missing (Debian: apt-get install acl), so the run's files cannot be opened to it alone"
-    if shutil.which("kill") is None:
-        return "kill is missing (Debian: apt-get install procps), so what a command leaves running cannot be stopped"
     if _ready:
         return None
     try:
@@ -154,8 +148,9 @@ def unavailable_reason() -> str | None:
         _setfacl("-x", f"u:{found[0].uid}", str(STATE_DIR))
     except (OSError, SandboxError) as err:
         return f"the filesystem of {STATE_DIR} takes no POSIX ACL ({err})"
-    probe = _bootstrap("from {module} import _libc_call, NAMESPACES; _libc_call('unshare', NAMESPACES)")
-    done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-I", ENTRY, "--probe"], stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or ["?"])[-1]
         return f"this host does not let the worker create network and mount namespaces (CAP_SYS_ADMIN): {why}"
@@ -206,6 +201,7 @@ def close_to_others(path: Path) -> None:
 
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory trainyard is imported from
+ENTRY = str(Path(sandbox_entry.__file__).resolve())  # run by path: only it and the standard library run as root
 
 
 def _code_dirs() -> list[Path]:
@@ -247,7 +243,7 @@ def setup() -> list[str]:
         subprocess.run(
             ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
              "--shell", "/usr/sbin/nologin", "--comment", "trainyard sandbox for training workers", name],
-            check=True,
+            check=True, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         done.append(f"created user {name}")
     STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -261,22 +257,8 @@ def setup() -> list[str]:
 
 
 # -- the pieces of a launch --------------------------------------------------------------------------------
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
-NAMESPACES = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC  # a sandbox's own network, mounts and SysV IPC
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 1 << 18
-PR_SET_NO_NEW_PRIVS = 38
-
-
-def _libc_call(name: str, *args) -> None:
-    """Call libc's ``name``; OSError with the errno on failure."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(libc, name)(*args) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{name}: {os.strerror(errno)}")
-
-
 def _setfacl(*args: str) -> None:
-    done = subprocess.run(["setfacl", *args], capture_output=True, text=True)
+    done = subprocess.run(["setfacl", *args], stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if done.returncode != 0:
         raise SandboxError(f"setfacl {' '.join(args)} failed: {done.stderr.strip() or done.returncode}")
 
@@ -304,12 +286,30 @@ def processes_of(uid: int) -> list[int]:
     return pids
 
 
+def _kill_every_process_of(user: SandboxUser) -> None:
+    """``kill(-1, SIGKILL)`` as ``user``: every process of the user at once, also those forked meanwhile.
+
+    From a forked child that becomes the user and signals, without an exec: no program runs that a daemon
+    left behind could have swapped in, and the child's ``/proc`` entries (its environment, which is the
+    task's, and its memory) stay root's, as changing its ids leaves it non-dumpable. Between fork and
+    ``_exit`` the child only makes system calls."""
+    pid = os.fork()
+    if pid == 0:  # the child: no Python-level work that could take a lock another thread held at the fork
+        try:
+            os.setgroups([])
+            os.setresgid(user.gid, user.gid, user.gid)
+            os.setresuid(user.uid, user.uid, user.uid)
+            os.kill(-1, signal.SIGKILL)  # Linux: every process the caller may signal, but not itself
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
 def kill_all(user: SandboxUser, wait_s: float = 30.0) -> None:
-    """SIGKILL every process of ``user`` (nothing else runs as it) and wait until none is left: ``kill -1``
-    run as that user signals all of them at once, also those forked while it runs."""
+    """SIGKILL every process of ``user`` (nothing else runs as it) and wait until none is left."""
     deadline = time.monotonic() + wait_s
     while processes_of(user.uid):
-        subprocess.run(["kill", "-KILL", "-1"], user=user.uid, group=user.gid, extra_groups=[], capture_output=True)
+        _kill_every_process_of(user)
         if time.monotonic() > deadline:
             raise SandboxError(
                 f"processes {processes_of(user.uid)} of sandbox user {user.name} survive SIGKILL for {wait_s:.0f} s "
@@ -504,13 +504,14 @@ class Sandbox:
 
     # what the launch uses
     def command(self, argv: list[str]) -> list[str]:
-        """``argv`` started through :func:`main` as this sandbox's user, in its namespaces."""
+        """``argv`` started through :mod:`~trainyard.training.launchers.sandbox_entry` as this sandbox's user,
+        in its namespaces."""
         assert self.user is not None
-        entry = _bootstrap("from {module} import main; main(sys.argv[1:])")
-        # -I: the root part reads no user site-packages, no PYTHON* variable and not the working directory
-        # (HOME is the work directory, which the program wrote on an earlier try)
+        # -I: the root part reads no user site-packages, no PYTHON* variable and neither the working nor
+        # the script's directory (HOME is the work directory, which the program wrote on an earlier try), so
+        # it imports the standard library and nothing else
         uid, gid = str(self.user.uid), str(self.user.gid)
-        return [sys.executable, "-I", "-c", entry, uid, gid, str(self.work_dir), "--", *argv]
+        return [sys.executable, "-I", ENTRY, uid, gid, str(self.work_dir), "--", *argv]
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` for the sandboxed command: HOME, TMPDIR and torch.compile's caches in its work
@@ -527,50 +528,5 @@ class Sandbox:
         }
 
 
-def _bootstrap(code: str) -> str:
-    """``code`` (``{module}``: this module's name) for ``python -c``, importing trainyard from where this
-    process does (the sandboxed environment has no PYTHONPATH)."""
-    return f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); " + code.format(module=__name__)
-
-
 def _record_path(user: SandboxUser) -> Path:
     return STATE_DIR / f"{user.name}.json"
-
-
-# -- the entry point: as root, into the namespaces, then the user ----------------------------------------
-def _loopback_up() -> None:
-    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = struct.unpack("16sh", fcntl.ioctl(s, siocgifflags, struct.pack("16sh", b"lo", 0)))[1]
-        fcntl.ioctl(s, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))
-
-
-def enter(uid: int, gid: int, work_dir: str, argv: list[str]) -> None:
-    """Unshare the network and mount namespaces, bring loopback up, mount a fresh /dev/shm, forbid new
-    privileges, become ``uid``:``gid`` with no other group and exec ``argv``. Never returns."""
-    _libc_call("unshare", NAMESPACES)
-    _libc_call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # nothing mounted here leaks out
-    _libc_call("mount", b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777")
-    _loopback_up()
-    resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
-    _libc_call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    os.umask(0o077)
-    os.chdir(work_dir)
-    Path(work_dir, "tmp").mkdir(exist_ok=True)
-    os.execvp(argv[0], argv)
-
-
-def main(args: list[str]) -> None:
-    if os.geteuid() != 0 or len(args) < 5 or args[3] != "--" or not re.fullmatch(r"[0-9]+", args[0] + args[1]):
-        sys.exit(f"usage (as root, by the local launcher): {__name__}.main([UID, GID, WORK, '--', *ARGV])")
-    uid, gid = int(args[0]), int(args[1])
-    if uid not in {u.uid for u in users(range(USERS))}:
-        sys.exit(f"uid {uid} is not a sandbox user")
-    enter(uid, gid, args[2], args[4:])
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -1,0 +1,158 @@
+"""The sandbox under Airflow's real executor: api-server, scheduler, dag-processor and triggerer as
+processes, LocalExecutor, a task supervisor whose request socket is every task process's stdin.
+
+A trigger-only user's custom command looks for a way back to that supervisor (stdin, every inherited
+descriptor) and asks it for a Variable and a Connection with Airflow's own frames; a built-in trainer's
+workers are looked at from outside while they train. ``dag.test()`` runs the supervisor in-process, so
+only a test through the executor can see what a child of a task holds.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("airflow_services", REPO / "bench" / "airflow_services.py")
+airflow_services = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(airflow_services)
+
+pytestmark = pytest.mark.integration
+DAG = "train_pipeline"
+SECRET_VARIABLE, SECRET_VALUE = "warehouse_token", "s3cr3t-variable-value"
+SECRET_CONNECTION, SECRET_PASSWORD = "warehouse_db", "s3cr3t-connection-password"
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory):
+    from trainyard.training.launchers.sandbox import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason and os.geteuid() == 0:
+        pytest.fail(f"the sandbox is missing on a root machine: {reason}")
+    if reason:
+        pytest.skip(f"no custom-command sandbox here: {reason}")
+    trainyard_home = tmp_path_factory.mktemp("trainyard_home")
+    af = airflow_services.Airflow(tmp_path_factory.mktemp("airflow_home"), trainyard_home)
+    af.setup(users="admin:admin,tina:user")  # tina may trigger runs and nothing more
+    af.run("airflow", "variables", "set", SECRET_VARIABLE, SECRET_VALUE)
+    af.run(
+        "airflow", "connections", "add", SECRET_CONNECTION, "--conn-uri",
+        f"postgresql://reader:{SECRET_PASSWORD}@db.internal:5432/warehouse",
+    )  # fmt: skip
+    af.start()
+    headers = af.headers("admin")
+    af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 600, "the DAG")
+    af.trainyard_home = trainyard_home
+    yield af
+    af.stop()
+
+
+def test_a_custom_command_gets_nothing_from_the_supervisor(airflow):
+    headers = airflow.headers("tina")
+    script = REPO / "tests" / "fixtures" / "custom_channel_probe.py"
+    run_id = airflow.trigger(
+        DAG,
+        {
+            "name": "channel-probe",
+            "recipe": "custom",
+            "custom": {"command": [sys.executable, str(script), SECRET_VARIABLE, SECRET_CONNECTION]},
+            "resources": {"gpus_per_node": 2, "gpu_type": "cpu"},
+            "gates": [{"metric": "val_accuracy", "min": 0.8}],
+        },
+        headers,
+    )
+    run = airflow.wait_run(DAG, run_id, headers)
+    assert run["state"] == "success", airflow.failure_report(DAG, run_id, headers)
+
+    reports = sorted((airflow.trainyard_home / "runs" / "channel-probe").glob("*/work/channel-*.json"))
+    assert len(reports) == 2, reports  # both workers looked
+    for path in reports:
+        report = json.loads(path.read_text())
+        assert report["uid"] != 0
+        assert not report["stdin_is_socket"] and report["descriptors"]["0"] == "/dev/null", report
+        # stdout and stderr are the launcher's pipe; nothing else was handed down
+        assert set(report["descriptors"]) == {"0", "1", "2"}, report
+        assert all(target.startswith("pipe:") for fd, target in report["descriptors"].items() if fd != "0"), report
+        assert set(report["asked"]) == {"0"}, report
+        for answer in report["asked"]["0"].values():
+            assert answer.startswith("OSError"), report  # /dev/null is no socket: nothing was sent
+        text = json.dumps(report)
+        assert SECRET_VALUE not in text and SECRET_PASSWORD not in text
+    log = airflow.task_log(DAG, run_id, "train", headers)
+    for secret in (SECRET_VALUE, SECRET_PASSWORD):
+        assert secret not in log and secret[::-1] not in log
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+def _ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        status = Path(f"/proc/{pid}/status").read_text()
+        pid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+        chain.append(pid)
+    return chain
+
+
+def test_a_built_in_trainers_workers_hold_no_descriptor_of_the_supervisor(airflow):
+    """Looked at from outside while they train: each worker's stdin is /dev/null, and none of its
+    descriptors is a socket that an ancestor (the task process, its supervisor, the executor) holds."""
+    import psutil
+
+    headers = airflow.headers("tina")
+    home = str(airflow.trainyard_home)
+    seen: dict[int, dict] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.2) and len(seen) < 2:
+            for p in psutil.process_iter(["cmdline"]):
+                cmdline = " ".join(p.info["cmdline"] or [])
+                if p.pid in seen or "trainyard.training.entry" not in cmdline or home not in cmdline:
+                    continue
+                try:
+                    fds = {fd: os.readlink(f"/proc/{p.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{p.pid}/fd")}
+                    above = set().union(*(_socket_inodes(a) for a in _ancestors(p.pid)))
+                except (OSError, StopIteration):
+                    continue  # it ended meanwhile
+                seen[p.pid] = {"fds": fds, "ancestors_sockets": above}
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    run_id = airflow.trigger(
+        DAG,
+        {
+            "name": "built-in-probe",
+            "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
+            "resources": {"gpus_per_node": 2, "gpu_type": "cpu"},
+            "gates": [],  # what is looked at here is the workers, not the model
+        },
+        headers,
+    )
+    try:
+        run = airflow.wait_run(DAG, run_id, headers)
+    finally:
+        stop.set()
+        watcher.join()
+    assert run["state"] == "success", airflow.failure_report(DAG, run_id, headers)
+    assert len(seen) >= 2, seen  # both workers were caught training
+    for pid, found in seen.items():
+        assert found["fds"]["0"] == "/dev/null", (pid, found)
+        assert found["ancestors_sockets"], found  # the task process's own channel is there to compare with
+        assert not set(found["fds"].values()) & found["ancestors_sockets"], (pid, found)
