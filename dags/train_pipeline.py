@@ -170,11 +170,12 @@ def train_pipeline():
         ledger = default_ledger()
         spent = spent_this_month(ledger.config, paths.runs_root())
         job = job_for(_spec(spec).resources, _run_key())
+        ti = get_current_context()["ti"]
+        # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
+        available = None if job.gpu_type == "cpu" else host_devices()
         try:
-            with hold(ledger, job, spent=spent):
-                # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
-                devices = None if job.gpu_type == "cpu" else ledger.claim_devices(job.id, job.slots, host_devices())
-                return run(_spec(spec), dataset, data, _run_key(), devices=devices)
+            with hold(ledger, job, final_try=ti.try_number > ti.max_tries, available=available, spent=spent) as lease:
+                return run(_spec(spec), dataset, data, _run_key(), devices=lease.devices, stop=lease.lost)
         except NotAdmitted as err:  # a retry long after the admission: wait for it again, holding nothing
             poll_s = ledger.config.scheduling.admission_poll_seconds
             logging.getLogger(__name__).info("%s; looking again in %ss", err, poll_s)
@@ -277,7 +278,10 @@ def train_pipeline():
         ),
     )
     remote = collect_kubernetes(spec, plan)
-    launcher >> [admitted, plan]
+    # admitted once its data is ready: a run that fails before training never queues, and no admitted
+    # slots idle while the data is prepared
+    [launcher, data] >> admitted
+    launcher >> plan
     admitted >> local
     on_kubernetes >> remote
     trained: Any = training_result()

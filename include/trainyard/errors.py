@@ -32,6 +32,13 @@ class RetryableError(TrainyardError):
     retryable = True
 
 
+def is_permanent(err: BaseException) -> bool:
+    """Whether ``err`` says a retry cannot help: a trainyard error that is not ``retryable``. The one
+    definition: the Airflow layer fails such a task at once, and a training that ends with one gives its
+    GPUs back at once."""
+    return isinstance(err, TrainyardError) and not err.retryable
+
+
 class NotFoundError(PermanentError, LookupError):
     """A named thing (dataset repository, ref, model version, file) does not exist."""
 

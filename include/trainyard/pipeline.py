@@ -21,6 +21,8 @@ from trainyard.export.onnx_export import ExportFailed
 from trainyard.spec import JobSpec, SpecError, parse_spec, safe_key
 
 if TYPE_CHECKING:
+    import threading
+
     from trainyard.recipes.base import Recipe
     from trainyard.scheduling.budgets import TeamMonth
     from trainyard.scheduling.resources import ResourcesConfig
@@ -229,11 +231,13 @@ def launch_local(
     plan: dict,
     on_line: Callable[[str], None] | None = None,
     devices: list[str] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     """The strategy's launcher (torchrun, horovodrun, deepspeed; or the custom command under torchrun) as a
     subprocess; every output line goes to ``on_line`` (the task log). ``devices``: the GPUs the job was
-    given (its CUDA_VISIBLE_DEVICES), None to leave the environment's. The launcher records this try's GPU
-    time in the run's usage file, failed tries included."""
+    given (its CUDA_VISIBLE_DEVICES), None to leave the environment's; ``stop``: set to stop the workers
+    (the job lost its admission). The launcher records this try's GPU time in the run's usage file, failed
+    tries included."""
     from trainyard.training.launchers import local
 
     local.launch(
@@ -243,6 +247,7 @@ def launch_local(
         config_path=plan["config_path"],
         on_line=on_line or (lambda line: log.info("%s", line)),
         devices=devices,
+        stop=stop,
     )
 
 
@@ -334,11 +339,13 @@ def train(
     run_key: str,
     on_line: Callable[[str], None] | None = None,
     devices: list[str] | None = None,
+    stop: threading.Event | None = None,
 ) -> dict:
-    """Local training in one step: plan, launch on this machine (on ``devices`` if given), collect.
-    Resumes from the run's newest checkpoint, so a retry continues instead of starting over."""
+    """Local training in one step: plan, launch on this machine (on ``devices`` if given; stopped once
+    ``stop`` is set), collect. Resumes from the run's newest checkpoint, so a retry continues instead of
+    starting over."""
     plan = plan_training(spec, dataset, data, run_key)
-    launch_local(spec, data, plan, on_line, devices)
+    launch_local(spec, data, plan, on_line, devices, stop)
     return collect_training(spec, plan)
 
 

@@ -15,14 +15,9 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from trainyard.errors import is_permanent
+
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def is_permanent(err: BaseException) -> bool:
-    """A trainyard error that says a retry cannot help (``retryable`` is False)."""
-    from trainyard.errors import TrainyardError
-
-    return isinstance(err, TrainyardError) and not err.retryable
 
 
 def fail_permanently(fn: F) -> F:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import builtins
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -32,13 +31,13 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from trainyard.errors import NotFoundError, PermanentError, RetryableError, TrainyardError
+from trainyard.files import atomic_write, file_lock
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -126,34 +125,6 @@ def _check_name(kind: str, name: str) -> str:
     if not NAME_RE.match(name):
         raise StoreError(f"invalid {kind} name {name!r}: letters, digits, '.', '_' or '-', at most 63")
     return name
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """``data`` into ``path`` whole or not at all (a temp file, mode 0600, fsynced, then renamed over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing). The kernel drops it when the process
-    dies, so a crashed writer never leaves the branch locked."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the only descriptor releases the lock
 
 
 def publish_dir(tmp: Path, dest: Path) -> Path:

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard import paths
-from trainyard.data.store import atomic_write, file_lock
 from trainyard.errors import PermanentError
+from trainyard.files import atomic_write, file_lock
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainyard.errors import PermanentError
+from trainyard.errors import PermanentError, RetryableError, is_permanent
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.spec import Resources
 
@@ -295,14 +295,49 @@ class Ledger:
         return Decision(False, verdicts.get(job.id, (None, "waiting"))[1])
 
     def renew(self, job_id: str, lease_s: float = RUNNING_LEASE_S) -> bool:
-        """Extend an admitted job's lease; False if it is no longer admitted (its lease ran out)."""
+        """Extend an admitted job's lease; False if it is no longer admitted. A row whose lease ran out but
+        that no decision has dropped yet is renewed: nothing else can have its slots or devices."""
         now = self.clock()
         with self._transaction() as conn:
             cur = conn.execute(
-                "UPDATE admission SET lease_until = ? WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?",
-                (now + lease_s, job_id, now),
+                "UPDATE admission SET lease_until = ? WHERE id = ? AND admitted IS NOT NULL", (now + lease_s, job_id)
             )
             return cur.rowcount == 1
+
+    def reclaim(self, job: Job, devices: tuple[str, ...] = ()) -> bool:
+        """A job that trains but whose row was dropped (its heartbeat missed its lease: a lock held for
+        minutes, a paused VM, a clock step) takes it back, admitted, with ``devices``, if its type still
+        has the slots and no live job holds one of those devices; False if not (its slots went to another
+        job meanwhile, and its training must stop). Quotas and the budget are not asked again: it was
+        admitted within them and is running."""
+        now = self.clock()
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
+            if conn.execute("SELECT 1 FROM admission WHERE id = ? AND admitted IS NOT NULL", (job.id,)).fetchone():
+                conn.execute("UPDATE admission SET lease_until = ? WHERE id = ?", (now + RUNNING_LEASE_S, job.id))
+                return True
+            conn.execute("DELETE FROM admission WHERE id = ?", (job.id,))  # a waiting row of its own, if any
+            live = [e for e in self._entries(conn) if e.admitted is not None]
+            if job.gpu_type not in self.config.gpu_types or job.team not in self.config.teams:
+                return False
+            used = _usage(self.config, live, job.gpu_type)
+            if sum(used.values()) + job.slots > self.config.gpu_types[job.gpu_type].slots:
+                return False
+            if set(devices) & {d for e in live for d in e.devices}:
+                return False
+            (arrived,) = conn.execute(
+                "SELECT coalesce(min(enqueued), ?) FROM arrivals WHERE id = ?", (now, job.id)
+            ).fetchone()
+            borrowed = max(
+                0, used[job.team] + job.slots - max(self.config.quota(job.team, job.gpu_type), used[job.team])
+            )
+            conn.execute(
+                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, enqueued, admitted, borrowed, "
+                "devices, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job.id, job.team, job.gpu_type, job.slots, job.priority, job.max_hours, arrived, now, borrowed,
+                 ",".join(devices), now + RUNNING_LEASE_S),
+            )  # fmt: skip
+            return True
 
     def release(self, job_id: str) -> None:
         """The job is done (its training ended for good, or it gave up waiting): its slots and its place
@@ -361,11 +396,21 @@ class Ledger:
 
 
 def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
-    """This host's ledger (``$TRAINYARD_HOME/scheduling/admission.db``) over resources.yaml."""
-    from trainyard import paths
-    from trainyard.scheduling.resources import load_resources
+    """This host's ledger (``$TRAINYARD_HOME/scheduling/admission.db``) over the resources in force
+    (:func:`~trainyard.scheduling.resources.resources_in_force`). Refused without an explicit
+    TRAINYARD_HOME: the triggerer, the ``admit`` task and the training must share one ledger, and a
+    process that fell back to ``./var`` would queue against an empty one and admit everything."""
+    import os
 
-    return Ledger(paths.home() / "scheduling" / "admission.db", config or load_resources())
+    from trainyard import paths
+    from trainyard.scheduling.resources import resources_in_force
+
+    if not os.environ.get("TRAINYARD_HOME"):
+        raise PermanentError(
+            "the admission queue needs TRAINYARD_HOME set, the same for every Airflow process on this host "
+            "(scheduler, triggerer, workers): `make up` sets it; export it where you start Airflow yourself"
+        )
+    return Ledger(paths.home() / "scheduling" / "admission.db", config or resources_in_force())
 
 
 def look(ledger: Ledger, job: Job) -> Decision:
@@ -385,6 +430,11 @@ class NotAdmitted(RuntimeError):
     """The job's reservation ran out before its training started, and it cannot be admitted again now."""
 
 
+class AdmissionLost(RetryableError):
+    """The job's lease ran out while it trained and its slots went to another job: its training was
+    stopped (never two jobs on one GPU). A retry resumes from its newest checkpoint once admitted again."""
+
+
 class NoFreeDevices(NotAdmitted):
     """The job is admitted, but fewer of this host's devices are free than it needs (for now)."""
 
@@ -402,44 +452,78 @@ def host_devices() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
+@dataclass
+class Lease:
+    """What :func:`hold` gives the training: the devices it may use and the signal to stop."""
+
+    devices: list[str] | None  # this host's GPUs the job was given (CUDA_VISIBLE_DEVICES); None: a CPU job
+    lost: threading.Event  # set when the lease ran out and its slots could not be taken back: stop training
+
+
 @contextlib.contextmanager
 def hold(
-    ledger: Ledger, job: Job, heartbeat_s: float = HEARTBEAT_S, spent: Mapping[str, float] | None = None
-) -> Iterator[None]:
-    """Around a job's training: its admission, renewed every ``heartbeat_s`` by a thread. It is released
-    when the training succeeds or fails for good (a PermanentError); after another failure it is kept for
-    ``ADMITTED_LEASE_S``, for the retry to find. An admission that ran out (a retry long after the try) is
-    asked for again; NotAdmitted if it cannot be had now (the task waits and tries again)."""
+    ledger: Ledger,
+    job: Job,
+    *,
+    final_try: bool = False,
+    available: list[str] | None = None,
+    heartbeat_s: float = HEARTBEAT_S,
+    spent: Mapping[str, float] | None = None,
+) -> Iterator[Lease]:
+    """Around a job's training: its admission, renewed every ``heartbeat_s`` by a thread, and with
+    ``available`` (this host's GPUs) ``slots`` of them for the job (:meth:`Ledger.claim_devices`).
+
+    Released (slots, devices and place in the queue) once the training can no longer run: it succeeded,
+    failed for good (a permanent error, :func:`trainyard.errors.is_permanent`) or failed on its
+    ``final_try``. After another failure it is kept for ``ADMITTED_LEASE_S``, for the retry to find. An
+    admission that ran out before the training (a retry long after its try) is asked for again;
+    NotAdmitted if it cannot be had now (the task waits and tries again). A lease that runs out while the
+    job trains is taken back (:meth:`Ledger.reclaim`); where another job has its slots by then,
+    ``Lease.lost`` is set for the launcher to stop the workers, and the training ends in AdmissionLost."""
     log = logging.getLogger(__name__)
     if not ledger.renew(job.id):
         decision = ledger.request(job, spent)
         if not decision.admitted:
             raise NotAdmitted(f"job {job.id} is not admitted any more: {decision.reason}")
         ledger.renew(job.id)
+    devices = None if available is None else ledger.claim_devices(job.id, job.slots, available)
+    lease = Lease(devices, threading.Event())
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.wait(heartbeat_s):
             try:
-                if not ledger.renew(job.id):  # it ran out (the file was locked for minutes): ask again
-                    log.warning("admission of %s ran out while training; asking again: %s", job.id, ledger.request(job))
+                if ledger.renew(job.id):
+                    continue
+                if ledger.reclaim(job, tuple(devices or ())):
+                    log.warning("admission of %s ran out while it trained; it took its slots back", job.id)
+                    continue
+                log.error(
+                    "admission of %s ran out while it trained and its slots went to another job: stopping", job.id
+                )
+                lease.lost.set()
+                return
             except sqlite3.Error as err:  # retried at the next beat
                 log.warning("admission heartbeat of %s failed: %s", job.id, err)
 
     thread = threading.Thread(target=beat, name="trainyard-admission-heartbeat", daemon=True)
     thread.start()
-    done = False
+    for_good = True
     try:
-        yield
-        done = True
-    except PermanentError:
-        done = True
+        yield lease
+    except BaseException as err:
+        for_good = final_try or is_permanent(err)
+        if lease.lost.is_set() and not is_permanent(err):
+            raise AdmissionLost(
+                f"job {job.id}: its admission ran out while it trained and its slots went to another job, so "
+                "its workers were stopped; a retry waits for admission and resumes from the newest checkpoint"
+            ) from err
         raise
     finally:
         stop.set()
         thread.join()
         try:
-            if done:
+            if for_good:
                 ledger.release(job.id)
             else:
                 ledger.renew(job.id, ADMITTED_LEASE_S)

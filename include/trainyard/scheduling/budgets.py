@@ -27,7 +27,7 @@ from trainyard.errors import spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.spec import JobSpec, SpecError, safe_key
 from trainyard.training.run_config import RUN_CONFIG_FILE
-from trainyard.training.usage import USAGE_FILE
+from trainyard.training.usage import USAGE_FILE, read_usage
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def _run_usage(usage: Path) -> tuple[str, str, list[dict]]:
     if cached is not None and cached[0] == stamp:
         return cached[1]
     resources = json.loads(config.read_text())["spec"]["resources"]
-    records = [json.loads(line) for line in usage.read_text().splitlines() if line.strip()]
+    records = read_usage(usage)
     parsed = (str(resources["team"]), str(resources["gpu_type"]), records)
     with _parsed_lock:
         _parsed[usage] = (stamp, parsed)

@@ -14,9 +14,10 @@ slices that do not fit a GPU, a priority range upside down.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -287,6 +288,47 @@ def load_resources(path: str | os.PathLike | None = None) -> ResourcesConfig:
         return cached[1]
     config = parse_resources(path.read_text(), str(path))
     _loaded[path] = (stamp, config)
+    return config
+
+
+LAST_GOOD_FILE = "resources.last-good.yaml"  # in TRAINYARD_HOME/scheduling: the queue's fallback
+_kept: dict[Path, tuple[int, int]] = {}  # path -> the stamp of the version last kept as the good one
+
+
+def resources_in_force(
+    path: str | os.PathLike | None = None, on_broken: Callable[[str], None] | None = None
+) -> ResourcesConfig:
+    """The inventory the queue runs on (the admission ledger, its waiting and training jobs): resources.yaml
+    as it is now, kept as the last good version whenever it parses; where an edit broke it (or removed it),
+    that last good version, so a typo fails no waiting or running job. ``on_broken`` (default: a warning in
+    the log) is told what is wrong with the file, its line and field, at every look while it stays broken;
+    ``trainyard pools sync`` and the set-up refuse the same file with the same message. Raises only when
+    there is no good version to fall back on."""
+    from trainyard import paths
+    from trainyard.files import atomic_write
+
+    path = Path(path) if path else default_config_dir() / "resources.yaml"
+    kept = paths.home() / "scheduling" / LAST_GOOD_FILE
+    try:
+        config = load_resources(path)
+    except (ResourcesError, FileNotFoundError) as err:
+        if not kept.is_file():
+            raise
+        (on_broken or logging.getLogger(__name__).warning)(
+            f"{err}\nthe queue keeps the last good version ({kept}) until resources.yaml is fixed"
+        )
+        return load_resources(kept)
+    stamp = _loaded[path][0]
+    if _kept.get(path) != stamp:
+        text = path.read_text()
+        try:
+            parse_resources(text, str(path))  # what is kept must parse: the file may have changed since
+        except ResourcesError:
+            pass  # the next look reads the new version and falls back
+        else:
+            if not kept.is_file() or kept.read_text() != text:
+                atomic_write(kept, text.encode())
+        _kept[path] = stamp
     return config
 
 

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from trainyard.data.store import atomic_write
 from trainyard.errors import PermanentError
+from trainyard.files import atomic_write
 from trainyard.training.run_config import WorkerOutputError, open_untrusted, work_dir
 
 METRICS_FILE = "metrics.jsonl"

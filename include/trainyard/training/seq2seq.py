@@ -143,7 +143,7 @@ def run_vocab(
     """The vocabulary of a run, learned once: the first worker to take ``cache``'s lock learns it from
     ``sentences()`` and writes its state there; the other ranks, and a retry of the run, read that file
     (learning it on every rank from the whole split was world_size times the work)."""
-    from trainyard.data.store import atomic_write, file_lock
+    from trainyard.files import atomic_write, file_lock
 
     with file_lock(cache.with_name(cache.name + ".lock")):
         if cache.exists():

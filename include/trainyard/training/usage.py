@@ -10,10 +10,13 @@ concurrent writers (the pods of a multi-node job) do not interleave.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 from pathlib import Path
 
 USAGE_FILE = "usage.jsonl"
+log = logging.getLogger(__name__)
 
 
 def record_try(run_dir: str | Path, *, attempt: int, started: float, ended: float, gpus: int, where: str) -> None:
@@ -28,11 +31,30 @@ def record_try(run_dir: str | Path, *, attempt: int, started: float, ended: floa
         os.close(fd)
 
 
+def read_usage(path: str | Path) -> list[dict]:
+    """The try records of a usage file, each with numeric ``started``, ``ended`` and ``gpus``: the one
+    reader of the format (cost, budgets, max_hours). A line that is no such record (torn by a full disk,
+    edited by hand) is skipped with a warning naming the file and the line: one damaged run must not stop
+    every job's validation, admission or training."""
+    records = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            started, ended, gpus = float(record["started"]), float(record["ended"]), int(record["gpus"])
+            if not (math.isfinite(started) and math.isfinite(ended) and started <= ended and gpus >= 0):
+                raise ValueError(f"started {started}, ended {ended}, gpus {gpus}")
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("%s:%d: not a usage record, not counted (%s: %s)", path, number, type(err).__name__, err)
+            continue
+        records.append({**record, "started": started, "ended": ended, "gpus": gpus})
+    return records
+
+
 def tries(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / USAGE_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_usage(path) if path.exists() else []
 
 
 def gpu_seconds(run_dir: str | Path) -> float:

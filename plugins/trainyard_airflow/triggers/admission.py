@@ -10,7 +10,8 @@ the admission is not followed by a worker start either; the reason it got ("admi
 A triggerer that dies takes no reservation with it: the job's waiting row runs out (its lease) and its
 arrival is kept, so the restarted trigger finds its place again. A task marked failed or cleared while it
 waits withdraws its row (``on_kill``). A ledger that cannot be read for a moment (SQLite locked past its
-timeout) is logged and looked at again at the next tick; resources.yaml is read again at every look.
+timeout) is logged and looked at again at the next tick; resources.yaml is read again at every look, and
+an edit that broke it leaves the last good version in force (the log says what is wrong, at every look).
 """
 
 from __future__ import annotations
@@ -35,18 +36,21 @@ class AdmissionTrigger(BaseTrigger):
         return f"{__name__}.{type(self).__name__}", {"job": self.job, "end_from_trigger": self.end_from_trigger}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from trainyard.errors import TrainyardError
         from trainyard.scheduling.admission import Job, default_ledger, look
-        from trainyard.scheduling.resources import load_resources
+        from trainyard.scheduling.resources import ResourcesError, resources_in_force
 
         ledger = await asyncio.to_thread(default_ledger)
         job = Job(**self.job)
         said = ""
         while True:
             try:
-                # resources.yaml as it is now (a quota changed while the job waits applies to its next look)
-                ledger.config = await asyncio.to_thread(load_resources)
+                # resources.yaml as it is now (a quota changed while the job waits applies to its next look);
+                # an edit that broke it is logged at every look, and the last good version stays in force
+                ledger.config = await asyncio.to_thread(resources_in_force, None, self.log.warning)
                 decision = await asyncio.to_thread(look, ledger, job)
-            except (sqlite3.Error, OSError) as err:  # the ledger was locked or unreadable: look again later
+            except (sqlite3.Error, OSError, ResourcesError, TrainyardError) as err:
+                # the ledger locked or unreadable, no good resources.yaml to fall back on: look again later
                 self.log.warning("admission of %s: could not look (%s); looking again", job.id, err)
             else:
                 if decision.reason != said:

@@ -350,8 +350,13 @@ def test_each_job_gets_devices_of_its_own_until_it_is_done(ledger, clock):
     ledger.release("a")
     assert ledger.claim_devices("c", 2, host) == ["0", "1"]
     clock.now += admission.ADMITTED_LEASE_S + 1  # b's worker was killed: no heartbeat
-    ledger.renew("c")  # (c's heartbeat, late: c's lease ran out too)
-    assert ledger.request(job("d", "vision", 4)).admitted
+    # c's heartbeat comes late, past its lease, but before any decision dropped its row: c trains on, and
+    # keeps its devices
+    assert ledger.renew("c")
+    assert ledger.request(job("d", "vision", 4)).admitted  # this decision drops b's row
+    with pytest.raises(NoFreeDevices, match=r"3 free \(\['0', '1'\] held"):
+        ledger.claim_devices("d", 4, host)
+    ledger.release("c")
     assert ledger.claim_devices("d", 4, host) == ["0", "1", "2", "3"]
     with pytest.raises(PermanentError, match="needs 6 device"):
         ledger.claim_devices("d", 6, host)
@@ -367,3 +372,97 @@ def test_a_job_s_workers_see_only_its_devices(monkeypatch):
     assert host_devices() == ["0", "1", "MIG-ab"]
     host = this_host(["1", "MIG-ab"])
     assert host.cuda_devices == 2 and host.env["CUDA_VISIBLE_DEVICES"] == "1,MIG-ab"
+
+
+def test_the_final_try_of_a_failed_training_releases_at_once(ledger, clock):
+    """No retry is left, so nothing is kept for one: the next job starts at its next look, not after
+    ADMITTED_LEASE_S on an idle fleet."""
+    for name, team, slots in (("a", "vision", 4), ("n", "nlp", 2), ("r", "research", 2)):
+        assert ledger.request(job(name, team, slots)).admitted
+    assert not ledger.request(job("next", "vision", 4)).admitted
+    with pytest.raises(RuntimeError), hold(ledger, job("a", "vision", 4), final_try=True):
+        raise RuntimeError("the custom command exited with 1")
+    assert "a" not in {e.job.id for e in ledger.entries()}
+    assert ledger.request(job("next", "vision", 4)).admitted
+
+
+def test_a_retryable_error_is_not_permanent_whatever_its_class_says():
+    """One definition of permanent: the error's ``retryable``, as the Airflow layer reads it."""
+    from trainyard.errors import PermanentError, RetryableError, is_permanent
+
+    assert is_permanent(PermanentError("x")) and not is_permanent(RetryableError("x"))
+    assert not is_permanent(RuntimeError("x")) and not is_permanent(admission.AdmissionLost("x"))
+
+
+class PausedHeartbeat:
+    """Holds job ``a``'s heartbeat (a paused VM, a renewal stuck behind a lock) until ``resume()``."""
+
+    def __init__(self, ledger: Ledger, monkeypatch) -> None:
+        import threading
+
+        self.running = threading.Event()
+        self.running.set()
+        renew = ledger.renew
+
+        def held_renew(job_id: str, *args):
+            if job_id == "a" and threading.current_thread().name == "trainyard-admission-heartbeat":
+                self.running.wait()
+            return renew(job_id, *args)
+
+        monkeypatch.setattr(ledger, "renew", held_renew)
+
+    def pause(self) -> None:
+        self.running.clear()
+        time.sleep(0.2)  # a beat already past the gate ends meanwhile
+
+    def resume(self) -> None:
+        self.running.set()
+
+
+def test_a_lapsed_lease_takes_its_own_row_back_while_the_slots_are_free(ledger, clock, monkeypatch):
+    """The heartbeat missed its lease and a decision dropped the row: the training takes it back with its
+    devices at its next beat, and no waiting job is handed them meanwhile."""
+    heartbeat = PausedHeartbeat(ledger, monkeypatch)
+    j = job("a", "vision", 4)
+    assert ledger.request(j).admitted
+    with hold(ledger, j, available=["0", "1", "2", "3", "4"], heartbeat_s=0.05) as lease:
+        assert lease.devices == ["0", "1", "2", "3"]
+        heartbeat.pause()
+        clock.now += admission.RUNNING_LEASE_S + 1
+        assert ledger.request(job("small", "nlp", 2)).admitted  # this decision drops a's row
+        assert "a" not in admitted(ledger)
+        heartbeat.resume()
+        time.sleep(0.3)  # a's next beat takes it back
+        assert not lease.lost.is_set()
+        assert admitted(ledger) == {"a": 0, "small": 0}
+        assert {e.job.id: e.devices for e in ledger.entries()}["a"] == ("0", "1", "2", "3")
+        with pytest.raises(admission.NoFreeDevices):
+            ledger.claim_devices("small", 2, ["0", "1", "2", "3", "4"])  # only "4" is free
+
+
+def test_a_lapsed_lease_whose_slots_went_elsewhere_stops_the_training(ledger, clock, monkeypatch):
+    """When the slots were given to other jobs before the beat came back, the training must stop (never
+    two jobs on one GPU): ``lost`` is set for the launcher, and the try ends in a retryable AdmissionLost."""
+    heartbeat = PausedHeartbeat(ledger, monkeypatch)
+    j = job("a", "vision", 4)
+    assert ledger.request(j).admitted
+    with (
+        pytest.raises(admission.AdmissionLost, match="its workers were stopped"),
+        hold(ledger, j, heartbeat_s=0.05) as lease,
+    ):
+        heartbeat.pause()
+        clock.now += admission.RUNNING_LEASE_S + 1
+        for name, team, slots in (("v", "vision", 2), ("n", "nlp", 2), ("r", "research", 2), ("l", "lab", 1)):
+            assert ledger.request(job(name, team, slots)).admitted
+        heartbeat.resume()
+        assert lease.lost.wait(5)
+        raise RuntimeError("the launcher stopped the workers")  # what run() does once lost is set
+    assert "a" not in admitted(ledger)
+
+
+def test_the_queue_needs_an_explicit_trainyard_home(monkeypatch):
+    monkeypatch.delenv("TRAINYARD_HOME", raising=False)
+    from trainyard.errors import PermanentError
+
+    with pytest.raises(PermanentError, match="needs TRAINYARD_HOME set"):
+        admission.default_ledger()

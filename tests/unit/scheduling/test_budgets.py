@@ -120,3 +120,22 @@ def test_workers_are_stopped_at_max_hours(tmp_path):
     assert time.monotonic() - t0 < 15
     time.sleep(2.5)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "torn",
+    ['{"attempt": 3, "started": 1', '{"attempt": 3}', '["started", 1]', '{"started": "x", "ended": 2, "gpus": 1}'],
+    ids=["cut-short", "no-times", "not-an-object", "not-a-number"],
+)
+def test_a_malformed_usage_line_is_skipped_with_its_file_and_line_for_every_reader(tmp_path, caplog, torn):
+    """A torn or hand-edited line costs nothing and names itself; the run's other tries still count, for
+    the budget gate, the cost report and max_hours alike (one parser of usage records)."""
+    cfg = parse_resources(FLEET)
+    run = _run(tmp_path, "r1", "vision", [(DEC, 1.0, 2)])
+    with (run / usage.USAGE_FILE).open("a") as f:
+        f.write(torn + "\n")
+    usage.record_try(run, attempt=4, started=DEC + 7200, ended=DEC + 9000, gpus=2, where="local")
+    assert budgets.spent_this_month(cfg, tmp_path, DEC)["vision"] == pytest.approx(2.0 * (2 + 1))  # GPU-hours
+    assert budgets.team_months(cfg, "2026-12", tmp_path)["vision"].tries == 2
+    assert usage.wall_seconds(run) == pytest.approx(3600 + 1800)
+    assert f"{run / usage.USAGE_FILE}:2: not a usage record" in caplog.text

@@ -55,3 +55,24 @@ def test_collect_training_costs_every_recorded_try(trainyard_home, tmp_path):
     assert out["cost"] == pytest.approx(price * (2 * 600 + 2 * 900) / 3600)
     assert out["tries"] == 2
     assert c.get_run(run_id).data.metrics["run_cost"] == pytest.approx(out["cost"])
+
+
+def test_a_broken_edit_leaves_the_last_good_resources_in_force(trainyard_home, tmp_path):
+    """The queue's reader keeps the last version that parsed and says, at every look, what is wrong with
+    the new one (file, line, field); with no good version to fall back on it raises the same message."""
+    from trainyard.scheduling.resources import ResourcesError, resources_in_force
+
+    path = tmp_path / "resources.yaml"
+    path.write_text("gpu_types:\n  a100: {count: 8, price_per_hour: 1.0}\nteams:\n  vision: {quota: {a100: 4}}\n")
+    assert resources_in_force(path).quota("vision", "a100") == 4
+    path.write_text("gpu_types:\n  a100: {count: 8, price_per_hour: 1.0}\nteams:\n  vision: {quota: {a100: 40}}\n")
+    said: list[str] = []
+    config = resources_in_force(path, said.append)
+    assert config.quota("vision", "a100") == 4
+    assert f"{path}:4: teams.vision.quota.a100" in said[0] and "keeps the last good version" in said[0]
+    path.unlink()  # removed by mistake: the same
+    assert resources_in_force(path, said.append).quota("vision", "a100") == 4
+    (trainyard_home / "scheduling" / "resources.last-good.yaml").unlink()
+    path.write_text("teams: [")
+    with pytest.raises(ResourcesError, match="not YAML"):
+        resources_in_force(path, said.append)

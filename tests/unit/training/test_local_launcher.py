@@ -305,3 +305,16 @@ def test_a_run_once_sandboxed_is_not_resumed_outside_the_sandbox(tmp_path, monke
     (tmp_path / local.SANDBOXED_MARK).touch()
     with pytest.raises(sandbox.SandboxError, match="resumed only inside one; this host cannot sandbox now"):
         launcher.plan(spec, {"path": DATA}, run_dir=str(tmp_path), config_path=str(config))
+
+
+def test_the_workers_are_stopped_when_the_job_loses_its_admission():
+    """``stop`` (the lease's ``lost``) ends the child's process group as a timeout does; the launch fails."""
+    import threading
+    import time
+
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(LaunchError):
+        run([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"], stop=stop)
+    assert time.monotonic() - started < 30

@@ -55,9 +55,9 @@ def this_host(devices: list[str] | None = None) -> Host:
     ``devices`` (the GPUs a job was given), the job sees those alone: CUDA_VISIBLE_DEVICES."""
     import torch
 
-    from trainyard.scheduling.resources import load_resources
+    from trainyard.scheduling.resources import resources_in_force
 
-    cpu = load_resources().gpu_types.get("cpu")
+    cpu = resources_in_force().gpu_types.get("cpu")
     env = dict(os.environ)
     # torch.compile's caches of the platform's own workers in trainyard's private cache, never in the
     # shared /tmp, where another user (a sandboxed custom command) could plant code for them to load
@@ -113,9 +113,10 @@ class LocalLauncher(Launcher):
         The workers run in the sandbox: a custom command always (SandboxUnavailable where there is none), a
         built-in trainer's wherever this host has one (elsewhere as the task's user, and the log says why)."""
         from trainyard import recipes
-        from trainyard.scheduling.resources import check_policy, load_resources
+        from trainyard.scheduling.resources import check_policy, resources_in_force
 
-        check_policy(spec, load_resources())
+        # the inventory the queue admitted the job under: an edit that broke the file does not fail it
+        check_policy(spec, resources_in_force())
         if spec.recipe == "custom":
             sandbox.require()
             why, readable = None, [data["path"]]
@@ -144,12 +145,12 @@ class LocalLauncher(Launcher):
             tensorboard_dir=cfg.tensorboard_dir if cfg else None,
         )
 
-    def launch(self, plan: LocalPlan, on_line: Callable[[str], None]) -> None:
+    def launch(self, plan: LocalPlan, on_line: Callable[[str], None], stop: threading.Event | None = None) -> None:
         with self._relay(plan, on_line):
             if not plan.sandboxed:
                 on_line(f"sandbox: none on this host, the workers run as this task's user: {plan.unsandboxed_because}")
                 self.workers_started = time.time()
-                run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s)
+                run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s, stop=stop)
                 return
             Path(plan.run_dir, SANDBOXED_MARK).touch()
             with sandbox.Sandbox(work_dir(plan.run_dir), readable=plan.readable) as box:
@@ -162,6 +163,7 @@ class LocalLauncher(Launcher):
                     on_line=on_line,
                     timeout_s=plan.timeout_s,
                     after_exit=box.stop,
+                    stop=stop,
                 )
 
     @staticmethod
@@ -185,9 +187,11 @@ def launch(
     config_path: str,
     on_line: Callable[[str], None],
     devices: list[str] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Run ``spec``'s workers on this machine (on ``devices``, when the job was given some) and wait; append
-    this try's usage record whatever happens.
+    """Run ``spec``'s workers on this machine (on ``devices``, when the job was given some) and wait, or
+    stop them once ``stop`` is set (the job lost its admission); append this try's usage record whatever
+    happens.
 
     A spec this machine cannot run (more GPUs than it has) fails before anything starts and records
     nothing."""
@@ -195,7 +199,7 @@ def launch(
     plan = launcher.plan(spec, data, run_dir=run_dir, config_path=config_path)
     on_line("launching: " + " ".join(plan.command.argv))
     try:
-        launcher.launch(plan, on_line)
+        launcher.launch(plan, on_line, stop)
     finally:
         # from the workers' start: waiting for a free sandbox user holds the job's GPUs, but is not its use
         started = launcher.workers_started
@@ -223,10 +227,12 @@ def run(
     tail: int = 40,
     timeout_s: float | None = None,
     after_exit: Callable[[], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     """Run ``argv``, pass every output line to ``on_line``, raise LaunchError with the last lines on failure,
     MaxHoursReached if it still runs after ``timeout_s``. ``after_exit``: called once the child itself has
     ended (the sandbox kills what it left: a daemon holding the output open would block the reading).
+    ``stop``: once set, the child is stopped as on a timeout (and this raises LaunchError).
 
     The child gets its own process group, which is killed if this call is interrupted (task timeout,
     "mark failed") or times out, so no orphaned workers keep the GPUs."""
@@ -257,6 +263,15 @@ def run(
     watcher = threading.Thread(target=then, name="launch-after-exit", daemon=True) if after_exit else None
     if watcher is not None:
         watcher.start()
+
+    def stop_when_told() -> None:
+        while proc.poll() is None:
+            if stop.wait(1.0):  # type: ignore[union-attr]
+                _stop(proc)
+                return
+
+    if stop is not None:
+        threading.Thread(target=stop_when_told, name="launch-stop", daemon=True).start()
 
     def expire() -> None:
         timed_out.set()

@@ -62,8 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard import paths
-from trainyard.data.store import atomic_write, file_lock
 from trainyard.errors import PermanentError, RetryableError
+from trainyard.files import atomic_write, file_lock
 from trainyard.training.launchers import sandbox_entry
 from trainyard.training.launchers.sandbox_entry import USER_PREFIX, USERS
 
