@@ -255,7 +255,7 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
     """What the workers left: train_result.json (built-in recipes) or the custom metrics file, their
     metrics not relayed to MLflow yet; plus the GPU time of every try (the launchers' usage records: a retry
     adds to it, queue time is not in it) and its cost."""
-    from trainyard.scheduling.resources import load_resources, run_cost
+    from trainyard.scheduling.resources import resources_in_force, run_cost
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training import custom, metrics, usage
 
@@ -265,7 +265,7 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
     result = custom.collect(out_dir) if spec.recipe == "custom" else built_in_result(out_dir)
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
-    cost = run_cost(load_resources(), spec.resources.gpu_type, gpu_seconds)
+    cost = run_cost(resources_in_force(), spec.resources.gpu_type, gpu_seconds)
     log.info(
         "GPU time %.1f GPU-seconds over %d tr%s on %s: cost %.4f",
         gpu_seconds,

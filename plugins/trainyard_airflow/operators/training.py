@@ -64,10 +64,10 @@ def _mutate(pod: k8s.V1Pod) -> k8s.V1Pod:
     run after trainyard's own hook and may have changed it."""
     from airflow.settings import pod_mutation_hook
 
-    from trainyard.scheduling.resources import load_resources
+    from trainyard.scheduling.resources import resources_in_force
 
     pod_mutation_hook(pod)
-    problems = launcher.pod_policy_problems(pod, load_resources())
+    problems = launcher.pod_policy_problems(pod, resources_in_force())
     if problems:
         raise SpecError(spec_error_message(problems))
     return pod

@@ -52,7 +52,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from trainyard.errors import PermanentError, spec_error_message
-from trainyard.scheduling.resources import ResourcesConfig, kubernetes_problems, load_resources
+from trainyard.scheduling.resources import ResourcesConfig, kubernetes_problems, resources_in_force
 from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher, time_left
@@ -165,7 +165,7 @@ def queue_labels(spec: JobSpec, resources: ResourcesConfig | None = None) -> dic
     the workload; see ``trainyard cluster manifests``). Without: none."""
     from trainyard.scheduling import cluster
 
-    config = resources or load_resources()
+    config = resources or resources_in_force()
     if not config.scheduling.kueue:
         return {}
     return {
@@ -323,7 +323,7 @@ def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
 
 def node_selector(spec: JobSpec, resources: ResourcesConfig | None = None) -> dict[str, str]:
     """The GPU type's selector from resources.yaml, plus (and overridden by) the spec's own."""
-    config = resources or load_resources()
+    config = resources or resources_in_force()
     gpu = config.gpu_types.get(spec.resources.gpu_type)
     if gpu is None:
         raise _bad(
@@ -343,7 +343,7 @@ def pod_template(
 ) -> k8s.V1PodTemplateSpec:
     """One node of the job: the trainer container with the data PVC and a RAM-backed /dev/shm."""
     k = spec.kubernetes
-    config = resources or load_resources()  # read once for the node selector and the priority class
+    config = resources or resources_in_force()  # read once for the node selector and the priority class
     ports = [k8s.V1ContainerPort(name="rendezvous", container_port=RDZV_PORT)]
     if spec.recipe != "custom" and spec.distributed.strategy == "horovod":
         ports.append(k8s.V1ContainerPort(name="hvd-rendezvous", container_port=HOROVOD_RDZV_PORT))
@@ -416,7 +416,7 @@ def build_job(
 ) -> k8s.V1Job:
     """An Indexed Job, one pod per node, all started together, never retried by the cluster; suspended and
     labelled with the team's queue when Kueue admits the trainings."""
-    resources = resources or load_resources()  # read once for the labels and the pod template
+    resources = resources or resources_in_force()  # read once for the labels and the pod template
     queued = queue_labels(spec, resources)
     return k8s.V1Job(
         api_version="batch/v1",
@@ -450,7 +450,7 @@ def build_pod(
     """A single-node job as a bare Pod (no Job, no Service), for KubernetesPodOperator."""
     if spec.resources.nodes != 1:
         raise _bad("resources.nodes", f"a single pod runs one node; {spec.resources.nodes} nodes need build_job")
-    resources = resources or load_resources()  # read once for the labels and the pod template
+    resources = resources or resources_in_force()  # read once for the labels and the pod template
     template = pod_template(spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir)
     template.spec.subdomain = None
     return k8s.V1Pod(
@@ -577,9 +577,9 @@ class KubernetesLauncher(Launcher):
         """Writes the pods' run config next to ``config_path`` (idempotent) and builds the objects; SpecError
         if the team's policy does not allow the namespace, service account, image or env (checked again
         here, where the pods are made)."""
-        from trainyard.scheduling.resources import check_policy, load_resources
+        from trainyard.scheduling.resources import check_policy
 
-        check_policy(spec, self.resources or load_resources())
+        check_policy(spec, self.resources or resources_in_force())
         cfg = pod_run_config(RunConfig.load(config_path), self.home)
         pod_config = Path(run_dir) / POD_CONFIG
         cfg.dump(pod_config)

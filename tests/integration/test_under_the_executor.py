@@ -1,17 +1,22 @@
-"""The sandbox under Airflow's real executor: api-server, scheduler, dag-processor and triggerer as
-processes, LocalExecutor, a task supervisor whose request socket is every task process's stdin.
+"""The sandbox and the queue under Airflow's real executor: api-server, scheduler, dag-processor and
+triggerer as processes, LocalExecutor, a task supervisor whose request socket is every task process's
+stdin, admission waits deferred in the triggerer.
 
 A trigger-only user's custom command looks for a way back to that supervisor (stdin, every inherited
 descriptor) and asks it for a Variable and a Connection with Airflow's own frames; a built-in trainer's
 workers are looked at from outside while they train. ``dag.test()`` runs the supervisor in-process, so
-only a test through the executor can see what a child of a task holds.
+only a test through the executor can see what a child of a task holds. Then the queue: a run that fails
+before training never queues, and a job waiting in the triggerer behind one that fails on its last try
+starts within one look, through an edit that broke resources.yaml meanwhile.
 """
 
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -39,6 +44,10 @@ def airflow(tmp_path_factory):
         pytest.skip(f"no custom-command sandbox here: {reason}")
     trainyard_home = tmp_path_factory.mktemp("trainyard_home")
     af = airflow_services.Airflow(tmp_path_factory.mktemp("airflow_home"), trainyard_home)
+    # a config folder of its own: a test edits its resources.yaml as an operator would
+    af.config_dir = tmp_path_factory.mktemp("config") / "config"
+    shutil.copytree(REPO / "include" / "config", af.config_dir)
+    af.env["TRAINYARD_CONFIG_DIR"] = str(af.config_dir)
     af.setup(users="admin:admin,tina:user")  # tina may trigger runs and nothing more
     af.run("airflow", "variables", "set", SECRET_VARIABLE, SECRET_VALUE)
     af.run(
@@ -156,3 +165,68 @@ def test_a_built_in_trainers_workers_hold_no_descriptor_of_the_supervisor(airflo
         assert found["fds"]["0"] == "/dev/null", (pid, found)
         assert found["ancestors_sockets"], found  # the task process's own channel is there to compare with
         assert not set(found["fds"].values()) & found["ancestors_sockets"], (pid, found)
+
+
+def _ended(ti: dict) -> datetime:
+    return datetime.fromisoformat(ti["end_date"])
+
+
+def test_the_queue_keeps_moving_through_failures_and_a_broken_edit(airflow):
+    """Both jobs want the fleet's two cpu slots. A run whose dataset ref does not resolve fails there and
+    never asks for them. A custom command that fails on both of its tries holds them while it runs; the
+    job behind it waits deferred in the triggerer, through a typo in resources.yaml (the last good file
+    stays in force, the triggerer's log says what is wrong), and is admitted within one look of the final
+    failure, not after the lease kept for a retry that will not come."""
+    headers = airflow.headers("tina")
+    gpus = {"gpus_per_node": 2, "gpu_type": "cpu"}
+    bad_ref = airflow.trigger(
+        DAG, {"name": "bad-ref", "dataset": {"ref": "no-such-branch"}, "resources": gpus}, headers
+    )
+    assert airflow.wait_run(DAG, bad_ref, headers, 300)["state"] == "failed"
+    tis = airflow.task_instances(DAG, bad_ref, headers)
+    assert tis["resolve_dataset"]["state"] == "failed"
+    assert tis["admit"]["state"] == "upstream_failed" and tis["train"]["state"] == "upstream_failed"
+
+    fails = airflow.trigger(
+        DAG,
+        {"name": "fails", "recipe": "custom", "custom": {"command": [sys.executable, "-c", "raise SystemExit(3)"]},
+         "resources": gpus},
+        headers,
+    )  # fmt: skip
+    airflow.wait(
+        lambda: airflow.task_instances(DAG, fails, headers)["train"]["state"] in ("running", "up_for_retry", "failed"),
+        300,
+        "the failing job's training",
+    )
+    waits = airflow.trigger(
+        DAG,
+        {
+            "name": "waits",
+            "hyperparameters": {"epochs": 2, "batch_size": 32, "seed": 1},
+            "resources": gpus,
+            "gates": [],
+        },
+        headers,
+    )
+    resources = airflow.config_dir / "resources.yaml"
+    good = resources.read_text()
+    try:
+        airflow.wait(
+            lambda: airflow.task_instances(DAG, waits, headers)["admit"]["state"] == "deferred",
+            300,
+            "the second job to wait for admission in the triggerer",
+        )
+        resources.write_text(good.replace("count: 2", "count: two", 1))  # an operator's typo
+        assert airflow.wait_run(DAG, fails, headers, 300)["state"] == "failed"
+        failed = airflow.task_instances(DAG, fails, headers)["train"]
+        assert failed["try_number"] == 2  # its retry ran, and failed too: the final try
+        assert airflow.wait_run(DAG, waits, headers, 300)["state"] == "success", airflow.failure_report(
+            DAG, waits, headers
+        )
+    finally:
+        resources.write_text(good)
+    admitted = airflow.task_instances(DAG, waits, headers)["admit"]
+    poll_s = 10  # scheduling.admission_poll_seconds, its default
+    assert (_ended(admitted) - _ended(failed)).total_seconds() < poll_s + 15, (admitted, failed)
+    log = airflow.task_log(DAG, waits, "admit", headers)  # the trigger's lines are in its task's log
+    assert "gpu_types.cpu.count" in log and "the queue keeps the last good version" in log, log[-3000:]
