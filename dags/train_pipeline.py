@@ -169,7 +169,7 @@ def train_pipeline():
 
         ledger = default_ledger()
         spent = spent_this_month(ledger.config, paths.runs_root())
-        job = job_for(_spec(spec).resources, _run_key())
+        job = job_for(_spec(spec).resources, _run_key(), _triggering_user())
         ti = get_current_context()["ti"]
         # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
         available = None if job.gpu_type == "cpu" else host_devices()

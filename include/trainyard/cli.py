@@ -79,6 +79,54 @@ def cmd_report_cost(args) -> int:
     return 0
 
 
+def cmd_queue(args) -> int:
+    """Waiting and admitted jobs per GPU type, and why each waits: what users ask first when a job does
+    not start."""
+    import json
+    import time
+
+    from trainyard import paths
+    from trainyard.scheduling.admission import LEDGER_FILE, default_ledger
+    from trainyard.scheduling.budgets import spent_this_month
+
+    if not (paths.home() / LEDGER_FILE).is_file():  # nothing ever queued here; a look must not create it
+        rows = []
+    else:
+        ledger = default_ledger()
+        rows = ledger.standing(spent_this_month(ledger.config, paths.runs_root()))
+    now = time.time()
+    jobs = [
+        {
+            "run": e.job.id,
+            "gpu_type": e.job.gpu_type,
+            "state": "waiting" if e.admitted is None else "admitted",
+            "team": e.job.team,
+            "user": e.job.user,
+            "gpus": e.job.slots,
+            "priority": e.job.priority,
+            "waited_minutes": round(((e.admitted or now) - e.enqueued) / 60, 1),
+            "reason": reason,
+        }
+        for e, reason in rows
+    ]
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    if not jobs:
+        print("no job is waiting or admitted")
+        return 0
+    for gpu_type in sorted({j["gpu_type"] for j in jobs}):
+        print(f"{gpu_type}:")
+        print(f"  {'state':8s} {'team':10s} {'user':10s} {'GPUs':>4s} {'prio':>4s} {'waited':>8s}  run / reason")
+        for j in (j for j in jobs if j["gpu_type"] == gpu_type):
+            waited = f"{j['waited_minutes']:.1f} min"
+            print(
+                f"  {j['state']:8s} {j['team']:10s} {j['user'] or '-':10s} {j['gpus']:4d} {j['priority']:4d} "
+                f"{waited:>8s}  {j['run']}\n{'':56s}{j['reason']}"
+            )
+    return 0
+
+
 def cmd_report_utilisation(args) -> int:
     """Utilisation per pool and team, queue waits by job size, borrowing and violations, from Airflow's
     task records (trainyard.scheduling.utilisation defines each figure)."""
@@ -358,6 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
     p.set_defaults(func=cli_command(cmd_cluster_manifests))
+
+    p = sub.add_parser("queue", help="waiting and admitted jobs per GPU type, and why each waits")
+    p.add_argument("--json", action="store_true", help="one JSON object per job instead of the table")
+    p.set_defaults(func=cli_command(cmd_queue))
 
     report = sub.add_parser("report", help="what the fleet was used for").add_subparsers(
         dest="report_command", required=True

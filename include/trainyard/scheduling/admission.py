@@ -56,6 +56,7 @@ ARRIVAL_KEPT_S = ADMISSION_TIMEOUT_S + 24 * 3600.0  # a job's arrival outlives i
 # deferred), so the queue the ledger orders can be long; runs past this wait in Airflow's own run queue,
 # in arrival order, before they reach the ledger.
 RUNS_IN_FLIGHT = 256
+LEDGER_FILE = "scheduling/admission.db"  # under TRAINYARD_HOME
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS arrivals (id TEXT PRIMARY KEY, enqueued REAL NOT NULL);
@@ -70,7 +71,8 @@ CREATE TABLE IF NOT EXISTS admission (
     admitted REAL,
     borrowed INTEGER NOT NULL DEFAULT 0,
     devices TEXT NOT NULL DEFAULT '',
-    lease_until REAL NOT NULL
+    lease_until REAL NOT NULL,
+    user TEXT NOT NULL DEFAULT ''
 )
 """
 
@@ -83,6 +85,7 @@ class Job:
     slots: int
     priority: int
     max_hours: float  # resources.max_hours: its worst case counts against the team's budget while admitted
+    user: str = ""  # who triggered the run ("" for a schedule): shown by `trainyard queue`
 
 
 @dataclass(frozen=True)
@@ -211,9 +214,10 @@ class Ledger:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(admission)")}
-            if "devices" not in columns:  # a ledger made before devices were allocated
-                with contextlib.suppress(sqlite3.OperationalError):  # another process added it meanwhile
-                    conn.execute("ALTER TABLE admission ADD COLUMN devices TEXT NOT NULL DEFAULT ''")
+            for column in ("devices", "user"):  # a ledger made before devices were allocated, users shown
+                if column not in columns:
+                    with contextlib.suppress(sqlite3.OperationalError):  # another process added it meanwhile
+                        conn.execute(f"ALTER TABLE admission ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -238,10 +242,10 @@ class Ledger:
     @staticmethod
     def _entries(conn: sqlite3.Connection) -> list[Entry]:
         rows = conn.execute(
-            "SELECT id, team, gpu_type, slots, priority, max_hours, enqueued, admitted, borrowed, lease_until, "
+            "SELECT id, team, gpu_type, slots, priority, max_hours, user, enqueued, admitted, borrowed, lease_until, "
             "devices FROM admission"
         ).fetchall()
-        return [Entry(Job(*r[:6]), r[6], r[7], r[8], r[9], tuple(r[10].split(",")) if r[10] else ()) for r in rows]
+        return [Entry(Job(*r[:7]), r[7], r[8], r[9], r[10], tuple(r[11].split(",")) if r[11] else ()) for r in rows]
 
     def _decide(
         self, conn: sqlite3.Connection, now: float, spent: Mapping[str, float] | None
@@ -268,8 +272,8 @@ class Ledger:
             conn.execute("INSERT OR IGNORE INTO arrivals (id, enqueued) VALUES (?, ?)", (job.id, now))
             (arrived,) = conn.execute("SELECT enqueued FROM arrivals WHERE id = ?", (job.id,)).fetchone()
             conn.execute(
-                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, enqueued, lease_until) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, user, enqueued, lease_until) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
                 "lease_until = max(lease_until, excluded.lease_until)",
                 (
                     job.id,
@@ -278,6 +282,7 @@ class Ledger:
                     job.slots,
                     job.priority,
                     job.max_hours,
+                    job.user,
                     arrived,
                     now + WAITING_LEASE_S,
                 ),
@@ -332,10 +337,10 @@ class Ledger:
                 0, used[job.team] + job.slots - max(self.config.quota(job.team, job.gpu_type), used[job.team])
             )
             conn.execute(
-                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, enqueued, admitted, borrowed, "
-                "devices, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job.id, job.team, job.gpu_type, job.slots, job.priority, job.max_hours, arrived, now, borrowed,
-                 ",".join(devices), now + RUNNING_LEASE_S),
+                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, user, enqueued, admitted, "
+                "borrowed, devices, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job.id, job.team, job.gpu_type, job.slots, job.priority, job.max_hours, job.user, arrived, now,
+                 borrowed, ",".join(devices), now + RUNNING_LEASE_S),
             )  # fmt: skip
             return True
 
@@ -394,6 +399,26 @@ class Ledger:
         with self._connect() as conn:
             return [e for e in self._entries(conn) if e.lease_until >= now]
 
+    def standing(self, spent: Mapping[str, float] | None = None) -> list[tuple[Entry, str]]:
+        """Every live job with what the ledger says of it now, without changing anything: an admitted
+        job's share, or why a waiting one waits, in the words its ``admit`` task logs (the same
+        :func:`plan`). Admitted jobs first, then the waiting, each oldest first."""
+        now = self.clock()
+        entries = self.entries()
+        known = [e for e in entries if e.job.gpu_type in self.config.gpu_types and e.job.team in self.config.teams]
+        verdicts = plan(self.config, known, now, spent)
+        rows = []
+        for e in sorted(entries, key=lambda e: (e.admitted is None, e.enqueued)):
+            if e.admitted is not None:
+                borrowed = f", {e.borrowed} of them borrowed" if e.borrowed else ""
+                rows.append((e, f"admitted: {e.job.slots} {e.job.gpu_type} slot(s) for team {e.job.team}{borrowed}"))
+            elif e not in known:
+                rows.append((e, f"its team {e.job.team} or GPU type {e.job.gpu_type} is not in resources.yaml"))
+            else:
+                borrow, why = verdicts[e.job.id]
+                rows.append((e, why if borrow is None else "fits now: admitted at its next look"))
+        return rows
+
 
 def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
     """This host's ledger (``$TRAINYARD_HOME/scheduling/admission.db``) over the resources in force
@@ -410,7 +435,7 @@ def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
             "the admission queue needs TRAINYARD_HOME set, the same for every Airflow process on this host "
             "(scheduler, triggerer, workers): `make up` sets it; export it where you start Airflow yourself"
         )
-    return Ledger(paths.home() / "scheduling" / "admission.db", config or resources_in_force())
+    return Ledger(paths.home() / LEDGER_FILE, config or resources_in_force())
 
 
 def look(ledger: Ledger, job: Job) -> Decision:
@@ -421,9 +446,9 @@ def look(ledger: Ledger, job: Job) -> Decision:
     return ledger.request(job, spent_this_month(ledger.config, paths.runs_root()))
 
 
-def job_for(res: Resources, run_key: str) -> Job:
-    """The ledger's view of a run's JobSpec (its ``resources``)."""
-    return Job(run_key, res.team, res.gpu_type, res.total_gpus, res.priority, res.max_hours)
+def job_for(res: Resources, run_key: str, user: str | None = None) -> Job:
+    """The ledger's view of a run's JobSpec (its ``resources``), triggered by ``user``."""
+    return Job(run_key, res.team, res.gpu_type, res.total_gpus, res.priority, res.max_hours, user or "")
 
 
 class NotAdmitted(RuntimeError):

@@ -466,3 +466,28 @@ def test_the_queue_needs_an_explicit_trainyard_home(monkeypatch):
 
     with pytest.raises(PermanentError, match="needs TRAINYARD_HOME set"):
         admission.default_ledger()
+
+
+def test_trainyard_queue_shows_who_waits_and_why_in_the_words_admit_logs(trainyard_home, capsys):
+    import json
+
+    from trainyard.cli import main
+
+    assert main(["queue"]) == 0
+    assert "no job is waiting or admitted" in capsys.readouterr().out
+    assert not (trainyard_home / admission.LEDGER_FILE).exists()  # a look creates nothing
+    ledger = admission.default_ledger()
+    assert ledger.request(Job("train_pipeline/first", "default", "cpu", 2, 5, 1.0, "alice")).admitted
+    waiting = ledger.request(Job("train_pipeline/second", "default", "cpu", 1, 7, 1.0, "bob"))
+    assert not waiting.admitted
+    assert main(["queue", "--json"]) == 0
+    jobs = {j["run"]: j for j in json.loads(capsys.readouterr().out)}
+    assert jobs["train_pipeline/first"] | {"waited_minutes": 0} == {
+        "run": "train_pipeline/first", "gpu_type": "cpu", "state": "admitted", "team": "default", "user": "alice",
+        "gpus": 2, "priority": 5, "waited_minutes": 0, "reason": "admitted: 2 cpu slot(s) for team default",
+    }  # fmt: skip
+    second = jobs["train_pipeline/second"]
+    assert (second["state"], second["user"], second["reason"]) == ("waiting", "bob", waiting.reason)
+    assert main(["queue"]) == 0
+    table = capsys.readouterr().out
+    assert "cpu:" in table and "bob" in table and waiting.reason in table
