@@ -161,7 +161,8 @@ class Checkpoints:
     def load_latest(self, log=print) -> dict | None:
         for path in self.files():
             try:
-                state = torch.load(path, map_location="cpu", weights_only=False)
+                # tensors and plain values only: a file planted in checkpoints/ cannot run code when loaded
+                state = torch.load(path, map_location="cpu", weights_only=True)
                 state["_path"] = path.name
                 return state
             except Exception as err:  # noqa: BLE001 - any unreadable file means "try the previous one"

@@ -82,3 +82,41 @@ def test_close_without_check_prints_the_failure(tmp_path, capsys):
     ckpts.save_in_background(_state(1), 1, lambda path: None)
     ckpts.close(check=False)
     assert "checkpoint write failed" in capsys.readouterr().out
+
+
+def test_a_training_state_loads_with_weights_only_and_a_planted_pickle_does_not_run(tmp_path):
+    """What a strategy saves (model, AdamW after a step, the cosine schedule, a GradScaler's state, the
+    data position with torch's RNG state) loads as tensors and plain values; a file another user planted
+    among the checkpoints, a pickle that calls a function when loaded, is refused without running it."""
+    from trainyard.training.common import make_scheduler
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = make_scheduler(opt, 10)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    sched.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "scaler": torch.amp.GradScaler("cpu").state_dict(),
+        "epoch": 1, "batches_done": 3, "step": 7, "rng": torch.get_rng_state(),
+    }  # fmt: skip
+    ckpts = Checkpoints(tmp_path, keep=3)
+    ckpts.save(state, 7)
+    loaded = ckpts.load_latest()
+    assert loaded["step"] == 7 and torch.equal(loaded["rng"], state["rng"])
+    assert loaded["optimizer"]["param_groups"] == opt.state_dict()["param_groups"]
+    assert loaded["scheduler"] == sched.state_dict()
+
+    marker = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (marker.write_text, ("code ran",))
+
+    torch.save({"model": Planted(), "step": 99}, tmp_path / "step-00000099.pt")
+    seen: list[str] = []
+    assert ckpts.load_latest(seen.append)["step"] == 7  # the planted newest one is passed over
+    assert not marker.exists() and "step-00000099.pt is unreadable" in seen[0]
