@@ -247,12 +247,17 @@ class Ledger:
         ).fetchall()
         return [Entry(Job(*r[:7]), r[7], r[8], r[9], r[10], tuple(r[11].split(",")) if r[11] else ()) for r in rows]
 
+    @staticmethod
+    def _drop_lapsed(conn: sqlite3.Connection, now: float) -> None:
+        """Rows whose lease ran out go before anything is handed out: their slots and devices are free."""
+        conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
+
     def _decide(
         self, conn: sqlite3.Connection, now: float, spent: Mapping[str, float] | None
     ) -> dict[str, tuple[int | None, str]]:
         """Drop what ran out, admit what the plan admits. A job admitted on another's request keeps its
         waiting lease: if its admit task is gone (a cancelled run), its slots come back within that."""
-        conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
+        self._drop_lapsed(conn, now)
         conn.execute("DELETE FROM arrivals WHERE enqueued < ?", (now - ARRIVAL_KEPT_S,))
         config = self.config
         entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
@@ -317,7 +322,7 @@ class Ledger:
         admitted within them and is running."""
         now = self.clock()
         with self._transaction() as conn:
-            conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
+            self._drop_lapsed(conn, now)
             if conn.execute("SELECT 1 FROM admission WHERE id = ? AND admitted IS NOT NULL", (job.id,)).fetchone():
                 conn.execute("UPDATE admission SET lease_until = ? WHERE id = ?", (now + RUNNING_LEASE_S, job.id))
                 return True
@@ -325,17 +330,17 @@ class Ledger:
             live = [e for e in self._entries(conn) if e.admitted is not None]
             if job.gpu_type not in self.config.gpu_types or job.team not in self.config.teams:
                 return False
-            used = _usage(self.config, live, job.gpu_type)
-            if sum(used.values()) + job.slots > self.config.gpu_types[job.gpu_type].slots:
+            # counted from the rows themselves: one may be of a team this process's config does not know yet
+            of_type = [e.job for e in live if e.job.gpu_type == job.gpu_type]
+            if sum(j.slots for j in of_type) + job.slots > self.config.gpu_types[job.gpu_type].slots:
                 return False
             if set(devices) & {d for e in live for d in e.devices}:
                 return False
             (arrived,) = conn.execute(
                 "SELECT coalesce(min(enqueued), ?) FROM arrivals WHERE id = ?", (now, job.id)
             ).fetchone()
-            borrowed = max(
-                0, used[job.team] + job.slots - max(self.config.quota(job.team, job.gpu_type), used[job.team])
-            )
+            team_used = sum(j.slots for j in of_type if j.team == job.team)
+            borrowed = max(0, team_used + job.slots - max(self.config.quota(job.team, job.gpu_type), team_used))
             conn.execute(
                 "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, user, enqueued, admitted, "
                 "borrowed, devices, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -369,6 +374,9 @@ class Ledger:
             )
         now = self.clock()
         with self._transaction() as conn:
+            # a row whose lease ran out is dropped, not merely passed over: its job can then only take its
+            # devices back through reclaim, which checks that nobody was handed them meanwhile
+            self._drop_lapsed(conn, now)
             row = conn.execute(
                 "SELECT devices FROM admission WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?",
                 (job_id, now),
@@ -511,7 +519,11 @@ def hold(
         if not decision.admitted:
             raise NotAdmitted(f"job {job.id} is not admitted any more: {decision.reason}")
         ledger.renew(job.id)
-    devices = None if available is None else ledger.claim_devices(job.id, job.slots, available)
+    try:
+        devices = None if available is None else ledger.claim_devices(job.id, job.slots, available)
+    except PermanentError:  # more devices than the host has: this job can never run here
+        ledger.release(job.id)
+        raise
     lease = Lease(devices, threading.Event())
     stop = threading.Event()
 
@@ -528,21 +540,30 @@ def hold(
                 )
                 lease.lost.set()
                 return
-            except sqlite3.Error as err:  # retried at the next beat
-                log.warning("admission heartbeat of %s failed: %s", job.id, err)
+            except Exception as err:  # noqa: BLE001 - retried at the next beat; the thread must not die
+                log.warning("admission heartbeat of %s failed: %s: %s", job.id, type(err).__name__, err)
 
     thread = threading.Thread(target=beat, name="trainyard-admission-heartbeat", daemon=True)
     thread.start()
+    lost = AdmissionLost(
+        f"job {job.id}: its admission ran out while it trained and its slots went to another job, so its "
+        "workers were stopped; a retry waits for admission and resumes from the newest checkpoint"
+    )
     for_good = True
     try:
         yield lease
-    except BaseException as err:
+        if lease.lost.is_set():  # workers that exit 0 when stopped leave a partial result: not a success
+            for_good = final_try
+            raise lost
+    except AdmissionLost:
+        raise
+    except Exception as err:
         for_good = final_try or is_permanent(err)
         if lease.lost.is_set() and not is_permanent(err):
-            raise AdmissionLost(
-                f"job {job.id}: its admission ran out while it trained and its slots went to another job, so "
-                "its workers were stopped; a retry waits for admission and resumes from the newest checkpoint"
-            ) from err
+            raise lost from err
+        raise
+    except BaseException:  # the task was terminated (marked failed, timed out): Airflow decides what comes next
+        for_good = final_try
         raise
     finally:
         stop.set()

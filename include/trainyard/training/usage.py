@@ -37,7 +37,7 @@ def read_usage(path: str | Path) -> list[dict]:
     edited by hand) is skipped with a warning naming the file and the line: one damaged run must not stop
     every job's validation, admission or training."""
     records = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -45,7 +45,7 @@ def read_usage(path: str | Path) -> list[dict]:
             started, ended, gpus = float(record["started"]), float(record["ended"]), int(record["gpus"])
             if not (math.isfinite(started) and math.isfinite(ended) and started <= ended and gpus >= 0):
                 raise ValueError(f"started {started}, ended {ended}, gpus {gpus}")
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, ArithmeticError) as err:
             log.warning("%s:%d: not a usage record, not counted (%s: %s)", path, number, type(err).__name__, err)
             continue
         records.append({**record, "started": started, "ended": ended, "gpus": gpus})

@@ -49,7 +49,7 @@ class AdmitOperator(BaseOperator):
         from trainyard.spec import Resources
         from trainyard_airflow.triggers.admission import AdmissionTrigger
 
-        user = getattr(context["dag_run"], "triggering_user_name", None)
+        user = getattr(context.get("dag_run"), "triggering_user_name", None)  # None: a scheduled run
         job = job_for(Resources.model_validate(self.spec["resources"]), self.run_key, user)
         decision = look(default_ledger(), job)
         self.log.info("admission of %s: %s", job.id, decision.reason)

@@ -36,7 +36,7 @@ class AdmissionTrigger(BaseTrigger):
         return f"{__name__}.{type(self).__name__}", {"job": self.job, "end_from_trigger": self.end_from_trigger}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from trainyard.errors import TrainyardError
+        from trainyard.errors import RetryableError
         from trainyard.scheduling.admission import Job, default_ledger, look
         from trainyard.scheduling.resources import ResourcesError, resources_in_force
 
@@ -49,7 +49,7 @@ class AdmissionTrigger(BaseTrigger):
                 # an edit that broke it is logged at every look, and the last good version stays in force
                 ledger.config = await asyncio.to_thread(resources_in_force, None, self.log.warning)
                 decision = await asyncio.to_thread(look, ledger, job)
-            except (sqlite3.Error, OSError, ResourcesError, TrainyardError) as err:
+            except (sqlite3.Error, OSError, ResourcesError, RetryableError) as err:
                 # the ledger locked or unreadable, no good resources.yaml to fall back on: look again later
                 self.log.warning("admission of %s: could not look (%s); looking again", job.id, err)
             else:

@@ -400,20 +400,24 @@ class PausedHeartbeat:
     def __init__(self, ledger: Ledger, monkeypatch) -> None:
         import threading
 
-        self.running = threading.Event()
+        self.running, self.parked = threading.Event(), threading.Event()
         self.running.set()
         renew = ledger.renew
 
         def held_renew(job_id: str, *args):
             if job_id == "a" and threading.current_thread().name == "trainyard-admission-heartbeat":
+                if not self.running.is_set():
+                    self.parked.set()
                 self.running.wait()
             return renew(job_id, *args)
 
         monkeypatch.setattr(ledger, "renew", held_renew)
 
     def pause(self) -> None:
+        """Returns once the heartbeat waits at the gate (no beat is under way)."""
+        self.parked.clear()
         self.running.clear()
-        time.sleep(0.2)  # a beat already past the gate ends meanwhile
+        assert self.parked.wait(10)
 
     def resume(self) -> None:
         self.running.set()
@@ -432,7 +436,9 @@ def test_a_lapsed_lease_takes_its_own_row_back_while_the_slots_are_free(ledger, 
         assert ledger.request(job("small", "nlp", 2)).admitted  # this decision drops a's row
         assert "a" not in admitted(ledger)
         heartbeat.resume()
-        time.sleep(0.3)  # a's next beat takes it back
+        deadline = time.monotonic() + 10
+        while "a" not in admitted(ledger) and time.monotonic() < deadline:  # a's next beat takes it back
+            time.sleep(0.02)
         assert not lease.lost.is_set()
         assert admitted(ledger) == {"a": 0, "small": 0}
         assert {e.job.id: e.devices for e in ledger.entries()}["a"] == ("0", "1", "2", "3")

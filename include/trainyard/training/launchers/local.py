@@ -304,5 +304,7 @@ def run(
             f"resources.max_hours: the workers were stopped after {hours:.3g} hour(s), what was left of the "
             f"run's max_hours; raise it to train longer (the newest checkpoint is kept)"
         )
+    if stop is not None and stop.is_set():  # whatever the workers exited with, they did not finish
+        raise LaunchError(f"{' '.join(argv[:3])} was stopped (exit status {rc}); last lines:\n" + "\n".join(last))
     if rc != 0:
         raise LaunchError(f"{' '.join(argv[:3])} exited with {rc}; last lines:\n" + "\n".join(last))

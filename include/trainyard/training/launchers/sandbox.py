@@ -149,7 +149,7 @@ def unavailable_reason() -> str | None:
     except (OSError, SandboxError) as err:
         return f"the filesystem of {STATE_DIR} takes no POSIX ACL ({err})"
     done = subprocess.run(
-        [sys.executable, "-I", ENTRY, "--probe"], stdin=subprocess.DEVNULL, capture_output=True, text=True
+        [sys.executable, "-I", "-S", ENTRY, "--probe"], stdin=subprocess.DEVNULL, capture_output=True, text=True
     )
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or ["?"])[-1]
@@ -291,18 +291,32 @@ def _kill_every_process_of(user: SandboxUser) -> None:
 
     From a forked child that becomes the user and signals, without an exec: no program runs that a daemon
     left behind could have swapped in, and the child's ``/proc`` entries (its environment, which is the
-    task's, and its memory) stay root's, as changing its ids leaves it non-dumpable. Between fork and
-    ``_exit`` the child only makes system calls."""
+    task's, and its memory) stay root's, as changing its ids leaves it non-dumpable. The child does little
+    beyond those system calls (no import, no lock of this process's), and it is waited for with a deadline:
+    a process of the user could stop it (SIGSTOP) once it is the user, and would only delay the next try."""
     pid = os.fork()
-    if pid == 0:  # the child: no Python-level work that could take a lock another thread held at the fork
+    if pid == 0:
+        status = 1
         try:
             os.setgroups([])
             os.setresgid(user.gid, user.gid, user.gid)
             os.setresuid(user.uid, user.uid, user.uid)
             os.kill(-1, signal.SIGKILL)  # Linux: every process the caller may signal, but not itself
+            status = 0
         finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+            os._exit(status)
+    deadline = time.monotonic() + 5.0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)  # as root: the helper itself, stopped or stuck
+            os.waitpid(pid, 0)
+            return
+        time.sleep(0.01)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SandboxError(f"could not become sandbox user {user.name} to stop its processes")
 
 
 def kill_all(user: SandboxUser, wait_s: float = 30.0) -> None:
@@ -508,10 +522,10 @@ class Sandbox:
         in its namespaces."""
         assert self.user is not None
         # -I: the root part reads no user site-packages, no PYTHON* variable and neither the working nor
-        # the script's directory (HOME is the work directory, which the program wrote on an earlier try), so
-        # it imports the standard library and nothing else
+        # the script's directory (HOME is the work directory, which the program wrote on an earlier try);
+        # -S: no site module, so no .pth file of the environment runs as root either: the standard library only
         uid, gid = str(self.user.uid), str(self.user.gid)
-        return [sys.executable, "-I", ENTRY, uid, gid, str(self.work_dir), "--", *argv]
+        return [sys.executable, "-I", "-S", ENTRY, uid, gid, str(self.work_dir), "--", *argv]
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` for the sandboxed command: HOME, TMPDIR and torch.compile's caches in its work
