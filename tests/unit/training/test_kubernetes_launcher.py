@@ -142,7 +142,14 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     assert volumes["dshm"].empty_dir.medium == "Memory"
 
     (c,) = pod.containers
-    assert {m.name: m.mount_path for m in c.volume_mounts} == {"data": "/var/trainyard", "dshm": "/dev/shm"}
+    # its run only: work/ read-write, its config and prepared data read-only, nothing else of the volume
+    run = "runs/digits/train_pipeline_manual"
+    assert [(m.name, m.mount_path, m.sub_path, m.read_only) for m in c.volume_mounts] == [
+        ("data", f"/var/trainyard/{run}/work", f"{run}/work", False),
+        ("data", CONFIG, f"{run}/run_config.json", True),
+        ("data", DATA_DIR, "cache/prepared/abc", True),
+        ("dshm", "/dev/shm", None, None),
+    ]
     expected = {"cpu": "8", "memory": "32Gi"}  # 4 CPUs and 16Gi per GPU (default) x 2
     if gpu_name:
         expected[gpu_name] = "2"
@@ -392,16 +399,15 @@ def test_plan_gives_the_pods_the_shared_volumes_paths(worker_home, nodes, strate
     pod_config = RunConfig.load(home / "runs" / "digits" / "run1" / K.POD_CONFIG)  # what the pods read
     assert plan.config_path == "/var/trainyard/runs/digits/run1/" + K.POD_CONFIG
     assert pod_config.out_dir == "/var/trainyard/runs/digits/run1/work"
-    # built-in trainers' pods write MLflow themselves; a custom program's file is relayed at collect
-    custom_file = "/var/trainyard/runs/digits/run1/work/metrics.jsonl" if strategy == "custom" else None
-    assert pod_config.metrics_file == custom_file
+    # every trainer reports through the metrics file in work/, relayed at collect: no tracking store named
+    assert pod_config.metrics_file == "/var/trainyard/runs/digits/run1/work/metrics.jsonl"
     assert pod_config.data == {
         **cfg.data,
         "path": "/var/trainyard/cache/prepared/abc",
         "train": "/var/trainyard/cache/prepared/abc/train.lmdb",
         "val": "/var/trainyard/cache/prepared/abc/val.lmdb",
     }
-    assert pod_config.tracking_uri == "sqlite:////var/trainyard/mlflow/mlflow.db"
+    assert pod_config.tracking_uri is None
     assert pod_config.tensorboard_dir == "/var/trainyard/tensorboard/digits"
     assert pod_config.spec == cfg.spec and pod_config.mlflow_run_id == "r1"
 
@@ -581,3 +587,45 @@ def test_without_kueue_nothing_is_suspended_or_labelled():
     job = K.build_job(spec_for({"resources": {"nodes": 2}}, {"kubernetes": {"priority_class": None}}), RUN_KEY, CONFIG)
     assert job.spec.suspend is None and "kueue.x-k8s.io/queue-name" not in job.metadata.labels
     assert job.spec.template.spec.priority_class_name is None  # no PriorityClass the cluster may not have
+
+
+def test_a_pod_mounts_only_its_run(worker_home):
+    """Nothing of TRAINYARD_HOME but the run reaches a pod: no mount at the volume's root, none of the
+    keys, ledger, audit trail, MLflow store, dataset store or another run; what it may change is its
+    work/ alone. A path that climbs out of the volume is refused."""
+    home, config = worker_home
+    for extra in ("keys", "scheduling", "audit", "mlflow", "datasets", "runs/other/run9"):
+        (home / extra).mkdir(parents=True, exist_ok=True)
+    cfg, config_path = config(spec_for(STRATEGIES["custom"][0], {"resources": {"nodes": 2}}))
+    plan = K.KubernetesLauncher(RUN_KEY, 1, home).plan(
+        cfg.spec, cfg.data, run_dir=_run_dir(config_path), config_path=config_path
+    )
+    (container,) = plan.objects[-1].spec.template.spec.containers
+    data = [m for m in container.volume_mounts if m.name == "data"]
+    assert {m.sub_path for m in data} == {
+        "runs/digits/run1/work", "runs/digits/run1/" + K.POD_CONFIG, "cache/prepared/abc",
+    }  # fmt: skip
+    assert [m.sub_path for m in data if not m.read_only] == ["runs/digits/run1/work"]
+    assert all(m.mount_path == "/var/trainyard/" + m.sub_path for m in data)
+    for bad in ("/var/trainyard", "/var/trainyard/../etc", "/etc/passwd", "runs/x"):
+        with pytest.raises(K.PermanentError, match="mounts only files of its run"):
+            K.run_mounts(CONFIG, data_dir=bad)
+
+
+def test_a_recipe_s_input_file_is_mounted_read_only(worker_home):
+    """resnet's init_weights (under TRAINYARD_HOME/weights) reaches the pods as one read-only file."""
+    home, config = worker_home
+    weights = home / "weights" / "resnet18.pth"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"w")
+    spec = spec_for({"recipe": "resnet_classifier", "recipe_options": {"init_weights": "resnet18.pth"}})
+    cfg, config_path = config(spec)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINYARD_HOME", str(home))
+        plan = K.KubernetesLauncher(RUN_KEY, 1, home).plan(
+            cfg.spec, cfg.data, run_dir=_run_dir(config_path), config_path=config_path
+        )
+    (container,) = plan.objects[-1].spec.containers
+    assert ("/var/trainyard/weights/resnet18.pth", "weights/resnet18.pth", True) in [
+        (m.mount_path, m.sub_path, m.read_only) for m in container.volume_mounts
+    ]

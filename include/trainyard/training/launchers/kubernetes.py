@@ -332,6 +332,25 @@ def node_selector(spec: JobSpec, resources: ResourcesConfig | None = None) -> di
     return {**gpu.node_selector, **spec.kubernetes.node_selector}
 
 
+def run_mounts(config_path: str, data_dir: str | None = None, inputs: Iterable[str] = ()) -> list[k8s.V1VolumeMount]:
+    """What a pod sees of the shared volume: its run and nothing else. The run's ``work/`` read-write (its
+    checkpoints, metrics file and model), its run config, prepared data and a recipe's input files
+    read-only, each a ``subPath`` of the data volume at the path the run config names. Not the keys, the
+    admission ledger, the audit trail, MLflow's store, the dataset store or any other run: the pod runs
+    the team's code (or a team's own program) and may be hostile to every other team. ``config_path``,
+    ``data_dir`` and ``inputs`` are pod paths (:func:`in_pod`); the run directory is the config's."""
+    wanted = [(work_dir(posixpath.dirname(config_path)), False), (config_path, True)]
+    wanted += [(p, True) for p in ([data_dir] if data_dir else [])]
+    wanted += [(p, True) for p in inputs]
+    mounts = []
+    for path, read_only in dict.fromkeys(wanted):
+        sub_path = posixpath.relpath(posixpath.normpath(path), TRAINYARD_HOME)
+        if sub_path == "." or sub_path.startswith("../") or sub_path == ".." or not path.startswith("/"):
+            raise PermanentError(f"{path}: a pod mounts only files of its run, below {TRAINYARD_HOME}")
+        mounts.append(k8s.V1VolumeMount(name="data", mount_path=path, sub_path=sub_path, read_only=read_only))
+    return mounts
+
+
 def pod_template(
     spec: JobSpec,
     run_key: str,
@@ -340,8 +359,10 @@ def pod_template(
     attempt: int = 1,
     resources: ResourcesConfig | None = None,
     data_dir: str | None = None,
+    inputs: Iterable[str] = (),
 ) -> k8s.V1PodTemplateSpec:
-    """One node of the job: the trainer container with the data PVC and a RAM-backed /dev/shm."""
+    """One node of the job: the trainer container with its run's part of the data PVC (:func:`run_mounts`;
+    ``inputs``: a recipe's input files, pod paths) and a RAM-backed /dev/shm."""
     k = spec.kubernetes
     config = resources or resources_in_force()  # read once for the node selector and the priority class
     ports = [k8s.V1ContainerPort(name="rendezvous", container_port=RDZV_PORT)]
@@ -356,7 +377,7 @@ def pod_template(
         ports=ports,
         resources=_resources(spec),
         volume_mounts=[
-            k8s.V1VolumeMount(name="data", mount_path=TRAINYARD_HOME),
+            *run_mounts(config_path, data_dir, inputs),
             k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
         ],
     )
@@ -413,6 +434,7 @@ def build_job(
     attempt: int = 1,
     resources: ResourcesConfig | None = None,
     data_dir: str | None = None,
+    inputs: Iterable[str] = (),
 ) -> k8s.V1Job:
     """An Indexed Job, one pod per node, all started together, never retried by the cluster; suspended and
     labelled with the team's queue when Kueue admits the trainings."""
@@ -433,7 +455,9 @@ def build_job(
             parallelism=spec.resources.nodes,
             backoff_limit=0,  # retries are Airflow's: one place decides, and a retry resumes from a checkpoint
             ttl_seconds_after_finished=JOB_TTL_S,
-            template=pod_template(spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir),
+            template=pod_template(
+                spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir, inputs=inputs
+            ),
         ),
     )
 
@@ -446,12 +470,15 @@ def build_pod(
     attempt: int = 1,
     resources: ResourcesConfig | None = None,
     data_dir: str | None = None,
+    inputs: Iterable[str] = (),
 ) -> k8s.V1Pod:
     """A single-node job as a bare Pod (no Job, no Service), for KubernetesPodOperator."""
     if spec.resources.nodes != 1:
         raise _bad("resources.nodes", f"a single pod runs one node; {spec.resources.nodes} nodes need build_job")
     resources = resources or resources_in_force()  # read once for the labels and the pod template
-    template = pod_template(spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir)
+    template = pod_template(
+        spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir, inputs=inputs
+    )
     template.spec.subdomain = None
     return k8s.V1Pod(
         api_version="v1",
@@ -518,16 +545,22 @@ def _rewrite(value: Any, home: Path) -> Any:
 
 def pod_run_config(cfg: RunConfig, home: str | Path) -> RunConfig:
     """The run config with the pods' paths: the same spec, data and run, read through the shared volume.
-    A built-in trainer's rank 0 writes MLflow and TensorBoard itself, through that volume: no task of the
-    platform runs beside the pods to relay a metrics file while they train (the task waits deferred)."""
-    from trainyard import paths
-
-    root = Path(home).resolve()
+    Every trainer, built-in or custom, reports through the metrics file in ``work/``, which the platform
+    relays to MLflow and TensorBoard when the pods end (``collect_kubernetes``): a pod mounts neither
+    store (:func:`run_mounts`), and the config names no tracking URI."""
     raw = {k: v for k, v in cfg.to_json().items() if k != "spec"}
-    if cfg.spec.recipe != "custom":  # a custom program reports through its metrics file, relayed at collect
-        raw.update(tracking_uri=cfg.tracking_uri or paths.mlflow_tracking_uri(), metrics_file=None)
-    raw = _rewrite(raw, root)
-    return RunConfig(spec=cfg.spec, **raw)
+    raw.update(tracking_uri=None)
+    return RunConfig(spec=cfg.spec, **_rewrite(raw, Path(home).resolve()))
+
+
+def _worker_inputs(spec: JobSpec) -> list[Path]:
+    """A built-in recipe's input files (``init_weights``), on this worker's volume."""
+    if spec.recipe == "custom":
+        return []
+    from trainyard import recipes
+
+    recipe = recipes.get(spec.recipe)
+    return list(recipe.worker_inputs(recipe.opts(spec)))
 
 
 def running_interval(pods: Iterable[k8s.V1Pod], *, now: float | None = None) -> Interval | None:
@@ -586,17 +619,19 @@ class KubernetesLauncher(Launcher):
         Path(work_dir(run_dir)).mkdir(exist_ok=True)  # where the workers write (on the shared volume)
         config = in_pod(pod_config, self.home)
         data_dir = in_pod(data["path"], self.home)
+        inputs = [in_pod(p, self.home) for p in _worker_inputs(spec)]
+        attempt, resources = self.attempt, self.resources
         if spec.resources.nodes == 1:
             objects: Any = (
                 build_pod(
-                    spec, self.run_key, config, attempt=self.attempt, resources=self.resources, data_dir=data_dir
+                    spec, self.run_key, config, attempt=attempt, resources=resources, data_dir=data_dir, inputs=inputs
                 ),
             )
         else:
             objects = (
-                build_service(spec, self.run_key, attempt=self.attempt),
+                build_service(spec, self.run_key, attempt=attempt),
                 build_job(
-                    spec, self.run_key, config, attempt=self.attempt, resources=self.resources, data_dir=data_dir
+                    spec, self.run_key, config, attempt=attempt, resources=resources, data_dir=data_dir, inputs=inputs
                 ),
             )
         deadline = max(1, int(time_left(spec, run_dir)))  # the pods stop at what max_hours has left
