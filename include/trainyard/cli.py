@@ -83,17 +83,17 @@ def cmd_queue(args) -> int:
     """Waiting and admitted jobs per GPU type, and why each waits: what users ask first when a job does
     not start."""
     import json
+    import os
     import time
 
     from trainyard import paths
-    from trainyard.scheduling.admission import LEDGER_FILE, default_ledger
+    from trainyard.scheduling.admission import existing_ledger
     from trainyard.scheduling.budgets import spent_this_month
 
-    if not (paths.home() / LEDGER_FILE).is_file():  # nothing ever queued here; a look must not create it
-        rows = []
-    else:
-        ledger = default_ledger()
-        rows = ledger.standing(spent_this_month(ledger.config, paths.runs_root()))
+    if not os.environ.get("TRAINYARD_HOME"):
+        raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
+    ledger = existing_ledger()  # None where nothing was ever queued: a look creates nothing
+    rows = ledger.standing(spent_this_month(ledger.config, paths.runs_root())) if ledger else []
     now = time.time()
     jobs = [
         {
@@ -231,7 +231,8 @@ def cmd_validate(args) -> int:
     from trainyard.pipeline import validate_spec
     from trainyard.spec import load_spec_file
 
-    spec = validate_spec(load_spec_file(args.job).model_dump(mode="json"))  # SpecError: cli_command reports it
+    # a check writes nothing: no audit entry, no ledger (SpecError: cli_command reports it)
+    spec = validate_spec(load_spec_file(args.job).model_dump(mode="json"), audit=False)
     print(spec.model_dump_json(indent=1))
     return 0
 

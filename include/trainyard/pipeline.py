@@ -41,9 +41,11 @@ def run_dir(spec: JobSpec, run_key: str) -> Path:
 
 
 # -- 1. spec ---------------------------------------------------------------------------------------------
-def validate_spec(raw: dict, user: str | None = None) -> JobSpec:
+def validate_spec(raw: dict, user: str | None = None, audit: bool = True) -> JobSpec:
     """Parse and check a raw spec (Params merged with conf); raise SpecError naming every bad field.
-    ``user``: who triggered the run, who must be a member of its team (None: no person did)."""
+    ``user``: who triggered the run, who must be a member of its team (None: no person did). ``audit``:
+    a refusal by the team's policy is an entry of the audit trail (a run's first task); a check of a file
+    (``trainyard validate``) writes nothing."""
     from trainyard import recipes
     from trainyard.scheduling.budgets import check_budget
     from trainyard.scheduling.resources import check_member, check_policy, check_spec, load_resources
@@ -56,9 +58,10 @@ def validate_spec(raw: dict, user: str | None = None) -> JobSpec:
         check_member(spec, fleet, user)
         check_policy(spec, fleet)
     except SpecError as err:  # who tried what, in the audit trail
-        from trainyard.audit import AuditLog
+        if audit:
+            from trainyard.audit import AuditLog
 
-        AuditLog().append("policy_refusal", user or "scheduler", team=spec.resources.team, refused=str(err))
+            AuditLog().append("policy_refusal", user or "scheduler", team=spec.resources.team, refused=str(err))
         raise
     check_budget(spec, fleet, team_standing(fleet, spec.resources.team))
     recipes.check_spec(spec)
@@ -85,11 +88,11 @@ def team_standing(fleet: ResourcesConfig, team: str, month: str | None = None) -
     admission ledger."""
     import time
 
-    from trainyard.scheduling.admission import default_ledger
+    from trainyard.scheduling.admission import existing_ledger
     from trainyard.scheduling.budgets import month_of, team_months
 
     month = month or month_of(time.time())
-    return team_months(fleet, month, paths.runs_root(), default_ledger(fleet))[team]
+    return team_months(fleet, month, paths.runs_root(), existing_ledger(fleet))[team]
 
 
 # -- 2. data -----------------------------------------------------------------------------------------------
@@ -373,97 +376,21 @@ def evaluate(spec: JobSpec, trained: dict, data: dict) -> dict:
     return metrics
 
 
-def champion_metrics(spec: JobSpec, data: dict) -> dict | None:
-    """The ``production`` version's metrics on this run's eval data (its registered ONNX model, run with
-    onnxruntime), or None when the model has no production version yet."""
-    import tempfile
-
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    from trainyard import recipes
-    from trainyard.registry.signing import trusted_keys
-    from trainyard.registry.versions import storage_uri, verify_version
-    from trainyard.tracking import mlflow_tracking as mt
-
-    c = mt.client()
-    try:
-        mv = c.get_model_version_by_alias(spec.name, "production")
-    except MlflowException:
-        return None
-    verify_version(c, spec.name, mv.version, trusted_keys())  # never compare against tampered files
-    # The storage location itself, into a temp dir: a models:/ download writes a metadata file into its
-    # destination, which must never be the artifact store.
-    local = Path(
-        mlflow.artifacts.download_artifacts(
-            artifact_uri=storage_uri(c, spec.name, mv.version),
-            dst_path=tempfile.mkdtemp(prefix="champion-"),
-            tracking_uri=c.tracking_uri,
-        )
-    )
-    onnx_file = next(iter(sorted(local.rglob("*.onnx"))), None)
-    if onnx_file is None:
-        raise ExportFailed(f"production version {mv.version} of {spec.name!r} has no ONNX model to compare with")
-    recipe = recipes.get(spec.recipe)
-    metrics = recipe.onnx_metrics(onnx_file, data, recipe.opts(spec))
-    log.info("champion: %s version %s on this run's val split: %s", spec.name, mv.version, metrics)
-    return {**metrics, "_version": float(mv.version)}
-
-
 def gate(spec: JobSpec, metrics: dict, data: dict | None = None, trained: dict | None = None) -> dict:
     """Thresholds and champion/challenger rules; the full result (every metric, bound, margin) is returned
     for XCom and, with ``trained``, stored on its MLflow run (tags ``gate.*`` + gate_result.json). The
     caller fails the run (``GateFailed``) if ``passed`` is false. ``validate_spec`` refuses champion
     rules for a custom recipe, so here every rule is measured."""
-    from trainyard.evaluation.champion import combined_gate
+    from trainyard.evaluation.champion import combined_gate, production_metrics
+    from trainyard.evaluation.gate_record import record_gate
 
-    champion = champion_metrics(spec, data) if spec.champion and data is not None else None
+    champion = production_metrics(spec, data) if spec.champion and data is not None else None
     result = combined_gate(metrics, spec.gates, champion, spec.champion)
     if champion is not None:
         result["champion_version"] = int(champion["_version"])
     if trained and trained.get("mlflow_run_id"):
         record_gate(trained["mlflow_run_id"], trained["run_dir"], result)
     return result
-
-
-def gate_tags(result: dict) -> dict[str, str]:
-    """The gate result as tags: ``gate.passed``, ``gate.result`` (compact JSON of every check) and one
-    ``gate.<kind>.<metric>`` line per check (value, bound, margin, verdict)."""
-    tags = {"gate.passed": str(bool(result["passed"])).lower()}
-    for row in result["checks"]:
-        bound = ", ".join(f"{k}={row[k]:.6g}" for k in ("min", "max") if row.get(k) is not None)
-        value = "missing" if row.get("value") is None else f"{row['value']:.6g}"
-        margin = "" if row.get("margin") is None else f", margin={row['margin']:.6g}"
-        extra = f", champion={row['champion']:.6g}" if row.get("champion") is not None else ""
-        tags[f"gate.{row['kind']}.{row['metric']}"] = (
-            f"{'pass' if row['passed'] else 'FAIL'}: value={value}{', ' + bound if bound else ''}{margin}{extra}"
-        )
-    if result.get("champion_version") is not None:
-        tags["gate.champion_version"] = str(result["champion_version"])
-    compact = json.dumps(result, sort_keys=True, separators=(",", ":"), default=str)
-    if len(compact) > 5000:  # still valid JSON: the verdict, what failed, and where the whole result is
-        compact = json.dumps(
-            {
-                "passed": result["passed"],
-                "complete": False,
-                "artifact": "gate/gate_result.json",
-                "failed": [r["metric"] for r in result["checks"] if not r["passed"]][:100],
-            },
-            separators=(",", ":"),
-        )
-    tags["gate.result"] = compact
-    return tags
-
-
-def record_gate(run_id: str, out_dir: str, result: dict) -> None:
-    from trainyard.tracking import mlflow_tracking as mt
-
-    c = mt.client()
-    path = Path(out_dir) / "gate_result.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
-    c.log_artifact(run_id, str(path), "gate")
-    for k, v in gate_tags(result).items():
-        c.set_tag(run_id, k, v)
 
 
 # -- 5. export and registry --------------------------------------------------------------------------------

@@ -119,7 +119,10 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
 
     # Champion/challenger: with this version in production, the same model is measured again through its
     # registered ONNX file on the same val split; a challenger must beat it by the margin.
+    import tempfile
+
     c.set_registered_model_alias("digits", "production", mv.version)
+    downloads_before = set(Path(tempfile.gettempdir()).glob("champion-*"))
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.0}]})
     tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
     assert tie["passed"] and tie["champion_version"] == int(mv.version)
@@ -128,6 +131,7 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.05}]})
     lost = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
     assert not lost["passed"] and "val_accuracy" in lost["message"]
+    assert set(Path(tempfile.gettempdir()).glob("champion-*")) == downloads_before  # its copy went with the gate
 
 
 def test_failing_gate_stops_before_export(dag, trainyard_home, small_spec):

@@ -77,3 +77,19 @@ def test_exit_statuses_are_documented_in_help(run):
     help_text = " ".join(run("--help").stdout.split())
     assert f"{EXIT_ERROR} on an error, reported as one line" in help_text and "2 when the command line" in help_text
     assert "--debug" in help_text
+
+
+def test_validate_checks_a_file_and_writes_nothing(run, tmp_path):
+    """A check is not an act: neither a spec that passes nor one its team's policy refuses leaves an audit
+    entry, a ledger or anything else under TRAINYARD_HOME."""
+    import yaml
+
+    good, refused = tmp_path / "good.yaml", tmp_path / "refused.yaml"
+    good.write_text(yaml.safe_dump({"name": "ok", "resources": {"gpus_per_node": 1, "gpu_type": "cpu"}}))
+    custom = {"command": ["python", "train.py"]}
+    refused.write_text(yaml.safe_dump({"recipe": "custom", "custom": custom, "resources": {"team": "vision"}}))
+    assert run("validate", str(good)).returncode == 0
+    done = run("validate", str(refused))
+    assert done.returncode == EXIT_ERROR and "policy.custom_commands is false" in done.stderr
+    home = tmp_path / "home"
+    assert not home.exists() or [p for p in home.rglob("*") if p.is_file()] == []

@@ -21,12 +21,14 @@ defaults to true there, which the field's description says): no second rule clas
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from trainyard.evaluation.gate import Check, GateResult, evaluate_gate
-from trainyard.spec import ChampionRule, Threshold
+from trainyard.spec import ChampionRule, JobSpec, Threshold
 
 
 @dataclass(frozen=True)
@@ -105,3 +107,42 @@ def message(result: dict) -> str:
         keep = {f.name for f in fields(cls)}
         checks.append(cls(**{k: v for k, v in row.items() if k in keep}))
     return GateResult(result["passed"], tuple(checks)).message()
+
+
+def production_metrics(spec: JobSpec, data: dict) -> dict | None:
+    """The ``production`` version's metrics on this run's eval data (its registered ONNX model, run with
+    onnxruntime), or None when the model has no production version yet."""
+    import tempfile
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from trainyard import recipes
+    from trainyard.export.onnx_export import ExportFailed
+    from trainyard.registry.signing import trusted_keys
+    from trainyard.registry.versions import storage_uri, verify_version
+    from trainyard.tracking import mlflow_tracking as mt
+
+    c = mt.client()
+    try:
+        mv = c.get_model_version_by_alias(spec.name, "production")
+    except MlflowException:
+        return None
+    verify_version(c, spec.name, mv.version, trusted_keys())  # never compare against tampered files
+    # The storage location itself, into a temp dir that goes with this call: a models:/ download writes a
+    # metadata file into its destination, which must never be the artifact store.
+    with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=storage_uri(c, spec.name, mv.version), dst_path=tmp, tracking_uri=c.tracking_uri
+            )
+        )
+        onnx_file = next(iter(sorted(local.rglob("*.onnx"))), None)
+        if onnx_file is None:
+            raise ExportFailed(f"production version {mv.version} of {spec.name!r} has no ONNX model to compare with")
+        recipe = recipes.get(spec.recipe)
+        metrics = recipe.onnx_metrics(onnx_file, data, recipe.opts(spec))
+    logging.getLogger(__name__).info(
+        "champion: %s version %s on this run's val split: %s", spec.name, mv.version, metrics
+    )
+    return {**metrics, "_version": float(mv.version)}

@@ -40,7 +40,15 @@ def load_model(path):
     import torch
 
     blob = torch.load(path, map_location="cpu", weights_only=True)
-    return get(blob.get("recipe", "digits_cnn")).model_from_blob(blob)
+    name = blob.get("recipe") if isinstance(blob, dict) else None
+    if not isinstance(name, str):  # never guessed: another recipe's weights would load into the wrong model
+        from trainyard.errors import PermanentError
+
+        raise PermanentError(
+            f"{path}: not a model file of a built-in recipe (it names no 'recipe'); trainyard writes model.pt "
+            f"as {{'recipe', 'config', 'state_dict'}}"
+        )
+    return get(name).model_from_blob(blob)
 
 
 def check_spec(spec: JobSpec) -> None:

@@ -446,6 +446,16 @@ def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
     return Ledger(paths.home() / LEDGER_FILE, config or resources_in_force())
 
 
+def existing_ledger(config: ResourcesConfig | None = None) -> Ledger | None:
+    """This host's ledger, over ``config`` or the resources in force, if a job was ever queued here, else
+    None: for reports and checks, which must not create one (and work without TRAINYARD_HOME)."""
+    from trainyard import paths
+    from trainyard.scheduling.resources import resources_in_force
+
+    path = paths.home() / LEDGER_FILE
+    return Ledger(path, config or resources_in_force()) if path.is_file() else None
+
+
 def look(ledger: Ledger, job: Job) -> Decision:
     """One look of a waiting job: its request, with this month's spend of every team for the budget gate."""
     from trainyard import paths

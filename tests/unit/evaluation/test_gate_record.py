@@ -3,7 +3,7 @@
 import json
 
 from trainyard.evaluation.champion import combined_gate
-from trainyard.pipeline import gate_tags, record_gate
+from trainyard.evaluation.gate_record import gate_tags, record_gate
 from trainyard.spec import ChampionRule, Threshold
 
 THRESHOLDS = [Threshold(metric="val_map", min=0.5), Threshold(metric="val_map_50", min=0.9)]

@@ -88,3 +88,13 @@ def test_broken_export_is_rejected(case, tmp_path, monkeypatch):
     monkeypatch.setattr(onnx_export, "export", broken)
     with pytest.raises(ExportFailed, match="ONNX outputs differ beyond rtol=0.001"):
         recipe.export(str(model_path), data, tmp_path, EXPORT, options)
+
+
+def test_a_model_file_that_names_no_recipe_is_refused_not_guessed(tmp_path):
+    """Weights without their recipe are not read as digits_cnn's: the error names the file and the format."""
+    from trainyard.errors import PermanentError
+
+    path = tmp_path / "model.pt"
+    torch.save({"config": {}, "state_dict": torch.nn.Linear(2, 2).state_dict()}, path)
+    with pytest.raises(PermanentError, match="names no 'recipe'"):
+        recipes.load_model(path)
