@@ -327,13 +327,17 @@ def cmd_data_import(args) -> int:
 
 
 def cmd_data_log(args) -> int:
+    """The ref's history, newest first, as ``git log`` and ``lakectl log`` print it (``-n``: at most N)."""
     store = _store(args)
     commit = store.get_commit(args.repo, args.ref)
-    while True:
+    shown = 0
+    while args.max_count is None or shown < args.max_count:
         print(f"{commit.id}  {commit.message}  {json.dumps(commit.metadata, sort_keys=True)}")
-        if not commit.parents or not args.all:
-            return 0
+        shown += 1
+        if not commit.parents:
+            break
         commit = store.get_commit(args.repo, commit.parents[0])
+    return 0
 
 
 def cmd_data_tag(args) -> int:
@@ -496,9 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Label Studio only: what the labelling project produced",
     )
     p.set_defaults(func=cli_command(cmd_data_import))
-    p = data.add_parser("log", parents=[common], help="commits of a ref")
+    p = data.add_parser("log", parents=[common], help="the history of a ref, newest first")
     p.add_argument("--ref", default="main")
-    p.add_argument("--all", action="store_true", help="follow parents")
+    p.add_argument("-n", "--max-count", type=int, metavar="N", help="at most N commits (default: all)")
     p.set_defaults(func=cli_command(cmd_data_log, _repo_hint))
     p = data.add_parser("tag", parents=[common], help="tag a commit")
     p.add_argument("tag")

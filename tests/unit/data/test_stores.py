@@ -68,3 +68,18 @@ def test_cli_import_coco_validates(tmp_path, capsys):
         == 1
     )
     assert "FAILED" in capsys.readouterr().err
+
+
+def test_cli_data_log_prints_the_history_newest_first(trainyard_home, capsys):
+    """As `git log` and `lakectl log` do: every commit of the ref by default, at most N with -n."""
+    from trainyard.data.store import LocalStore
+
+    store = LocalStore(trainyard_home / "datasets")
+    store.create_repo("pets")
+    first = store.commit_files("pets", "main", {"a.txt": b"1"}, "first")
+    second = store.commit_files("pets", "main", {"b.txt": b"2"}, "second")
+    assert cli(["data", "log", "--repo", "pets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines][:2] == [[second.id, "second"], [first.id, "first"]]
+    assert cli(["data", "log", "--repo", "pets", "-n", "1"]) == 0
+    assert capsys.readouterr().out.split()[:2] == [second.id, "second"]
