@@ -88,12 +88,12 @@ def cmd_queue(args) -> int:
 
     from trainyard import paths
     from trainyard.scheduling.admission import existing_ledger
-    from trainyard.scheduling.budgets import spent_this_month
+    from trainyard.scheduling.budgets import spend
 
     if not os.environ.get("TRAINYARD_HOME"):
         raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
     ledger = existing_ledger()  # None where nothing was ever queued: a look creates nothing
-    rows = ledger.standing(spent_this_month(ledger.config, paths.runs_root())) if ledger else []
+    rows = ledger.standing(spend(ledger.config, paths.runs_root())) if ledger else []
     now = time.time()
     jobs = [
         {

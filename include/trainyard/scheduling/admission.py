@@ -19,8 +19,8 @@ it, so a large job can wait forever. The ledger here adds what pools lack, and n
   ``max_wait_minutes`` for slots, no job that would borrow and no job of its own team starts (other teams
   keep their own quota), so it starts once enough running jobs finish: the bound on how long a large job
   waits behind a stream of small ones;
-* a team's admitted jobs' worst cases (price x max_hours x slots) stay within what its monthly budget has
-  left after the month's spend.
+* a team's admitted jobs' commitments (each a worst case, price x max_hours x slots, less what its run
+  spent) stay within what its monthly budget has left after the month's spend.
 
 Every decision is one ``BEGIN IMMEDIATE`` transaction on a SQLite file, so concurrent task processes see
 one order. Nothing leaks when a process dies: every row has a lease. A waiting job's lease is renewed by
@@ -38,12 +38,16 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainyard.errors import PermanentError, RetryableError, is_permanent
 from trainyard.scheduling.resources import ResourcesConfig
+
+if TYPE_CHECKING:
+    from trainyard.scheduling.budgets import Spend
 from trainyard.spec import Resources
 
 WAITING_LEASE_S = 120.0  # a waiting job looks every admission_poll_seconds; one silent for 2 min is dropped
@@ -147,19 +151,19 @@ def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> tuple[int 
 
 
 def plan(
-    config: ResourcesConfig, entries: list[Entry], now: float, spent: Mapping[str, float] | None = None
+    config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend | None = None
 ) -> dict[str, tuple[int | None, str]]:
     """Every waiting job's verdict now: job id -> (slots borrowed, "") to admit it, or (None, why it
-    waits). ``spent``: each team's spend this month; with it, a job is admitted only while its worst case
-    and those of its team's admitted jobs fit in the team's monthly budget. Pure: the ledger applies it
-    in one transaction."""
-    from trainyard.scheduling.budgets import worst_case
+    waits). ``spend``: with it, a job is admitted only while its commitment and those of its team's
+    admitted jobs (:func:`trainyard.scheduling.budgets.commitment`) fit in what the team's monthly budget
+    has left after this month's spend. Pure: the ledger applies it in one transaction."""
+    from trainyard.scheduling.budgets import commitment
 
     max_wait = config.scheduling.max_wait_minutes * 60
     committed = dict.fromkeys(config.teams, 0.0)
     for e in entries:
-        if e.admitted is not None:
-            committed[e.job.team] += worst_case(config, e.job.gpu_type, e.job.slots, e.job.max_hours)
+        if e.admitted is not None and spend is not None:
+            committed[e.job.team] += commitment(config, e.job, spend.of_run(e.job.id))
     verdicts: dict[str, tuple[int | None, str]] = {}
     for gpu_type in config.gpu_types:
         used = _usage(config, entries, gpu_type)
@@ -183,13 +187,13 @@ def plan(
                 waited = (now - starving.enqueued) / 60
                 borrow, why = None, f"behind {starving.job.id}, which has waited {waited:.0f} min"
             budget = config.teams[job.team].monthly_budget
-            if borrow is not None and spent is not None and budget is not None:
-                worst = worst_case(config, gpu_type, job.slots, job.max_hours)
-                left = budget - spent.get(job.team, 0.0) - committed[job.team]
-                if worst > left:
+            cost = commitment(config, job, spend.of_run(job.id)) if spend is not None else 0.0
+            if borrow is not None and spend is not None and budget is not None:
+                left = budget - spend.this_month.get(job.team, 0.0) - committed[job.team]
+                if cost > left:
                     borrow, why = (
                         None,
-                        f"team {job.team}'s budget: {max(left, 0):.2f} left, the job may cost {worst:.2f}",
+                        f"team {job.team}'s budget: {max(left, 0):.2f} left, the job may cost {cost:.2f}",
                     )
             if borrow is None:
                 verdicts[job.id] = (None, why)
@@ -200,7 +204,7 @@ def plan(
                 continue
             verdicts[job.id] = (borrow, "")
             used[job.team] += job.slots
-            committed[job.team] += worst_case(config, gpu_type, job.slots, job.max_hours)
+            committed[job.team] += cost
     return verdicts
 
 
@@ -252,26 +256,24 @@ class Ledger:
         """Rows whose lease ran out go before anything is handed out: their slots and devices are free."""
         conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
 
-    def _decide(
-        self, conn: sqlite3.Connection, now: float, spent: Mapping[str, float] | None
-    ) -> dict[str, tuple[int | None, str]]:
+    def _decide(self, conn: sqlite3.Connection, now: float, spend: Spend | None) -> dict[str, tuple[int | None, str]]:
         """Drop what ran out, admit what the plan admits. A job admitted on another's request keeps its
         waiting lease: if its admit task is gone (a cancelled run), its slots come back within that."""
         self._drop_lapsed(conn, now)
         conn.execute("DELETE FROM arrivals WHERE enqueued < ?", (now - ARRIVAL_KEPT_S,))
         config = self.config
         entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
-        verdicts = plan(config, entries, now, spent)
+        verdicts = plan(config, entries, now, spend)
         for job_id, (borrow, _) in verdicts.items():
             if borrow is not None:
                 conn.execute("UPDATE admission SET admitted = ?, borrowed = ? WHERE id = ?", (now, borrow, job_id))
         return verdicts
 
-    def request(self, job: Job, spent: Mapping[str, float] | None = None) -> Decision:
+    def request(self, job: Job, spend: Spend | None = None) -> Decision:
         """Queue ``job`` or renew its place, and decide: whether it is admitted now, or why it waits. Its
         arrival is its first request's, kept apart from the lease: a job that missed a look, or whose
-        training is retried, keeps its place. ``spent``: each team's spend this month, for the budget gate
-        (:func:`trainyard.scheduling.budgets.spent_this_month`); None leaves budgets out."""
+        training is retried, keeps its place. ``spend``: for the budget gate
+        (:func:`trainyard.scheduling.budgets.spend`); None leaves budgets out."""
         now = self.clock()
         with self._transaction() as conn:
             conn.execute("INSERT OR IGNORE INTO arrivals (id, enqueued) VALUES (?, ?)", (job.id, now))
@@ -292,7 +294,7 @@ class Ledger:
                     now + WAITING_LEASE_S,
                 ),
             )
-            verdicts = self._decide(conn, now, spent)
+            verdicts = self._decide(conn, now, spend)
             row = conn.execute("SELECT admitted, borrowed FROM admission WHERE id = ?", (job.id,)).fetchone()
             if row[0] is not None:  # its training has until then to start and take over the lease
                 conn.execute(
@@ -407,14 +409,14 @@ class Ledger:
         with self._connect() as conn:
             return [e for e in self._entries(conn) if e.lease_until >= now]
 
-    def standing(self, spent: Mapping[str, float] | None = None) -> list[tuple[Entry, str]]:
+    def standing(self, spend: Spend | None = None) -> list[tuple[Entry, str]]:
         """Every live job with what the ledger says of it now, without changing anything: an admitted
         job's share, or why a waiting one waits, in the words its ``admit`` task logs (the same
         :func:`plan`). Admitted jobs first, then the waiting, each oldest first."""
         now = self.clock()
         entries = self.entries()
         known = [e for e in entries if e.job.gpu_type in self.config.gpu_types and e.job.team in self.config.teams]
-        verdicts = plan(self.config, known, now, spent)
+        verdicts = plan(self.config, known, now, spend)
         rows = []
         for e in sorted(entries, key=lambda e: (e.admitted is None, e.enqueued)):
             if e.admitted is not None:
@@ -459,9 +461,9 @@ def existing_ledger(config: ResourcesConfig | None = None) -> Ledger | None:
 def look(ledger: Ledger, job: Job) -> Decision:
     """One look of a waiting job: its request, with this month's spend of every team for the budget gate."""
     from trainyard import paths
-    from trainyard.scheduling.budgets import spent_this_month
+    from trainyard.scheduling.budgets import spend
 
-    return ledger.request(job, spent_this_month(ledger.config, paths.runs_root()))
+    return ledger.request(job, spend(ledger.config, paths.runs_root()))
 
 
 def job_for(res: Resources, run_key: str, user: str | None = None) -> Job:
@@ -511,7 +513,7 @@ def hold(
     final_try: bool = False,
     available: list[str] | None = None,
     heartbeat_s: float = HEARTBEAT_S,
-    spent: Mapping[str, float] | None = None,
+    spend: Spend | None = None,
 ) -> Iterator[Lease]:
     """Around a job's training: its admission, renewed every ``heartbeat_s`` by a thread, and with
     ``available`` (this host's GPUs) ``slots`` of them for the job (:meth:`Ledger.claim_devices`).
@@ -525,7 +527,7 @@ def hold(
     ``Lease.lost`` is set for the launcher to stop the workers, and the training ends in AdmissionLost."""
     log = logging.getLogger(__name__)
     if not ledger.renew(job.id):
-        decision = ledger.request(job, spent)
+        decision = ledger.request(job, spend)
         if not decision.admitted:
             raise NotAdmitted(f"job {job.id} is not admitted any more: {decision.reason}")
         ledger.renew(job.id)

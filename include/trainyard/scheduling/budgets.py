@@ -7,27 +7,39 @@ its tries that ended in that month. A job admitted and still training has no rec
 (price x ``resources.max_hours`` x slots, less what its earlier tries cost) counts as committed until it
 ends. Prices are the inventory's current ones.
 
-``validate_spec`` refuses a job whose worst case is more than its team's monthly budget less the month's
-spend and commitments, before any data is touched; the admission ledger checks again, in the transaction
-that admits it (many jobs may pass validation before the first is admitted). Kubernetes trainings do not
-go through the ledger yet: their cost counts once their tries are recorded.
+Every try is also appended to its month's spend journal (``<runs root>/.spend/YYYY-MM.jsonl``,
+:mod:`trainyard.training.usage`): the budget gate reads this month's journal, from where it stopped at the
+last look, and the usage files of the runs in the queue only, never every run directory ever made.
+
+A job's commitment is one definition (:func:`commitment`) for ``validate_spec``, the admission ledger and
+``trainyard report cost``. ``validate_spec`` refuses a job whose worst case is more than its team's monthly
+budget less the month's spend and commitments, before any data is touched; the admission ledger checks
+again, in the transaction that admits it (many jobs may pass validation before the first is admitted).
+Kubernetes trainings do not go through the ledger yet: their cost counts once their tries are recorded.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import os
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainyard.errors import spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.spec import JobSpec, SpecError, safe_key
 from trainyard.training.run_config import RUN_CONFIG_FILE
-from trainyard.training.usage import USAGE_FILE, read_usage
+from trainyard.training.usage import SPEND_LOCK, USAGE_FILE, journal_dir, journal_line, read_usage
+
+if TYPE_CHECKING:
+    from trainyard.scheduling.admission import Job
 
 log = logging.getLogger(__name__)
 
@@ -75,32 +87,134 @@ def _run_usage(usage: Path) -> tuple[str, str, list[dict]]:
 
 
 def tries(config: ResourcesConfig, runs_root: Path) -> Iterator[TryCost]:
-    """Every recorded try under ``runs_root`` (``<job name>/<run>/usage.jsonl`` beside its run config)."""
-    found = sorted(runs_root.glob(f"*/*/{USAGE_FILE}"))
-    present = set(found)
-    with _parsed_lock:  # forget runs that are gone (a long-lived triggerer looks for weeks)
-        for gone in [p for p in _parsed if p.is_relative_to(runs_root) and p not in present]:
-            del _parsed[gone]
-    for usage in found:
+    """Every recorded try under ``runs_root`` (``<job name>/<run>/usage.jsonl`` beside its run config): the
+    whole history, read to fill the spend journal once; looks and reports read the journal."""
+    for usage in sorted(runs_root.glob(f"*/*/{USAGE_FILE}")):
+        yield from _run_tries(config, usage)
+
+
+def _run_tries(config: ResourcesConfig, usage: Path) -> Iterator[TryCost]:
+    try:
+        team, gpu_type, records = _run_usage(usage)
+    except (OSError, ValueError, KeyError) as err:  # one damaged run must not stop every job's validation
+        log.warning("cost of %s not counted: %s: %s", usage.parent, type(err).__name__, err)
+        return
+    for t in records:
+        seconds = (t["ended"] - t["started"]) * t["gpus"]
+        yield TryCost(usage.parent.name, team, gpu_type, t["ended"], seconds, _cost(config, gpu_type, seconds))
+
+
+def _cost(config: ResourcesConfig, gpu_type: str, gpu_seconds: float) -> float:
+    price = config.gpu_types[gpu_type].price_per_hour if gpu_type in config.gpu_types else 0.0
+    return price * gpu_seconds / 3600
+
+
+def _fill_journal(config: ResourcesConfig, runs_root: Path) -> None:
+    """The spend journal of a runs root made before it existed (or never written to): filled once from the
+    usage files, under the lock that appends take, so no try is counted twice or lost."""
+    from trainyard.files import file_lock
+
+    target = journal_dir(runs_root)
+    if target.is_dir() or not runs_root.is_dir():  # no run was ever made here: nothing to fill (or write)
+        return
+    with file_lock(runs_root / SPEND_LOCK):
+        if target.is_dir():
+            return
+        months: dict[str, list[str]] = {}
+        for t in tries(config, runs_root):
+            line = journal_line(t.run, t.team, t.gpu_type, t.ended, t.gpu_seconds)
+            months.setdefault(month_of(t.ended), []).append(line)
+        staging = Path(tempfile.mkdtemp(dir=runs_root, prefix=".spend-"))
+        for month, lines in months.items():
+            (staging / f"{month}.jsonl").write_text("".join(line + "\n" for line in lines))
+        staging.rename(target)
+
+
+# month journal -> (bytes read, its tries): a look reads what was appended since the one before
+_journals: dict[Path, tuple[int, list[tuple[str, str, str, float, float]]]] = {}
+_journals_lock = threading.Lock()
+
+
+def _journal(config: ResourcesConfig, runs_root: Path, month: str) -> list[tuple[str, str, str, float, float]]:
+    """(run, team, gpu_type, ended, gpu_seconds) of every try that ended in ``month``; a line that does not
+    parse is skipped with a warning naming the file and the byte it starts at."""
+    _fill_journal(config, runs_root)
+    path = journal_dir(runs_root) / f"{month}.jsonl"
+    with _journals_lock:
+        read, known = _journals.get(path, (0, []))
+    try:
+        with path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size < read:  # replaced by a shorter file: read it anew
+                read, known = 0, []
+            f.seek(read)
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    complete = data.rfind(b"\n") + 1  # a line being appended right now is read at the next look
+    found = list(known)
+    offset = read
+    for raw in data[:complete].splitlines(keepends=True):
         try:
-            team, gpu_type, records = _run_usage(usage)
-        except (OSError, ValueError, KeyError) as err:  # one damaged run must not stop every job's validation
-            log.warning("cost of %s not counted: %s: %s", usage.parent, type(err).__name__, err)
-            continue
-        price = config.gpu_types[gpu_type].price_per_hour if gpu_type in config.gpu_types else 0.0
-        for t in records:
-            seconds = (t["ended"] - t["started"]) * t["gpus"]
-            yield TryCost(usage.parent.name, team, gpu_type, t["ended"], seconds, price * seconds / 3600)
+            entry = json.loads(raw)
+            ended, seconds = float(entry["ended"]), float(entry["gpu_seconds"])
+            if not (math.isfinite(ended) and math.isfinite(seconds) and seconds >= 0):
+                raise ValueError(f"ended {ended}, gpu_seconds {seconds}")
+            found.append((str(entry["run"]), str(entry["team"]), str(entry["gpu_type"]), ended, seconds))
+        except (ValueError, KeyError, TypeError, ArithmeticError) as err:
+            log.warning("%s: the line at byte %d is not a try, not counted (%s)", path, offset, err)
+        offset += len(raw)
+    with _journals_lock:
+        _journals[path] = (read + complete, found)
+    return found
+
+
+def month_tries(config: ResourcesConfig, runs_root: Path, month: str) -> list[TryCost]:
+    """Every try that ended in ``month``, priced at the inventory's current prices."""
+    return [TryCost(r, t, g, e, sec, _cost(config, g, sec)) for r, t, g, e, sec in _journal(config, runs_root, month)]
 
 
 def spent_this_month(config: ResourcesConfig, runs_root: Path, now: float | None = None) -> dict[str, float]:
     """Each team's spend in the calendar month of ``now`` (the admission ledger's budget gate)."""
-    month = month_of(time.time() if now is None else now)
     spent = dict.fromkeys(config.teams, 0.0)
-    for t in tries(config, runs_root):
-        if t.team in spent and month_of(t.ended) == month:
+    for t in month_tries(config, runs_root, month_of(time.time() if now is None else now)):
+        if t.team in spent:
             spent[t.team] += t.cost
     return spent
+
+
+def run_spent(config: ResourcesConfig, runs_root: Path, run_key: str) -> float:
+    """What the tries of the run ``run_key`` cost so far, in any month (its own usage file)."""
+    return sum(
+        t.cost for usage in runs_root.glob(f"*/{safe_key(run_key)}/{USAGE_FILE}") for t in _run_tries(config, usage)
+    )
+
+
+def commitment(config: ResourcesConfig, job: Job, spent_by_its_run: float) -> float:
+    """What an admitted job still commits of its team's budget: its worst case (price x max_hours x slots)
+    less what its run's tries already cost. The one definition, for the ledger, ``validate_spec`` and
+    ``trainyard report cost``."""
+    return max(0.0, worst_case(config, job.gpu_type, job.slots, job.max_hours) - spent_by_its_run)
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What the budget gate weighs: each team's spend this month, and what a run's tries cost so far."""
+
+    this_month: Mapping[str, float]
+    of_run: Callable[[str], float]  # run key -> cost of its recorded tries
+
+
+def spend(config: ResourcesConfig, runs_root: Path, now: float | None = None) -> Spend:
+    """The :class:`Spend` of now: this month's journal, and each run's own usage file when it is asked for
+    (the runs in the queue only): a look costs what the queue holds, not what the run history holds."""
+    known: dict[str, float] = {}
+
+    def of_run(run_key: str) -> float:
+        if run_key not in known:
+            known[run_key] = run_spent(config, runs_root, run_key)
+        return known[run_key]
+
+    return Spend(spent_this_month(config, runs_root, now), of_run)
 
 
 @dataclass(frozen=True)
@@ -111,7 +225,7 @@ class TeamMonth:
     tries: int
     gpu_hours: float
     spent: float
-    committed: float  # worst cases of the team's admitted jobs, less what their tries cost so far
+    committed: float  # what the team's admitted jobs still commit (commitment)
     budget: float | None
 
     @property
@@ -121,20 +235,16 @@ class TeamMonth:
 
 def team_months(config: ResourcesConfig, month: str, runs_root: Path, ledger=None) -> dict[str, TeamMonth]:
     """Each team's spend in ``month``; with the admission ``ledger``, the commitments of its jobs in flight."""
-    all_tries = list(tries(config, runs_root))
-    spent_by_run: dict[str, float] = {}
-    for t in all_tries:
-        spent_by_run[t.run] = spent_by_run.get(t.run, 0.0) + t.cost
+    month_spend = month_tries(config, runs_root, month)
     committed = dict.fromkeys(config.teams, 0.0)
     for entry in ledger.entries() if ledger is not None else []:
         job = entry.job
         if entry.admitted is None or job.team not in committed or job.gpu_type not in config.gpu_types:
             continue
-        worst = worst_case(config, job.gpu_type, job.slots, job.max_hours)
-        committed[job.team] += max(0.0, worst - spent_by_run.get(safe_key(job.id), 0.0))
+        committed[job.team] += commitment(config, job, run_spent(config, runs_root, job.id))
     out = {}
     for team, spec in config.teams.items():
-        mine = [t for t in all_tries if t.team == team and month_of(t.ended) == month]
+        mine = [t for t in month_spend if t.team == team]
         out[team] = TeamMonth(
             team=team,
             month=month,

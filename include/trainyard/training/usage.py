@@ -13,22 +13,68 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
 USAGE_FILE = "usage.jsonl"
 log = logging.getLogger(__name__)
 
 
-def record_try(run_dir: str | Path, *, attempt: int, started: float, ended: float, gpus: int, where: str) -> None:
-    """Append one try's usage: ``started``/``ended`` are epoch seconds; ``gpus`` held for that span."""
-    if ended < started:
-        raise ValueError(f"usage record ends ({ended}) before it starts ({started})")
-    line = json.dumps({"attempt": attempt, "started": started, "ended": ended, "gpus": gpus, "where": where})
-    fd = os.open(Path(run_dir) / USAGE_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def _append_line(path: Path, line: str) -> None:
+    """One line appended with a single O_APPEND write: concurrent writers never interleave."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
+
+
+def record_try(run_dir: str | Path, *, attempt: int, started: float, ended: float, gpus: int, where: str) -> None:
+    """Append one try's usage: ``started``/``ended`` are epoch seconds; ``gpus`` held for that span. The
+    try goes into its month's spend journal too (:func:`journal_try`)."""
+    if ended < started:
+        raise ValueError(f"usage record ends ({ended}) before it starts ({started})")
+    _append_line(
+        Path(run_dir) / USAGE_FILE,
+        json.dumps({"attempt": attempt, "started": started, "ended": ended, "gpus": gpus, "where": where}),
+    )
+    journal_try(Path(run_dir), ended=ended, gpu_seconds=(ended - started) * gpus)
+
+
+# The spend journal: every try once more, in the month it ended, with its run's team and GPU type, so that
+# the budget gate (every look of every waiting job) reads this month's lines instead of every run directory
+# ever made. ``<runs root>/.spend/YYYY-MM.jsonl`` (a job name never starts with a dot); the run's own usage
+# file stays the record of the run. A runs root from before the journal is filled from the usage files
+# once, under the same lock that appends take (trainyard.scheduling.budgets).
+SPEND_DIR = ".spend"
+SPEND_LOCK = ".spend.lock"
+
+
+def journal_dir(runs_root: Path) -> Path:
+    return runs_root / SPEND_DIR
+
+
+def journal_line(run: str, team: str, gpu_type: str, ended: float, gpu_seconds: float) -> str:
+    return json.dumps({"run": run, "team": team, "gpu_type": gpu_type, "ended": ended, "gpu_seconds": gpu_seconds})
+
+
+def journal_try(run_dir: Path, *, ended: float, gpu_seconds: float) -> None:
+    """Append one try of the run in ``run_dir`` (``<runs root>/<job>/<run>``) to its month's journal, if
+    the journal exists (until then, filling it from the usage files counts this try)."""
+    from trainyard.files import file_lock
+    from trainyard.training.run_config import RUN_CONFIG_FILE
+
+    runs_root = run_dir.parent.parent
+    try:
+        resources = json.loads((run_dir / RUN_CONFIG_FILE).read_text())["spec"]["resources"]
+    except (OSError, ValueError, KeyError) as err:  # the run's cost still counts from its usage file's report
+        log.warning("%s: try not journalled for the budget gate (no readable run config: %s)", run_dir, err)
+        return
+    month = time.strftime("%Y-%m", time.gmtime(ended))
+    line = journal_line(run_dir.name, str(resources["team"]), str(resources["gpu_type"]), ended, gpu_seconds)
+    with file_lock(runs_root / SPEND_LOCK):
+        if journal_dir(runs_root).is_dir():
+            _append_line(journal_dir(runs_root) / f"{month}.jsonl", line)
 
 
 def read_usage(path: str | Path) -> list[dict]:

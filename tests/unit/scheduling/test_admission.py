@@ -326,8 +326,10 @@ def test_a_budget_stops_admission_of_jobs_it_cannot_cover(tmp_path):
             "vision: {quota: {a100: 4}, borrowing_limit: {a100: 2}, monthly_budget: 10}",
         )
     )
+    from trainyard.scheduling.budgets import Spend
+
     ledger = Ledger(tmp_path / "budget.db", cfg)
-    spent = {"vision": 4.0}
+    spent = Spend({"vision": 4.0}, lambda run: 0.0)
     assert ledger.request(Job("v1", "vision", "a100", 2, 1, 2.0), spent).admitted  # 1.0 x 2 h x 2 = 4 of 6 left
     over = ledger.request(Job("v2", "vision", "a100", 2, 1, 1.5), spent)  # 3 more: only 2 left
     assert not over.admitted and "team vision's budget: 2.00 left, the job may cost 3.00" in over.reason
@@ -497,3 +499,20 @@ def test_trainyard_queue_shows_who_waits_and_why_in_the_words_admit_logs(trainya
     assert main(["queue"]) == 0
     table = capsys.readouterr().out
     assert "cpu:" in table and "bob" in table and waiting.reason in table
+
+
+def test_a_retried_job_commits_what_its_run_has_not_spent_yet(tmp_path):
+    """One definition of a commitment for the ledger and the reports: a job's worst case less what its
+    run's earlier tries cost. A retry near the end of the budget is admitted when what is left covers the
+    rest of its worst case, as validate_spec and `report cost` count it."""
+    from trainyard.scheduling.budgets import Spend
+
+    cfg = parse_resources(FLEET.replace("nlp: {quota: {a100: 2}}", "nlp: {quota: {a100: 2}, monthly_budget: 10}"))
+    ledger = Ledger(tmp_path / "budget.db", cfg)
+    job = Job("retried", "nlp", "a100", 2, 1, 4.0)  # worst case 1.0 x 4 h x 2 = 8
+    spent_by_run = {"retried": 5.0}  # its first try cost 5 (this month): 5 of 10 left, 3 more at worst
+    spend = Spend({"nlp": 5.0}, lambda run: spent_by_run.get(run, 0.0))
+    assert ledger.request(job, spend).admitted
+    assert ledger.request(Job("other", "nlp", "a100", 1, 1, 1.0), spend).admitted  # 10 - 5 - 3 = 2 left
+    third = ledger.request(Job("third", "nlp", "a100", 1, 1, 1.5), spend)
+    assert not third.admitted and "team nlp's budget: 1.00 left, the job may cost 1.50" in third.reason

@@ -48,16 +48,38 @@ def test_spend_per_team_and_month_counts_every_try(tmp_path):
     assert budgets.team_months(cfg, "2026-11", tmp_path)["vision"].spent == pytest.approx(24.0)
 
 
-def test_a_new_try_is_counted_at_the_next_look_and_a_removed_run_is_forgotten(tmp_path):
+def test_a_new_try_is_counted_at_the_next_look_and_what_was_spent_stays_spent(tmp_path):
+    """The journal is filled once from the runs made before it, then every try is appended as it is
+    recorded; a look reads what came since the last. A run directory deleted later does not refund."""
     cfg = parse_resources(FLEET)
     now = DEC
-    run = _run(tmp_path, "r1", "vision", [(now - 7200, 1.0, 1)])
+    run = _run(tmp_path, "r1", "vision", [(now - 7200, 1.0, 1)])  # before the journal existed
     assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == pytest.approx(2.0)
+    assert (tmp_path / usage.SPEND_DIR / "2026-12.jsonl").is_file()
     usage.record_try(run, attempt=2, started=now - 3600, ended=now, gpus=1, where="local")  # the retry ends
     assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == pytest.approx(4.0)
-    (run / usage.USAGE_FILE).unlink()
-    assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == 0
-    assert not any(p.is_relative_to(tmp_path) for p in budgets._parsed)
+    import shutil
+
+    shutil.rmtree(run)
+    assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == pytest.approx(4.0)
+
+
+def test_a_look_reads_this_month_s_journal_not_every_run(tmp_path, monkeypatch):
+    """Once the journal is there, the budget gate opens no run directory but those of the jobs it is
+    asked about: its cost is the queue's, not the run history's."""
+    cfg = parse_resources(FLEET)
+    for i in range(30):
+        _run(tmp_path, f"old{i}", "nlp", [(NOV, 1.0, 1)])
+    _run(tmp_path, "mine", "vision", [(DEC, 1.0, 2)])
+    assert budgets.spent_this_month(cfg, tmp_path, DEC)["vision"] == pytest.approx(4.0)  # fills the journal
+    opened: list[str] = []
+    real = budgets.read_usage
+    monkeypatch.setattr(budgets, "read_usage", lambda path: opened.append(str(path)) or real(path))
+    monkeypatch.setattr(budgets, "_parsed", {})
+    spend = budgets.spend(cfg, tmp_path, DEC)
+    assert spend.this_month["vision"] == pytest.approx(4.0) and spend.this_month["nlp"] == 0
+    assert spend.of_run("mine") == pytest.approx(4.0)
+    assert opened == [str(tmp_path / "digits" / "mine" / usage.USAGE_FILE)]
 
 
 def test_a_running_job_commits_its_worst_case_less_what_it_spent(tmp_path):
@@ -139,3 +161,28 @@ def test_a_malformed_usage_line_is_skipped_with_its_file_and_line_for_every_read
     assert budgets.team_months(cfg, "2026-12", tmp_path)["vision"].tries == 2
     assert usage.wall_seconds(run) == pytest.approx(3600 + 1800)
     assert f"{run / usage.USAGE_FILE}:2: not a usage record" in caplog.text
+
+
+def _record_tries(run_dir: str, count: int) -> None:
+    for i in range(count):
+        usage.record_try(run_dir, attempt=i + 1, started=DEC, ended=DEC + 36, gpus=1, where="local")
+
+
+def test_concurrent_tries_and_the_first_look_count_every_try_once(tmp_path):
+    """Real processes record tries of their runs while others look for the first time (and so fill the
+    journal from the usage files): each try is in the month's spend exactly once."""
+    import multiprocessing
+
+    cfg = parse_resources(FLEET)
+    runs = [_run(tmp_path, f"r{i}", "vision", [(DEC, 0.01, 1)]) for i in range(4)]  # 36 GPU-s each, before
+    ctx = multiprocessing.get_context("spawn")
+    writers = [ctx.Process(target=_record_tries, args=(str(run), 25)) for run in runs]
+    lookers = [ctx.Process(target=budgets.spent_this_month, args=(cfg, tmp_path, DEC)) for _ in range(3)]
+    for p in writers + lookers:
+        p.start()
+    for p in writers + lookers:
+        p.join(120)
+        assert p.exitcode == 0
+    tries = 4 * (1 + 25)
+    assert budgets.spent_this_month(cfg, tmp_path, DEC)["vision"] == pytest.approx(2.0 * tries * 36 / 3600)
+    assert budgets.team_months(cfg, "2026-12", tmp_path)["vision"].tries == tries
