@@ -58,13 +58,13 @@ def cmd_report_cost(args) -> int:
     import time
 
     from trainyard import paths
-    from trainyard.scheduling.admission import default_ledger
+    from trainyard.scheduling.admission import existing_ledger
     from trainyard.scheduling.budgets import month_of, team_months
     from trainyard.scheduling.resources import load_resources
 
     fleet = load_resources(args.resources)
     month = args.month or month_of(time.time())
-    rows = team_months(fleet, month, paths.runs_root(), default_ledger(fleet))
+    rows = team_months(fleet, month, paths.runs_root(), existing_ledger(fleet))  # a report creates no ledger
     print(
         f"{'team':12s} {'month':7s} {'runs':>5s} {'tries':>5s} {'GPU-h':>9s} {'spent':>10s} {'committed':>10s} "
         f"{'budget':>10s} {'left':>10s}"
