@@ -104,3 +104,24 @@ def prepared(digits_dir, tmp_path_factory):
     from trainyard.data.prepare import prepare_classification
 
     return prepare_classification(digits_dir, "d" * 64, tmp_path_factory.mktemp("prepared"), 0.2, 0)
+
+
+# The longest files first. `make test` hands whole files to its two xdist workers (--dist loadfile) in
+# collection order, as each worker becomes free: with a long file last, one worker runs it alone while the
+# other idles (seen: test_scheduler_replay.py alone for its last 4 minutes). Order by the figures `make
+# test`'s --durations prints; a file not listed keeps its place after these.
+LONGEST_FIRST = (
+    "tests/integration/test_scheduler_replay.py",
+    "tests/integration/test_under_the_executor.py",
+    "tests/integration/test_benchmarks.py",
+    "tests/integration/test_recipe_pipelines.py",
+    "tests/integration/test_no_secrets.py",
+    "tests/integration/test_train_pipeline_dag.py",
+    "tests/integration/test_rest_api.py",
+    "tests/integration/test_resume.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable for the rest

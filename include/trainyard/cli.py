@@ -127,6 +127,29 @@ def cmd_queue(args) -> int:
     return 0
 
 
+def cmd_queue_cancel(args) -> int:
+    """Take a run's job out of the queue and mark its run failed (its team's members and admins)."""
+    import os
+
+    from trainyard.scheduling.admission import existing_ledger
+    from trainyard.scheduling.cancel import cancel_run
+
+    token = os.environ.get("AIRFLOW_API_TOKEN")
+    if not token:
+        raise PermanentError(
+            "set AIRFLOW_API_TOKEN to your Airflow API token (POST $AIRFLOW_API_URL/auth/token with your user "
+            "name and password): Airflow says who you are, and marks the run failed"
+        )
+    if not os.environ.get("TRAINYARD_HOME"):
+        raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
+    ledger = existing_ledger()
+    if ledger is None:
+        raise NotFoundError(f"run {args.dag}/{args.run} is not in the queue: no job was ever queued here")
+    api_url = os.environ.get("AIRFLOW_API_URL", "http://localhost:8080")
+    print(cancel_run(ledger, ledger.config, args.dag, args.run, api_url=api_url, token=token))
+    return 0
+
+
 def cmd_report_utilisation(args) -> int:
     """Utilisation per pool and team, queue waits by job size, borrowing and violations, from Airflow's
     task records (trainyard.scheduling.utilisation defines each figure)."""
@@ -415,6 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("queue", help="waiting and admitted jobs per GPU type, and why each waits")
     p.add_argument("--json", action="store_true", help="one JSON object per job instead of the table")
     p.set_defaults(func=cli_command(cmd_queue))
+    p = p.add_subparsers(dest="queue_command").add_parser(
+        "cancel", help="take a run's job out of the queue and mark its run failed (AIRFLOW_API_TOKEN)"
+    )
+    p.add_argument("run", help="the run id (dag_run_id), as `trainyard queue` shows it after the DAG's name")
+    p.add_argument("--dag", default="train_pipeline", help="the DAG of the run (default: train_pipeline)")
+    p.set_defaults(func=cli_command(cmd_queue_cancel))
 
     report = sub.add_parser("report", help="what the fleet was used for").add_subparsers(
         dest="report_command", required=True

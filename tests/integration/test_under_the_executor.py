@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 from datetime import datetime
@@ -233,3 +234,49 @@ def test_the_queue_keeps_moving_through_failures_and_a_broken_edit(airflow):
     assert (_ended(admitted) - _ended(failed)).total_seconds() < poll_s + 30, (admitted, failed)
     log = airflow.task_log(DAG, waits, "admit", headers)  # the trigger's lines are in its task's log
     assert "gpu_types.cpu.count" in log and "the queue keeps the last good version" in log, log[-3000:]
+
+
+def _trainyard(airflow, *argv: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**airflow.env, "AIRFLOW_API_URL": airflow.url}
+    if token:
+        env["AIRFLOW_API_TOKEN"] = token
+    return subprocess.run(["trainyard", *argv], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
+    """What users ask first when a job does not start: `trainyard queue` says who holds the slots and why
+    the job waits, in the admit task's words; `trainyard queue cancel` ends the waiting run through
+    Airflow's API (as the user the token names) and frees its place at once."""
+    headers = airflow.headers("tina")
+    gpus = {"gpus_per_node": 2, "gpu_type": "cpu"}
+    holder = airflow.trigger(
+        DAG,
+        {"name": "holder", "recipe": "custom", "resources": gpus,
+         "custom": {"command": [sys.executable, "-c", "import time; time.sleep(300)"]}},
+        headers,
+    )  # fmt: skip
+    waiting = airflow.trigger(DAG, {"name": "waiting", "resources": gpus, "gates": []}, headers)
+    try:
+        airflow.wait(
+            lambda: airflow.task_instances(DAG, waiting, headers)["admit"]["state"] == "deferred",
+            300,
+            "the second job to wait for admission",
+        )
+        shown = _trainyard(airflow, "queue", "--json")
+        assert shown.returncode == 0, shown.stderr
+        jobs = {j["run"]: j for j in json.loads(shown.stdout)}
+        first, second = jobs[f"{DAG}/{holder}"], jobs[f"{DAG}/{waiting}"]
+        assert (first["state"], first["user"], first["gpus"]) == ("admitted", "tina", 2)
+        assert (second["state"], second["user"]) == ("waiting", "tina")
+        assert second["reason"] == "cpu: 2 of 2 slots in use, the job needs 2"
+        log = airflow.task_log(DAG, waiting, "admit", headers)
+        assert second["reason"] in log  # the same words
+
+        done = _trainyard(airflow, "queue", "cancel", waiting, token=airflow.token("tina"))
+        assert done.returncode == 0, done.stderr
+        assert airflow.wait_run(DAG, waiting, headers, 120)["state"] == "failed"
+        left = {j["run"] for j in json.loads(_trainyard(airflow, "queue", "--json").stdout)}
+        assert f"{DAG}/{waiting}" not in left and f"{DAG}/{holder}" in left
+    finally:
+        _trainyard(airflow, "queue", "cancel", holder, token=airflow.token("admin"))
+    assert airflow.wait_run(DAG, holder, headers, 120)["state"] == "failed"

@@ -435,13 +435,19 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
         )
 
 
+def is_member(config: ResourcesConfig, team: str, user: str) -> bool:
+    """Whether ``user`` may act for ``team``: listed in its members, or it lists ``"*"`` or no members."""
+    members = config.teams[team].members if team in config.teams else None
+    return members is None or "*" in members or user in members
+
+
 def check_member(spec: JobSpec, config: ResourcesConfig, user: str | None) -> None:
     """Refuse a job for a team ``user`` is not a member of, naming both. ``user`` None: a run no person
     triggered (a schedule, an asset event), which acts as the team its job file names."""
     team = spec.resources.team
-    members = config.teams[team].members if team in config.teams else None
-    if user is None or members is None or "*" in members or user in members:
+    if user is None or is_member(config, team, user):
         return
+    members = config.teams[team].members or []
     raise SpecError(
         spec_error_message(
             [

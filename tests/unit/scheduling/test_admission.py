@@ -516,3 +516,35 @@ def test_a_retried_job_commits_what_its_run_has_not_spent_yet(tmp_path):
     assert ledger.request(Job("other", "nlp", "a100", 1, 1, 1.0), spend).admitted  # 10 - 5 - 3 = 2 left
     third = ledger.request(Job("third", "nlp", "a100", 1, 1, 1.5), spend)
     assert not third.admitted and "team nlp's budget: 1.00 left, the job may cost 1.50" in third.reason
+
+
+def _token(claims: dict) -> str:
+    import base64
+    import json
+
+    body = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    return f"e30.{body}.c2ln"
+
+
+def test_queue_cancel_refuses_who_is_not_of_the_team_and_what_is_not_queued(tmp_path):
+    """Before Airflow is asked anything: a user outside the job's team (and not an admin) is refused, the
+    job keeps its place; a run not in the queue and a token that is no JWT are named as such."""
+    from trainyard.errors import CommandError, NotFoundError
+    from trainyard.scheduling.cancel import cancel_run
+
+    cfg = parse_resources(FLEET.replace("vision: {quota", "vision: {members: [alice], quota"))
+    ledger = Ledger(tmp_path / "q.db", cfg)
+    assert ledger.request(Job("train_pipeline/r1", "vision", "a100", 2, 1, 1.0, "alice")).admitted
+    unreachable = "http://127.0.0.1:9"  # nothing listens: any call would fail differently
+    with pytest.raises(CommandError, match="user 'bob' may not cancel run train_pipeline/r1: it is team 'vision'"):
+        cancel_run(
+            ledger, cfg, "train_pipeline", "r1", api_url=unreachable, token=_token({"sub": "bob", "role": "user"})
+        )
+    assert "train_pipeline/r1" in admitted(ledger)
+    with pytest.raises(NotFoundError, match="is not in the queue"):
+        cancel_run(ledger, cfg, "train_pipeline", "r2", api_url=unreachable, token=_token({"sub": "alice"}))
+    with pytest.raises(CommandError, match="not a JWT"):
+        cancel_run(ledger, cfg, "train_pipeline", "r1", api_url=unreachable, token="nonsense")
+    with pytest.raises(CommandError, match="could not reach Airflow's API"):  # alice may: Airflow is asked
+        cancel_run(ledger, cfg, "train_pipeline", "r1", api_url=unreachable, token=_token({"sub": "alice"}))
+    assert "train_pipeline/r1" in admitted(ledger)  # nothing is released before Airflow ended the run

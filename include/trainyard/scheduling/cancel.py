@@ -1,0 +1,64 @@
+"""``trainyard queue cancel``: take a job out of the queue and end its run, for a member of its team or an
+Airflow admin.
+
+Who asks is who Airflow says: the caller's API token (``AIRFLOW_API_TOKEN``, from ``POST /auth/token``)
+names the user and their role. The team check reads those claims; Airflow checks the token itself when
+the run is marked failed (``PATCH /api/v2/dags/{dag}/dagRuns/{run}``), so a forged token ends nothing.
+Only then is the job's row released from the ledger (its slots and its place), and the act is an entry of
+the audit trail. A task of the run that waits deferred is ended by Airflow with its run (its trigger's
+``on_kill`` withdraws too).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from urllib.parse import quote
+
+from trainyard.errors import CommandError, NotFoundError
+from trainyard.scheduling.admission import Ledger
+from trainyard.scheduling.resources import ResourcesConfig, is_member
+
+
+def token_claims(token: str) -> dict:
+    """The claims of a JWT (not verified here: the API server verifies the token when it is used)."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError) as err:
+        raise CommandError(f"AIRFLOW_API_TOKEN is not a JWT ({err}); get one with POST /auth/token") from None
+    if not isinstance(claims, dict) or not isinstance(claims.get("sub"), str):
+        raise CommandError("AIRFLOW_API_TOKEN names no user (no 'sub' claim); get one with POST /auth/token")
+    return claims
+
+
+def cancel_run(ledger: Ledger, config: ResourcesConfig, dag_id: str, run_id: str, *, api_url: str, token: str) -> str:
+    """Release ``dag_id/run_id`` from the queue and mark its run failed; what was done, one line."""
+    import requests
+
+    from trainyard.audit import AuditLog
+
+    job_id = f"{dag_id}/{run_id}"
+    entry = next((e for e in ledger.entries() if e.job.id == job_id), None)
+    if entry is None:
+        raise NotFoundError(f"run {job_id} is not in the queue (`trainyard queue` lists what is)")
+    claims = token_claims(token)
+    user, role = claims["sub"], str(claims.get("role", "")).lower()
+    if role != "admin" and not is_member(config, entry.job.team, user):
+        raise CommandError(
+            f"user {user!r} may not cancel run {job_id}: it is team {entry.job.team!r}'s job; a member of "
+            "the team (resources.yaml) or an Airflow admin may"
+        )
+    url = f"{api_url.rstrip('/')}/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
+    try:
+        r = requests.patch(url, json={"state": "failed"}, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    except requests.RequestException as err:
+        raise CommandError(f"could not reach Airflow's API at {api_url} ({err}); set AIRFLOW_API_URL") from None
+    if not r.ok:
+        raise CommandError(f"Airflow refused to mark run {job_id} failed: HTTP {r.status_code} {r.text[:300]}")
+    ledger.release(job_id)
+    AuditLog().append(
+        "queue_cancel", user, team=entry.job.team, run=job_id, was="waiting" if entry.admitted is None else "admitted"
+    )
+    slots = f"{entry.job.slots} {entry.job.gpu_type} slot(s)"
+    return f"cancelled {job_id}: its run is marked failed and its place ({slots}) released"
