@@ -28,7 +28,7 @@ demo: setup
 # stay shared); each worker has its own copy of the Airflow database (tests/conftest.py).
 TEST_WORKERS ?= 2
 test: setup lint
-	@set -o pipefail; python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+	@set -o pipefail; python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # On a machine with CUDA GPUs (and a CUDA build of torch): DDP over nccl on 1 and all GPUs, bf16, DeepSpeed
 # on CUDA, ONNX parity of a GPU-trained model; a few minutes. Without CUDA each test is skipped with the reason.

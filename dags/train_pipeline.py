@@ -165,16 +165,16 @@ def train_pipeline():
         from trainyard import paths
         from trainyard.pipeline import train as run
         from trainyard.scheduling.admission import NotAdmitted, default_ledger, hold, host_devices, job_for
-        from trainyard.scheduling.budgets import spend
+        from trainyard.scheduling.budgets import current_spend
 
         ledger = default_ledger()
-        spent = spend(ledger.config, paths.runs_root())
+        spend = current_spend(ledger.config, paths.runs_root())
         job = job_for(_spec(spec).resources, _run_key(), _triggering_user())
         ti = get_current_context()["ti"]
         # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
         available = None if job.gpu_type == "cpu" else host_devices()
         try:
-            with hold(ledger, job, final_try=ti.try_number > ti.max_tries, available=available, spend=spent) as lease:
+            with hold(ledger, job, final_try=ti.try_number > ti.max_tries, available=available, spend=spend) as lease:
                 return run(_spec(spec), dataset, data, _run_key(), devices=lease.devices, stop=lease.lost)
         except NotAdmitted as err:  # a retry long after the admission: wait for it again, holding nothing
             poll_s = ledger.config.scheduling.admission_poll_seconds

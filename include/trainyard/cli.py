@@ -88,12 +88,12 @@ def cmd_queue(args) -> int:
 
     from trainyard import paths
     from trainyard.scheduling.admission import existing_ledger
-    from trainyard.scheduling.budgets import spend
+    from trainyard.scheduling.budgets import current_spend
 
     if not os.environ.get("TRAINYARD_HOME"):
         raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
     ledger = existing_ledger()  # None where nothing was ever queued: a look creates nothing
-    rows = ledger.standing(spend(ledger.config, paths.runs_root())) if ledger else []
+    rows = ledger.standing(current_spend(ledger.config, paths.runs_root())) if ledger else []
     now = time.time()
     jobs = [
         {
@@ -379,7 +379,7 @@ def _repo_hint(args, err: Exception) -> str:
     if not isinstance(err, NotFoundError):
         return ""
     return (
-        f"; see what exists with 'trainyard data log --store {args.store} --repo {args.repo} --all', "
+        f"; see what exists with 'trainyard data log --store {args.store} --repo {args.repo}', "
         f"or create it with 'trainyard data upload <folder> --store {args.store} --repo {args.repo}'"
     )
 

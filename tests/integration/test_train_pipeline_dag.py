@@ -122,7 +122,9 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     import tempfile
 
     c.set_registered_model_alias("digits", "production", mv.version)
-    downloads_before = set(Path(tempfile.gettempdir()).glob("champion-*"))
+    downloads = trainyard_home / "tmp"  # this test's own: another worker's gate cannot touch it
+    downloads.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(downloads))
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.0}]})
     tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
     assert tie["passed"] and tie["champion_version"] == int(mv.version)
@@ -131,7 +133,7 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.05}]})
     lost = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
     assert not lost["passed"] and "val_accuracy" in lost["message"]
-    assert set(Path(tempfile.gettempdir()).glob("champion-*")) == downloads_before  # its copy went with the gate
+    assert list(downloads.iterdir()) == []  # the production model's downloaded copy went with each gate
 
 
 def test_failing_gate_stops_before_export(dag, trainyard_home, small_spec):

@@ -255,8 +255,13 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
          "custom": {"command": [sys.executable, "-c", "import time; time.sleep(300)"]}},
         headers,
     )  # fmt: skip
-    waiting = airflow.trigger(DAG, {"name": "waiting", "resources": gpus, "gates": []}, headers)
     try:
+        airflow.wait(
+            lambda: airflow.task_instances(DAG, holder, headers)["train"]["state"] == "running",
+            300,
+            "the first job to hold the slots",
+        )
+        waiting = airflow.trigger(DAG, {"name": "waiting", "resources": gpus, "gates": []}, headers)
         airflow.wait(
             lambda: airflow.task_instances(DAG, waiting, headers)["admit"]["state"] == "deferred",
             300,

@@ -18,6 +18,7 @@ recipe                   data layout            model                          m
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainyard.recipes.catalog import RECIPES
@@ -33,6 +34,15 @@ def get(name: str) -> Recipe[Any]:
         raise ValueError(f"unknown recipe {name!r}; built-in recipes: {sorted(RECIPES)}")
     module, cls = RECIPES[name].split(":")
     return getattr(importlib.import_module(module), cls)()
+
+
+def worker_inputs(spec: JobSpec) -> list[Path]:
+    """The files a built-in recipe's workers read besides the prepared data and the run config (resnet's
+    ``init_weights``): what the sandbox and a pod are given to read. None for a custom command."""
+    if spec.recipe == "custom":
+        return []
+    recipe = get(spec.recipe)
+    return list(recipe.worker_inputs(recipe.opts(spec)))
 
 
 def load_model(path):

@@ -64,6 +64,7 @@ LEDGER_FILE = "scheduling/admission.db"  # under TRAINYARD_HOME
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS arrivals (id TEXT PRIMARY KEY, enqueued REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS cancelled (id TEXT PRIMARY KEY, at REAL NOT NULL, reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS admission (
     id TEXT PRIMARY KEY,
     team TEXT NOT NULL,
@@ -106,6 +107,7 @@ class Entry:
 class Decision:
     admitted: bool
     reason: str  # why it waits, or what it got
+    cancelled: bool = False  # the job was taken out of the queue (trainyard queue cancel): it never starts
 
 
 def _usage(config: ResourcesConfig, entries: list[Entry], gpu_type: str) -> dict[str, int]:
@@ -160,10 +162,17 @@ def plan(
     from trainyard.scheduling.budgets import commitment
 
     max_wait = config.scheduling.max_wait_minutes * 60
+
+    def owed(job: Job) -> float:
+        """The job's commitment where a budget gates its team (reading its run's usage file), else 0."""
+        if spend is None or config.teams[job.team].monthly_budget is None:
+            return 0.0
+        return commitment(config, job, spend.of_run(job.id))
+
     committed = dict.fromkeys(config.teams, 0.0)
     for e in entries:
-        if e.admitted is not None and spend is not None:
-            committed[e.job.team] += commitment(config, e.job, spend.of_run(e.job.id))
+        if e.admitted is not None:
+            committed[e.job.team] += owed(e.job)
     verdicts: dict[str, tuple[int | None, str]] = {}
     for gpu_type in config.gpu_types:
         used = _usage(config, entries, gpu_type)
@@ -187,7 +196,7 @@ def plan(
                 waited = (now - starving.enqueued) / 60
                 borrow, why = None, f"behind {starving.job.id}, which has waited {waited:.0f} min"
             budget = config.teams[job.team].monthly_budget
-            cost = commitment(config, job, spend.of_run(job.id)) if spend is not None else 0.0
+            cost = owed(job) if borrow is not None else 0.0  # read only for a job that has the room
             if borrow is not None and spend is not None and budget is not None:
                 left = budget - spend.this_month.get(job.team, 0.0) - committed[job.team]
                 if cost > left:
@@ -261,6 +270,7 @@ class Ledger:
         waiting lease: if its admit task is gone (a cancelled run), its slots come back within that."""
         self._drop_lapsed(conn, now)
         conn.execute("DELETE FROM arrivals WHERE enqueued < ?", (now - ARRIVAL_KEPT_S,))
+        conn.execute("DELETE FROM cancelled WHERE at < ?", (now - ARRIVAL_KEPT_S,))
         config = self.config
         entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
         verdicts = plan(config, entries, now, spend)
@@ -273,9 +283,12 @@ class Ledger:
         """Queue ``job`` or renew its place, and decide: whether it is admitted now, or why it waits. Its
         arrival is its first request's, kept apart from the lease: a job that missed a look, or whose
         training is retried, keeps its place. ``spend``: for the budget gate
-        (:func:`trainyard.scheduling.budgets.spend`); None leaves budgets out."""
+        (:func:`trainyard.scheduling.budgets.current_spend`); None leaves budgets out."""
         now = self.clock()
         with self._transaction() as conn:
+            gone = conn.execute("SELECT reason FROM cancelled WHERE id = ?", (job.id,)).fetchone()
+            if gone is not None:  # a look already under way when it was cancelled must not queue it again
+                return Decision(False, gone[0], cancelled=True)
             conn.execute("INSERT OR IGNORE INTO arrivals (id, enqueued) VALUES (?, ?)", (job.id, now))
             (arrived,) = conn.execute("SELECT enqueued FROM arrivals WHERE id = ?", (job.id,)).fetchone()
             conn.execute(
@@ -325,6 +338,8 @@ class Ledger:
         now = self.clock()
         with self._transaction() as conn:
             self._drop_lapsed(conn, now)
+            if conn.execute("SELECT 1 FROM cancelled WHERE id = ?", (job.id,)).fetchone():
+                return False  # taken out of the queue: its training stops
             if conn.execute("SELECT 1 FROM admission WHERE id = ? AND admitted IS NOT NULL", (job.id,)).fetchone():
                 conn.execute("UPDATE admission SET lease_until = ? WHERE id = ?", (now + RUNNING_LEASE_S, job.id))
                 return True
@@ -357,6 +372,17 @@ class Ledger:
         with self._transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
+
+    def cancel(self, job_id: str, reason: str) -> None:
+        """Take the job out of the queue for good (``trainyard queue cancel``): its row, slots and place go,
+        and no later look or heartbeat of its tasks, already under way, can bring it back (its training, if
+        it runs, stops at its next heartbeat)."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
+            conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
+            conn.execute(
+                "INSERT OR REPLACE INTO cancelled (id, at, reason) VALUES (?, ?, ?)", (job_id, self.clock(), reason)
+            )
 
     def withdraw(self, job_id: str) -> None:
         """The job stopped waiting (its task was cancelled): its row and any slots it holds go now; its
@@ -461,9 +487,10 @@ def existing_ledger(config: ResourcesConfig | None = None) -> Ledger | None:
 def look(ledger: Ledger, job: Job) -> Decision:
     """One look of a waiting job: its request, with this month's spend of every team for the budget gate."""
     from trainyard import paths
-    from trainyard.scheduling.budgets import spend
+    from trainyard.scheduling.budgets import current_spend, fill_journal
 
-    return ledger.request(job, spend(ledger.config, paths.runs_root()))
+    fill_journal(ledger.config, paths.runs_root())  # once per installation: then a no-op
+    return ledger.request(job, current_spend(ledger.config, paths.runs_root()))
 
 
 def job_for(res: Resources, run_key: str, user: str | None = None) -> Job:

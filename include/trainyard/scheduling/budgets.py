@@ -33,20 +33,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard.errors import spec_error_message
-from trainyard.scheduling.resources import ResourcesConfig
+from trainyard.scheduling.resources import ResourcesConfig, run_cost
 from trainyard.spec import JobSpec, SpecError, safe_key
 from trainyard.training.run_config import RUN_CONFIG_FILE
-from trainyard.training.usage import SPEND_LOCK, USAGE_FILE, journal_dir, journal_line, read_usage
+from trainyard.training.usage import SPEND_LOCK, USAGE_FILE, journal_dir, journal_line, month_of, read_usage
 
 if TYPE_CHECKING:
     from trainyard.scheduling.admission import Job
 
 log = logging.getLogger(__name__)
-
-
-def month_of(ts: float) -> str:
-    """'YYYY-MM' of an epoch time, in UTC."""
-    return time.strftime("%Y-%m", time.gmtime(ts))
 
 
 def worst_case(config: ResourcesConfig, gpu_type: str, slots: int, max_hours: float) -> float:
@@ -70,7 +65,9 @@ _parsed: dict[Path, tuple[tuple[int, ...], tuple[str, str, list[dict]]]] = {}
 _parsed_lock = threading.Lock()
 
 
-def _run_usage(usage: Path) -> tuple[str, str, list[dict]]:
+def _run_usage(usage: Path, cache: bool = True) -> tuple[str, str, list[dict]]:
+    """(team, gpu_type, try records) of a run; ``cache``: keep them for the next look (the queue's runs,
+    not the whole history that filling the journal reads once)."""
     config = usage.with_name(RUN_CONFIG_FILE)
     a, b = usage.stat(), config.stat()
     stamp = (a.st_mtime_ns, a.st_size, b.st_mtime_ns, b.st_size)
@@ -81,21 +78,22 @@ def _run_usage(usage: Path) -> tuple[str, str, list[dict]]:
     resources = json.loads(config.read_text())["spec"]["resources"]
     records = read_usage(usage)
     parsed = (str(resources["team"]), str(resources["gpu_type"]), records)
-    with _parsed_lock:
-        _parsed[usage] = (stamp, parsed)
+    if cache:
+        with _parsed_lock:
+            _parsed[usage] = (stamp, parsed)
     return parsed
 
 
 def tries(config: ResourcesConfig, runs_root: Path) -> Iterator[TryCost]:
     """Every recorded try under ``runs_root`` (``<job name>/<run>/usage.jsonl`` beside its run config): the
-    whole history, read to fill the spend journal once; looks and reports read the journal."""
+    whole history, read to fill the spend journal once (and by a report where it is not filled yet)."""
     for usage in sorted(runs_root.glob(f"*/*/{USAGE_FILE}")):
-        yield from _run_tries(config, usage)
+        yield from _run_tries(config, usage, cache=False)
 
 
-def _run_tries(config: ResourcesConfig, usage: Path) -> Iterator[TryCost]:
+def _run_tries(config: ResourcesConfig, usage: Path, cache: bool = True) -> Iterator[TryCost]:
     try:
-        team, gpu_type, records = _run_usage(usage)
+        team, gpu_type, records = _run_usage(usage, cache)
     except (OSError, ValueError, KeyError) as err:  # one damaged run must not stop every job's validation
         log.warning("cost of %s not counted: %s: %s", usage.parent, type(err).__name__, err)
         return
@@ -105,17 +103,18 @@ def _run_tries(config: ResourcesConfig, usage: Path) -> Iterator[TryCost]:
 
 
 def _cost(config: ResourcesConfig, gpu_type: str, gpu_seconds: float) -> float:
-    price = config.gpu_types[gpu_type].price_per_hour if gpu_type in config.gpu_types else 0.0
-    return price * gpu_seconds / 3600
+    """At the inventory's current price; a GPU type the inventory no longer has costs nothing."""
+    return run_cost(config, gpu_type, gpu_seconds) if gpu_type in config.gpu_types else 0.0
 
 
-def _fill_journal(config: ResourcesConfig, runs_root: Path) -> None:
-    """The spend journal of a runs root made before it existed (or never written to): filled once from the
-    usage files, under the lock that appends take, so no try is counted twice or lost."""
+def fill_journal(config: ResourcesConfig, runs_root: Path) -> None:
+    """The spend journal of a runs root made before it existed: filled once from the usage files, under the
+    lock that appends take, so no try is counted twice or lost. The admission looks do it (Airflow's
+    processes, which own TRAINYARD_HOME); a check or a report only reads."""
     from trainyard.files import file_lock
 
     target = journal_dir(runs_root)
-    if target.is_dir() or not runs_root.is_dir():  # no run was ever made here: nothing to fill (or write)
+    if target.is_dir() or not runs_root.is_dir():  # no run was ever made here: nothing to fill
         return
     with file_lock(runs_root / SPEND_LOCK):
         if target.is_dir():
@@ -125,26 +124,27 @@ def _fill_journal(config: ResourcesConfig, runs_root: Path) -> None:
             line = journal_line(t.run, t.team, t.gpu_type, t.ended, t.gpu_seconds)
             months.setdefault(month_of(t.ended), []).append(line)
         staging = Path(tempfile.mkdtemp(dir=runs_root, prefix=".spend-"))
+        staging.chmod(0o770)  # as trainyard's state is (mkdtemp's 0700 would shut out the group)
         for month, lines in months.items():
             (staging / f"{month}.jsonl").write_text("".join(line + "\n" for line in lines))
         staging.rename(target)
 
 
-# month journal -> (bytes read, its tries): a look reads what was appended since the one before
-_journals: dict[Path, tuple[int, list[tuple[str, str, str, float, float]]]] = {}
+# month journal -> ((device, inode), bytes read, its tries): a look reads what was appended since the last
+_journals: dict[Path, tuple[tuple[int, int], int, list[tuple[str, str, str, float, float]]]] = {}
 _journals_lock = threading.Lock()
 
 
-def _journal(config: ResourcesConfig, runs_root: Path, month: str) -> list[tuple[str, str, str, float, float]]:
+def _journal(runs_root: Path, month: str) -> list[tuple[str, str, str, float, float]]:
     """(run, team, gpu_type, ended, gpu_seconds) of every try that ended in ``month``; a line that does not
     parse is skipped with a warning naming the file and the byte it starts at."""
-    _fill_journal(config, runs_root)
     path = journal_dir(runs_root) / f"{month}.jsonl"
-    with _journals_lock:
-        read, known = _journals.get(path, (0, []))
     try:
         with path.open("rb") as f:
-            if os.fstat(f.fileno()).st_size < read:  # replaced by a shorter file: read it anew
+            st = os.fstat(f.fileno())
+            with _journals_lock:
+                identity, read, known = _journals.get(path, ((0, 0), 0, []))
+            if identity != (st.st_dev, st.st_ino) or st.st_size < read:  # a new or replaced file: from its start
                 read, known = 0, []
             f.seek(read)
             data = f.read()
@@ -164,13 +164,16 @@ def _journal(config: ResourcesConfig, runs_root: Path, month: str) -> list[tuple
             log.warning("%s: the line at byte %d is not a try, not counted (%s)", path, offset, err)
         offset += len(raw)
     with _journals_lock:
-        _journals[path] = (read + complete, found)
+        _journals[path] = ((st.st_dev, st.st_ino), read + complete, found)
     return found
 
 
 def month_tries(config: ResourcesConfig, runs_root: Path, month: str) -> list[TryCost]:
-    """Every try that ended in ``month``, priced at the inventory's current prices."""
-    return [TryCost(r, t, g, e, sec, _cost(config, g, sec)) for r, t, g, e, sec in _journal(config, runs_root, month)]
+    """Every try that ended in ``month``, priced at the inventory's current prices: from the month's
+    journal, or, where it was never filled (no look ran here yet), from the usage files."""
+    if not journal_dir(runs_root).is_dir():
+        return [t for t in tries(config, runs_root) if month_of(t.ended) == month]
+    return [TryCost(r, t, g, e, sec, _cost(config, g, sec)) for r, t, g, e, sec in _journal(runs_root, month)]
 
 
 def spent_this_month(config: ResourcesConfig, runs_root: Path, now: float | None = None) -> dict[str, float]:
@@ -204,9 +207,10 @@ class Spend:
     of_run: Callable[[str], float]  # run key -> cost of its recorded tries
 
 
-def spend(config: ResourcesConfig, runs_root: Path, now: float | None = None) -> Spend:
+def current_spend(config: ResourcesConfig, runs_root: Path, now: float | None = None) -> Spend:
     """The :class:`Spend` of now: this month's journal, and each run's own usage file when it is asked for
-    (the runs in the queue only): a look costs what the queue holds, not what the run history holds."""
+    (the runs in the queue whose team has a budget): a look costs what the queue holds, not what the run
+    history holds."""
     known: dict[str, float] = {}
 
     def of_run(run_key: str) -> float:

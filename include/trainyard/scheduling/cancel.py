@@ -41,7 +41,10 @@ def cancel_run(ledger: Ledger, config: ResourcesConfig, dag_id: str, run_id: str
     job_id = f"{dag_id}/{run_id}"
     entry = next((e for e in ledger.entries() if e.job.id == job_id), None)
     if entry is None:
-        raise NotFoundError(f"run {job_id} is not in the queue (`trainyard queue` lists what is)")
+        raise NotFoundError(
+            f"run {job_id} is not in the queue (`trainyard queue` lists what is): a run that has not reached "
+            "admit yet, or trains on Kubernetes, is ended in Airflow (mark the run failed)"
+        )
     claims = token_claims(token)
     user, role = claims["sub"], str(claims.get("role", "")).lower()
     if role != "admin" and not is_member(config, entry.job.team, user):
@@ -56,7 +59,7 @@ def cancel_run(ledger: Ledger, config: ResourcesConfig, dag_id: str, run_id: str
         raise CommandError(f"could not reach Airflow's API at {api_url} ({err}); set AIRFLOW_API_URL") from None
     if not r.ok:
         raise CommandError(f"Airflow refused to mark run {job_id} failed: HTTP {r.status_code} {r.text[:300]}")
-    ledger.release(job_id)
+    ledger.cancel(job_id, f"cancelled by {user} (trainyard queue cancel)")
     AuditLog().append(
         "queue_cancel", user, team=entry.job.team, run=job_id, was="waiting" if entry.admitted is None else "admitted"
     )

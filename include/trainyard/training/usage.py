@@ -29,16 +29,26 @@ def _append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
+def month_of(ts: float) -> str:
+    """'YYYY-MM' of an epoch time, in UTC: the month a try counts in."""
+    return time.strftime("%Y-%m", time.gmtime(ts))
+
+
 def record_try(run_dir: str | Path, *, attempt: int, started: float, ended: float, gpus: int, where: str) -> None:
     """Append one try's usage: ``started``/``ended`` are epoch seconds; ``gpus`` held for that span. The
-    try goes into its month's spend journal too (:func:`journal_try`)."""
+    try goes into its month's spend journal too, under the journal's lock: the one-time fill of the journal
+    (``trainyard.scheduling.budgets``) sees either neither line or both, so no try is counted twice."""
+    from trainyard.files import file_lock
+
     if ended < started:
         raise ValueError(f"usage record ends ({ended}) before it starts ({started})")
-    _append_line(
-        Path(run_dir) / USAGE_FILE,
-        json.dumps({"attempt": attempt, "started": started, "ended": ended, "gpus": gpus, "where": where}),
-    )
-    journal_try(Path(run_dir), ended=ended, gpu_seconds=(ended - started) * gpus)
+    run_dir = Path(run_dir)
+    with file_lock(runs_root_of(run_dir) / SPEND_LOCK):
+        _append_line(
+            run_dir / USAGE_FILE,
+            json.dumps({"attempt": attempt, "started": started, "ended": ended, "gpus": gpus, "where": where}),
+        )
+        _journal_try(run_dir, ended=ended, gpu_seconds=(ended - started) * gpus)
 
 
 # The spend journal: every try once more, in the month it ended, with its run's team and GPU type, so that
@@ -54,27 +64,30 @@ def journal_dir(runs_root: Path) -> Path:
     return runs_root / SPEND_DIR
 
 
+def runs_root_of(run_dir: Path) -> Path:
+    """The runs root of a run directory, ``<runs root>/<job name>/<run>``."""
+    return run_dir.parent.parent
+
+
 def journal_line(run: str, team: str, gpu_type: str, ended: float, gpu_seconds: float) -> str:
     return json.dumps({"run": run, "team": team, "gpu_type": gpu_type, "ended": ended, "gpu_seconds": gpu_seconds})
 
 
-def journal_try(run_dir: Path, *, ended: float, gpu_seconds: float) -> None:
-    """Append one try of the run in ``run_dir`` (``<runs root>/<job>/<run>``) to its month's journal, if
-    the journal exists (until then, filling it from the usage files counts this try)."""
-    from trainyard.files import file_lock
+def _journal_try(run_dir: Path, *, ended: float, gpu_seconds: float) -> None:
+    """Append one try of the run in ``run_dir`` to its month's journal, if the journal exists (until then,
+    filling it from the usage files counts this try). The caller holds the journal's lock."""
     from trainyard.training.run_config import RUN_CONFIG_FILE
 
-    runs_root = run_dir.parent.parent
+    journal = journal_dir(runs_root_of(run_dir))
+    if not journal.is_dir():
+        return
     try:
         resources = json.loads((run_dir / RUN_CONFIG_FILE).read_text())["spec"]["resources"]
-    except (OSError, ValueError, KeyError) as err:  # the run's cost still counts from its usage file's report
-        log.warning("%s: try not journalled for the budget gate (no readable run config: %s)", run_dir, err)
+    except (OSError, ValueError, KeyError) as err:  # its team is unknown: no budget can be charged
+        log.warning("%s: try not counted against a team's budget (no readable run config: %s)", run_dir, err)
         return
-    month = time.strftime("%Y-%m", time.gmtime(ended))
     line = journal_line(run_dir.name, str(resources["team"]), str(resources["gpu_type"]), ended, gpu_seconds)
-    with file_lock(runs_root / SPEND_LOCK):
-        if journal_dir(runs_root).is_dir():
-            _append_line(journal_dir(runs_root) / f"{month}.jsonl", line)
+    _append_line(journal / f"{month_of(ended)}.jsonl", line)
 
 
 def read_usage(path: str | Path) -> list[dict]:

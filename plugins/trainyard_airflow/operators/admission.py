@@ -21,6 +21,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from trainyard.errors import PermanentError
 from trainyard.scheduling.admission import ADMISSION_TIMEOUT_S
 from trainyard_airflow.errors import fail_permanently
 
@@ -53,6 +54,8 @@ class AdmitOperator(BaseOperator):
         job = job_for(Resources.model_validate(self.spec["resources"]), self.run_key, user)
         decision = look(default_ledger(), job)
         self.log.info("admission of %s: %s", job.id, decision.reason)
+        if decision.cancelled:
+            raise PermanentError(f"job {job.id}: {decision.reason}")
         if decision.admitted:
             return decision.reason
         self.defer(
@@ -61,8 +64,11 @@ class AdmitOperator(BaseOperator):
             timeout=ADMISSION_TIMEOUT,
         )
 
+    @fail_permanently
     def execute_complete(self, context: Any, event: Any = None) -> str:
         """Where the task resumes when the trigger hands back instead of ending the task: a trigger made
         with ``end_from_trigger=False``, or ``dag.test()``, which runs the trigger in line and passes the
         ending event's state ("success") rather than its XCom."""
+        if isinstance(event, dict) and not event.get("admitted", True):  # cancelled while it waited
+            raise PermanentError(event["reason"])
         return event["reason"] if isinstance(event, dict) else str(event)

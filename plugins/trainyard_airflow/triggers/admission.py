@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
 
 
 class AdmissionTrigger(BaseTrigger):
@@ -56,6 +56,13 @@ class AdmissionTrigger(BaseTrigger):
                 if decision.reason != said:
                     self.log.info("admission of %s: %s", job.id, decision.reason)
                     said = decision.reason
+                if decision.cancelled:  # taken out of the queue: the task ends failed, saying by whom
+                    self.log.error("admission of %s: %s", job.id, decision.reason)
+                    if self.end_from_trigger:
+                        yield TaskFailedEvent()
+                    else:
+                        yield TriggerEvent({"admitted": False, "reason": decision.reason})
+                    return
                 if decision.admitted:
                     if self.end_from_trigger:
                         yield TaskSuccessEvent(xcoms={"return_value": decision.reason})

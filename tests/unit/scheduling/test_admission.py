@@ -548,3 +548,17 @@ def test_queue_cancel_refuses_who_is_not_of_the_team_and_what_is_not_queued(tmp_
     with pytest.raises(CommandError, match="could not reach Airflow's API"):  # alice may: Airflow is asked
         cancel_run(ledger, cfg, "train_pipeline", "r1", api_url=unreachable, token=_token({"sub": "alice"}))
     assert "train_pipeline/r1" in admitted(ledger)  # nothing is released before Airflow ended the run
+
+
+def test_a_cancelled_job_is_not_brought_back_by_its_own_tasks(ledger, clock):
+    """Its trigger's next look and its training's heartbeat were already under way when the user
+    cancelled: neither queues it again, and a training of it stops."""
+    assert ledger.request(job("a", "vision", 4)).admitted
+    assert not ledger.request(job("w", "vision", 6)).admitted
+    ledger.cancel("w", "cancelled by alice (trainyard queue cancel)")
+    again = ledger.request(job("w", "vision", 6))
+    assert again.cancelled and not again.admitted and "by alice" in again.reason
+    assert "w" not in {e.job.id for e in ledger.entries()}
+    ledger.cancel("a", "cancelled by alice (trainyard queue cancel)")
+    assert not ledger.renew("a") and not ledger.reclaim(job("a", "vision", 4))
+    assert ledger.entries() == []

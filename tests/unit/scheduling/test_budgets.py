@@ -54,8 +54,11 @@ def test_a_new_try_is_counted_at_the_next_look_and_what_was_spent_stays_spent(tm
     cfg = parse_resources(FLEET)
     now = DEC
     run = _run(tmp_path, "r1", "vision", [(now - 7200, 1.0, 1)])  # before the journal existed
-    assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == pytest.approx(2.0)
+    assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == pytest.approx(2.0)  # from the usage files
+    assert not (tmp_path / usage.SPEND_DIR).exists()  # only an admission look fills the journal
+    budgets.fill_journal(cfg, tmp_path)
     assert (tmp_path / usage.SPEND_DIR / "2026-12.jsonl").is_file()
+    assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == pytest.approx(2.0)
     usage.record_try(run, attempt=2, started=now - 3600, ended=now, gpus=1, where="local")  # the retry ends
     assert budgets.spent_this_month(cfg, tmp_path, now)["vision"] == pytest.approx(4.0)
     import shutil
@@ -71,12 +74,13 @@ def test_a_look_reads_this_month_s_journal_not_every_run(tmp_path, monkeypatch):
     for i in range(30):
         _run(tmp_path, f"old{i}", "nlp", [(NOV, 1.0, 1)])
     _run(tmp_path, "mine", "vision", [(DEC, 1.0, 2)])
-    assert budgets.spent_this_month(cfg, tmp_path, DEC)["vision"] == pytest.approx(4.0)  # fills the journal
+    budgets.fill_journal(cfg, tmp_path)
     opened: list[str] = []
     real = budgets.read_usage
     monkeypatch.setattr(budgets, "read_usage", lambda path: opened.append(str(path)) or real(path))
     monkeypatch.setattr(budgets, "_parsed", {})
-    spend = budgets.spend(cfg, tmp_path, DEC)
+    budgets.fill_journal(cfg, tmp_path)
+    spend = budgets.current_spend(cfg, tmp_path, DEC)
     assert spend.this_month["vision"] == pytest.approx(4.0) and spend.this_month["nlp"] == 0
     assert spend.of_run("mine") == pytest.approx(4.0)
     assert opened == [str(tmp_path / "digits" / "mine" / usage.USAGE_FILE)]
@@ -163,6 +167,12 @@ def test_a_malformed_usage_line_is_skipped_with_its_file_and_line_for_every_read
     assert f"{run / usage.USAGE_FILE}:2: not a usage record" in caplog.text
 
 
+def _look(cfg, runs_root) -> None:
+    """What an admission look does with the spend: fill the journal (once), read this month's."""
+    budgets.fill_journal(cfg, runs_root)
+    budgets.spent_this_month(cfg, runs_root, DEC)
+
+
 def _record_tries(run_dir: str, count: int) -> None:
     for i in range(count):
         usage.record_try(run_dir, attempt=i + 1, started=DEC, ended=DEC + 36, gpus=1, where="local")
@@ -177,7 +187,7 @@ def test_concurrent_tries_and_the_first_look_count_every_try_once(tmp_path):
     runs = [_run(tmp_path, f"r{i}", "vision", [(DEC, 0.01, 1)]) for i in range(4)]  # 36 GPU-s each, before
     ctx = multiprocessing.get_context("spawn")
     writers = [ctx.Process(target=_record_tries, args=(str(run), 25)) for run in runs]
-    lookers = [ctx.Process(target=budgets.spent_this_month, args=(cfg, tmp_path, DEC)) for _ in range(3)]
+    lookers = [ctx.Process(target=_look, args=(cfg, tmp_path)) for _ in range(3)]
     for p in writers + lookers:
         p.start()
     for p in writers + lookers:

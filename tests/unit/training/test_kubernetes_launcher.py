@@ -608,7 +608,7 @@ def test_a_pod_mounts_only_its_run(worker_home):
     assert [m.sub_path for m in data if not m.read_only] == ["runs/digits/run1/work"]
     assert all(m.mount_path == "/var/trainyard/" + m.sub_path for m in data)
     for bad in ("/var/trainyard", "/var/trainyard/../etc", "/etc/passwd", "runs/x"):
-        with pytest.raises(K.PermanentError, match="mounts only files of its run"):
+        with pytest.raises(K.PermanentError, match="mounts only single files and folders below"):
             K.run_mounts(CONFIG, data_dir=bad)
 
 

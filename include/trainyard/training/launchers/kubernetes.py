@@ -51,6 +51,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from trainyard import recipes
 from trainyard.errors import PermanentError, spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig, kubernetes_problems, resources_in_force
 from trainyard.spec import JobSpec, SpecError
@@ -344,10 +345,11 @@ def run_mounts(config_path: str, data_dir: str | None = None, inputs: Iterable[s
     wanted += [(p, True) for p in inputs]
     mounts = []
     for path, read_only in dict.fromkeys(wanted):
-        sub_path = posixpath.relpath(posixpath.normpath(path), TRAINYARD_HOME)
+        normal = posixpath.normpath(path)
+        sub_path = posixpath.relpath(normal, TRAINYARD_HOME)
         if sub_path == "." or sub_path.startswith("../") or sub_path == ".." or not path.startswith("/"):
-            raise PermanentError(f"{path}: a pod mounts only files of its run, below {TRAINYARD_HOME}")
-        mounts.append(k8s.V1VolumeMount(name="data", mount_path=path, sub_path=sub_path, read_only=read_only))
+            raise PermanentError(f"{path}: a pod mounts only single files and folders below {TRAINYARD_HOME}")
+        mounts.append(k8s.V1VolumeMount(name="data", mount_path=normal, sub_path=sub_path, read_only=read_only))
     return mounts
 
 
@@ -553,16 +555,6 @@ def pod_run_config(cfg: RunConfig, home: str | Path) -> RunConfig:
     return RunConfig(spec=cfg.spec, **_rewrite(raw, Path(home).resolve()))
 
 
-def _worker_inputs(spec: JobSpec) -> list[Path]:
-    """A built-in recipe's input files (``init_weights``), on this worker's volume."""
-    if spec.recipe == "custom":
-        return []
-    from trainyard import recipes
-
-    recipe = recipes.get(spec.recipe)
-    return list(recipe.worker_inputs(recipe.opts(spec)))
-
-
 def running_interval(pods: Iterable[k8s.V1Pod], *, now: float | None = None) -> Interval | None:
     """From the first trainer container's start to the last one's finish (still running: ``now``), as the
     API reports them; time a pod spent pending (queued, pulling) is not in it. None if none started."""
@@ -619,7 +611,7 @@ class KubernetesLauncher(Launcher):
         Path(work_dir(run_dir)).mkdir(exist_ok=True)  # where the workers write (on the shared volume)
         config = in_pod(pod_config, self.home)
         data_dir = in_pod(data["path"], self.home)
-        inputs = [in_pod(p, self.home) for p in _worker_inputs(spec)]
+        inputs = [in_pod(p, self.home) for p in recipes.worker_inputs(spec)]
         attempt, resources = self.attempt, self.resources
         if spec.resources.nodes == 1:
             objects: Any = (

@@ -128,8 +128,7 @@ class LocalLauncher(Launcher):
                     f"written by a sandbox user, and they are resumed only inside one; this host cannot sandbox "
                     f"now: {why}"
                 )
-            recipe = recipes.get(spec.recipe)
-            readable = [data["path"], config_path, *map(str, recipe.worker_inputs(recipe.opts(spec)))]
+            readable = [data["path"], config_path, *map(str, recipes.worker_inputs(spec))]
         left = time_left(spec, run_dir)
         command = local_command(
             spec, self.host or this_host(), config_path=config_path, data_dir=data["path"], run_dir=run_dir
