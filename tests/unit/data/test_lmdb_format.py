@@ -57,10 +57,16 @@ def test_reader_survives_pickling_into_another_process(tmp_path):
     lmdb_format.write(tmp_path / "d.lmdb", [(f"k{i}", i, np.full((2, 2), i, np.uint8)) for i in range(4)], {})
     reader = lmdb_format.Reader(tmp_path / "d.lmdb")
     reader.batch([0])  # opened here first: the child must open its own handle
-    with mp.get_context("spawn").Pool(1) as pool:
-        assert pool.apply(_labels_of, (reader, [3, 1])) == [3, 1]
-    with mp.get_context("fork").Pool(1) as pool:
-        assert pool.apply(_labels_of, (reader, [2])) == [2]
+    for method, indices in (("spawn", [3, 1]), ("fork", [2])):
+        pool = mp.get_context(method).Pool(1)
+        try:
+            assert pool.apply(_labels_of, (reader, indices)) == indices
+        finally:
+            # close and join, not terminate (the context manager's exit): a forked worker inherits this
+            # process's Python-level SIGTERM handler (an earlier dag.test() in this pytest worker installs
+            # one), which a worker blocked in a lock never runs, so terminate() would wait for it forever
+            pool.close()
+            pool.join()
 
 
 def _labels_of(reader, indices):
