@@ -555,6 +555,8 @@ def hold(
     log = logging.getLogger(__name__)
     if not ledger.renew(job.id):
         decision = ledger.request(job, spend)
+        if decision.cancelled:  # taken out of the queue: no retry brings it back
+            raise PermanentError(f"job {job.id}: {decision.reason}")
         if not decision.admitted:
             raise NotAdmitted(f"job {job.id} is not admitted any more: {decision.reason}")
         ledger.renew(job.id)

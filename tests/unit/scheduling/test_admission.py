@@ -562,3 +562,7 @@ def test_a_cancelled_job_is_not_brought_back_by_its_own_tasks(ledger, clock):
     ledger.cancel("a", "cancelled by alice (trainyard queue cancel)")
     assert not ledger.renew("a") and not ledger.reclaim(job("a", "vision", 4))
     assert ledger.entries() == []
+    from trainyard.errors import PermanentError
+
+    with pytest.raises(PermanentError, match="cancelled by alice"), hold(ledger, job("a", "vision", 4)):
+        pass  # a retry of its training fails for good instead of waiting to be admitted again
