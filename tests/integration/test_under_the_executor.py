@@ -252,7 +252,7 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
     holder = airflow.trigger(
         DAG,
         {"name": "holder", "recipe": "custom", "resources": gpus,
-         "custom": {"command": [sys.executable, "-c", "import time; time.sleep(300)"]}},
+         "custom": {"command": [sys.executable, "-c", "import time; time.sleep(3600)"]}},
         headers,
     )  # fmt: skip
     try:

@@ -38,7 +38,7 @@ def get(name: str) -> Recipe[Any]:
 
 def worker_inputs(spec: JobSpec) -> list[Path]:
     """The files a built-in recipe's workers read besides the prepared data and the run config (resnet's
-    ``init_weights``): what the sandbox and a pod are given to read. None for a custom command."""
+    ``init_weights``): what the sandbox and a pod are given to read; none for a custom command."""
     if spec.recipe == "custom":
         return []
     recipe = get(spec.recipe)

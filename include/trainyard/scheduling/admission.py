@@ -384,6 +384,12 @@ class Ledger:
                 "INSERT OR REPLACE INTO cancelled (id, at, reason) VALUES (?, ?, ?)", (job_id, self.clock(), reason)
             )
 
+    def cancelled(self, job_id: str) -> str | None:
+        """Why the job was taken out of the queue, or None if it was not."""
+        with self._connect() as conn:
+            row = conn.execute("SELECT reason FROM cancelled WHERE id = ?", (job_id,)).fetchone()
+        return row[0] if row else None
+
     def withdraw(self, job_id: str) -> None:
         """The job stopped waiting (its task was cancelled): its row and any slots it holds go now; its
         arrival stays (it runs out by itself), so a job withdrawn by mistake that asks again keeps its place."""
@@ -489,7 +495,10 @@ def look(ledger: Ledger, job: Job) -> Decision:
     from trainyard import paths
     from trainyard.scheduling.budgets import current_spend, fill_journal
 
-    fill_journal(ledger.config, paths.runs_root())  # once per installation: then a no-op
+    try:
+        fill_journal(ledger.config, paths.runs_root())  # once per installation: then a no-op
+    except OSError as err:  # the spend is read from the usage files meanwhile: the queue goes on
+        logging.getLogger(__name__).warning("could not fill the spend journal (%s); looking without it", err)
     return ledger.request(job, current_spend(ledger.config, paths.runs_root()))
 
 
@@ -576,9 +585,8 @@ def hold(
                 if ledger.reclaim(job, tuple(devices or ())):
                     log.warning("admission of %s ran out while it trained; it took its slots back", job.id)
                     continue
-                log.error(
-                    "admission of %s ran out while it trained and its slots went to another job: stopping", job.id
-                )
+                why = ledger.cancelled(job.id) or "its lease ran out while it trained and its slots went to another job"
+                log.error("admission of %s: %s; stopping its workers", job.id, why)
                 lease.lost.set()
                 return
             except Exception as err:  # noqa: BLE001 - retried at the next beat; the thread must not die
@@ -586,22 +594,30 @@ def hold(
 
     thread = threading.Thread(target=beat, name="trainyard-admission-heartbeat", daemon=True)
     thread.start()
-    lost = AdmissionLost(
-        f"job {job.id}: its admission ran out while it trained and its slots went to another job, so its "
-        "workers were stopped; a retry waits for admission and resumes from the newest checkpoint"
-    )
+
+    def lost() -> Exception:
+        cancelled = ledger.cancelled(job.id)
+        if cancelled:  # taken out of the queue: no retry
+            return PermanentError(f"job {job.id}: {cancelled}; its workers were stopped")
+        return AdmissionLost(
+            f"job {job.id}: its admission ran out while it trained and its slots went to another job, so its "
+            "workers were stopped; a retry waits for admission and resumes from the newest checkpoint"
+        )
+
     for_good = True
     try:
         yield lease
         if lease.lost.is_set():  # workers that exit 0 when stopped leave a partial result: not a success
-            for_good = final_try
-            raise lost
-    except AdmissionLost:
+            raise lost()
+    except (AdmissionLost, PermanentError) as err:  # the lease lost after a clean body, or a cancel
+        for_good = final_try or is_permanent(err)
         raise
     except Exception as err:
         for_good = final_try or is_permanent(err)
         if lease.lost.is_set() and not is_permanent(err):
-            raise lost from err
+            ending = lost()
+            for_good = final_try or is_permanent(ending)
+            raise ending from err
         raise
     except BaseException:  # the task was terminated (marked failed, timed out): Airflow decides what comes next
         for_good = final_try

@@ -59,7 +59,7 @@ def cancel_run(ledger: Ledger, config: ResourcesConfig, dag_id: str, run_id: str
         raise CommandError(f"could not reach Airflow's API at {api_url} ({err}); set AIRFLOW_API_URL") from None
     if not r.ok:
         raise CommandError(f"Airflow refused to mark run {job_id} failed: HTTP {r.status_code} {r.text[:300]}")
-    ledger.cancel(job_id, f"cancelled by {user} (trainyard queue cancel)")
+    ledger.cancel(job_id, f"cancelled by {user} (trainyard queue cancel); trigger a new run to train it")
     AuditLog().append(
         "queue_cancel", user, team=entry.job.team, run=job_id, was="waiting" if entry.admitted is None else "admitted"
     )

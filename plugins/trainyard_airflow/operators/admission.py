@@ -71,4 +71,6 @@ class AdmitOperator(BaseOperator):
         ending event's state ("success") rather than its XCom."""
         if isinstance(event, dict) and not event.get("admitted", True):  # cancelled while it waited
             raise PermanentError(event["reason"])
+        if event == "failed":  # dag.test() passes the ending event's state: the trigger ended it failed
+            raise PermanentError(f"job {self.run_key}: taken out of the queue while it waited")
         return event["reason"] if isinstance(event, dict) else str(event)

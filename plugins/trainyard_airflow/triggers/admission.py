@@ -56,8 +56,7 @@ class AdmissionTrigger(BaseTrigger):
                 if decision.reason != said:
                     self.log.info("admission of %s: %s", job.id, decision.reason)
                     said = decision.reason
-                if decision.cancelled:  # taken out of the queue: the task ends failed, saying by whom
-                    self.log.error("admission of %s: %s", job.id, decision.reason)
+                if decision.cancelled:  # taken out of the queue: the task ends failed (the reason is logged above)
                     if self.end_from_trigger:
                         yield TaskFailedEvent()
                     else:

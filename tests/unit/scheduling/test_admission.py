@@ -566,3 +566,17 @@ def test_a_cancelled_job_is_not_brought_back_by_its_own_tasks(ledger, clock):
 
     with pytest.raises(PermanentError, match="cancelled by alice"), hold(ledger, job("a", "vision", 4)):
         pass  # a retry of its training fails for good instead of waiting to be admitted again
+
+
+def test_a_training_cancelled_while_it_runs_stops_for_good(ledger, clock):
+    """Its next heartbeat finds the job cancelled: the workers are told to stop, and the try fails
+    permanently, saying who cancelled (not as a lost lease a retry would wait out)."""
+    from trainyard.errors import PermanentError
+
+    j = job("a", "vision", 4)
+    assert ledger.request(j).admitted
+    with pytest.raises(PermanentError, match="cancelled by alice"), hold(ledger, j, heartbeat_s=0.05) as lease:
+        ledger.cancel("a", "cancelled by alice (trainyard queue cancel)")
+        assert lease.lost.wait(5)
+        raise RuntimeError("the launcher stopped the workers")
+    assert ledger.entries() == [] and ledger.cancelled("a")
