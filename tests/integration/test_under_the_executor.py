@@ -282,6 +282,6 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
         assert airflow.wait_run(DAG, waiting, headers, 120)["state"] == "failed"
         left = {j["run"] for j in json.loads(_trainyard(airflow, "queue", "--json").stdout)}
         assert f"{DAG}/{waiting}" not in left and f"{DAG}/{holder}" in left
-    finally:
+    finally:  # clean-up: the module's next test (if any) gets the slots back
         _trainyard(airflow, "queue", "cancel", holder, token=airflow.token("admin"))
-    assert airflow.wait_run(DAG, holder, headers, 120)["state"] == "failed"
+        airflow.wait_run(DAG, holder, headers, 120)
