@@ -31,6 +31,11 @@ def tensorboard_root() -> Path:
     return home() / "tensorboard"
 
 
+def sweeps_root() -> Path:
+    """The sweeps' Optuna studies, one journal file per team (:mod:`trainyard.sweeps.study`)."""
+    return home() / "sweeps"
+
+
 def mlflow_tracking_uri() -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:

@@ -202,8 +202,16 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
     return run_id
 
 
-def plan_training(spec: JobSpec, dataset: dict, data: dict, run_key: str) -> dict:
-    """The MLflow run and the run config every launcher starts its workers with (idempotent)."""
+def plan_training(
+    spec: JobSpec,
+    dataset: dict,
+    data: dict,
+    run_key: str,
+    tags: dict[str, str] | None = None,
+    trial_objective: str | None = None,
+) -> dict:
+    """The MLflow run (with ``tags``) and the run config every launcher starts its workers with
+    (idempotent). ``trial_objective``: a sweep trial's, reported by its workers at each epoch's end."""
     from trainyard.training.metrics import metrics_path
     from trainyard.training.run_config import RUN_CONFIG_FILE, RunConfig, work_dir
 
@@ -214,9 +222,10 @@ def plan_training(spec: JobSpec, dataset: dict, data: dict, run_key: str) -> dic
         spec=spec,
         data=data,
         out_dir=work_dir(str(out_dir)),
-        mlflow_run_id=start_tracking(spec, dataset, run_key),
+        mlflow_run_id=start_tracking(spec, dataset, run_key, tags),
         tensorboard_dir=str(paths.tensorboard_root() / spec.name / safe_key(run_key)),
         metrics_file=str(metrics_path(out_dir)),
+        trial_objective=trial_objective,
     )
     Path(cfg.out_dir).mkdir(exist_ok=True)
     cfg_path = cfg.dump(out_dir / RUN_CONFIG_FILE)
@@ -254,10 +263,11 @@ def launch_local(
     )
 
 
-def collect_training(spec: JobSpec, plan: dict) -> dict:
+def collect_training(spec: JobSpec, plan: dict, result: bool = True) -> dict:
     """What the workers left: train_result.json (built-in recipes) or the custom metrics file, their
     metrics not relayed to MLflow yet; plus the GPU time of every try (the launchers' usage records: a retry
-    adds to it, queue time is not in it) and its cost."""
+    adds to it, queue time is not in it) and its cost. ``result=False``: the curves, time and cost only
+    (a sweep trial its pruner stopped left no model)."""
     from trainyard.scheduling.resources import resources_in_force, run_cost
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training import custom, metrics, usage
@@ -265,7 +275,7 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
     out_dir = Path(plan["run_dir"])
     c = mt.client()
     metrics.relay(out_dir, c, plan["mlflow_run_id"], plan["tensorboard_dir"], on_line=log.info, final=True)
-    result = custom.collect(out_dir) if spec.recipe == "custom" else built_in_result(out_dir)
+    found = {} if not result else custom.collect(out_dir) if spec.recipe == "custom" else built_in_result(out_dir)
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
     cost = run_cost(resources_in_force(), spec.resources.gpu_type, gpu_seconds)
@@ -280,7 +290,7 @@ def collect_training(spec: JobSpec, plan: dict) -> dict:
     c.log_metric(plan["mlflow_run_id"], "gpu_seconds", gpu_seconds)
     c.log_metric(plan["mlflow_run_id"], "run_cost", cost)
     return {
-        **result,
+        **found,
         **{k: plan[k] for k in ("mlflow_run_id", "run_dir", "tensorboard_dir")},
         "wall_seconds": round(usage.wall_seconds(out_dir), 3),
         "gpu_seconds": round(gpu_seconds, 3),
@@ -350,6 +360,56 @@ def train(
     plan = plan_training(spec, dataset, data, run_key)
     launch_local(spec, data, plan, on_line, devices, stop)
     return collect_training(spec, plan)
+
+
+def plan_sweep(spec: JobSpec) -> list[int]:
+    """Open (or resume) the sweep's study, seed a new one from ``warm_start_from``: the slots of this run,
+    one mapped training task each."""
+    from trainyard.sweeps.study import open_study, warm_start
+
+    assert spec.sweep is not None
+    study = open_study(spec)
+    warm_start(spec, study)
+    log.info(
+        "sweep %s: %d trial(s) in the study so far; this run adds %d, %d at a time",
+        spec.sweep.name,
+        len(study.trials),
+        spec.sweep.trials,
+        spec.sweep.parallelism,
+    )
+    return list(range(spec.sweep.trials))
+
+
+def train_trial(
+    spec: JobSpec,
+    dataset: dict,
+    data: dict,
+    sweep_run: str,
+    slot: int,
+    on_line: Callable[[str], None] | None = None,
+    devices: list[str] | None = None,
+    stop: threading.Event | None = None,
+) -> dict:
+    """One trial of the sweep in ``spec`` on this machine, in slot ``slot`` of the run ``sweep_run``:
+    planned, launched and collected as a job of its own (:func:`trainyard.sweeps.trials.run_trial`)."""
+    from trainyard.sweeps.trials import Watcher, run_trial
+
+    assert spec.sweep is not None
+    objective = spec.sweep.objective
+
+    def launch(trial_spec: JobSpec, key: str, tags: dict[str, str], watcher: Watcher) -> dict:
+        plan = plan_training(trial_spec, dataset, data, key, tags=tags, trial_objective=objective)
+        launch_local(trial_spec, data, plan, on_line, devices, watcher.halt)
+        return collect_training(trial_spec, plan, result=watcher.pruned_at is None)
+
+    return run_trial(spec, sweep_run, slot, launch, lost=stop)
+
+
+def close_sweep(spec: JobSpec, sweep_run: str) -> dict:
+    """The sweep run's end: trials left running failed, the best trial chosen, the summary logged."""
+    from trainyard.sweeps.study import close
+
+    return close(spec, sweep_run)
 
 
 # -- 4. evaluation and gate --------------------------------------------------------------------------------

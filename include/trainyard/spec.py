@@ -316,6 +316,130 @@ class ExportSpec(_Model):
     torchscript: bool = Field(False, description="also write a traced TorchScript file, held to the same parity")
 
 
+SWEEPABLE_HYPERPARAMETERS = ("epochs", "batch_size", "learning_rate", "momentum", "optimizer", "weight_decay", "seed")
+
+
+class SearchParameter(_Model):
+    """One dimension of a sweep's search space: a hyperparameter or a recipe option, by its path in the
+    JobSpec (``hyperparameters.learning_rate``, ``recipe_options.d_model``)."""
+
+    name: str = Field(
+        pattern=r"^(hyperparameters|recipe_options)\.[a-z][a-z0-9_]{0,62}$",
+        description="hyperparameters.<field> or recipe_options.<option>",
+    )
+    type: Literal["float", "int", "categorical"] = Field(description="how it is drawn")
+    low: float | None = Field(None, allow_inf_nan=False, description="lowest value (float, int)")
+    high: float | None = Field(None, allow_inf_nan=False, description="highest value (float, int), included")
+    log: bool = Field(False, description="draw on a log scale (float, int; low must be > 0)")
+    step: float | None = Field(None, gt=0, allow_inf_nan=False, description="spacing of the values (float, int)")
+    choices: tuple[int | float | str | bool, ...] = Field((), description="the values (categorical)")
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> SearchParameter:
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError(f"sweep parameter {self.name}: a categorical parameter needs choices")
+            if self.low is not None or self.high is not None or self.log or self.step is not None:
+                raise ValueError(f"sweep parameter {self.name}: a categorical parameter takes choices only")
+            if len(set(map(repr, self.choices))) != len(self.choices):
+                raise ValueError(f"sweep parameter {self.name}: repeated choices {list(self.choices)}")
+            return self
+        if self.choices:
+            raise ValueError(f"sweep parameter {self.name}: choices are for type categorical; give low and high")
+        if self.low is None or self.high is None:
+            raise ValueError(f"sweep parameter {self.name}: a {self.type} parameter needs low and high")
+        if not self.low < self.high:
+            raise ValueError(f"sweep parameter {self.name}: empty range, low {self.low} must be < high {self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"sweep parameter {self.name}: a log scale needs low > 0 (got {self.low})")
+        if self.log and self.step is not None:
+            raise ValueError(f"sweep parameter {self.name}: give log or step, not both")
+        if self.type == "int" and (
+            not float(self.low).is_integer()
+            or not float(self.high).is_integer()
+            or (self.step is not None and not float(self.step).is_integer())
+        ):
+            raise ValueError(f"sweep parameter {self.name}: an int parameter needs whole low, high and step")
+        return self
+
+    @property
+    def field(self) -> tuple[str, str]:
+        """(section, key): ("hyperparameters", "learning_rate")."""
+        section, key = self.name.split(".", 1)
+        return section, key
+
+    def bounds(self) -> tuple[Any, ...]:
+        """The values that must each make a valid JobSpec: the ends of a range, every choice."""
+        if self.type == "categorical":
+            return self.choices
+        assert self.low is not None and self.high is not None
+        return (int(self.low), int(self.high)) if self.type == "int" else (self.low, self.high)
+
+
+class Sweep(_Model):
+    """A hyperparameter sweep: the job is trained once per trial with values drawn from ``parameters``,
+    the trials reporting to one Optuna study; losing trials stop early; the best goes on through
+    evaluate, gate, export and register. A sweep triggered again under the same name resumes its study."""
+
+    name: str = Field(
+        pattern=NAME_RE,
+        description="the study's name within the team: a run with the same name adds trials to the same study",
+    )
+    parameters: tuple[SearchParameter, ...] = Field(min_length=1, description="the search space")
+    objective: str = Field(
+        "val_accuracy", pattern=r"^[a-z0-9_]+$", description="the val metric each trial is judged by"
+    )
+    direction: Literal["maximize", "minimize"] = Field("maximize", description="better is higher or lower")
+    trials: int = Field(8, ge=1, le=1000, description="trials this run adds to the study")
+    parallelism: int = Field(2, ge=1, le=256, description="trials that hold their GPUs at once (at most)")
+    sampler: Literal["tpe", "random", "grid"] = Field(
+        "tpe",
+        description="tpe: multivariate TPE (constant liar for parallel trials); random; grid (categorical only)",
+    )
+    seed: int | None = Field(None, ge=0, description="the sampler's seed")
+    pruner: Literal["median", "successive_halving", "none"] = Field(
+        "median", description="what stops a losing trial at an epoch's end: median of earlier trials, or ASHA"
+    )
+    warmup_epochs: int = Field(1, ge=0, le=1000, description="epochs every trial runs before it may be stopped")
+    startup_trials: int = Field(
+        2, ge=0, le=1000, description="finished trials before the median pruner stops any (TPE: before it models)"
+    )
+    constraints: tuple[Threshold, ...] = Field(
+        (),
+        description=(
+            "limits on other metrics of the trial's result (e.g. val_loss max 0.5): a trial outside them is "
+            "infeasible and never chosen as the best"
+        ),
+    )
+    warm_start_from: str | None = Field(
+        None, pattern=NAME_RE, description="an earlier sweep of the team whose finished trials seed a new study"
+    )
+
+    @field_validator("parameters")
+    @classmethod
+    def _unique_parameters(cls, parameters: tuple[SearchParameter, ...]) -> tuple[SearchParameter, ...]:
+        names = [p.name for p in parameters]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"one entry per parameter; repeated: {dupes}")
+        for p in parameters:
+            section, key = p.field
+            if section == "hyperparameters" and key not in SWEEPABLE_HYPERPARAMETERS:
+                raise ValueError(
+                    f"sweep parameter {p.name}: hyperparameters has no {key!r}; "
+                    f"one of {list(SWEEPABLE_HYPERPARAMETERS)}"
+                )
+        return parameters
+
+    @model_validator(mode="after")
+    def _sampler_fits(self) -> Sweep:
+        if self.sampler == "grid" and any(p.type != "categorical" for p in self.parameters):
+            raise ValueError("sweep.sampler grid: every parameter must be categorical (the grid is its choices)")
+        if self.warm_start_from == self.name:
+            raise ValueError("sweep.warm_start_from: a sweep resumes its own study by its name; name another sweep")
+        return self
+
+
 class JobSpec(_Model):
     """One training job: what to train on which data, how, where, and what it must achieve."""
 
@@ -353,6 +477,13 @@ class JobSpec(_Model):
             "(transformer_translator); each recipe's options model holds their defaults and bounds"
         ),
     )
+    sweep: Sweep | None = Field(
+        None,
+        description=(
+            "a hyperparameter sweep instead of one training: trials of this job with values drawn from the "
+            "search space, losers stopped early, the best registered (null: one training)"
+        ),
+    )
 
     @field_validator("gates")
     @classmethod
@@ -374,9 +505,12 @@ class JobSpec(_Model):
 
 def _format_errors(err: ValidationError) -> str:
     lines = []
-    for e in err.errors():
+    errors = err.errors()
+    for e in errors:
         loc = ".".join(str(p) for p in e["loc"]) or "(spec)"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "too_short" and any(o["loc"][: len(e["loc"])] == e["loc"] and o is not e for o in errors):
+            continue  # a list left short by its bad items: the items' own errors say it
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         elif e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
@@ -384,7 +518,7 @@ def _format_errors(err: ValidationError) -> str:
         if e["type"] == "missing":
             lines.append(f"{loc}: required")
         elif not e["loc"]:  # a rule across fields: the message names them
-            lines.append(msg.removeprefix("Value error, "))
+            lines.append(msg)
         else:
             lines.append(f"{loc}: {msg} (got {e.get('input')!r})")
     return spec_error_message(lines)

@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainyard.recipes.base import Recipe, to_device
+from trainyard.sweeps import handshake
 from trainyard.training.common import atomic_save, resume_point
 from trainyard.training.data import ShardSampler, already_batched
 from trainyard.training.run_config import RunConfig
@@ -126,6 +127,22 @@ class Window:
         return losses
 
 
+def trial_stopped(cfg: RunConfig, strategy: Strategy, epoch: int, metrics: dict) -> bool:
+    """A sweep trial's reporting point, on every rank at the end of ``epoch``: rank 0 reports the
+    objective and waits for the launching task's answer; every rank learns it in one collective, so all
+    stop together or none does."""
+    stop = 0.0
+    if strategy.rank == 0:
+        value = float(metrics.get(cfg.trial_objective, float("nan")))
+        handshake.report(cfg.out_dir, epoch, value)
+        answer = handshake.wait_verdict(cfg.out_dir, epoch)
+        if answer is None:
+            strategy.log(f"sweep: no answer to epoch {epoch}'s report within {handshake.VERDICT_WAIT_S:.0f}s; going on")
+        stop = 1.0 if answer else 0.0
+    flag = torch.tensor([stop], dtype=torch.float32, device=strategy.device)
+    return float(strategy.start_mean(flag)()[0]) > 0
+
+
 def train(cfg: RunConfig, strategy: Strategy, recipe: Recipe | None = None) -> dict:
     """Run the job's epochs with ``strategy``; rank 0 returns the result record (the others ``{}``). The
     tracker and the process group are closed whatever happens, from the moment they exist. ``recipe``:
@@ -206,6 +223,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     fail_at = fail_once_at()
     window = Window()
     samples, last_loss = 0, float("nan")
+    pruned_at: int | None = None  # the epoch after which a sweep's pruner stopped this trial
     stall, saves = 0.0, 0  # the training thread's time in checkpoint saves (the write itself is off it)
     loop_t0 = time.perf_counter()
     for epoch in range(start_epoch, hp.epochs):
@@ -238,15 +256,22 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
         if rank == 0 or strategy.evaluate_on_every_rank:
             metrics = recipe.val_metrics(strategy.model, val, device, strategy.input_dtype)
         log(progress.line(epoch + 1, hp.epochs, step, samples, loss=last_loss, **metrics))
+        if cfg.trial_objective is not None and trial_stopped(cfg, strategy, epoch + 1, metrics):
+            log(f"sweep: the pruner stopped this trial after epoch {epoch + 1}; every worker ends here")
+            pruned_at = epoch + 1
         if tracker is not None:
             # the epoch's wall time (steps, checkpoint, validation) as a curve: slow epochs show in the UI;
             # a resumed try's first epoch is only its rest
             timed = {} if first else {"epoch_seconds": time.perf_counter() - epoch_t0}
             tracker.log([step], {**metrics, "epoch": epoch + 1, **timed})
         strategy.barrier()
+        if pruned_at is not None:
+            break
 
     loop_s = time.perf_counter() - loop_t0
     strategy.checkpoints_written()
+    if pruned_at is not None:  # no model: the launching task ends the trial as pruned and removes its files
+        return {"pruned_at_epoch": pruned_at, "steps": step} if rank == 0 else {}
     final = strategy.final_model(recipe, meta, options)
     result: dict = {}
     if rank == 0:

@@ -80,6 +80,9 @@ class RunConfig:
     # Rank 0 appends its metrics here instead of writing MLflow and TensorBoard itself: the local launcher
     # relays them (trainyard.training.metrics), so a sandboxed worker needs neither store
     metrics_file: str | None = None
+    # A sweep trial: the val metric rank 0 reports at each epoch's end, then waits to hear whether the
+    # trial goes on (trainyard.sweeps.handshake); None for a job that is not a trial
+    trial_objective: str | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -94,6 +97,7 @@ class RunConfig:
             "mlflow_run_id": self.mlflow_run_id,
             "tensorboard_dir": self.tensorboard_dir,
             "metrics_file": self.metrics_file,
+            "trial_objective": self.trial_objective,
         }
 
     def dump(self, path: str | Path) -> Path:

@@ -1,0 +1,284 @@
+"""A sweep's Optuna study: where it lives, how it samples and prunes, and how a sweep run ends.
+
+Storage: one Optuna journal file per team, ``$TRAINYARD_HOME/sweeps/<team>/studies.journal``, each
+sweep a study in it named by ``sweep.name``. The journal file backend is Optuna's advice for parallel
+trials without a database server: every write is an append under a file lock, so the training tasks of
+one sweep (separate processes) ask and tell concurrently without SQLite's one-writer stalls. It needs a
+local or fcntl-capable filesystem, as the admission ledger does (all of Airflow on one host). Teams are
+the boundary: a sweep resumes or warm-starts only from its own team's studies.
+
+A journal has no heartbeat (nor does ask/tell in any storage): a trial whose training process is killed
+would stay RUNNING. The DAG tells Optuna instead: a retry of the trial's task fails the trial its earlier
+try left running (:func:`trainyard.sweeps.trials.begin`), and the sweep's last task (:func:`close`)
+fails every trial of its run still running, once all of them are done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainyard import paths
+from trainyard.errors import PermanentError
+from trainyard.spec import JobSpec, SearchParameter, Sweep
+
+if TYPE_CHECKING:
+    import optuna
+
+log = logging.getLogger(__name__)
+
+JOURNAL = "studies.journal"
+# Trial user attributes, set by the platform
+RUN_ATTR = "sweep_run"  # the Airflow run ("<dag_id>/<run_id>") whose task ran the trial
+SLOT_ATTR = "slot"  # its mapped task: "<run>#<map index>"
+SPEC_ATTR = "spec"  # the trial's JobSpec (the sweep's, with the trial's values), as JSON
+TRAINED_ATTR = "trained"  # what its training left (model path, MLflow run, metrics)
+VIOLATION_ATTR = "constraint_violation"  # per constraint: > 0 by how much it is missed, <= 0 met
+FAILED_ATTR = "failed_because"
+
+
+class SweepError(PermanentError):
+    """The sweep cannot go on as asked (a study of another objective, no finished trial, ...)."""
+
+
+def storage_path(team: str) -> Path:
+    return paths.sweeps_root() / team / JOURNAL
+
+
+def storage(team: str) -> optuna.storages.BaseStorage:
+    """The team's study storage (created on first use)."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    path = storage_path(team)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def violations(trial: optuna.trial.FrozenTrial) -> list[float]:
+    """The constraints' margins as the samplers read them (<= 0: met); none recorded: met."""
+    return list(trial.user_attrs.get(VIOLATION_ATTR, [0.0]))
+
+
+def sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    constraints = violations if sweep.constraints else None
+    if sweep.sampler == "grid":
+        return optuna.samplers.GridSampler({p.name: list(p.choices) for p in sweep.parameters}, seed=sweep.seed)
+    if sweep.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=sweep.seed)
+    return optuna.samplers.TPESampler(
+        n_startup_trials=max(sweep.startup_trials, 1),
+        multivariate=True,
+        constant_liar=True,  # parallel trials: a running trial counts as a bad one, so others look elsewhere
+        seed=sweep.seed,
+        constraints_func=constraints,
+    )
+
+
+def pruner(sweep: Sweep) -> optuna.pruners.BasePruner:
+    """Stops a trial at an epoch's end (its reporting step is the epoch, 1-based), never before it has
+    run ``warmup_epochs``."""
+    import optuna
+
+    if sweep.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=sweep.startup_trials, n_warmup_steps=sweep.warmup_epochs)
+    if sweep.pruner == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(sweep.warmup_epochs, 1))
+    return optuna.pruners.NopPruner()
+
+
+def open_study(spec: JobSpec) -> optuna.Study:
+    """The sweep's study, created on its first run, loaded on every later one (a resumed sweep); a new
+    study with ``warm_start_from`` starts with that sweep's finished trials. Refused: a study of the same
+    name that optimises another objective or direction."""
+    import optuna
+
+    sweep = _sweep(spec)
+    store = storage(spec.resources.team)
+    study = optuna.create_study(
+        storage=store,
+        study_name=sweep.name,
+        direction=sweep.direction,
+        sampler=sampler(sweep),
+        pruner=pruner(sweep),
+        load_if_exists=True,
+    )
+    attrs = study.user_attrs
+    if not attrs:
+        study.set_user_attr("objective", sweep.objective)
+        study.set_user_attr("direction", sweep.direction)
+    elif (attrs.get("objective"), attrs.get("direction")) != (sweep.objective, sweep.direction):
+        raise SweepError(
+            f"sweep.name: study {sweep.name!r} of team {spec.resources.team} optimises "
+            f"{attrs.get('direction')} {attrs.get('objective')}; this spec asks to {sweep.direction} "
+            f"{sweep.objective}: name a new sweep, or keep its objective and direction"
+        )
+    return study
+
+
+def warm_start(spec: JobSpec, study: optuna.Study) -> int:
+    """Seed an empty study with the finished trials of ``sweep.warm_start_from`` (the same team's) whose
+    values lie in this search space; how many were added."""
+    import optuna
+
+    sweep = _sweep(spec)
+    if sweep.warm_start_from is None or study.trials:
+        return 0
+    names = optuna.get_all_study_names(storage(spec.resources.team))
+    if sweep.warm_start_from not in names:
+        raise SweepError(
+            f"sweep.warm_start_from: team {spec.resources.team} has no sweep {sweep.warm_start_from!r} "
+            f"(it has {sorted(names)})"
+        )
+    source = optuna.load_study(study_name=sweep.warm_start_from, storage=storage(spec.resources.team))
+    space = distributions(sweep)
+    added = 0
+    for t in source.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if set(t.params) != set(space) or not all(_fits(space[k], v) for k, v in t.params.items()):
+            continue
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=t.params,
+                distributions=space,
+                value=t.value,
+                intermediate_values=t.intermediate_values,
+                user_attrs={"warm_started_from": f"{sweep.warm_start_from}#{t.number}"},
+            )
+        )
+        added += 1
+    log.info("warm start: %d finished trial(s) of sweep %s seeded study %s", added, sweep.warm_start_from, sweep.name)
+    return added
+
+
+def _fits(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    try:
+        return distribution._contains(distribution.to_internal_repr(value))
+    except (ValueError, TypeError):  # a choice this space does not have
+        return False
+
+
+def distributions(sweep: Sweep) -> dict[str, optuna.distributions.BaseDistribution]:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    out: dict[str, Any] = {}
+    for p in sweep.parameters:
+        if p.type == "categorical":
+            out[p.name] = CategoricalDistribution(list(p.choices))
+        elif p.type == "int":
+            assert p.low is not None and p.high is not None
+            out[p.name] = IntDistribution(int(p.low), int(p.high), log=p.log, step=int(p.step or 1))
+        else:
+            assert p.low is not None and p.high is not None
+            out[p.name] = FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+    return out
+
+
+def suggest(trial: optuna.Trial, p: SearchParameter) -> Any:
+    if p.type == "categorical":
+        return trial.suggest_categorical(p.name, list(p.choices))
+    assert p.low is not None and p.high is not None
+    if p.type == "int":
+        return trial.suggest_int(p.name, int(p.low), int(p.high), log=p.log, step=int(p.step or 1))
+    return trial.suggest_float(p.name, p.low, p.high, log=p.log, step=p.step)
+
+
+def with_values(spec: JobSpec, values: dict[str, Any]) -> JobSpec:
+    """The JobSpec of one trial: the sweep's spec with ``values`` ({"hyperparameters.learning_rate": 0.01})
+    in place; validated like any spec (SpecError naming the field)."""
+    from trainyard.spec import parse_spec
+
+    raw = spec.model_dump(mode="json")
+    for name, value in values.items():
+        section, key = name.split(".", 1)
+        raw[section] = {**raw[section], key: value}
+    return parse_spec(raw)
+
+
+def _sweep(spec: JobSpec) -> Sweep:
+    if spec.sweep is None:
+        raise SweepError("the spec has no sweep section")
+    return spec.sweep
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The best finished trial that meets every constraint and whose model is still on disk."""
+    import optuna
+
+    done = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.value is not None
+        and math.isfinite(t.value)
+        and all(v <= 0 for v in violations(t))
+        and TRAINED_ATTR in t.user_attrs
+        and Path(t.user_attrs[TRAINED_ATTR].get("model_path", "")).is_file()
+    ]
+    if not done:
+        return None
+    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+    return pick(done, key=lambda t: float(t.value or 0.0))
+
+
+def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = None, state=None) -> None:
+    """``study.tell``, where a grid sampler's "the grid is done" is no error: it calls ``Study.stop``,
+    which works only inside ``optimize`` and raises here, after the trial's state is stored."""
+    try:
+        study.tell(trial, value, state=state, skip_if_finished=True)
+    except RuntimeError as err:
+        if "Study.stop" not in str(err):
+            raise
+
+
+def fail_left_running(study: optuna.Study, sweep_run: str, slot: str | None = None, why: str = "") -> list[int]:
+    """Tell Optuna that the trials of ``sweep_run`` (of one ``slot``, if given) still RUNNING failed:
+    their training process is gone (its task was retried, or the whole sweep run is done). Their numbers."""
+    import optuna
+
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if t.user_attrs.get(RUN_ATTR) != sweep_run or (slot is not None and t.user_attrs.get(SLOT_ATTR) != slot):
+            continue
+        study._storage.set_trial_user_attr(t._trial_id, FAILED_ATTR, why)
+        tell(study, t.number, state=optuna.trial.TrialState.FAIL)
+        failed.append(t.number)
+    return failed
+
+
+def close(spec: JobSpec, sweep_run: str) -> dict:
+    """The end of a sweep run, once each of its trial tasks is done (succeeded or failed): its trials still
+    RUNNING are failed (their processes are gone), the study's best trial is chosen, and the summary goes
+    to MLflow. Returns the best trial's ``{"spec", "trained", "trial", "value"}`` for evaluate, gate,
+    export and register; SweepError if no trial finished within the constraints."""
+    from trainyard.sweeps.summary import log_summary
+
+    study = open_study(spec)
+    failed = fail_left_running(study, sweep_run, why="its task ended without finishing it (the process was killed)")
+    if failed:
+        log.warning("trials %s of %s were left running by a task that is gone: failed", failed, sweep_run)
+    states: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(RUN_ATTR) == sweep_run:
+            states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+    tally = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    log.info("sweep %s, run %s: %s", study.study_name, sweep_run, tally)
+    best = best_trial(study)
+    summary = log_summary(spec, study, sweep_run, best)
+    if best is None:
+        raise SweepError(
+            f"sweep {study.study_name}: no trial finished with a finite {spec.sweep.objective if spec.sweep else ''} "
+            f"within the constraints ({states}); nothing to register"
+        )
+    log.info("best trial: #%d, %s = %s, %s", best.number, study.user_attrs.get("objective"), best.value, best.params)
+    return {
+        "spec": best.user_attrs[SPEC_ATTR],
+        "trained": {**best.user_attrs[TRAINED_ATTR], "sweep_trial": best.number, "sweep": study.study_name},
+        "trial": best.number,
+        "value": best.value,
+        "params": best.params,
+        "states": states,
+        "summary_run_id": summary,
+    }

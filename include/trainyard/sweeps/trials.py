@@ -1,0 +1,229 @@
+"""One sweep trial, inside the training task that runs it: asked from the study, trained as a job of its
+own (its run directory, MLflow run and curves), stopped early by the pruner, and told how it ended.
+
+A slot (the sweep's mapped training task) runs one trial per try. A retry's first act is to fail the
+trial its earlier try left RUNNING: that try's process is gone (killed, or its worker was), and the study
+must not count a trial as running forever. The retry then asks a new trial, with new values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainyard.spec import JobSpec
+from trainyard.sweeps import handshake
+from trainyard.sweeps.study import (
+    FAILED_ATTR,
+    RUN_ATTR,
+    SLOT_ATTR,
+    SPEC_ATTR,
+    TRAINED_ATTR,
+    VIOLATION_ATTR,
+    SweepError,
+    fail_left_running,
+    open_study,
+    suggest,
+    tell,
+    with_values,
+)
+from trainyard.training.run_config import WorkerOutputError, open_untrusted
+
+if TYPE_CHECKING:
+    import optuna
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05  # how often the watcher reads the workers' reports
+GRACE_S = 60.0  # how long workers told to stop may take before they are stopped
+REPORTS_LIMIT = 1 << 20  # bytes of reports read: a line per epoch
+
+
+def trial_key(sweep_run: str, number: int) -> str:
+    """The run key of trial ``number``: its run directory and MLflow run."""
+    return f"{sweep_run}/trial-{number}"
+
+
+class Watcher:
+    """``with Watcher(trial, work_dir, lost) as w:`` while the trial's workers run: reads their reports
+    (:mod:`trainyard.sweeps.handshake`), reports each epoch's objective to the trial, asks the pruner and
+    answers. ``w.halt`` is the event to stop the workers with: set when ``lost`` is (the job lost its
+    admission), when a trial told to stop is still running ``grace_s`` later, or when the reports are
+    malformed (``w.error``). ``w.pruned_at``: the epoch after which the pruner stopped the trial."""
+
+    def __init__(
+        self,
+        trial: optuna.Trial,
+        work_dir: str | Path,
+        lost: threading.Event | None = None,
+        grace_s: float = GRACE_S,
+        poll_s: float = POLL_S,
+    ) -> None:
+        self.trial, self.work = trial, Path(work_dir)
+        self.lost, self.grace_s, self.poll_s = lost, grace_s, poll_s
+        self.halt = threading.Event()
+        self.pruned_at: int | None = None
+        self.reported: dict[int, float] = {}
+        self.error: Exception | None = None
+        self._offset = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sweep-watcher", daemon=True)
+
+    def __enter__(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        if self.error is None:
+            with contextlib.suppress(Exception):
+                self._pass(answer=False)  # what rank 0 reported last, after the thread's last look
+
+    def _run(self) -> None:
+        stop_by: float | None = None
+        while not self._done.wait(self.poll_s):
+            if self.lost is not None and self.lost.is_set():
+                self.halt.set()
+            try:
+                self._pass(answer=True)
+            except Exception as err:  # noqa: BLE001 - raised by the task once the workers are stopped
+                self.error = err
+                self.halt.set()
+                return
+            if self.pruned_at is not None:
+                stop_by = stop_by or time.monotonic() + self.grace_s
+                if time.monotonic() > stop_by:
+                    log.warning("the trial's workers did not stop %.0fs after being told: stopping them", self.grace_s)
+                    self.halt.set()
+
+    def _pass(self, answer: bool) -> None:
+        path = self.work / handshake.REPORTS
+        with open_untrusted(path) as fd:
+            if fd is None:
+                return
+            chunk = os.pread(fd, REPORTS_LIMIT - self._offset, self._offset)
+        whole = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(whole)
+        for line in whole.splitlines():
+            epoch, value = _report(line, path)
+            if epoch in self.reported:  # a worker restarted by torchrun reports its epochs again
+                prune = self.pruned_at is not None
+            else:
+                self.reported[epoch] = value
+                self.trial.report(value, epoch)
+                prune = self.pruned_at is not None or bool(self.trial.should_prune())
+                if prune and self.pruned_at is None:
+                    self.pruned_at = epoch
+                    log.info("sweep: the pruner stops trial %d after epoch %d (%s)", self.trial.number, epoch, value)
+            if answer:
+                handshake.write_verdict(self.work, epoch, prune)
+
+
+def _report(line: bytes, path: Path) -> tuple[int, float]:
+    try:
+        record = json.loads(line)
+        epoch, value = int(record["epoch"]), record["value"]
+        value = float("nan") if value is None else float(value)
+    except (ValueError, KeyError, TypeError, OverflowError) as err:
+        raise WorkerOutputError(f"{path}: expected {{'epoch': int, 'value': float}} per line ({err})") from None
+    if not 1 <= epoch <= 100_000:
+        raise WorkerOutputError(f"{path}: epoch {epoch} is out of range")
+    return epoch, value
+
+
+def constraint_violations(spec: JobSpec, result: dict) -> list[float]:
+    """Per constraint of the sweep: how far the trial's result misses it (> 0), or <= 0 when met; a metric
+    the result lacks misses by 1."""
+    assert spec.sweep is not None
+    out = []
+    for c in spec.sweep.constraints:
+        value = result.get(c.metric)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            out.append(1.0)
+            continue
+        miss = [c.min - value if c.min is not None else -math.inf, value - c.max if c.max is not None else -math.inf]
+        out.append(float(max(miss)))
+    return out
+
+
+def run_trial(
+    spec: JobSpec,
+    sweep_run: str,
+    slot: int,
+    train: Callable[[JobSpec, str, dict[str, str], Watcher], dict],
+    lost: threading.Event | None = None,
+) -> dict:
+    """Ask the study for a trial, train it with ``train(trial_spec, trial_run_key, tags, watcher)`` (which
+    stops the workers once ``watcher.halt`` is set and returns the collected result, the curves only once
+    ``watcher.pruned_at`` is set)
+    and tell the study how it ended: COMPLETE with the objective, PRUNED (its checkpoints removed) or FAIL
+    (the error is raised again). ``lost``: set when the job lost its admission (the workers stop)."""
+    import optuna
+
+    assert spec.sweep is not None
+    sweep = spec.sweep
+    study = open_study(spec)
+    slot_key = f"{sweep_run}#{slot}"
+    gone = fail_left_running(study, sweep_run, slot_key, why="its task's try ended without finishing it")
+    if gone:
+        log.warning("trial(s) %s, left running by an earlier try of this task, failed", gone)
+    trial = study.ask()
+    trial.set_user_attr(RUN_ATTR, sweep_run)
+    trial.set_user_attr(SLOT_ATTR, slot_key)
+    try:
+        values = {p.name: suggest(trial, p) for p in sweep.parameters}
+        trial_spec = with_values(spec, values).model_copy(update={"sweep": None})
+        trial.set_user_attr(SPEC_ATTR, trial_spec.model_dump(mode="json"))
+        log.info("sweep %s: trial %d of slot %d with %s", sweep.name, trial.number, slot, values)
+        key = trial_key(sweep_run, trial.number)
+        tags = {"sweep.name": sweep.name, "sweep.trial": str(trial.number), "sweep.run": sweep_run}
+        run_dir = trial_run_dir(trial_spec, key)
+        with Watcher(trial, run_dir / "work", lost) as watcher:
+            try:
+                result = train(trial_spec, key, tags, watcher)
+            except Exception:
+                if watcher.error is not None:  # the workers were stopped for it
+                    raise watcher.error from None
+                if watcher.pruned_at is None:
+                    raise
+                result = {}  # stopped after the grace: pruned all the same
+        if watcher.error is not None:
+            raise watcher.error
+        if watcher.pruned_at is not None:
+            shutil.rmtree(run_dir / "work" / "checkpoints", ignore_errors=True)
+            tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+            return {
+                "trial": trial.number,
+                "state": "pruned",
+                "pruned_at_epoch": watcher.pruned_at,
+                "params": values,
+                "reported": watcher.reported,
+            }
+        value = result.get(sweep.objective)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SweepError(f"trial {trial.number} ended without a finite {sweep.objective} (got {value!r})")
+        trial.set_user_attr(VIOLATION_ATTR, constraint_violations(spec, result))
+        trial.set_user_attr(TRAINED_ATTR, result)
+        tell(study, trial, float(value))
+        return {"trial": trial.number, "state": "complete", "value": value, "params": values}
+    except BaseException as err:
+        with contextlib.suppress(Exception):
+            trial.set_user_attr(FAILED_ATTR, f"{type(err).__name__}: {err}"[:1000])
+            tell(study, trial, state=optuna.trial.TrialState.FAIL)
+        raise
+
+
+def trial_run_dir(spec: JobSpec, key: str) -> Path:
+    from trainyard.pipeline import run_dir
+
+    return run_dir(spec, key)
