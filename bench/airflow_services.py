@@ -183,10 +183,13 @@ class Airflow:
         self.wait(done, seconds, f"run {run_id}")
         return state["run"]
 
-    def task_log(self, dag_id: str, run_id: str, task_id: str, headers: dict, attempt: int = 1) -> str:
+    def task_log(
+        self, dag_id: str, run_id: str, task_id: str, headers: dict, attempt: int = 1, map_index: int = -1
+    ) -> str:
         r = requests.get(
             f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{attempt}",
             headers={**headers, "Accept": "application/json"},
+            params={"map_index": map_index},
             timeout=30,
         )
         r.raise_for_status()
@@ -197,18 +200,27 @@ class Airflow:
         processes' own logs: what a test prints when a run did not end as it expected."""
         tis = self.task_instances(dag_id, run_id, headers)
         lines = [str({t: ti["state"] for t, ti in tis.items()})]
-        for task_id, ti in tis.items():
+        for key, ti in tis.items():
             if ti["state"] != "failed":
                 continue
             for attempt in range(1, max(ti.get("try_number") or 1, 1) + 1):
                 try:
-                    text = self.task_log(dag_id, run_id, task_id, headers, attempt)[-4000:]
+                    text = self.task_log(dag_id, run_id, ti["task_id"], headers, attempt, ti["map_index"])[-4000:]
                 except requests.RequestException as err:  # the report must not hide the failure it reports
                     text = f"(could not fetch it: {err})"
-                lines.append(f"--- log of {task_id}, try {attempt}\n{text}")
+                lines.append(f"--- log of {key}, try {attempt}\n{text}")
         lines.append(self.logs())
         return "\n".join(lines)
 
     def task_instances(self, dag_id: str, run_id: str, headers: dict) -> dict:
-        r = requests.get(f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", headers=headers, timeout=10)
-        return {ti["task_id"]: ti for ti in r.json()["task_instances"]}
+        """The run's task instances by task id; a mapped one's as ``task_id[map_index]``."""
+        r = requests.get(
+            f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+            headers=headers,
+            params={"limit": 1000},
+            timeout=10,
+        )
+        return {
+            ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]": ti
+            for ti in r.json()["task_instances"]
+        }

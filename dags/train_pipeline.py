@@ -28,7 +28,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task, task_group
 
 from trainyard.scheduling.admission import RUNS_IN_FLIGHT
 from trainyard.scheduling.resources import pool_name
@@ -93,6 +93,38 @@ def _raw_spec() -> dict:
     return {**DEFAULT, **(get_current_context()["dag_run"].conf or {})}
 
 
+def _job_spec(spec: dict, trained: dict) -> JobSpec:
+    """The JobSpec of what was trained: a sweep's best trial has its own values (``trial_spec``)."""
+    return JobSpec.model_validate(trained.get("trial_spec") or spec)
+
+
+def _while_admitted(job: Any, work: Any) -> dict:
+    """``work(lease)`` while ``job`` holds its admission (renewed by a heartbeat; released once its
+    training can no longer run); a retry long after its admission waits for it again, holding nothing."""
+    import logging
+    from datetime import UTC, datetime
+
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    from trainyard import paths
+    from trainyard.scheduling.admission import NotAdmitted, default_ledger, hold, host_devices
+    from trainyard.scheduling.budgets import current_spend
+
+    ledger = default_ledger()
+    spend = current_spend(ledger.config, paths.runs_root())
+    ti = get_current_context()["ti"]
+    # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
+    available = None if job.gpu_type == "cpu" else host_devices()
+    try:
+        with hold(ledger, job, final_try=ti.try_number > ti.max_tries, available=available, spend=spend) as lease:
+            return work(lease)
+    except NotAdmitted as err:
+        poll_s = ledger.config.scheduling.admission_poll_seconds
+        logging.getLogger(__name__).info("%s; looking again in %ss", err, poll_s)
+        again = datetime.now(UTC) + timedelta(seconds=poll_s)
+        raise AirflowRescheduleException(again) from None
+
+
 @dag(
     dag_id="train_pipeline",
     schedule=None,
@@ -148,8 +180,11 @@ def train_pipeline():
     @task.branch
     @fail_permanently
     def choose_launcher(spec: dict) -> str:
-        """backends.launcher: train here (local) or on Kubernetes."""
-        return "admit" if _spec(spec).backends.launcher == "local" else "plan_kubernetes"
+        """A sweep's trials, or one training here (backends.launcher local) or on Kubernetes."""
+        job_spec = _spec(spec)
+        if job_spec.sweep is not None:
+            return "plan_sweep"
+        return "admit" if job_spec.backends.launcher == "local" else "plan_kubernetes"
 
     @task(pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute")
     @fail_permanently
@@ -157,30 +192,49 @@ def train_pipeline():
         """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
         streamed here; a retry resumes from the newest checkpoint. Holds the job's admission while it runs
         (a heartbeat renews it; released at the end)."""
-        import logging
-        from datetime import UTC, datetime
-
-        from airflow.sdk.exceptions import AirflowRescheduleException
-
-        from trainyard import paths
         from trainyard.pipeline import train as run
-        from trainyard.scheduling.admission import NotAdmitted, default_ledger, hold, host_devices, job_for
-        from trainyard.scheduling.budgets import current_spend
+        from trainyard.scheduling.admission import job_for
 
-        ledger = default_ledger()
-        spend = current_spend(ledger.config, paths.runs_root())
         job = job_for(_spec(spec).resources, _run_key(), _triggering_user())
-        ti = get_current_context()["ti"]
-        # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
-        available = None if job.gpu_type == "cpu" else host_devices()
-        try:
-            with hold(ledger, job, final_try=ti.try_number > ti.max_tries, available=available, spend=spend) as lease:
-                return run(_spec(spec), dataset, data, _run_key(), devices=lease.devices, stop=lease.lost)
-        except NotAdmitted as err:  # a retry long after the admission: wait for it again, holding nothing
-            poll_s = ledger.config.scheduling.admission_poll_seconds
-            logging.getLogger(__name__).info("%s; looking again in %ss", err, poll_s)
-            again = datetime.now(UTC) + timedelta(seconds=poll_s)
-            raise AirflowRescheduleException(again) from None
+        return _while_admitted(
+            job, lambda lease: run(_spec(spec), dataset, data, _run_key(), devices=lease.devices, stop=lease.lost)
+        )
+
+    @task
+    @fail_permanently
+    def plan_sweep(spec: dict) -> list[str]:
+        """Open the sweep's Optuna study, or resume it (a sweep of the same name ran before), seeded from
+        ``warm_start_from`` when new: one slot per trial this run adds."""
+        from trainyard.pipeline import plan_sweep as plan
+
+        return [f"{_run_key()}/slot-{i}" for i in plan(_spec(spec))]
+
+    @task(pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute")
+    @fail_permanently
+    def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
+        """One trial: values from the study, trained like a job of its own (run directory, MLflow run),
+        stopped at an epoch's end when the pruner says so; told to the study as complete, pruned or failed.
+        A retry fails the trial its earlier try left running and trains a new one."""
+        from trainyard.pipeline import train_trial as run
+        from trainyard.scheduling.admission import job_for
+
+        job_spec = _spec(spec)
+        assert job_spec.sweep is not None
+        job = job_for(job_spec.resources, slot, _triggering_user(), _run_key(), job_spec.sweep.parallelism)
+        number = int(slot.rsplit("-", 1)[1])
+        return _while_admitted(
+            job,
+            lambda lease: run(job_spec, dataset, data, _run_key(), number, devices=lease.devices, stop=lease.lost),
+        )
+
+    @task(trigger_rule="all_done_min_one_success")
+    @fail_permanently
+    def close_sweep(spec: dict) -> dict:
+        """Once every trial task is done: trials left running are failed, the study's best trial is
+        chosen (it goes on to evaluate, gate, export and register) and the summary is logged to MLflow."""
+        from trainyard.pipeline import close_sweep as close
+
+        return close(_spec(spec), _run_key())
 
     @task
     @fail_permanently
@@ -201,8 +255,11 @@ def train_pipeline():
     @task(trigger_rule="none_failed_min_one_success")
     @fail_permanently
     def training_result() -> dict:
-        """The result of whichever launcher ran (the other branch was skipped)."""
+        """The result of whichever branch ran (the others were skipped): a sweep's is its best trial's."""
         ti = get_current_context()["ti"]
+        swept = ti.xcom_pull(task_ids="close_sweep")
+        if swept:
+            return swept["trained"]
         return ti.xcom_pull(task_ids="train") or ti.xcom_pull(task_ids="collect_kubernetes")
 
     @task
@@ -211,7 +268,7 @@ def train_pipeline():
         """Metrics on the val split, logged to the MLflow run."""
         from trainyard.pipeline import evaluate as run
 
-        return run(_spec(spec), trained, data)
+        return run(_job_spec(spec, trained), trained, data)
 
     @task
     @fail_permanently
@@ -221,7 +278,7 @@ def train_pipeline():
         from trainyard.evaluation.gate import GateFailed
         from trainyard.pipeline import gate as check
 
-        result = check(_spec(spec), metrics, data, trained)
+        result = check(_job_spec(spec, trained), metrics, data, trained)
         get_current_context()["ti"].xcom_push(key="gate_result", value=result)
         if not result["passed"]:
             raise GateFailed(result["message"])
@@ -233,7 +290,7 @@ def train_pipeline():
         """ONNX export; onnxruntime must match PyTorch on fixed inputs and on the recipe's val metric."""
         from trainyard.pipeline import export_onnx as run
 
-        return run(_spec(spec), trained, data)
+        return run(_job_spec(spec, trained), trained, data)
 
     @task
     @fail_permanently
@@ -243,7 +300,7 @@ def train_pipeline():
         from trainyard.pipeline import register as run
 
         user = _triggering_user() or "train_pipeline"
-        return run(_spec(spec), dataset, trained, exported, metrics, _run_key(), user=user)
+        return run(_job_spec(spec, trained), dataset, trained, exported, metrics, _run_key(), user=user)
 
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for
     # at run time. `Any` says both to mypy, which still checks each call's arguments by count and name.
@@ -278,6 +335,25 @@ def train_pipeline():
         ),
     )
     remote = collect_kubernetes(spec, plan)
+
+    @task_group(group_id="trial")
+    def trial(slot: str) -> None:
+        """One trial of a sweep: admitted like any job (at most sweep.parallelism of the run's at once), then
+        trained."""
+        admitted = AdmitOperator(
+            task_id="admit",
+            spec=spec,
+            run_key=slot,
+            group=RUN_KEY,
+            doc_md="Waits until the admission ledger gives the trial its GPUs, as `admit` does for one training.",
+        )
+        admitted >> train_trial(spec, dataset, data, slot)
+
+    slots: Any = plan_sweep(spec)
+    launcher >> slots
+    data >> slots
+    best = close_sweep(spec)
+    trial.expand(slot=slots) >> best
     # admitted once its data is ready: a run that fails before training never queues, and no admitted
     # slots idle while the data is prepared
     [launcher, data] >> admitted
@@ -285,7 +361,7 @@ def train_pipeline():
     admitted >> local
     on_kubernetes >> remote
     trained: Any = training_result()
-    [local, remote] >> trained
+    [local, remote, best] >> trained
     metrics: Any = evaluate(spec, trained, data)
     verdict: Any = gate(spec, metrics, data, trained)
     exported: Any = export_onnx(spec, trained, data, verdict)

@@ -49,6 +49,7 @@ def validate_spec(raw: dict, user: str | None = None, audit: bool = True) -> Job
     from trainyard import recipes
     from trainyard.scheduling.budgets import check_budget
     from trainyard.scheduling.resources import check_member, check_policy, check_spec, load_resources
+    from trainyard.sweeps.check import check_sweep
     from trainyard.training.strategies.precision import check_precision
 
     spec = parse_spec(raw)
@@ -65,6 +66,7 @@ def validate_spec(raw: dict, user: str | None = None, audit: bool = True) -> Job
         raise
     check_budget(spec, fleet, team_standing(fleet, spec.resources.team))
     recipes.check_spec(spec)
+    check_sweep(spec, fleet)
     # On Kubernetes the pods get GPUs exactly when the job names a GPU type, so a precision they cannot do
     # is refused here, before any data moves. A local job's workers use whatever CUDA devices this machine
     # has, which only the workers see (this step does not import torch): they refuse it, naming the field.
@@ -538,7 +540,7 @@ def register(
         "run_dir": trained["run_dir"],
         **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()},
         # what the gate decided and how the metrics were computed, copied from the run
-        **{k: v for k, v in run_tags.items() if k.startswith(("gate.", "eval."))},
+        **{k: v for k, v in run_tags.items() if k.startswith(("gate.", "eval.", "sweep."))},
         **(extra_tags or {}),
     }
     artifacts = {"pytorch": trained["model_path"]} if trained.get("model_path") else {}

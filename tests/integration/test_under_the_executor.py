@@ -285,3 +285,130 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
     finally:  # clean-up: the module's next test (if any) gets the slots back
         _trainyard(airflow, "queue", "cancel", holder, token=airflow.token("admin"))
         airflow.wait_run(DAG, holder, headers, 120)
+
+
+# A sweep whose order is known: the grid's first two points (trained side by side) are good learning rates,
+# so every bad one starts after a good trial completed and the median pruner must stop it at epoch 1.
+GOOD, BAD = (0.05, 0.1, 0.03), (2e-05, 1e-05, 3e-05)
+SWEEP = {
+    "name": "digits-lr",
+    "trials": 6,
+    "parallelism": 2,
+    "sampler": "grid",
+    "seed": 1,
+    "pruner": "median",
+    "startup_trials": 1,
+    "warmup_epochs": 1,
+    "parameters": [{"name": "hyperparameters.learning_rate", "type": "categorical", "choices": [*GOOD, *BAD]}],
+}
+
+
+def _grid_order(choices: list, seed: int, n: int) -> list:
+    """The values a grid sampler hands out, one ask at a time, each by a fresh sampler (a trial task's)."""
+    import optuna
+
+    study = optuna.create_study(direction="maximize")
+    order = []
+    for _ in range(n):
+        study.sampler = optuna.samplers.GridSampler({"x": choices}, seed=seed)
+        order.append(study.ask().suggest_categorical("x", choices))
+    return order
+
+
+def _sweep_study(airflow, name: str):
+    import optuna
+
+    path = airflow.trainyard_home / "sweeps" / "default" / "studies.journal"
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(str(path))))
+
+
+def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_resumes(airflow):
+    """Six trials of the digits recipe, two at a time through the queue, each a mapped task of the real
+    scheduler: the pruner stops the bad learning rates at their first reporting point, a trial whose worker
+    is SIGKILLed ends FAIL (its task's retry trains a new trial), the best is registered with its values;
+    triggered again under its name, the sweep adds trials to the same study."""
+    import optuna
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    assert set(_grid_order([*GOOD, *BAD], SWEEP["seed"], 2)) <= set(GOOD)  # the premise of the pruning
+    headers = airflow.headers("tina")
+    spec = {
+        "name": "sweep-digits",
+        "hyperparameters": {"epochs": 6, "batch_size": 16, "seed": 5},
+        "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
+        "distributed": {"max_restarts": 0},  # a killed worker fails the try (torchrun would restart it)
+        "gates": [{"metric": "val_accuracy", "min": 0.8}],
+        "sweep": SWEEP,
+    }
+    run_id = airflow.trigger(DAG, spec, headers)
+    runs = airflow.trainyard_home / "runs" / "sweep-digits"
+    killed: dict = {}
+    stop = threading.Event()
+
+    def kill_one_good_trial() -> None:
+        """The first good trial after the first two, once it has reported its first epoch: SIGKILL its worker."""
+        while not stop.wait(0.02) and not killed:
+            for reports in runs.glob("*_trial-*/work/trial_reports.jsonl"):
+                number = int(reports.parent.parent.name.rsplit("-", 1)[1])
+                config = json.loads((reports.parent.parent / "run_config.json").read_text())
+                if number < 2 or config["spec"]["hyperparameters"]["learning_rate"] not in GOOD:
+                    continue
+                if not reports.read_text().strip():
+                    continue
+                for p in psutil.process_iter(["cmdline"]):
+                    cmdline = " ".join(p.info["cmdline"] or [])
+                    worker = "trainyard.training.entry" in cmdline and "torch.distributed.run" not in cmdline
+                    if worker and str(reports.parent.parent) in cmdline:
+                        p.kill()
+                        killed.update(trial=number, pid=p.pid)
+                        return
+
+    watcher = threading.Thread(target=kill_one_good_trial, daemon=True)
+    watcher.start()
+    try:
+        run = airflow.wait_run(DAG, run_id, headers, 900)
+    finally:
+        stop.set()
+        watcher.join()
+    assert run["state"] == "success", airflow.failure_report(DAG, run_id, headers)
+    assert killed, "no good trial after the first two was seen training"
+
+    study = _sweep_study(airflow, "digits-lr")
+    trials = study.get_trials(deepcopy=False)
+    states = {t.number: t.state for t in trials}
+    assert states[killed["trial"]] == optuna.trial.TrialState.FAIL, states
+    assert optuna.trial.TrialState.RUNNING not in states.values(), states
+    pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned and all(t.params["hyperparameters.learning_rate"] in BAD for t in pruned), states
+    assert all(max(t.intermediate_values) == 1 for t in pruned)  # stopped at the first reporting point
+    for t in pruned:  # their checkpoints were removed with them
+        work = next(runs.glob(f"*_trial-{t.number}")) / "work"
+        assert not (work / "checkpoints").exists() and not (work / "model.pt").exists()
+    # every slot ended: the killed one's retry trained a new trial (7 trials for 6 slots)
+    assert len(trials) == 7 and sum(s == optuna.trial.TrialState.FAIL for s in states.values()) == 1, states
+    tis = airflow.task_instances(DAG, run_id, headers)
+    slots = [ti for key, ti in tis.items() if key.startswith("trial.train_trial[")]
+    assert len(slots) == 6 and {ti["state"] for ti in slots} == {"success"}
+    assert sorted(ti["try_number"] for ti in slots) == [1, 1, 1, 1, 1, 2]
+
+    best = study.best_trial
+    c = MlflowClient(f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
+    version = c.get_model_version_by_alias("sweep-digits", "staging")
+    assert version.tags["sweep.trial"] == str(best.number), version.tags
+    assert json.loads(version.tags["params"])["learning_rate"] == best.params["hyperparameters.learning_rate"]
+    summary = c.search_runs([c.get_experiment_by_name("sweep-digits").experiment_id], "tags.`sweep.summary` = 'true'")
+    assert len(summary) == 1 and summary[0].data.params["best.hyperparameters.learning_rate"] == str(
+        best.params["hyperparameters.learning_rate"]
+    )
+    assert {"sweep/parallel_coordinates.png", "sweep/trials.csv"} <= {
+        a.path for a in c.list_artifacts(summary[0].info.run_id, "sweep")
+    }
+
+    again = airflow.trigger(DAG, {**spec, "sweep": {**SWEEP, "trials": 2}}, headers)
+    assert airflow.wait_run(DAG, again, headers, 600)["state"] == "success", airflow.failure_report(DAG, again, headers)
+    resumed = _sweep_study(airflow, "digits-lr").get_trials(deepcopy=False)
+    assert len(resumed) == 9 and [t.number for t in resumed[:7]] == [t.number for t in trials]

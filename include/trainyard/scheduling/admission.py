@@ -77,7 +77,9 @@ CREATE TABLE IF NOT EXISTS admission (
     borrowed INTEGER NOT NULL DEFAULT 0,
     devices TEXT NOT NULL DEFAULT '',
     lease_until REAL NOT NULL,
-    user TEXT NOT NULL DEFAULT ''
+    user TEXT NOT NULL DEFAULT '',
+    grp TEXT NOT NULL DEFAULT '',
+    grp_limit INTEGER NOT NULL DEFAULT 0
 )
 """
 
@@ -91,6 +93,8 @@ class Job:
     priority: int
     max_hours: float  # resources.max_hours: its worst case counts against the team's budget while admitted
     user: str = ""  # who triggered the run ("" for a schedule): shown by `trainyard queue`
+    group: str = ""  # a sweep's trials share one: its run key
+    group_limit: int = 0  # at most this many jobs of the group admitted at once (sweep.parallelism); 0: any
 
 
 @dataclass(frozen=True)
@@ -170,9 +174,11 @@ def plan(
         return commitment(config, job, spend.of_run(job.id))
 
     committed = dict.fromkeys(config.teams, 0.0)
+    in_group: dict[str, int] = {}  # a sweep's admitted trials
     for e in entries:
         if e.admitted is not None:
             committed[e.job.team] += owed(e.job)
+            in_group[e.job.group] = in_group.get(e.job.group, 0) + 1
     verdicts: dict[str, tuple[int | None, str]] = {}
     for gpu_type in config.gpu_types:
         used = _usage(config, entries, gpu_type)
@@ -188,6 +194,10 @@ def plan(
         starving: Entry | None = None  # a job past the bound, waiting for slots: it is passed no more
         for e in sorted(waiting, key=key):
             job = e.job
+            if job.group and job.group_limit and in_group.get(job.group, 0) >= job.group_limit:
+                # the sweep's own cap: it holds nothing back for anyone else's job
+                verdicts[job.id] = (None, f"sweep {job.group} has {job.group_limit} trial(s) running, its parallelism")
+                continue
             borrow, why, kind = _room(config, used, job)
             if borrow is not None and borrow > 0 and no_borrowing:
                 borrow, why = None, no_borrowing
@@ -213,6 +223,7 @@ def plan(
                 continue
             verdicts[job.id] = (borrow, "")
             used[job.team] += job.slots
+            in_group[job.group] = in_group.get(job.group, 0) + 1
             committed[job.team] += cost
     return verdicts
 
@@ -227,10 +238,12 @@ class Ledger:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(admission)")}
-            for column in ("devices", "user"):  # a ledger made before devices were allocated, users shown
+            # a ledger made before devices were allocated, users shown, sweeps capped
+            for column, kind in (("devices", "TEXT"), ("user", "TEXT"), ("grp", "TEXT"), ("grp_limit", "INTEGER")):
                 if column not in columns:
+                    default = "''" if kind == "TEXT" else "0"
                     with contextlib.suppress(sqlite3.OperationalError):  # another process added it meanwhile
-                        conn.execute(f"ALTER TABLE admission ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
+                        conn.execute(f"ALTER TABLE admission ADD COLUMN {column} {kind} NOT NULL DEFAULT {default}")
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -255,10 +268,10 @@ class Ledger:
     @staticmethod
     def _entries(conn: sqlite3.Connection) -> list[Entry]:
         rows = conn.execute(
-            "SELECT id, team, gpu_type, slots, priority, max_hours, user, enqueued, admitted, borrowed, lease_until, "
-            "devices FROM admission"
+            "SELECT id, team, gpu_type, slots, priority, max_hours, user, grp, grp_limit, enqueued, admitted, "
+            "borrowed, lease_until, devices FROM admission"
         ).fetchall()
-        return [Entry(Job(*r[:7]), r[7], r[8], r[9], r[10], tuple(r[11].split(",")) if r[11] else ()) for r in rows]
+        return [Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else ()) for r in rows]
 
     @staticmethod
     def _drop_lapsed(conn: sqlite3.Connection, now: float) -> None:
@@ -292,8 +305,8 @@ class Ledger:
             conn.execute("INSERT OR IGNORE INTO arrivals (id, enqueued) VALUES (?, ?)", (job.id, now))
             (arrived,) = conn.execute("SELECT enqueued FROM arrivals WHERE id = ?", (job.id,)).fetchone()
             conn.execute(
-                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, user, enqueued, lease_until) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, user, grp, grp_limit, "
+                "enqueued, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
                 "lease_until = max(lease_until, excluded.lease_until)",
                 (
                     job.id,
@@ -303,6 +316,8 @@ class Ledger:
                     job.priority,
                     job.max_hours,
                     job.user,
+                    job.group,
+                    job.group_limit,
                     arrived,
                     now + WAITING_LEASE_S,
                 ),
@@ -359,10 +374,10 @@ class Ledger:
             team_used = sum(j.slots for j in of_type if j.team == job.team)
             borrowed = max(0, team_used + job.slots - max(self.config.quota(job.team, job.gpu_type), team_used))
             conn.execute(
-                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, user, enqueued, admitted, "
-                "borrowed, devices, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job.id, job.team, job.gpu_type, job.slots, job.priority, job.max_hours, job.user, arrived, now,
-                 borrowed, ",".join(devices), now + RUNNING_LEASE_S),
+                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, user, grp, grp_limit, "
+                "enqueued, admitted, borrowed, devices, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job.id, job.team, job.gpu_type, job.slots, job.priority, job.max_hours, job.user, job.group,
+                 job.group_limit, arrived, now, borrowed, ",".join(devices), now + RUNNING_LEASE_S),
             )  # fmt: skip
             return True
 
@@ -502,9 +517,12 @@ def look(ledger: Ledger, job: Job) -> Decision:
     return ledger.request(job, current_spend(ledger.config, paths.runs_root()))
 
 
-def job_for(res: Resources, run_key: str, user: str | None = None) -> Job:
-    """The ledger's view of a run's JobSpec (its ``resources``), triggered by ``user``."""
-    return Job(run_key, res.team, res.gpu_type, res.total_gpus, res.priority, res.max_hours, user or "")
+def job_for(res: Resources, run_key: str, user: str | None = None, group: str = "", group_limit: int = 0) -> Job:
+    """The ledger's view of a run's JobSpec (its ``resources``), triggered by ``user``; a sweep's trial is
+    one of ``group``, of which at most ``group_limit`` are admitted at once."""
+    return Job(
+        run_key, res.team, res.gpu_type, res.total_gpus, res.priority, res.max_hours, user or "", group, group_limit
+    )
 
 
 class NotAdmitted(RuntimeError):

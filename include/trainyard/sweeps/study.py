@@ -35,7 +35,6 @@ RUN_ATTR = "sweep_run"  # the Airflow run ("<dag_id>/<run_id>") whose task ran t
 SLOT_ATTR = "slot"  # its mapped task: "<run>#<map index>"
 SPEC_ATTR = "spec"  # the trial's JobSpec (the sweep's, with the trial's values), as JSON
 TRAINED_ATTR = "trained"  # what its training left (model path, MLflow run, metrics)
-VIOLATION_ATTR = "constraint_violation"  # per constraint: > 0 by how much it is missed, <= 0 met
 FAILED_ATTR = "failed_because"
 
 
@@ -57,15 +56,9 @@ def storage(team: str) -> optuna.storages.BaseStorage:
     return JournalStorage(JournalFileBackend(str(path)))
 
 
-def violations(trial: optuna.trial.FrozenTrial) -> list[float]:
-    """The constraints' margins as the samplers read them (<= 0: met); none recorded: met."""
-    return list(trial.user_attrs.get(VIOLATION_ATTR, [0.0]))
-
-
 def sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
     import optuna
 
-    constraints = violations if sweep.constraints else None
     if sweep.sampler == "grid":
         return optuna.samplers.GridSampler({p.name: list(p.choices) for p in sweep.parameters}, seed=sweep.seed)
     if sweep.sampler == "random":
@@ -74,8 +67,7 @@ def sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
         n_startup_trials=max(sweep.startup_trials, 1),
         multivariate=True,
         constant_liar=True,  # parallel trials: a running trial counts as a bad one, so others look elsewhere
-        seed=sweep.seed,
-        constraints_func=constraints,
+        seed=sweep.seed,  # the constraints it weighs are each trial's own (Trial.set_constraint)
     )
 
 
@@ -213,7 +205,7 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if t.value is not None
         and math.isfinite(t.value)
-        and all(v <= 0 for v in violations(t))
+        and all(v <= 0 for v in t.constraints.values())
         and TRAINED_ATTR in t.user_attrs
         and Path(t.user_attrs[TRAINED_ATTR].get("model_path", "")).is_file()
     ]
@@ -251,8 +243,9 @@ def fail_left_running(study: optuna.Study, sweep_run: str, slot: str | None = No
 def close(spec: JobSpec, sweep_run: str) -> dict:
     """The end of a sweep run, once each of its trial tasks is done (succeeded or failed): its trials still
     RUNNING are failed (their processes are gone), the study's best trial is chosen, and the summary goes
-    to MLflow. Returns the best trial's ``{"spec", "trained", "trial", "value"}`` for evaluate, gate,
-    export and register; SweepError if no trial finished within the constraints."""
+    to MLflow. Returns the best trial's ``{"trained", "trial", "value", ...}``: ``trained`` goes on to
+    evaluate, gate, export and register, its ``trial_spec`` the JobSpec they use; SweepError if no trial
+    finished within the constraints."""
     from trainyard.sweeps.summary import log_summary
 
     study = open_study(spec)
@@ -274,8 +267,12 @@ def close(spec: JobSpec, sweep_run: str) -> dict:
         )
     log.info("best trial: #%d, %s = %s, %s", best.number, study.user_attrs.get("objective"), best.value, best.params)
     return {
-        "spec": best.user_attrs[SPEC_ATTR],
-        "trained": {**best.user_attrs[TRAINED_ATTR], "sweep_trial": best.number, "sweep": study.study_name},
+        "trained": {
+            **best.user_attrs[TRAINED_ATTR],
+            "sweep": study.study_name,
+            "sweep_trial": best.number,
+            "trial_spec": best.user_attrs[SPEC_ATTR],  # the sweep's spec with the best trial's values
+        },
         "trial": best.number,
         "value": best.value,
         "params": best.params,

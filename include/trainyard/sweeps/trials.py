@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainyard.files import file_lock
 from trainyard.spec import JobSpec
 from trainyard.sweeps import handshake
 from trainyard.sweeps.study import (
@@ -28,10 +29,10 @@ from trainyard.sweeps.study import (
     SLOT_ATTR,
     SPEC_ATTR,
     TRAINED_ATTR,
-    VIOLATION_ATTR,
     SweepError,
     fail_left_running,
     open_study,
+    storage_path,
     suggest,
     tell,
     with_values,
@@ -141,18 +142,19 @@ def _report(line: bytes, path: Path) -> tuple[int, float]:
     return epoch, value
 
 
-def constraint_violations(spec: JobSpec, result: dict) -> list[float]:
-    """Per constraint of the sweep: how far the trial's result misses it (> 0), or <= 0 when met; a metric
-    the result lacks misses by 1."""
+def constraint_violations(spec: JobSpec, result: dict) -> dict[str, float]:
+    """Per constraint of the sweep (``constraints[i]:metric``): how far the trial's result misses it (> 0),
+    or <= 0 when met; a metric the result lacks misses by 1."""
     assert spec.sweep is not None
-    out = []
-    for c in spec.sweep.constraints:
+    out = {}
+    for i, c in enumerate(spec.sweep.constraints):
         value = result.get(c.metric)
+        key = f"constraints[{i}]:{c.metric}"
         if not isinstance(value, (int, float)) or not math.isfinite(value):
-            out.append(1.0)
+            out[key] = 1.0
             continue
         miss = [c.min - value if c.min is not None else -math.inf, value - c.max if c.max is not None else -math.inf]
-        out.append(float(max(miss)))
+        out[key] = float(max(miss))
     return out
 
 
@@ -177,11 +179,18 @@ def run_trial(
     gone = fail_left_running(study, sweep_run, slot_key, why="its task's try ended without finishing it")
     if gone:
         log.warning("trial(s) %s, left running by an earlier try of this task, failed", gone)
-    trial = study.ask()
-    trial.set_user_attr(RUN_ATTR, sweep_run)
-    trial.set_user_attr(SLOT_ATTR, slot_key)
+    # One ask at a time per study: a trial's values are drawn seeing every trial asked before it, running
+    # ones included (TPE's constant liar; a grid point is never handed out twice while unvisited ones remain)
+    with file_lock(storage_path(spec.resources.team).with_name(f"{sweep.name}.ask.lock")):
+        trial = study.ask()
+        trial.set_user_attr(RUN_ATTR, sweep_run)
+        trial.set_user_attr(SLOT_ATTR, slot_key)
+        try:
+            values = {p.name: suggest(trial, p) for p in sweep.parameters}
+        except BaseException:
+            tell(study, trial, state=optuna.trial.TrialState.FAIL)
+            raise
     try:
-        values = {p.name: suggest(trial, p) for p in sweep.parameters}
         trial_spec = with_values(spec, values).model_copy(update={"sweep": None})
         trial.set_user_attr(SPEC_ATTR, trial_spec.model_dump(mode="json"))
         log.info("sweep %s: trial %d of slot %d with %s", sweep.name, trial.number, slot, values)
@@ -212,7 +221,8 @@ def run_trial(
         value = result.get(sweep.objective)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             raise SweepError(f"trial {trial.number} ended without a finite {sweep.objective} (got {value!r})")
-        trial.set_user_attr(VIOLATION_ATTR, constraint_violations(spec, result))
+        for key, violation in constraint_violations(spec, result).items():
+            trial.set_constraint(key, violation)
         trial.set_user_attr(TRAINED_ATTR, result)
         tell(study, trial, float(value))
         return {"trial": trial.number, "state": "complete", "value": value, "params": values}

@@ -12,10 +12,27 @@ from trainyard import paths
 RUN_KEY_TAG = "trainyard.run_key"
 
 
+_CREATED: set[str] = set()  # SQLite stores this process has seen created
+
+
 def client(tracking_uri: str | None = None):
+    """An MLflow client of the tracking store. A SQLite store is created under a file lock: MLflow
+    creates its tables on first use, and two processes doing that at once (a sweep's first trials)
+    fail with "table ... already exists"."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri or paths.mlflow_tracking_uri())
+    uri = tracking_uri or paths.mlflow_tracking_uri()
+    if not uri.startswith("sqlite:///") or uri in _CREATED:
+        return MlflowClient(uri)
+    from trainyard.files import file_lock
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    with file_lock(db.with_name(f".{db.name}.create.lock")):
+        c = MlflowClient(uri)
+        c.search_experiments(max_results=1)  # the store made (its tables created) here, one process at a time
+        c._get_registry_client().store  # noqa: B018 - and the registry's, on the same database
+    _CREATED.add(uri)
+    return c
 
 
 def quote(value: str) -> str:

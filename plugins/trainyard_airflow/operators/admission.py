@@ -35,14 +35,16 @@ class AdmitOperator(BaseOperator):
     """Wait until the ledger admits the job of ``spec`` (a JobSpec as JSON; only ``resources`` is read),
     known to the ledger as ``run_key``."""
 
-    template_fields: Sequence[str] = ("spec", "run_key")
+    template_fields: Sequence[str] = ("spec", "run_key", "group")
     ui_color = "#e8d5f5"
 
-    def __init__(self, *, spec: Any, run_key: str = RUN_KEY, **kwargs: Any) -> None:
+    def __init__(self, *, spec: Any, run_key: str = RUN_KEY, group: str = "", **kwargs: Any) -> None:
+        """``group``: a sweep's trial, one of the sweep run's (its run key); at most ``sweep.parallelism``
+        of them are admitted at once."""
         kwargs["execution_timeout"] = ADMISSION_TIMEOUT
         kwargs["retries"] = 0
         super().__init__(**kwargs)
-        self.spec, self.run_key = spec, run_key
+        self.spec, self.run_key, self.group = spec, run_key, group
 
     @fail_permanently
     def execute(self, context: Any) -> str:
@@ -51,7 +53,8 @@ class AdmitOperator(BaseOperator):
         from trainyard_airflow.triggers.admission import AdmissionTrigger
 
         user = getattr(context.get("dag_run"), "triggering_user_name", None)  # None: a scheduled run
-        job = job_for(Resources.model_validate(self.spec["resources"]), self.run_key, user)
+        limit = (self.spec.get("sweep") or {}).get("parallelism", 0) if self.group else 0
+        job = job_for(Resources.model_validate(self.spec["resources"]), self.run_key, user, self.group, limit)
         decision = look(default_ledger(), job)
         self.log.info("admission of %s: %s", job.id, decision.reason)
         if decision.cancelled:

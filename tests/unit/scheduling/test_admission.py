@@ -580,3 +580,40 @@ def test_a_training_cancelled_while_it_runs_stops_for_good(ledger, clock):
         assert lease.lost.wait(5)
         raise RuntimeError("the launcher stopped the workers")
     assert ledger.entries() == [] and ledger.cancelled("a")
+
+
+def test_a_sweep_never_holds_more_trials_than_its_parallelism(ledger):
+    """Trials of one sweep run (one group) past its parallelism wait, naming it, and hold nothing back:
+    another job, and another sweep, start in the slots left."""
+
+    def trial(name: str, group: str = "sweep-a") -> Job:
+        return Job(name, "vision", "a100", 1, 1, 1.0, "", group, 2)
+
+    assert ledger.request(trial("a/slot-0")).admitted
+    assert ledger.request(trial("a/slot-1")).admitted
+    third = ledger.request(trial("a/slot-2"))
+    assert not third.admitted and "sweep sweep-a has 2 trial(s) running, its parallelism" in third.reason
+    assert ledger.request(job("v1", "vision", 1)).admitted  # the quota had room: another job takes it
+    assert ledger.request(trial("b/slot-0", "sweep-b")).admitted
+    ledger.release("a/slot-0")
+    assert ledger.request(trial("a/slot-2")).admitted  # one trial done: the next one starts
+    assert sorted(e.job.id for e in ledger.entries() if e.job.group == "sweep-a" and e.admitted) == [
+        "a/slot-1",
+        "a/slot-2",
+    ]
+
+
+def test_a_ledger_from_before_sweeps_gains_their_columns(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:  # the table as it was before devices, users and sweeps
+        conn.execute(
+            "CREATE TABLE admission (id TEXT PRIMARY KEY, team TEXT NOT NULL, gpu_type TEXT NOT NULL, "
+            "slots INTEGER NOT NULL, priority INTEGER NOT NULL, max_hours REAL NOT NULL, enqueued REAL NOT NULL, "
+            "admitted REAL, borrowed INTEGER NOT NULL DEFAULT 0, lease_until REAL NOT NULL)"
+        )
+    old = Ledger(path, parse_resources(FLEET))
+    assert old.request(Job("s/slot-0", "vision", "a100", 1, 1, 1.0, "ann", "s", 1)).admitted
+    assert not old.request(Job("s/slot-1", "vision", "a100", 1, 1, 1.0, "ann", "s", 1)).admitted
+    assert {e.job.group for e in old.entries()} == {"s"}

@@ -1,0 +1,66 @@
+"""What a sweep section must be, beyond its own fields: checked by ``validate_spec`` (the run's first task,
+``trainyard validate``), where the recipe and the team are known. Every problem is named by its field."""
+
+from __future__ import annotations
+
+from trainyard.errors import spec_error_message
+from trainyard.scheduling.resources import ResourcesConfig
+from trainyard.spec import JobSpec, SpecError
+
+# What a trial's result holds besides the recipe's val metrics, for constraints
+RESULT_METRICS = ("samples_per_second", "train_seconds", "loop_seconds")
+
+
+def most_slots(fleet: ResourcesConfig, team: str, gpu_type: str) -> int:
+    """The most slots of ``gpu_type`` the team may ever hold at once: its quota and what it may borrow,
+    within the fleet's slots of the type."""
+    capacity = fleet.gpu_types[gpu_type].slots
+    limit = fleet.borrowing_limit(team, gpu_type)
+    return min(capacity, fleet.quota(team, gpu_type) + (capacity if limit is None else limit))
+
+
+def check_sweep(spec: JobSpec, fleet: ResourcesConfig) -> None:
+    """SpecError naming every problem of ``spec.sweep`` (none: nothing to check)."""
+    from trainyard import recipes
+    from trainyard.sweeps.study import with_values
+
+    sweep = spec.sweep
+    if sweep is None:
+        return
+    problems = []
+    if spec.recipe == "custom":
+        problems.append(
+            "sweep: recipe 'custom' cannot be swept (its program does not answer the pruner); use a built-in recipe"
+        )
+    if spec.backends.launcher != "local":
+        problems.append("sweep: the trials of a sweep train with backends.launcher 'local'")
+    if problems:
+        raise SpecError(spec_error_message(problems))
+    recipe = recipes.get(spec.recipe)
+    known = sorted(f"val_{m}" for m in recipe.metrics)
+    if sweep.objective not in known:
+        problems.append(f"sweep.objective: recipe {spec.recipe!r} reports no {sweep.objective!r}; one of {known}")
+    for i, c in enumerate(sweep.constraints):
+        if c.metric not in (*known, *RESULT_METRICS):
+            problems.append(
+                f"sweep.constraints[{i}].metric: a trial's result has no {c.metric!r}; one of "
+                f"{[*known, *RESULT_METRICS]}"
+            )
+    for i, p in enumerate(sweep.parameters):
+        for value in p.bounds():  # each end of the range, each choice, must make a valid job
+            try:
+                recipes.check_spec(with_values(spec, {p.name: value}))
+            except SpecError as err:
+                why = "; ".join(line.strip() for line in str(err).splitlines()[1:])
+                problems.append(f"sweep.parameters[{i}] ({p.name} = {value!r}): {why}")
+                break
+    res = spec.resources
+    most = most_slots(fleet, res.team, res.gpu_type)
+    if sweep.parallelism * res.total_gpus > most:
+        problems.append(
+            f"sweep.parallelism: {sweep.parallelism} trials x {res.total_gpus} GPU(s) need "
+            f"{sweep.parallelism * res.total_gpus} {res.gpu_type} slots at once; team {res.team} may hold at most "
+            f"{most} (its quota and what it may borrow): lower the parallelism to {max(most // res.total_gpus, 1)}"
+        )
+    if problems:
+        raise SpecError(spec_error_message(problems))

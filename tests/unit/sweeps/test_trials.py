@@ -1,0 +1,183 @@
+"""A trial's life against a real Optuna journal: asked, answered at each epoch's end through the
+handshake files, told COMPLETE / PRUNED / FAIL; a killed try's trial failed by the retry; concurrent trial
+processes; resume, warm start; the sweep's end."""
+
+import json
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+
+import optuna
+import pytest
+
+from trainyard.spec import parse_spec
+from trainyard.sweeps import handshake
+from trainyard.sweeps.study import FAILED_ATTR, SweepError, close, open_study, warm_start
+from trainyard.sweeps.trials import run_trial
+
+RUN = "train_pipeline/manual__1"
+
+
+def spec(**sweep):
+    return parse_spec(
+        {
+            "hyperparameters": {"epochs": 3},
+            "resources": {"gpus_per_node": 1},
+            "sweep": {
+                "name": "lr",
+                "startup_trials": 1,
+                "warmup_epochs": 1,
+                "parameters": [{"name": "hyperparameters.learning_rate", "type": "float", "low": 0.001, "high": 1}],
+                **sweep,
+            },
+        }
+    )
+
+
+def worker(curve, checkpoint=True):
+    """What a trial's rank 0 does, as the train callable: per epoch, report and obey the answer."""
+
+    def train(trial_spec, key, tags, watcher):
+        from trainyard.pipeline import run_dir
+
+        work = run_dir(trial_spec, key) / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        if checkpoint:
+            (work / "checkpoints").mkdir(exist_ok=True)
+        for epoch, value in enumerate(curve, start=1):
+            handshake.report(work, epoch, value)
+            if handshake.wait_verdict(work, epoch, timeout_s=30):
+                return {}
+        model = work / "model.pt"
+        model.write_bytes(b"weights")
+        return {"val_accuracy": curve[-1], "val_loss": 1 - curve[-1], "model_path": str(model), "run_dir": str(work)}
+
+    return train
+
+
+def states(study):
+    return [t.state.name for t in study.get_trials(deepcopy=False)]
+
+
+def test_a_losing_trial_is_stopped_at_its_reporting_point_and_its_checkpoints_go(trainyard_home):
+    s = spec()
+    assert run_trial(s, RUN, 0, worker([0.6, 0.8, 0.9]))["state"] == "complete"
+    done = run_trial(s, RUN, 1, worker([0.1, 0.1, 0.1]))
+    assert done["state"] == "pruned" and done["pruned_at_epoch"] == 1
+    study = open_study(s)
+    assert states(study) == ["COMPLETE", "PRUNED"]
+    assert study.trials[1].intermediate_values == {1: 0.1}
+    work = next((trainyard_home / "runs" / "digits").glob("*trial-1")) / "work"
+    assert not (work / "checkpoints").exists()
+    assert json.loads((work / handshake.VERDICT).read_text()) == {"epoch": 1, "prune": True}
+
+
+def test_a_trial_whose_training_fails_ends_fail_with_the_reason(trainyard_home):
+    def broken(*_):
+        raise RuntimeError("the workers exited with 17")
+
+    with pytest.raises(RuntimeError):
+        run_trial(spec(), RUN, 0, broken)
+    (trial,) = open_study(spec()).trials
+    assert trial.state == optuna.trial.TrialState.FAIL
+    assert trial.user_attrs[FAILED_ATTR] == "RuntimeError: the workers exited with 17"
+
+
+def _killed_try(home: str) -> None:
+    os.environ["TRAINYARD_HOME"] = home
+
+    def die(*_):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    run_trial(spec(), RUN, 3, die)
+
+
+def test_a_retry_fails_the_trial_its_killed_try_left_running(trainyard_home):
+    child = multiprocessing.get_context("spawn").Process(target=_killed_try, args=(str(trainyard_home),))
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
+    assert states(open_study(spec())) == ["RUNNING"]  # what a journal keeps when its process is killed
+    assert run_trial(spec(), RUN, 3, worker([0.5, 0.6, 0.7]))["state"] == "complete"
+    first, second = open_study(spec()).trials
+    assert (
+        first.state == optuna.trial.TrialState.FAIL
+        and "try ended without finishing it" in first.user_attrs[FAILED_ATTR]
+    )
+    assert second.state == optuna.trial.TrialState.COMPLETE
+
+
+def _one_trial(home: str, slot: int, out) -> None:
+    os.environ["TRAINYARD_HOME"] = home
+    grid = spec(
+        sampler="grid",
+        seed=0,
+        parameters=[{"name": "hyperparameters.learning_rate", "type": "categorical", "choices": [0.1, 0.2, 0.3, 0.4]}],
+    )
+    out.put(run_trial(grid, RUN, slot, worker([0.5, 0.6, 0.7], checkpoint=False))["params"])
+
+
+def test_concurrent_trial_processes_draw_distinct_grid_points(trainyard_home):
+    """Four trial processes at once against one study, each with a sampler seeded alike: one ask at a
+    time, so each gets a point of its own (unlocked, every one of them would draw the same first point)."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_one_trial, args=(str(trainyard_home), i, out)) for i in range(4)]
+    for p in procs:
+        p.start()
+    drawn = [out.get(timeout=120)["hyperparameters.learning_rate"] for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert sorted(drawn) == [0.1, 0.2, 0.3, 0.4]
+
+
+def test_a_sweep_resumes_its_study_and_a_new_one_starts_warm(trainyard_home):
+    s = spec()
+    run_trial(s, RUN, 0, worker([0.5, 0.6, 0.7]))
+    run_trial(s, "train_pipeline/manual__2", 0, worker([0.5, 0.6, 0.8]))  # a second run, the same sweep
+    assert len(open_study(s).trials) == 2
+    with pytest.raises(SweepError, match="optimises maximize val_accuracy; this spec asks to minimize"):
+        open_study(spec(direction="minimize"))
+
+    narrower = spec(
+        name="lr-2",
+        warm_start_from="lr",
+        parameters=[{"name": "hyperparameters.learning_rate", "type": "float", "low": 0.001, "high": 0.5}],
+    )
+    fresh = open_study(narrower)
+    values = [t.params["hyperparameters.learning_rate"] for t in open_study(s).trials]
+    assert warm_start(narrower, fresh) == sum(v <= 0.5 for v in values)  # only what lies in its space
+    assert warm_start(narrower, fresh) == 0  # a study with trials is not seeded again
+    with pytest.raises(SweepError, match="has no sweep 'nope'"):
+        warm_start(spec(name="lr-3", warm_start_from="nope"), open_study(spec(name="lr-3")))
+
+
+def test_the_end_fails_what_was_left_running_and_picks_the_best_within_the_constraints(trainyard_home):
+    from mlflow.tracking import MlflowClient
+
+    from trainyard import paths
+
+    s = spec(constraints=[{"metric": "val_loss", "max": 0.25}])
+    run_trial(s, RUN, 0, worker([0.5, 0.7, 0.7]))  # val_loss 0.3: misses the constraint
+    run_trial(s, RUN, 1, worker([0.6, 0.75, 0.8]))
+    open_study(s).ask().set_user_attr("sweep_run", RUN)  # a trial whose task process is gone
+    best = close(s, RUN)
+    assert best["trial"] == 1 and best["value"] == 0.8 and best["states"] == {"complete": 2, "fail": 1}
+    assert (
+        best["trained"]["trial_spec"]["hyperparameters"]["learning_rate"]
+        == best["params"]["hyperparameters.learning_rate"]
+    )
+    c = MlflowClient(paths.mlflow_tracking_uri())
+    run = c.get_run(best["summary_run_id"])
+    assert run.data.tags["sweep.best_trial"] == "1" and run.data.metrics["trials_complete"] == 2
+    files = {Path(a.path).name for a in c.list_artifacts(run.info.run_id, "sweep")}
+    assert files == {"trials.csv", "parallel_coordinates.png"}
+
+
+def test_no_finished_trial_is_an_error_naming_the_states(trainyard_home):
+    s = spec()
+    run_trial(s, RUN, 0, worker([0.6, 0.8, 0.9]))
+    with pytest.raises(SweepError, match="no trial finished"):
+        close(spec(name="other"), RUN)
