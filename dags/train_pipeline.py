@@ -87,6 +87,12 @@ def _triggering_user() -> str | None:
     return getattr(get_current_context()["dag_run"], "triggering_user_name", None) or None
 
 
+def _run_tags() -> dict[str, str]:
+    """Tags of the run's MLflow runs: who triggered it (``trainyard runs list --user``)."""
+    user = _triggering_user()
+    return {"triggered_by": user} if user else {}
+
+
 def _raw_spec() -> dict:
     """The JobSpec defaults (= the Params) overlaid with the run's conf: the trigger form sends every
     field as conf, a REST call sends what it overrides. Unknown keys stay, so the spec can refuse them."""
@@ -197,7 +203,10 @@ def train_pipeline():
 
         job = job_for(_spec(spec).resources, _run_key(), _triggering_user())
         return _while_admitted(
-            job, lambda lease: run(_spec(spec), dataset, data, _run_key(), devices=lease.devices, stop=lease.lost)
+            job,
+            lambda lease: run(
+                _spec(spec), dataset, data, _run_key(), devices=lease.devices, stop=lease.lost, tags=_run_tags()
+            ),
         )
 
     @task
@@ -224,7 +233,9 @@ def train_pipeline():
         number = int(slot.rsplit("-", 1)[1])
         return _while_admitted(
             job,
-            lambda lease: run(job_spec, dataset, data, _run_key(), number, devices=lease.devices, stop=lease.lost),
+            lambda lease: run(
+                job_spec, dataset, data, _run_key(), number, devices=lease.devices, stop=lease.lost, tags=_run_tags()
+            ),
         )
 
     @task(trigger_rule="all_done_min_one_success")
@@ -242,7 +253,7 @@ def train_pipeline():
         """MLflow run and run config on the shared volume, for the pods to start from."""
         from trainyard.pipeline import plan_training
 
-        return plan_training(_spec(spec), dataset, data, _run_key())
+        return plan_training(_spec(spec), dataset, data, _run_key(), tags=_run_tags())
 
     @task
     @fail_permanently

@@ -548,8 +548,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cli_command(cmd_show))
 
     from trainyard.registry.cli import add_models_parser
+    from trainyard.tracking.cli import add_runs_parser
 
     add_models_parser(sub)
+    add_runs_parser(sub)
     return parser
 
 

@@ -228,6 +228,7 @@ def plan_training(
         tensorboard_dir=str(paths.tensorboard_root() / spec.name / safe_key(run_key)),
         metrics_file=str(metrics_path(out_dir)),
         trial_objective=trial_objective,
+        histogram_dir=str(Path(work_dir(str(out_dir))) / "tensorboard"),
     )
     Path(cfg.out_dir).mkdir(exist_ok=True)
     cfg_path = cfg.dump(out_dir / RUN_CONFIG_FILE)
@@ -277,6 +278,7 @@ def collect_training(spec: JobSpec, plan: dict, result: bool = True) -> dict:
     out_dir = Path(plan["run_dir"])
     c = mt.client()
     metrics.relay(out_dir, c, plan["mlflow_run_id"], plan["tensorboard_dir"], on_line=log.info, final=True)
+    metrics.copy_histograms(out_dir, plan["tensorboard_dir"])
     found = {} if not result else custom.collect(out_dir) if spec.recipe == "custom" else built_in_result(out_dir)
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
@@ -355,11 +357,12 @@ def train(
     on_line: Callable[[str], None] | None = None,
     devices: list[str] | None = None,
     stop: threading.Event | None = None,
+    tags: dict[str, str] | None = None,
 ) -> dict:
-    """Local training in one step: plan, launch on this machine (on ``devices`` if given; stopped once
-    ``stop`` is set), collect. Resumes from the run's newest checkpoint, so a retry continues instead of
-    starting over."""
-    plan = plan_training(spec, dataset, data, run_key)
+    """Local training in one step: plan (the MLflow run with ``tags``), launch on this machine (on
+    ``devices`` if given; stopped once ``stop`` is set), collect. Resumes from the run's newest checkpoint,
+    so a retry continues instead of starting over."""
+    plan = plan_training(spec, dataset, data, run_key, tags=tags)
     launch_local(spec, data, plan, on_line, devices, stop)
     return collect_training(spec, plan)
 
@@ -391,16 +394,18 @@ def train_trial(
     on_line: Callable[[str], None] | None = None,
     devices: list[str] | None = None,
     stop: threading.Event | None = None,
+    tags: dict[str, str] | None = None,
 ) -> dict:
     """One trial of the sweep in ``spec`` on this machine, in slot ``slot`` of the run ``sweep_run``:
-    planned, launched and collected as a job of its own (:func:`trainyard.sweeps.trials.run_trial`)."""
+    planned, launched and collected as a job of its own (:func:`trainyard.sweeps.trials.run_trial`), its
+    MLflow run tagged with ``tags`` and the trial's."""
     from trainyard.sweeps.trials import Watcher, run_trial
 
     assert spec.sweep is not None
     objective = spec.sweep.objective
 
-    def launch(trial_spec: JobSpec, key: str, tags: dict[str, str], watcher: Watcher) -> dict:
-        plan = plan_training(trial_spec, dataset, data, key, tags=tags, trial_objective=objective)
+    def launch(trial_spec: JobSpec, key: str, trial_tags: dict[str, str], watcher: Watcher) -> dict:
+        plan = plan_training(trial_spec, dataset, data, key, {**(tags or {}), **trial_tags}, objective)
         launch_local(trial_spec, data, plan, on_line, devices, watcher.halt)
         return collect_training(trial_spec, plan, result=watcher.pruned_at is None)
 

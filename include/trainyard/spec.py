@@ -155,6 +155,16 @@ class Tracking(_Model):
             "default is Lightning's; bench/loop.py measured 10 at 2-6 % of the digits recipe's speed)"
         ),
     )
+    histogram_every_steps: int = Field(
+        500,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "steps between per-layer histograms of the weights and gradients (TensorBoard's distributions "
+            "and histograms); 0: none. Each is a copy of the model's parameters and gradients, turned into "
+            "histograms off the step by the tracking thread"
+        ),
+    )
 
 
 class Resources(_Model):

@@ -21,6 +21,7 @@ step needs).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -51,6 +52,13 @@ class Progress:
     def __init__(self, total_steps: int, start_step: int) -> None:
         self.total, self.start, self.t0 = total_steps, start_step, time.monotonic()
 
+    def rates(self, step: int, samples: int) -> dict[str, float]:
+        """Samples per second since the start and the seconds left at that pace, as curves."""
+        elapsed = max(time.monotonic() - self.t0, 1e-9)
+        done = step - self.start
+        eta = elapsed / done * (self.total - step) if done else float("nan")
+        return {"samples_per_second": samples / elapsed, "eta_seconds": eta}
+
     def line(self, epoch: int, epochs: int, step: int, samples: int, **metrics: float) -> str:
         elapsed = max(time.monotonic() - self.t0, 1e-9)
         done = step - self.start
@@ -59,6 +67,17 @@ class Progress:
         return (
             f"epoch {epoch}/{epochs} step {step}/{self.total} {shown} {samples / elapsed:.0f} samples/s ETA {eta:.0f}s"
         )
+
+
+def device_use(strategy: Strategy) -> dict[str, float]:
+    """On a GPU: the most memory this process held (GB) and the device's utilisation now (%, where NVML
+    is there to say); nothing on CPUs."""
+    if not strategy.cuda:
+        return {}
+    used = {"gpu_memory_gb": torch.cuda.max_memory_allocated(strategy.device) / 1e9}
+    with contextlib.suppress(Exception):  # NVML (pynvml) missing or not answering: memory only
+        used["gpu_utilization"] = float(torch.cuda.utilization(strategy.device))
+    return used
 
 
 def fail_once_at() -> int | None:
@@ -174,6 +193,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     rank, world, device = strategy.rank, strategy.world, strategy.device
     log = strategy.log
     log_every = spec.tracking.log_every_steps
+    histogram_every = spec.tracking.histogram_every_steps
 
     torch.manual_seed(hp.seed)
     if recipe is None:
@@ -240,8 +260,12 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             step += 1
             samples += len(batch[0]) * world
             window.add(step, loss, lr, norm)
+            if tracker is not None and histogram_every and step % histogram_every == 0:
+                tracker.histograms(step, strategy.model)
             end_of_epoch = i + 1 == per_epoch
             if log_point or end_of_epoch:
+                if tracker is not None:
+                    tracker.log([step], progress.rates(step, samples))
                 losses = window.close(strategy, tracker, wait=end_of_epoch)
                 if losses is not None:
                     last_loss = float(losses.mean())  # the epoch's last window, as the curves show it
@@ -263,7 +287,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             # the epoch's wall time (steps, checkpoint, validation) as a curve: slow epochs show in the UI;
             # a resumed try's first epoch is only its rest
             timed = {} if first else {"epoch_seconds": time.perf_counter() - epoch_t0}
-            tracker.log([step], {**metrics, "epoch": epoch + 1, **timed})
+            tracker.log([step], {**metrics, "epoch": epoch + 1, **timed, **device_use(strategy)})
         strategy.barrier()
         if pruned_at is not None:
             break

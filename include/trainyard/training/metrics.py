@@ -218,6 +218,34 @@ def log_points(
         writer.close() if own else writer.flush()
 
 
+HISTOGRAMS_LIMIT = 256 << 20  # bytes of a run's histogram event files copied
+
+
+def copy_histograms(run_dir: str | Path, tensorboard_dir: str | None) -> int:
+    """The histogram event files rank 0 wrote in ``work/tensorboard`` (a local worker) beside the run's
+    scalars in ``tensorboard_dir``, where TensorBoard reads them as one run; read as untrusted (a regular
+    file of its own each, at most :data:`HISTOGRAMS_LIMIT` bytes in all). How many files."""
+    if not tensorboard_dir:
+        return 0
+    source = Path(work_dir(str(run_dir))) / "tensorboard"
+    if not source.is_dir() or source.is_symlink():
+        return 0
+    target = Path(tensorboard_dir)
+    copied, budget = 0, HISTOGRAMS_LIMIT
+    for path in sorted(source.glob("events.out.tfevents.*")):
+        with open_untrusted(path) as fd:
+            if fd is None:
+                continue
+            size = os.fstat(fd).st_size
+            if size > budget:
+                raise WorkerOutputError(f"{source}: histogram files over {HISTOGRAMS_LIMIT >> 20} MiB in all")
+            budget -= size
+            data = os.pread(fd, size, 0)
+        atomic_write(target / f"{path.name}.histograms", data)
+        copied += 1
+    return copied
+
+
 def tensorboard_tag(name: str) -> str:
     """``train_loss`` -> ``train/loss``: TensorBoard groups a run's curves by the part before the slash."""
     return name.replace("_", "/", 1)

@@ -83,6 +83,9 @@ class RunConfig:
     # A sweep trial: the val metric rank 0 reports at each epoch's end, then waits to hear whether the
     # trial goes on (trainyard.sweeps.handshake); None for a job that is not a trial
     trial_objective: str | None = None
+    # Where rank 0 writes its TensorBoard histograms when it writes a metrics file (a local worker): the
+    # launching task copies them beside the run's scalars (trainyard.training.metrics.copy_histograms)
+    histogram_dir: str | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -98,6 +101,7 @@ class RunConfig:
             "tensorboard_dir": self.tensorboard_dir,
             "metrics_file": self.metrics_file,
             "trial_objective": self.trial_objective,
+            "histogram_dir": self.histogram_dir,
         }
 
     def dump(self, path: str | Path) -> Path:

@@ -54,6 +54,9 @@ class Tracker:
         self.metrics_file = cfg.metrics_file
         self.uri, self.run_id = (None, None) if self.metrics_file else (cfg.tracking_uri, cfg.mlflow_run_id)
         self.tb_dir = None if self.metrics_file else cfg.tensorboard_dir
+        # histograms go beside the scalars, or (a metrics file) to an event file of the worker's own
+        self.hist_dir = (cfg.histogram_dir if self.metrics_file else cfg.tensorboard_dir) or None
+        self.histograms_on = bool(self.hist_dir) and cfg.spec.tracking.histogram_every_steps > 0
         self.enabled = bool(self.metrics_file) or bool(self.uri and self.run_id) or bool(self.tb_dir)
         self.every_s = every_s
         self.dropped = 0
@@ -89,6 +92,23 @@ class Tracker:
         if self._q.qsize() >= self._q.maxsize // 2:  # wake the thread before its interval is up
             self._wake.set()
 
+    def histograms(self, step: int, model) -> None:
+        """Per-layer weights and gradients of ``model`` at ``step``, as TensorBoard histograms. The step
+        pays a copy of each on its device (the optimizer changes them in place); the thread takes them to
+        the host and bins them."""
+        if not (self.enabled and self.histograms_on):
+            return
+        tensors = {}
+        for name, p in model.named_parameters():
+            name = name.removeprefix("module.").removeprefix("_orig_mod.")
+            tensors[f"weights/{name}"] = p.detach().clone()
+            if p.grad is not None:
+                tensors[f"gradients/{name}"] = p.grad.detach().clone()
+        try:
+            self._q.put_nowait(("histograms", step, tensors))
+        except queue.Full:
+            self.dropped += 1
+
     def close(self, check: bool = True) -> None:
         """Send everything and stop; with ``check``, raise TrackingError if anything could not be written."""
         if self.enabled and self._thread.is_alive():
@@ -115,10 +135,10 @@ class Tracker:
                 from mlflow.tracking import MlflowClient
 
                 client, run_id = MlflowClient(self.uri), self.run_id
-            if self.tb_dir:
+            if self.tb_dir or self.histograms_on:
                 from torch.utils.tensorboard import SummaryWriter
 
-                writer = SummaryWriter(self.tb_dir)
+                writer = SummaryWriter(self.tb_dir or self.hist_dir)
         except BaseException as err:  # noqa: BLE001 - reported now and raised by close()
             self._fail(err)
         finally:
@@ -144,7 +164,15 @@ class Tracker:
 
     @staticmethod
     def _write(windows: list, client, run_id: str, writer, sink=None) -> None:
-        """The windows' points to the metrics file (a line per step), or to MLflow and TensorBoard."""
+        """The windows' points to the metrics file (a line per step), or to MLflow and TensorBoard; the
+        histograms to TensorBoard."""
+        for item in windows:
+            if item[0] == "histograms":
+                _, step, tensors = item
+                for tag, t in tensors.items():
+                    writer.add_histogram(tag, t.float().cpu().numpy(), step)
+                writer.flush()
+        windows = [w for w in windows if w[0] != "histograms"]
         points = [
             (step, name, value)
             for steps, metrics in windows
@@ -157,6 +185,7 @@ class Tracker:
                 by_step.setdefault(step, {})[name] = value
             sink.write("".join(json.dumps({"step": step, **values}) + "\n" for step, values in by_step.items()))
             sink.flush()  # whole lines only: the relay reads up to the last newline
+            writer = None  # the scalars go through the file; this process's writer holds histograms only
         log_points(points, client, run_id, writer=writer)
 
     def _fail(self, err: BaseException) -> None:

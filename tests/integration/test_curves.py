@@ -1,0 +1,41 @@
+"""What a training leaves in the curves, through the real launcher and relay: throughput and ETA as
+metrics, per-layer histograms of weights and gradients read back with TensorBoard's own reader."""
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_histograms_and_throughput_reach_tensorboard_and_mlflow(trainyard_home):
+    from tensorboard.backend.event_processing.event_accumulator import HISTOGRAMS, EventAccumulator
+
+    from trainyard import pipeline
+    from trainyard.tracking import mlflow_tracking as mt
+
+    spec = pipeline.validate_spec(
+        {
+            "hyperparameters": {"epochs": 2, "batch_size": 32},
+            "resources": {"gpus_per_node": 2},
+            "tracking": {"log_every_steps": 10, "histogram_every_steps": 20},
+        },
+        audit=False,
+    )
+    dataset = pipeline.resolve_dataset(spec)
+    pipeline.validate_data(spec, dataset, "test/curves")
+    data = pipeline.prepare_data(spec, dataset)
+    trained = pipeline.train(spec, dataset, data, "test/curves")
+
+    events = EventAccumulator(trained["tensorboard_dir"], size_guidance={HISTOGRAMS: 0})
+    events.Reload()
+    tags = events.Tags()["histograms"]
+    assert "weights/head.3.weight" in tags and "gradients/head.3.weight" in tags, tags
+    steps = [h.step for h in events.Histograms("gradients/head.3.weight")]
+    assert steps == list(range(20, trained["steps"] + 1, 20))
+    first = events.Histograms("weights/head.3.weight")[0].histogram_value
+    assert first.num == 10 * 64 and first.min < 0 < first.max  # every weight of the layer, binned
+
+    c = mt.client()
+    history = c.get_metric_history(trained["mlflow_run_id"], "samples_per_second")
+    assert history and all(m.value > 0 for m in history)
+    eta = sorted(c.get_metric_history(trained["mlflow_run_id"], "eta_seconds"), key=lambda m: m.step)
+    assert eta[-1].value == 0 and eta[0].value > 0
