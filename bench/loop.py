@@ -49,7 +49,10 @@ Per process count it also prints, from the same runs:
   background thread's, paused and resumed with its process), the mean per save against an epoch's time
   per step, and per epoch; beside it the hand loop's ``torch.save``, the median of the measured epochs'.
 
-    .venv/bin/python bench/loop.py [--reps 8] [--procs 1 2] [--epochs 100]
+The tracked side also writes the per-layer histograms of weights and gradients, every
+``--histogram-every`` steps (the JobSpec's default unless told; 0: none).
+
+    .venv/bin/python bench/loop.py [--reps 8] [--procs 1 2] [--epochs 100] [--histogram-every N]
 """
 
 from __future__ import annotations
@@ -321,8 +324,11 @@ def torchrun(nproc: int, tail: list[str]) -> Job:
     return Job([*argv, *tail], worker_env(nproc, dict(os.environ)), EPOCH_LINE)
 
 
-def start(side: str, root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str]) -> Side:
-    """Start one side's command (the tracked side's relay first, as the local launcher enters it)."""
+def start(
+    side: str, root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str], histogram_every: int
+) -> Side:
+    """Start one side's command (the tracked side's relay first, as the local launcher enters it); the
+    tracked side writes histograms every ``histogram_every`` steps, as a local run does (0: none)."""
     from trainyard.spec import parse_spec
     from trainyard.training.metrics import metrics_path
     from trainyard.training.run_config import RunConfig, work_dir
@@ -332,12 +338,22 @@ def start(side: str, root: Path, nproc: int, rep: int, epochs: int, mlflow: tupl
     if side == "hand":
         argv = [SCRIPT, "--hand-worker", str(root / "data.json"), str(out / "result.json"), str(epochs)]
         return Side(torchrun(nproc, argv), out / "result.json")
-    spec = parse_spec({"resources": {"gpus_per_node": nproc}, "hyperparameters": {"epochs": epochs}})  # digits
+    spec = parse_spec(  # digits
+        {
+            "resources": {"gpus_per_node": nproc},
+            "hyperparameters": {"epochs": epochs},
+            "tracking": {"histogram_every_steps": histogram_every},
+        }
+    )
     work = Path(work_dir(str(out)))
     work.mkdir()  # as the launchers make it
-    metrics_file = str(metrics_path(out)) if side == "tracked" else None
+    tracked = side == "tracked"
+    metrics_file = str(metrics_path(out)) if tracked else None
+    histogram_dir = str(work / "tensorboard") if tracked else None  # as plan_training sets it
     data = json.loads((root / "data.json").read_text())
-    config = RunConfig(spec=spec, data=data, out_dir=str(work), metrics_file=metrics_file).dump(out / "run.json")
+    config = RunConfig(
+        spec=spec, data=data, out_dir=str(work), metrics_file=metrics_file, histogram_dir=histogram_dir
+    ).dump(out / "run.json")
     relay = None
     if side == "tracked":
         relay = Job(
@@ -355,7 +371,9 @@ def start(side: str, root: Path, nproc: int, rep: int, epochs: int, mlflow: tupl
     )
 
 
-def repetition(root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str]) -> dict[str, Side]:
+def repetition(
+    root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str], histogram_every: int
+) -> dict[str, Side]:
     """One run of each side, their epochs in turns; the sides' order rotates with the repetition and the
     round, so that each side goes first, second and third in turn."""
 
@@ -365,7 +383,7 @@ def repetition(root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str,
     sides: dict[str, Side] = {}
     try:
         for name in rotated(rep):  # each starts alone: the sides before it are paused
-            side = sides[name] = start(name, root, nproc, rep, epochs, mlflow)
+            side = sides[name] = start(name, root, nproc, rep, epochs, mlflow, histogram_every)
             side.first_s = side.job.next_mark() - side.job.started
             side.pause()
         for round_ in range(1, epochs):
@@ -468,10 +486,18 @@ def report(nproc: int, epochs: int, runs: list[dict[str, Side]]) -> str:
 
 
 def main() -> None:
+    from trainyard.spec import Tracking
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=8, help="runs of each side (4 leave an interval 3 points wide)")
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--epochs", type=int, default=100, help="epochs of each run, the first not measured")
+    parser.add_argument(
+        "--histogram-every",
+        type=int,
+        default=Tracking().histogram_every_steps,
+        help="the tracked side's tracking.histogram_every_steps (default: the JobSpec's; 0: no histograms)",
+    )
     parser.add_argument("--hand-worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--relay", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -491,7 +517,7 @@ def main() -> None:
         (root / "data.json").write_text(json.dumps(prepare(root)))
         mlflow = mlflow_run(root)
         for nproc in args.procs:
-            runs = [repetition(root, nproc, rep, args.epochs, mlflow) for rep in range(args.reps)]
+            runs = [repetition(root, nproc, rep, args.epochs, mlflow, args.histogram_every) for rep in range(args.reps)]
             print(report(nproc, args.epochs, runs), flush=True)
 
 

@@ -62,6 +62,8 @@ class Recipe(Generic[OptionsT]):
     data_kind: str = ""  # the dataset layout, and so the expectation suites
     options_model: type[OptionsT]  # recipe_options: names, types, defaults, bounds, descriptions
     metrics: tuple[str, ...] = ()  # what ``evaluate`` reports, as <split>_<name>: what gates may name
+    # what ``val_metrics`` reports after every epoch, as val_<name>: what a sweep's trials are judged by
+    epoch_metrics: tuple[str, ...] = ()
     # the export gate's rtol when export.rtol is unset: between the recipe's faithful exports and its
     # exports with one weight moved (bench/export_parity.py --runs 20, recorded in the README); the
     # translation recipe keeps this default, which is its own measured one
@@ -165,6 +167,7 @@ class Classifier(Recipe[OptionsT]):
     val split (a ``RecordDataset``)."""
 
     val_batch = 512
+    epoch_metrics = ("accuracy", "loss")
 
     def loss(self, model, batch: list[torch.Tensor]) -> torch.Tensor:
         import torch.nn.functional as F

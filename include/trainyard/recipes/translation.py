@@ -101,6 +101,7 @@ class TransformerTranslator(Recipe[TranslationOptions]):
     data_kind = "parallel_text"
     options_model = TranslationOptions
     metrics = ("bleu", "chrf")
+    epoch_metrics = ("loss", "token_accuracy")
 
     # -- data ----------------------------------------------------------------------------------------------
     def validate(self, dataset_dir, docs_dir):

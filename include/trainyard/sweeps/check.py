@@ -37,9 +37,12 @@ def check_sweep(spec: JobSpec, fleet: ResourcesConfig) -> None:
     if problems:
         raise SpecError(spec_error_message(problems))
     recipe = recipes.get(spec.recipe)
-    known = sorted(f"val_{m}" for m in recipe.metrics)
+    known = sorted(f"val_{m}" for m in recipe.epoch_metrics)  # what a trial reports after every epoch
     if sweep.objective not in known:
-        problems.append(f"sweep.objective: recipe {spec.recipe!r} reports no {sweep.objective!r}; one of {known}")
+        problems.append(
+            f"sweep.objective: recipe {spec.recipe!r} reports no {sweep.objective!r} after each epoch; one of "
+            f"{known} (the metrics of its evaluation, such as BLEU, come once, after the training)"
+        )
     for i, c in enumerate(sweep.constraints):
         if c.metric not in (*known, *RESULT_METRICS):
             problems.append(

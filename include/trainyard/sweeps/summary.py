@@ -52,6 +52,23 @@ def parallel_coordinates_png(study: optuna.Study, path: Path) -> bool:
     return True
 
 
+def write_hparams(tensorboard_dir: str, values: dict, objective: str, state: str) -> None:
+    """The trial's values in its own TensorBoard run directory, where its scalars are: TensorBoard's HParams
+    view then lists the trial with its curves (torch's ``add_hparams`` would write a run of its own,
+    unlinked from them). The metric column is the objective's scalar of that run."""
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams
+
+    plain = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in values.items()}
+    experiment, start, end = hparams({**plain, "trial_state": state}, {objective: float("nan")})
+    writer = SummaryWriter(tensorboard_dir)
+    try:
+        for summary in (experiment, start, end):
+            writer.file_writer.add_summary(summary)
+    finally:
+        writer.close()
+
+
 def log_summary(spec: JobSpec, study: optuna.Study, sweep_run: str, best: optuna.trial.FrozenTrial | None) -> str:
     """The summary run of ``sweep_run`` (created once, updated by a retry); its MLflow run id."""
     from trainyard.tracking import mlflow_tracking as mt

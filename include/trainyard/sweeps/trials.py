@@ -37,6 +37,7 @@ from trainyard.sweeps.study import (
     tell,
     with_values,
 )
+from trainyard.sweeps.summary import write_hparams
 from trainyard.training.run_config import WorkerOutputError, open_untrusted
 
 if TYPE_CHECKING:
@@ -208,6 +209,9 @@ def run_trial(
                 result = {}  # stopped after the grace: pruned all the same
         if watcher.error is not None:
             raise watcher.error
+        state = "pruned" if watcher.pruned_at is not None else "complete"
+        if result.get("tensorboard_dir"):
+            write_hparams(result["tensorboard_dir"], values, sweep.objective, state)
         if watcher.pruned_at is not None:
             shutil.rmtree(run_dir / "work" / "checkpoints", ignore_errors=True)
             tell(study, trial, state=optuna.trial.TrialState.PRUNED)

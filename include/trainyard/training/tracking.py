@@ -45,6 +45,27 @@ def _floats(values: Any, n: int) -> list[float]:
     return [float(v) for v in values]
 
 
+HISTOGRAM_BINS = 64  # TensorBoard shows 30; its own default ("tensorflow", ~1500 edges) binned 10x slower
+
+
+def _histogram(writer, tag: str, t, step: int) -> None:
+    """``t``'s finite values as a TensorBoard histogram, binned by torch (its C++ kernel, without the GIL
+    the step needs) into :data:`HISTOGRAM_BINS` equal bins."""
+    import torch
+
+    t = t.detach().float().flatten().cpu()
+    t = t[torch.isfinite(t)]
+    if not t.numel():
+        return
+    lo, hi = float(t.min()), float(t.max())
+    hi = hi if hi > lo else lo + max(abs(lo), 1.0) * 1e-6  # a constant tensor: one narrow bin
+    counts = torch.histc(t, bins=HISTOGRAM_BINS, min=lo, max=hi)
+    limits = torch.linspace(lo, hi, HISTOGRAM_BINS + 1)[1:]
+    writer.add_histogram_raw(
+        tag, lo, hi, t.numel(), float(t.sum()), float(t.square().sum()), limits.tolist(), counts.tolist(), step
+    )
+
+
 class Tracker:
     """``log(steps, {name: values})``: one value per step, as a tensor, a list of floats, or one float
     for all of them. Nothing is written unless the run config names a metrics file, an MLflow run or a
@@ -170,7 +191,7 @@ class Tracker:
             if item[0] == "histograms":
                 _, step, tensors = item
                 for tag, t in tensors.items():
-                    writer.add_histogram(tag, t.float().cpu().numpy(), step)
+                    _histogram(writer, tag, t, step)
                 writer.flush()
         windows = [w for w in windows if w[0] != "histograms"]
         points = [

@@ -45,13 +45,20 @@ def worker(curve, checkpoint=True):
         work.mkdir(parents=True, exist_ok=True)
         if checkpoint:
             (work / "checkpoints").mkdir(exist_ok=True)
+        board = str(work.parent / "tensorboard")
         for epoch, value in enumerate(curve, start=1):
             handshake.report(work, epoch, value)
             if handshake.wait_verdict(work, epoch, timeout_s=30):
-                return {}
+                return {"tensorboard_dir": board}
         model = work / "model.pt"
         model.write_bytes(b"weights")
-        return {"val_accuracy": curve[-1], "val_loss": 1 - curve[-1], "model_path": str(model), "run_dir": str(work)}
+        return {
+            "val_accuracy": curve[-1],
+            "val_loss": 1 - curve[-1],
+            "model_path": str(model),
+            "run_dir": str(work),
+            "tensorboard_dir": board,
+        }
 
     return train
 
@@ -71,6 +78,21 @@ def test_a_losing_trial_is_stopped_at_its_reporting_point_and_its_checkpoints_go
     work = next((trainyard_home / "runs" / "digits").glob("*trial-1")) / "work"
     assert not (work / "checkpoints").exists()
     assert json.loads((work / handshake.VERDICT).read_text()) == {"epoch": 1, "prune": True}
+    # both trials in TensorBoard's HParams view, each in its own run directory (beside its scalars)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    for number, state in ((0, "complete"), (1, "pruned")):
+        board = next((trainyard_home / "runs" / "digits").glob(f"*trial-{number}")) / "tensorboard"
+        events = EventAccumulator(str(board))
+        events.Reload()
+        content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+        info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+        assert info.hparams["trial_state"].string_value == state
+        assert (
+            info.hparams["hyperparameters.learning_rate"].number_value
+            == study.trials[number].params["hyperparameters.learning_rate"]
+        )
 
 
 def test_a_trial_whose_training_fails_ends_fail_with_the_reason(trainyard_home):
