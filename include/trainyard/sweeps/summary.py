@@ -63,8 +63,9 @@ def write_hparams(tensorboard_dir: str, values: dict, objective: str, state: str
     experiment, start, end = hparams({**plain, "trial_state": state}, {objective: float("nan")})
     writer = SummaryWriter(tensorboard_dir)
     try:
+        file_writer = writer._get_file_writer()
         for summary in (experiment, start, end):
-            writer.file_writer.add_summary(summary)
+            file_writer.add_summary(summary)
     finally:
         writer.close()
 
