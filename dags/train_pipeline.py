@@ -205,7 +205,14 @@ def train_pipeline():
         return _while_admitted(
             job,
             lambda lease: run(
-                _spec(spec), dataset, data, _run_key(), devices=lease.devices, stop=lease.lost, tags=_run_tags()
+                _spec(spec),
+                dataset,
+                data,
+                _run_key(),
+                devices=lease.devices,
+                stop=lease.lost,
+                tags=_run_tags(),
+                waited_s=lease.waited_s,
             ),
         )
 
@@ -234,7 +241,15 @@ def train_pipeline():
         return _while_admitted(
             job,
             lambda lease: run(
-                job_spec, dataset, data, _run_key(), number, devices=lease.devices, stop=lease.lost, tags=_run_tags()
+                job_spec,
+                dataset,
+                data,
+                _run_key(),
+                number,
+                devices=lease.devices,
+                stop=lease.lost,
+                tags=_run_tags(),
+                waited_s=lease.waited_s,
             ),
         )
 

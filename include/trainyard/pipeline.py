@@ -266,11 +266,12 @@ def launch_local(
     )
 
 
-def collect_training(spec: JobSpec, plan: dict, result: bool = True) -> dict:
+def collect_training(spec: JobSpec, plan: dict, result: bool = True, waited_s: float | None = None) -> dict:
     """What the workers left: train_result.json (built-in recipes) or the custom metrics file, their
     metrics not relayed to MLflow yet; plus the GPU time of every try (the launchers' usage records: a retry
     adds to it, queue time is not in it) and its cost. ``result=False``: the curves, time and cost only
-    (a sweep trial its pruner stopped left no model)."""
+    (a sweep trial its pruner stopped left no model). ``waited_s``: the job's wait in the queue, logged
+    as ``queue_wait_seconds``."""
     from trainyard.scheduling.resources import resources_in_force, run_cost
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training import custom, metrics, usage
@@ -293,6 +294,8 @@ def collect_training(spec: JobSpec, plan: dict, result: bool = True) -> dict:
     )
     c.log_metric(plan["mlflow_run_id"], "gpu_seconds", gpu_seconds)
     c.log_metric(plan["mlflow_run_id"], "run_cost", cost)
+    if waited_s is not None:
+        c.log_metric(plan["mlflow_run_id"], "queue_wait_seconds", waited_s)
     return {
         **found,
         **{k: plan[k] for k in ("mlflow_run_id", "run_dir", "tensorboard_dir")},
@@ -358,13 +361,14 @@ def train(
     devices: list[str] | None = None,
     stop: threading.Event | None = None,
     tags: dict[str, str] | None = None,
+    waited_s: float | None = None,
 ) -> dict:
     """Local training in one step: plan (the MLflow run with ``tags``), launch on this machine (on
-    ``devices`` if given; stopped once ``stop`` is set), collect. Resumes from the run's newest checkpoint,
-    so a retry continues instead of starting over."""
+    ``devices`` if given; stopped once ``stop`` is set), collect (with ``waited_s``, its wait in the
+    queue). Resumes from the run's newest checkpoint, so a retry continues instead of starting over."""
     plan = plan_training(spec, dataset, data, run_key, tags=tags)
     launch_local(spec, data, plan, on_line, devices, stop)
-    return collect_training(spec, plan)
+    return collect_training(spec, plan, waited_s=waited_s)
 
 
 def plan_sweep(spec: JobSpec) -> list[int]:
@@ -395,6 +399,7 @@ def train_trial(
     devices: list[str] | None = None,
     stop: threading.Event | None = None,
     tags: dict[str, str] | None = None,
+    waited_s: float | None = None,
 ) -> dict:
     """One trial of the sweep in ``spec`` on this machine, in slot ``slot`` of the run ``sweep_run``:
     planned, launched and collected as a job of its own (:func:`trainyard.sweeps.trials.run_trial`), its
@@ -407,7 +412,7 @@ def train_trial(
     def launch(trial_spec: JobSpec, key: str, trial_tags: dict[str, str], watcher: Watcher) -> dict:
         plan = plan_training(trial_spec, dataset, data, key, {**(tags or {}), **trial_tags}, objective)
         launch_local(trial_spec, data, plan, on_line, devices, watcher.halt)
-        return collect_training(trial_spec, plan, result=watcher.pruned_at is None)
+        return collect_training(trial_spec, plan, result=watcher.pruned_at is None, waited_s=waited_s)
 
     return run_trial(spec, sweep_run, slot, launch, lost=stop)
 
@@ -445,7 +450,8 @@ def evaluate(spec: JobSpec, trained: dict, data: dict) -> dict:
 
 def gate(spec: JobSpec, metrics: dict, data: dict | None = None, trained: dict | None = None) -> dict:
     """Thresholds and champion/challenger rules; the full result (every metric, bound, margin) is returned
-    for XCom and, with ``trained``, stored on its MLflow run (tags ``gate.*`` + gate_result.json). The
+    for XCom and, with ``trained``, stored on its MLflow run (tags ``gate.*`` + gate_result.json) with the
+    run's report (:mod:`trainyard.tracking.report`: curves PNG and one HTML page, pass or fail). The
     caller fails the run (``GateFailed``) if ``passed`` is false. ``validate_spec`` refuses champion
     rules for a custom recipe, so here every rule is measured."""
     from trainyard.evaluation.champion import combined_gate, production_metrics
@@ -456,7 +462,11 @@ def gate(spec: JobSpec, metrics: dict, data: dict | None = None, trained: dict |
     if champion is not None:
         result["champion_version"] = int(champion["_version"])
     if trained and trained.get("mlflow_run_id"):
+        from trainyard.tracking import mlflow_tracking as mt
+        from trainyard.tracking import report
+
         record_gate(trained["mlflow_run_id"], trained["run_dir"], result)
+        report.write(mt.client(), trained["mlflow_run_id"], trained["run_dir"], result)  # passed or not
     return result
 
 

@@ -39,3 +39,20 @@ def test_histograms_and_throughput_reach_tensorboard_and_mlflow(trainyard_home):
     assert history and all(m.value > 0 for m in history)
     eta = sorted(c.get_metric_history(trained["mlflow_run_id"], "eta_seconds"), key=lambda m: m.step)
     assert eta[-1].value == 0 and eta[0].value > 0
+
+    # the run's report, stored once the gate has decided: its curves and one page of its facts
+    from PIL import Image
+
+    metrics = pipeline.evaluate(spec, trained, data)
+    verdict = pipeline.gate(spec, metrics, data, trained)
+    report = trainyard_home / "runs" / "digits" / "test_curves" / "report"
+    with Image.open(report / "curves.png") as png:
+        assert png.format == "PNG" and png.size[1] > 600  # a panel per curve
+    page = (report / "report.html").read_text()
+    run = c.get_run(trained["mlflow_run_id"])
+    assert dataset["commit"] in page and run.data.tags["code_version"] in page
+    assert f"{run.data.metrics['val_accuracy']:.6g}" in page and f"{run.data.metrics['run_cost']:.6g}" in page
+    assert f"Gate {'passed' if verdict['passed'] else 'FAILED'}" in page and "<td>val_accuracy</td>" in page
+    assert {"report/report.html", "report/curves.png"} <= {
+        a.path for a in c.list_artifacts(trained["mlflow_run_id"], "report")
+    }

@@ -557,6 +557,7 @@ class Lease:
 
     devices: list[str] | None  # this host's GPUs the job was given (CUDA_VISIBLE_DEVICES); None: a CPU job
     lost: threading.Event  # set when the lease ran out and its slots could not be taken back: stop training
+    waited_s: float | None = None  # from the job's arrival in the queue to its admission
 
 
 @contextlib.contextmanager
@@ -592,7 +593,9 @@ def hold(
     except PermanentError:  # more devices than the host has: this job can never run here
         ledger.release(job.id)
         raise
-    lease = Lease(devices, threading.Event())
+    entry = next((e for e in ledger.entries() if e.job.id == job.id), None)
+    waited = None if entry is None or entry.admitted is None else max(entry.admitted - entry.enqueued, 0.0)
+    lease = Lease(devices, threading.Event(), waited)
     stop = threading.Event()
 
     def beat() -> None:
