@@ -30,6 +30,7 @@ from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task, task_group
 
+from trainyard.errors import PermanentError
 from trainyard.scheduling.admission import RUNS_IN_FLIGHT
 from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
@@ -253,14 +254,21 @@ def train_pipeline():
             ),
         )
 
-    @task(trigger_rule="all_done_min_one_success")
+    @task(trigger_rule="all_done")
     @fail_permanently
-    def close_sweep(spec: dict) -> dict:
-        """Once every trial task is done: trials left running are failed, the study's best trial is
-        chosen (it goes on to evaluate, gate, export and register) and the summary is logged to MLflow."""
+    def close_sweep(spec: dict, dataset: dict) -> dict:
+        """Once every trial task is done, whatever its end (a trial that failed, was skipped or marked by
+        hand): trials left running are failed, the best trial of this data and spec is chosen (it goes on
+        to evaluate, gate, export and register) and the summary is logged to MLflow. Skipped for a run
+        that is not a sweep."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
         from trainyard.pipeline import close_sweep as close
 
-        return close(_spec(spec), _run_key())
+        job_spec = _spec(spec)
+        if job_spec.sweep is None:
+            raise AirflowSkipException("not a sweep")
+        return close(job_spec, dataset, _run_key())
 
     @task
     @fail_permanently
@@ -286,6 +294,8 @@ def train_pipeline():
         swept = ti.xcom_pull(task_ids="close_sweep")
         if swept:
             return swept["trained"]
+        if JobSpec.model_validate(ti.xcom_pull(task_ids="validate_spec")).sweep is not None:
+            raise PermanentError("the sweep's close_sweep task left no result: nothing to evaluate or register")
         return ti.xcom_pull(task_ids="train") or ti.xcom_pull(task_ids="collect_kubernetes")
 
     @task
@@ -378,7 +388,7 @@ def train_pipeline():
     slots: Any = plan_sweep(spec)
     launcher >> slots
     data >> slots
-    best = close_sweep(spec)
+    best = close_sweep(spec, dataset)
     trial.expand(slot=slots) >> best
     # admitted once its data is ready: a run that fails before training never queues, and no admitted
     # slots idle while the data is prepared

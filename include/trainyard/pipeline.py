@@ -374,10 +374,15 @@ def train(
 def plan_sweep(spec: JobSpec) -> list[int]:
     """Open (or resume) the sweep's study, seed a new one from ``warm_start_from``: the slots of this run,
     one mapped training task each."""
-    from trainyard.sweeps.study import open_study, warm_start
+    import time
+
+    from trainyard.sweeps.study import fail_left_running, open_study, warm_start
 
     assert spec.sweep is not None
     study = open_study(spec)
+    stale = fail_left_running(study, None, why="its task stopped saying it runs", now=time.time())
+    if stale:
+        log.warning("sweep %s: trials %s were RUNNING with no task left running them: failed", spec.sweep.name, stale)
     warm_start(spec, study)
     log.info(
         "sweep %s: %d trial(s) in the study so far; this run adds %d, %d at a time",
@@ -404,6 +409,7 @@ def train_trial(
     """One trial of the sweep in ``spec`` on this machine, in slot ``slot`` of the run ``sweep_run``:
     planned, launched and collected as a job of its own (:func:`trainyard.sweeps.trials.run_trial`), its
     MLflow run tagged with ``tags`` and the trial's."""
+    from trainyard.sweeps.study import lineage
     from trainyard.sweeps.trials import Watcher, run_trial
 
     assert spec.sweep is not None
@@ -414,14 +420,15 @@ def train_trial(
         launch_local(trial_spec, data, plan, on_line, devices, watcher.halt)
         return collect_training(trial_spec, plan, result=watcher.pruned_at is None, waited_s=waited_s)
 
-    return run_trial(spec, sweep_run, slot, launch, lost=stop)
+    return run_trial(spec, sweep_run, slot, launch, lost=stop, of_lineage=lineage(spec, dataset))
 
 
-def close_sweep(spec: JobSpec, sweep_run: str) -> dict:
-    """The sweep run's end: trials left running failed, the best trial chosen, the summary logged."""
+def close_sweep(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
+    """The sweep run's end: trials left running failed, the best trial on ``dataset`` chosen, the summary
+    logged."""
     from trainyard.sweeps.study import close
 
-    return close(spec, sweep_run)
+    return close(spec, dataset, sweep_run)
 
 
 # -- 4. evaluation and gate --------------------------------------------------------------------------------
@@ -466,7 +473,10 @@ def gate(spec: JobSpec, metrics: dict, data: dict | None = None, trained: dict |
         from trainyard.tracking import report
 
         record_gate(trained["mlflow_run_id"], trained["run_dir"], result)
-        report.write(mt.client(), trained["mlflow_run_id"], trained["run_dir"], result)  # passed or not
+        try:
+            report.write(mt.client(), trained["mlflow_run_id"], trained["run_dir"], result)  # passed or not
+        except Exception:  # noqa: BLE001 - the report is a view of the run; the gate's verdict stands
+            log.warning("could not write the run's report", exc_info=True)
     return result
 
 

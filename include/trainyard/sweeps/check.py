@@ -50,7 +50,10 @@ def check_sweep(spec: JobSpec, fleet: ResourcesConfig) -> None:
                 f"{[*known, *RESULT_METRICS]}"
             )
     for i, p in enumerate(sweep.parameters):
-        for value in p.bounds():  # each end of the range, each choice, must make a valid job
+        # each end of the range, each choice, and a float range's inside (a whole-number field swept as
+        # float fails there, not at its ends) must make a valid job
+        inside = () if p.type != "float" else (p.low + (p.high - p.low) * 0.377,)  # type: ignore[operator]
+        for value in (*p.bounds(), *inside):
             try:
                 recipes.check_spec(with_values(spec, {p.name: value}))
             except SpecError as err:

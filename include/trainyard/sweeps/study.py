@@ -36,6 +36,10 @@ SLOT_ATTR = "slot"  # its mapped task: "<run>#<map index>"
 SPEC_ATTR = "spec"  # the trial's JobSpec (the sweep's, with the trial's values), as JSON
 TRAINED_ATTR = "trained"  # what its training left (model path, MLflow run, metrics)
 FAILED_ATTR = "failed_because"
+LINEAGE_ATTR = "lineage"  # what the trial trained on and how, less its values (:func:`lineage`)
+ALIVE_ATTR = "alive_at"  # when its training task last said it runs (epoch seconds)
+ALIVE_EVERY_S = 60.0  # how often a trial's task says so ...
+STALE_AFTER_S = 15 * 60.0  # ... and how long without it before a RUNNING trial counts as dead
 
 
 class SweepError(PermanentError):
@@ -190,20 +194,38 @@ def with_values(spec: JobSpec, values: dict[str, Any]) -> JobSpec:
     return parse_spec(raw)
 
 
+def lineage(spec: JobSpec, dataset: dict) -> str:
+    """A digest of the dataset commit and the spec less the sweep and its values: trials of a resumed
+    study compete for "best" only with trials of the same lineage, so a model is never registered with
+    data or settings it was not trained with."""
+    import hashlib
+    import json
+
+    sweep = _sweep(spec)
+    raw = spec.model_dump(mode="json", exclude={"sweep"})
+    for p in sweep.parameters:
+        section, key = p.field
+        raw[section].pop(key, None)
+    text = json.dumps({"dataset": dataset.get("commit"), "spec": raw}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _sweep(spec: JobSpec) -> Sweep:
     if spec.sweep is None:
         raise SweepError("the spec has no sweep section")
     return spec.sweep
 
 
-def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """The best finished trial that meets every constraint and whose model is still on disk."""
+def best_trial(study: optuna.Study, of_lineage: str) -> optuna.trial.FrozenTrial | None:
+    """The best finished trial of ``of_lineage`` (:func:`lineage`) that meets every constraint and whose
+    model is still on disk."""
     import optuna
 
     done = [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.value is not None
+        if t.user_attrs.get(LINEAGE_ATTR) == of_lineage
+        and t.value is not None
         and math.isfinite(t.value)
         and all(v <= 0 for v in t.constraints.values())
         and TRAINED_ATTR in t.user_attrs
@@ -225,14 +247,25 @@ def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = N
             raise
 
 
-def fail_left_running(study: optuna.Study, sweep_run: str, slot: str | None = None, why: str = "") -> list[int]:
-    """Tell Optuna that the trials of ``sweep_run`` (of one ``slot``, if given) still RUNNING failed:
-    their training process is gone (its task was retried, or the whole sweep run is done). Their numbers."""
+def fail_left_running(
+    study: optuna.Study, sweep_run: str | None, slot: str | None = None, why: str = "", now: float | None = None
+) -> list[int]:
+    """Tell Optuna that trials still RUNNING failed, their training process being gone: those of
+    ``sweep_run`` (of one ``slot``, if given: its task was retried, or the whole sweep run is done), and
+    with ``now``, every one whose task has not said it runs for :data:`STALE_AFTER_S` (a run marked
+    failed by hand, a process killed before it named its run). Their numbers."""
     import optuna
 
     failed = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if t.user_attrs.get(RUN_ATTR) != sweep_run or (slot is not None and t.user_attrs.get(SLOT_ATTR) != slot):
+        ours = (
+            sweep_run is not None
+            and t.user_attrs.get(RUN_ATTR) == sweep_run
+            and (slot is None or t.user_attrs.get(SLOT_ATTR) == slot)
+        )
+        seen = t.user_attrs.get(ALIVE_ATTR) or (t.datetime_start.timestamp() if t.datetime_start else 0.0)
+        stale = now is not None and now - float(seen) > STALE_AFTER_S
+        if not (ours or stale):
             continue
         study._storage.set_trial_user_attr(t._trial_id, FAILED_ATTR, why)
         tell(study, t.number, state=optuna.trial.TrialState.FAIL)
@@ -240,16 +273,20 @@ def fail_left_running(study: optuna.Study, sweep_run: str, slot: str | None = No
     return failed
 
 
-def close(spec: JobSpec, sweep_run: str) -> dict:
+def close(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
     """The end of a sweep run, once each of its trial tasks is done (succeeded or failed): its trials still
     RUNNING are failed (their processes are gone), the study's best trial is chosen, and the summary goes
     to MLflow. Returns the best trial's ``{"trained", "trial", "value", ...}``: ``trained`` goes on to
     evaluate, gate, export and register, its ``trial_spec`` the JobSpec they use; SweepError if no trial
     finished within the constraints."""
+    import time
+
     from trainyard.sweeps.summary import log_summary
 
     study = open_study(spec)
-    failed = fail_left_running(study, sweep_run, why="its task ended without finishing it (the process was killed)")
+    failed = fail_left_running(
+        study, sweep_run, why="its task ended without finishing it (the process was killed)", now=time.time()
+    )
     if failed:
         log.warning("trials %s of %s were left running by a task that is gone: failed", failed, sweep_run)
     states: dict[str, int] = {}
@@ -258,12 +295,12 @@ def close(spec: JobSpec, sweep_run: str) -> dict:
             states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
     tally = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     log.info("sweep %s, run %s: %s", study.study_name, sweep_run, tally)
-    best = best_trial(study)
+    best = best_trial(study, lineage(spec, dataset))
     summary = log_summary(spec, study, sweep_run, best)
     if best is None:
         raise SweepError(
-            f"sweep {study.study_name}: no trial finished with a finite {spec.sweep.objective if spec.sweep else ''} "
-            f"within the constraints ({states}); nothing to register"
+            f"sweep {study.study_name}: no trial on this data and spec finished with a finite "
+            f"{spec.sweep.objective if spec.sweep else ''} within the constraints ({states}); nothing to register"
         )
     log.info("best trial: #%d, %s = %s, %s", best.number, study.user_attrs.get("objective"), best.value, best.params)
     return {

@@ -20,11 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainyard import recipes
 from trainyard.files import file_lock
 from trainyard.spec import JobSpec
 from trainyard.sweeps import handshake
 from trainyard.sweeps.study import (
+    ALIVE_ATTR,
+    ALIVE_EVERY_S,
     FAILED_ATTR,
+    LINEAGE_ATTR,
     RUN_ATTR,
     SLOT_ATTR,
     SPEC_ATTR,
@@ -73,6 +77,7 @@ class Watcher:
         self.trial, self.work = trial, Path(work_dir)
         self.lost, self.grace_s, self.poll_s = lost, grace_s, poll_s
         self.halt = threading.Event()
+        self.overstayed = False  # the workers were stopped because they went on after being told to stop
         self.pruned_at: int | None = None
         self.reported: dict[int, float] = {}
         self.error: Exception | None = None
@@ -93,7 +98,12 @@ class Watcher:
 
     def _run(self) -> None:
         stop_by: float | None = None
+        alive = 0.0
         while not self._done.wait(self.poll_s):
+            if time.monotonic() - alive > ALIVE_EVERY_S:  # the study's sign that this trial still trains
+                alive = time.monotonic()
+                with contextlib.suppress(Exception):
+                    self.trial.set_user_attr(ALIVE_ATTR, time.time())
             if self.lost is not None and self.lost.is_set():
                 self.halt.set()
             try:
@@ -104,8 +114,9 @@ class Watcher:
                 return
             if self.pruned_at is not None:
                 stop_by = stop_by or time.monotonic() + self.grace_s
-                if time.monotonic() > stop_by:
+                if time.monotonic() > stop_by and not self.halt.is_set():
                     log.warning("the trial's workers did not stop %.0fs after being told: stopping them", self.grace_s)
+                    self.overstayed = True
                     self.halt.set()
 
     def _pass(self, answer: bool) -> None:
@@ -113,6 +124,8 @@ class Watcher:
         with open_untrusted(path) as fd:
             if fd is None:
                 return
+            if os.fstat(fd).st_size > REPORTS_LIMIT:
+                raise WorkerOutputError(f"{path}: more than {REPORTS_LIMIT} bytes of reports (a line an epoch)")
             chunk = os.pread(fd, REPORTS_LIMIT - self._offset, self._offset)
         whole = chunk[: chunk.rfind(b"\n") + 1]
         self._offset += len(whole)
@@ -165,12 +178,14 @@ def run_trial(
     slot: int,
     train: Callable[[JobSpec, str, dict[str, str], Watcher], dict],
     lost: threading.Event | None = None,
+    of_lineage: str = "",
 ) -> dict:
     """Ask the study for a trial, train it with ``train(trial_spec, trial_run_key, tags, watcher)`` (which
     stops the workers once ``watcher.halt`` is set and returns the collected result, the curves only once
     ``watcher.pruned_at`` is set)
     and tell the study how it ended: COMPLETE with the objective, PRUNED (its checkpoints removed) or FAIL
-    (the error is raised again). ``lost``: set when the job lost its admission (the workers stop)."""
+    (the error is raised again). ``lost``: set when the job lost its admission (the workers stop);
+    ``of_lineage``: the run's :func:`~trainyard.sweeps.study.lineage`, recorded with the trial."""
     import optuna
 
     assert spec.sweep is not None
@@ -186,6 +201,8 @@ def run_trial(
         trial = study.ask()
         trial.set_user_attr(RUN_ATTR, sweep_run)
         trial.set_user_attr(SLOT_ATTR, slot_key)
+        trial.set_user_attr(LINEAGE_ATTR, of_lineage)
+        trial.set_user_attr(ALIVE_ATTR, time.time())
         try:
             values = {p.name: suggest(trial, p) for p in sweep.parameters}
         except BaseException:
@@ -193,6 +210,7 @@ def run_trial(
             raise
     try:
         trial_spec = with_values(spec, values).model_copy(update={"sweep": None})
+        recipes.check_spec(trial_spec)  # values inside the ranges too (the first task checked their ends)
         trial.set_user_attr(SPEC_ATTR, trial_spec.model_dump(mode="json"))
         log.info("sweep %s: trial %d of slot %d with %s", sweep.name, trial.number, slot, values)
         key = trial_key(sweep_run, trial.number)
@@ -204,17 +222,16 @@ def run_trial(
             except Exception:
                 if watcher.error is not None:  # the workers were stopped for it
                     raise watcher.error from None
-                if watcher.pruned_at is None:
+                if not watcher.overstayed:
                     raise
-                result = {}  # stopped after the grace: pruned all the same
+                log.warning("trial %d: its workers were stopped after the pruner's word", trial.number, exc_info=True)
+                result = {}  # pruned all the same
         if watcher.error is not None:
             raise watcher.error
-        state = "pruned" if watcher.pruned_at is not None else "complete"
-        if result.get("tensorboard_dir"):
-            write_hparams(result["tensorboard_dir"], values, sweep.objective, state)
         if watcher.pruned_at is not None:
             shutil.rmtree(run_dir / "work" / "checkpoints", ignore_errors=True)
             tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+            _hparams(result, values, sweep.objective, "pruned")
             return {
                 "trial": trial.number,
                 "state": "pruned",
@@ -229,12 +246,24 @@ def run_trial(
             trial.set_constraint(key, violation)
         trial.set_user_attr(TRAINED_ATTR, result)
         tell(study, trial, float(value))
+        _hparams(result, values, sweep.objective, "complete")
         return {"trial": trial.number, "state": "complete", "value": value, "params": values}
     except BaseException as err:
         with contextlib.suppress(Exception):
             trial.set_user_attr(FAILED_ATTR, f"{type(err).__name__}: {err}"[:1000])
+        with contextlib.suppress(Exception):  # a trial already told stays as it was told
             tell(study, trial, state=optuna.trial.TrialState.FAIL)
         raise
+
+
+def _hparams(result: dict, values: dict, objective: str, state: str) -> None:
+    """The trial in TensorBoard's HParams view; a failure to write it is logged, the trial stands."""
+    if not result.get("tensorboard_dir"):
+        return
+    try:
+        write_hparams(result["tensorboard_dir"], values, objective, state)
+    except Exception:  # noqa: BLE001 - a view, not the trial's outcome
+        log.warning("could not write the trial's hparams for TensorBoard", exc_info=True)
 
 
 def trial_run_dir(spec: JobSpec, key: str) -> Path:

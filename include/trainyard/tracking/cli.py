@@ -15,14 +15,16 @@ def _query(args):
     from trainyard.tracking.runs import Query, parse_condition
 
     tags = dict(args.tag or [])
-    for name, value in (("dataset.commit", args.dataset_commit), ("dataset.repo", args.dataset)):
+    for name, value in (
+        ("dataset.commit", args.dataset_commit),
+        ("dataset.repo", args.dataset),
+        ("triggered_by", args.user),
+    ):
         if value:
             tags[name] = value
+    params = {name: value for name, value in (("recipe", args.recipe), ("resources.team", args.team)) if value}
     where = [parse_condition(text) for text in args.where or []]
-    for name, value in (("recipe", args.recipe), ("resources.team", args.team), ("triggered_by", args.user)):
-        if value:
-            where.append(parse_condition(f"{name} = {value}"))
-    return Query(name=args.job, tags=tags, where=where, limit=args.limit, summaries=args.summaries)
+    return Query(name=args.job, tags=tags, params=params, where=where, limit=args.limit, summaries=args.summaries)
 
 
 def _print(header: list[str], rows: list[list[str]], fmt: str) -> None:

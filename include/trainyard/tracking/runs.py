@@ -124,11 +124,13 @@ class Run:
 
 @dataclass
 class Query:
-    """What to look for: a job's experiment (``name``, None: every job), equal tags pushed down to
-    MLflow, the newest ``limit`` of those, then the ``where`` conditions (each a list of alternatives)."""
+    """What to look for: a job's experiment (``name``, None: every job), equal tags and params pushed
+    down to MLflow, the newest ``limit`` of those, then the ``where`` conditions (each a list of
+    alternatives)."""
 
     name: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)  # equal params, pushed down as well
     where: list[list[Condition]] = field(default_factory=list)
     limit: int = 50
     summaries: bool = False  # include sweeps' summary runs
@@ -144,6 +146,7 @@ def find(c, query: Query) -> list[Run]:
         raise FilterError(f"no job named {query.name!r} has runs" if query.name else "no runs yet")
     names = {e.experiment_id: e.name for e in experiments}
     pushed = [f"tags.`{k}` = {quote(v)}" for k, v in query.tags.items()]
+    pushed += [f"params.`{k}` = {quote(v)}" for k, v in query.params.items()]
     found = c.search_runs(
         list(names),
         filter_string=" and ".join(pushed),

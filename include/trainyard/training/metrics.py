@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
@@ -36,6 +37,8 @@ from typing import IO, Any
 from trainyard.errors import PermanentError
 from trainyard.files import atomic_write
 from trainyard.training.run_config import WorkerOutputError, open_untrusted, work_dir
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 RELAYED_FILE = "metrics_relayed.json"  # in the run directory: what of the metrics file is relayed
@@ -224,7 +227,7 @@ HISTOGRAMS_LIMIT = 256 << 20  # bytes of a run's histogram event files copied
 def copy_histograms(run_dir: str | Path, tensorboard_dir: str | None) -> int:
     """The histogram event files rank 0 wrote in ``work/tensorboard`` (a local worker) beside the run's
     scalars in ``tensorboard_dir``, where TensorBoard reads them as one run; read as untrusted (a regular
-    file of its own each, at most :data:`HISTOGRAMS_LIMIT` bytes in all). How many files."""
+    file of its own each; past :data:`HISTOGRAMS_LIMIT` bytes in all, the rest stay behind). How many."""
     if not tensorboard_dir:
         return 0
     source = Path(work_dir(str(run_dir))) / "tensorboard"
@@ -237,8 +240,11 @@ def copy_histograms(run_dir: str | Path, tensorboard_dir: str | None) -> int:
             if fd is None:
                 continue
             size = os.fstat(fd).st_size
-            if size > budget:
-                raise WorkerOutputError(f"{source}: histogram files over {HISTOGRAMS_LIMIT >> 20} MiB in all")
+            if size > budget:  # the run's outcome does not hang on its histograms: the rest stay behind
+                log.warning(
+                    "%s: histogram files over %d MiB in all; the rest are not copied", source, HISTOGRAMS_LIMIT >> 20
+                )
+                break
             budget -= size
             data = os.pread(fd, size, 0)
         atomic_write(target / f"{path.name}.histograms", data)

@@ -78,6 +78,7 @@ class Tracker:
         # histograms go beside the scalars, or (a metrics file) to an event file of the worker's own
         self.hist_dir = (cfg.histogram_dir if self.metrics_file else cfg.tensorboard_dir) or None
         self.histograms_on = bool(self.hist_dir) and cfg.spec.tracking.histogram_every_steps > 0
+        self._histogram_waiting = threading.Event()  # one set of copies at a time: they may be on a GPU
         self.enabled = bool(self.metrics_file) or bool(self.uri and self.run_id) or bool(self.tb_dir)
         self.every_s = every_s
         self.dropped = 0
@@ -119,6 +120,9 @@ class Tracker:
         them to the host and bins them."""
         if not (self.enabled and self.histograms_on):
             return
+        if self._histogram_waiting.is_set():  # the last set is not written yet: skip this one
+            self.dropped += 1
+            return
         import torch
 
         tensors = {}
@@ -129,6 +133,7 @@ class Tracker:
                 tensors[f"gradients/{name}"] = p.grad.detach().to(torch.float32, copy=True)
         try:
             self._q.put_nowait(("histograms", step, tensors))
+            self._histogram_waiting.set()
         except queue.Full:
             self.dropped += 1
 
@@ -170,7 +175,7 @@ class Tracker:
             self._wake.wait(self.every_s)
             self._wake.clear()
             closing = self._closing  # read before taking the queue: what was logged before close() is in it
-            windows = []  # (steps, metrics) as the loop sent them, converted and written together
+            windows = []  # (steps, metrics) as the loop sent them, and histograms, written together
             with contextlib.suppress(queue.Empty):
                 while True:
                     windows.append(self._q.get_nowait())
@@ -179,6 +184,8 @@ class Tracker:
                     self._write(windows, client, run_id, writer, sink)
                 except BaseException as err:  # noqa: BLE001 - reported now and raised by close()
                     self._fail(err)
+            del windows  # the histograms' copies go before the next set may be taken
+            self._histogram_waiting.clear()
             if closing:
                 for done in (writer, sink):
                     if done is not None:

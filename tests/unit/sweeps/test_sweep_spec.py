@@ -42,6 +42,11 @@ def test_a_bad_search_space_names_its_field(raw, says):
         (sweep(LR, objective="val_bleu"), "sweep.objective: recipe 'digits_cnn' reports no 'val_bleu'"),
         (sweep(LR, constraints=[{"metric": "latency", "max": 1}]), "sweep.constraints[0].metric: a trial's result"),
         (sweep(LR, parallelism=3), "sweep.parallelism: 3 trials x 1 GPU(s) need 3 cpu slots at once; team default"),
+        (
+            sweep({"name": "hyperparameters.epochs", "type": "float", "low": 1, "high": 5}),
+            "sweep.parameters[0] (hyperparameters.epochs = 2.508): hyperparameters.epochs: Input should be a valid "
+            "integer",
+        ),
         ({**sweep(LR), "recipe": "custom", "custom": {"command": ["true"]}}, "recipe 'custom' cannot be swept"),
     ],
 )

@@ -13,10 +13,11 @@ import pytest
 
 from trainyard.spec import parse_spec
 from trainyard.sweeps import handshake
-from trainyard.sweeps.study import FAILED_ATTR, SweepError, close, open_study, warm_start
+from trainyard.sweeps.study import FAILED_ATTR, SweepError, close, fail_left_running, lineage, open_study, warm_start
 from trainyard.sweeps.trials import run_trial
 
 RUN = "train_pipeline/manual__1"
+DATA = {"commit": "c" * 64}
 
 
 def spec(**sweep):
@@ -182,10 +183,10 @@ def test_the_end_fails_what_was_left_running_and_picks_the_best_within_the_const
     from trainyard import paths
 
     s = spec(constraints=[{"metric": "val_loss", "max": 0.25}])
-    run_trial(s, RUN, 0, worker([0.5, 0.7, 0.7]))  # val_loss 0.3: misses the constraint
-    run_trial(s, RUN, 1, worker([0.6, 0.75, 0.8]))
+    run_trial(s, RUN, 0, worker([0.5, 0.7, 0.7]), of_lineage=lineage(s, DATA))  # val_loss 0.3: misses it
+    run_trial(s, RUN, 1, worker([0.6, 0.75, 0.8]), of_lineage=lineage(s, DATA))
     open_study(s).ask().set_user_attr("sweep_run", RUN)  # a trial whose task process is gone
-    best = close(s, RUN)
+    best = close(s, DATA, RUN)
     assert best["trial"] == 1 and best["value"] == 0.8 and best["states"] == {"complete": 2, "fail": 1}
     assert (
         best["trained"]["trial_spec"]["hyperparameters"]["learning_rate"]
@@ -198,8 +199,32 @@ def test_the_end_fails_what_was_left_running_and_picks_the_best_within_the_const
     assert files == {"trials.csv", "parallel_coordinates.png"}
 
 
+def test_a_resumed_sweep_on_other_data_never_picks_a_trial_of_the_old(trainyard_home):
+    s = spec(pruner="none")
+    run_trial(s, RUN, 0, worker([0.6, 0.8, 0.95]), of_lineage=lineage(s, DATA))
+    other = {"commit": "d" * 64}
+    run_trial(s, "train_pipeline/manual__2", 0, worker([0.6, 0.7, 0.9]), of_lineage=lineage(s, other))
+    assert close(s, other, "train_pipeline/manual__2")["value"] == 0.9  # not the 0.95 trained on other data
+    hp = s.hyperparameters
+    swept = s.model_copy(update={"hyperparameters": hp.model_copy(update={"learning_rate": 0.5})})
+    longer = s.model_copy(update={"hyperparameters": hp.model_copy(update={"epochs": 9})})
+    assert lineage(swept, DATA) == lineage(s, DATA) != lineage(longer, DATA)  # the swept values do not count
+
+
+def test_a_trial_left_running_by_a_task_gone_for_good_is_failed_by_the_next_look(trainyard_home, monkeypatch):
+    import time
+
+    from trainyard.sweeps import study as study_module
+
+    s = spec()
+    stray = open_study(s).ask()  # asked, then its process died before it named its run
+    assert fail_left_running(open_study(s), None, now=time.time()) == []  # recent: it may still be starting
+    monkeypatch.setattr(study_module, "STALE_AFTER_S", 0.0)
+    assert fail_left_running(open_study(s), None, now=time.time() + 1) == [stray.number]
+
+
 def test_no_finished_trial_is_an_error_naming_the_states(trainyard_home):
     s = spec()
     run_trial(s, RUN, 0, worker([0.6, 0.8, 0.9]))
-    with pytest.raises(SweepError, match="no trial finished"):
-        close(spec(name="other"), RUN)
+    with pytest.raises(SweepError, match="no trial on this data and spec finished"):
+        close(spec(name="other"), DATA, RUN)
