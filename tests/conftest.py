@@ -112,7 +112,7 @@ def prepared(digits_dir, tmp_path_factory):
 # runs it alone while the other idles (seen: test_scheduler_replay.py alone for its last 4 minutes). Order
 # by the figures `make test`'s --durations prints; a file not listed keeps its place after these.
 LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-03), setup included
-    "tests/integration/test_under_the_executor.py",  # ~390: one Airflow, four runs through it
+    "tests/integration/test_under_the_executor.py",  # ~570: one Airflow, four runs and a sweep through it
     "tests/integration/test_recipe_pipelines.py",  # ~300
     "tests/integration/test_benchmarks.py",  # ~220
     "tests/integration/test_rest_api.py",  # ~130

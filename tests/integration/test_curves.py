@@ -30,7 +30,8 @@ def test_histograms_and_throughput_reach_tensorboard_and_mlflow(trainyard_home):
     tags = events.Tags()["histograms"]
     assert "weights/head.3.weight" in tags and "gradients/head.3.weight" in tags, tags
     steps = [h.step for h in events.Histograms("gradients/head.3.weight")]
-    assert steps == list(range(20, trained["steps"] + 1, 20))
+    # every 20th step, but one set in flight: a set asked for while the last is still being written is skipped
+    assert steps[0] == 20 and len(steps) >= 2 and set(steps) <= set(range(20, trained["steps"] + 1, 20)), steps
     first = events.Histograms("weights/head.3.weight")[0].histogram_value
     assert first.num == 10 * 64 and first.min < 0 < first.max  # every weight of the layer, binned
 

@@ -120,7 +120,7 @@ class Tracker:
         them to the host and bins them."""
         if not (self.enabled and self.histograms_on):
             return
-        if self._histogram_waiting.is_set():  # the last set is not written yet: skip this one
+        if self._histogram_waiting.is_set():  # the last set is not written yet: skip this one (counted)
             self.dropped += 1
             return
         import torch
@@ -134,6 +134,7 @@ class Tracker:
         try:
             self._q.put_nowait(("histograms", step, tensors))
             self._histogram_waiting.set()
+            self._wake.set()  # written now, so that the copies are freed and the next set can be taken
         except queue.Full:
             self.dropped += 1
 
