@@ -228,3 +228,51 @@ def test_no_finished_trial_is_an_error_naming_the_states(trainyard_home):
     run_trial(s, RUN, 0, worker([0.6, 0.8, 0.9]))
     with pytest.raises(SweepError, match="no trial on this data and spec finished"):
         close(spec(name="other"), DATA, RUN)
+
+
+def _trial(prune_below: float = -1.0):
+    """A real Optuna trial of an in-memory study whose pruner stops values below ``prune_below``."""
+    return optuna.create_study(pruner=optuna.pruners.ThresholdPruner(lower=prune_below)).ask()
+
+
+def test_the_watcher_stops_the_workers_on_a_malformed_or_linked_report(tmp_path):
+    from trainyard.sweeps.trials import Watcher
+    from trainyard.training.run_config import WorkerOutputError
+
+    (tmp_path / handshake.REPORTS).write_text('{"epoch": 1, "value": 0.5}\n{"epoch": "x"}\n')
+    with Watcher(_trial(), tmp_path, poll_s=0.01) as w:
+        assert w.halt.wait(5)
+    assert isinstance(w.error, WorkerOutputError) and w.reported == {1: 0.5}
+
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / handshake.REPORTS).symlink_to(tmp_path / handshake.REPORTS)
+    with Watcher(_trial(), linked, poll_s=0.01) as w:
+        assert w.halt.wait(5)
+    assert isinstance(w.error, WorkerOutputError) and "not a regular file of its own" in str(w.error)
+
+
+def test_workers_that_go_on_after_the_pruners_word_are_stopped_and_a_lost_lease_stops_them(tmp_path):
+    import threading
+
+    from trainyard.sweeps.trials import Watcher
+
+    handshake.report(tmp_path, 1, 0.1)
+    with Watcher(_trial(prune_below=0.5), tmp_path, grace_s=0.2, poll_s=0.01) as w:
+        assert w.halt.wait(5) and w.overstayed and w.pruned_at == 1
+    lost = threading.Event()
+    with Watcher(_trial(), tmp_path / "none", lost, poll_s=0.01) as w:
+        lost.set()
+        assert w.halt.wait(5) and not w.overstayed
+
+
+def test_a_verdict_replaces_a_link_planted_in_its_place(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / handshake.VERDICT).symlink_to(target)
+    handshake.write_verdict(work, 2, True)
+    assert target.read_text() == "keep" and not (work / handshake.VERDICT).is_symlink()
+    assert handshake.wait_verdict(work, 2, timeout_s=1) is True
+    assert handshake.wait_verdict(work, 3, timeout_s=0.1) is None  # no answer for a later epoch yet
