@@ -35,6 +35,7 @@ from trainyard.scheduling.admission import RUNS_IN_FLIGHT
 from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
 from trainyard_airflow.errors import fail_permanently
+from trainyard_airflow.links import LINKS
 from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 from trainyard_airflow.policy import training_priority
@@ -98,6 +99,12 @@ def _raw_spec() -> dict:
     """The JobSpec defaults (= the Params) overlaid with the run's conf: the trigger form sends every
     field as conf, a REST call sends what it overrides. Unknown keys stay, so the spec can refuse them."""
     return {**DEFAULT, **(get_current_context()["dag_run"].conf or {})}
+
+
+def _linked(task_output: Any) -> Any:
+    """A task (by its output) with the MLflow run and TensorBoard links on its page in the UI."""
+    task_output.operator.operator_extra_links = LINKS
+    return task_output
 
 
 def _job_spec(spec: dict, trained: dict) -> JobSpec:
@@ -256,19 +263,21 @@ def train_pipeline():
 
     @task(trigger_rule="all_done")
     @fail_permanently
-    def close_sweep(spec: dict, dataset: dict) -> dict:
+    def close_sweep() -> dict:
         """Once every trial task is done, whatever its end (a trial that failed, was skipped or marked by
         hand): trials left running are failed, the best trial of this data and spec is chosen (it goes on
-        to evaluate, gate, export and register) and the summary is logged to MLflow. Skipped for a run
-        that is not a sweep."""
+        to evaluate, gate, export and register) and the summary is logged to MLflow. Skipped where no
+        sweep was planned (not a sweep, or the run failed before its trials): its inputs are read here, as
+        an argument they would fail the task first."""
         from airflow.sdk.exceptions import AirflowSkipException
 
         from trainyard.pipeline import close_sweep as close
 
-        job_spec = _spec(spec)
-        if job_spec.sweep is None:
-            raise AirflowSkipException("not a sweep")
-        return close(job_spec, dataset, _run_key())
+        ti = get_current_context()["ti"]
+        if ti.xcom_pull(task_ids="plan_sweep") is None:
+            raise AirflowSkipException("no sweep was planned in this run")
+        spec, dataset = ti.xcom_pull(task_ids="validate_spec"), ti.xcom_pull(task_ids="resolve_dataset")
+        return close(_spec(spec), dataset, _run_key())
 
     @task
     @fail_permanently
@@ -355,7 +364,7 @@ def train_pipeline():
             "(trainyard/scheduling/admission.py)."
         ),
     )
-    local = train(spec, dataset, data)
+    local = _linked(train(spec, dataset, data))
     plan: Any = plan_kubernetes(spec, dataset, data)
     on_kubernetes = KubernetesTrainingLauncher(
         task_id="train_kubernetes",
@@ -383,12 +392,12 @@ def train_pipeline():
             group=RUN_KEY,
             doc_md="Waits until the admission ledger gives the trial its GPUs, as `admit` does for one training.",
         )
-        admitted >> train_trial(spec, dataset, data, slot)
+        admitted >> _linked(train_trial(spec, dataset, data, slot))
 
     slots: Any = plan_sweep(spec)
     launcher >> slots
     data >> slots
-    best = close_sweep(spec, dataset)
+    best = close_sweep()
     trial.expand(slot=slots) >> best
     # admitted once its data is ready: a run that fails before training never queues, and no admitted
     # slots idle while the data is prepared
@@ -398,7 +407,7 @@ def train_pipeline():
     on_kubernetes >> remote
     trained: Any = training_result()
     [local, remote, best] >> trained
-    metrics: Any = evaluate(spec, trained, data)
+    metrics: Any = _linked(evaluate(spec, trained, data))
     verdict: Any = gate(spec, metrics, data, trained)
     exported: Any = export_onnx(spec, trained, data, verdict)
     register(spec, dataset, trained, exported, metrics)

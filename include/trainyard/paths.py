@@ -22,6 +22,15 @@ def runs_root() -> Path:
     return home() / "runs"
 
 
+def run_dir(job: str, run_key: str) -> Path:
+    """A run's directory, ``runs/<job>/<run key made filesystem-safe>`` (created)."""
+    from trainyard.spec import safe_key
+
+    d = runs_root() / job / safe_key(run_key)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 def weights_root() -> Path:
     """Initial weights a recipe may start from (``recipe_options.init_weights`` names a file here)."""
     return home() / "weights"

@@ -35,9 +35,7 @@ class DataValidationError(PermanentError):
 
 
 def run_dir(spec: JobSpec, run_key: str) -> Path:
-    d = paths.runs_root() / spec.name / safe_key(run_key)
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return paths.run_dir(spec.name, run_key)
 
 
 # -- 1. spec ---------------------------------------------------------------------------------------------

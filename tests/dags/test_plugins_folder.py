@@ -1,12 +1,13 @@
 """Airflow imports each .py file of the plugins folder as a top-level module named after the file; only
-airflow_local_settings.py may be loaded that way, or package modules would shadow real libraries."""
+airflow_local_settings.py and the plugin itself (trainyard_plugin.py) may be loaded that way, or package
+modules would shadow real libraries."""
 
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_plugin_loader_sees_only_the_local_settings():
+def test_plugin_loader_sees_only_the_local_settings_and_the_plugin():
     from airflow._shared.module_loading import find_path_from_directory
 
     files = sorted(
@@ -14,4 +15,11 @@ def test_plugin_loader_sees_only_the_local_settings():
         for p in find_path_from_directory(str(REPO / "plugins"), ".airflowignore")
         if p.endswith(".py")
     )
-    assert files == ["airflow_local_settings.py"]
+    assert files == ["airflow_local_settings.py", "trainyard_plugin.py"]
+
+
+def test_the_plugin_registers_the_links_of_the_training_tasks():
+    from trainyard_airflow.links import LINKS
+    from trainyard_plugin import TrainyardPlugin
+
+    assert [link.name for link in TrainyardPlugin.operator_extra_links] == [link.name for link in LINKS]

@@ -409,6 +409,16 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
         a.path for a in c.list_artifacts(summary[0].info.run_id, "sweep")
     }
 
+    # the UI's links from the evaluation and from each trial to its MLflow run and its curves
+    def links(task_id: str, map_index: int = -1) -> dict:
+        url = f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/links"
+        return requests.get(url, headers=headers, params={"map_index": map_index}, timeout=10).json()["extra_links"]
+
+    evaluated = links("evaluate")
+    assert evaluated["MLflow run"].endswith(f"/runs/{version.run_id}"), evaluated
+    assert evaluated["TensorBoard"].startswith("http://localhost:6006/?runFilter=sweep-digits%2F"), evaluated
+    assert links("trial.train_trial", 0)["MLflow run"].startswith("http://localhost:5000/#/experiments/")
+
     # the trials' runs, found by a numeric condition that a comparison of the params as text gets wrong
     listed = _trainyard(
         airflow, "runs", "list", "--job", "sweep-digits", "--user", "tina", "--tag", "sweep.name=digits-lr",

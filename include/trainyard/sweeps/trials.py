@@ -267,6 +267,6 @@ def _hparams(result: dict, values: dict, objective: str, state: str) -> None:
 
 
 def trial_run_dir(spec: JobSpec, key: str) -> Path:
-    from trainyard.pipeline import run_dir
+    from trainyard import paths
 
-    return run_dir(spec, key)
+    return paths.run_dir(spec.name, key)
