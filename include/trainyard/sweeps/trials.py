@@ -238,6 +238,7 @@ def run_trial(
                 "pruned_at_epoch": watcher.pruned_at,
                 "params": values,
                 "reported": watcher.reported,
+                **_where(result),
             }
         value = result.get(sweep.objective)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -247,13 +248,18 @@ def run_trial(
         trial.set_user_attr(TRAINED_ATTR, result)
         tell(study, trial, float(value))
         _hparams(result, values, sweep.objective, "complete")
-        return {"trial": trial.number, "state": "complete", "value": value, "params": values}
+        return {"trial": trial.number, "state": "complete", "value": value, "params": values, **_where(result)}
     except BaseException as err:
         with contextlib.suppress(Exception):
             trial.set_user_attr(FAILED_ATTR, f"{type(err).__name__}: {err}"[:1000])
         with contextlib.suppress(Exception):  # a trial already told stays as it was told
             tell(study, trial, state=optuna.trial.TrialState.FAIL)
         raise
+
+
+def _where(result: dict) -> dict:
+    """Where the trial's run is (its MLflow run, TensorBoard directory): the task's links read them."""
+    return {k: result[k] for k in ("mlflow_run_id", "tensorboard_dir") if result.get(k)}
 
 
 def _hparams(result: dict, values: dict, objective: str, state: str) -> None:
