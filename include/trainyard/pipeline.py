@@ -8,10 +8,11 @@ derived from them, so re-running a step never duplicates anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -230,6 +231,9 @@ def plan_training(
     )
     Path(cfg.out_dir).mkdir(exist_ok=True)
     cfg_path = cfg.dump(out_dir / RUN_CONFIG_FILE)
+    from trainyard.tracking import mlflow_tracking as mt
+
+    mt.client().update_run(cfg.mlflow_run_id, status="RUNNING")  # a retry's run is running again
     return {
         "config_path": str(cfg_path),
         "run_dir": str(out_dir),
@@ -294,6 +298,7 @@ def collect_training(spec: JobSpec, plan: dict, result: bool = True, waited_s: f
     c.log_metric(plan["mlflow_run_id"], "run_cost", cost)
     if waited_s is not None:
         c.log_metric(plan["mlflow_run_id"], "queue_wait_seconds", waited_s)
+    c.set_terminated(plan["mlflow_run_id"], "FINISHED" if result else "KILLED")  # KILLED: stopped by a pruner
     return {
         **found,
         **{k: plan[k] for k in ("mlflow_run_id", "run_dir", "tensorboard_dir")},
@@ -365,8 +370,22 @@ def train(
     ``devices`` if given; stopped once ``stop`` is set), collect (with ``waited_s``, its wait in the
     queue). Resumes from the run's newest checkpoint, so a retry continues instead of starting over."""
     plan = plan_training(spec, dataset, data, run_key, tags=tags)
-    launch_local(spec, data, plan, on_line, devices, stop)
+    with _failed_run_on_error(plan):
+        launch_local(spec, data, plan, on_line, devices, stop)
     return collect_training(spec, plan, waited_s=waited_s)
+
+
+@contextlib.contextmanager
+def _failed_run_on_error(plan: dict) -> Iterator[None]:
+    """The MLflow run of a training whose workers failed is marked FAILED (a retry marks it RUNNING)."""
+    try:
+        yield
+    except BaseException:
+        from trainyard.tracking import mlflow_tracking as mt
+
+        with contextlib.suppress(Exception):  # the training's own error is the one to report
+            mt.client().set_terminated(plan["mlflow_run_id"], "FAILED")
+        raise
 
 
 def plan_sweep(spec: JobSpec) -> list[int]:
@@ -415,7 +434,8 @@ def train_trial(
 
     def launch(trial_spec: JobSpec, key: str, trial_tags: dict[str, str], watcher: Watcher) -> dict:
         plan = plan_training(trial_spec, dataset, data, key, {**(tags or {}), **trial_tags}, objective)
-        launch_local(trial_spec, data, plan, on_line, devices, watcher.halt)
+        with _failed_run_on_error(plan):
+            launch_local(trial_spec, data, plan, on_line, devices, watcher.halt)
         return collect_training(trial_spec, plan, result=watcher.pruned_at is None, waited_s=waited_s)
 
     return run_trial(spec, sweep_run, slot, launch, lost=stop, of_lineage=lineage(spec, dataset))

@@ -36,6 +36,7 @@ def test_histograms_and_throughput_reach_tensorboard_and_mlflow(trainyard_home):
     assert first.num == 10 * 64 and first.min < 0 < first.max  # every weight of the layer, binned
 
     c = mt.client()
+    assert c.get_run(trained["mlflow_run_id"]).info.status == "FINISHED"  # MLflow shows the run ended
     history = c.get_metric_history(trained["mlflow_run_id"], "samples_per_second")
     assert history and all(m.value > 0 for m in history)
     eta = sorted(c.get_metric_history(trained["mlflow_run_id"], "eta_seconds"), key=lambda m: m.step)

@@ -401,6 +401,15 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     version = c.get_model_version_by_alias("sweep-digits", "staging")
     assert version.tags["sweep.trial"] == str(best.number), version.tags
     assert json.loads(version.tags["params"])["learning_rate"] == best.params["hyperparameters.learning_rate"]
+    # MLflow shows how each trial's run ended: finished, stopped by the pruner (KILLED), or failed
+    experiment = c.get_experiment_by_name("sweep-digits").experiment_id
+    status = {
+        int(r.data.tags["sweep.trial"]): r.info.status
+        for r in c.search_runs([experiment], "tags.`sweep.name` = 'digits-lr'", max_results=100)
+        if "sweep.trial" in r.data.tags
+    }
+    expected = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+    assert status == {n: expected[s.name] for n, s in states.items()}, (status, states)
     summary = c.search_runs([c.get_experiment_by_name("sweep-digits").experiment_id], "tags.`sweep.summary` = 'true'")
     assert len(summary) == 1 and summary[0].data.params["best.hyperparameters.learning_rate"] == str(
         best.params["hyperparameters.learning_rate"]
