@@ -4,19 +4,11 @@
 from __future__ import annotations
 
 from trainyard.errors import spec_error_message
-from trainyard.scheduling.resources import ResourcesConfig
+from trainyard.scheduling.resources import ResourcesConfig, max_reach
 from trainyard.spec import JobSpec, SpecError
 
 # What a trial's result holds besides the recipe's val metrics, for constraints
 RESULT_METRICS = ("samples_per_second", "train_seconds", "loop_seconds")
-
-
-def most_slots(fleet: ResourcesConfig, team: str, gpu_type: str) -> int:
-    """The most slots of ``gpu_type`` the team may ever hold at once: its quota and what it may borrow,
-    within the fleet's slots of the type."""
-    capacity = fleet.gpu_types[gpu_type].slots
-    limit = fleet.borrowing_limit(team, gpu_type)
-    return min(capacity, fleet.quota(team, gpu_type) + (capacity if limit is None else limit))
 
 
 def check_sweep(spec: JobSpec, fleet: ResourcesConfig) -> None:
@@ -61,12 +53,13 @@ def check_sweep(spec: JobSpec, fleet: ResourcesConfig) -> None:
                 problems.append(f"sweep.parameters[{i}] ({p.name} = {value!r}): {why}")
                 break
     res = spec.resources
-    most = most_slots(fleet, res.team, res.gpu_type)
+    most = max_reach(fleet, res.team, res.gpu_type)
     if sweep.parallelism * res.total_gpus > most:
         problems.append(
             f"sweep.parallelism: {sweep.parallelism} trials x {res.total_gpus} GPU(s) need "
             f"{sweep.parallelism * res.total_gpus} {res.gpu_type} slots at once; team {res.team} may hold at most "
-            f"{most} (its quota and what it may borrow): lower the parallelism to {max(most // res.total_gpus, 1)}"
+            f"{most} (its quota and what others lend it, within its borrowing limit): lower the parallelism to "
+            f"{max(most // res.total_gpus, 1)}"
         )
     if problems:
         raise SpecError(spec_error_message(problems))
