@@ -365,14 +365,18 @@ def train(
     stop: threading.Event | None = None,
     tags: dict[str, str] | None = None,
     waited_s: float | None = None,
+    trial_objective: str | None = None,
+    pruned: Callable[[], bool] = lambda: False,
 ) -> dict:
     """Local training in one step: plan (the MLflow run with ``tags``), launch on this machine (on
     ``devices`` if given; stopped once ``stop`` is set), collect (with ``waited_s``, its wait in the
-    queue). Resumes from the run's newest checkpoint, so a retry continues instead of starting over."""
-    plan = plan_training(spec, dataset, data, run_key, tags=tags)
+    queue). Resumes from the run's newest checkpoint, so a retry continues instead of starting over.
+    A sweep trial's workers report ``trial_objective`` each epoch; once ``pruned()`` says the pruner
+    stopped them, only their curves, time and cost are collected."""
+    plan = plan_training(spec, dataset, data, run_key, tags, trial_objective)
     with _failed_run_on_error(plan):
         launch_local(spec, data, plan, on_line, devices, stop)
-    return collect_training(spec, plan, waited_s=waited_s)
+    return collect_training(spec, plan, result=not pruned(), waited_s=waited_s)
 
 
 @contextlib.contextmanager
@@ -433,10 +437,19 @@ def train_trial(
     objective = spec.sweep.objective
 
     def launch(trial_spec: JobSpec, key: str, trial_tags: dict[str, str], watcher: Watcher) -> dict:
-        plan = plan_training(trial_spec, dataset, data, key, {**(tags or {}), **trial_tags}, objective)
-        with _failed_run_on_error(plan):
-            launch_local(trial_spec, data, plan, on_line, devices, watcher.halt)
-        return collect_training(trial_spec, plan, result=watcher.pruned_at is None, waited_s=waited_s)
+        return train(
+            trial_spec,
+            dataset,
+            data,
+            key,
+            on_line,
+            devices,
+            watcher.halt,
+            tags={**(tags or {}), **trial_tags},
+            waited_s=waited_s,
+            trial_objective=objective,
+            pruned=lambda: watcher.pruned_at is not None,
+        )
 
     return run_trial(spec, sweep_run, slot, launch, lost=stop, of_lineage=lineage(spec, dataset))
 

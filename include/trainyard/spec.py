@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -26,6 +27,12 @@ NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 class SpecError(PermanentError, ValueError):
     """An invalid JobSpec; the message names every bad field and what is allowed. (Still a ValueError for
     callers that caught it as one.)"""
+
+
+def _repeated(names: Iterable[str]) -> list[str]:
+    """The names that occur more than once, sorted."""
+    seen = list(names)
+    return sorted({n for n in seen if seen.count(n) > 1})
 
 
 class _Model(BaseModel):
@@ -428,8 +435,7 @@ class Sweep(_Model):
     @field_validator("parameters")
     @classmethod
     def _unique_parameters(cls, parameters: tuple[SearchParameter, ...]) -> tuple[SearchParameter, ...]:
-        names = [p.name for p in parameters]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = _repeated(p.name for p in parameters)
         if dupes:
             raise ValueError(f"one entry per parameter; repeated: {dupes}")
         for p in parameters:
@@ -498,8 +504,7 @@ class JobSpec(_Model):
     @field_validator("gates")
     @classmethod
     def _unique_gates(cls, gates: tuple[Threshold, ...]) -> tuple[Threshold, ...]:
-        seen = [g.metric for g in gates]
-        dupes = sorted({m for m in seen if seen.count(m) > 1})
+        dupes = _repeated(g.metric for g in gates)
         if dupes:
             raise ValueError(f"one gate per metric; repeated: {dupes}")
         return gates
