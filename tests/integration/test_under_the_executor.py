@@ -385,7 +385,9 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
     bad = [t for t in trials if t.params["hyperparameters.learning_rate"] in BAD]
     assert len(bad) >= 3 and all(t.state == optuna.trial.TrialState.PRUNED for t in bad), states
-    assert all(max(t.intermediate_values) == 1 for t in pruned)  # stopped at the first reporting point
+    # the bad ones stopped at the first reporting point; a good one may be stopped later, when it falls below
+    # the median of the completed trials at some epoch (the pruner's rule, not a fault)
+    assert all(max(t.intermediate_values) == 1 for t in bad), {t.number: t.intermediate_values for t in bad}
     for t in pruned:  # their checkpoints were removed with them
         work = next(runs.glob(f"*_trial-{t.number}")) / "work"
         assert not (work / "checkpoints").exists() and not (work / "model.pt").exists()
