@@ -6,8 +6,10 @@ Upload a folder as a new, validated dataset version:
 `check_upload` (file checks + great-expectations suite for the data kind, Data Docs written) →
 `commit_upload` (the same bytes, by digest, committed to the branch; the commit id is the result).
 
-Nothing is committed when a check fails. Each commit is announced as an event on the
-`trainyard_datasets` asset (extra: store, repo, branch, commit), which a retraining DAG can listen to.
+Nothing is committed when a check fails. A new commit is announced as an event on its branch's asset,
+`trainyard://datasets/<store>/<repo>/<branch>` (extra: store, repo, branch, commit, digest), through the
+`trainyard_dataset_commits` alias: a job file with `retrain_on: new_commits` on that branch trains again.
+An upload equal to the branch's head commits nothing and announces nothing.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Asset, AssetAlias, Param, dag, task
 
 from trainyard.data.kinds import KINDS
+from trainyard.retraining import dataset_uri
 from trainyard_airflow.errors import fail_permanently
 
-DATASETS = Asset(name="trainyard_datasets", uri="trainyard://datasets")
+# The asset of each branch is known only when its commit is made: events go through an alias.
+DATASET_COMMITS = AssetAlias("trainyard_dataset_commits")
 
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
 
@@ -73,7 +77,7 @@ def ingest_dataset():
             "validation": report.summary(),
         }
 
-    @task(outlets=[DATASETS])
+    @task(outlets=[DATASET_COMMITS])
     @fail_permanently
     def commit_upload(checked: dict, params: dict | None = None, outlet_events=None) -> dict:
         """Commit exactly the validated bytes (same digest) and announce the new commit."""
@@ -93,7 +97,10 @@ def ingest_dataset():
             message=params["message"],
             expected_digest=checked["digest"],
         )
-        outlet_events[DATASETS].extra = {k: result[k] for k in ("store", "repo", "branch", "commit", "digest")}
+        if result["new_commit"]:
+            branch = Asset(dataset_uri(result["store"], params["repo"], params["branch"]))
+            extra = {k: result[k] for k in ("store", "repo", "branch", "commit", "digest")}
+            outlet_events[DATASET_COMMITS].add(branch, extra=extra)
         return result
 
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for

@@ -25,11 +25,18 @@ from typing import Any
 from airflow.sdk import Param, dag, get_current_context, task
 
 from trainyard_airflow.errors import fail_permanently
+from trainyard_airflow.notifications import TeamNotifier
 
 CONN_ID = "trainyard_signing"
 APPROVAL_TIMEOUT = timedelta(hours=24)
 
-default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
+# the model's team hears of a failed promotion and of an alias that moved (resources.yaml teams.*.notify)
+default_args = {
+    "owner": "trainyard",
+    "retries": 1,
+    "retry_delay": timedelta(seconds=10),
+    "on_failure_callback": [TeamNotifier(event="failure")],
+}
 
 
 def _trusted_keys():
@@ -105,7 +112,7 @@ def promote_model():
         retries=0,  # a retry would ask again; a new run is the way to ask again
     )
 
-    @task(trigger_rule="none_failed_min_one_success")
+    @task(trigger_rule="none_failed_min_one_success", on_success_callback=[TeamNotifier(event="promoted")])
     @fail_permanently
     def move_alias(verified: dict, params: dict | None = None) -> dict:
         """Verify again, move the alias, append who/when/from/to/why to the alias history."""

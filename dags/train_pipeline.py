@@ -36,6 +36,7 @@ from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.links import LINKS
+from trainyard_airflow.notifications import TeamNotifier
 from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 from trainyard_airflow.policy import training_priority
@@ -47,7 +48,21 @@ GPU_POOL = pool_name(DEFAULT_SPEC.resources.gpu_type)
 GPU_SLOTS = DEFAULT_SPEC.resources.total_gpus
 TRAINING_WEIGHT = training_priority(DEFAULT_SPEC.resources.priority)
 
-default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
+# The team hears of a task that failed for good (the gate's failure with its table), of a new staging version,
+# and of a training's end that took its spend past 80 % of its monthly budget (resources.yaml teams.*.notify).
+FAILED = TeamNotifier(event="failure")
+TRAINING_ENDED = TeamNotifier(event="training_ended")
+AT_TRAINING_END: dict[str, Any] = {
+    "on_success_callback": [TRAINING_ENDED],
+    "on_retry_callback": [TRAINING_ENDED],
+    "on_failure_callback": [FAILED, TRAINING_ENDED],
+}
+default_args = {
+    "owner": "trainyard",
+    "retries": 1,
+    "retry_delay": timedelta(seconds=10),
+    "on_failure_callback": [FAILED],
+}
 
 
 class _Shared(dict):
@@ -200,7 +215,9 @@ def train_pipeline():
             return "plan_sweep"
         return "admit" if job_spec.backends.launcher == "local" else "plan_kubernetes"
 
-    @task(pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute")
+    @task(
+        pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute", **AT_TRAINING_END
+    )
     @fail_permanently
     def train(spec: dict, dataset: dict, data: dict) -> dict:
         """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
@@ -233,7 +250,9 @@ def train_pipeline():
 
         return [f"{_run_key()}/slot-{i}" for i in plan(_spec(spec))]
 
-    @task(pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute")
+    @task(
+        pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute", **AT_TRAINING_END
+    )
     @fail_permanently
     def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
         """One trial: values from the study, trained like a job of its own (run directory, MLflow run),
@@ -287,7 +306,7 @@ def train_pipeline():
 
         return plan_training(_spec(spec), dataset, data, _run_key(), tags=_run_tags())
 
-    @task
+    @task(**AT_TRAINING_END)
     @fail_permanently
     def collect_kubernetes(spec: dict, plan: dict) -> dict:
         """Read what the pods left on the shared volume (result, GPU time of every try, cost)."""
@@ -337,15 +356,18 @@ def train_pipeline():
 
         return run(_job_spec(spec, trained), trained, data)
 
-    @task
+    @task(on_success_callback=[TeamNotifier(event="registered")])
     @fail_permanently
     def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict) -> dict:
         """MLflow model version (signature, input example, lineage tags), alias staging; once per run
         (found again by the run key tag on a retry)."""
         from trainyard.pipeline import register as run
+        from trainyard.retraining import SPEC_DIGEST_TAG, spec_digest
 
         user = _triggering_user() or "train_pipeline"
-        return run(_job_spec(spec, trained), dataset, trained, exported, metrics, _run_key(), user=user)
+        # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it
+        identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
+        return run(_job_spec(spec, trained), dataset, trained, exported, metrics, _run_key(), identity, user=user)
 
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for
     # at run time. `Any` says both to mypy, which still checks each call's arguments by count and name.

@@ -591,6 +591,7 @@ def register(
         "dataset.digest": dataset["digest"],
         "code_version": mt.code_version(),
         "recipe": spec.recipe,
+        "team": spec.resources.team,  # whom a move of its aliases is told to
         "params": json.dumps(spec.hyperparameters.model_dump(mode="json"), sort_keys=True),
         "onnx_path": exported["onnx_path"],
         "run_dir": trained["run_dir"],

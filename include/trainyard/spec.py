@@ -518,7 +518,7 @@ class JobSpec(_Model):
         return self
 
 
-def _format_errors(err: ValidationError) -> str:
+def format_errors(err: ValidationError) -> str:
     lines = []
     errors = err.errors()
     for e in errors:
@@ -548,7 +548,7 @@ def parse_spec(data: dict[str, Any] | None) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_format_errors(err)) from None
+        raise SpecError(format_errors(err)) from None
 
 
 def load_spec_file(path: str) -> JobSpec:

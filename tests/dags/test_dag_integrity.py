@@ -3,6 +3,8 @@
 import ast
 import inspect
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,10 +57,21 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "
 """
 
 
-@pytest.fixture(scope="module", params=DAG_FILES, ids=lambda p: p.name)
+# The retraining DAGs come from job files (one DAG each, from one factory file); these tests parse the
+# shipped examples. The errors file makes no DAG: it fails to import when a job file is broken.
+JOB_EXAMPLES = REPO / "include" / "config" / "retraining"
+FACTORY, JOB_ERRORS = "retrain_jobs.py", "retrain_jobs_errors.py"
+
+
+def _parse(path: Path, jobs: Path = JOB_EXAMPLES) -> dict:
+    env = {**os.environ, "TRAINYARD_JOBS_DIR": str(jobs)}
+    out = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", params=[p for p in DAG_FILES if p.name != JOB_ERRORS], ids=lambda p: p.name)
 def parsed(request):
-    out = subprocess.run([sys.executable, "-c", PROBE, str(request.param)], capture_output=True, text=True, check=True)
-    return request.param, json.loads(out.stdout.strip().splitlines()[-1])
+    return request.param, _parse(request.param)
 
 
 def test_there_are_dags():
@@ -73,7 +86,34 @@ def test_imports_without_errors(parsed):
 
 def test_one_dag_per_file_named_after_it(parsed):
     path, info = parsed
-    assert list(info["dags"]) == [path.stem]
+    if path.name == FACTORY:  # one per job file, named after it
+        assert sorted(info["dags"]) == sorted(f"retrain_{p.stem}" for p in JOB_EXAMPLES.glob("*.yaml"))
+    else:
+        assert list(info["dags"]) == [path.stem]
+
+
+def test_twenty_job_files_parse_within_the_budget_and_a_broken_one_breaks_no_other_dag(tmp_path):
+    """Twenty job files: twenty DAGs from the factory within the parse budget below. Two broken files: the
+    other DAGs still load, the factory has no import error, and the errors file has one naming each broken
+    file and its bad field."""
+    example = next(JOB_EXAMPLES.glob("*.yaml"))
+    for i in range(20):
+        shutil.copy(example, tmp_path / f"job-{i:02d}.yaml")
+    info = _parse(REPO / "dags" / FACTORY, tmp_path)
+    assert info["errors"] == {} and len(info["dags"]) == 20
+    assert info["seconds"] < 2.0, f"parse of 20 job files took {info['seconds']:.2f}s of CPU"
+    assert _parse(REPO / "dags" / JOB_ERRORS, tmp_path)["errors"] == {}
+
+    (tmp_path / "job-03.yaml").write_text('schedule: {cron: "0 1 * * *"}\nhyperparameters: {epochs: 0}\n')
+    (tmp_path / "job-07.yaml").write_text('schedule: {cron: "every day"}\n')
+    info = _parse(REPO / "dags" / FACTORY, tmp_path)
+    assert info["errors"] == {} and len(info["dags"]) == 18 and "retrain_job-03" not in info["dags"]
+    errors = _parse(REPO / "dags" / JOB_ERRORS, tmp_path)
+    assert errors["dags"] == {} and len(errors["errors"]) == 1
+    (message,) = errors["errors"].values()
+    assert "2 job file(s)" in message
+    assert f"{tmp_path / 'job-03.yaml'}: invalid job file:\n  hyperparameters.epochs:" in message
+    assert f"{tmp_path / 'job-07.yaml'}: invalid job file:\n  schedule.cron:" in message
 
 
 def test_parses_fast_without_heavy_imports(parsed):
@@ -114,7 +154,8 @@ def test_every_pool_exists_in_resources(parsed):
 
 
 def test_top_level_imports_are_light():
-    allowed = ("airflow.sdk", "trainyard", "__future__", "datetime", "pathlib", "os", "json", "typing")
+    allowed = ("airflow.sdk", "airflow.providers.standard", "trainyard", "__future__", "datetime", "pathlib", "os")
+    allowed += ("json", "typing")
     for path in DAG_FILES:
         tree = ast.parse(path.read_text())
         for node in tree.body:

@@ -7,7 +7,8 @@ descriptor) and asks it for a Variable and a Connection with Airflow's own frame
 workers are looked at from outside while they train. ``dag.test()`` runs the supervisor in-process, so
 only a test through the executor can see what a child of a task holds. Then the queue: a run that fails
 before training never queues, and a job waiting in the triggerer behind one that fails on its last try
-starts within one look, through an edit that broke resources.yaml meanwhile.
+starts within one look, through an edit that broke resources.yaml meanwhile. Then a sweep's trials as
+mapped tasks, and a retraining job file whose DAG the scheduler starts on new data, and only on new data.
 """
 
 import importlib.util
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from datafiles import write_files
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("airflow_services", REPO / "bench" / "airflow_services.py")
@@ -49,6 +52,8 @@ def airflow(tmp_path_factory):
     af.config_dir = tmp_path_factory.mktemp("config") / "config"
     shutil.copytree(REPO / "include" / "config", af.config_dir)
     af.env["TRAINYARD_CONFIG_DIR"] = str(af.config_dir)
+    af.jobs_dir = tmp_path_factory.mktemp("jobs")  # retraining job files, read by the dag-processor
+    af.env["TRAINYARD_JOBS_DIR"] = str(af.jobs_dir)
     af.setup(users="admin:admin,tina:user")  # tina may trigger runs and nothing more
     af.run("airflow", "variables", "set", SECRET_VARIABLE, SECRET_VALUE)
     af.run(
@@ -450,3 +455,91 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     assert airflow.wait_run(DAG, again, headers, 600)["state"] == "success", airflow.failure_report(DAG, again, headers)
     resumed = _sweep_study(airflow, "digits-lr").get_trials(deepcopy=False)
     assert len(resumed) == 9 and [t.number for t in resumed[:7]] == [t.number for t in trials]
+
+
+def test_a_job_file_retrains_once_per_new_commit_from_an_upload_or_a_rest_event_and_skips_the_rest(airflow, tmp_path):
+    """A job file with ``retrain_on: new_commits`` becomes a DAG; an upload through ``ingest_dataset`` starts
+    exactly one retraining run on its commit, an identical upload none (no commit, no event), an event
+    posted over REST (a commit made outside Airflow) one more on that commit; a run triggered on data and
+    spec that are already registered trains nothing and says why."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from trainyard.data.classification import digits_files
+    from trainyard.data.store import LocalStore
+    from trainyard.retraining import SPEC_DIGEST_TAG, dataset_uri
+
+    headers = airflow.headers("admin")  # asset events need the op role
+    api = f"{airflow.url}/api/v2"
+    job = {
+        "retrain_on": "new_commits",
+        "name": "pets",
+        "dataset": {"repo": "pets", "ref": "main", "source": "none"},
+        "hyperparameters": {"epochs": 1, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
+        "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
+        "gates": [{"metric": "val_accuracy", "min": 0.3}],
+    }
+    (airflow.jobs_dir / "pets.yaml").write_text(yaml.safe_dump(job))
+    dag_id = "retrain_pets"
+    airflow.wait(lambda: requests.get(f"{api}/dags/{dag_id}", headers=headers, timeout=10).ok, 300, "the job's DAG")
+
+    def runs() -> list[dict]:
+        r = requests.get(f"{api}/dags/{dag_id}/dagRuns", headers=headers, params={"order_by": "id"}, timeout=10)
+        return r.json()["dag_runs"]
+
+    def retrained(count: int) -> dict:
+        """The count-th run of the job's DAG, once it ended, and the conf of the training run it started."""
+        airflow.wait(lambda: len(runs()) >= count, 300, f"retraining run {count}")
+        run = runs()[count - 1]
+        ended = airflow.wait_run(dag_id, run["dag_run_id"], headers, 600)
+        assert ended["state"] == "success", airflow.failure_report(dag_id, run["dag_run_id"], headers)
+        training = f"{dag_id}__{run['dag_run_id']}"
+        r = requests.get(f"{api}/dags/{DAG}/dagRuns/{training}", headers=headers, timeout=10)
+        assert r.json()["state"] == "success", airflow.failure_report(DAG, training, headers)
+        return r.json()["conf"]
+
+    def upload(folder: Path) -> dict:
+        run_id = airflow.trigger("ingest_dataset", {"folder": str(folder), "repo": "pets"}, headers)
+        assert airflow.wait_run("ingest_dataset", run_id, headers, 300)["state"] == "success"
+        url = f"{api}/dags/ingest_dataset/dagRuns/{run_id}/taskInstances/commit_upload/xcomEntries/return_value"
+        return requests.get(url, headers=headers, timeout=10).json()["value"]
+
+    def events(asset_id: int) -> int:
+        return requests.get(f"{api}/assets/events", headers=headers, params={"asset_id": asset_id}, timeout=10).json()[
+            "total_entries"
+        ]
+
+    files = digits_files()
+    first = upload(write_files(tmp_path / "v1", files))
+    assert first["new_commit"]
+    assert retrained(1)["dataset"]["ref"] == first["commit"]
+
+    r = requests.get(f"{api}/assets", headers=headers, params={"uri_pattern": dataset_uri("local", "pets", "main")})
+    (asset,) = r.json()["assets"]
+    assert events(asset["id"]) == 1
+    same = upload(write_files(tmp_path / "v1-again", files))
+    assert (same["commit"], same["new_commit"]) == (first["commit"], False)
+    assert events(asset["id"]) == 1 and len(runs()) == 1  # no commit, no event: nothing can start a run
+
+    # a commit made outside Airflow (as a lakeFS hook or a data pipeline would), announced over REST
+    changed = {**files, "images/digits-00007.npy": files["images/digits-00008.npy"]}
+    store = LocalStore(airflow.trainyard_home / "datasets")
+    second = store.commit_files("pets", "main", changed, "relabelled", replace=True).id
+    r = requests.post(
+        f"{api}/assets/events", headers=headers, json={"asset_id": asset["id"], "extra": {"commit": second}}, timeout=10
+    )
+    assert r.status_code == 200, r.text
+    assert retrained(2)["dataset"]["ref"] == second
+
+    client = MlflowClient(f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
+    versions = sorted(client.search_model_versions("name = 'pets'"), key=lambda v: int(v.version))
+    assert [v.tags["dataset.commit"] for v in versions] == [first["commit"], second]
+    assert all(len(v.tags[SPEC_DIGEST_TAG]) == 64 for v in versions)
+
+    # triggered by hand on the same head and spec: skipped, naming the version that holds them
+    skipped = airflow.trigger(dag_id, {}, headers)
+    assert airflow.wait_run(dag_id, skipped, headers, 300)["state"] == "success"
+    states = {t: ti["state"] for t, ti in airflow.task_instances(dag_id, skipped, headers).items()}
+    assert states == {"pin_commit": "skipped", "train": "skipped"}, states
+    log = airflow.task_log(dag_id, skipped, "pin_commit", headers)
+    assert f"pets version 2 was trained on commit {second[:12]}" in log

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from trainyard.data.kinds import VALIDATORS
-from trainyard.data.store import Entry, StoreError, check_path, ensure_repo, tree_digest
+from trainyard.data.store import Entry, NotFound, StoreError, check_path, ensure_repo, tree_digest
 from trainyard.errors import PermanentError
 
 KIND_MARKERS = {
@@ -113,6 +113,10 @@ def upload_folder(
     if not report.success:
         raise UploadError(f"{folder} failed validation; nothing committed.\n{report.summary()}")
     ensure_repo(store, repo, branch)
+    try:
+        head = store.resolve(repo, branch)
+    except NotFound:  # a new repo or branch: no commit yet
+        head = None
     # One atomic call: concurrent uploads to one branch each get a commit equal to their own folder, and
     # every one of them lands in the branch's history (a stage-then-commit would mix them).
     commit = store.commit_files(
@@ -127,6 +131,8 @@ def upload_folder(
         "repo": repo,
         "branch": branch,
         "commit": commit.id,
+        # False when the folder equals the branch's head: nothing was committed, nothing is announced
+        "new_commit": commit.id != head,
         "kind": kind,
         "files": len(files),
         "digest": digest,

@@ -88,3 +88,9 @@ def register_onnx(
     if alias:
         c.set_registered_model_alias(model_name, alias, mv.version)
     return {"name": model_name, "version": int(mv.version), "created": True, "source": info.model_uri}
+
+
+def newest_version(c, model_name: str):
+    """The registered model's version with the highest number, or None when it has none."""
+    found = c.search_model_versions(f"name = {quote(model_name)}", max_results=1, order_by=["version_number DESC"])
+    return found[0] if found else None

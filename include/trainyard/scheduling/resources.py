@@ -19,11 +19,13 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainyard import TRAINER_IMAGE
 from trainyard.errors import spec_error_message
+from trainyard.notifications import NOTICE_KINDS, NoticeKind
 from trainyard.spec import JobSpec, SpecError
 
 POOL_PREFIX = "gpu-"
@@ -83,8 +85,31 @@ class TeamPolicy(_Model):
     max_gpus_per_job: int | None = Field(None, ge=1, description="the most GPUs (slots) one job may ask for")
 
 
+class NotifyTarget(_Model):
+    """Where a team hears about its runs and models: an Airflow connection, by its type."""
+
+    connection: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]{1,250}$",
+        description=(
+            "an Airflow connection id: type http (a JSON webhook: POST to its host), smtp (e-mail to the "
+            "addresses in its extra's 'to') or slackwebhook (a Slack incoming webhook)"
+        ),
+    )
+    kinds: tuple[NoticeKind, ...] = Field(
+        NOTICE_KINDS, min_length=1, description=f"the notices it takes (default: all of {', '.join(NOTICE_KINDS)})"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_bare_id(cls, value: Any) -> Any:
+        return {"connection": value} if isinstance(value, str) else value
+
+
 class Team(_Model):
     description: str = ""
+    notify: list[NotifyTarget] = Field(
+        [], description="Airflow connections told about its runs and models (absent: the task log only)"
+    )
     members: list[str] | None = Field(
         None, description="the Airflow users who may run its jobs ('*': everyone; absent: everyone)"
     )

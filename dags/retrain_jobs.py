@@ -1,0 +1,90 @@
+"""
+### retrain_&lt;job&gt;
+
+One DAG per job file in the jobs folder (`TRAINYARD_JOBS_DIR`, default `$TRAINYARD_HOME/jobs`): a JobSpec
+plus `schedule` (cron and timezone) and/or `retrain_on: new_commits` (a new commit on the branch that
+`dataset.ref` names, announced as an event on the branch's asset by `ingest_dataset`, `trainyard data
+upload` or a REST call).
+
+`pin_commit` → `train`
+
+`pin_commit` pins the commit the run saw (the newest triggering event's, else the branch head now) and skips
+the run, saying why, when the model's newest registered version was trained on that commit from that very
+spec. `train` starts a `train_pipeline` run on the pinned spec and waits for it (deferred, holding no
+worker): the job goes through the queue like any other, is billed to its team, and this run fails when
+that one does. A job file that is not valid makes no DAG; `retrain_jobs_errors.py` reports it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, dag, get_current_context, task
+
+from trainyard.retraining import RetrainingJob, load_jobs_folder
+from trainyard_airflow.errors import fail_permanently
+
+TRAINING_DAG = "train_pipeline"
+
+
+def _schedule(job: RetrainingJob) -> Any:
+    """The job's timetable: its cron, its branch's asset, or whichever comes first."""
+    cron = job.schedule and CronTriggerTimetable(job.schedule.cron, timezone=job.schedule.timezone)
+    asset = job.retrain_on and Asset(job.dataset_uri)
+    if cron and asset:
+        return AssetOrTimeSchedule(timetable=cron, assets=[asset])
+    return cron or [asset]
+
+
+def _job_dag(job: RetrainingJob) -> Any:
+    @dag(
+        dag_id=job.dag_id,
+        schedule=_schedule(job),
+        catchup=False,
+        max_active_runs=1,  # events that arrive meanwhile are merged into the next run
+        is_paused_upon_creation=False,  # a job file in the folder is meant to run
+        default_args={"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)},
+        tags=["trainyard", "retraining", f"team:{job.spec.resources.team}"],
+        doc_md=__doc__,
+    )
+    def retrain() -> None:
+        @task
+        @fail_permanently
+        def pin_commit() -> dict:
+            """The dataset commit this run trains on; skipped when that commit and spec are already registered."""
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            from trainyard.retraining import plan_retraining
+
+            triggering = get_current_context().get("triggering_asset_events") or {}
+            asset = Asset(job.dataset_uri)
+            events = sorted(triggering[asset], key=lambda e: e.timestamp) if asset in triggering else []
+            plan = plan_retraining(job, [dict(e.extra or {}) for e in events])
+            if plan["skip"]:
+                raise AirflowSkipException(plan["skip"])
+            return plan
+
+        plan: Any = pin_commit()
+        TriggerDagRunOperator(
+            task_id="train",
+            trigger_dag_id=TRAINING_DAG,
+            trigger_run_id="{{ dag.dag_id }}__{{ run_id }}",
+            conf=plan["conf"],
+            wait_for_completion=True,
+            deferrable=True,
+            poke_interval=15,
+            allowed_states=["success"],
+            failed_states=["failed"],
+            fail_when_dag_is_paused=True,
+            retries=0,  # the training run retries its own tasks; a second run of the same id cannot start
+            doc_md="Starts train_pipeline on the pinned spec and waits for its end, deferred.",
+        )
+
+    return retrain()
+
+
+_jobs, _ = load_jobs_folder()  # the files with errors: retrain_jobs_errors.py
+for _job in _jobs:
+    globals()[_job.dag_id] = _job_dag(_job)

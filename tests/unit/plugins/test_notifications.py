@@ -1,0 +1,114 @@
+"""TeamNotifier against a real HTTP server on this machine: what each event posts, to whom, and that a
+target that cannot be reached costs the others nothing. The context is the task's, reduced to what the
+notifier reads; the webhook is real (an Airflow http connection, the http provider's HttpNotifier)."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from trainyard_airflow.notifications import TeamNotifier
+
+GATE = {
+    "passed": False,
+    "checks": [{"metric": "val_accuracy", "value": 0.41, "min": 0.9, "max": None, "passed": False, "margin": -0.49}],
+}
+
+
+@pytest.fixture
+def webhook():
+    """A local server that keeps every JSON body POSTed to it."""
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the http.server name)
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], received
+    server.shutdown()
+
+
+@pytest.fixture
+def team(tmp_path, monkeypatch, webhook):
+    """Team vision told through a webhook, a second one that is down and a connection of a type trainyard
+    does not send to; team nlp has no targets."""
+    port, _ = webhook
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "resources.yaml").write_text(
+        "gpu_types: {a100: {count: 2, price_per_hour: 1.0}}\n"
+        "teams:\n"
+        "  vision: {monthly_budget: 0.0, notify: [vision_down, vision_ftp, vision_hook]}\n"
+        "  nlp: {}\n"
+    )
+    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    conn = {"conn_type": "http", "host": "127.0.0.1", "schema": "http"}
+    monkeypatch.setenv("AIRFLOW_CONN_VISION_HOOK", json.dumps({**conn, "port": port}))
+    monkeypatch.setenv("AIRFLOW_CONN_VISION_DOWN", json.dumps({**conn, "port": 9}))  # nothing listens
+    monkeypatch.setenv("AIRFLOW_CONN_VISION_FTP", json.dumps({"conn_type": "ftp", "host": "127.0.0.1"}))
+
+
+class _TI:
+    def __init__(self, task_id: str, xcoms: dict):
+        self.task_id, self.xcoms, self.log_url = task_id, xcoms, f"http://airflow/log/{task_id}"
+
+    def xcom_pull(self, task_ids: str, key: str = "return_value"):
+        return self.xcoms.get((task_ids, key))
+
+
+class _Run:
+    dag_id, run_id, triggering_user_name = "train_pipeline", "manual__1", "tina"
+
+    def __init__(self, conf: dict):
+        self.conf = conf
+
+
+def _context(task_id: str, xcoms: dict, conf: dict | None = None, error: str = "") -> dict:
+    return {"ti": _TI(task_id, xcoms), "dag_run": _Run(conf or {}), "exception": error, "params": {}}
+
+
+SPEC = {("validate_spec", "return_value"): {"name": "digits", "resources": {"team": "vision"}}}
+
+
+def test_a_failed_gate_posts_one_notice_with_its_table_and_a_dead_target_costs_the_others_nothing(team, webhook):
+    _, received = webhook
+    context = _context("gate", {**SPEC, ("gate", "gate_result"): GATE}, error="gate failed")
+    TeamNotifier(event="failure").notify(context)
+    assert len(received) == 1
+    (notice,) = received
+    assert (notice["kind"], notice["team"], notice["job"]) == ("gate_failed", "vision", "digits")
+    assert notice["gate"] == GATE and "val_accuracy" in notice["text"] and "FAILED by 0.49" in notice["text"]
+    assert notice["url"] == "http://airflow/log/gate"
+
+
+def test_a_failure_before_the_spec_was_valid_goes_to_the_team_its_conf_names(team, webhook):
+    _, received = webhook
+    context = _context("validate_spec", {}, conf={"name": "x", "resources": {"team": "vision"}}, error="bad\nmore")
+    TeamNotifier(event="failure").notify(context)
+    assert [(n["kind"], n["task"], n["error"]) for n in received] == [("run_failed", "validate_spec", "bad")]
+    TeamNotifier(event="failure").notify(_context("train", {}, conf={"resources": {"team": "nlp"}}))
+    TeamNotifier(event="failure").notify(_context("train", {}, conf={"resources": ["not", "a", "mapping"]}))
+    assert len(received) == 1  # nlp: the log only; no team at all: the log only
+
+
+def test_a_registered_version_and_the_budget_are_told_once(team, webhook):
+    _, received = webhook
+    info = {"name": "digits", "version": "3"}
+    TeamNotifier(event="registered").notify(_context("register", {**SPEC, ("register", "return_value"): info}))
+    assert [(n["kind"], n["model"], n["version"], n["alias"], n["by"]) for n in received] == [
+        ("new_version", "digits", "3", "staging", "tina")
+    ]
+    # a budget of 0 is spent at once: told at the first training's end of the month, not at the next
+    TeamNotifier(event="training_ended").notify(_context("train", SPEC))
+    TeamNotifier(event="training_ended").notify(_context("train", SPEC))
+    assert [n["kind"] for n in received] == ["new_version", "budget_warning"]
+    assert received[1]["team"] == "vision" and received[1]["budget"] == 0.0

@@ -1,0 +1,84 @@
+"""Notices: the gate table, the once-a-month budget warning under concurrent processes, and the targets a
+team's resources.yaml entry names."""
+
+import multiprocessing
+
+import pytest
+
+from trainyard import notifications
+from trainyard.scheduling.resources import ResourcesError, parse_resources
+
+GATE = {
+    "passed": False,
+    "checks": [
+        {"metric": "val_accuracy", "value": 0.4123, "min": 0.9, "max": None, "passed": False, "margin": -0.4877},
+        {"metric": "val_loss", "value": 0.5, "min": None, "max": 1.0, "passed": True, "margin": 0.5},
+        {"metric": "val_top5", "value": None, "min": 0.5, "max": None, "passed": False, "margin": None},
+    ],
+}
+
+
+def test_the_gate_table_has_a_row_per_check_with_its_verdict():
+    table = notifications.gate_table(GATE).splitlines()
+    assert table[0].split() == ["metric", "value", "min", "max", "verdict"]
+    assert table[1].split() == ["val_accuracy", "0.4123", "0.9", "-", "FAILED", "by", "0.4877"]
+    assert table[2].split() == ["val_loss", "0.5", "-", "1", "ok"]
+    assert table[3].split() == ["val_top5", "missing", "0.5", "-", "FAILED", "(not", "computed)"]
+    notice = notifications.gate_failed("vision", "digits", "train_pipeline/r1", GATE, "http://x/log")
+    assert notice.kind == "gate_failed" and notifications.gate_table(GATE) in notice.text
+    assert notice.payload()["gate"] == GATE and notice.payload()["source"] == "trainyard"
+
+
+def test_a_run_failure_names_the_task_and_the_first_line_of_its_error():
+    notice = notifications.run_failed(None, "digits", "train_pipeline/r1", "train", "boom\ntraceback...", None)
+    assert notice.subject == "[trainyard] digits: run failed at train"
+    assert "boom" in notice.text and "traceback" not in notice.text
+
+
+def _claim(args) -> bool:
+    home, team, month = args
+    from pathlib import Path
+
+    return notifications.budget_warning_due(team, month, Path(home))
+
+
+def test_the_budget_warning_is_due_once_per_team_and_month_among_concurrent_processes(tmp_path):
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        claims = pool.map(_claim, [(str(tmp_path), "vision", "2026-12")] * 16)
+    assert sum(claims) == 1
+    assert notifications.budget_warning_due("vision", "2027-01", tmp_path)  # a new month
+    assert notifications.budget_warning_due("nlp", "2026-12", tmp_path)  # another team
+
+
+FLEET = """\
+gpu_types:
+  a100: {count: 2, price_per_hour: 1.0}
+teams:
+  vision:
+    notify:
+      - vision_webhook
+      - {connection: vision_mail, kinds: [gate_failed, budget_warning]}
+  nlp: {}
+"""
+
+
+def test_a_team_names_its_targets_each_for_all_or_some_kinds():
+    fleet = parse_resources(FLEET, "resources.yaml")
+    vision = fleet.teams["vision"].notify
+    assert notifications.targets(vision, "gate_failed") == ["vision_webhook", "vision_mail"]
+    assert notifications.targets(vision, "new_version") == ["vision_webhook"]
+    assert notifications.targets(fleet.teams["nlp"].notify, "run_failed") == []  # the log only
+
+
+@pytest.mark.parametrize(
+    "entry, problem",
+    [
+        ("{connection: hook, kinds: [lunch]}", "kinds"),
+        ("{connection: 'bad id!'}", "connection"),
+        ("{connection: hook, kinds: []}", "kinds"),
+    ],
+)
+def test_a_bad_target_is_refused_naming_it(entry, problem):
+    text = FLEET.replace("- vision_webhook", f"- {entry}")
+    with pytest.raises(ResourcesError, match=rf"notify\.0\.{problem}"):
+        parse_resources(text, "resources.yaml")
