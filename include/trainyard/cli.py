@@ -131,22 +131,17 @@ def cmd_queue_cancel(args) -> int:
     """Take a run's job out of the queue and mark its run failed (its team's members and admins)."""
     import os
 
+    from trainyard.airflow_api import bearer_token, require_login
     from trainyard.scheduling.admission import existing_ledger
     from trainyard.scheduling.cancel import cancel_run
 
-    token = os.environ.get("AIRFLOW_API_TOKEN")
-    if not token:
-        raise PermanentError(
-            "set AIRFLOW_API_TOKEN to your Airflow API token (POST $AIRFLOW_API_URL/auth/token with your user "
-            "name and password): Airflow says who you are, and marks the run failed"
-        )
+    login = require_login()  # Airflow says who you are, and marks the run failed
     if not os.environ.get("TRAINYARD_HOME"):
         raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
     ledger = existing_ledger()
     if ledger is None:
         raise NotFoundError(f"run {args.dag}/{args.run} is not in the queue: no job was ever queued here")
-    api_url = os.environ.get("AIRFLOW_API_URL", "http://localhost:8080")
-    print(cancel_run(ledger, ledger.config, args.dag, args.run, api_url=api_url, token=token))
+    print(cancel_run(ledger, ledger.config, args.dag, args.run, api_url=login.url, token=bearer_token(login)))
     return 0
 
 
@@ -305,11 +300,25 @@ def _store(args):
 
 
 def cmd_data_upload(args) -> int:
+    from trainyard.airflow_api import announce_commit, find_login
     from trainyard.data.upload import upload_folder
 
     result = upload_folder(_store(args), args.repo, args.branch, args.folder, kind=args.kind, message=args.message)
     print(result["validation"], file=sys.stderr)
-    print(f"committed {result['files']} files to {args.repo}/{args.branch}: {result['commit']}", file=sys.stderr)
+    if not result["new_commit"]:
+        print(f"{args.folder} equals the head of {args.repo}/{args.branch}: nothing new to commit", file=sys.stderr)
+    else:
+        print(f"committed {result['files']} files to {args.repo}/{args.branch}: {result['commit']}", file=sys.stderr)
+        # the retraining jobs of this branch hear of it as they do from the ingest_dataset DAG
+        login = find_login()
+        if login is None:
+            print(
+                "not announced to Airflow (no AIRFLOW_API_TOKEN or login; see `trainyard queue cancel` in the "
+                "README): no retraining starts from it",
+                file=sys.stderr,
+            )
+        else:
+            print(announce_commit(login, result), file=sys.stderr)
     print(result["commit"])
     return 0
 
@@ -439,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per job instead of the table")
     p.set_defaults(func=cli_command(cmd_queue))
     p = p.add_subparsers(dest="queue_command").add_parser(
-        "cancel", help="take a run's job out of the queue and mark its run failed (AIRFLOW_API_TOKEN)"
+        "cancel", help="take a run's job out of the queue and mark its run failed (AIRFLOW_API_TOKEN or a login)"
     )
     p.add_argument("run", help="the run id (dag_run_id), as `trainyard queue` shows it after the DAG's name")
     p.add_argument("--dag", default="train_pipeline", help="the DAG of the run (default: train_pipeline)")

@@ -25,6 +25,7 @@ import pytest
 import requests
 
 from datafiles import write_files
+from webhook import webhook_receiver
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("airflow_services", REPO / "bench" / "airflow_services.py")
@@ -457,16 +458,15 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     assert len(resumed) == 9 and [t.number for t in resumed[:7]] == [t.number for t in trials]
 
 
-def test_a_job_file_retrains_once_per_new_commit_from_an_upload_or_a_rest_event_and_skips_the_rest(airflow, tmp_path):
+def test_a_job_file_retrains_once_per_new_commit_and_skips_what_is_registered(airflow, tmp_path):
     """A job file with ``retrain_on: new_commits`` becomes a DAG; an upload through ``ingest_dataset`` starts
-    exactly one retraining run on its commit, an identical upload none (no commit, no event), an event
-    posted over REST (a commit made outside Airflow) one more on that commit; a run triggered on data and
-    spec that are already registered trains nothing and says why."""
+    exactly one retraining run on its commit, an identical upload none (no commit, no event), an upload with
+    ``trainyard data upload`` one more on its commit; an event posted over REST for data and a spec that are
+    already registered starts a run that trains nothing and says why."""
     import yaml
     from mlflow.tracking import MlflowClient
 
     from trainyard.data.classification import digits_files
-    from trainyard.data.store import LocalStore
     from trainyard.retraining import SPEC_DIGEST_TAG, dataset_uri
 
     headers = airflow.headers("admin")  # asset events need the op role
@@ -521,14 +521,13 @@ def test_a_job_file_retrains_once_per_new_commit_from_an_upload_or_a_rest_event_
     assert (same["commit"], same["new_commit"]) == (first["commit"], False)
     assert events(asset["id"]) == 1 and len(runs()) == 1  # no commit, no event: nothing can start a run
 
-    # a commit made outside Airflow (as a lakeFS hook or a data pipeline would), announced over REST
+    # a commit from the command line, announced through Airflow's REST API (the official client)
     changed = {**files, "images/digits-00007.npy": files["images/digits-00008.npy"]}
-    store = LocalStore(airflow.trainyard_home / "datasets")
-    second = store.commit_files("pets", "main", changed, "relabelled", replace=True).id
-    r = requests.post(
-        f"{api}/assets/events", headers=headers, json={"asset_id": asset["id"], "extra": {"commit": second}}, timeout=10
-    )
-    assert r.status_code == 200, r.text
+    cli = _trainyard(airflow, "data", "upload", str(write_files(tmp_path / "v2", changed)), "--repo", "pets",
+                     token=airflow.token("admin"))  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    second = cli.stdout.strip()
+    assert f"announced commit {second[:12]} on {asset['uri']}" in cli.stderr
     assert retrained(2)["dataset"]["ref"] == second
 
     client = MlflowClient(f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
@@ -536,10 +535,53 @@ def test_a_job_file_retrains_once_per_new_commit_from_an_upload_or_a_rest_event_
     assert [v.tags["dataset.commit"] for v in versions] == [first["commit"], second]
     assert all(len(v.tags[SPEC_DIGEST_TAG]) == 64 for v in versions)
 
-    # triggered by hand on the same head and spec: skipped, naming the version that holds them
-    skipped = airflow.trigger(dag_id, {}, headers)
+    # an event posted over REST (as a lakeFS hook or a data pipeline would) for the commit just trained:
+    # the run it starts trains nothing and names the version that holds that commit and spec
+    r = requests.post(
+        f"{api}/assets/events", headers=headers, json={"asset_id": asset["id"], "extra": {"commit": second}}, timeout=10
+    )
+    assert r.status_code == 200, r.text
+    airflow.wait(lambda: len(runs()) == 3, 300, "the run of the REST event")
+    skipped = runs()[2]["dag_run_id"]
     assert airflow.wait_run(dag_id, skipped, headers, 300)["state"] == "success"
     states = {t: ti["state"] for t, ti in airflow.task_instances(dag_id, skipped, headers).items()}
     assert states == {"pin_commit": "skipped", "train": "skipped"}, states
     log = airflow.task_log(dag_id, skipped, "pin_commit", headers)
     assert f"pets version 2 was trained on commit {second[:12]}" in log
+
+
+def test_a_failing_gate_posts_one_webhook_with_its_gate_table(airflow):
+    """The team's resources.yaml entry names an http connection (made with Airflow's CLI, read by the task
+    through its supervisor): a gate that blocks the model posts exactly one notice, with the gate's table."""
+    import yaml
+
+    resources = airflow.config_dir / "resources.yaml"
+    before = resources.read_text()
+    with webhook_receiver() as (port, received):
+        airflow.run(
+            "airflow", "connections", "add", "team_webhook", "--conn-type", "http",
+            "--conn-host", "127.0.0.1", "--conn-port", str(port), "--conn-schema", "http",
+        )  # fmt: skip
+        fleet = yaml.safe_load(before)
+        fleet["teams"]["default"]["notify"] = [{"connection": "team_webhook", "kinds": ["gate_failed", "run_failed"]}]
+        resources.write_text(yaml.safe_dump(fleet))
+        try:
+            headers = airflow.headers("tina")
+            spec = {
+                "name": "gated",
+                "hyperparameters": {"epochs": 1, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
+                "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
+                "gates": [{"metric": "val_accuracy", "max": -1.0}],  # no model can pass it
+            }
+            run_id = airflow.trigger(DAG, spec, headers)
+            assert airflow.wait_run(DAG, run_id, headers, 600)["state"] == "failed"
+            assert airflow.task_instances(DAG, run_id, headers)["gate"]["state"] == "failed"
+        finally:
+            resources.write_text(before)
+    assert len(received) == 1, received
+    (notice,) = received
+    assert (notice["kind"], notice["team"], notice["job"], notice["run"]) == (
+        "gate_failed", "default", "gated", f"{DAG}/{run_id}",
+    )  # fmt: skip
+    assert [c["metric"] for c in notice["gate"]["checks"]] == ["val_accuracy"]
+    assert "val_accuracy" in notice["text"] and "FAILED by" in notice["text"]

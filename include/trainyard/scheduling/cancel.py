@@ -26,9 +26,9 @@ def token_claims(token: str) -> dict:
         payload = token.split(".")[1]
         claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     except (IndexError, ValueError) as err:
-        raise CommandError(f"AIRFLOW_API_TOKEN is not a JWT ({err}); get one with POST /auth/token") from None
+        raise CommandError(f"the Airflow API token is not a JWT ({err}); get one with POST /auth/token") from None
     if not isinstance(claims, dict) or not isinstance(claims.get("sub"), str):
-        raise CommandError("AIRFLOW_API_TOKEN names no user (no 'sub' claim); get one with POST /auth/token")
+        raise CommandError("the Airflow API token names no user (no 'sub' claim); get one with POST /auth/token")
     return claims
 
 

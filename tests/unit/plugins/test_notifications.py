@@ -3,12 +3,11 @@ target that cannot be reached costs the others nothing. The context is the task'
 notifier reads; the webhook is real (an Airflow http connection, the http provider's HttpNotifier)."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from trainyard_airflow.notifications import TeamNotifier
+from webhook import webhook_receiver
 
 GATE = {
     "passed": False,
@@ -18,22 +17,8 @@ GATE = {
 
 @pytest.fixture
 def webhook():
-    """A local server that keeps every JSON body POSTed to it."""
-    received: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (the http.server name)
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1], received
-    server.shutdown()
+    with webhook_receiver() as (port, received):
+        yield port, received
 
 
 @pytest.fixture
