@@ -35,19 +35,20 @@ class Notice:
 
 
 def gate_table(result: dict) -> str:
-    """A gate result (``GateResult.to_dict()``) as a fixed-width table, one check per row."""
-    rows = [("metric", "value", "min", "max", "verdict")]
+    """A gate result (``combined_gate``'s: thresholds, then champion rules) as a fixed-width table, one
+    check per row."""
+    rows = [("kind", "metric", "value", "min", "max", "verdict")]
     for c in result["checks"]:
-        value = "missing" if c["value"] is None else f"{c['value']:.4g}"
-        bound = [("-" if c[k] is None else f"{c[k]:g}") for k in ("min", "max")]
+        value = "missing" if c.get("value") is None else f"{c['value']:.4g}"
+        bound = [("-" if c.get(k) is None else f"{c[k]:g}") for k in ("min", "max")]
         if c["passed"]:
             verdict = "ok"
-        elif c["margin"] is None:
+        elif c.get("margin") is None:
             verdict = "FAILED (not computed)"
         else:
             verdict = f"FAILED by {-c['margin']:.4g}"
-        rows.append((c["metric"], value, *bound, verdict))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        rows.append((c.get("kind", "threshold"), c["metric"], value, *bound, verdict))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 

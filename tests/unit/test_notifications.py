@@ -14,16 +14,26 @@ GATE = {
         {"metric": "val_accuracy", "value": 0.4123, "min": 0.9, "max": None, "passed": False, "margin": -0.4877},
         {"metric": "val_loss", "value": 0.5, "min": None, "max": 1.0, "passed": True, "margin": 0.5},
         {"metric": "val_top5", "value": None, "min": 0.5, "max": None, "passed": False, "margin": None},
+        {
+            "kind": "champion",
+            "metric": "val_accuracy",
+            "value": 0.4123,
+            "min": 0.95,
+            "passed": False,
+            "margin": -0.5377,
+            "champion": 0.95,
+        },
     ],
 }
 
 
 def test_the_gate_table_has_a_row_per_check_with_its_verdict():
     table = notifications.gate_table(GATE).splitlines()
-    assert table[0].split() == ["metric", "value", "min", "max", "verdict"]
-    assert table[1].split() == ["val_accuracy", "0.4123", "0.9", "-", "FAILED", "by", "0.4877"]
-    assert table[2].split() == ["val_loss", "0.5", "-", "1", "ok"]
-    assert table[3].split() == ["val_top5", "missing", "0.5", "-", "FAILED", "(not", "computed)"]
+    assert table[0].split() == ["kind", "metric", "value", "min", "max", "verdict"]
+    assert table[1].split() == ["threshold", "val_accuracy", "0.4123", "0.9", "-", "FAILED", "by", "0.4877"]
+    assert table[2].split() == ["threshold", "val_loss", "0.5", "-", "1", "ok"]
+    assert table[3].split() == ["threshold", "val_top5", "missing", "0.5", "-", "FAILED", "(not", "computed)"]
+    assert table[4].split() == ["champion", "val_accuracy", "0.4123", "0.95", "-", "FAILED", "by", "0.5377"]
     notice = notifications.gate_failed("vision", "digits", "train_pipeline/r1", GATE, "http://x/log")
     assert notice.kind == "gate_failed" and notifications.gate_table(GATE) in notice.text
     assert notice.payload()["gate"] == GATE and notice.payload()["source"] == "trainyard"
