@@ -171,9 +171,13 @@ def prepare_data(spec: JobSpec, dataset: dict) -> dict:
 
 # -- 3. training -------------------------------------------------------------------------------------------
 def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, str] | None = None) -> str:
+    """The run's MLflow run, with what it needs to be replayed: the dataset commit, the code version, the
+    digest of the installed dependencies (the list as an artifact) and the whole spec (an artifact)."""
+    from trainyard import environment
     from trainyard.tracking import mlflow_tracking as mt
 
     c = mt.client()
+    dependencies = environment.installed()
     run_id = mt.ensure_run(
         c,
         experiment=spec.name,
@@ -185,6 +189,7 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
             "dataset.commit": dataset["commit"],
             "dataset.digest": dataset["digest"],
             "code_version": mt.code_version(),
+            environment.DEPENDENCIES_TAG: environment.digest(dependencies),
             **(tags or {}),
         },
     )
@@ -193,8 +198,12 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
         run_id,
         spec.model_dump(mode="json", include={"recipe", "hyperparameters", "resources", "split", "recipe_options"}),
     )
-    # The data-validation report and its Data Docs (one site per suite) travel with the run they gated.
     rdir = run_dir(spec, run_key)
+    (rdir / "job_spec.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1, sort_keys=True))
+    c.log_artifact(run_id, str(rdir / "job_spec.json"), "spec")
+    (rdir / "dependencies.txt").write_text("\n".join(dependencies) + "\n")
+    c.log_artifact(run_id, str(rdir / "dependencies.txt"), environment.DEPENDENCIES_ARTIFACT.rsplit("/", 1)[0])
+    # The data-validation report and its Data Docs (one site per suite) travel with the run they gated.
     if (rdir / "validation.json").exists():
         c.log_artifact(run_id, str(rdir / "validation.json"), "data_validation")
     for docs in sorted((rdir / "data_docs").glob("**/gx/uncommitted/data_docs")):
@@ -597,7 +606,7 @@ def register(
         "run_dir": trained["run_dir"],
         **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()},
         # what the gate decided and how the metrics were computed, copied from the run
-        **{k: v for k, v in run_tags.items() if k.startswith(("gate.", "eval.", "sweep."))},
+        **{k: v for k, v in run_tags.items() if k.startswith(("gate.", "eval.", "sweep.", "dependencies."))},
         **(extra_tags or {}),
     }
     artifacts = {"pytorch": trained["model_path"]} if trained.get("model_path") else {}

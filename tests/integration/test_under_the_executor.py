@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -458,11 +459,13 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     assert len(resumed) == 9 and [t.number for t in resumed[:7]] == [t.number for t in trials]
 
 
-def test_a_job_file_retrains_once_per_new_commit_and_skips_what_is_registered(airflow, tmp_path):
-    """A job file with ``retrain_on: new_commits`` becomes a DAG; an upload through ``ingest_dataset`` starts
-    exactly one retraining run on its commit, an identical upload none (no commit, no event), an upload with
-    ``trainyard data upload`` one more on its commit; an event posted over REST for data and a spec that are
-    already registered starts a run that trains nothing and says why."""
+def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its_team_hears(airflow, tmp_path):
+    """A job file with ``retrain_on: new_commits`` becomes a DAG. An upload through ``ingest_dataset`` starts
+    exactly one retraining run on its commit, an identical upload none (no commit, no event); an event posted
+    over REST for data and a spec already registered starts a run that trains nothing and says why. The job
+    file is edited (a gate no model passes); ``trainyard data upload`` of new data starts a run on that commit
+    which the gate stops. The team's webhook (an Airflow http connection, named in resources.yaml) receives
+    exactly the new staging version and the gate's failure, with its table."""
     import yaml
     from mlflow.tracking import MlflowClient
 
@@ -479,24 +482,30 @@ def test_a_job_file_retrains_once_per_new_commit_and_skips_what_is_registered(ai
         "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
         "gates": [{"metric": "val_accuracy", "min": 0.3}],
     }
-    (airflow.jobs_dir / "pets.yaml").write_text(yaml.safe_dump(job))
+    job_file = airflow.jobs_dir / "pets.yaml"
+    job_file.write_text(yaml.safe_dump(job))
     dag_id = "retrain_pets"
-    airflow.wait(lambda: requests.get(f"{api}/dags/{dag_id}", headers=headers, timeout=10).ok, 300, "the job's DAG")
+
+    def dag() -> dict:
+        return requests.get(f"{api}/dags/{dag_id}", headers=headers, timeout=10).json()
+
+    airflow.wait(lambda: "dag_id" in dag(), 300, "the job's DAG")
 
     def runs() -> list[dict]:
         r = requests.get(f"{api}/dags/{dag_id}/dagRuns", headers=headers, params={"order_by": "id"}, timeout=10)
         return r.json()["dag_runs"]
 
-    def retrained(count: int) -> dict:
-        """The count-th run of the job's DAG, once it ended, and the conf of the training run it started."""
+    def retrained(count: int, state: str = "success") -> dict:
+        """The count-th run of the job's DAG, once it ended in ``state`` (as did the training run it
+        started), and that training run's conf."""
         airflow.wait(lambda: len(runs()) >= count, 300, f"retraining run {count}")
         run = runs()[count - 1]
         ended = airflow.wait_run(dag_id, run["dag_run_id"], headers, 600)
-        assert ended["state"] == "success", airflow.failure_report(dag_id, run["dag_run_id"], headers)
+        assert ended["state"] == state, airflow.failure_report(dag_id, run["dag_run_id"], headers)
         training = f"{dag_id}__{run['dag_run_id']}"
         r = requests.get(f"{api}/dags/{DAG}/dagRuns/{training}", headers=headers, timeout=10)
-        assert r.json()["state"] == "success", airflow.failure_report(DAG, training, headers)
-        return r.json()["conf"]
+        assert r.json()["state"] == state, airflow.failure_report(DAG, training, headers)
+        return {"conf": r.json()["conf"], "run": training}
 
     def upload(folder: Path) -> dict:
         run_id = airflow.trigger("ingest_dataset", {"folder": str(folder), "repo": "pets"}, headers)
@@ -505,55 +514,8 @@ def test_a_job_file_retrains_once_per_new_commit_and_skips_what_is_registered(ai
         return requests.get(url, headers=headers, timeout=10).json()["value"]
 
     def events(asset_id: int) -> int:
-        return requests.get(f"{api}/assets/events", headers=headers, params={"asset_id": asset_id}, timeout=10).json()[
-            "total_entries"
-        ]
-
-    files = digits_files()
-    first = upload(write_files(tmp_path / "v1", files))
-    assert first["new_commit"]
-    assert retrained(1)["dataset"]["ref"] == first["commit"]
-
-    r = requests.get(f"{api}/assets", headers=headers, params={"uri_pattern": dataset_uri("local", "pets", "main")})
-    (asset,) = r.json()["assets"]
-    assert events(asset["id"]) == 1
-    same = upload(write_files(tmp_path / "v1-again", files))
-    assert (same["commit"], same["new_commit"]) == (first["commit"], False)
-    assert events(asset["id"]) == 1 and len(runs()) == 1  # no commit, no event: nothing can start a run
-
-    # a commit from the command line, announced through Airflow's REST API (the official client)
-    changed = {**files, "images/digits-00007.npy": files["images/digits-00008.npy"]}
-    cli = _trainyard(airflow, "data", "upload", str(write_files(tmp_path / "v2", changed)), "--repo", "pets",
-                     token=airflow.token("admin"))  # fmt: skip
-    assert cli.returncode == 0, cli.stderr
-    second = cli.stdout.strip()
-    assert f"announced commit {second[:12]} on {asset['uri']}" in cli.stderr
-    assert retrained(2)["dataset"]["ref"] == second
-
-    client = MlflowClient(f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
-    versions = sorted(client.search_model_versions("name = 'pets'"), key=lambda v: int(v.version))
-    assert [v.tags["dataset.commit"] for v in versions] == [first["commit"], second]
-    assert all(len(v.tags[SPEC_DIGEST_TAG]) == 64 for v in versions)
-
-    # an event posted over REST (as a lakeFS hook or a data pipeline would) for the commit just trained:
-    # the run it starts trains nothing and names the version that holds that commit and spec
-    r = requests.post(
-        f"{api}/assets/events", headers=headers, json={"asset_id": asset["id"], "extra": {"commit": second}}, timeout=10
-    )
-    assert r.status_code == 200, r.text
-    airflow.wait(lambda: len(runs()) == 3, 300, "the run of the REST event")
-    skipped = runs()[2]["dag_run_id"]
-    assert airflow.wait_run(dag_id, skipped, headers, 300)["state"] == "success"
-    states = {t: ti["state"] for t, ti in airflow.task_instances(dag_id, skipped, headers).items()}
-    assert states == {"pin_commit": "skipped", "train": "skipped"}, states
-    log = airflow.task_log(dag_id, skipped, "pin_commit", headers)
-    assert f"pets version 2 was trained on commit {second[:12]}" in log
-
-
-def test_a_failing_gate_posts_one_webhook_with_its_gate_table(airflow):
-    """The team's resources.yaml entry names an http connection (made with Airflow's CLI, read by the task
-    through its supervisor): a gate that blocks the model posts exactly one notice, with the gate's table."""
-    import yaml
+        r = requests.get(f"{api}/assets/events", headers=headers, params={"asset_id": asset_id}, timeout=10)
+        return r.json()["total_entries"]
 
     resources = airflow.config_dir / "resources.yaml"
     before = resources.read_text()
@@ -563,25 +525,59 @@ def test_a_failing_gate_posts_one_webhook_with_its_gate_table(airflow):
             "--conn-host", "127.0.0.1", "--conn-port", str(port), "--conn-schema", "http",
         )  # fmt: skip
         fleet = yaml.safe_load(before)
-        fleet["teams"]["default"]["notify"] = [{"connection": "team_webhook", "kinds": ["gate_failed", "run_failed"]}]
+        fleet["teams"]["default"]["notify"] = ["team_webhook"]
         resources.write_text(yaml.safe_dump(fleet))
         try:
-            headers = airflow.headers("tina")
-            spec = {
-                "name": "gated",
-                "hyperparameters": {"epochs": 1, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
-                "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
-                "gates": [{"metric": "val_accuracy", "max": -1.0}],  # no model can pass it
-            }
-            run_id = airflow.trigger(DAG, spec, headers)
-            assert airflow.wait_run(DAG, run_id, headers, 600)["state"] == "failed"
-            assert airflow.task_instances(DAG, run_id, headers)["gate"]["state"] == "failed"
+            files = digits_files()
+            first = upload(write_files(tmp_path / "v1", files))
+            assert first["new_commit"]
+            assert retrained(1)["conf"]["dataset"]["ref"] == first["commit"]
+
+            uri = dataset_uri("local", "pets", "main")
+            r = requests.get(f"{api}/assets", headers=headers, params={"uri_pattern": uri}, timeout=10)
+            (asset,) = r.json()["assets"]
+            assert events(asset["id"]) == 1
+            same = upload(write_files(tmp_path / "v1-again", files))
+            assert (same["commit"], same["new_commit"]) == (first["commit"], False)
+            assert events(asset["id"]) == 1 and len(runs()) == 1  # no commit, no event: nothing can start a run
+
+            client = MlflowClient(f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
+            (version,) = client.search_model_versions("name = 'pets'")
+            assert version.tags["dataset.commit"] == first["commit"] and len(version.tags[SPEC_DIGEST_TAG]) == 64
+
+            # an event posted over REST (as a lakeFS hook or a data pipeline would) for the commit just trained:
+            # the run it starts trains nothing and names the version that holds that commit and spec
+            event = {"asset_id": asset["id"], "extra": {"commit": first["commit"]}}
+            assert requests.post(f"{api}/assets/events", headers=headers, json=event, timeout=10).status_code == 200
+            airflow.wait(lambda: len(runs()) == 2, 300, "the run of the REST event")
+            skipped = runs()[1]["dag_run_id"]
+            assert airflow.wait_run(dag_id, skipped, headers, 300)["state"] == "success"
+            states = {t: ti["state"] for t, ti in airflow.task_instances(dag_id, skipped, headers).items()}
+            assert states == {"pin_commit": "skipped", "train": "skipped"}, states
+            log = airflow.task_log(dag_id, skipped, "pin_commit", headers)
+            assert f"pets version 1 was trained on commit {first['commit'][:12]}" in log
+
+            # the job file edited: once the DAG is parsed again, new data from the command line (its event
+            # posted with Airflow's REST client) trains under the new gate, which stops it
+            edited = time.time()
+            job_file.write_text(yaml.safe_dump({**job, "gates": [{"metric": "val_accuracy", "max": -1.0}]}))
+            airflow.wait(
+                lambda: datetime.fromisoformat(dag()["last_parsed_time"]).timestamp() > edited + 1, 300, "a new parse"
+            )
+            changed = {**files, "images/digits-00007.npy": files["images/digits-00008.npy"]}
+            cli = _trainyard(airflow, "data", "upload", str(write_files(tmp_path / "v2", changed)), "--repo", "pets",
+                             token=airflow.token("admin"))  # fmt: skip
+            assert cli.returncode == 0, cli.stderr
+            second = cli.stdout.strip()
+            assert f"announced commit {second[:12]} on {asset['uri']}" in cli.stderr
+            gated = retrained(3, "failed")
+            assert gated["conf"]["dataset"]["ref"] == second
+            assert airflow.task_instances(DAG, gated["run"], headers)["gate"]["state"] == "failed"
         finally:
             resources.write_text(before)
-    assert len(received) == 1, received
-    (notice,) = received
-    assert (notice["kind"], notice["team"], notice["job"], notice["run"]) == (
-        "gate_failed", "default", "gated", f"{DAG}/{run_id}",
-    )  # fmt: skip
-    assert [c["metric"] for c in notice["gate"]["checks"]] == ["val_accuracy"]
-    assert "val_accuracy" in notice["text"] and "FAILED by" in notice["text"]
+    assert [n["kind"] for n in received] == ["new_version", "gate_failed"], received
+    staged, blocked = received
+    assert (staged["model"], staged["version"], staged["alias"], staged["team"]) == ("pets", "1", "staging", "default")
+    assert (blocked["job"], blocked["run"], blocked["team"]) == ("pets", f"{DAG}/{gated['run']}", "default")
+    assert [c["metric"] for c in blocked["gate"]["checks"]] == ["val_accuracy"]
+    assert "val_accuracy" in blocked["text"] and "FAILED by" in blocked["text"]

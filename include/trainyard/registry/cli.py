@@ -173,6 +173,22 @@ def cmd_history(args) -> int:
     return 0
 
 
+def cmd_card(args) -> int:
+    """Write the version's model card (Markdown and JSON) into ``--out`` and store it with the version."""
+    from pathlib import Path
+
+    from trainyard.registry import card
+
+    c = _client()
+    try:
+        built = card.attach(c, args.model, args.version)
+    except _errors() as err:
+        raise _as_command_error(err, f"{args.model} version {args.version}: ") from None
+    as_json, as_md = card.write(built, Path(args.out) / f"{args.model}-v{args.version}")
+    print(f"model card of {args.model} version {args.version}: {as_md} and {as_json}")
+    return 0
+
+
 def cmd_live_at(args) -> int:
     from trainyard.registry.versions import History, live_at
 
@@ -257,6 +273,14 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--alias")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(func=cli_command(cmd_history))
+
+    p = sub.add_parser(
+        "card", help="a version's model card: lineage, validation, gate, champion, signature, approvals, cost"
+    )
+    p.add_argument("model")
+    p.add_argument("version")
+    p.add_argument("--out", default=".", help="folder for <model>-v<version>/card.md and card.json (default: .)")
+    p.set_defaults(func=cli_command(cmd_card))
 
     p = sub.add_parser("live-at", help="the version an alias pointed at, at a time (ISO; naive = UTC)")
     p.add_argument("model")

@@ -30,7 +30,7 @@ from pathlib import Path
 from trainyard import paths
 from trainyard.audit import RESERVED, AuditLog
 from trainyard.errors import NotFoundError, PermanentError
-from trainyard.registry import signing
+from trainyard.registry import card, signing
 from trainyard.registry.signing import VerificationError
 
 log = logging.getLogger(__name__)
@@ -388,6 +388,7 @@ def promote(
     last = recorded[-1] if recorded else None
     if current == version:
         if last and last["to_version"] == version:
+            card.refresh(client, name, [version])  # a retry: the card the first try may not have stored
             return {**last, "changed": False}
         # Moved but not recorded (a crash between the two): record the move from the last recorded holder.
         from_version = last["to_version"] if last else None
@@ -410,6 +411,7 @@ def promote(
     entry = history.append(entry)
     _mirror(client, name, history)
     log.info("%s: %s alias %r %s -> %s by %s (%s)", action, name, alias, from_version, version, user, reason)
+    card.refresh(client, name, [from_version, version])  # both versions' alias history changed
     return {**entry, "changed": True}
 
 

@@ -1,0 +1,35 @@
+"""The resolved dependency set of this Python environment: what a run records so that it can be replayed
+on the same libraries, and what a replay compares."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from importlib import metadata
+
+DEPENDENCIES_TAG = "dependencies.sha256"
+DEPENDENCIES_ARTIFACT = "environment/dependencies.txt"
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503, as pip compares names
+
+
+def installed() -> list[str]:
+    """Every installed distribution as ``name==version`` (names normalised), sorted; one line each."""
+    found = {_normal(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    return [f"{name}=={version}" for name, version in sorted(found.items())]
+
+
+def digest(lines: list[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def differences(recorded: list[str], current: list[str]) -> list[str]:
+    """What changed from ``recorded`` to ``current`` (``name==version`` lines), one line per package."""
+    before = dict(line.split("==", 1) for line in recorded if "==" in line)
+    after = dict(line.split("==", 1) for line in current if "==" in line)
+    out = [f"{n}: {before[n]} -> {after[n]}" for n in sorted(before.keys() & after.keys()) if before[n] != after[n]]
+    out += [f"{n}: {before[n]} -> not installed" for n in sorted(before.keys() - after.keys())]
+    out += [f"{n}: not recorded -> {after[n]}" for n in sorted(after.keys() - before.keys())]
+    return out
