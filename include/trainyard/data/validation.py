@@ -99,18 +99,46 @@ def load_suite_config(kind: str, values: dict, config_dir: Path | None = None) -
     return subst(raw)
 
 
+def _replace_dir(new: Path, dest: Path) -> None:
+    """Put the finished folder ``new`` at ``dest``, setting aside and removing what was there; if another
+    process puts its own there in between, theirs stays (a report of the same data) and ``new`` goes."""
+    import os
+    import shutil
+    import uuid
+
+    old = dest.with_name(f".{dest.name}-old-{uuid.uuid4().hex}")
+    try:
+        os.rename(dest, old)
+    except FileNotFoundError:
+        pass
+    try:
+        os.rename(new, dest)
+    except OSError:  # another report got there first
+        shutil.rmtree(new, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def validate_dataframe(df, suite_config: dict, docs_dir: str | Path | None = None) -> ValidationReport:
     """Run a suite over a dataframe; return every expectation's result.
 
     With ``docs_dir``, a file-backed GX project is made there and its Data Docs (HTML) are built, so each
-    run keeps a browsable report (``report.docs``); without it, an ephemeral context leaves nothing behind."""
+    run keeps a browsable report (``report.docs``); without it, an ephemeral context leaves nothing behind.
+    The project is built in a fresh folder beside ``docs_dir`` and then put in its place: validating the
+    same data again (an identical upload, a retried task), or twice at once, replaces the report whole
+    instead of failing on the project the first one left."""
+    import tempfile
+
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
     context: AbstractDataContext
+    project = None
     if docs_dir is not None:
-        context = gx.get_context(mode="file", project_root_dir=str(docs_dir))
+        docs_dir = Path(docs_dir)
+        docs_dir.parent.mkdir(parents=True, exist_ok=True)
+        project = Path(tempfile.mkdtemp(prefix=f".{docs_dir.name}-", dir=docs_dir.parent))
+        context = gx.get_context(mode="file", project_root_dir=str(project))
     else:
         context = gx.get_context(mode="ephemeral")
     # GX's per-metric progress bars would flood the Airflow task log.
@@ -150,7 +178,8 @@ def validate_dataframe(df, suite_config: dict, docs_dir: str | Path | None = Non
             )
         )
     docs = None
-    if docs_dir is not None:
-        index = sorted(Path(docs_dir).glob("gx/uncommitted/data_docs/*/index.html"))
+    if docs_dir is not None and project is not None:
+        _replace_dir(project, docs_dir)
+        index = sorted(docs_dir.glob("gx/uncommitted/data_docs/*/index.html"))
         docs = str(index[0]) if index else None
     return ValidationReport(suite=suite_config["name"], success=bool(result.success), checks=checks, docs=docs)

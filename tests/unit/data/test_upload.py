@@ -33,12 +33,14 @@ def test_upload_commits_a_validated_folder(tmp_path, store, digits):
     assert first["kind"] == "image_classification" and first["files"] == len(digits)
     assert store.resolve("d", "main") == first["commit"]
     assert store.get_commit("d", first["commit"]).metadata["validated_by"] == "image_classification"
-    # Same bytes again: same commit. A removed sample disappears from the next version only.
-    assert upload_folder(store, "d", "main", folder)["commit"] == first["commit"]
+    assert first["new_commit"]
+    # Same bytes again: same commit, nothing new. A removed sample disappears from the next version only.
+    again = upload_folder(store, "d", "main", folder)
+    assert (again["commit"], again["new_commit"]) == (first["commit"], False)
     os.remove(folder / "images" / "digits-01796.npy")
     (folder / "labels.csv").write_text("\n".join((folder / "labels.csv").read_text().splitlines()[:-1]) + "\n")
     second = upload_folder(store, "d", "main", folder)
-    assert second["commit"] != first["commit"]
+    assert second["commit"] != first["commit"] and second["new_commit"]
     assert store.diff("d", first["commit"], second["commit"]) == {
         "added": [],
         "removed": ["images/digits-01796.npy"],
@@ -91,12 +93,19 @@ def test_changed_after_validation_refused(tmp_path, store, digits):
         store.resolve("d", "main")
 
 
-def test_cli_upload_prints_the_commit(tmp_path, trainyard_home, digits, capsys):
+def test_cli_upload_prints_the_commit(tmp_path, trainyard_home, digits, capsys, monkeypatch):
+    for field in ("URL", "TOKEN", "USERNAME", "PASSWORD"):
+        monkeypatch.delenv(f"AIRFLOW_API_{field}", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no Airflow login here
     folder = _write(tmp_path / "ds", digits)
     assert cli(["data", "upload", str(folder), "--repo", "r", "--branch", "main"]) == 0
-    commit = capsys.readouterr().out.strip()
+    printed = capsys.readouterr()
+    commit = printed.out.strip()
     assert len(commit) == 64
     assert LocalStore(trainyard_home / "datasets").resolve("r", "main") == commit
+    assert "not announced to Airflow" in printed.err  # said, not hidden
+    assert cli(["data", "upload", str(folder), "--repo", "r", "--branch", "main"]) == 0
+    assert "nothing new to commit" in capsys.readouterr().err
     assert cli(["data", "tag", "v1", "--repo", "r"]) == 0
     assert capsys.readouterr().out.strip() == commit
     assert cli(["data", "upload", str(tmp_path / "nope"), "--repo", "r"]) == 1
@@ -120,3 +129,16 @@ def test_malformed_classes_json_is_named_not_a_traceback(tmp_path, store, meta, 
     with pytest.raises(ValueError, match=message):
         upload_folder(store, "d", "main", folder)
     assert not store.repo_exists("d")
+
+
+def test_the_same_data_validated_again_into_one_report_folder_replaces_it(tmp_path, digits):
+    """An identical upload (or a retried task) validates into the folder its first validation left; the
+    report is replaced whole, not refused because the first one's project is there."""
+    from trainyard.data.upload import validate_folder
+
+    folder = _write(tmp_path / "ds", digits)
+    docs = tmp_path / "ingest" / "d-0123"
+    first = validate_folder(folder, "image_classification", docs_dir=docs)
+    second = validate_folder(folder, "image_classification", docs_dir=docs)
+    assert first.success and second.success and second.docs and os.path.exists(second.docs)
+    assert sorted(p.name for p in docs.parent.iterdir()) == ["d-0123"]  # nothing set aside is left behind
