@@ -102,15 +102,14 @@ def load_suite_config(kind: str, values: dict, config_dir: Path | None = None) -
 def _replace_dir(new: Path, dest: Path) -> None:
     """Put the finished folder ``new`` at ``dest``, setting aside and removing what was there; if another
     process puts its own there in between, theirs stays (a report of the same data) and ``new`` goes."""
+    import contextlib
     import os
     import shutil
     import uuid
 
     old = dest.with_name(f".{dest.name}-old-{uuid.uuid4().hex}")
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.rename(dest, old)
-    except FileNotFoundError:
-        pass
     try:
         os.rename(new, dest)
     except OSError:  # another report got there first
