@@ -351,8 +351,14 @@ def train_pipeline():
     @task
     @fail_permanently
     def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
-        """ONNX export; onnxruntime must match PyTorch on fixed inputs and on the recipe's val metric."""
+        """ONNX export; onnxruntime must match PyTorch on fixed inputs and on the recipe's val metric.
+        Skipped, with register, for a replay (``replay_of``): it only measures."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
         from trainyard.pipeline import export_onnx as run
+
+        if _spec(spec).replay_of:
+            raise AirflowSkipException(f"a replay of {_spec(spec).replay_of} exports and registers nothing")
 
         return run(_job_spec(spec, trained), trained, data)
 

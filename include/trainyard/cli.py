@@ -557,8 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cli_command(cmd_show))
 
     from trainyard.registry.cli import add_models_parser
+    from trainyard.submit_cli import add_replay_parser, add_submit_parser
     from trainyard.tracking.cli import add_runs_parser
 
+    add_submit_parser(sub)
+    add_replay_parser(sub)
     add_models_parser(sub)
     add_runs_parser(sub)
     return parser

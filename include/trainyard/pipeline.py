@@ -190,6 +190,7 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
             "dataset.digest": dataset["digest"],
             "code_version": mt.code_version(),
             environment.DEPENDENCIES_TAG: environment.digest(dependencies),
+            **({"replay_of": spec.replay_of} if spec.replay_of else {}),
             **(tags or {}),
         },
     )

@@ -501,6 +501,15 @@ class JobSpec(_Model):
         ),
     )
 
+    replay_of: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}:[1-9][0-9]{0,8}$",
+        description=(
+            "MODEL:VERSION, set by `trainyard replay`: the run trains and evaluates as that registered version "
+            "did, and exports and registers nothing (null: an ordinary run)"
+        ),
+    )
+
     @field_validator("gates")
     @classmethod
     def _unique_gates(cls, gates: tuple[Threshold, ...]) -> tuple[Threshold, ...]:

@@ -243,11 +243,13 @@ def test_the_queue_keeps_moving_through_failures_and_a_broken_edit(airflow):
     assert "gpu_types.cpu.count" in log and "the queue keeps the last good version" in log, log[-3000:]
 
 
-def _trainyard(airflow, *argv: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**airflow.env, "AIRFLOW_API_URL": airflow.url}
+def _trainyard(
+    airflow, *argv: str, token: str | None = None, env: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    env = {**airflow.env, "AIRFLOW_API_URL": airflow.url, **(env or {})}
     if token:
         env["AIRFLOW_API_TOKEN"] = token
-    return subprocess.run(["trainyard", *argv], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    return subprocess.run(["trainyard", *argv], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
@@ -581,3 +583,38 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     assert (blocked["job"], blocked["run"], blocked["team"]) == ("pets", f"{DAG}/{gated['run']}", "default")
     assert [c["metric"] for c in blocked["gate"]["checks"]] == ["val_accuracy"]
     assert "val_accuracy" in blocked["text"] and "FAILED by" in blocked["text"]
+
+    # the model card of the version, stored with its run at registration
+    card = _trainyard(airflow, "models", "card", "pets", "1", "--out", str(tmp_path / "cards"))
+    assert card.returncode == 0, card.stderr
+    written = json.loads((tmp_path / "cards" / "pets-v1" / "card.json").read_text())
+    assert written["lineage"]["dataset"]["commit"] == first["commit"] and written["aliases"] == ["staging"]
+    assert written["lineage"]["spec"]["dataset"]["ref"] == first["commit"] and written["gate"]["passed"] is True
+    assert written["signature"]["signed"] and written["cost"]["queue_wait_seconds"] is not None
+
+    # replayed where one more package is installed than when it trained: refused, naming it
+    probe = tmp_path / "site" / "trainyard_replay_probe-1.0.dist-info"
+    probe.mkdir(parents=True)
+    (probe / "METADATA").write_text("Metadata-Version: 2.1\nName: trainyard-replay-probe\nVersion: 1.0\n")
+    token = airflow.token("tina")
+    refused = _trainyard(airflow, "replay", "pets", "1", token=token, env={"PYTHONPATH": str(probe.parent)})
+    assert refused.returncode == 1 and "dependency trainyard-replay-probe: not recorded -> 1.0" in refused.stderr
+    # here, as it trained: the same metrics, bit for bit (CPU), and nothing registered
+    replayed = _trainyard(airflow, "replay", "pets", "1", "--poll", "2", token=token, timeout=600)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert "replay of pets version 1: reproduced" in replayed.stdout and "tolerance: 0 (absolute)" in replayed.stdout
+    replay_run = replayed.stdout.splitlines()[0]
+    assert "train: success" in replayed.stderr and f"run {DAG}/{replay_run}: success" in replayed.stderr
+    states = {t: ti["state"] for t, ti in airflow.task_instances(DAG, replay_run, headers).items()}
+    assert (states["gate"], states["export_onnx"], states["register"]) == ("success", "skipped", "skipped")
+    assert len(client.search_model_versions("name = 'pets'")) == 1
+
+    # submitted from a job file and followed: a run that fails exits non-zero, naming where it failed
+    broken = tmp_path / "broken.yaml"
+    spec = {k: v for k, v in job.items() if k != "retrain_on"}  # a JobSpec file, not a job file
+    broken.write_text(yaml.safe_dump({**spec, "name": "no-data", "dataset": {"repo": "nowhere", "source": "none"}}))
+    followed = _trainyard(airflow, "submit", str(broken), "--wait", "--poll", "2", token=token, timeout=300)
+    assert followed.returncode == 1, followed.stdout + followed.stderr
+    assert "resolve_dataset: failed" in followed.stderr and ": failed (failed: resolve_dataset)" in followed.stderr
+    status = _trainyard(airflow, "runs", "status", followed.stdout.strip(), "--json", token=token)
+    assert json.loads(status.stdout)["tasks"]["resolve_dataset"]["state"] == "failed"

@@ -94,9 +94,12 @@ def _tag(text: str) -> tuple[str, str]:
 
 
 def add_runs_parser(sub) -> None:
-    runs = sub.add_parser("runs", help="find, filter and compare training runs (MLflow)").add_subparsers(
-        dest="runs_command", required=True
-    )
+    from trainyard.submit_cli import add_run_commands
+
+    runs = sub.add_parser(
+        "runs", help="training runs: find, filter and compare them (MLflow); an Airflow run's status, logs, cancel"
+    ).add_subparsers(dest="runs_command", required=True)
+    add_run_commands(runs)
     filters = argparse.ArgumentParser(add_help=False)
     f = filters.add_argument_group("filters (all must hold)")
     f.add_argument("--job", help="the job's name (its MLflow experiment); default: every job")

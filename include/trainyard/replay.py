@@ -1,0 +1,129 @@
+"""``trainyard replay MODEL VERSION``: train a registered version again from what it recorded (its whole
+spec, its dataset commit), through the queue like any run, and put the new metrics beside the recorded ones.
+
+Before anything runs, the code version and the installed dependency set here are compared with the
+version's: a difference refuses the replay (naming each changed package) unless ``allow_different`` says
+to go on. A replay run trains and evaluates, and registers nothing (``replay_of`` in its spec).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainyard.errors import CommandError, NotFoundError
+
+# What a replay must match, by where it trained: on CPU the same code, libraries, data and seed give the same
+# bits (measured: the README's reproducibility table); GPU kernels (cuDNN, atomics in reductions) may not.
+CPU_TOLERANCE = 0.0
+GPU_TOLERANCE = 5e-3
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a registered version recorded of its training."""
+
+    model: str
+    version: str
+    run_id: str
+    spec: dict
+    commit: str
+    code_version: str | None
+    dependencies: list[str] | None
+    dependencies_sha256: str | None
+    metrics: dict[str, float]
+
+
+def _artifact(c, run_id: str, path: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            return Path(c.download_artifacts(run_id, path, tmp)).read_text()
+        except (MlflowException, OSError):
+            return None
+
+
+def recorded(c, model: str, version: str) -> Recorded:
+    """The version's record, or NotFoundError / CommandError saying why it cannot be replayed."""
+    from mlflow.exceptions import MlflowException
+
+    from trainyard.environment import DEPENDENCIES_ARTIFACT, DEPENDENCIES_TAG
+
+    try:
+        mv = c.get_model_version(model, str(version))
+    except MlflowException as err:
+        raise NotFoundError(f"{model} version {version}: {err.message}") from None
+    spec = _artifact(c, mv.run_id, "spec/job_spec.json")
+    if spec is None:
+        raise CommandError(
+            f"{model} version {version} recorded no spec (registered before trainyard kept one with each run): "
+            "it cannot be replayed exactly"
+        )
+    deps = _artifact(c, mv.run_id, DEPENDENCIES_ARTIFACT)
+    run = c.get_run(mv.run_id)
+    tags = mv.tags or {}
+    metric_names = [k.removeprefix("metric.") for k in tags if k.startswith("metric.")]
+    return Recorded(
+        model=model,
+        version=str(version),
+        run_id=mv.run_id,
+        spec=json.loads(spec),
+        commit=tags["dataset.commit"],
+        code_version=tags.get("code_version"),
+        dependencies=deps.split() if deps is not None else None,
+        dependencies_sha256=tags.get(DEPENDENCIES_TAG),
+        # the run's own values, at full precision (the version's tags are rounded to 6 digits)
+        metrics={m: float(run.data.metrics.get(m, float(tags[f"metric.{m}"]))) for m in metric_names},
+    )
+
+
+def differences(rec: Recorded, code_version: str, dependencies: list[str]) -> list[str]:
+    """How this environment differs from the one ``rec`` trained in, one line each (empty: none)."""
+    from trainyard import environment
+
+    out = []
+    if rec.code_version != code_version:
+        out.append(f"code version: recorded {rec.code_version}, here {code_version}")
+    if rec.dependencies_sha256 != environment.digest(dependencies):
+        if rec.dependencies is None:
+            out.append("dependencies: the version recorded no list to compare with")
+        else:
+            out += [f"dependency {line}" for line in environment.differences(rec.dependencies, dependencies)]
+    return out
+
+
+def replay_conf(rec: Recorded) -> dict[str, Any]:
+    """The spec to run: the recorded one, on the recorded commit, marked as a replay of the version."""
+    from trainyard.spec import parse_spec
+
+    spec = parse_spec({**rec.spec, "replay_of": f"{rec.model}:{rec.version}"})
+    pinned = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"ref": rec.commit})})
+    return pinned.model_dump(mode="json")
+
+
+def default_tolerance(rec: Recorded) -> float:
+    return CPU_TOLERANCE if rec.spec.get("resources", {}).get("gpu_type", "cpu") == "cpu" else GPU_TOLERANCE
+
+
+def compare(recorded_metrics: dict[str, float], replayed: dict[str, float], tolerance: float) -> tuple[bool, str]:
+    """Whether every recorded metric came back within ``tolerance`` (absolute), and the table that says so."""
+    rows = [("metric", "recorded", "replayed", "|difference|", "within")]
+    ok = True
+    for name in sorted(recorded_metrics):
+        before, after = recorded_metrics[name], replayed.get(name)
+        if after is None or not math.isfinite(after):
+            rows.append((name, f"{before:.10g}", "missing", "-", "no"))
+            ok = False
+            continue
+        diff = abs(after - before)
+        within = diff <= tolerance
+        ok = ok and within
+        rows.append((name, f"{before:.10g}", f"{after:.10g}", f"{diff:.3g}", "yes" if within else "NO"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    return ok, f"{table}\ntolerance: {tolerance:g} (absolute)"

@@ -1,0 +1,202 @@
+"""``trainyard submit`` and ``trainyard runs status|logs|cancel``: a job's Airflow run from a terminal,
+through Airflow's REST API and its official client (``apache-airflow-client``), as the user of the
+command line's Airflow login (:mod:`trainyard.airflow_api`).
+
+``submit`` validates the JobSpec here first (what can be checked without the worker: fields, the team's
+policy and budget as this machine sees them), triggers ``train_pipeline`` with it as the run's conf, and
+with ``--wait`` follows the run: each task's state as it changes, the job's place in the queue while it
+waits for GPUs, and the admission and training tasks' logs as they are written. It exits 0 only if the
+run succeeded.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from trainyard.errors import CommandError
+
+TRAINING_DAG = "train_pipeline"
+STREAMED = ("admit", "train", "train_kubernetes", "trial.admit", "trial.train_trial")  # their logs are followed
+ENDED = ("success", "failed")
+
+
+def _api_errors() -> tuple[type[Exception], ...]:
+    import airflow_client.client as af
+    from urllib3.exceptions import HTTPError
+
+    return af.ApiException, HTTPError
+
+
+def _refused(err: Exception, doing: str) -> CommandError:
+    status = getattr(err, "status", None)
+    body = str(getattr(err, "body", "") or err)[:500]
+    return CommandError(f"{doing}: Airflow answered {f'HTTP {status}: ' if status else ''}{body}")
+
+
+def trigger(client: Any, conf: dict, dag_id: str = TRAINING_DAG) -> str:
+    """Start a run of ``dag_id`` with ``conf``; its run id."""
+    import airflow_client.client as af
+
+    try:
+        run = af.DagRunApi(client).trigger_dag_run(dag_id, af.TriggerDAGRunPostBody(logical_date=None, conf=conf))
+    except _api_errors() as err:
+        raise _refused(err, f"could not trigger {dag_id}") from None
+    return str(run.dag_run_id)
+
+
+def run_state(client: Any, dag_id: str, run_id: str) -> tuple[str, dict[str, dict]]:
+    """The run's state and its task instances (``task_id`` or ``task_id[map_index]`` -> state, try)."""
+    import airflow_client.client as af
+
+    try:
+        run = af.DagRunApi(client).get_dag_run(dag_id, run_id)
+        tis = af.TaskInstanceApi(client).get_task_instances(dag_id, run_id, limit=1000).task_instances
+    except _api_errors() as err:
+        raise _refused(err, f"could not read run {dag_id}/{run_id}") from None
+    tasks = {}
+    for ti in tis:
+        index = -1 if ti.map_index is None else ti.map_index
+        tasks[ti.task_id if index < 0 else f"{ti.task_id}[{index}]"] = {
+            "task_id": ti.task_id,
+            "map_index": index,
+            "state": _text(ti.state),
+            "try_number": ti.try_number or 0,
+        }
+    return _text(run.state), tasks
+
+
+def _text(state: Any) -> str:
+    return "none" if state is None else str(getattr(state, "value", state))
+
+
+class LogFollower:
+    """New lines of task logs since the last look, per task try (Airflow's continuation token)."""
+
+    def __init__(self, client: Any, dag_id: str, run_id: str):
+        self.client, self.dag_id, self.run_id = client, dag_id, run_id
+        self.tokens: dict[tuple[str, int, int], str | None] = {}
+
+    def new_lines(self, task_id: str, map_index: int, try_number: int) -> list[str]:
+        import airflow_client.client as af
+
+        key = (task_id, map_index, try_number)
+        try:
+            got = af.TaskInstanceApi(self.client).get_log(
+                self.dag_id,
+                self.run_id,
+                task_id,
+                try_number,
+                map_index=map_index,
+                token=self.tokens.get(key),
+                accept="application/json",
+            )
+        except _api_errors():
+            return []  # not written yet: the next look
+        self.tokens[key] = got.continuation_token
+        return [_line(m) for m in (got.content or [])]
+
+
+def _line(message: Any) -> str:
+    if isinstance(message, str):
+        return message
+    event = getattr(message, "event", "")
+    stamp = getattr(message, "timestamp", None)
+    return f"[{stamp:%H:%M:%S}] {event}" if stamp else str(event)
+
+
+def follow(
+    client: Any,
+    dag_id: str,
+    run_id: str,
+    out: TextIO = sys.stderr,
+    poll_s: float = 5.0,
+    queue_place: Callable[[str], str | None] | None = None,
+) -> str:
+    """Print the run's task states as they change, the job's place in the queue while it waits, and the
+    streamed tasks' new log lines, until the run ends; its final state."""
+    seen: dict[str, tuple[str, int]] = {}
+    logs = LogFollower(client, dag_id, run_id)
+    job = f"{dag_id}/{run_id}"
+    last_place = None
+    while True:
+        state, tasks = run_state(client, dag_id, run_id)
+        for name, ti in tasks.items():
+            now = (ti["state"], ti["try_number"])
+            if seen.get(name) != now and ti["state"] != "none":
+                tried = f" (try {ti['try_number']})" if ti["try_number"] > 1 else ""
+                print(f"{name}: {ti['state']}{tried}", file=out, flush=True)
+            seen[name] = now
+            if (
+                ti["task_id"] in STREAMED
+                and ti["try_number"] > 0
+                and ti["state"] not in ("none", "scheduled", "queued")
+            ):
+                for line in logs.new_lines(ti["task_id"], ti["map_index"], ti["try_number"]):
+                    print(f"  {name} | {line}", file=out, flush=True)
+        place = queue_place(job) if queue_place else None
+        if place and place != last_place:
+            print(f"queue: {place}", file=out, flush=True)
+        last_place = place
+        if state in ENDED:
+            failed = [n for n, ti in tasks.items() if ti["state"] == "failed"]
+            print(f"run {job}: {state}" + (f" (failed: {', '.join(failed)})" if failed else ""), file=out)
+            return state
+        time.sleep(poll_s)
+
+
+def submit(client: Any, login_url: str, conf: dict, dag_id: str, wait: bool, poll_s: float) -> tuple[str, str | None]:
+    """Trigger a run with ``conf`` (printing its id on stdout, its page on stderr) and, with ``wait``,
+    follow it to its end: (run id, final state or None). ``trainyard submit`` and ``trainyard replay``."""
+    run_id = trigger(client, conf, dag_id)
+    print(f"triggered {dag_id} run {run_id} ({login_url}/dags/{dag_id}/runs/{run_id})", file=sys.stderr)
+    print(run_id, flush=True)
+    if not wait:
+        return run_id, None
+    return run_id, follow(client, dag_id, run_id, poll_s=poll_s, queue_place=local_queue_place)
+
+
+def task_result(client: Any, dag_id: str, run_id: str, task_id: str) -> Any:
+    """A task's return value (its XCom), or None when it left none."""
+    import airflow_client.client as af
+
+    try:
+        entry = af.XComApi(client).get_xcom_entry(dag_id, run_id, task_id, "return_value", deserialize=True)
+    except _api_errors():
+        return None
+    return getattr(entry.actual_instance, "value", None)  # the JSON (deserialize) or its text form
+
+
+def local_queue_place(job: str) -> str | None:
+    """Where ``job`` stands in this host's admission queue (the embedded profile: the ledger is a file of
+    ``TRAINYARD_HOME``), in the words ``trainyard queue`` uses; None when it is not waiting there."""
+    import os
+
+    from trainyard import paths
+    from trainyard.scheduling.admission import existing_ledger
+    from trainyard.scheduling.budgets import current_spend
+
+    if not os.environ.get("TRAINYARD_HOME"):
+        return None
+    ledger = existing_ledger()
+    if ledger is None:
+        return None
+    rows = ledger.standing(current_spend(ledger.config, paths.runs_root()))
+    mine = next(((e, reason) for e, reason in rows if e.job.id == job), None)
+    if mine is None or mine[0].admitted is not None:
+        return None
+    waiting = [e for e, _ in rows if e.admitted is None and e.job.gpu_type == mine[0].job.gpu_type]
+    return f"waiting, {waiting.index(mine[0]) + 1} of {len(waiting)} for {mine[0].job.gpu_type}: {mine[1]}"
+
+
+def cancel(client: Any, dag_id: str, run_id: str) -> None:
+    """Mark the run failed (as its user in the UI would): its running tasks are stopped, a job waiting
+    for admission leaves the queue."""
+    import airflow_client.client as af
+
+    try:
+        af.DagRunApi(client).patch_dag_run(dag_id, run_id, af.DAGRunPatchBody(state=af.DagRunMutableStates.FAILED))
+    except _api_errors() as err:
+        raise _refused(err, f"could not cancel run {dag_id}/{run_id}") from None

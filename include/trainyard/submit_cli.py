@@ -1,0 +1,153 @@
+"""The commands that drive Airflow runs from a terminal: ``trainyard submit`` and ``trainyard runs
+status|logs|cancel`` (:mod:`trainyard.submit` does the work)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from trainyard.errors import cli_command
+from trainyard.submit import TRAINING_DAG
+
+
+def cmd_submit(args) -> int:
+    """Validate a JobSpec file here, trigger train_pipeline with it; with --wait, follow it to its end."""
+    from trainyard.airflow_api import api_client, require_login
+    from trainyard.pipeline import validate_spec
+    from trainyard.spec import load_spec_file
+    from trainyard.submit import submit
+
+    # what this machine can check before anything is sent; the run's first task checks it all again
+    spec = validate_spec(load_spec_file(args.job).model_dump(mode="json"), audit=False)
+    login = require_login()
+    with api_client(login) as client:
+        _, state = submit(client, login.url, spec.model_dump(mode="json"), args.dag, args.wait, args.poll)
+    return 1 if args.wait and state != "success" else 0
+
+
+def cmd_replay(args) -> int:
+    """Train a registered version again from its record and compare the metrics (trainyard.replay)."""
+    from trainyard import environment, replay
+    from trainyard.airflow_api import api_client, require_login
+    from trainyard.errors import CommandError
+    from trainyard.submit import submit, task_result
+    from trainyard.tracking import mlflow_tracking as mt
+
+    rec = replay.recorded(mt.client(), args.model, args.version)
+    different = replay.differences(rec, mt.code_version(), environment.installed())
+    if different and not args.allow_different:
+        raise CommandError(
+            f"{args.model} version {args.version} trained elsewhere than here; a replay would not be exact "
+            f"(--allow-different runs it anyway): {'; '.join(different)}"
+        )
+    for line in different:
+        print(f"differs (allowed): {line}", file=sys.stderr)
+    tolerance = replay.default_tolerance(rec) if args.tolerance is None else args.tolerance
+    login = require_login()
+    with api_client(login) as client:
+        run_id, state = submit(client, login.url, replay.replay_conf(rec), TRAINING_DAG, True, args.poll)
+        metrics = task_result(client, TRAINING_DAG, run_id, "evaluate") if state == "success" else None
+    if not metrics:
+        raise CommandError(f"the replay run {run_id} ended {state} without metrics: see `trainyard runs logs {run_id}`")
+    ok, table = replay.compare(rec.metrics, metrics, tolerance)
+    print(table)
+    print(f"replay of {args.model} version {args.version}: {'reproduced' if ok else 'NOT reproduced'}")
+    return 0 if ok else 1
+
+
+def cmd_runs_status(args) -> int:
+    from trainyard.airflow_api import api_client, require_login
+    from trainyard.submit import run_state
+
+    with api_client(require_login()) as client:
+        state, tasks = run_state(client, args.dag, args.run)
+    if args.json:
+        print(json.dumps({"run": args.run, "dag": args.dag, "state": state, "tasks": tasks}, indent=1))
+        return 0
+    print(f"{args.dag}/{args.run}: {state}")
+    for name, ti in tasks.items():
+        print(f"  {name:<28} {ti['state']:<18} try {ti['try_number']}")
+    return 0
+
+
+def cmd_runs_logs(args) -> int:
+    from trainyard.airflow_api import api_client, require_login
+    from trainyard.errors import NotFoundError
+    from trainyard.submit import LogFollower, follow, run_state
+
+    with api_client(require_login()) as client:
+        if args.follow:
+            return 0 if follow(client, args.dag, args.run, out=sys.stdout, poll_s=args.poll) == "success" else 1
+        _, tasks = run_state(client, args.dag, args.run)
+        key = args.task if args.map_index < 0 else f"{args.task}[{args.map_index}]"
+        if key not in tasks:
+            raise NotFoundError(f"run {args.dag}/{args.run} has no task {key!r}; it has: {', '.join(tasks)}")
+        tried = args.try_number or tasks[key]["try_number"]
+        for line in LogFollower(client, args.dag, args.run).new_lines(args.task, args.map_index, tried):
+            print(line)
+    return 0
+
+
+def cmd_runs_cancel(args) -> int:
+    from trainyard.airflow_api import api_client, require_login
+    from trainyard.submit import cancel
+
+    with api_client(require_login()) as client:
+        cancel(client, args.dag, args.run)
+    print(f"{args.dag}/{args.run}: marked failed; its tasks stop and a job waiting for GPUs leaves the queue")
+    return 0
+
+
+def add_submit_parser(sub) -> None:
+    p = sub.add_parser(
+        "submit",
+        help="validate a JobSpec file and run it through Airflow (login: AIRFLOW_API_TOKEN or the config file)",
+    )
+    p.add_argument("job", help="a JobSpec YAML file")
+    p.add_argument("--wait", action="store_true", help="follow the run to its end; exit 0 only if it succeeded")
+    p.add_argument("--dag", default=TRAINING_DAG, help=argparse.SUPPRESS)
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between looks (default 5)")
+    p.set_defaults(func=cli_command(cmd_submit))
+
+
+def add_replay_parser(sub) -> None:
+    p = sub.add_parser(
+        "replay", help="train a registered version again from its spec and dataset commit; compare its metrics"
+    )
+    p.add_argument("model")
+    p.add_argument("version")
+    p.add_argument(
+        "--allow-different",
+        action="store_true",
+        help="run even where the code version or the installed dependencies differ from the version's",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        help="the largest absolute difference of a metric that counts as reproduced (default: 0 on CPU, 0.005 on GPUs)",
+    )
+    p.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=cli_command(cmd_replay))
+
+
+def add_run_commands(runs) -> None:
+    """``status``, ``logs`` and ``cancel`` under ``trainyard runs``: an Airflow run, by its run id."""
+    which = argparse.ArgumentParser(add_help=False)
+    which.add_argument("run", help="the Airflow run id (what `trainyard submit` printed)")
+    which.add_argument("--dag", default=TRAINING_DAG, help=f"the DAG of the run (default {TRAINING_DAG})")
+
+    p = runs.add_parser("status", parents=[which], help="an Airflow run's state and its tasks'")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cli_command(cmd_runs_status))
+
+    p = runs.add_parser("logs", parents=[which], help="a task's log (default: train's newest try), or --follow")
+    p.add_argument("--task", default="train")
+    p.add_argument("--map-index", type=int, default=-1, help="a mapped task's index (a sweep's trial)")
+    p.add_argument("--try", dest="try_number", type=int, help="which try (default: the newest)")
+    p.add_argument("--follow", action="store_true", help="states and new log lines until the run ends")
+    p.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=cli_command(cmd_runs_logs))
+
+    p = runs.add_parser("cancel", parents=[which], help="mark an Airflow run failed: its tasks stop")
+    p.set_defaults(func=cli_command(cmd_runs_cancel))

@@ -1,0 +1,109 @@
+"""Replay: what a version recorded, how an environment differs from it, the spec a replay runs, and the
+comparison of its metrics; the commands' refusals before anything is sent to Airflow."""
+
+import json
+
+import pytest
+
+from trainyard import environment, replay
+from trainyard.errors import CommandError
+from trainyard.spec import SpecError, parse_spec
+
+DEPS = ["numpy==2.0.0", "torch==2.13.0"]
+
+
+def _rec(**changes) -> replay.Recorded:
+    base = {
+        "model": "digits",
+        "version": "3",
+        "run_id": "r",
+        "spec": {"name": "digits", "dataset": {"repo": "digits", "ref": "main", "source": "none"}},
+        "commit": "c" * 64,
+        "code_version": "abc",
+        "dependencies": DEPS,
+        "dependencies_sha256": environment.digest(DEPS),
+        "metrics": {"val_accuracy": 0.9312345678, "val_loss": 0.25},
+    }
+    return replay.Recorded(**{**base, **changes})
+
+
+def test_the_installed_set_is_sorted_normalised_and_includes_this_project():
+    found = environment.installed()
+    names = [line.split("==")[0] for line in found]
+    assert names == sorted(set(names)) and "trainyard" in names
+    assert all(line == line.lower() and "_" not in line.split("==")[0] for line in found)
+
+
+def test_an_environment_differs_by_code_version_and_each_changed_package():
+    rec = _rec()
+    assert replay.differences(rec, "abc", DEPS) == []
+    changed = replay.differences(rec, "def", ["numpy==2.1.0", "scipy==1.0"])
+    assert changed == [
+        "code version: recorded abc, here def",
+        "dependency numpy: 2.0.0 -> 2.1.0",
+        "dependency torch: 2.13.0 -> not installed",
+        "dependency scipy: not recorded -> 1.0",
+    ]
+    assert replay.differences(_rec(dependencies=None), "abc", ["numpy==2.1.0"]) == [
+        "dependencies: the version recorded no list to compare with"
+    ]
+
+
+def test_a_replay_runs_the_recorded_spec_on_the_recorded_commit_marked_as_a_replay():
+    conf = replay.replay_conf(_rec())
+    assert conf["dataset"]["ref"] == "c" * 64 and conf["replay_of"] == "digits:3"
+    assert parse_spec(conf).name == "digits"
+    with pytest.raises(SpecError, match="replay_of"):
+        parse_spec({"replay_of": "digits"})
+    assert replay.default_tolerance(_rec()) == 0.0
+    gpu = _rec(spec={"resources": {"gpu_type": "a100-80gb"}})
+    assert replay.default_tolerance(gpu) == replay.GPU_TOLERANCE
+
+
+def test_the_comparison_is_exact_by_default_and_names_what_missed():
+    rec = _rec()
+    ok, table = replay.compare(rec.metrics, dict(rec.metrics), 0.0)
+    assert ok and "0.9312345678" in table and table.endswith("tolerance: 0 (absolute)")
+    ok, table = replay.compare(rec.metrics, {"val_accuracy": 0.9312345679, "val_loss": 0.25}, 0.0)
+    assert not ok and "NO" in table
+    assert replay.compare(rec.metrics, {"val_accuracy": 0.9312345679, "val_loss": 0.25}, 1e-6)[0]
+    ok, table = replay.compare(rec.metrics, {"val_loss": 0.25}, 1.0)
+    assert not ok and "missing" in table
+
+
+def test_a_version_without_a_recorded_spec_cannot_be_replayed(trainyard_home, monkeypatch):
+    from trainyard import paths
+    from trainyard.tracking import mlflow_tracking as mt
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
+    c = mt.client()
+    run = c.create_run(mt.experiment_id(c, "old")).info.run_id
+    c.create_registered_model("old")
+    c.create_model_version("old", source=f"runs:/{run}/model", run_id=run, tags={"dataset.commit": "c" * 64})
+    with pytest.raises(CommandError, match="recorded no spec"):
+        replay.recorded(c, "old", "1")
+    with pytest.raises(Exception, match="old version 7"):
+        replay.recorded(c, "old", "7")
+
+
+@pytest.fixture
+def no_login(monkeypatch, tmp_path):
+    for field in ("URL", "TOKEN", "USERNAME", "PASSWORD"):
+        monkeypatch.delenv(f"AIRFLOW_API_{field}", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+
+def test_submit_checks_the_spec_here_and_needs_a_login(tmp_path, no_login, capsys):
+    from trainyard.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({"hyperparameters": {"epochs": 0}}))
+    assert main(["submit", str(bad)]) == 1
+    assert "hyperparameters.epochs" in capsys.readouterr().err  # refused before anything is sent
+    good = tmp_path / "good.yaml"
+    good.write_text(json.dumps({"name": "digits"}))
+    assert main(["submit", str(good), "--wait"]) == 1
+    assert "no Airflow login: set AIRFLOW_API_TOKEN" in capsys.readouterr().err
+    for argv in (["runs", "status", "r1"], ["runs", "logs", "r1"], ["runs", "cancel", "r1"]):
+        assert main(argv) == 1
+        assert "no Airflow login" in capsys.readouterr().err
