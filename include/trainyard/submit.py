@@ -73,11 +73,13 @@ def _text(state: Any) -> str:
 
 
 class LogFollower:
-    """New lines of task logs since the last look, per task try (Airflow's continuation token)."""
+    """New lines of task logs since the last look, per task try. Airflow 3.3 answers a log request with the
+    whole log so far (its continuation token does not skip what a finished task's earlier answer held), so
+    the lines already shown are counted and skipped here."""
 
     def __init__(self, client: Any, dag_id: str, run_id: str):
         self.client, self.dag_id, self.run_id = client, dag_id, run_id
-        self.tokens: dict[tuple[str, int, int], str | None] = {}
+        self.shown: dict[tuple[str, int, int], int] = {}
 
     def new_lines(self, task_id: str, map_index: int, try_number: int) -> list[str]:
         import airflow_client.client as af
@@ -85,18 +87,20 @@ class LogFollower:
         key = (task_id, map_index, try_number)
         try:
             got = af.TaskInstanceApi(self.client).get_log(
-                self.dag_id,
-                self.run_id,
-                task_id,
-                try_number,
+                dag_id=self.dag_id,
+                dag_run_id=self.run_id,
+                task_id=task_id,
+                try_number=try_number,
                 map_index=map_index,
-                token=self.tokens.get(key),
+                full_content=True,
                 accept="application/json",
             )
         except _api_errors():
             return []  # not written yet: the next look
-        self.tokens[key] = got.continuation_token
-        return [_line(m) for m in (got.content or [])]
+        content = list(getattr(got.content, "actual_instance", got.content) or [])  # the client's anyOf wrapper
+        new = content[self.shown.get(key, 0) :]
+        self.shown[key] = len(content)
+        return [_line(m) for m in new]
 
 
 def _line(message: Any) -> str:
@@ -163,7 +167,9 @@ def task_result(client: Any, dag_id: str, run_id: str, task_id: str) -> Any:
     import airflow_client.client as af
 
     try:
-        entry = af.XComApi(client).get_xcom_entry(dag_id, run_id, task_id, "return_value", deserialize=True)
+        entry = af.XComApi(client).get_xcom_entry(
+            dag_id=dag_id, task_id=task_id, dag_run_id=run_id, xcom_key="return_value", deserialize=True
+        )
     except _api_errors():
         return None
     return getattr(entry.actual_instance, "value", None)  # the JSON (deserialize) or its text form
