@@ -36,6 +36,7 @@ class Recorded:
     dependencies: list[str] | None
     dependencies_sha256: str | None
     metrics: dict[str, float]
+    rounded: frozenset[str] = frozenset()  # metrics known only as the version's tag, to 6 significant digits
 
 
 def _artifact(c, run_id: str, path: str) -> str | None:
@@ -67,7 +68,8 @@ def recorded(c, model: str, version: str) -> Recorded:
     deps = _artifact(c, mv.run_id, DEPENDENCIES_ARTIFACT)
     run = c.get_run(mv.run_id)
     tags = mv.tags or {}
-    metric_names = [k.removeprefix("metric.") for k in tags if k.startswith("metric.")]
+    names = [k.removeprefix("metric.") for k in tags if k.startswith("metric.")]
+    logged = run.data.metrics  # evaluate's values at full precision, as eval_<metric>
     return Recorded(
         model=model,
         version=str(version),
@@ -77,8 +79,8 @@ def recorded(c, model: str, version: str) -> Recorded:
         code_version=tags.get("code_version"),
         dependencies=deps.split() if deps is not None else None,
         dependencies_sha256=tags.get(DEPENDENCIES_TAG),
-        # the run's own values, at full precision (the version's tags are rounded to 6 digits)
-        metrics={m: float(run.data.metrics.get(m, float(tags[f"metric.{m}"]))) for m in metric_names},
+        metrics={m: float(logged.get(f"eval_{m}", tags[f"metric.{m}"])) for m in names},
+        rounded=frozenset(m for m in names if f"eval_{m}" not in logged),  # a custom program's, say
     )
 
 
@@ -110,8 +112,14 @@ def default_tolerance(rec: Recorded) -> float:
     return CPU_TOLERANCE if rec.spec.get("resources", {}).get("gpu_type", "cpu") == "cpu" else GPU_TOLERANCE
 
 
-def compare(recorded_metrics: dict[str, float], replayed: dict[str, float], tolerance: float) -> tuple[bool, str]:
-    """Whether every recorded metric came back within ``tolerance`` (absolute), and the table that says so."""
+def compare(
+    recorded_metrics: dict[str, float],
+    replayed: dict[str, float],
+    tolerance: float,
+    rounded: frozenset[str] = frozenset(),
+) -> tuple[bool, str]:
+    """Whether every recorded metric came back within ``tolerance`` (absolute), and the table that says so.
+    A metric in ``rounded`` was recorded to 6 significant digits: the replayed value is rounded alike."""
     rows = [("metric", "recorded", "replayed", "|difference|", "within")]
     ok = True
     for name in sorted(recorded_metrics):
@@ -120,6 +128,8 @@ def compare(recorded_metrics: dict[str, float], replayed: dict[str, float], tole
             rows.append((name, f"{before:.10g}", "missing", "-", "no"))
             ok = False
             continue
+        if name in rounded:
+            after = float(f"{after:.6g}")
         diff = abs(after - before)
         within = diff <= tolerance
         ok = ok and within

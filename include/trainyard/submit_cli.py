@@ -50,7 +50,7 @@ def cmd_replay(args) -> int:
         metrics = task_result(client, TRAINING_DAG, run_id, "evaluate") if state == "success" else None
     if not metrics:
         raise CommandError(f"the replay run {run_id} ended {state} without metrics: see `trainyard runs logs {run_id}`")
-    ok, table = replay.compare(rec.metrics, metrics, tolerance)
+    ok, table = replay.compare(rec.metrics, metrics, tolerance, rec.rounded)
     print(table)
     print(f"replay of {args.model} version {args.version}: {'reproduced' if ok else 'NOT reproduced'}")
     return 0 if ok else 1

@@ -466,8 +466,10 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     exactly one retraining run on its commit, an identical upload none (no commit, no event); an event posted
     over REST for data and a spec already registered starts a run that trains nothing and says why. The job
     file is edited (a gate no model passes); ``trainyard data upload`` of new data starts a run on that commit
-    which the gate stops. The team's webhook (an Airflow http connection, named in resources.yaml) receives
-    exactly the new staging version and the gate's failure, with its table."""
+    which the gate stops before export (every check on its MLflow run). The team's webhook (an Airflow http
+    connection, named in resources.yaml) receives exactly the new staging version and the gate's failure,
+    with its table. Then the version's model card, its replay (refused in a changed environment, bit for bit
+    otherwise) and a submitted run that fails."""
     import yaml
     from mlflow.tracking import MlflowClient
 
@@ -562,7 +564,8 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
             # the job file edited: once the DAG is parsed again, new data from the command line (its event
             # posted with Airflow's REST client) trains under the new gate, which stops it
             edited = time.time()
-            job_file.write_text(yaml.safe_dump({**job, "gates": [{"metric": "val_accuracy", "max": -1.0}]}))
+            impossible = [{"metric": "val_accuracy", "max": -1.0}, {"metric": "val_macro_f1", "min": 0.9999}]
+            job_file.write_text(yaml.safe_dump({**job, "gates": impossible}))
             airflow.wait(
                 lambda: datetime.fromisoformat(dag()["last_parsed_time"]).timestamp() > edited + 1, 300, "a new parse"
             )
@@ -574,14 +577,24 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
             assert f"announced commit {second[:12]} on {asset['uri']}" in cli.stderr
             gated = retrained(3, "failed")
             assert gated["conf"]["dataset"]["ref"] == second
-            assert airflow.task_instances(DAG, gated["run"], headers)["gate"]["state"] == "failed"
+            states = {t: ti["state"] for t, ti in airflow.task_instances(DAG, gated["run"], headers).items()}
+            assert (states["train"], states["gate"]) == ("success", "failed")
+            assert (states["export_onnx"], states["register"]) == ("upstream_failed", "upstream_failed")
+            # the verdict, with every check, is on the MLflow run: why this run has no model version
+            (run,) = client.search_runs(
+                [client.get_experiment_by_name("pets").experiment_id],
+                f"tags.`trainyard.run_key` = '{DAG}/{gated['run']}'",
+            )
+            assert run.data.tags["gate.passed"] == "false"
+            assert run.data.tags["gate.threshold.val_macro_f1"].startswith("FAIL: value=")
+            assert len(client.search_model_versions("name = 'pets'")) == 1
         finally:
             resources.write_text(before)
     assert [n["kind"] for n in received] == ["new_version", "gate_failed"], received
     staged, blocked = received
     assert (staged["model"], staged["version"], staged["alias"], staged["team"]) == ("pets", "1", "staging", "default")
     assert (blocked["job"], blocked["run"], blocked["team"]) == ("pets", f"{DAG}/{gated['run']}", "default")
-    assert [c["metric"] for c in blocked["gate"]["checks"]] == ["val_accuracy"]
+    assert [c["metric"] for c in blocked["gate"]["checks"] if not c["passed"]] == ["val_accuracy", "val_macro_f1"]
     assert "val_accuracy" in blocked["text"] and "FAILED by" in blocked["text"]
 
     # the model card of the version, stored with its run at registration

@@ -69,6 +69,9 @@ def test_the_comparison_is_exact_by_default_and_names_what_missed():
     assert replay.compare(rec.metrics, {"val_accuracy": 0.9312345679, "val_loss": 0.25}, 1e-6)[0]
     ok, table = replay.compare(rec.metrics, {"val_loss": 0.25}, 1.0)
     assert not ok and "missing" in table
+    # a metric recorded only as a tag (6 significant digits) is compared at that precision
+    assert replay.compare({"val_f1": 0.702196}, {"val_f1": 0.7021958761}, 0.0, frozenset({"val_f1"}))[0]
+    assert not replay.compare({"val_f1": 0.702196}, {"val_f1": 0.7021968761}, 0.0, frozenset({"val_f1"}))[0]
 
 
 def test_a_version_without_a_recorded_spec_cannot_be_replayed(trainyard_home, monkeypatch):
