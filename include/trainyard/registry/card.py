@@ -44,11 +44,13 @@ def _validation_summary(report: Any) -> dict | None:
     return {k: v for k, v in report.items() if k in keep} or {"recorded": True}
 
 
-def build(c, name: str, version: str) -> dict:
-    """The card of ``name`` version ``version`` as a JSON-able dict."""
+def build(c, name: str, version: str, moves: list[dict]) -> dict:
+    """The card of ``name`` version ``version`` as a JSON-able dict; ``moves``: the model's recorded alias
+    moves (``registry.versions.History.entries(name)``)."""
     from trainyard.audit import AuditLog
     from trainyard.environment import DEPENDENCIES_TAG
-    from trainyard.registry.versions import DIGEST_TAG, KEY_ID_TAG, SIGNATURE_TAG, History
+    from trainyard.registry.signing import DIGEST_TAG, KEY_ID_TAG, SIGNATURE_TAG
+    from trainyard.retraining import SPEC_DIGEST_TAG
 
     version = str(version)
     mv = c.get_model_version(name, version)
@@ -58,7 +60,7 @@ def build(c, name: str, version: str) -> dict:
     gate = _artifact_json(c, mv.run_id, "gate/gate_result.json")
     if gate is None and tags.get("gate.result"):
         gate = json.loads(tags["gate.result"])
-    moves = [e for e in History().entries(name) if version in (str(e.get("to_version")), str(e.get("from_version")))]
+    moves = [e for e in moves if version in (str(e.get("to_version")), str(e.get("from_version")))]
     registered = [
         e for e in AuditLog().entries("registration") if e.get("model") == name and str(e.get("version")) == version
     ]
@@ -74,7 +76,7 @@ def build(c, name: str, version: str) -> dict:
             "dataset": {k: tags.get(f"dataset.{k}") for k in ("store", "repo", "commit", "digest")},
             "code_version": tags.get("code_version"),
             "dependencies_sha256": tags.get(DEPENDENCIES_TAG) or run_tags.get(DEPENDENCIES_TAG),
-            "spec_sha256": tags.get("spec.sha256"),
+            "spec_sha256": tags.get(SPEC_DIGEST_TAG),
             "spec": _artifact_json(c, mv.run_id, "spec/job_spec.json"),
             "recipe": tags.get("recipe"),
             "params": json.loads(tags["params"]) if tags.get("params") else None,
@@ -227,9 +229,9 @@ def write(card: dict, folder: Path) -> tuple[Path, Path]:
     return as_json, as_md
 
 
-def attach(c, name: str, version: str) -> dict:
+def attach(c, name: str, version: str, moves: list[dict]) -> dict:
     """Build the card and store it with the version's run (replacing the one before); returns it."""
-    card = build(c, name, version)
+    card = build(c, name, version, moves)
     with tempfile.TemporaryDirectory() as tmp:
         write(card, Path(tmp))
         c.log_artifacts(card["run"]["mlflow_run_id"], tmp, CARD_DIR)
@@ -237,11 +239,11 @@ def attach(c, name: str, version: str) -> dict:
     return card
 
 
-def refresh(c, name: str, versions: list[str | None]) -> None:
+def refresh(c, name: str, versions: list[str | None], moves: list[dict]) -> None:
     """Store the cards of ``versions`` again (an alias of theirs moved); a card that cannot be written is
     logged, the move it follows stands."""
     for version in {str(v) for v in versions if v is not None}:
         try:
-            attach(c, name, version)
+            attach(c, name, version, moves)
         except Exception:  # noqa: BLE001 - the card is a view of the record; the record is complete
             log.warning("could not update the model card of %s version %s", name, version, exc_info=True)

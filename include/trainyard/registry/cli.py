@@ -178,10 +178,11 @@ def cmd_card(args) -> int:
     from pathlib import Path
 
     from trainyard.registry import card
+    from trainyard.registry.versions import History
 
     c = _client()
     try:
-        built = card.attach(c, args.model, args.version)
+        built = card.attach(c, args.model, args.version, History().entries(args.model))
     except _errors() as err:
         raise _as_command_error(err, f"{args.model} version {args.version}: ") from None
     as_json, as_md = card.write(built, Path(args.out) / f"{args.model}-v{args.version}")

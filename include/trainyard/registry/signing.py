@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 FORMAT = "trainyard-manifest/1"
+# a signed version's tags: the manifest's digest, its signature and the id of the key that made it
+DIGEST_TAG = "trainyard.manifest_sha256"
+SIGNATURE_TAG = "trainyard.signature"
+KEY_ID_TAG = "trainyard.signing_key_id"
 PRIVATE_NAME = "signing_key.pem"
 PUBLIC_NAME = "verify_key.pem"
 SIGNING_ENV = "TRAINYARD_SIGNING_KEY"

@@ -31,15 +31,12 @@ from trainyard import paths
 from trainyard.audit import RESERVED, AuditLog
 from trainyard.errors import NotFoundError, PermanentError
 from trainyard.registry import card, signing
-from trainyard.registry.signing import VerificationError
+from trainyard.registry.signing import DIGEST_TAG, KEY_ID_TAG, SIGNATURE_TAG, VerificationError
 
 log = logging.getLogger(__name__)
 
 MANIFEST_TAG = "trainyard.manifest"
 PARTS_TAG = "trainyard.manifest_parts"
-DIGEST_TAG = "trainyard.manifest_sha256"
-SIGNATURE_TAG = "trainyard.signature"
-KEY_ID_TAG = "trainyard.signing_key_id"
 HISTORY_TAG = "trainyard.alias_history"
 TAG_LIMIT = 5000
 
@@ -388,7 +385,7 @@ def promote(
     last = recorded[-1] if recorded else None
     if current == version:
         if last and last["to_version"] == version:
-            card.refresh(client, name, [version])  # a retry: the card the first try may not have stored
+            card.refresh(client, name, [version], history.entries(name))  # a retry: the first may have stored none
             return {**last, "changed": False}
         # Moved but not recorded (a crash between the two): record the move from the last recorded holder.
         from_version = last["to_version"] if last else None
@@ -411,7 +408,7 @@ def promote(
     entry = history.append(entry)
     _mirror(client, name, history)
     log.info("%s: %s alias %r %s -> %s by %s (%s)", action, name, alias, from_version, version, user, reason)
-    card.refresh(client, name, [from_version, version])  # both versions' alias history changed
+    card.refresh(client, name, [from_version, version], history.entries(name))  # both versions' history changed
     return {**entry, "changed": True}
 
 

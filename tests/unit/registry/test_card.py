@@ -73,7 +73,7 @@ def test_the_card_holds_every_field_from_where_it_lives(registry):
     c, v1, _ = registry
     _promote(c, v1, "staging", "tina")
     _promote(c, v1, "production", "ann", approved_by="bob")
-    built = card.build(c, NAME, v1)
+    built = card.build(c, NAME, v1, versions.History().entries(NAME))
     lineage = built["lineage"]
     assert lineage["dataset"] == {"store": "local", "repo": "digits", "commit": "c" * 64, "digest": "e" * 64}
     assert (lineage["code_version"], lineage["dependencies_sha256"], lineage["spec_sha256"]) == (
@@ -106,7 +106,7 @@ def test_an_alias_move_stores_the_card_of_both_versions_with_their_runs(registry
         local = c.download_artifacts(mv.run_id, "model_card", str(tmp_path / "dl" / version))
         stored = json.loads((tmp_path / "dl" / version / "model_card" / "card.json").read_text())
         assert local and stored["aliases"] == holds and len(stored["alias_history"]) == (2 if version == v1 else 1)
-    assert card.build(c, NAME, v2)["metrics_measured_by"] == "custom program (reported)"
+    assert card.build(c, NAME, v2, [])["metrics_measured_by"] == "custom program (reported)"
     # the card is no file of the signed version: both still verify
     for version in (v1, v2):
         versions.verify_version(c, NAME, version, signing.trusted_keys())
