@@ -29,6 +29,19 @@ DATASET_COMMITS = AssetAlias("trainyard_dataset_commits")
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
 
 
+def _head(params: dict) -> str | None:
+    """The branch's head commit now, None for a branch or repo with no commit yet."""
+    from trainyard.data.store import NotFound
+    from trainyard.data.stores import open_store
+    from trainyard_airflow.hooks.lakefs_hook import register_store
+
+    register_store()
+    try:
+        return open_store(params["store"]).resolve(params["repo"], params["branch"])
+    except NotFound:
+        return None
+
+
 @dag(
     dag_id="ingest_dataset",
     schedule=None,
@@ -70,6 +83,7 @@ def ingest_dataset():
         if not report.success:
             raise DataValidationError(f"{params['folder']} failed validation; nothing committed.\n{report.summary()}")
         return {
+            "head": _head(params),  # what commit_upload compares with, on every try: is its commit new?
             "digest": digest,
             "kind": kind,
             "files": len(files),
@@ -97,7 +111,7 @@ def ingest_dataset():
             message=params["message"],
             expected_digest=checked["digest"],
         )
-        if result["new_commit"]:
+        if result["commit"] != checked["head"]:  # new since the check (a retry's own commit included)
             branch = Asset(dataset_uri(result["store"], params["repo"], params["branch"]))
             extra = {k: result[k] for k in ("store", "repo", "branch", "commit", "digest")}
             outlet_events[DATASET_COMMITS].add(branch, extra=extra)

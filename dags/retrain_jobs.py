@@ -17,6 +17,7 @@ that one does. A job file that is not valid makes no DAG; `retrain_jobs_errors.p
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +58,9 @@ def _job_dag(job: RetrainingJob) -> Any:
             from airflow.sdk.exceptions import AirflowSkipException
 
             from trainyard.retraining import plan_retraining
+            from trainyard_airflow.hooks.lakefs_hook import register_store
+
+            register_store()  # a lakeFS dataset: its connection
 
             triggering = get_current_context().get("triggering_asset_events") or {}
             asset = Asset(job.dataset_uri)
@@ -87,4 +91,7 @@ def _job_dag(job: RetrainingJob) -> Any:
 
 _jobs, _ = load_jobs_folder()  # the files with errors: retrain_jobs_errors.py
 for _job in _jobs:
-    globals()[_job.dag_id] = _job_dag(_job)
+    try:
+        globals()[_job.dag_id] = _job_dag(_job)
+    except Exception:  # noqa: BLE001 - one job's DAG that Airflow refuses must not take the others down
+        logging.getLogger(__name__).exception("job file %s made no DAG", _job.name)

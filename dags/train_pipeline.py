@@ -344,7 +344,7 @@ def train_pipeline():
 
         result = check(_job_spec(spec, trained), metrics, data, trained)
         get_current_context()["ti"].xcom_push(key="gate_result", value=result)
-        if not result["passed"]:
+        if not result["passed"] and not _spec(spec).replay_of:  # a replay measures; its verdict is recorded
             raise GateFailed(result["message"])
         return result
 

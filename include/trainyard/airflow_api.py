@@ -72,6 +72,8 @@ def find_login() -> AirflowLogin | None:
         raise CommandError(f"{path}: not a JSON object with {', '.join(LOGIN_FIELDS)}: {err}") from None
     if not isinstance(data, dict) or set(data) - set(LOGIN_FIELDS):
         raise CommandError(f"{path}: expected a JSON object with keys among {', '.join(LOGIN_FIELDS)}")
+    if os.environ.get(ENV_PREFIX + "URL"):  # the environment says where, the file who
+        data = {**data, "url": os.environ[ENV_PREFIX + "URL"]}
     return _login(data, str(path))
 
 
@@ -126,7 +128,7 @@ def announce_commit(login: AirflowLogin, upload: dict) -> str:
     with api_client(login) as client:
         assets = af.AssetApi(client)
         try:
-            found = [a for a in assets.get_assets(uri_pattern=uri).assets if a.uri == uri]
+            found = [a for a in assets.get_assets(uri_prefix_pattern=uri).assets if a.uri == uri]
             if not found:
                 return f"no job file retrains on {uri}: the commit was not announced"
             extra = {k: upload[k] for k in ("store", "repo", "branch", "commit", "digest")}

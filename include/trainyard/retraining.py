@@ -21,12 +21,14 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from trainyard.data.store import NAME_RE
 from trainyard.errors import PermanentError
 from trainyard.spec import JobSpec, SpecError, _Model, format_errors
 
 JOB_FILE_SUFFIXES = (".yaml", ".yml")
 # a DAG id is built from the file name: it must be one Airflow accepts and a person can read
-JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+JOB_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")  # whole names only (fullmatch)
+COMMIT_RE = re.compile(r"[0-9a-f]{64}")  # a commit id of either store, in full
 DAG_PREFIX = "retrain_"
 # the two keys a job file adds to a JobSpec
 JOB_KEYS = ("schedule", "retrain_on")
@@ -58,7 +60,7 @@ class Schedule(_Model):
 
         try:
             ZoneInfo(timezone)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # "America" is a folder of the tz database
             raise ValueError("not an IANA timezone name such as 'UTC' or 'Europe/Berlin'") from None
         return timezone
 
@@ -77,6 +79,11 @@ class RetrainingJob(_Model):
     def _has_a_trigger(self) -> RetrainingJob:
         if self.schedule is None and self.retrain_on is None:
             raise ValueError("a job file needs a schedule, retrain_on, or both (else it would never run)")
+        if self.retrain_on and not re.fullmatch(NAME_RE, self.spec.dataset.ref):
+            raise ValueError(
+                f"retrain_on needs dataset.ref to name a branch (letters, digits, '.', '_', '-'; at most 63), "
+                f"got {self.spec.dataset.ref!r}"
+            )
         return self
 
     @property
@@ -107,7 +114,7 @@ def read_job_file(path: Path) -> RetrainingJob:
     import yaml
 
     name = path.name.removesuffix(path.suffix)
-    if not JOB_NAME_RE.match(name):
+    if not JOB_NAME_RE.fullmatch(name):
         raise JobFileError(
             f"{path}: the file name {name!r} makes the DAG id; use lower-case letters, digits, '_' or '-' "
             "(at most 63, starting with a letter or digit)"
@@ -142,6 +149,9 @@ def load_jobs_folder(folder: Path | None = None) -> tuple[list[RetrainingJob], d
         except JobFileError as err:
             errors[str(path)] = str(err)
             continue
+        except Exception as err:  # noqa: BLE001 - one file's surprise must not take the other jobs' DAGs down
+            errors[str(path)] = f"{path}: could not be read as a job file: {type(err).__name__}: {err}"
+            continue
         if job.name in jobs:  # digits.yaml beside digits.yml: one DAG id for two files
             errors[str(path)] = f"{path}: the DAG {job.dag_id} is already made from {jobs[job.name][1]}"
         else:
@@ -164,7 +174,8 @@ def pinned(spec: JobSpec, commit: str) -> JobSpec:
 def commit_from_events(events: list[dict[str, Any]], job: RetrainingJob) -> str | None:
     """The commit to train on from the asset events that triggered a run (oldest first; events posted while
     a run was active are merged into the next one): the newest event's ``commit``, if it names one.
-    Every event must be about the job's own branch; one that names another repo or branch is refused."""
+    Every event must be about the job's own branch; one that names another repo or branch, or a commit
+    that is no full commit id, is refused (an event's ``extra`` is whatever its poster wrote)."""
     ds = job.spec.dataset
     for event in events:
         for key, expected in (("store", ds.store), ("repo", ds.repo), ("branch", ds.ref)):
@@ -173,8 +184,28 @@ def commit_from_events(events: list[dict[str, Any]], job: RetrainingJob) -> str 
                     f"an asset event for {job.dataset_uri} names {key} {event[key]!r}, not {expected!r}: "
                     "post events to the asset of the branch they are about"
                 )
-    commits = [e["commit"] for e in events if isinstance(e.get("commit"), str) and e["commit"]]
+    commits = [e["commit"] for e in events if e.get("commit") is not None]
+    for commit in commits:
+        if not isinstance(commit, str) or not COMMIT_RE.fullmatch(commit):
+            raise SpecError(
+                f"an asset event for {job.dataset_uri} names commit {str(commit)[:80]!r}: an event must name a "
+                "full commit id (64 hex digits), or none to train the branch head"
+            )
     return commits[-1] if commits else None
+
+
+def on_branch(store: Any, repo: str, branch: str, commit: str, limit: int = 100_000) -> bool:
+    """Whether ``commit`` is the head of ``branch`` or one of its ancestors (at most ``limit`` commits
+    looked at): an event may only name a commit of the branch its asset stands for."""
+    todo, seen = [store.resolve(repo, branch)], set[str]()
+    while todo and len(seen) < limit:
+        current = todo.pop()
+        if current == commit:
+            return True
+        if current not in seen:
+            seen.add(current)
+            todo.extend(store.get_commit(repo, current).parents)
+    return False
 
 
 SPEC_DIGEST_TAG = "spec.sha256"  # on every registered version: the identity of the spec it was trained from
@@ -202,10 +233,16 @@ def plan_retraining(job: RetrainingJob, events: list[dict[str, Any]]) -> dict[st
     """What a run of ``job``'s DAG trains: the commit the triggering asset events name (the newest), else
     the head of ``dataset.ref`` now; and, in ``skip``, why it need not train at all (else None)."""
     from trainyard.data.stores import open_store
+    from trainyard.pipeline import resolve_dataset
 
     ds = job.spec.dataset
     named = commit_from_events(events, job)
-    commit = open_store(ds.store).resolve(ds.repo, named or ds.ref)  # also checks a named commit exists
+    if named is None:  # the head now (a built-in source is ingested first, as a training run would)
+        commit = resolve_dataset(job.spec)["commit"]
+    elif on_branch(open_store(ds.store), ds.repo, ds.ref, named):
+        commit = named
+    else:
+        raise SpecError(f"an asset event for {job.dataset_uri} names commit {named[:12]}, which is not on that branch")
     spec = pinned(job.spec, commit)
     return {
         "conf": spec.model_dump(mode="json"),

@@ -48,7 +48,12 @@ def _provider_notifier(conn_id: str, notice: Notice) -> BaseNotifier:
     if conn.conn_type == "http":
         from airflow.providers.http.notifications.http import HttpNotifier
 
-        return HttpNotifier(http_conn_id=conn_id, json=notice.payload(), headers={"Content-Type": "application/json"})
+        return HttpNotifier(
+            http_conn_id=conn_id,
+            json=notice.payload(),
+            headers={"Content-Type": "application/json"},
+            extra_options={"timeout": 10},  # a receiver that hangs must not hold the task's worker
+        )
     if conn.conn_type in ("smtp", "email"):
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
@@ -147,15 +152,25 @@ class TeamNotifier(BaseNotifier):
 
 
 def _job_and_team(context: Any) -> tuple[str, str | None]:
-    """The run's job name and team: from its validated spec, else from its conf as given (a spec that
-    failed validation may still name them), else the JobSpec's default team; None when the conf names
-    something that is no team name."""
-    from trainyard.spec import Resources
-
+    """The run's job name and team: the team of its validated spec, or of the model a ``promote_model``
+    run moves (its versions' ``team`` tag). None before a spec was validated: a conf may name any team,
+    and another team's targets must not hear what it wrote (the failure still goes to the task log)."""
     ti, run = context["ti"], context["dag_run"]
     spec = ti.xcom_pull(task_ids="validate_spec") or {}
-    conf = run.conf or {}
-    job = spec.get("name") or conf.get("name") or (context.get("params") or {}).get("model") or run.dag_id
-    resources = spec.get("resources") or conf.get("resources") or {}
-    team = resources.get("team", Resources().team) if isinstance(resources, dict) else None
-    return str(job), team if isinstance(team, str) else None
+    model = (context.get("params") or {}).get("model")
+    job = spec.get("name") or model or (run.conf or {}).get("name") or run.dag_id
+    if spec:
+        return str(job), spec["resources"]["team"]
+    return str(job), _model_team(model) if model else None
+
+
+def _model_team(model: str) -> str | None:
+    """The team of a registered model's newest version (its ``team`` tag), or None."""
+    from trainyard.registry.mlflow_registry import newest_version
+    from trainyard.tracking.mlflow_tracking import client
+
+    try:
+        version = newest_version(client(), model)
+    except Exception:  # noqa: BLE001 - no such model, registry down: the log only
+        return None
+    return (version.tags or {}).get("team") if version is not None else None

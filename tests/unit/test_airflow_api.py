@@ -47,9 +47,11 @@ def test_the_environment_comes_first_and_a_secret_never_shows(monkeypatch):
     assert "s3cret" not in repr(login) and "s3cret" not in str(login)
 
 
-def test_a_file_only_its_owner_reads_is_used():
+def test_a_file_only_its_owner_reads_is_used_where_the_environment_says(monkeypatch):
     _write({"url": "http://file:8080", "token": "t"})
     assert find_login() == AirflowLogin(url="http://file:8080", token="t")
+    monkeypatch.setenv("AIRFLOW_API_URL", "http://staging:8080")
+    assert find_login() == AirflowLogin(url="http://staging:8080", token="t")
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o602])

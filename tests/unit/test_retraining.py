@@ -64,6 +64,8 @@ def test_a_job_is_a_jobspec_plus_when_to_train(tmp_path, name, text, expected):
         ("list.yaml", "- 1\n", ["expected a mapping"]),
         ("broken.yaml", "schedule: [\n", ["not readable as YAML"]),
         ("Upper.yaml", NIGHTLY, ["the file name 'Upper' makes the DAG id"]),
+        ("folder-zone.yaml", 'schedule: {cron: "0 1 * * *", timezone: America}\n', ["schedule.timezone: not an IANA"]),
+        ("tag.yaml", "retrain_on: new_commits\ndataset: {ref: 'v1 final'}\n", ["retrain_on needs dataset.ref to name"]),
     ],
 )
 def test_a_bad_job_file_is_refused_naming_the_file_and_field(tmp_path, name, text, problems):
@@ -93,6 +95,7 @@ def test_the_newest_event_names_the_commit_and_events_of_another_branch_are_refu
     job = read_job_file(_job(tmp_path, "pets.yaml", ON_DATA))
     assert job.dataset_uri == dataset_uri("local", "pets", "main") == "trainyard://datasets/local/pets/main"
     events = [{"repo": "pets", "branch": "main", "commit": "a" * 64}, {}, {"commit": "b" * 64}, {"note": "x"}]
+    assert commit_from_events([], job) is None
     assert commit_from_events(events, job) == "b" * 64
     assert commit_from_events([{}], job) is None  # an event without a commit: train the branch head
     with pytest.raises(ValueError, match="names branch 'dev', not 'main'"):
@@ -121,12 +124,16 @@ def test_a_run_pins_the_head_or_the_event_s_commit_and_skips_what_is_registered(
     second = ingest_files(store, "pets", "main", {"a.txt": b"2"}, "two", {}).id
     job = read_job_file(_job(tmp_path, "pets.yaml", ON_DATA))
 
+    other = ingest_files(store, "cats", "main", {"a.txt": b"3"}, "elsewhere", {}).id  # of another dataset
     plan = plan_retraining(job, [])
     assert (plan["commit"], plan["conf"]["dataset"]["ref"], plan["skip"]) == (second, second, None)
-    assert plan_retraining(job, [{"commit": first}, {"commit": second[:12]}])["commit"] == second
-    assert plan_retraining(job, [{"commit": first}])["commit"] == first
-    with pytest.raises(Exception, match="0123456789ab"):
-        plan_retraining(job, [{"commit": "0123456789ab"}])  # a commit the store does not hold
+    assert plan_retraining(job, [{"commit": first}, {"commit": second}])["commit"] == second
+    assert plan_retraining(job, [{"commit": first}])["commit"] == first  # an older commit of the branch
+    # what an event's poster may not make a job train: another branch's commit, a ref that is no commit id
+    for hostile, problem in ((other, "not on that branch"), (second[:12], "full commit id"), ("dev", "full commit"),
+                             (["x"], "full commit id"), ("0" * 64, "not on that branch")):  # fmt: skip
+        with pytest.raises(ValueError, match=problem):
+            plan_retraining(job, [{"commit": hostile}])
 
     c = mt.client()
     run = c.create_run(mt.experiment_id(c, "digits")).info.run_id

@@ -103,7 +103,7 @@ def test_cli_upload_prints_the_commit(tmp_path, trainyard_home, digits, capsys, 
     commit = printed.out.strip()
     assert len(commit) == 64
     assert LocalStore(trainyard_home / "datasets").resolve("r", "main") == commit
-    assert "not announced to Airflow" in printed.err  # said, not hidden
+    assert "the commit was not announced" in printed.err  # said, not hidden
     assert cli(["data", "upload", str(folder), "--repo", "r", "--branch", "main"]) == 0
     assert "nothing new to commit" in capsys.readouterr().err
     assert cli(["data", "tag", "v1", "--repo", "r"]) == 0

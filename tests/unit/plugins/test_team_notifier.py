@@ -75,14 +75,31 @@ def test_a_failed_gate_posts_one_notice_with_its_table_and_a_dead_target_costs_t
     assert notice["url"] == "http://airflow/log/gate"
 
 
-def test_a_failure_before_the_spec_was_valid_goes_to_the_team_its_conf_names(team, webhook):
+def test_a_failure_before_the_spec_was_valid_goes_to_the_log_only_and_a_promotion_s_to_the_model_s_team(
+    team, webhook, monkeypatch
+):
+    """A conf may name any team: until the spec is validated, no team's targets hear what it wrote. A failed
+    promotion goes to the team of the model (its versions' ``team`` tag)."""
+    from trainyard import paths
+    from trainyard.tracking import mlflow_tracking as mt
+
     _, received = webhook
     context = _context("validate_spec", {}, conf={"name": "x", "resources": {"team": "vision"}}, error="bad\nmore")
     TeamNotifier(event="failure").notify(context)
-    assert [(n["kind"], n["task"], n["error"]) for n in received] == [("run_failed", "validate_spec", "bad")]
-    TeamNotifier(event="failure").notify(_context("train", {}, conf={"resources": {"team": "nlp"}}))
-    TeamNotifier(event="failure").notify(_context("train", {}, conf={"resources": ["not", "a", "mapping"]}))
-    assert len(received) == 1  # nlp: the log only; no team at all: the log only
+    assert received == []
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
+    c = mt.client()
+    run = c.create_run(mt.experiment_id(c, "digits")).info.run_id
+    c.create_registered_model("digits")
+    c.create_model_version("digits", source=f"runs:/{run}/model", run_id=run, tags={"team": "vision"})
+    promotion = {**_context("verify", {}, error="signature does not verify\n..."), "params": {"model": "digits"}}
+    TeamNotifier(event="failure").notify(promotion)
+    assert [(n["kind"], n["team"], n["job"], n["error"]) for n in received] == [
+        ("run_failed", "vision", "digits", "signature does not verify")
+    ]
+    TeamNotifier(event="failure").notify({**promotion, "params": {"model": "unknown"}})
+    assert len(received) == 1  # a model nobody registered: the log only
 
 
 def test_a_registered_version_and_the_budget_are_told_once(team, webhook):
