@@ -26,6 +26,7 @@ from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, dag, g
 
 from trainyard.retraining import RetrainingJob, load_jobs_folder
 from trainyard_airflow.errors import fail_permanently
+from trainyard_airflow.notifications import TeamNotifier
 
 TRAINING_DAG = "train_pipeline"
 
@@ -51,7 +52,9 @@ def _job_dag(job: RetrainingJob) -> Any:
         doc_md=__doc__,
     )
     def retrain() -> None:
-        @task
+        # its team hears when the job cannot start (a refused event, an unreachable store); a training that
+        # fails is told by train_pipeline's own tasks
+        @task(on_failure_callback=[TeamNotifier(event="failure", team=job.spec.resources.team)])
         @fail_permanently
         def pin_commit() -> dict:
             """The dataset commit this run trains on; skipped when that commit and spec are already registered."""

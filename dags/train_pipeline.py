@@ -368,7 +368,7 @@ def train_pipeline():
         """MLflow model version (signature, input example, lineage tags), alias staging; once per run
         (found again by the run key tag on a retry)."""
         from trainyard.pipeline import register as run
-        from trainyard.retraining import SPEC_DIGEST_TAG, spec_digest
+        from trainyard.spec import SPEC_DIGEST_TAG, spec_digest
 
         user = _triggering_user() or "train_pipeline"
         # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it

@@ -174,6 +174,7 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
     """The run's MLflow run, with what it needs to be replayed: the dataset commit, the code version, the
     digest of the installed dependencies (the list as an artifact) and the whole spec (an artifact)."""
     from trainyard import environment
+    from trainyard.spec import SPEC_DIGEST_TAG, spec_digest
     from trainyard.tracking import mlflow_tracking as mt
 
     c = mt.client()
@@ -190,6 +191,7 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
             "dataset.digest": dataset["digest"],
             "code_version": mt.code_version(),
             environment.DEPENDENCIES_TAG: environment.digest(dependencies),
+            SPEC_DIGEST_TAG: spec_digest(spec),  # a retraining job's memory of what it already tried
             **({"replay_of": spec.replay_of} if spec.replay_of else {}),
             **(tags or {}),
         },

@@ -12,8 +12,6 @@ A new commit is announced as an Airflow asset event on the branch's asset, :func
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -23,7 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainyard.data.store import NAME_RE
 from trainyard.errors import PermanentError
-from trainyard.spec import JobSpec, SpecError, _Model, format_errors
+from trainyard.spec import SPEC_DIGEST_TAG, JobSpec, SpecError, _Model, format_errors, spec_digest
 
 JOB_FILE_SUFFIXES = (".yaml", ".yml")
 # a DAG id is built from the file name: it must be one Airflow accepts and a person can read
@@ -159,13 +157,6 @@ def load_jobs_folder(folder: Path | None = None) -> tuple[list[RetrainingJob], d
     return [job for job, _ in jobs.values()], errors
 
 
-def spec_digest(spec: JobSpec) -> str:
-    """The identity of what a run trains: SHA-256 of the spec's canonical JSON (every field, defaults
-    included, so a default that changes between versions of trainyard counts as a change)."""
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 def pinned(spec: JobSpec, commit: str) -> JobSpec:
     """``spec`` to train on exactly ``commit`` (its branch, or whatever ``dataset.ref`` named, resolved)."""
     return spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"ref": commit})})
@@ -208,23 +199,37 @@ def on_branch(store: Any, repo: str, branch: str, commit: str, limit: int = 100_
     return False
 
 
-SPEC_DIGEST_TAG = "spec.sha256"  # on every registered version: the identity of the spec it was trained from
-
-
-def same_as_registered(spec: JobSpec) -> str | None:
-    """Why ``spec`` (pinned to a commit) need not be trained: its model's newest registered version was
-    trained on that commit from that very spec; None when it must be trained."""
+def already_decided(spec: JobSpec) -> str | None:
+    """Why ``spec`` (pinned to a commit) need not be trained, or None when it must be: the model's newest
+    registered version was trained on that commit from that very spec, or a run of that commit and spec
+    was already stopped by its gate (the same data and spec would meet the same gate again). Triggering
+    ``train_pipeline`` by hand trains it regardless."""
     from trainyard.registry.mlflow_registry import newest_version
     from trainyard.tracking import mlflow_tracking as mt
+    from trainyard.tracking.mlflow_tracking import quote
 
-    version = newest_version(mt.client(), spec.name)
-    if version is None:
-        return None
-    tags = version.tags or {}
-    if tags.get("dataset.commit") == spec.dataset.ref and tags.get(SPEC_DIGEST_TAG) == spec_digest(spec):
+    c, digest, commit = mt.client(), spec_digest(spec), spec.dataset.ref
+    version = newest_version(c, spec.name)
+    tags = (version.tags or {}) if version is not None else {}
+    if version is not None and tags.get("dataset.commit") == commit and tags.get(SPEC_DIGEST_TAG) == digest:
         return (
-            f"{spec.name} version {version.version} was trained on commit {spec.dataset.ref[:12]} from this "
-            "same spec: nothing to train (change the data or the job file to train again)"
+            f"{spec.name} version {version.version} was trained on commit {commit[:12]} from this same spec: "
+            "nothing to train (change the data or the job file to train again)"
+        )
+    experiment = c.get_experiment_by_name(spec.name)
+    if experiment is None:
+        return None
+    stopped = c.search_runs(
+        [experiment.experiment_id],
+        f"tags.`{SPEC_DIGEST_TAG}` = {quote(digest)} and tags.`dataset.commit` = {quote(commit)} "
+        "and tags.`gate.passed` = 'false'",
+        max_results=1,
+    )
+    if stopped:
+        run_key = stopped[0].data.tags.get("trainyard.run_key", stopped[0].info.run_id)
+        return (
+            f"run {run_key} trained commit {commit[:12]} from this same spec and its gate stopped the model: "
+            "nothing to train (change the data or the job file, or trigger train_pipeline to try again)"
         )
     return None
 
@@ -248,5 +253,5 @@ def plan_retraining(job: RetrainingJob, events: list[dict[str, Any]]) -> dict[st
         "conf": spec.model_dump(mode="json"),
         "commit": commit,
         "events": len(events),
-        "skip": same_as_registered(spec),
+        "skip": already_decided(spec),
     }

@@ -7,6 +7,7 @@ JSON only crosses XCom and the run-config file. Every default and description li
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable
@@ -644,6 +645,16 @@ def _fields_md(intro: str, section: dict[str, Any]) -> str:
         )
         lines.append(f"- `{key}` ({facts}): {f.get('description', '')}".rstrip(": "))
     return "\n".join(lines)
+
+
+SPEC_DIGEST_TAG = "spec.sha256"  # on a run and its registered version: the identity of the spec it trained
+
+
+def spec_digest(spec: JobSpec) -> str:
+    """The identity of what a run trains: SHA-256 of the spec's canonical JSON (every field, defaults
+    included, so a default that changes between versions of trainyard counts as a change)."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def safe_key(text: str) -> str:

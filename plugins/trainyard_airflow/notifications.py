@@ -83,9 +83,10 @@ class TeamNotifier(BaseNotifier):
       (told once per team and month).
     """
 
-    def __init__(self, *, event: Event):
+    def __init__(self, *, event: Event, team: str | None = None):
+        """``team``: whom to tell, where the DAG itself knows it (a retraining job's, from its job file)."""
         super().__init__()
-        self.event = event
+        self.event, self.team = event, team
 
     def notify(self, context: Any) -> None:
         notice = getattr(self, f"_{self.event}")(context)
@@ -97,6 +98,7 @@ class TeamNotifier(BaseNotifier):
 
         ti, run = context["ti"], context["dag_run"]
         job, team = _job_and_team(context)
+        team = self.team or team
         run_name = f"{run.dag_id}/{run.run_id}"
         url = getattr(ti, "log_url", None)
         gate = ti.xcom_pull(task_ids="gate", key="gate_result") if ti.task_id == "gate" else None

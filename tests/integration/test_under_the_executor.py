@@ -474,7 +474,8 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     from mlflow.tracking import MlflowClient
 
     from trainyard.data.classification import digits_files
-    from trainyard.retraining import SPEC_DIGEST_TAG, dataset_uri
+    from trainyard.retraining import dataset_uri
+    from trainyard.spec import SPEC_DIGEST_TAG
 
     headers = airflow.headers("admin")  # asset events need the op role
     api = f"{airflow.url}/api/v2"

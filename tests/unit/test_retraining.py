@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 
 from trainyard.retraining import (
-    SPEC_DIGEST_TAG,
     JobFileError,
     commit_from_events,
     dataset_uri,
@@ -13,8 +12,8 @@ from trainyard.retraining import (
     pinned,
     plan_retraining,
     read_job_file,
-    spec_digest,
 )
+from trainyard.spec import SPEC_DIGEST_TAG, spec_digest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "include" / "config" / "retraining").glob("*.yaml"))
@@ -147,3 +146,13 @@ def test_a_run_pins_the_head_or_the_event_s_commit_and_skips_what_is_registered(
     # a newer version from another spec: the newest is what counts
     c.create_model_version("digits", source=f"runs:/{run}/model", run_id=run, tags={"dataset.commit": second})
     assert plan_retraining(job, [])["skip"] is None
+    # a run of the first commit and this spec that its gate stopped: not tried again on that data
+    stopped = pinned(job.spec, first)
+    c.create_run(
+        mt.experiment_id(c, "digits"),
+        tags={"dataset.commit": first, SPEC_DIGEST_TAG: spec_digest(stopped), "gate.passed": "false",
+              "trainyard.run_key": "train_pipeline/r9"},
+    )  # fmt: skip
+    skip = plan_retraining(job, [{"commit": first}])["skip"]
+    assert skip and skip.startswith(f"run train_pipeline/r9 trained commit {first[:12]}")
+    assert plan_retraining(job, [])["skip"] is None  # the head is other data

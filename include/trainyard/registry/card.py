@@ -50,7 +50,7 @@ def build(c, name: str, version: str, moves: list[dict]) -> dict:
     from trainyard.audit import AuditLog
     from trainyard.environment import DEPENDENCIES_TAG
     from trainyard.registry.signing import DIGEST_TAG, KEY_ID_TAG, SIGNATURE_TAG
-    from trainyard.retraining import SPEC_DIGEST_TAG
+    from trainyard.spec import SPEC_DIGEST_TAG
 
     version = str(version)
     mv = c.get_model_version(name, version)

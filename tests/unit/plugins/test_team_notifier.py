@@ -114,3 +114,11 @@ def test_a_registered_version_and_the_budget_are_told_once(team, webhook):
     TeamNotifier(event="training_ended").notify(_context("train", SPEC))
     assert [n["kind"] for n in received] == ["new_version", "budget_warning"]
     assert received[1]["team"] == "vision" and received[1]["budget"] == 0.0
+
+
+def test_a_dag_that_knows_its_team_names_it(team, webhook):
+    """A retraining job's DAG tells the team of its job file when it cannot start."""
+    _, received = webhook
+    context = _context("pin_commit", {}, error="an asset event names commit 'dev'")
+    TeamNotifier(event="failure", team="vision").notify(context)
+    assert [(n["kind"], n["team"], n["task"]) for n in received] == [("run_failed", "vision", "pin_commit")]
