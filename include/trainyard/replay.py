@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from trainyard.errors import CommandError, NotFoundError
@@ -39,33 +37,24 @@ class Recorded:
     rounded: frozenset[str] = frozenset()  # metrics known only as the version's tag, to 6 significant digits
 
 
-def _artifact(c, run_id: str, path: str) -> str | None:
-    from mlflow.exceptions import MlflowException
-
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            return Path(c.download_artifacts(run_id, path, tmp)).read_text()
-        except (MlflowException, OSError):
-            return None
-
-
 def recorded(c, model: str, version: str) -> Recorded:
     """The version's record, or NotFoundError / CommandError saying why it cannot be replayed."""
     from mlflow.exceptions import MlflowException
 
     from trainyard.environment import DEPENDENCIES_ARTIFACT, DEPENDENCIES_TAG
+    from trainyard.tracking.mlflow_tracking import read_artifact
 
     try:
         mv = c.get_model_version(model, str(version))
     except MlflowException as err:
         raise NotFoundError(f"{model} version {version}: {err.message}") from None
-    spec = _artifact(c, mv.run_id, "spec/job_spec.json")
+    spec = read_artifact(c, mv.run_id, "spec/job_spec.json")
     if spec is None:
         raise CommandError(
             f"{model} version {version} recorded no spec (registered before trainyard kept one with each run): "
             "it cannot be replayed exactly"
         )
-    deps = _artifact(c, mv.run_id, DEPENDENCIES_ARTIFACT)
+    deps = read_artifact(c, mv.run_id, DEPENDENCIES_ARTIFACT)
     run = c.get_run(mv.run_id)
     tags = mv.tags or {}
     names = [k.removeprefix("metric.") for k in tags if k.startswith("metric.")]

@@ -23,17 +23,14 @@ CARD_TAG = "trainyard.model_card"  # on the version: where its card is
 
 
 def _artifact_json(c, run_id: str, path: str) -> Any:
-    from mlflow.exceptions import MlflowException
+    """A JSON artifact of the run, parsed; None when it is missing or no JSON."""
+    from trainyard.tracking.mlflow_tracking import read_artifact
 
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            local = c.download_artifacts(run_id, path, tmp)
-        except (MlflowException, OSError):
-            return None
-        try:
-            return json.loads(Path(local).read_text())
-        except ValueError:
-            return None
+    text = read_artifact(c, run_id, path)
+    try:
+        return None if text is None else json.loads(text)
+    except ValueError:
+        return None
 
 
 def _validation_summary(report: Any) -> dict | None:

@@ -99,3 +99,16 @@ def code_version(repo_dir: str | Path | None = None) -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def read_artifact(c, run_id: str, path: str) -> str | None:
+    """The text of one artifact of a run, or None when the run has no such file."""
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            return Path(c.download_artifacts(run_id, path, tmp)).read_text()
+        except (MlflowException, OSError):
+            return None
