@@ -36,7 +36,7 @@ from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.links import LINKS
-from trainyard_airflow.notifications import TeamNotifier
+from trainyard_airflow.notifications import TeamNotifier, training_time_watch
 from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 from trainyard_airflow.policy import training_priority
@@ -127,9 +127,10 @@ def _job_spec(spec: dict, trained: dict) -> JobSpec:
     return JobSpec.model_validate(trained.get("trial_spec") or spec)
 
 
-def _while_admitted(job: Any, work: Any) -> dict:
+def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) -> dict:
     """``work(lease)`` while ``job`` holds its admission (renewed by a heartbeat; released once its
-    training can no longer run); a retry long after its admission waits for it again, holding nothing."""
+    training can no longer run); a retry long after its admission waits for it again, holding nothing.
+    Past ``spec``'s expected hours (``earlier_s`` of earlier tries included) its team is told, once."""
     import logging
     from datetime import UTC, datetime
 
@@ -141,11 +142,15 @@ def _while_admitted(job: Any, work: Any) -> dict:
 
     ledger = default_ledger()
     spend = current_spend(ledger.config, paths.runs_root())
-    ti = get_current_context()["ti"]
+    context = get_current_context()
+    ti = context["ti"]
     # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
     available = None if job.gpu_type == "cpu" else host_devices()
     try:
-        with hold(ledger, job, final_try=ti.try_number > ti.max_tries, available=available, spend=spend) as lease:
+        with (
+            hold(ledger, job, final_try=ti.try_number > ti.max_tries, available=available, spend=spend) as lease,
+            training_time_watch(spec, job.id, _run_key(), earlier_s, context),
+        ):
             return work(lease)
     except NotAdmitted as err:
         poll_s = ledger.config.scheduling.admission_poll_seconds
@@ -223,14 +228,18 @@ def train_pipeline():
         """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
         streamed here; a retry resumes from the newest checkpoint. Holds the job's admission while it runs
         (a heartbeat renews it; released at the end)."""
+        from trainyard.pipeline import run_dir
         from trainyard.pipeline import train as run
         from trainyard.scheduling.admission import job_for
+        from trainyard.training.usage import wall_seconds
 
-        job = job_for(_spec(spec).resources, _run_key(), _triggering_user())
+        job_spec = _spec(spec)
+        job = job_for(job_spec.resources, _run_key(), _triggering_user())
         return _while_admitted(
             job,
+            job_spec,
             lambda lease: run(
-                _spec(spec),
+                job_spec,
                 dataset,
                 data,
                 _run_key(),
@@ -239,6 +248,7 @@ def train_pipeline():
                 tags=_run_tags(),
                 waited_s=lease.waited_s,
             ),
+            earlier_s=wall_seconds(run_dir(job_spec, _run_key())),
         )
 
     @task
@@ -267,6 +277,7 @@ def train_pipeline():
         number = int(slot.rsplit("-", 1)[1])
         return _while_admitted(
             job,
+            job_spec,
             lambda lease: run(
                 job_spec,
                 dataset,

@@ -1,7 +1,9 @@
 """Notices: what a team hears about its runs and models, and where it hears it.
 
 A :class:`Notice` is built here from plain facts (no Airflow): a run that failed, a gate that blocked a model
-(with its table), a new ``staging`` or ``production`` version, a team past 80 % of its monthly budget. Each
+(with its table), a new ``staging`` or ``production`` version, a team past 80 % of its monthly budget, a job
+that has waited in the queue longer than ``scheduling.queue_wait_notice_minutes``, a training that has run
+longer than its spec's ``resources.expected_hours``. Each
 team lists its targets in resources.yaml (``teams.<team>.notify``), Airflow connection ids, each optionally
 for some kinds only; the Airflow side (``trainyard_airflow.notifications``) sends a notice to them by the
 connection's type. Every notice is written to the task log too, so the default (no targets) is the log.
@@ -9,15 +11,21 @@ connection's type. Every notice is written to the task log too, so the default (
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-NoticeKind = Literal["run_failed", "gate_failed", "new_version", "budget_warning"]
-NOTICE_KINDS: tuple[NoticeKind, ...] = ("run_failed", "gate_failed", "new_version", "budget_warning")
+NoticeKind = Literal["run_failed", "gate_failed", "new_version", "budget_warning", "queue_wait", "long_training"]
+NOTICE_KINDS: tuple[NoticeKind, ...] = get_args(NoticeKind)
 BUDGET_WARNING_FRACTION = 0.8  # the share of its monthly budget past which a team is told, once a month
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,16 +105,81 @@ def budget_warning(team: str, month: str, spent: float, budget: float) -> Notice
     )
 
 
+def duration(seconds: float) -> str:
+    """``seconds`` as people say it: 0.4 s, 12 min, 3.5 h."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def queue_wait(team: str, job: str, run: str, waited_s: float, reason: str) -> Notice:
+    return Notice(
+        "queue_wait",
+        team,
+        f"[trainyard] {job}: waiting for its GPUs for {duration(waited_s)}",
+        f"The run {run} of {job} has waited {duration(waited_s)} in the queue: {reason}.\n"
+        "It keeps its place; `trainyard queue` shows the queue, `trainyard queue cancel` takes it out.",
+        {"job": job, "run": run, "waited_s": round(waited_s, 1), "reason": reason},
+    )
+
+
+def long_training(team: str, job: str, run: str, trained_s: float, expected_hours: float, max_hours: float) -> Notice:
+    return Notice(
+        "long_training",
+        team,
+        f"[trainyard] {job}: training for {duration(trained_s)}, longer than the expected {expected_hours:g} h",
+        f"The run {run} of {job} has trained for {duration(trained_s)} (all tries), longer than its "
+        f"resources.expected_hours of {expected_hours:g} h. It goes on until it ends or reaches "
+        f"resources.max_hours ({max_hours:g} h); `trainyard runs cancel` stops it.",
+        {"job": job, "run": run, "trained_s": round(trained_s, 1), "expected_hours": expected_hours},
+    )
+
+
 def budget_warning_due(team: str, month: str, home: Path) -> bool:
-    """True once per team and month, to the first caller to ask (a file created exclusively, so two
-    trainings that end together cannot both send it)."""
-    marker = home / "notifications" / f"budget-{team}-{month}"
+    """True once per team and month, to the first caller to ask."""
+    return due_once(home / "notifications" / f"budget-{team}-{month}")
+
+
+def due_once(marker: Path) -> bool:
+    """True to the first caller that asks for ``marker``, False to every later one, in any process (the
+    file is created exclusively, so two tasks that ask together cannot both send the notice)."""
     marker.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def watch_training_time(
+    expected_hours: float | None, earlier_s: float, marker: Path, tell: Callable[[float], None]
+) -> Iterator[None]:
+    """Around a training: once it has trained ``expected_hours`` (``earlier_s`` of its earlier tries
+    included), ``tell(seconds trained)`` is called from a timer thread, once per ``marker`` (a retry that
+    starts past the time does not tell again). Nothing when ``expected_hours`` is None. What ``tell``
+    raises is logged: a notice must not stop the training."""
+    if expected_hours is None:
+        yield
+        return
+    started = time.monotonic()
+
+    def fire() -> None:
+        try:
+            if due_once(marker):
+                tell(earlier_s + time.monotonic() - started)
+        except Exception:
+            log.exception("could not tell that the training runs longer than expected")
+
+    timer = threading.Timer(max(0.0, expected_hours * 3600 - earlier_s), fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def targets(notify: Iterable[Any], kind: NoticeKind) -> list[str]:

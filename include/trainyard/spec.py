@@ -196,6 +196,25 @@ class Resources(_Model):
         ),
     )
 
+    expected_hours: float | None = Field(
+        None,
+        gt=0,
+        le=24 * 31,
+        description=(
+            "how long the training should take, all tries together: past it, the team is told once "
+            "(notice long_training); the training goes on until max_hours"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _expected_within_max(self) -> Resources:
+        if self.expected_hours is not None and self.expected_hours >= self.max_hours:
+            raise ValueError(
+                f"expected_hours ({self.expected_hours:g}) must be below max_hours ({self.max_hours:g}), "
+                "which stops the training"
+            )
+        return self
+
     @property
     def total_gpus(self) -> int:
         """All of the job's GPUs (nodes x gpus_per_node): its pool slots, its cost multiplier."""

@@ -41,6 +41,23 @@ def send(notice: Notice, context: Any) -> int:
     return sent
 
 
+def training_time_watch(spec: Any, key: str, run: str, earlier_s: float, context: Any) -> Any:
+    """A context manager around a training (``run``, known to the ledger as ``key``; ``spec`` a JobSpec):
+    once it has trained its ``resources.expected_hours``, ``earlier_s`` of earlier tries included, its team
+    is told (notice ``long_training``), once per ``key``."""
+    from trainyard import notifications, paths
+    from trainyard.spec import safe_key
+
+    res = spec.resources
+    marker = paths.home() / "notifications" / "long_training" / safe_key(key)
+
+    def tell(trained_s: float) -> None:
+        notice = notifications.long_training(res.team, spec.name, run, trained_s, res.expected_hours, res.max_hours)
+        send(notice, context)
+
+    return notifications.watch_training_time(res.expected_hours, earlier_s, marker, tell)
+
+
 def _provider_notifier(conn_id: str, notice: Notice) -> BaseNotifier:
     from airflow.sdk import Connection
 

@@ -467,9 +467,9 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     over REST for data and a spec already registered starts a run that trains nothing and says why. The job
     file is edited (a gate no model passes); ``trainyard data upload`` of new data starts a run on that commit
     which the gate stops before export (every check on its MLflow run). The team's webhook (an Airflow http
-    connection, named in resources.yaml) receives exactly the new staging version and the gate's failure,
-    with its table. Then the version's model card, its replay (refused in a changed environment, bit for bit
-    otherwise) and a submitted run that fails."""
+    connection, named in resources.yaml) receives exactly the new staging version, the edited job's training
+    running past its expected hours, and the gate's failure, with its table. Then the version's model card,
+    its replay (refused in a changed environment, bit for bit otherwise) and a submitted run that fails."""
     import yaml
     from mlflow.tracking import MlflowClient
 
@@ -566,7 +566,9 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
             # posted with Airflow's REST client) trains under the new gate, which stops it
             edited = time.time()
             impossible = [{"metric": "val_accuracy", "max": -1.0}, {"metric": "val_macro_f1", "min": 0.9999}]
-            job_file.write_text(yaml.safe_dump({**job, "gates": impossible}))
+            # and a training expected to take 0.36 s: its team hears, from the training task, that it takes longer
+            quick = {**job["resources"], "expected_hours": 0.0001}
+            job_file.write_text(yaml.safe_dump({**job, "gates": impossible, "resources": quick}))
             airflow.wait(
                 lambda: datetime.fromisoformat(dag()["last_parsed_time"]).timestamp() > edited + 1, 300, "a new parse"
             )
@@ -591,8 +593,9 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
             assert len(client.search_model_versions("name = 'pets'")) == 1
         finally:
             resources.write_text(before)
-    assert [n["kind"] for n in received] == ["new_version", "gate_failed"], received
-    staged, blocked = received
+    assert [n["kind"] for n in received] == ["new_version", "long_training", "gate_failed"], received
+    staged, long, blocked = received
+    assert (long["run"], long["expected_hours"], long["team"]) == (f"{DAG}/{gated['run']}", 0.0001, "default")
     assert (staged["model"], staged["version"], staged["alias"], staged["team"]) == ("pets", "1", "staging", "default")
     assert (blocked["job"], blocked["run"], blocked["team"]) == ("pets", f"{DAG}/{gated['run']}", "default")
     assert [c["metric"] for c in blocked["gate"]["checks"] if not c["passed"]] == ["val_accuracy", "val_macro_f1"]

@@ -2,6 +2,7 @@
 team's resources.yaml entry names."""
 
 import multiprocessing
+import time
 
 import pytest
 
@@ -92,3 +93,36 @@ def test_a_bad_target_is_refused_naming_it(entry, problem):
     text = FLEET.replace("- vision_webhook", f"- {entry}")
     with pytest.raises(ResourcesError, match=rf"notify\.0\.{problem}"):
         parse_resources(text, "resources.yaml")
+
+
+def test_a_training_past_its_expected_hours_is_told_once_and_a_quick_one_never(tmp_path):
+    told: list[float] = []
+    marker = tmp_path / "long_training" / "train_pipeline__r1"
+    with notifications.watch_training_time(0.1 / 3600, 0.0, marker, told.append):
+        time.sleep(0.5)
+    assert len(told) == 1 and 0.1 <= told[0] < 0.5
+    # a retry that starts past the time: its earlier tries count, and the run was told already
+    with notifications.watch_training_time(0.1 / 3600, 3600.0, marker, told.append):
+        time.sleep(0.3)
+    assert len(told) == 1
+    with notifications.watch_training_time(1.0, 0.0, tmp_path / "quick", told.append):
+        pass
+    with notifications.watch_training_time(None, 0.0, tmp_path / "none", told.append):
+        time.sleep(0.1)
+    assert len(told) == 1 and not (tmp_path / "quick").exists()
+
+
+def test_a_notice_that_raises_costs_the_training_nothing(tmp_path):
+    def broken(_: float) -> None:
+        raise ConnectionError("webhook down")
+
+    with notifications.watch_training_time(0.05 / 3600, 0.0, tmp_path / "m", broken):
+        time.sleep(0.3)  # the timer's exception is logged, not raised here
+
+
+def test_expected_hours_must_be_below_max_hours():
+    from trainyard.spec import Resources, SpecError, parse_spec
+
+    assert Resources(expected_hours=2, max_hours=4).expected_hours == 2
+    with pytest.raises(SpecError, match=r"resources: .*expected_hours \(4\) must be below max_hours \(4\)"):
+        parse_spec({"name": "digits", "resources": {"expected_hours": 4, "max_hours": 4}})

@@ -140,6 +140,13 @@ class Scheduling(_Model):
             "to this long for the next look, then for Airflow to start the training"
         ),
     )
+    queue_wait_notice_minutes: float = Field(
+        60.0,
+        ge=0,
+        description=(
+            "a job that has waited this long for admission is told to its team once (notice queue_wait); 0: never"
+        ),
+    )
     kueue: bool = Field(
         False,
         description=(

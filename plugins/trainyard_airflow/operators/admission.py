@@ -9,15 +9,17 @@ where a reschedule-mode sensor started one per look. The task's XCom is the ledg
 
 A job waits at most ``ADMISSION_TIMEOUT_S`` (the deferral's timeout); then its run fails, without a
 retry (another week of waiting is not what a retry is for), and its row in the ledger runs out with its
-lease.
+lease. A job still waiting after ``scheduling.queue_wait_notice_minutes`` resumes on a worker once, to tell
+its team (notice ``queue_wait``), and defers again for what is left of its wait.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator
 
@@ -32,8 +34,8 @@ RUN_KEY = "{{ dag_run.dag_id }}/{{ dag_run.run_id }}"
 
 
 class AdmitOperator(BaseOperator):
-    """Wait until the ledger admits the job of ``spec`` (a JobSpec as JSON; only ``resources`` is read),
-    known to the ledger as ``run_key``."""
+    """Wait until the ledger admits the job of ``spec`` (a JobSpec as JSON; its ``resources`` and ``name``
+    are read), known to the ledger as ``run_key``."""
 
     template_fields: Sequence[str] = ("spec", "run_key", "group")
     ui_color = "#e8d5f5"
@@ -46,34 +48,66 @@ class AdmitOperator(BaseOperator):
         super().__init__(**kwargs)
         self.spec, self.run_key, self.group = spec, run_key, group
 
-    @fail_permanently
-    def execute(self, context: Any) -> str:
-        from trainyard.scheduling.admission import default_ledger, job_for, look
+    def _job(self, context: Any) -> Any:
+        from trainyard.scheduling.admission import job_for
         from trainyard.spec import Resources
-        from trainyard_airflow.triggers.admission import AdmissionTrigger
 
         user = getattr(context.get("dag_run"), "triggering_user_name", None)  # None: a scheduled run
         limit = (self.spec.get("sweep") or {}).get("parallelism", 0) if self.group else 0
-        job = job_for(Resources.model_validate(self.spec["resources"]), self.run_key, user, self.group, limit)
-        decision = look(default_ledger(), job)
+        return job_for(Resources.model_validate(self.spec["resources"]), self.run_key, user, self.group, limit)
+
+    @fail_permanently
+    def execute(self, context: Any) -> str:
+        from trainyard.scheduling.admission import default_ledger, look
+
+        job = self._job(context)
+        ledger = default_ledger()
+        decision = look(ledger, job)
         self.log.info("admission of %s: %s", job.id, decision.reason)
         if decision.cancelled:
             raise PermanentError(f"job {job.id}: {decision.reason}")
         if decision.admitted:
             return decision.reason
+        notice_s = ledger.config.scheduling.queue_wait_notice_minutes * 60
+        now = time.time()
+        self._wait(job, since=now, notice_at=now + notice_s if notice_s else None)
+
+    def _wait(self, job: Any, since: float, notice_at: float | None) -> NoReturn:
+        """Defer to the trigger for what is left of ``ADMISSION_TIMEOUT`` since the job began to wait."""
+        from trainyard_airflow.triggers.admission import AdmissionTrigger
+
+        left = ADMISSION_TIMEOUT_S - (time.time() - since)
+        if left <= 0:
+            raise PermanentError(f"job {job.id}: not admitted within {ADMISSION_TIMEOUT_S / 3600:g} h")
         self.defer(
-            trigger=AdmissionTrigger(dataclasses.asdict(job)),
+            trigger=AdmissionTrigger(dataclasses.asdict(job), since=since, notice_at=notice_at),
             method_name="execute_complete",
-            timeout=ADMISSION_TIMEOUT,
+            timeout=timedelta(seconds=left),
         )
 
     @fail_permanently
     def execute_complete(self, context: Any, event: Any = None) -> str:
-        """Where the task resumes when the trigger hands back instead of ending the task: a trigger made
+        """Where the task resumes when the trigger hands back instead of ending the task: a job that has
+        waited ``scheduling.queue_wait_notice_minutes`` (its team is told, then it waits on), a trigger made
         with ``end_from_trigger=False``, or ``dag.test()``, which runs the trigger in line and passes the
         ending event's state ("success") rather than its XCom."""
+        if isinstance(event, dict) and event.get("waiting"):
+            self._tell_waiting(context, event)
+            self._wait(self._job(context), since=event["since"], notice_at=None)
         if isinstance(event, dict) and not event.get("admitted", True):  # cancelled while it waited
             raise PermanentError(event["reason"])
         if event == "failed":  # dag.test() passes the ending event's state: the trigger ended it failed
             raise PermanentError(f"job {self.run_key}: taken out of the queue while it waited")
         return event["reason"] if isinstance(event, dict) else str(event)
+
+    def _tell_waiting(self, context: Any, event: dict) -> None:
+        """The ``queue_wait`` notice to the job's team; a notice that cannot be sent costs the wait nothing."""
+        from trainyard import notifications
+        from trainyard_airflow.notifications import send
+
+        team, name = self.spec["resources"]["team"], self.spec.get("name") or self.run_key
+        waited = time.time() - event["since"]
+        try:
+            send(notifications.queue_wait(team, name, self.run_key, waited, event["reason"]), context)
+        except Exception:
+            self.log.exception("could not tell the team that %s waits", self.run_key)

@@ -12,12 +12,15 @@ arrival is kept, so the restarted trigger finds its place again. A task marked f
 waits withdraws its row (``on_kill``). A ledger that cannot be read for a moment (SQLite locked past its
 timeout) is logged and looked at again at the next tick; resources.yaml is read again at every look, and
 an edit that broke it leaves the last good version in force (the log says what is wrong, at every look).
+A job still waiting after ``scheduling.queue_wait_notice_minutes`` hands back to its task once, which tells
+its team (notice ``queue_wait``) and defers again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,13 +30,19 @@ from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent
 class AdmissionTrigger(BaseTrigger):
     """Ask the ledger for ``job`` (the fields of ``trainyard.scheduling.admission.Job``) until it is admitted."""
 
-    def __init__(self, job: dict[str, Any], end_from_trigger: bool = True) -> None:
+    def __init__(
+        self, job: dict[str, Any], end_from_trigger: bool = True, since: float = 0.0, notice_at: float | None = None
+    ) -> None:
+        """``since``: when the job began to wait (epoch seconds); ``notice_at``: when, still waiting, it hands
+        back to the task (event ``{"waiting": True, ...}``) so that its team is told (None: never)."""
         super().__init__()
         self.job = job
         self.end_from_trigger = end_from_trigger
+        self.since, self.notice_at = since, notice_at
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{__name__}.{type(self).__name__}", {"job": self.job, "end_from_trigger": self.end_from_trigger}
+        kwargs = {"job": self.job, "end_from_trigger": self.end_from_trigger}
+        return f"{__name__}.{type(self).__name__}", {**kwargs, "since": self.since, "notice_at": self.notice_at}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from trainyard.errors import RetryableError
@@ -67,6 +76,12 @@ class AdmissionTrigger(BaseTrigger):
                         yield TaskSuccessEvent(xcoms={"return_value": decision.reason})
                     else:
                         yield TriggerEvent({"admitted": True, "reason": decision.reason})
+                    return
+                if self.notice_at is not None and time.time() >= self.notice_at:
+                    # the task tells the team and waits on (its worker's notifiers, connections and log)
+                    yield TriggerEvent(
+                        {"admitted": False, "waiting": True, "reason": decision.reason, "since": self.since}
+                    )
                     return
             await asyncio.sleep(ledger.config.scheduling.admission_poll_seconds)
 

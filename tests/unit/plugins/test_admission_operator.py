@@ -3,14 +3,17 @@ triggerer, and the event that ends the task without a worker once the job is adm
 
 import asyncio
 import dataclasses
+import json
+from datetime import timedelta
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
 from trainyard.scheduling.admission import Job, default_ledger
 from trainyard_airflow.operators.admission import ADMISSION_TIMEOUT, AdmitOperator
 from trainyard_airflow.triggers.admission import AdmissionTrigger
+from webhook import webhook_receiver
 
 FLEET = """\
 gpu_types:
@@ -49,7 +52,8 @@ def test_a_waiting_job_defers_and_its_trigger_ends_the_task_once_admitted(fleet)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({})
     trigger = deferred.value.trigger
-    assert isinstance(trigger, AdmissionTrigger) and deferred.value.timeout == ADMISSION_TIMEOUT
+    assert isinstance(trigger, AdmissionTrigger)
+    assert ADMISSION_TIMEOUT - deferred.value.timeout < timedelta(seconds=5)
     classpath, kwargs = trigger.serialize()
     assert classpath == "trainyard_airflow.triggers.admission.AdmissionTrigger"
     assert kwargs["job"] == dataclasses.asdict(Job("train_pipeline/r2", "vision", "a100", 1, 1, 24.0))
@@ -78,3 +82,44 @@ def test_without_end_from_trigger_the_task_resumes_with_the_reason(fleet):
     assert event.payload == {"admitted": True, "reason": "admitted: 1 a100 slot(s) for team vision"}
     op = AdmitOperator(task_id="admit", spec=spec(1), run_key=job.id)
     assert op.execute_complete({}, event.payload) == "admitted: 1 a100 slot(s) for team vision"
+
+
+def test_a_job_waiting_past_the_notice_time_tells_its_team_once_and_waits_on(tmp_path, monkeypatch):
+    """The trigger hands back after ``queue_wait_notice_minutes``; the task posts the notice to the team's
+    webhook (a real HTTP server) and defers again, for what is left of its wait, with no second notice due."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "resources.yaml").write_text(
+        FLEET.replace("vision: {quota: {a100: 2}}", "vision: {quota: {a100: 2}, notify: [vision_hook]}")
+        + "  queue_wait_notice_minutes: 0.005\n"  # 0.3 s
+    )
+    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    ledger = default_ledger()
+    assert ledger.request(Job("train_pipeline/r1", "vision", "a100", 2, 1, 1.0)).admitted
+    op = AdmitOperator(task_id="admit", spec={**spec(1), "name": "digits"}, run_key="train_pipeline/r2")
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({})
+    kwargs = deferred.value.trigger.serialize()[1]
+    assert kwargs["notice_at"] == pytest.approx(kwargs["since"] + 0.3)
+
+    async def first_event() -> TriggerEvent:
+        return await asyncio.wait_for(AdmissionTrigger(**kwargs).run().__anext__(), 10)
+
+    event = asyncio.run(first_event())
+    assert event.payload["waiting"] and event.payload["since"] == kwargs["since"]
+    with webhook_receiver() as (port, received):
+        conn = {"conn_type": "http", "host": "127.0.0.1", "schema": "http", "port": port}
+        monkeypatch.setenv("AIRFLOW_CONN_VISION_HOOK", json.dumps(conn))
+        with pytest.raises(TaskDeferred) as again:
+            op.execute_complete({}, event.payload)
+    [notice] = received
+    assert notice["kind"] == "queue_wait" and notice["job"] == "digits" and notice["run"] == "train_pipeline/r2"
+    assert notice["waited_s"] >= 0.3 and notice["reason"] == "a100: 2 of 2 slots in use, the job needs 1"
+    assert notice["subject"].startswith("[trainyard] digits: waiting for its GPUs for 0.")
+    resumed = again.value.trigger.serialize()[1]
+    assert resumed["notice_at"] is None and resumed["since"] == kwargs["since"]
+    assert again.value.timeout < ADMISSION_TIMEOUT
+    # the wait's time is counted from its start: a job past the admission timeout fails, without a retry
+    with pytest.raises(AirflowFailException, match="not admitted within"):
+        op.execute_complete({}, {**event.payload, "since": kwargs["since"] - ADMISSION_TIMEOUT.total_seconds()})
