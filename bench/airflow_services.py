@@ -56,14 +56,23 @@ class Postgres:
             self.dir.chmod(0o755)
             shutil.chown(self.dir, "postgres", "postgres")
         self._run(str(self.bin / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
-        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run(str(self.bin / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
+        self.start_server()
         self._run(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "airflow")
         return self
 
+    def start_server(self) -> None:
+        """The server on its data folder (made by :meth:`start`): after :meth:`stop_server`, a restart."""
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        data, log = str(self.dir / "data"), str(self.dir / "log")
+        self._run(str(self.bin / "pg_ctl"), "-D", data, "-o", options, "-l", log, "-w", "start")
+
+    def stop_server(self) -> None:
+        """Stop the server (its connections are cut), keeping its data."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
+
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError):
-            self._run(str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
+            self.stop_server()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

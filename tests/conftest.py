@@ -127,3 +127,46 @@ LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-03), s
 def pytest_collection_modifyitems(items):
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable for the rest
+
+
+class PostgresForTests:
+    """A throwaway PostgreSQL server (the Debian package's binaries, as in the cluster profile) started by
+    the test session; each test makes the databases it needs, fresh."""
+
+    def __init__(self) -> None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("airflow_services", REPO / "bench" / "airflow_services.py")
+        services = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(services)
+        self.server = services.Postgres().start()
+
+    def database(self, name: str) -> str:
+        """A new, empty database ``name`` (one of that name before is dropped), as a ``postgresql://`` URL."""
+        import psycopg2
+
+        admin = psycopg2.connect(host="127.0.0.1", port=self.server.port, user="postgres", dbname="postgres")
+        admin.autocommit = True
+        try:
+            with admin.cursor() as cur:
+                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                cur.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            admin.close()
+        return f"postgresql://postgres@127.0.0.1:{self.server.port}/{name}"
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """This pytest process's PostgreSQL server (:class:`PostgresForTests`), stopped at the session's end."""
+    server = PostgresForTests()
+    yield server
+    server.server.stop()
+
+
+@pytest.fixture
+def postgres_of_its_own():
+    """A PostgreSQL server for one test, which may stop and restart it (:class:`PostgresForTests`)."""
+    server = PostgresForTests()
+    yield server
+    server.server.stop()

@@ -22,28 +22,31 @@ it, so a large job can wait forever. The ledger here adds what pools lack, and n
 * a team's admitted jobs' commitments (each a worst case, price x max_hours x slots, less what its run
   spent) stay within what its monthly budget has left after the month's spend.
 
-Every decision is one ``BEGIN IMMEDIATE`` transaction on a SQLite file, so concurrent task processes see
-one order. Nothing leaks when a process dies: every row has a lease. A waiting job's lease is renewed by
+Every decision is one transaction that no other decision interleaves with, so concurrent task processes
+see one order: on a SQLite file of this host (the embedded default) or on a PostgreSQL database that every
+host reaches (``TRAINYARD_DATABASE_URL``, the cluster profile); :mod:`trainyard.scheduling.ledger_db`.
+
+Nothing leaks when a process dies: every row has a lease. A waiting job's lease is renewed by
 each look of its ``admit`` task (its trigger), an admitted job's by its training task (:func:`hold`, a heartbeat
 thread); a row whose lease ran out is dropped by the next decision, so a killed worker, a cancelled run or
 a crashed scheduler frees its slots within one lease. A job's arrival is kept apart from its lease, so a
-missed look or a retried training keeps its place in the queue. The file must be on a local disk (SQLite's
-locking does not hold on network filesystems): one host, as with Airflow's LocalExecutor.
+missed look or a retried training keeps its place in the queue. A SQLite file must be on a local disk
+(SQLite's locking does not hold on network filesystems): one host, as with Airflow's LocalExecutor; workers
+on several hosts share the PostgreSQL ledger, whose leases are judged by the database server's clock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard.errors import PermanentError, RetryableError, is_permanent
+from trainyard.scheduling.ledger_db import Connection, LedgerUnavailable, open_db
 from trainyard.scheduling.resources import ResourcesConfig
 
 if TYPE_CHECKING:
@@ -61,27 +64,6 @@ ARRIVAL_KEPT_S = ADMISSION_TIMEOUT_S + 24 * 3600.0  # a job's arrival outlives i
 # in arrival order, before they reach the ledger.
 RUNS_IN_FLIGHT = 256
 LEDGER_FILE = "scheduling/admission.db"  # under TRAINYARD_HOME
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS arrivals (id TEXT PRIMARY KEY, enqueued REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS cancelled (id TEXT PRIMARY KEY, at REAL NOT NULL, reason TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS admission (
-    id TEXT PRIMARY KEY,
-    team TEXT NOT NULL,
-    gpu_type TEXT NOT NULL,
-    slots INTEGER NOT NULL,
-    priority INTEGER NOT NULL,
-    max_hours REAL NOT NULL,
-    enqueued REAL NOT NULL,
-    admitted REAL,
-    borrowed INTEGER NOT NULL DEFAULT 0,
-    devices TEXT NOT NULL DEFAULT '',
-    lease_until REAL NOT NULL,
-    user TEXT NOT NULL DEFAULT '',
-    grp TEXT NOT NULL DEFAULT '',
-    grp_limit INTEGER NOT NULL DEFAULT 0
-)
-"""
 
 
 @dataclass(frozen=True)
@@ -229,56 +211,31 @@ def plan(
 
 
 class Ledger:
-    """The admission state, a SQLite file shared by every task process on this host (WAL journal)."""
+    """The admission state in its store (:mod:`trainyard.scheduling.ledger_db`): a SQLite file shared by the
+    task processes of this host, or a PostgreSQL database shared by every host."""
 
-    def __init__(self, path: str | Path, config: ResourcesConfig, clock: Callable[[], float] = time.time) -> None:
-        self.path, self.config, self.clock = Path(path), config, clock
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(admission)")}
-            # a ledger made before devices were allocated, users shown, sweeps capped
-            for column, kind in (("devices", "TEXT"), ("user", "TEXT"), ("grp", "TEXT"), ("grp_limit", "INTEGER")):
-                if column not in columns:
-                    default = "''" if kind == "TEXT" else "0"
-                    with contextlib.suppress(sqlite3.OperationalError):  # another process added it meanwhile
-                        conn.execute(f"ALTER TABLE admission ADD COLUMN {column} {kind} NOT NULL DEFAULT {default}")
+    def __init__(self, where: str | Path, config: ResourcesConfig, clock: Callable[[], float] | None = None) -> None:
+        """``where``: a SQLite file's path or a ``postgresql://`` URL. ``clock``: the time leases are judged
+        by; default, the store's (this host's for SQLite, the database server's for PostgreSQL)."""
+        self.db, self.config, self.clock = open_db(where), config, clock
 
-    @contextlib.contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        try:
-            yield conn
-        finally:
-            conn.close()
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One writer at a time, across processes: decisions see and leave one consistent state."""
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+    def _now(self, conn: Connection) -> float:
+        return self.clock() if self.clock is not None else self.db.now(conn)
 
     @staticmethod
-    def _entries(conn: sqlite3.Connection) -> list[Entry]:
+    def _entries(conn: Connection) -> list[Entry]:
         rows = conn.execute(
-            "SELECT id, team, gpu_type, slots, priority, max_hours, user, grp, grp_limit, enqueued, admitted, "
+            'SELECT id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_limit, enqueued, admitted, '
             "borrowed, lease_until, devices FROM admission"
         ).fetchall()
         return [Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else ()) for r in rows]
 
     @staticmethod
-    def _drop_lapsed(conn: sqlite3.Connection, now: float) -> None:
+    def _drop_lapsed(conn: Connection, now: float) -> None:
         """Rows whose lease ran out go before anything is handed out: their slots and devices are free."""
         conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
 
-    def _decide(self, conn: sqlite3.Connection, now: float, spend: Spend | None) -> dict[str, tuple[int | None, str]]:
+    def _decide(self, conn: Connection, now: float, spend: Spend | None) -> dict[str, tuple[int | None, str]]:
         """Drop what ran out, admit what the plan admits. A job admitted on another's request keeps its
         waiting lease: if its admit task is gone (a cancelled run), its slots come back within that."""
         self._drop_lapsed(conn, now)
@@ -297,17 +254,18 @@ class Ledger:
         arrival is its first request's, kept apart from the lease: a job that missed a look, or whose
         training is retried, keeps its place. ``spend``: for the budget gate
         (:func:`trainyard.scheduling.budgets.current_spend`); None leaves budgets out."""
-        now = self.clock()
-        with self._transaction() as conn:
+        with self.db.transaction() as conn:
+            now = self._now(conn)
             gone = conn.execute("SELECT reason FROM cancelled WHERE id = ?", (job.id,)).fetchone()
             if gone is not None:  # a look already under way when it was cancelled must not queue it again
                 return Decision(False, gone[0], cancelled=True)
-            conn.execute("INSERT OR IGNORE INTO arrivals (id, enqueued) VALUES (?, ?)", (job.id, now))
+            conn.execute("INSERT INTO arrivals (id, enqueued) VALUES (?, ?) ON CONFLICT (id) DO NOTHING", (job.id, now))
             (arrived,) = conn.execute("SELECT enqueued FROM arrivals WHERE id = ?", (job.id,)).fetchone()
             conn.execute(
-                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, user, grp, grp_limit, "
-                "enqueued, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-                "lease_until = max(lease_until, excluded.lease_until)",
+                'INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_limit, '
+                "enqueued, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                "lease_until = CASE WHEN excluded.lease_until > admission.lease_until "
+                "THEN excluded.lease_until ELSE admission.lease_until END",
                 (
                     job.id,
                     job.team,
@@ -325,9 +283,11 @@ class Ledger:
             verdicts = self._decide(conn, now, spend)
             row = conn.execute("SELECT admitted, borrowed FROM admission WHERE id = ?", (job.id,)).fetchone()
             if row[0] is not None:  # its training has until then to start and take over the lease
+                until = now + ADMITTED_LEASE_S
                 conn.execute(
-                    "UPDATE admission SET lease_until = max(lease_until, ?) WHERE id = ?",
-                    (now + ADMITTED_LEASE_S, job.id),
+                    "UPDATE admission SET lease_until = CASE WHEN lease_until > ? THEN lease_until ELSE ? END "
+                    "WHERE id = ?",
+                    (until, until, job.id),
                 )
         if row[0] is not None:
             borrowed = f", {row[1]} of them borrowed" if row[1] else ""
@@ -337,8 +297,8 @@ class Ledger:
     def renew(self, job_id: str, lease_s: float = RUNNING_LEASE_S) -> bool:
         """Extend an admitted job's lease; False if it is no longer admitted. A row whose lease ran out but
         that no decision has dropped yet is renewed: nothing else can have its slots or devices."""
-        now = self.clock()
-        with self._transaction() as conn:
+        with self.db.transaction() as conn:
+            now = self._now(conn)
             cur = conn.execute(
                 "UPDATE admission SET lease_until = ? WHERE id = ? AND admitted IS NOT NULL", (now + lease_s, job_id)
             )
@@ -350,8 +310,8 @@ class Ledger:
         has the slots and no live job holds one of those devices; False if not (its slots went to another
         job meanwhile, and its training must stop). Quotas and the budget are not asked again: it was
         admitted within them and is running."""
-        now = self.clock()
-        with self._transaction() as conn:
+        with self.db.transaction() as conn:
+            now = self._now(conn)
             self._drop_lapsed(conn, now)
             if conn.execute("SELECT 1 FROM cancelled WHERE id = ?", (job.id,)).fetchone():
                 return False  # taken out of the queue: its training stops
@@ -374,7 +334,7 @@ class Ledger:
             team_used = sum(j.slots for j in of_type if j.team == job.team)
             borrowed = max(0, team_used + job.slots - max(self.config.quota(job.team, job.gpu_type), team_used))
             conn.execute(
-                "INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, user, grp, grp_limit, "
+                'INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_limit, '
                 "enqueued, admitted, borrowed, devices, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (job.id, job.team, job.gpu_type, job.slots, job.priority, job.max_hours, job.user, job.group,
                  job.group_limit, arrived, now, borrowed, ",".join(devices), now + RUNNING_LEASE_S),
@@ -384,7 +344,7 @@ class Ledger:
     def release(self, job_id: str) -> None:
         """The job is done (its training ended for good, or it gave up waiting): its slots and its place
         go; the next look of a waiting job takes them."""
-        with self._transaction() as conn:
+        with self.db.transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
 
@@ -392,23 +352,25 @@ class Ledger:
         """Take the job out of the queue for good (``trainyard queue cancel``): its row, slots and place go,
         and no later look or heartbeat of its tasks, already under way, can bring it back (its training, if
         it runs, stops at its next heartbeat)."""
-        with self._transaction() as conn:
+        with self.db.transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
             conn.execute(
-                "INSERT OR REPLACE INTO cancelled (id, at, reason) VALUES (?, ?, ?)", (job_id, self.clock(), reason)
+                "INSERT INTO cancelled (id, at, reason) VALUES (?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET at = excluded.at, reason = excluded.reason",
+                (job_id, self._now(conn), reason),
             )
 
     def cancelled(self, job_id: str) -> str | None:
         """Why the job was taken out of the queue, or None if it was not."""
-        with self._connect() as conn:
+        with self.db.connection() as conn:
             row = conn.execute("SELECT reason FROM cancelled WHERE id = ?", (job_id,)).fetchone()
         return row[0] if row else None
 
     def withdraw(self, job_id: str) -> None:
         """The job stopped waiting (its task was cancelled): its row and any slots it holds go now; its
         arrival stays (it runs out by itself), so a job withdrawn by mistake that asks again keeps its place."""
-        with self._transaction() as conn:
+        with self.db.transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
 
     def claim_devices(self, job_id: str, count: int, available: list[str]) -> list[str]:
@@ -421,8 +383,8 @@ class Ledger:
                 f"job {job_id} needs {count} device(s) and this host has {len(available)} "
                 f"({available}); ask for fewer, or give this GPU type's pool no more slots than its host has"
             )
-        now = self.clock()
-        with self._transaction() as conn:
+        with self.db.transaction() as conn:
+            now = self._now(conn)
             # a row whose lease ran out is dropped, not merely passed over: its job can then only take its
             # devices back through reclaim, which checks that nobody was handed them meanwhile
             self._drop_lapsed(conn, now)
@@ -438,7 +400,7 @@ class Ledger:
                 d
                 for (devices,) in conn.execute(
                     "SELECT devices FROM admission WHERE id != ? AND lease_until >= ? AND devices != ''", (job_id, now)
-                )
+                ).fetchall()
                 for d in devices.split(",")
             }
             free = [d for d in available if d not in held]
@@ -452,16 +414,17 @@ class Ledger:
 
     def entries(self) -> list[Entry]:
         """Every live row (leases not run out), for reports and tests."""
-        now = self.clock()
-        with self._connect() as conn:
+        with self.db.connection() as conn:
+            now = self._now(conn)
             return [e for e in self._entries(conn) if e.lease_until >= now]
 
     def standing(self, spend: Spend | None = None) -> list[tuple[Entry, str]]:
         """Every live job with what the ledger says of it now, without changing anything: an admitted
         job's share, or why a waiting one waits, in the words its ``admit`` task logs (the same
         :func:`plan`). Admitted jobs first, then the waiting, each oldest first."""
-        now = self.clock()
-        entries = self.entries()
+        with self.db.connection() as conn:
+            now = self._now(conn)
+            entries = [e for e in self._entries(conn) if e.lease_until >= now]
         known = [e for e in entries if e.job.gpu_type in self.config.gpu_types and e.job.team in self.config.teams]
         verdicts = plan(self.config, known, now, spend)
         rows = []
@@ -477,32 +440,47 @@ class Ledger:
         return rows
 
 
-def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
-    """This host's ledger (``$TRAINYARD_HOME/scheduling/admission.db``) over the resources in force
-    (:func:`~trainyard.scheduling.resources.resources_in_force`). Refused without an explicit
-    TRAINYARD_HOME: the triggerer, the ``admit`` task and the training must share one ledger, and a
-    process that fell back to ``./var`` would queue against an empty one and admit everything."""
+DATABASE_URL_ENV = "TRAINYARD_DATABASE_URL"  # a postgresql:// URL: the ledger every host shares
+
+
+def ledger_location() -> str | Path:
+    """Where this installation's ledger is: ``$TRAINYARD_DATABASE_URL`` (PostgreSQL, the cluster profile)
+    when set, else ``$TRAINYARD_HOME/scheduling/admission.db`` (SQLite, this host)."""
     import os
 
     from trainyard import paths
+
+    return os.environ.get(DATABASE_URL_ENV) or paths.home() / LEDGER_FILE
+
+
+def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
+    """This installation's ledger (:func:`ledger_location`) over the resources in force
+    (:func:`~trainyard.scheduling.resources.resources_in_force`). Refused without an explicit
+    TRAINYARD_HOME: the triggerer, the ``admit`` task and the training must share one ledger (and one runs
+    root, where the budget gate reads the spend), and a process that fell back to ``./var`` would queue
+    against an empty one and admit everything."""
+    import os
+
     from trainyard.scheduling.resources import resources_in_force
 
     if not os.environ.get("TRAINYARD_HOME"):
         raise PermanentError(
-            "the admission queue needs TRAINYARD_HOME set, the same for every Airflow process on this host "
+            "the admission queue needs TRAINYARD_HOME set, the same for every Airflow process "
             "(scheduler, triggerer, workers): `make up` sets it; export it where you start Airflow yourself"
         )
-    return Ledger(paths.home() / LEDGER_FILE, config or resources_in_force())
+    return Ledger(ledger_location(), config or resources_in_force())
 
 
 def existing_ledger(config: ResourcesConfig | None = None) -> Ledger | None:
-    """This host's ledger, over ``config`` or the resources in force, if a job was ever queued here, else
-    None: for reports and checks, which must not create one (and work without TRAINYARD_HOME)."""
-    from trainyard import paths
+    """This installation's ledger, over ``config`` or the resources in force, if a job was ever queued in
+    it, else None: for reports and checks, which must not create a SQLite file (and work without
+    TRAINYARD_HOME). A PostgreSQL ledger is always there."""
     from trainyard.scheduling.resources import resources_in_force
 
-    path = paths.home() / LEDGER_FILE
-    return Ledger(path, config or resources_in_force()) if path.is_file() else None
+    where = ledger_location()
+    if isinstance(where, Path) and not where.is_file():
+        return None
+    return Ledger(where, config or resources_in_force())
 
 
 def look(ledger: Ledger, job: Job) -> Decision:
@@ -651,5 +629,5 @@ def hold(
                 ledger.release(job.id)
             else:
                 ledger.renew(job.id, ADMITTED_LEASE_S)
-        except sqlite3.Error as err:  # the lease runs out by itself; the training's own outcome stands
+        except LedgerUnavailable as err:  # the lease runs out by itself; the training's own outcome stands
             log.warning("could not hand back the admission of %s: %s", job.id, err)

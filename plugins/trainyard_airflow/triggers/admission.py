@@ -2,7 +2,7 @@
 
 The trigger asks the admission ledger (``trainyard.scheduling.admission``) every
 ``scheduling.admission_poll_seconds``; each look renews the job's place in the queue, as a look of the
-reschedule-mode sensor did, but it costs a SQLite transaction in the triggerer instead of a task process
+reschedule-mode sensor did, but it costs a ledger transaction in the triggerer instead of a task process
 on a worker. When the ledger admits the job, the trigger ends the task itself (``end_from_trigger``), so
 the admission is not followed by a worker start either; the reason it got ("admitted: 2 a100-80gb slot(s)
 ...") is the task's XCom, and every change of the reason it waits for goes to the task log.
@@ -10,8 +10,9 @@ the admission is not followed by a worker start either; the reason it got ("admi
 A triggerer that dies takes no reservation with it: the job's waiting row runs out (its lease) and its
 arrival is kept, so the restarted trigger finds its place again. A task marked failed or cleared while it
 waits withdraws its row (``on_kill``). A ledger that cannot be read for a moment (SQLite locked past its
-timeout) is logged and looked at again at the next tick; resources.yaml is read again at every look, and
-an edit that broke it leaves the last good version in force (the log says what is wrong, at every look).
+timeout, a PostgreSQL server restarting) is logged and looked at again at the next tick; resources.yaml is
+read again at every look, and an edit that broke it leaves the last good version in force (the log says
+what is wrong, at every look).
 A job still waiting after ``scheduling.queue_wait_notice_minutes`` hands back to its task once, which tells
 its team (notice ``queue_wait``) and defers again.
 """

@@ -1,5 +1,7 @@
 """The admission ledger: capacity, quotas, borrowing and lending, order, the bound on a large job's wait,
-leases that free what a dead process held, and one consistent order across concurrent processes."""
+leases that free what a dead process held, and one consistent order across concurrent processes. Every
+test of the ledger's rules runs against both of its stores: a SQLite file (the embedded default) and a
+PostgreSQL database (the cluster profile; a real server this session starts)."""
 
 import multiprocessing
 import random
@@ -37,9 +39,18 @@ def clock():
     return Clock()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path):
+    """Where a test's ledgers live, by name: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return lambda name: tmp_path / f"{name}.db"
+    postgres = request.getfixturevalue("postgres")
+    return lambda name: postgres.database(f"ledger_{name}".replace("-", "_"))
+
+
 @pytest.fixture
-def ledger(tmp_path, clock):
-    return Ledger(tmp_path / "admission.db", parse_resources(FLEET), clock)
+def ledger(store, clock):
+    return Ledger(store("admission"), parse_resources(FLEET), clock)
 
 
 def job(name: str, team: str, slots: int, priority: int = 1) -> Job:
@@ -109,13 +120,13 @@ scheduling:
 """
 
 
-def _large_job_start(tmp_path, clock, max_wait: int, minutes: int = 30) -> int | None:
+def _large_job_start(store, clock, max_wait: int, minutes: int = 30) -> int | None:
     """The minute a 4-slot job starts while its team's 1-slot jobs keep the fleet full (with nlp's idle
     quota): every minute the oldest running one ends and two arrive, so a free slot is always wanted by a
     small job that fits. Every waiting job asks again each minute, as its admit task does; running ones
     renew their lease."""
     cfg = parse_resources(STREAM.replace("MAX_WAIT", str(max_wait)))
-    ledger = Ledger(tmp_path / f"stream-{max_wait}.db", cfg, clock)
+    ledger = Ledger(store(f"stream-{max_wait}"), cfg, clock)
     jobs = [job(f"s{i}", "vision", 1) for i in range(8)]  # vision's quota and nlp's idle one, lent
     for j in jobs:
         assert ledger.request(j).admitted
@@ -138,11 +149,11 @@ def _large_job_start(tmp_path, clock, max_wait: int, minutes: int = 30) -> int |
     return None
 
 
-def test_a_large_job_waits_at_most_the_bound_behind_a_stream_of_small_ones(tmp_path, clock):
-    assert _large_job_start(tmp_path, clock, max_wait=10_000) is None  # no bound: the small ones pass it forever
+def test_a_large_job_waits_at_most_the_bound_behind_a_stream_of_small_ones(store, clock):
+    assert _large_job_start(store, clock, max_wait=10_000) is None  # no bound: the small ones pass it forever
     # it arrives at minute 1; past the bound (5 min) no small job starts, and it starts once 4 running ones
     # have ended (one a minute here)
-    started = _large_job_start(tmp_path, clock, max_wait=5)
+    started = _large_job_start(store, clock, max_wait=5)
     assert started is not None and 5 < started - 1 <= 5 + 4, started
 
 
@@ -243,10 +254,10 @@ def _worker(path: str, fleet: str, seed: int, jobs: int, out) -> None:
     out.put(violations or "done")
 
 
-def test_concurrent_processes_never_admit_past_capacity_or_quota(tmp_path):
+def test_concurrent_processes_never_admit_past_capacity_or_quota(store):
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    path = str(tmp_path / "shared.db")
+    path = str(store("shared"))
     Ledger(path, parse_resources(FLEET))
     procs = [ctx.Process(target=_worker, args=(path, FLEET, seed, 12, out)) for seed in range(4)]
     for p in procs:
@@ -258,7 +269,7 @@ def test_concurrent_processes_never_admit_past_capacity_or_quota(tmp_path):
     assert all(p.exitcode == 0 for p in procs)
 
 
-def test_a_lending_limit_holds_while_others_borrow(tmp_path):
+def test_a_lending_limit_holds_while_others_borrow(store):
     cfg = parse_resources(
         """\
 gpu_types:
@@ -269,14 +280,14 @@ teams:
   c: {quota: {a100: 3}, lending_limit: {a100: 1}}
 """
     )
-    ledger = Ledger(tmp_path / "lend.db", cfg)
+    ledger = Ledger(store("lend"), cfg)
     assert ledger.request(Job("b1", "b", "a100", 5, 1, 1.0)).admitted  # 2 borrowed: a's idle and c's 1
     refused = ledger.request(Job("a1", "a", "a100", 5, 1, 1.0))  # would borrow 1 more: only c's kept 2 are left
     assert not refused.admitted and "0 are lendable" in refused.reason
     assert ledger.request(Job("c1", "c", "a100", 2, 1, 1.0)).admitted  # what c kept for itself is there
 
 
-def test_a_lender_taking_its_quota_back_waits_rather_than_take_another_teams_reserve(tmp_path):
+def test_a_lender_taking_its_quota_back_waits_rather_than_take_another_teams_reserve(store):
     """c lends nothing: its 2 slots are its own whatever happens. When a wants back the quota b borrowed,
     the free slots are c's, so a waits for b (nothing running is preempted), and c still gets its own."""
     cfg = parse_resources(
@@ -289,7 +300,7 @@ teams:
   c: {quota: {a100: 2}, lending_limit: {a100: 0}}
 """
     )
-    ledger = Ledger(tmp_path / "reserve.db", cfg)
+    ledger = Ledger(store("reserve"), cfg)
     assert ledger.request(Job("b1", "b", "a100", 4, 1, 1.0)).admitted  # borrows a's idle 2
     back = ledger.request(Job("a1", "a", "a100", 1, 1, 1.0))
     assert not back.admitted and "team a's quota is lent out and the free slots are other teams' reserve" in back.reason
@@ -298,7 +309,7 @@ teams:
     assert ledger.request(Job("a1", "a", "a100", 1, 1, 1.0)).admitted  # the borrower ended: a's quota is back
 
 
-def test_a_fleet_already_lending_too_much_still_admits_what_makes_it_no_worse(tmp_path):
+def test_a_fleet_already_lending_too_much_still_admits_what_makes_it_no_worse(store):
     """After the file lowers a lending limit, what is running may lend more than the new limits allow: a job
     that makes that no worse (one of a team that lends nothing) still starts."""
     before = """\
@@ -309,7 +320,7 @@ teams:
   b: {quota: {a100: 2}}
   r: {quota: {a100: 2}, lending_limit: {a100: 0}}
 """
-    ledger = Ledger(tmp_path / "edit.db", parse_resources(before))
+    ledger = Ledger(store("edit"), parse_resources(before))
     assert ledger.request(Job("b1", "b", "a100", 4, 1, 1.0)).admitted  # borrows a's idle 2
     ledger.config = parse_resources(
         before.replace("a: {quota: {a100: 2}}", "a: {quota: {a100: 2}, lending_limit: {a100: 0}}")
@@ -319,7 +330,7 @@ teams:
     assert not refused.admitted and "0 are lendable" in refused.reason
 
 
-def test_a_budget_stops_admission_of_jobs_it_cannot_cover(tmp_path):
+def test_a_budget_stops_admission_of_jobs_it_cannot_cover(store):
     cfg = parse_resources(
         FLEET.replace(
             "vision: {quota: {a100: 4}, borrowing_limit: {a100: 2}}",
@@ -328,7 +339,7 @@ def test_a_budget_stops_admission_of_jobs_it_cannot_cover(tmp_path):
     )
     from trainyard.scheduling.budgets import Spend
 
-    ledger = Ledger(tmp_path / "budget.db", cfg)
+    ledger = Ledger(store("budget"), cfg)
     spent = Spend({"vision": 4.0}, lambda run: 0.0)
     assert ledger.request(Job("v1", "vision", "a100", 2, 1, 2.0), spent).admitted  # 1.0 x 2 h x 2 = 4 of 6 left
     over = ledger.request(Job("v2", "vision", "a100", 2, 1, 1.5), spent)  # 3 more: only 2 left
@@ -501,14 +512,14 @@ def test_trainyard_queue_shows_who_waits_and_why_in_the_words_admit_logs(trainya
     assert "cpu:" in table and "bob" in table and waiting.reason in table
 
 
-def test_a_retried_job_commits_what_its_run_has_not_spent_yet(tmp_path):
+def test_a_retried_job_commits_what_its_run_has_not_spent_yet(store):
     """One definition of a commitment for the ledger and the reports: a job's worst case less what its
     run's earlier tries cost. A retry near the end of the budget is admitted when what is left covers the
     rest of its worst case, as validate_spec and `report cost` count it."""
     from trainyard.scheduling.budgets import Spend
 
     cfg = parse_resources(FLEET.replace("nlp: {quota: {a100: 2}}", "nlp: {quota: {a100: 2}, monthly_budget: 10}"))
-    ledger = Ledger(tmp_path / "budget.db", cfg)
+    ledger = Ledger(store("budget"), cfg)
     job = Job("retried", "nlp", "a100", 2, 1, 4.0)  # worst case 1.0 x 4 h x 2 = 8
     spent_by_run = {"retried": 5.0}  # its first try cost 5 (this month): 5 of 10 left, 3 more at worst
     spend = Spend({"nlp": 5.0}, lambda run: spent_by_run.get(run, 0.0))
@@ -526,14 +537,14 @@ def _token(claims: dict) -> str:
     return f"e30.{body}.c2ln"
 
 
-def test_queue_cancel_refuses_who_is_not_of_the_team_and_what_is_not_queued(tmp_path):
+def test_queue_cancel_refuses_who_is_not_of_the_team_and_what_is_not_queued(store):
     """Before Airflow is asked anything: a user outside the job's team (and not an admin) is refused, the
     job keeps its place; a run not in the queue and a token that is no JWT are named as such."""
     from trainyard.errors import CommandError, NotFoundError
     from trainyard.scheduling.cancel import cancel_run
 
     cfg = parse_resources(FLEET.replace("vision: {quota", "vision: {members: [alice], quota"))
-    ledger = Ledger(tmp_path / "q.db", cfg)
+    ledger = Ledger(store("q"), cfg)
     assert ledger.request(Job("train_pipeline/r1", "vision", "a100", 2, 1, 1.0, "alice")).admitted
     unreachable = "http://127.0.0.1:9"  # nothing listens: any call would fail differently
     with pytest.raises(CommandError, match="user 'bob' may not cancel run train_pipeline/r1: it is team 'vision'"):

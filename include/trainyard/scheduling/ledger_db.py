@@ -1,0 +1,228 @@
+"""Where the admission ledger keeps its rows: a SQLite file on this host (the embedded default) or a
+PostgreSQL database every host reaches (the cluster profile). One interface, two stores; the ledger's
+rules (:mod:`trainyard.scheduling.admission`) are the same SQL on both.
+
+Both give the ledger what its decisions need:
+
+- **one decision at a time**: a transaction that no other decision interleaves with. SQLite takes its
+  database's write lock at ``BEGIN IMMEDIATE``; PostgreSQL locks the one row of ``ledger_lock``
+  (``SELECT ... FOR UPDATE``) first, so decisions from any number of hosts queue on that row lock, and
+  each statement after it sees what the decisions before it committed (READ COMMITTED);
+- **one clock for leases**: on SQLite, this host's; on PostgreSQL, the database server's
+  (``clock_timestamp()``), so hosts whose clocks drift apart still agree on whose lease ran out;
+- **a store that cannot be reached for a moment is not a failure of the job**: a lock held past its
+  timeout, a server restarting, a dropped connection all raise :class:`LedgerUnavailable` (retryable);
+  the trigger looks again at its next tick, the heartbeat at its next beat, a task on its retry.
+
+A store is named by where it is: a filesystem path (SQLite) or a ``postgresql://`` URL (``postgresql+psycopg2://``
+is taken too, as Airflow and MLflow write it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainyard.errors import RetryableError
+
+# The ledger's tables. Times are epoch seconds in double precision (SQLite reads the type as REAL);
+# "user" is quoted: PostgreSQL reserves the word.
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS arrivals (id TEXT PRIMARY KEY, enqueued DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS cancelled (id TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL, reason TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS admission (
+    id TEXT PRIMARY KEY,
+    team TEXT NOT NULL,
+    gpu_type TEXT NOT NULL,
+    slots INTEGER NOT NULL,
+    priority INTEGER NOT NULL,
+    max_hours DOUBLE PRECISION NOT NULL,
+    enqueued DOUBLE PRECISION NOT NULL,
+    admitted DOUBLE PRECISION,
+    borrowed INTEGER NOT NULL DEFAULT 0,
+    devices TEXT NOT NULL DEFAULT '',
+    lease_until DOUBLE PRECISION NOT NULL,
+    "user" TEXT NOT NULL DEFAULT '',
+    grp TEXT NOT NULL DEFAULT '',
+    grp_limit INTEGER NOT NULL DEFAULT 0
+)""",
+)
+# Columns a SQLite ledger made by an earlier version may lack (devices allocated, users shown, sweeps capped).
+ADDED_COLUMNS = (("devices", "TEXT"), ("user", "TEXT"), ("grp", "TEXT"), ("grp_limit", "INTEGER"))
+
+
+class LedgerUnavailable(RetryableError):
+    """The ledger's store cannot be reached or locked now (a lock held past its timeout, a database that
+    restarts, a connection dropped): look again later; nothing was decided."""
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Connection(Protocol):
+    def execute(self, sql: str, params: tuple = ..., /) -> Cursor: ...
+
+
+class LedgerDb(Protocol):
+    """What the ledger asks of its store. SQL uses ``?`` placeholders and the SQL both engines share."""
+
+    where: str
+
+    def connection(self) -> contextlib.AbstractContextManager[Connection, Any]:
+        """A connection whose every statement commits by itself: reads for reports."""
+        ...
+
+    def transaction(self) -> contextlib.AbstractContextManager[Connection, Any]:
+        """One decision: no other decision runs until it commits; rolled back on any exception."""
+        ...
+
+    def now(self, conn: Connection) -> float:
+        """The time leases are judged by, in epoch seconds."""
+        ...
+
+
+class SqliteDb:
+    """A SQLite file (WAL journal) shared by the processes of one host. It must be on a local disk:
+    SQLite's locking does not hold on network filesystems."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.where = str(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.connection() as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            for statement in SCHEMA:
+                conn.execute(statement)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(admission)").fetchall()}
+            for column, kind in ADDED_COLUMNS:
+                if column not in columns:
+                    default = "''" if kind == "TEXT" else "0"
+                    with contextlib.suppress(sqlite3.OperationalError):  # another process added it meanwhile
+                        conn.execute(f'ALTER TABLE admission ADD COLUMN "{column}" {kind} NOT NULL DEFAULT {default}')
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Connection]:
+        try:
+            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        except sqlite3.OperationalError as err:
+            raise LedgerUnavailable(f"the admission ledger {self.where} cannot be opened: {err}") from err
+        try:
+            yield conn
+        except sqlite3.OperationalError as err:  # "database is locked" past the timeout, a disk error
+            raise LedgerUnavailable(f"the admission ledger {self.where}: {err}") from err
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        with self.connection() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def now(self, conn: Connection) -> float:
+        return time.time()
+
+
+class _PgConnection:
+    """A psycopg2 connection that speaks the ledger's ``?`` placeholders."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: tuple | list = ()) -> Any:
+        cursor = self._conn.cursor()
+        cursor.execute(sql.replace("?", "%s"), tuple(params))
+        return cursor
+
+
+class PostgresDb:
+    """A PostgreSQL database shared by every host (the cluster profile). Its tables are made on first use;
+    the URL names the database, which must exist (``make up-cluster`` makes it)."""
+
+    CONNECT_TIMEOUT_S = 10
+
+    def __init__(self, url: str) -> None:
+        self.url = url.replace("postgresql+psycopg2://", "postgresql://", 1)
+        self.where = _without_password(self.url)
+        with self._connect() as raw:
+            conn = _PgConnection(raw)
+            # two hosts starting at once would race on CREATE TABLE IF NOT EXISTS: one at a time
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
+            for statement in SCHEMA:
+                conn.execute(statement)
+            conn.execute("CREATE TABLE IF NOT EXISTS ledger_lock (id INTEGER PRIMARY KEY)")
+            conn.execute("INSERT INTO ledger_lock (id) VALUES (1) ON CONFLICT (id) DO NOTHING")
+            raw.commit()
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[Any]:
+        import psycopg2
+
+        try:
+            conn = psycopg2.connect(self.url, connect_timeout=self.CONNECT_TIMEOUT_S)
+        except psycopg2.OperationalError as err:
+            raise LedgerUnavailable(f"the admission ledger at {self.where} cannot be reached: {err}".strip()) from err
+        try:
+            yield conn
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as err:  # a restart, a dropped connection
+            raise LedgerUnavailable(f"the admission ledger at {self.where}: {err}".strip()) from err
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[_PgConnection]:
+        with self._connect() as conn:
+            conn.autocommit = True
+            yield _PgConnection(conn)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[_PgConnection]:
+        with self._connect() as conn:
+            wrapped = _PgConnection(conn)
+            try:
+                # the decisions' one row lock, held to the commit: decisions from every host, one at a time
+                wrapped.execute("SELECT id FROM ledger_lock WHERE id = 1 FOR UPDATE")
+                yield wrapped
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+    def now(self, conn: Connection) -> float:
+        return float(conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])
+
+
+LOCK_KEY = 0x7472_6169  # "trai": the advisory lock that makes the tables once
+
+
+def _without_password(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def open_db(where: str | Path) -> LedgerDb:
+    """The store at ``where``: a ``postgresql://`` URL, or a path of a SQLite file."""
+    text = str(where)
+    if text.startswith(("postgresql://", "postgresql+psycopg2://", "postgres://")):
+        return PostgresDb(text.replace("postgres://", "postgresql://", 1))
+    return SqliteDb(where)
