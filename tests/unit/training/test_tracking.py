@@ -177,7 +177,9 @@ def test_the_relay_logs_each_complete_line_once(tmp_path, mlflow_run):
     assert history == [(1, 2.0), (2, 1.5), (3, 1.0)]
     events = EventAccumulator(tb)
     events.Reload()
-    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
+    # each relay call writes an event file of its own; files made in the same second are read in the order
+    # of the rest of their names, so the steps are compared as a set of each step once
+    assert sorted(e.step for e in events.Scalars("train/loss")) == [1, 2, 3]
 
 
 def test_the_live_relay_and_its_tensorboard_writer_run_at_its_nice_value(tmp_path, mlflow_run):
