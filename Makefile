@@ -15,7 +15,7 @@ DOCKER_BUILD_ARGS ?=
 LINT_PATHS := include plugins dags
 RUFF_PATHS := $(LINT_PATHS) tests bench scripts
 
-.PHONY: setup demo test test-gpu lint bench bench-scheduler image up clean
+.PHONY: setup demo test test-gpu lint bench bench-scheduler image up up-cluster down-cluster cluster-status cluster-env clean
 
 setup:
 	@scripts/setup.sh
@@ -61,6 +61,22 @@ image:
 
 up: setup
 	@scripts/up.sh
+
+# The cluster profile on this machine (scripts/cluster.py): PostgreSQL, Redis, an MLflow server, Airflow with
+# the CeleryExecutor and a worker per queue (cpu, gpu), all on 127.0.0.1, data under $(TRAINYARD_CLUSTER_DIR).
+export TRAINYARD_CLUSTER_DIR ?= $(CURDIR)/var/cluster
+up-cluster: setup
+	@python scripts/cluster.py up
+
+down-cluster:
+	@python scripts/cluster.py down
+
+cluster-status:
+	@python scripts/cluster.py status
+
+# eval "$$(make -s cluster-env)": the trainyard and airflow commands of this shell then use the cluster
+cluster-env:
+	@python scripts/cluster.py env
 
 clean:
 	rm -rf .airflow var

@@ -65,14 +65,18 @@ else
 fi
 export PATH=$VENV/bin:$PATH
 
-# The scheduler replay (make bench-scheduler; a small one in make test) runs Airflow on a throwaway
-# PostgreSQL server (bench/airflow_services.py), from the Debian package's binaries.
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+# The cluster profile (make up-cluster) and its tests run PostgreSQL and Redis servers from the Debian
+# packages' binaries, started by trainyard itself (so are the scheduler replay's and the ledger tests'
+# throwaway PostgreSQL servers, bench/airflow_services.py).
+missing=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v redis-server >/dev/null || missing+=(redis-server)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing PostgreSQL's server (apt-get install postgresql)"
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    log "installing ${missing[*]} (apt-get install)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    log "PostgreSQL's server is missing: the scheduler replay needs it (Debian: sudo apt-get install postgresql)"
+    log "missing: ${missing[*]}; the cluster profile and its tests need them (Debian: sudo apt-get install ${missing[*]})"
   fi
 fi
 

@@ -54,5 +54,10 @@ def mlflow_tracking_uri() -> str:
     return f"sqlite:///{db}"
 
 
-def mlflow_artifact_root() -> str:
+def mlflow_artifact_root() -> str | None:
+    """Where new experiments keep their artifacts: a folder of TRAINYARD_HOME with the embedded SQLite
+    store; None with a tracking server (``MLFLOW_TRACKING_URI`` http(s)), which stores them itself (the
+    cluster profile's ``mlflow server --serve-artifacts``)."""
+    if mlflow_tracking_uri().startswith(("http://", "https://")):
+        return None
     return (home() / "mlflow" / "artifacts").as_uri()

@@ -23,6 +23,7 @@ from trainyard.recipes.catalog import SOURCES
 RECIPES = (*BUILT_IN_RECIPES, "custom")
 SOURCE_CHOICES = (*SOURCES, "none")
 NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+MAX_HOURS_LIMIT = 24 * 31  # the longest resources.max_hours: a month (the cluster profile's Celery redelivery bound)
 
 
 class SpecError(PermanentError, ValueError):
@@ -189,7 +190,7 @@ class Resources(_Model):
     max_hours: float = Field(
         24.0,
         gt=0,
-        le=24 * 31,
+        le=MAX_HOURS_LIMIT,
         description=(
             "the longest the training may hold its GPUs, all tries together: its workers are stopped then, "
             "and price x max_hours x GPUs is the cost's worst case that the team's budget must cover"
@@ -199,7 +200,7 @@ class Resources(_Model):
     expected_hours: float | None = Field(
         None,
         gt=0,
-        le=24 * 31,
+        le=MAX_HOURS_LIMIT,
         description=(
             "how long the training should take, all tries together: past it, the team is told once "
             "(notice long_training); the training goes on until max_hours"

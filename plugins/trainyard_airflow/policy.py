@@ -12,6 +12,9 @@ It touches only tasks already placed in a GPU pool (``gpu-*``) by their DAG, and
 conf carries ``resources``; an invalid conf is left alone, because the first task rejects it with a
 message naming the field.
 
+The same hook sends every task of a GPU pool (the trainings) to ``[trainyard] training_queue`` when it is
+set: the cluster profile's ``gpu`` Celery workers, while the rest goes to ``[operators] default_queue``.
+
 Team policy on pods (``pod_mutation_hook``): the JobSpec's team policy is checked in ``validate_spec`` and
 where the pods are built; this hook checks the pod itself, so whatever builds a pod labelled for a team
 cannot give it a namespace, service account, image or priority class the team may not use. Airflow runs
@@ -69,10 +72,23 @@ def pod_mutation_hook(pod) -> None:
         raise SpecError(spec_error_message(problems))
 
 
+def training_queue() -> str | None:
+    """The executor queue of training tasks (``[trainyard] training_queue``; the cluster profile sets
+    ``gpu``, its other tasks go to ``[operators] default_queue``, ``cpu``); None: the task's own."""
+    from airflow.configuration import conf
+
+    return conf.get("trainyard", "training_queue", fallback=None) or None
+
+
 def task_instance_mutation_hook(task_instance, dag_run=None) -> None:
     from trainyard.scheduling.resources import POOL_PREFIX
 
-    if dag_run is None or not (task_instance.pool or "").startswith(POOL_PREFIX):
+    if not (task_instance.pool or "").startswith(POOL_PREFIX):
+        return
+    queue = training_queue()
+    if queue:  # a training task: to the workers of the GPU hosts (Celery); LocalExecutor has one queue
+        task_instance.queue = queue
+    if dag_run is None:
         return
     found = reservation(getattr(dag_run, "conf", None))
     if found is None:

@@ -82,8 +82,13 @@ def register_onnx(
             raise
     # The run tag goes in with the version itself, so no crash can leave an untagged duplicate.
     with _use_tracking_uri(c.tracking_uri):  # a models:/ source is resolved through the global URI
+        # model_id too: a tracking server (the cluster profile's) refuses a models:/ source without it
         mv = c.create_model_version(
-            model_name, source=info.model_uri, run_id=run_id, tags={RUN_KEY_TAG: run_key, **tags}
+            model_name,
+            source=info.model_uri,
+            run_id=run_id,
+            tags={RUN_KEY_TAG: run_key, **tags},
+            model_id=info.model_id,
         )
     if alias:
         c.set_registered_model_alias(model_name, alias, mv.version)

@@ -47,7 +47,8 @@ def experiment_id(c, name: str) -> str:
     from mlflow.exceptions import MlflowException
 
     try:
-        return c.create_experiment(name, artifact_location=f"{paths.mlflow_artifact_root()}/{name}")
+        root = paths.mlflow_artifact_root()
+        return c.create_experiment(name, artifact_location=f"{root}/{name}" if root else None)
     except MlflowException:  # created concurrently by another task
         return c.get_experiment_by_name(name).experiment_id
 

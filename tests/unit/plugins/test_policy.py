@@ -37,6 +37,21 @@ def test_hook_routes_gpu_tasks_only():
     assert untouched.pool_slots == 2
 
 
+def test_with_a_training_queue_set_trainings_go_to_it_and_nothing_else_does(monkeypatch):
+    run = SimpleNamespace(conf={})
+    monkeypatch.setenv("AIRFLOW__TRAINYARD__TRAINING_QUEUE", "gpu")
+    training, other = _ti(), _ti(pool="default_pool")
+    training.queue = other.queue = "cpu"
+    task_instance_mutation_hook(training, dag_run=run)
+    task_instance_mutation_hook(other, dag_run=run)
+    assert (training.queue, other.queue) == ("gpu", "cpu")
+    monkeypatch.delenv("AIRFLOW__TRAINYARD__TRAINING_QUEUE")
+    unset = _ti()
+    unset.queue = "default"
+    task_instance_mutation_hook(unset, dag_run=run)
+    assert unset.queue == "default"
+
+
 def _pod(**changes):
     """A pod as trainyard builds it for a default-team job, with ``changes`` made after (another policy, a
     hand-built operator)."""

@@ -1,0 +1,332 @@
+"""The cluster profile on one machine: trainyard on the engines a team shares, as separate processes.
+
+    python scripts/cluster.py up|down|status|env      (make up-cluster / down-cluster / cluster-status)
+
+``up`` starts, each only if it is not running yet, every service on 127.0.0.1 only:
+
+- PostgreSQL (the Debian package's binaries): database ``airflow`` (Airflow's metadata and Celery's
+  results), ``mlflow`` (the tracking server's backend store) and ``trainyard`` (the admission ledger,
+  ``TRAINYARD_DATABASE_URL``);
+- Redis, the Celery broker (append-only file: queued tasks survive a restart);
+- an MLflow tracking server that stores and serves the artifacts (``--serve-artifacts``);
+- Airflow with the CeleryExecutor: api-server, scheduler, dag-processor, triggerer, and Celery workers on
+  queues ``cpu`` (every task but the trainings) and ``gpu`` (the trainings: ``[trainyard] training_queue``).
+
+Everything lives under one folder (``$TRAINYARD_CLUSTER_DIR``, default ``var/cluster``): the databases,
+the broker's file, the artifacts, ``trainyard/`` (TRAINYARD_HOME: datasets, runs and checkpoints, which
+every worker reads and writes; on several hosts, a shared volume), logs and pid files. ``down`` stops the
+processes and keeps it all; the next ``up`` finds every run, model and queued job where it was.
+
+Nothing in the pipeline differs between the profiles: only the environment does (``env`` prints it, to
+``source`` for the ``trainyard`` and ``airflow`` commands). The PostgreSQL server trusts connections from
+127.0.0.1 (one machine, loopback only); the README's section on running at scale says what a shared
+deployment uses instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "include"))
+
+from trainyard.spec import MAX_HOURS_LIMIT  # noqa: E402
+
+DEFAULT_PORTS = {"postgres": 5433, "redis": 6380, "mlflow": 5001, "api": 8081}
+DATABASES = ("airflow", "mlflow", "trainyard")
+# A Celery task (a training holds one for its whole length) that the broker has not seen acknowledged in this
+# long is delivered again, to a second worker, while the first still trains (apache/airflow#62218): it
+# must outlast the longest training a JobSpec may ask for, plus an hour of queueing and set-up.
+VISIBILITY_TIMEOUT_S = int(MAX_HOURS_LIMIT * 3600 + 3600)
+WORKERS = {"worker-cpu": ("cpu", 2), "worker-gpu": ("gpu", 1)}  # name: (queues, concurrency)
+AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
+class Cluster:
+    def __init__(self, root: Path, ports: dict[str, int] | None = None, settings: dict[str, str] | None = None):
+        """``root``: the folder that holds everything; ``ports``: overrides of DEFAULT_PORTS; ``settings``:
+        more environment (Airflow settings as ``AIRFLOW__SECTION__KEY``) for every process."""
+        self.root = root.resolve()
+        self.ports = {**DEFAULT_PORTS, **(ports or {})}
+        self.settings = settings or {}
+        self.logs, self.pids = self.root / "logs", self.root / "pids"
+        self.airflow_home, self.trainyard_home = self.root / "airflow", self.root / "trainyard"
+        self.pg_data = self.root / "postgres" / "data"
+
+    # -- where things are -------------------------------------------------------------------------------
+
+    def database_url(self, name: str, driver: str = "postgresql") -> str:
+        return f"{driver}://postgres@127.0.0.1:{self.ports['postgres']}/{name}"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['api']}"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['mlflow']}"
+
+    def env(self) -> dict[str, str]:
+        """The environment that makes Airflow and trainyard the cluster profile (nothing else differs)."""
+        return {
+            "AIRFLOW_HOME": str(self.airflow_home),
+            "TRAINYARD_HOME": str(self.trainyard_home),
+            "TRAINYARD_DATABASE_URL": self.database_url("trainyard"),
+            "TRAINYARD_API_PORT": str(self.ports["api"]),
+            "MLFLOW_TRACKING_URI": self.mlflow_url,
+            "AIRFLOW_API_URL": self.api_url,
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url("airflow", "postgresql+psycopg2"),
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:{self.ports['redis']}/0",
+            "AIRFLOW__CELERY__RESULT_BACKEND": self.database_url("airflow", "db+postgresql+psycopg2"),
+            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
+            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "cpu",
+            "AIRFLOW__TRAINYARD__TRAINING_QUEUE": "gpu",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__BASE_URL": self.api_url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
+            **self.settings,
+        }
+
+    def _process_env(self) -> dict[str, str]:
+        env = {**os.environ, **self.env()}
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        return env
+
+    # -- processes --------------------------------------------------------------------------------------
+
+    def pid(self, name: str) -> int | None:
+        """The pid of a running service ``name`` (from its pid file), or None."""
+        try:
+            pid = int((self.pids / f"{name}.pid").read_text())
+            os.kill(pid, 0)
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            return None
+        return pid
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        if self.pid(name):
+            return
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.pids.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{name}.log", "a") as log:
+            proc = subprocess.Popen(
+                argv, env=self._process_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            )
+        (self.pids / f"{name}.pid").write_text(str(proc.pid))
+
+    def kill(self, name: str, sig: int = signal.SIGTERM, wait_s: float = 60) -> None:
+        """Send ``sig`` to service ``name`` and every process it started (its session); SIGKILL what is
+        left after ``wait_s``."""
+        pid = self.pid(name)
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        deadline = time.time() + wait_s
+        while time.time() < deadline and _alive(pid):
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        (self.pids / f"{name}.pid").unlink(missing_ok=True)
+
+    def _run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            argv, env=self._process_env(), cwd=REPO, check=True, capture_output=True, text=True, **kwargs
+        )
+
+    # -- PostgreSQL and Redis ---------------------------------------------------------------------------
+
+    def _pg(self, tool: str, *args: str) -> subprocess.CompletedProcess:
+        found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{tool}"))
+        if not found:
+            raise SystemExit(
+                "PostgreSQL's server is not installed: `make setup` installs it (apt-get install postgresql)"
+            )
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        return subprocess.run([*as_postgres, found[-1], *args], check=True, capture_output=True, text=True)
+
+    def start_postgres(self) -> None:
+        if not (self.pg_data / "PG_VERSION").exists():
+            self.pg_data.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:  # PostgreSQL refuses to run as root: its files are the postgres user's
+                for d in (self.pg_data.parent, self.pg_data):
+                    shutil.chown(d, "postgres", "postgres")
+                self.pg_data.parent.chmod(0o755)
+            self._pg("initdb", "-D", str(self.pg_data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        if self._pg_running():
+            return
+        socket_dir = self.pg_data.parent
+        options = f"-p {self.ports['postgres']} -k {socket_dir} -c listen_addresses=127.0.0.1"
+        log = self.pg_data.parent / "postgres.log"
+        self._pg("pg_ctl", "-D", str(self.pg_data), "-o", options, "-l", str(log), "-w", "start")
+        for db in DATABASES:
+            with contextlib.suppress(subprocess.CalledProcessError):  # made by an earlier `up`
+                self._pg("createdb", "-h", "127.0.0.1", "-p", str(self.ports["postgres"]), "-U", "postgres", db)
+
+    def _pg_running(self) -> bool:
+        try:
+            self._pg("pg_ctl", "-D", str(self.pg_data), "status")
+        except subprocess.CalledProcessError:
+            return False
+        return True
+
+    def stop_postgres(self) -> None:
+        if (self.pg_data / "PG_VERSION").exists() and self._pg_running():
+            self._pg("pg_ctl", "-D", str(self.pg_data), "-m", "fast", "-w", "stop")
+
+    def start_redis(self) -> None:
+        if shutil.which("redis-server") is None:
+            raise SystemExit("Redis is not installed: `make setup` installs it (apt-get install redis-server)")
+        data = self.root / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "redis",
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.ports["redis"]), "--dir", str(data),
+             "--appendonly", "yes", "--protected-mode", "yes", "--save", ""],
+        )  # fmt: skip
+        _wait_port(self.ports["redis"], 30, "Redis")
+
+    # -- MLflow and Airflow -----------------------------------------------------------------------------
+
+    def start_mlflow(self) -> None:
+        port = self.ports["mlflow"]
+        artifacts = self.root / "mlflow-artifacts"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "mlflow",
+            ["mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+             "--backend-store-uri", self.database_url("mlflow", "postgresql+psycopg2"),
+             "--serve-artifacts", "--artifacts-destination", str(artifacts),
+             "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}", "--workers", "2"],
+        )  # fmt: skip
+
+    def setup_airflow(self) -> None:
+        """Config, database schema, pools, the signing key: each idempotent."""
+        self.trainyard_home.mkdir(parents=True, exist_ok=True)
+        self._run([sys.executable, "scripts/render_airflow_cfg.py"])
+        self._run(["airflow", "db", "migrate"])
+        self._run(["trainyard", "pools", "sync"])
+        self._run(["trainyard", "models", "keygen", "--if-missing"])
+
+    def start_airflow(self) -> None:
+        for name in AIRFLOW_COMPONENTS:
+            self._spawn(name, ["airflow", name] + (["--port", str(self.ports["api"])] if name == "api-server" else []))
+        for name, (queues, concurrency) in WORKERS.items():
+            self.start_worker(name, queues, concurrency)
+
+    def start_worker(self, name: str, queues: str, concurrency: int = 1) -> None:
+        """A Celery worker ``name`` on ``queues`` (its own hostname; it serves no logs: the task logs are
+        files under AIRFLOW_HOME that the api-server reads)."""
+        self._spawn(
+            name,
+            ["airflow", "celery", "worker", "--queues", queues, "--concurrency", str(concurrency),
+             "--celery-hostname", f"{name}@%h", "--skip-serve-logs", "--without-gossip", "--without-mingle"],
+        )  # fmt: skip
+
+    # -- the whole ---------------------------------------------------------------------------------------
+
+    def up(self, wait_s: float = 300) -> None:
+        self.start_postgres()
+        self.start_redis()
+        self.start_mlflow()
+        self.setup_airflow()
+        self.start_airflow()
+        self.wait_healthy(wait_s)
+
+    def down(self) -> None:
+        for name in (*WORKERS, *reversed(AIRFLOW_COMPONENTS), "mlflow", "redis"):
+            self.kill(name)
+        for extra in self.pids.glob("*.pid") if self.pids.exists() else ():  # workers a test added
+            self.kill(extra.stem)
+        self.stop_postgres()
+
+    def status(self) -> dict[str, int | None]:
+        names = ["redis", "mlflow", *AIRFLOW_COMPONENTS, *WORKERS]
+        running = {name: self.pid(name) for name in names}
+        running["postgres"] = 1 if (self.pg_data / "PG_VERSION").exists() and self._pg_running() else None
+        return running
+
+    def wait_healthy(self, wait_s: float) -> None:
+        """Until the api-server, the scheduler, the triggerer and the dag-processor report healthy and MLflow
+        answers; SystemExit naming what is not, with its log's tail, after ``wait_s``."""
+        import requests
+
+        deadline = time.time() + wait_s
+        last = ""
+        while time.time() < deadline:
+            dead = [n for n in ("redis", "mlflow", *AIRFLOW_COMPONENTS, *WORKERS) if self.pid(n) is None]
+            if dead:
+                raise SystemExit(f"{', '.join(dead)} exited:\n{self.log_tails(dead)}")
+            try:
+                health = requests.get(f"{self.api_url}/api/v2/monitor/health", timeout=5).json()
+                mlflow = requests.get(f"{self.mlflow_url}/health", timeout=5).ok
+            except (requests.RequestException, ValueError) as err:
+                last = str(err)
+            else:
+                unhealthy = [k for k, v in health.items() if v.get("status") != "healthy"]
+                if not unhealthy and mlflow:
+                    return
+                last = f"not healthy yet: {unhealthy or ['mlflow']}"
+            time.sleep(2)
+        raise SystemExit(f"the cluster did not come up in {wait_s:.0f} s ({last}):\n{self.log_tails()}")
+
+    def log_tails(self, names: list[str] | None = None, chars: int = 3000) -> str:
+        files = [self.logs / f"{n}.log" for n in names] if names else sorted(self.logs.glob("*.log"))
+        return "\n".join(f"--- {f.name}\n{f.read_text()[-chars:]}" for f in files if f.exists())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(FileNotFoundError):  # a zombie (exited, not yet reaped) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    return False
+
+
+def _wait_port(port: int, seconds: float, what: str) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"{what} is not listening on 127.0.0.1:{port} after {seconds:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    args = parser.parse_args(argv)
+    cluster = Cluster(Path(os.environ.get("TRAINYARD_CLUSTER_DIR", REPO / "var" / "cluster")))
+    if args.command == "up":
+        cluster.up()
+        print(f"Airflow UI + REST API: {cluster.api_url}   (users and passwords: "
+              f"{cluster.airflow_home}/simple_auth_manager_passwords.json.generated)")  # fmt: skip
+        print(f"MLflow:                {cluster.mlflow_url}")
+        print(f'Logs: {cluster.logs}. For the trainyard and airflow commands: eval "$(make -s cluster-env)"')
+    elif args.command == "down":
+        cluster.down()
+    elif args.command == "status":
+        print(json.dumps(cluster.status(), indent=2))
+    else:
+        for key, value in cluster.env().items():
+            print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
