@@ -115,6 +115,7 @@ LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-03), s
     "tests/integration/test_under_the_executor.py",  # ~570: one Airflow, four runs and a sweep through it
     "tests/integration/test_recipe_pipelines.py",  # ~300
     "tests/integration/test_benchmarks.py",  # ~220
+    "tests/integration/test_cluster_profile.py",  # ~180: the cluster profile up, a run, a worker killed
     "tests/integration/test_rest_api.py",  # ~130
     "tests/integration/test_train_pipeline_dag.py",  # ~120
     "tests/integration/test_scheduler_replay.py",  # ~110
