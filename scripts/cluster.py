@@ -18,9 +18,9 @@ every worker reads and writes; on several hosts, a shared volume), logs and pid 
 processes and keeps it all; the next ``up`` finds every run, model and queued job where it was.
 
 Nothing in the pipeline differs between the profiles: only the environment does (``env`` prints it, to
-``source`` for the ``trainyard`` and ``airflow`` commands). The PostgreSQL server trusts connections from
-127.0.0.1 (one machine, loopback only); the README's section on running at scale says what a shared
-deployment uses instead.
+``source`` for the ``trainyard`` and ``airflow`` commands). Loopback is not one user: PostgreSQL and Redis
+ask for passwords made on the first ``up`` (``secrets.json``, mode 0600), and no password is put on a
+command line. docs/running-at-scale.md says what a shared deployment uses instead.
 """
 
 from __future__ import annotations
@@ -67,8 +67,23 @@ class Cluster:
 
     # -- where things are -------------------------------------------------------------------------------
 
+    def secret(self, name: str) -> str:
+        """The profile's password for ``name`` (``postgres``, ``redis``), made on first use and kept in
+        ``secrets.json`` (mode 0600): loopback is not one user, so the database and the broker ask for it."""
+        import secrets
+
+        path = self.root / "secrets.json"
+        self.root.mkdir(parents=True, exist_ok=True)
+        known = json.loads(path.read_text()) if path.exists() else {}
+        if name not in known:
+            known[name] = secrets.token_urlsafe(24)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(known, fh)
+        return known[name]
+
     def database_url(self, name: str, driver: str = "postgresql") -> str:
-        return f"{driver}://postgres@127.0.0.1:{self.ports['postgres']}/{name}"
+        return f"{driver}://postgres:{self.secret('postgres')}@127.0.0.1:{self.ports['postgres']}/{name}"
 
     @property
     def api_url(self) -> str:
@@ -89,7 +104,7 @@ class Cluster:
             "AIRFLOW_API_URL": self.api_url,
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url("airflow", "postgresql+psycopg2"),
-            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:{self.ports['redis']}/0",
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://:{self.secret('redis')}@127.0.0.1:{self.ports['redis']}/0",
             "AIRFLOW__CELERY__RESULT_BACKEND": self.database_url("airflow", "db+postgresql+psycopg2"),
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "cpu",
@@ -108,38 +123,59 @@ class Cluster:
     # -- processes --------------------------------------------------------------------------------------
 
     def pid(self, name: str) -> int | None:
-        """The pid of a running service ``name`` (from its pid file), or None."""
-        try:
-            pid = int((self.pids / f"{name}.pid").read_text())
-            os.kill(pid, 0)
-        except (FileNotFoundError, ValueError, ProcessLookupError):
-            return None
-        return pid
+        """The pid of a running service ``name``, or None. Its pid file holds the pid and the process's start
+        time: a pid the system gave to another process since (after a reboot) is not taken for it."""
+        import psutil
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+        try:
+            pid, started = (self.pids / f"{name}.pid").read_text().split()
+            proc = psutil.Process(int(pid))
+            if abs(proc.create_time() - float(started)) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+        except (FileNotFoundError, ValueError, psutil.Error):
+            return None
+        return proc.pid
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         if self.pid(name):
             return
         self.logs.mkdir(parents=True, exist_ok=True)
         self.pids.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "a") as log:
             proc = subprocess.Popen(
-                argv, env=self._process_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+                argv,
+                env={**self._process_env(), **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
             )
-        (self.pids / f"{name}.pid").write_text(str(proc.pid))
+        import psutil
+
+        (self.pids / f"{name}.pid").write_text(f"{proc.pid} {psutil.Process(proc.pid).create_time()}")
 
     def kill(self, name: str, sig: int = signal.SIGTERM, wait_s: float = 60) -> None:
-        """Send ``sig`` to service ``name`` and every process it started (its session); SIGKILL what is
-        left after ``wait_s``."""
+        """Send ``sig`` to service ``name`` and to every process under it, SIGKILL to what is left after
+        ``wait_s``. Every process, not only its session: Airflow's task supervisor puts each task in a
+        process group of its own and the launcher starts torchrun in a session of its own, and a training
+        left running would hold its lease and write into its run beside the retry."""
+        import psutil
+
         pid = self.pid(name)
-        if pid is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, sig)
-        deadline = time.time() + wait_s
-        while time.time() < deadline and _alive(pid):
-            time.sleep(0.2)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        if pid is not None:
+            try:
+                root = psutil.Process(pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                procs = []
+            for p in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.send_signal(sig)
+            _, alive = psutil.wait_procs(procs, timeout=wait_s)
+            for p in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+            psutil.wait_procs(alive, timeout=10)
         (self.pids / f"{name}.pid").unlink(missing_ok=True)
 
     def _run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -152,20 +188,30 @@ class Cluster:
     def _pg(self, tool: str, *args: str) -> subprocess.CompletedProcess:
         found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{tool}"))
         if not found:
-            raise SystemExit(
-                "PostgreSQL's server is not installed: `make setup` installs it (apt-get install postgresql)"
-            )
+            raise SystemExit("PostgreSQL's server is not installed: `make setup` installs it (apt-get postgresql)")
         as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        return subprocess.run([*as_postgres, found[-1], *args], check=True, capture_output=True, text=True)
+        env = {**os.environ, "PGPASSWORD": self.secret("postgres")}
+        return subprocess.run([*as_postgres, found[-1], *args], check=True, capture_output=True, text=True, env=env)
 
     def start_postgres(self) -> None:
         if not (self.pg_data / "PG_VERSION").exists():
             self.pg_data.mkdir(parents=True, exist_ok=True)
-            if os.geteuid() == 0:  # PostgreSQL refuses to run as root: its files are the postgres user's
+            # its socket folder and data: the postgres user's only (PostgreSQL refuses to run as root)
+            self.pg_data.parent.chmod(0o700)
+            if os.geteuid() == 0:
                 for d in (self.pg_data.parent, self.pg_data):
                     shutil.chown(d, "postgres", "postgres")
-                self.pg_data.parent.chmod(0o755)
-            self._pg("initdb", "-D", str(self.pg_data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+            pwfile = self.pg_data.parent / "initdb.pw"
+            fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.secret("postgres"))
+            if os.geteuid() == 0:
+                shutil.chown(pwfile, "postgres", "postgres")
+            try:
+                self._pg("initdb", "-D", str(self.pg_data), "-U", "postgres", "--auth=scram-sha-256",
+                         f"--pwfile={pwfile}", "-E", "UTF8")  # fmt: skip
+            finally:
+                pwfile.unlink()
         if self._pg_running():
             return
         socket_dir = self.pg_data.parent
@@ -192,11 +238,15 @@ class Cluster:
             raise SystemExit("Redis is not installed: `make setup` installs it (apt-get install redis-server)")
         data = self.root / "redis"
         data.mkdir(parents=True, exist_ok=True)
-        self._spawn(
-            "redis",
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.ports["redis"]), "--dir", str(data),
-             "--appendonly", "yes", "--protected-mode", "yes", "--save", ""],
-        )  # fmt: skip
+        data.chmod(0o700)
+        conf = data / "redis.conf"  # the password in a file of the owner's, not on a command line ps shows
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(
+                f'bind 127.0.0.1\nport {self.ports["redis"]}\ndir {data}\nappendonly yes\nsave ""\n'
+                f"protected-mode yes\nrequirepass {self.secret('redis')}\n"
+            )
+        self._spawn("redis", ["redis-server", str(conf)])
         _wait_port(self.ports["redis"], 30, "Redis")
 
     # -- MLflow and Airflow -----------------------------------------------------------------------------
@@ -205,12 +255,12 @@ class Cluster:
         port = self.ports["mlflow"]
         artifacts = self.root / "mlflow-artifacts"
         artifacts.mkdir(parents=True, exist_ok=True)
-        self._spawn(
+        self._spawn(  # its store's URL (with the password) by environment, not on the command line
             "mlflow",
             ["mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--backend-store-uri", self.database_url("mlflow", "postgresql+psycopg2"),
              "--serve-artifacts", "--artifacts-destination", str(artifacts),
              "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}", "--workers", "2"],
+            {"MLFLOW_BACKEND_STORE_URI": self.database_url("mlflow", "postgresql+psycopg2")},
         )  # fmt: skip
 
     def setup_airflow(self) -> None:
@@ -223,7 +273,12 @@ class Cluster:
 
     def start_airflow(self) -> None:
         for name in AIRFLOW_COMPONENTS:
-            self._spawn(name, ["airflow", name] + (["--port", str(self.ports["api"])] if name == "api-server" else []))
+            argv = ["airflow", name]
+            if name == "api-server":
+                argv += ["--port", str(self.ports["api"])]
+            if name == "triggerer":
+                argv += ["--skip-serve-logs"]  # its log server would listen on every interface
+            self._spawn(name, argv)
         for name, (queues, concurrency) in WORKERS.items():
             self.start_worker(name, queues, concurrency)
 
@@ -256,7 +311,8 @@ class Cluster:
     def status(self) -> dict[str, int | None]:
         names = ["redis", "mlflow", *AIRFLOW_COMPONENTS, *WORKERS]
         running = {name: self.pid(name) for name in names}
-        running["postgres"] = 1 if (self.pg_data / "PG_VERSION").exists() and self._pg_running() else None
+        pidfile = self.pg_data / "postmaster.pid"
+        running["postgres"] = int(pidfile.read_text().split()[0]) if self._pg_running() and pidfile.exists() else None
         return running
 
     def wait_healthy(self, wait_s: float) -> None:
@@ -286,16 +342,6 @@ class Cluster:
     def log_tails(self, names: list[str] | None = None, chars: int = 3000) -> str:
         files = [self.logs / f"{n}.log" for n in names] if names else sorted(self.logs.glob("*.log"))
         return "\n".join(f"--- {f.name}\n{f.read_text()[-chars:]}" for f in files if f.exists())
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(FileNotFoundError):  # a zombie (exited, not yet reaped) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    return False
 
 
 def _wait_port(port: int, seconds: float, what: str) -> None:

@@ -16,6 +16,19 @@ sys.path.insert(0, str(REPO / "plugins"))
 # (what that costs: trainyard.training.launchers.base.worker_env).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# A shell that `eval "$(make -s cluster-env)"`-ed must not put the suite's fake jobs into the cluster's ledger,
+# studies or tracking server, nor hand the Airflows the tests start to its Celery workers: the tests that
+# want the cluster profile start one of their own.
+for _name in [n for n in os.environ if n.startswith(("AIRFLOW__CELERY", "AIRFLOW__TRAINYARD__"))] + [
+    "TRAINYARD_DATABASE_URL",
+    "TRAINYARD_CLUSTER_DIR",
+    "MLFLOW_TRACKING_URI",
+    "AIRFLOW__CORE__EXECUTOR",
+    "AIRFLOW__OPERATORS__DEFAULT_QUEUE",
+    "AIRFLOW_API_URL",
+]:
+    os.environ.pop(_name, None)
+
 
 def _airflow_db_per_xdist_worker() -> None:
     """`make test` runs the suite in two pytest-xdist workers; SQLite takes one writer at a time, so each

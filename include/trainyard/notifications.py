@@ -26,6 +26,7 @@ NOTICE_KINDS: tuple[NoticeKind, ...] = get_args(NoticeKind)
 BUDGET_WARNING_FRACTION = 0.8  # the share of its monthly budget past which a team is told, once a month
 
 log = logging.getLogger(__name__)
+NOTICE_JOIN_S = 30.0  # the longest a training's end waits for its long_training notice to go out
 
 
 @dataclass(frozen=True)
@@ -168,18 +169,27 @@ def watch_training_time(
 
     def fire() -> None:
         try:
-            if due_once(marker):
-                tell(earlier_s + time.monotonic() - started)
+            if not due_once(marker):
+                return
+        except OSError:
+            log.exception("could not tell that the training runs longer than expected")
+            return
+        try:
+            tell(earlier_s + time.monotonic() - started)
         except Exception:
+            marker.unlink(missing_ok=True)  # not told: a retry past the time tells instead
             log.exception("could not tell that the training runs longer than expected")
 
-    timer = threading.Timer(max(0.0, expected_hours * 3600 - earlier_s), fire)
+    delay = expected_hours * 3600 - earlier_s
+    timer = threading.Timer(max(0.0, delay), fire)
     timer.daemon = True
     timer.start()
     try:
         yield
     finally:
-        timer.cancel()
+        if delay > 0:  # a training that ends in time is not told; one past it already is, however short
+            timer.cancel()
+        timer.join(NOTICE_JOIN_S)  # a notice being sent as the training ends is sent, not cut off
 
 
 def targets(notify: Iterable[Any], kind: NoticeKind) -> list[str]:

@@ -45,11 +45,12 @@ def training_time_watch(spec: Any, key: str, run: str, earlier_s: float, context
     """A context manager around a training (``run``, known to the ledger as ``key``; ``spec`` a JobSpec):
     once it has trained its ``resources.expected_hours``, ``earlier_s`` of earlier tries included, its team
     is told (notice ``long_training``), once per ``key``."""
+    import hashlib
+
     from trainyard import notifications, paths
-    from trainyard.spec import safe_key
 
     res = spec.resources
-    marker = paths.home() / "notifications" / "long_training" / safe_key(key)
+    marker = paths.home() / "notifications" / "long_training" / hashlib.sha256(key.encode()).hexdigest()
 
     def tell(trained_s: float) -> None:
         notice = notifications.long_training(res.team, spec.name, run, trained_s, res.expected_hours, res.max_hours)

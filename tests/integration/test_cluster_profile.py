@@ -86,7 +86,9 @@ def _training_worker(cluster) -> str | None:
 def _kill_host(cluster, name: str) -> list[str]:
     """SIGKILL the worker and every process under it (its task supervisor, the task, torchrun and the
     trainers, which run in sessions of their own): all that dies with a host."""
-    root = psutil.Process(cluster.pid(name))
+    pid = cluster.pid(name)
+    assert pid is not None, f"{name} is not running"  # psutil.Process(None) would be this process
+    root = psutil.Process(pid)
     procs = [root, *root.children(recursive=True)]
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -117,11 +119,17 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_and_registers_on
     run_id = api.trigger(DAG, conf, headers)
     run_dir = cluster.trainyard_home / "runs" / "digits-cluster"
 
-    def checkpointed() -> bool:
-        return any(run_dir.glob("*/work/checkpoints/step-*.pt"))
+    training_on: list[str] = []
 
-    api.wait(lambda: checkpointed() and _training_worker(cluster) is not None, 600, "a checkpoint of the training")
-    first = _training_worker(cluster)
+    def trains_past_a_checkpoint() -> bool:
+        name = _training_worker(cluster)
+        if name is None or not any(run_dir.glob("*/work/checkpoints/step-*.pt")):
+            return False
+        training_on.append(name)
+        return True
+
+    api.wait(trains_past_a_checkpoint, 600, "a checkpoint of the training")
+    first = training_on[-1]
     killed = _kill_host(cluster, first)
 
     fleet = parse_resources((REPO / "include" / "config" / "resources.yaml").read_text())

@@ -2,6 +2,7 @@
 team's resources.yaml entry names."""
 
 import multiprocessing
+import threading
 import time
 
 import pytest
@@ -97,27 +98,45 @@ def test_a_bad_target_is_refused_naming_it(entry, problem):
 
 def test_a_training_past_its_expected_hours_is_told_once_and_a_quick_one_never(tmp_path):
     told: list[float] = []
-    marker = tmp_path / "long_training" / "train_pipeline__r1"
-    with notifications.watch_training_time(0.1 / 3600, 0.0, marker, told.append):
-        time.sleep(0.5)
-    assert len(told) == 1 and 0.1 <= told[0] < 0.5
+    fired = threading.Event()
+
+    def tell(seconds: float) -> None:
+        told.append(seconds)
+        fired.set()
+
+    marker = tmp_path / "long_training" / "r1"
+    with notifications.watch_training_time(0.1 / 3600, 0.0, marker, tell):
+        assert fired.wait(30)  # the training runs on past 0.1 s
+    assert len(told) == 1 and told[0] >= 0.1
     # a retry that starts past the time: its earlier tries count, and the run was told already
-    with notifications.watch_training_time(0.1 / 3600, 3600.0, marker, told.append):
+    with notifications.watch_training_time(0.1 / 3600, 3600.0, marker, tell):
         time.sleep(0.3)
     assert len(told) == 1
-    with notifications.watch_training_time(1.0, 0.0, tmp_path / "quick", told.append):
+    with notifications.watch_training_time(1.0, 0.0, tmp_path / "quick", tell):
         pass
-    with notifications.watch_training_time(None, 0.0, tmp_path / "none", told.append):
+    with notifications.watch_training_time(None, 0.0, tmp_path / "none", tell):
         time.sleep(0.1)
     assert len(told) == 1 and not (tmp_path / "quick").exists()
 
 
-def test_a_notice_that_raises_costs_the_training_nothing(tmp_path):
-    def broken(_: float) -> None:
+def test_a_notice_that_fails_costs_the_training_nothing_and_a_retry_tells_instead(tmp_path):
+    tries: list[float] = []
+    attempted = threading.Event()
+
+    def broken(seconds: float) -> None:
+        tries.append(seconds)
+        attempted.set()
         raise ConnectionError("webhook down")
 
-    with notifications.watch_training_time(0.05 / 3600, 0.0, tmp_path / "m", broken):
-        time.sleep(0.3)  # the timer's exception is logged, not raised here
+    marker = tmp_path / "m"
+    with notifications.watch_training_time(0.05 / 3600, 0.0, marker, broken):
+        assert attempted.wait(30)
+    # the block's end waited for the notice; its exception was logged, not raised here, and not marked told
+    assert len(tries) == 1 and not marker.exists()
+    told: list[float] = []
+    with notifications.watch_training_time(0.05 / 3600, 1.0, marker, told.append):
+        pass
+    assert len(told) == 1 and marker.exists()
 
 
 def test_expected_hours_must_be_below_max_hours():

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard.errors import PermanentError, RetryableError, is_permanent
-from trainyard.scheduling.ledger_db import Connection, LedgerUnavailable, open_db
+from trainyard.scheduling.ledger_db import Connection, DatabaseUnavailable, open_db, shared_database_url
 from trainyard.scheduling.resources import ResourcesConfig
 
 if TYPE_CHECKING:
@@ -86,7 +86,8 @@ class Entry:
     admitted: float | None  # None while waiting
     borrowed: int  # slots beyond the team's quota when it was admitted
     lease_until: float
-    devices: tuple[str, ...] = ()  # this host's GPUs it was given (claim_devices)
+    devices: tuple[str, ...] = ()  # the GPUs of ``host`` it was given (claim_devices)
+    host: str = ""  # the worker host whose devices those are ("": a ledger of one host, from before hosts)
 
 
 @dataclass(frozen=True)
@@ -214,10 +215,20 @@ class Ledger:
     """The admission state in its store (:mod:`trainyard.scheduling.ledger_db`): a SQLite file shared by the
     task processes of this host, or a PostgreSQL database shared by every host."""
 
-    def __init__(self, where: str | Path, config: ResourcesConfig, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        where: str | Path,
+        config: ResourcesConfig,
+        clock: Callable[[], float] | None = None,
+        host: str | None = None,
+    ) -> None:
         """``where``: a SQLite file's path or a ``postgresql://`` URL. ``clock``: the time leases are judged
-        by; default, the store's (this host's for SQLite, the database server's for PostgreSQL)."""
+        by; default, the store's (this host's for SQLite, the database server's for PostgreSQL). ``host``:
+        the name of this worker host, whose devices it hands out (default: its hostname)."""
+        import socket
+
         self.db, self.config, self.clock = open_db(where), config, clock
+        self.host = host or socket.gethostname()
 
     def _now(self, conn: Connection) -> float:
         return self.clock() if self.clock is not None else self.db.now(conn)
@@ -226,9 +237,16 @@ class Ledger:
     def _entries(conn: Connection) -> list[Entry]:
         rows = conn.execute(
             'SELECT id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_limit, enqueued, admitted, '
-            "borrowed, lease_until, devices FROM admission"
+            "borrowed, lease_until, devices, host FROM admission"
         ).fetchall()
-        return [Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else ()) for r in rows]
+        return [
+            Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else (), r[14]) for r in rows
+        ]
+
+    def _here(self, host: str) -> bool:
+        """Whether devices recorded for ``host`` are this host's: on a shared ledger every worker host
+        numbers its GPUs from 0, so only its own rows' devices can clash with what it hands out."""
+        return host in (self.host, "")
 
     @staticmethod
     def _drop_lapsed(conn: Connection, now: float) -> None:
@@ -326,7 +344,7 @@ class Ledger:
             of_type = [e.job for e in live if e.job.gpu_type == job.gpu_type]
             if sum(j.slots for j in of_type) + job.slots > self.config.gpu_types[job.gpu_type].slots:
                 return False
-            if set(devices) & {d for e in live for d in e.devices}:
+            if set(devices) & {d for e in live if self._here(e.host) for d in e.devices}:
                 return False
             (arrived,) = conn.execute(
                 "SELECT coalesce(min(enqueued), ?) FROM arrivals WHERE id = ?", (now, job.id)
@@ -335,9 +353,10 @@ class Ledger:
             borrowed = max(0, team_used + job.slots - max(self.config.quota(job.team, job.gpu_type), team_used))
             conn.execute(
                 'INSERT INTO admission (id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_limit, '
-                "enqueued, admitted, borrowed, devices, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "enqueued, admitted, borrowed, devices, host, lease_until) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (job.id, job.team, job.gpu_type, job.slots, job.priority, job.max_hours, job.user, job.group,
-                 job.group_limit, arrived, now, borrowed, ",".join(devices), now + RUNNING_LEASE_S),
+                 job.group_limit, arrived, now, borrowed, ",".join(devices), self.host, now + RUNNING_LEASE_S),
             )  # fmt: skip
             return True
 
@@ -389,18 +408,21 @@ class Ledger:
             # devices back through reclaim, which checks that nobody was handed them meanwhile
             self._drop_lapsed(conn, now)
             row = conn.execute(
-                "SELECT devices FROM admission WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?",
+                "SELECT devices, host FROM admission WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?",
                 (job_id, now),
             ).fetchone()
             if row is None:
                 raise NotAdmitted(f"job {job_id} is not admitted: no devices for it")
-            if row[0]:
+            if row[0] and self._here(row[1]):  # a retry on the same host: the same ones
                 return row[0].split(",")
+            # (a retry on another host claims this host's devices anew)
             held = {
                 d
-                for (devices,) in conn.execute(
-                    "SELECT devices FROM admission WHERE id != ? AND lease_until >= ? AND devices != ''", (job_id, now)
+                for (devices, host) in conn.execute(
+                    "SELECT devices, host FROM admission WHERE id != ? AND lease_until >= ? AND devices != ''",
+                    (job_id, now),
                 ).fetchall()
+                if self._here(host)
                 for d in devices.split(",")
             }
             free = [d for d in available if d not in held]
@@ -409,7 +431,9 @@ class Ledger:
                     f"job {job_id} needs {count} device(s); this host has {len(available)}, "
                     f"{len(free)} free ({sorted(held)} held by other jobs)"
                 )
-            conn.execute("UPDATE admission SET devices = ? WHERE id = ?", (",".join(free[:count]), job_id))
+            conn.execute(
+                "UPDATE admission SET devices = ?, host = ? WHERE id = ?", (",".join(free[:count]), self.host, job_id)
+            )
             return free[:count]
 
     def entries(self) -> list[Entry]:
@@ -440,17 +464,12 @@ class Ledger:
         return rows
 
 
-DATABASE_URL_ENV = "TRAINYARD_DATABASE_URL"  # a postgresql:// URL: the ledger every host shares
-
-
 def ledger_location() -> str | Path:
     """Where this installation's ledger is: ``$TRAINYARD_DATABASE_URL`` (PostgreSQL, the cluster profile)
     when set, else ``$TRAINYARD_HOME/scheduling/admission.db`` (SQLite, this host)."""
-    import os
-
     from trainyard import paths
 
-    return os.environ.get(DATABASE_URL_ENV) or paths.home() / LEDGER_FILE
+    return shared_database_url() or paths.home() / LEDGER_FILE
 
 
 def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
@@ -629,5 +648,5 @@ def hold(
                 ledger.release(job.id)
             else:
                 ledger.renew(job.id, ADMITTED_LEASE_S)
-        except LedgerUnavailable as err:  # the lease runs out by itself; the training's own outcome stands
+        except DatabaseUnavailable as err:  # the lease runs out by itself; the training's own outcome stands
             log.warning("could not hand back the admission of %s: %s", job.id, err)

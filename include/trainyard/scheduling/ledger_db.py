@@ -1,6 +1,7 @@
-"""Where the admission ledger keeps its rows: a SQLite file on this host (the embedded default) or a
-PostgreSQL database every host reaches (the cluster profile). One interface, two stores; the ledger's
-rules (:mod:`trainyard.scheduling.admission`) are the same SQL on both.
+"""The shared database, and where the admission ledger keeps its rows: a SQLite file on this host (the
+embedded default) or a PostgreSQL database every host reaches (``TRAINYARD_DATABASE_URL``, the cluster
+profile; the sweeps' studies live there too). One interface, two stores; the ledger's rules
+(:mod:`trainyard.scheduling.admission`) are the same SQL on both.
 
 Both give the ledger what its decisions need:
 
@@ -11,7 +12,7 @@ Both give the ledger what its decisions need:
 - **one clock for leases**: on SQLite, this host's; on PostgreSQL, the database server's
   (``clock_timestamp()``), so hosts whose clocks drift apart still agree on whose lease ran out;
 - **a store that cannot be reached for a moment is not a failure of the job**: a lock held past its
-  timeout, a server restarting, a dropped connection all raise :class:`LedgerUnavailable` (retryable);
+  timeout, a server restarting, a dropped connection all raise :class:`DatabaseUnavailable` (retryable);
   the trigger looks again at its next tick, the heartbeat at its next beat, a task on its retry.
 
 A store is named by where it is: a filesystem path (SQLite) or a ``postgresql://`` URL (``postgresql+psycopg2://``
@@ -48,16 +49,18 @@ SCHEMA = (
     lease_until DOUBLE PRECISION NOT NULL,
     "user" TEXT NOT NULL DEFAULT '',
     grp TEXT NOT NULL DEFAULT '',
-    grp_limit INTEGER NOT NULL DEFAULT 0
+    grp_limit INTEGER NOT NULL DEFAULT 0,
+    host TEXT NOT NULL DEFAULT ''
 )""",
 )
-# Columns a SQLite ledger made by an earlier version may lack (devices allocated, users shown, sweeps capped).
-ADDED_COLUMNS = (("devices", "TEXT"), ("user", "TEXT"), ("grp", "TEXT"), ("grp_limit", "INTEGER"))
+# Columns a ledger made by an earlier version may lack (devices allocated, users shown, sweeps capped, the
+# host whose devices a job holds).
+ADDED_COLUMNS = (("devices", "TEXT"), ("user", "TEXT"), ("grp", "TEXT"), ("grp_limit", "INTEGER"), ("host", "TEXT"))
 
 
-class LedgerUnavailable(RetryableError):
-    """The ledger's store cannot be reached or locked now (a lock held past its timeout, a database that
-    restarts, a connection dropped): look again later; nothing was decided."""
+class DatabaseUnavailable(RetryableError):
+    """The ledger's store or the shared database cannot be reached or locked now (a lock held past its
+    timeout, a database that restarts, a connection dropped): try again later; nothing was decided."""
 
 
 class Cursor(Protocol):
@@ -114,11 +117,11 @@ class SqliteDb:
         try:
             conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         except sqlite3.OperationalError as err:
-            raise LedgerUnavailable(f"the admission ledger {self.where} cannot be opened: {err}") from err
+            raise DatabaseUnavailable(f"the admission ledger {self.where} cannot be opened: {err}") from err
         try:
             yield conn
         except sqlite3.OperationalError as err:  # "database is locked" past the timeout, a disk error
-            raise LedgerUnavailable(f"the admission ledger {self.where}: {err}") from err
+            raise DatabaseUnavailable(f"the admission ledger {self.where}: {err}") from err
         finally:
             conn.close()
 
@@ -138,7 +141,8 @@ class SqliteDb:
 
 
 class _PgConnection:
-    """A psycopg2 connection that speaks the ledger's ``?`` placeholders."""
+    """A psycopg2 connection that speaks the ledger's ``?`` placeholders: every ``?`` of a statement is one
+    (the ledger's SQL has no ``?`` or ``%`` in a literal)."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -154,32 +158,62 @@ class PostgresDb:
     the URL names the database, which must exist (``make up-cluster`` makes it)."""
 
     CONNECT_TIMEOUT_S = 10
+    # A client that vanishes mid-decision (power lost, a partition) must not hold the decisions' row lock
+    # until TCP gives up (hours): its session ends after a minute idle in its transaction, others wait at
+    # most 30 s for a lock and 60 s for a statement (then DatabaseUnavailable: looked at again later), and
+    # keepalives find a dead server within a minute.
+    SESSION = {
+        "options": "-c lock_timeout=30s -c statement_timeout=60s -c idle_in_transaction_session_timeout=60s",
+        "keepalives": 1,
+        "keepalives_idle": 30,
+        "keepalives_interval": 10,
+        "keepalives_count": 3,
+    }
 
     def __init__(self, url: str) -> None:
         self.url = url.replace("postgresql+psycopg2://", "postgresql://", 1)
         self.where = _without_password(self.url)
         with self._connect() as raw:
             conn = _PgConnection(raw)
-            # two hosts starting at once would race on CREATE TABLE IF NOT EXISTS: one at a time
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
-            for statement in SCHEMA:
-                conn.execute(statement)
-            conn.execute("CREATE TABLE IF NOT EXISTS ledger_lock (id INTEGER PRIMARY KEY)")
-            conn.execute("INSERT INTO ledger_lock (id) VALUES (1) ON CONFLICT (id) DO NOTHING")
+            newest = ADDED_COLUMNS[-1][0]
+            (ready,) = conn.execute(
+                "SELECT to_regclass('ledger_lock') IS NOT NULL AND EXISTS (SELECT 1 FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = 'admission' AND column_name = ?)",
+                (newest,),
+            ).fetchone()
+            if not ready:  # made once; two hosts starting at once would race on CREATE TABLE: one at a time
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
+                for statement in SCHEMA:
+                    conn.execute(statement)
+                for column, kind in ADDED_COLUMNS:
+                    default = "''" if kind == "TEXT" else "0"
+                    conn.execute(
+                        f'ALTER TABLE admission ADD COLUMN IF NOT EXISTS "{column}" {kind} NOT NULL DEFAULT {default}'
+                    )
+                conn.execute("CREATE TABLE IF NOT EXISTS ledger_lock (id INTEGER PRIMARY KEY)")
+                conn.execute("INSERT INTO ledger_lock (id) VALUES (1) ON CONFLICT (id) DO NOTHING")
             raw.commit()
 
+    def _connect(self) -> contextlib.AbstractContextManager[Any]:
+        return self.connect(self.url)
+
+    @classmethod
     @contextlib.contextmanager
-    def _connect(self) -> Iterator[Any]:
+    def connect(cls, url: str) -> Iterator[Any]:
+        """A psycopg2 connection to ``url``, closed at the end; DatabaseUnavailable when the server cannot be
+        reached or the connection drops."""
         import psycopg2
 
+        url = url.replace("postgresql+psycopg2://", "postgresql://", 1)
+        where = _without_password(url)
         try:
-            conn = psycopg2.connect(self.url, connect_timeout=self.CONNECT_TIMEOUT_S)
+            conn = psycopg2.connect(url, connect_timeout=cls.CONNECT_TIMEOUT_S, **cls.SESSION)
         except psycopg2.OperationalError as err:
-            raise LedgerUnavailable(f"the admission ledger at {self.where} cannot be reached: {err}".strip()) from err
+            raise DatabaseUnavailable(f"the shared database at {where} cannot be reached: {err}".strip()) from err
         try:
             yield conn
         except (psycopg2.OperationalError, psycopg2.InterfaceError) as err:  # a restart, a dropped connection
-            raise LedgerUnavailable(f"the admission ledger at {self.where}: {err}".strip()) from err
+            raise DatabaseUnavailable(f"the shared database at {where}: {err}".strip()) from err
         finally:
             conn.close()
 
@@ -210,14 +244,52 @@ LOCK_KEY = 0x7472_6169  # "trai": the advisory lock that makes the tables once
 
 
 def _without_password(url: str) -> str:
+    """``url`` for messages: its password masked, its query (which may hold one) left out."""
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc, query=""))
+
+
+DATABASE_URL_ENV = "TRAINYARD_DATABASE_URL"  # a postgresql:// URL: what every host shares (cluster profile)
+
+
+def shared_database_url() -> str | None:
+    """``$TRAINYARD_DATABASE_URL``: the PostgreSQL database that holds the admission ledger and the sweeps'
+    studies when workers run on several hosts; None for the embedded profile (files of this host)."""
+    import os
+
+    return os.environ.get(DATABASE_URL_ENV) or None
+
+
+def sqlalchemy_url(url: str) -> str:
+    """``url`` with the psycopg2 driver named, as SQLAlchemy (Optuna's storage) needs it: its default for
+    ``postgresql://`` is psycopg 3 from SQLAlchemy 2.1, which is not installed."""
+    for prefix in ("postgresql+psycopg2://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg2://" + url[len(prefix) :]
+    raise ValueError(f"not a PostgreSQL URL: {_without_password(url)}")
+
+
+@contextlib.contextmanager
+def advisory_lock(url: str, name: str) -> Iterator[None]:
+    """Hold PostgreSQL's session advisory lock ``name`` (any string) while the block runs: one holder at a
+    time among every process of every host on that database."""
+    import hashlib
+
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    with PostgresDb.connect(url) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (key,))
+        try:
+            yield
+        finally:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
 def open_db(where: str | Path) -> LedgerDb:

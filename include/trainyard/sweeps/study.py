@@ -4,8 +4,11 @@ Storage: one Optuna journal file per team, ``$TRAINYARD_HOME/sweeps/<team>/studi
 sweep a study in it named by ``sweep.name``. The journal file backend is Optuna's advice for parallel
 trials without a database server: every write is an append under a file lock, so the training tasks of
 one sweep (separate processes) ask and tell concurrently without SQLite's one-writer stalls. It needs a
-local or fcntl-capable filesystem, as the admission ledger does (all of Airflow on one host). Teams are
-the boundary: a sweep resumes or warm-starts only from its own team's studies.
+local or fcntl-capable filesystem, as the admission ledger's SQLite file does (all of Airflow on one
+host). With ``TRAINYARD_DATABASE_URL`` (the cluster profile: workers on several hosts) the studies are
+Optuna's RDB storage in that PostgreSQL database, a schema per team, and the one-ask-at-a-time lock is a
+PostgreSQL advisory lock. Teams are the boundary: a sweep resumes or warm-starts only from its own team's
+studies.
 
 A journal has no heartbeat (nor does ask/tell in any storage): a trial whose training process is killed
 would stay RUNNING. The DAG tells Optuna instead: a retry of the trial's task fails the trial its earlier
@@ -15,8 +18,11 @@ fails every trial of its run still running, once all of them are done.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,13 +57,63 @@ def storage_path(team: str) -> Path:
 
 
 def storage(team: str) -> optuna.storages.BaseStorage:
-    """The team's study storage (created on first use)."""
+    """The team's study storage (created on first use): its journal file, or its schema of the shared
+    PostgreSQL database."""
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    from trainyard.scheduling.ledger_db import shared_database_url
+
+    url = shared_database_url()
+    if url:
+        return _database_storage(url, team)
     path = storage_path(team)
     path.parent.mkdir(parents=True, exist_ok=True)
     return JournalStorage(JournalFileBackend(str(path)))
+
+
+def team_schema(team: str) -> str:
+    """The PostgreSQL schema of a team's studies: readable, and distinct for distinct team names (a team
+    name may hold '.' and '-', which the readable part folds into '_')."""
+    import hashlib
+    import re
+
+    return f"sweeps_{re.sub(r'[^a-z0-9]', '_', team)[:32]}_{hashlib.sha256(team.encode()).hexdigest()[:8]}"
+
+
+@functools.cache
+def _database_storage(url: str, team: str) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage on the team's schema, made once per process (its engine keeps a small pool).
+    Making the schema and Optuna's tables is one process at a time (an advisory lock): Optuna creates its
+    tables on first use, and two hosts doing that at once collide."""
+    from optuna.storages import RDBStorage
+
+    from trainyard.scheduling.ledger_db import PostgresDb, advisory_lock, sqlalchemy_url
+
+    schema = team_schema(team)
+    with advisory_lock(url, "trainyard.sweeps.schema"):
+        with PostgresDb.connect(url) as conn, conn.cursor() as cur:
+            cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')  # a name of [a-z0-9_] only
+            conn.commit()
+        return RDBStorage(
+            sqlalchemy_url(url),
+            engine_kwargs={"connect_args": {"options": f"-c search_path={schema}"}, "pool_pre_ping": True},
+        )
+
+
+@contextlib.contextmanager
+def ask_lock(team: str, sweep_name: str) -> Iterator[None]:
+    """One ask at a time in a study, among every process of every host that runs its trials."""
+    from trainyard.files import file_lock
+    from trainyard.scheduling.ledger_db import advisory_lock, shared_database_url
+
+    url = shared_database_url()
+    if url:
+        with advisory_lock(url, f"trainyard.sweeps.ask/{team}/{sweep_name}"):
+            yield
+        return
+    with file_lock(storage_path(team).with_name(f"{sweep_name}.ask.lock")):
+        yield
 
 
 def sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:

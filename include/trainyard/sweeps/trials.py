@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard import recipes
-from trainyard.files import file_lock
 from trainyard.spec import JobSpec
 from trainyard.sweeps import handshake
 from trainyard.sweeps.study import (
@@ -34,9 +33,9 @@ from trainyard.sweeps.study import (
     SPEC_ATTR,
     TRAINED_ATTR,
     SweepError,
+    ask_lock,
     fail_left_running,
     open_study,
-    storage_path,
     suggest,
     tell,
     with_values,
@@ -197,7 +196,7 @@ def run_trial(
         log.warning("trial(s) %s, left running by an earlier try of this task, failed", gone)
     # One ask at a time per study: a trial's values are drawn seeing every trial asked before it, running
     # ones included (TPE's constant liar; a grid point is never handed out twice while unvisited ones remain)
-    with file_lock(storage_path(spec.resources.team).with_name(f"{sweep.name}.ask.lock")):
+    with ask_lock(spec.resources.team, sweep.name):
         trial = study.ask()
         trial.set_user_attr(RUN_ATTR, sweep_run)
         trial.set_user_attr(SLOT_ATTR, slot_key)

@@ -92,8 +92,16 @@ class AdmitOperator(BaseOperator):
         with ``end_from_trigger=False``, or ``dag.test()``, which runs the trigger in line and passes the
         ending event's state ("success") rather than its XCom."""
         if isinstance(event, dict) and event.get("waiting"):
-            self._tell_waiting(context, event)
-            self._wait(self._job(context), since=event["since"], notice_at=None)
+            from trainyard.scheduling.admission import default_ledger, look
+
+            job = self._job(context)
+            decision = look(default_ledger(), job)  # renews its place first: the notice may take a while
+            if decision.cancelled:
+                raise PermanentError(f"job {job.id}: {decision.reason}")
+            if decision.admitted:  # admitted meanwhile: nothing to tell
+                return decision.reason
+            self._tell_waiting(context, {**event, "reason": decision.reason})
+            self._wait(job, since=event["since"], notice_at=None)
         if isinstance(event, dict) and not event.get("admitted", True):  # cancelled while it waited
             raise PermanentError(event["reason"])
         if event == "failed":  # dag.test() passes the ending event's state: the trigger ended it failed

@@ -27,6 +27,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
 
+POLL_BEFORE_LEDGER_S = 10.0  # how soon a trigger that could not open the ledger yet tries again
+
 
 class AdmissionTrigger(BaseTrigger):
     """Ask the ledger for ``job`` (the fields of ``trainyard.scheduling.admission.Job``) until it is admitted."""
@@ -50,11 +52,13 @@ class AdmissionTrigger(BaseTrigger):
         from trainyard.scheduling.admission import Job, default_ledger, look
         from trainyard.scheduling.resources import ResourcesError, resources_in_force
 
-        ledger = await asyncio.to_thread(default_ledger)
+        ledger = None
         job = Job(**self.job)
         said = ""
         while True:
             try:
+                if ledger is None:  # inside the try: a database restarting as the trigger starts is waited out
+                    ledger = await asyncio.to_thread(default_ledger)
                 # resources.yaml as it is now (a quota changed while the job waits applies to its next look);
                 # an edit that broke it is logged at every look, and the last good version stays in force
                 ledger.config = await asyncio.to_thread(resources_in_force, None, self.log.warning)
@@ -84,7 +88,7 @@ class AdmissionTrigger(BaseTrigger):
                         {"admitted": False, "waiting": True, "reason": decision.reason, "since": self.since}
                     )
                     return
-            await asyncio.sleep(ledger.config.scheduling.admission_poll_seconds)
+            await asyncio.sleep(ledger.config.scheduling.admission_poll_seconds if ledger else POLL_BEFORE_LEDGER_S)
 
     async def on_kill(self) -> None:
         """The task was marked failed or cleared while it waited: its place (and any slots it was just

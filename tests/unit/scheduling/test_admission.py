@@ -377,6 +377,23 @@ def test_each_job_gets_devices_of_its_own_until_it_is_done(ledger, clock):
         ledger.claim_devices("nobody", 1, host)
 
 
+def test_worker_hosts_sharing_a_ledger_each_hand_out_their_own_devices(store, clock):
+    """Every host numbers its GPUs from 0: on a shared ledger a job on host b is not refused b's "0" because
+    a job on host a holds a's "0", and a retry that lands on another host gets that host's devices."""
+    config = parse_resources(FLEET)
+    on_a = Ledger(store("hosts"), config, clock, host="gpu-a")
+    on_b = Ledger(store("hosts"), config, clock, host="gpu-b")
+    for name in ("x", "y"):
+        assert on_a.request(job(name, "vision", 2)).admitted
+    assert on_a.claim_devices("x", 2, ["0", "1"]) == ["0", "1"]
+    assert on_b.claim_devices("y", 2, ["0", "1"]) == ["0", "1"]  # b's own 0 and 1
+    with pytest.raises(admission.NoFreeDevices):
+        on_a.claim_devices("y", 2, ["0", "1"])  # y's retry on host a: a's are held by x
+    on_a.release("x")
+    assert on_a.claim_devices("y", 2, ["0", "1", "2"]) == ["0", "1"]  # claimed anew on a
+    assert {e.job.id: (e.host, e.devices) for e in on_b.entries()}["y"] == ("gpu-a", ("0", "1"))
+
+
 def test_a_job_s_workers_see_only_its_devices(monkeypatch):
     from trainyard.scheduling.admission import host_devices
     from trainyard.training.launchers.local import this_host

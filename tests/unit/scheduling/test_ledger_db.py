@@ -10,7 +10,7 @@ import psycopg2
 import pytest
 
 from trainyard.scheduling.admission import RUNNING_LEASE_S, Job, Ledger, hold
-from trainyard.scheduling.ledger_db import LedgerUnavailable, open_db
+from trainyard.scheduling.ledger_db import DatabaseUnavailable, open_db
 from trainyard.scheduling.resources import parse_resources
 
 FLEET = parse_resources("gpu_types: {a100: {count: 2, price_per_hour: 1.0}}\nteams: {vision: {quota: {a100: 2}}}\n")
@@ -38,7 +38,7 @@ def test_a_restarting_server_decides_nothing_and_the_ledger_is_found_whole(postg
     assert ledger.request(_job("a")).admitted
     postgres_of_its_own.server.stop_server()
     with pytest.raises(
-        LedgerUnavailable, match=r"admission ledger at postgresql://postgres@127\.0\.0\.1:\d+/ledger_restart"
+        DatabaseUnavailable, match=r"shared database at postgresql://postgres@127\.0\.0\.1:\d+/ledger_restart"
     ):
         ledger.request(_job("b"))
     postgres_of_its_own.server.start_server()
@@ -92,6 +92,9 @@ def test_concurrent_first_opens_make_the_tables_once(postgres):
 
 
 def test_a_password_in_the_url_stays_out_of_the_messages():
-    with pytest.raises(LedgerUnavailable) as err:
+    with pytest.raises(DatabaseUnavailable) as err:
+        open_db("postgresql://ledger@127.0.0.1:9/trainyard?password=hunter2")
+    assert "hunter2" not in str(err.value) and "postgresql://ledger@127.0.0.1:9/trainyard" in str(err.value)
+    with pytest.raises(DatabaseUnavailable) as err:
         open_db("postgresql+psycopg2://ledger:hunter2@127.0.0.1:9/trainyard")
     assert "hunter2" not in str(err.value) and "postgresql://ledger:***@127.0.0.1:9/trainyard" in str(err.value)

@@ -1,6 +1,7 @@
-"""A trial's life against a real Optuna journal: asked, answered at each epoch's end through the
+"""A trial's life against a real Optuna storage: asked, answered at each epoch's end through the
 handshake files, told COMPLETE / PRUNED / FAIL; a killed try's trial failed by the retry; concurrent trial
-processes; resume, warm start; the sweep's end."""
+processes; resume, warm start; the sweep's end. Each test runs against both stores of the studies: the
+team's journal file (embedded) and PostgreSQL (the cluster profile; a server this session starts)."""
 
 import json
 import multiprocessing
@@ -15,6 +16,21 @@ from trainyard.spec import parse_spec
 from trainyard.sweeps import handshake
 from trainyard.sweeps.study import FAILED_ATTR, SweepError, close, fail_left_running, lineage, open_study, warm_start
 from trainyard.sweeps.trials import run_trial
+
+
+@pytest.fixture(autouse=True, params=["journal", "postgresql"])
+def study_store(request, monkeypatch):
+    import re
+
+    from trainyard.sweeps import study
+
+    monkeypatch.delenv("TRAINYARD_DATABASE_URL", raising=False)
+    if request.param == "postgresql":
+        name = "studies_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[-50:]
+        monkeypatch.setenv("TRAINYARD_DATABASE_URL", request.getfixturevalue("postgres").database(name))
+    yield request.param
+    study._database_storage.cache_clear()
+
 
 RUN = "train_pipeline/manual__1"
 DATA = {"commit": "c" * 64}
@@ -276,3 +292,13 @@ def test_a_verdict_replaces_a_link_planted_in_its_place(tmp_path):
     assert target.read_text() == "keep" and not (work / handshake.VERDICT).is_symlink()
     assert handshake.wait_verdict(work, 2, timeout_s=1) is True
     assert handshake.wait_verdict(work, 3, timeout_s=0.1) is None  # no answer for a later epoch yet
+
+
+def test_teams_keep_their_studies_apart(trainyard_home):
+    from trainyard.sweeps.study import team_schema
+
+    mine = spec()
+    theirs = parse_spec({**mine.model_dump(mode="json"), "resources": {"gpus_per_node": 1, "team": "nlp"}})
+    run_trial(mine, RUN, 0, worker([0.5, 0.6, 0.7]))
+    assert (len(open_study(mine).trials), len(open_study(theirs).trials)) == (1, 0)
+    assert team_schema("a-b") != team_schema("a_b") and team_schema("vision").startswith("sweeps_vision_")
