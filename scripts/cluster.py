@@ -185,12 +185,13 @@ class Cluster:
 
     # -- PostgreSQL and Redis ---------------------------------------------------------------------------
 
-    def _pg(self, tool: str, *args: str) -> subprocess.CompletedProcess:
+    def _pg(self, tool: str, *args: str, login: bool = False) -> subprocess.CompletedProcess:
+        """PostgreSQL's ``tool`` as the postgres user; ``login``: a client that connects (the password)."""
         found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{tool}"))
         if not found:
             raise SystemExit("PostgreSQL's server is not installed: `make setup` installs it (apt-get postgresql)")
         as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        env = {**os.environ, "PGPASSWORD": self.secret("postgres")}
+        env = {**os.environ, **({"PGPASSWORD": self.secret("postgres")} if login else {})}
         return subprocess.run([*as_postgres, found[-1], *args], check=True, capture_output=True, text=True, env=env)
 
     def start_postgres(self) -> None:
@@ -220,7 +221,8 @@ class Cluster:
         self._pg("pg_ctl", "-D", str(self.pg_data), "-o", options, "-l", str(log), "-w", "start")
         for db in DATABASES:
             with contextlib.suppress(subprocess.CalledProcessError):  # made by an earlier `up`
-                self._pg("createdb", "-h", "127.0.0.1", "-p", str(self.ports["postgres"]), "-U", "postgres", db)
+                port = str(self.ports["postgres"])
+                self._pg("createdb", "-h", "127.0.0.1", "-p", port, "-U", "postgres", db, login=True)
 
     def _pg_running(self) -> bool:
         try:
