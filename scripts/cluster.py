@@ -303,11 +303,12 @@ class Cluster:
         self.start_airflow()
         self.wait_healthy(wait_s)
 
-    def down(self) -> None:
+    def down(self, wait_s: float = 60) -> None:
+        """Stop every service (each is given ``wait_s`` to end by itself), then PostgreSQL."""
         for name in (*WORKERS, *reversed(AIRFLOW_COMPONENTS), "mlflow", "redis"):
-            self.kill(name)
+            self.kill(name, wait_s=wait_s)
         for extra in self.pids.glob("*.pid") if self.pids.exists() else ():  # workers a test added
-            self.kill(extra.stem)
+            self.kill(extra.stem, wait_s=wait_s)
         self.stop_postgres()
 
     def status(self) -> dict[str, int | None]:

@@ -64,7 +64,7 @@ def cluster():
         c.start_worker("worker-gpu-b", "gpu", 1)  # a second GPU host
         yield c
     finally:
-        c.down()
+        c.down(wait_s=5)  # the data is thrown away: no need to wait for a graceful end
         if not os.environ.get("TRAINYARD_KEEP_CLUSTER"):  # kept to look into a failure
             shutil.rmtree(root, ignore_errors=True)
 
