@@ -343,6 +343,8 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     import psutil
     from mlflow.tracking import MlflowClient
 
+    from trainyard.sweeps.study import FAILED_ATTR
+
     assert set(_grid_order([*GOOD, *BAD], SWEEP["seed"], 2)) <= set(GOOD)  # the premise of the pruning
     headers = airflow.headers("tina")
     spec = {
@@ -388,9 +390,15 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
 
     study = _sweep_study(airflow, "digits-lr")
     trials = study.get_trials(deepcopy=False)
-    states = {t.number: t.state for t in trials}
-    assert states[killed["trial"]] == optuna.trial.TrialState.FAIL, states
-    assert optuna.trial.TrialState.RUNNING not in states.values(), states
+    # a trial that failed says why (the end of its error), for a failure of this test to explain itself
+    states = {
+        t.number: (t.state, t.user_attrs.get(FAILED_ATTR, "")[-1500:])
+        if t.state == optuna.trial.TrialState.FAIL and t.number != killed.get("trial")
+        else t.state
+        for t in trials
+    }
+    assert trials[killed["trial"]].state == optuna.trial.TrialState.FAIL, states
+    assert optuna.trial.TrialState.RUNNING not in [t.state for t in trials], states
     pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
     bad = [t for t in trials if t.params["hyperparameters.learning_rate"] in BAD]
     assert len(bad) >= 3 and all(t.state == optuna.trial.TrialState.PRUNED for t in bad), states
@@ -401,7 +409,7 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
         work = next(runs.glob(f"*_trial-{t.number}")) / "work"
         assert not (work / "checkpoints").exists() and not (work / "model.pt").exists()
     # every slot ended: the killed one's retry trained a new trial (7 trials for 6 slots)
-    assert len(trials) == 7 and sum(s == optuna.trial.TrialState.FAIL for s in states.values()) == 1, states
+    assert len(trials) == 7 and sum(t.state == optuna.trial.TrialState.FAIL for t in trials) == 1, states
     tis = airflow.task_instances(DAG, run_id, headers)
     slots = [ti for key, ti in tis.items() if key.startswith("trial.train_trial[")]
     assert len(slots) == 6 and {ti["state"] for ti in slots} == {"success"}
