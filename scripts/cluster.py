@@ -154,29 +154,31 @@ class Cluster:
 
         (self.pids / f"{name}.pid").write_text(f"{proc.pid} {psutil.Process(proc.pid).create_time()}")
 
-    def kill(self, name: str, sig: int = signal.SIGTERM, wait_s: float = 60) -> None:
-        """Send ``sig`` to service ``name`` and to every process under it, SIGKILL to what is left after
-        ``wait_s``. Every process, not only its session: Airflow's task supervisor puts each task in a
-        process group of its own and the launcher starts torchrun in a session of its own, and a training
-        left running would hold its lease and write into its run beside the retry."""
+    def kill(self, *names: str, sig: int = signal.SIGTERM, wait_s: float = 60) -> None:
+        """Send ``sig`` to the services ``names`` and to every process under them, all at once, and SIGKILL
+        what is left after ``wait_s``. Every process, not only a service's session: Airflow's task
+        supervisor puts each task in a process group of its own and the launcher starts torchrun in a
+        session of its own, and a training left running would hold its lease and write into its run beside
+        the retry."""
         import psutil
 
-        pid = self.pid(name)
-        if pid is not None:
-            try:
-                root = psutil.Process(pid)
-                procs = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                procs = []
-            for p in procs:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.send_signal(sig)
-            _, alive = psutil.wait_procs(procs, timeout=wait_s)
-            for p in alive:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.kill()
-            psutil.wait_procs(alive, timeout=10)
-        (self.pids / f"{name}.pid").unlink(missing_ok=True)
+        procs = []
+        for name in names:
+            pid = self.pid(name)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if pid is not None:
+                    root = psutil.Process(pid)
+                    procs += [root, *root.children(recursive=True)]
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+        _, alive = psutil.wait_procs(procs, timeout=wait_s)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=10)
+        for name in names:
+            (self.pids / f"{name}.pid").unlink(missing_ok=True)
 
     def _run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -304,11 +306,12 @@ class Cluster:
         self.wait_healthy(wait_s)
 
     def down(self, wait_s: float = 60) -> None:
-        """Stop every service (each is given ``wait_s`` to end by itself), then PostgreSQL."""
-        for name in (*WORKERS, *reversed(AIRFLOW_COMPONENTS), "mlflow", "redis"):
-            self.kill(name, wait_s=wait_s)
-        for extra in self.pids.glob("*.pid") if self.pids.exists() else ():  # workers a test added
-            self.kill(extra.stem, wait_s=wait_s)
+        """Stop Airflow (its workers, including any a test added, and its components), then MLflow and Redis,
+        then PostgreSQL; each step's processes are given ``wait_s`` to end by themselves."""
+        added = [f.stem for f in self.pids.glob("*.pid")] if self.pids.exists() else []
+        airflow = dict.fromkeys([*WORKERS, *AIRFLOW_COMPONENTS, *(n for n in added if n not in ("mlflow", "redis"))])
+        self.kill(*airflow, wait_s=wait_s)
+        self.kill("mlflow", "redis", wait_s=wait_s)
         self.stop_postgres()
 
     def status(self) -> dict[str, int | None]:
