@@ -171,7 +171,7 @@ class PostgresDb:
     }
 
     def __init__(self, url: str) -> None:
-        self.url = url.replace("postgresql+psycopg2://", "postgresql://", 1)
+        self.url = _libpq_url(url)
         self.where = _without_password(self.url)
         with self._connect() as raw:
             conn = _PgConnection(raw)
@@ -204,7 +204,7 @@ class PostgresDb:
         reached or the connection drops."""
         import psycopg2
 
-        url = url.replace("postgresql+psycopg2://", "postgresql://", 1)
+        url = _libpq_url(url)
         where = _without_password(url)
         try:
             conn = psycopg2.connect(url, connect_timeout=cls.CONNECT_TIMEOUT_S, **cls.SESSION)
@@ -268,9 +268,17 @@ def shared_database_url() -> str | None:
 def sqlalchemy_url(url: str) -> str:
     """``url`` with the psycopg2 driver named, as SQLAlchemy (Optuna's storage) needs it: its default for
     ``postgresql://`` is psycopg 3 from SQLAlchemy 2.1, which is not installed."""
-    for prefix in ("postgresql+psycopg2://", "postgresql://", "postgres://"):
+    return "postgresql+psycopg2://" + _libpq_url(url).removeprefix("postgresql://")
+
+
+POSTGRES_SCHEMES = ("postgresql+psycopg2://", "postgresql://", "postgres://")
+
+
+def _libpq_url(url: str) -> str:
+    """``url`` (any of POSTGRES_SCHEMES) as libpq and psycopg2 take it: ``postgresql://...``."""
+    for prefix in POSTGRES_SCHEMES:
         if url.startswith(prefix):
-            return "postgresql+psycopg2://" + url[len(prefix) :]
+            return "postgresql://" + url[len(prefix) :]
     raise ValueError(f"not a PostgreSQL URL: {_without_password(url)}")
 
 
@@ -295,6 +303,6 @@ def advisory_lock(url: str, name: str) -> Iterator[None]:
 def open_db(where: str | Path) -> LedgerDb:
     """The store at ``where``: a ``postgresql://`` URL, or a path of a SQLite file."""
     text = str(where)
-    if text.startswith(("postgresql://", "postgresql+psycopg2://", "postgres://")):
-        return PostgresDb(text.replace("postgres://", "postgresql://", 1))
+    if text.startswith(POSTGRES_SCHEMES):
+        return PostgresDb(text)
     return SqliteDb(where)
