@@ -48,10 +48,11 @@ lint: setup
 bench: setup
 	@python bench/all.py $(BENCH_ARGS)
 
-# The scheduler replay (about 30 minutes on 2 cores): static per-team partitions against trainyard's
-# queueing on one job stream; rewrites its section of BENCHMARKS.md and its charts in docs/.
+# The scheduler replay (about 50 minutes on 2 cores): static per-team partitions against trainyard's
+# queueing on one job stream, then trainyard's again on the cluster profile (CeleryExecutor), each beside
+# the capacity-only reference; rewrites their sections of BENCHMARKS.md and the charts in docs/.
 bench-scheduler: setup
-	@python bench/all.py --only scheduler
+	@python bench/all.py --only scheduler scheduler-celery
 
 image:
 	@test -n "$(TRAINER_IMAGE)" || { echo "make image: could not read trainyard.TRAINER_IMAGE from include/" >&2; exit 1; }

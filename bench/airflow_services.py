@@ -146,12 +146,16 @@ class Airflow:
     def logs(self) -> str:
         return "\n".join(f"--- {f.name}\n" + f.read_text()[-3000:] for f in sorted(self.home.glob("*.log")))
 
+    def dead(self) -> list[str]:
+        """The services that have exited."""
+        return [p.args[1] for p in self.procs if p.poll() is not None]
+
     def wait(self, predicate, seconds, what):
         """Until ``predicate()`` is true; an AssertionError with the logs on timeout, or as soon as one of
         the services has exited."""
         deadline = time.time() + seconds
         while time.time() < deadline:
-            dead = [p.args[1] for p in self.procs if p.poll() is not None]
+            dead = self.dead()
             if dead:
                 raise AssertionError(f"Airflow's {', '.join(dead)} exited while waiting for {what}\n{self.logs()}")
             try:
@@ -233,3 +237,20 @@ class Airflow:
             ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]": ti
             for ti in r.json()["task_instances"]
         }
+
+
+class OnCluster(Airflow):
+    """The same helpers pointed at a running cluster profile (scripts/cluster.py ``Cluster``): its
+    api-server, its environment for the ``trainyard`` and ``airflow`` commands, its services' logs. A wait
+    ends as soon as one of its Airflow components, MLflow or Redis has exited (a worker may be killed on
+    purpose; PostgreSQL is watched by what uses it)."""
+
+    def __init__(self, cluster) -> None:
+        super().__init__(cluster.airflow_home, cluster.trainyard_home)
+        self.cluster, self.url, self.env = cluster, cluster.api_url, cluster.process_env()
+
+    def dead(self) -> list[str]:
+        return self.cluster.exited()
+
+    def logs(self) -> str:
+        return self.cluster.log_tails()

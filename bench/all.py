@@ -95,8 +95,17 @@ BENCHES = (
         "scheduler",
         "Scheduler replay: one multi-team job stream, static per-team partitions against trainyard's queueing",
         ("bench/scheduler.py", "--png", "docs"),
-        # tests/integration/test_scheduler_replay.py runs it small and checks its invariants
+        # tests/integration/test_cluster_profile.py replays a small trace on the cluster profile, checking invariants
         ("bench/scheduler.py", "--scenarios", "trainyard", "--types", "h100-80gb", "--window", "30"),
+        in_all=False,
+    ),
+    Bench(
+        "scheduler-celery",
+        "Scheduler replay on the cluster profile: the same job stream through the CeleryExecutor, the ledger in "
+        "PostgreSQL",
+        ("bench/scheduler.py", "--executor", "celery", "--scenarios", "trainyard"),
+        ("bench/scheduler.py", "--executor", "celery", "--scenarios", "trainyard", "--types", "h100-80gb",
+         "--window", "30"),  # fmt: skip
         in_all=False,
     ),
 )

@@ -34,7 +34,9 @@ writes the figures as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import heapq
 import json
 import math
 import os
@@ -55,7 +57,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
 from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
-from trainyard.scheduling.utilisation import SIZE_BUCKETS  # noqa: E402
+from trainyard.scheduling.utilisation import SIZE_BUCKETS, Allocation  # noqa: E402
+from trainyard.scheduling.utilisation import report as utilisation_report  # noqa: E402
 
 DAG = "scheduler_replay"
 SIZES = ((1, 0.70), (2, 0.15), (4, 0.10), (8, 0.05))
@@ -63,6 +66,7 @@ PHASES = ("vision", "nlp", "research")  # the busy team of each third of the win
 BUSY_SHARE = 0.55
 SIGMA = 1.0
 PRIORITY = 100
+GOAL = 0.97  # of the capacity-only reference's utilisation over the submission window
 
 
 @dataclass(frozen=True)
@@ -139,114 +143,212 @@ def scenario_config(base: ResourcesConfig, scenario: str, time_scale: float, pol
     return ResourcesConfig.model_validate(data)
 
 
-def replay(
-    scenario: str, config: ResourcesConfig, trace: list[TraceJob], types: list[str], args, workdir: Path
-) -> dict:
-    """The trace through a fresh Airflow under ``config``; the utilisation report's figures."""
-    config_dir = workdir / scenario / "config"
+def replay_settings(config_dir: Path, *, beside_the_pipelines: bool = False) -> dict[str, str]:
+    """The environment that serves the replay's DAG under the fleet of ``config_dir``; with
+    ``beside_the_pipelines`` as a second DAG bundle next to the dags folder's (one Airflow for both)."""
+    replay_dags = REPO / "bench" / "replay"
+    settings = {
+        "TRAINYARD_CONFIG_DIR": str(config_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(replay_dags), os.environ.get("PYTHONPATH")])),
+        "AIRFLOW__CORE__PARALLELISM": "8",
+        "AIRFLOW__TRAINYARD__PRELOAD_MODULES": "trainyard.scheduling.admission",
+    }
+    if beside_the_pipelines:
+        local = "airflow.dag_processing.bundles.local.LocalDagBundle"
+        bundles = [
+            {"name": "dags-folder", "classpath": local, "kwargs": {}},
+            {"name": "scheduler-replay", "classpath": local, "kwargs": {"path": str(replay_dags)}},
+        ]
+        settings["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(bundles)
+    else:
+        settings["AIRFLOW__CORE__DAGS_FOLDER"] = str(replay_dags)
+    return settings
+
+
+def write_config(config: ResourcesConfig, config_dir: Path) -> Path:
+    """trainyard's config folder with ``config`` as its fleet."""
     shutil.copytree(REPO / "include" / "config", config_dir)
     (config_dir / "resources.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    # PostgreSQL: under a job stream SQLite's single writer stops the scheduler or the triggerer with
-    # "database is locked" (a deferred transaction cannot wait for the lock), as Airflow's docs warn
+    return config_dir
+
+
+@contextlib.contextmanager
+def fresh_airflow(config: ResourcesConfig, executor: str, workdir: Path):
+    """A new Airflow that serves the replay under ``config``: ``local``, the LocalExecutor on its own
+    PostgreSQL (under a job stream SQLite's single writer stops the scheduler or the triggerer with
+    "database is locked", as Airflow's docs warn); ``celery``, the cluster profile (scripts/cluster.py:
+    PostgreSQL, Redis, Celery workers on the ``cpu`` and ``gpu`` queues, the ledger in PostgreSQL)."""
+    settings = replay_settings(write_config(config, workdir / "config"))
+    if executor == "celery":
+        sys.path.insert(0, str(REPO / "scripts"))
+        import cluster as cluster_profile
+
+        ports = {name: airflow_services._free_port() for name in cluster_profile.DEFAULT_PORTS}
+        root = workdir / "cluster"
+        root.mkdir(parents=True)
+        root.chmod(0o755)  # PostgreSQL's own user reaches its folder through it
+        workdir.chmod(0o755)
+        cluster = cluster_profile.Cluster(root, ports, settings)
+        try:
+            cluster.up(wait_s=600)
+            yield airflow_services.OnCluster(cluster)
+        finally:
+            cluster.down(wait_s=10)
+        return
     database = airflow_services.Postgres().start()
-    af = airflow_services.Airflow(workdir / scenario / "airflow", workdir / scenario / "trainyard", database.url)
-    af.env.update(
-        {
-            "TRAINYARD_CONFIG_DIR": str(config_dir),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "bench" / "replay"),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "bench" / "replay"), os.environ.get("PYTHONPATH")])),
-            "AIRFLOW__CORE__PARALLELISM": "8",
-            "AIRFLOW__TRAINYARD__PRELOAD_MODULES": "trainyard.scheduling.admission",
-        }
-    )
+    af = airflow_services.Airflow(workdir / "airflow", workdir / "trainyard", database.url)
+    af.env.update(settings)
     try:
         af.setup()
         af.start()
-        headers = af.headers()
-        af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, DAG)
-        # a running platform is warm: one job through both tasks before the clock starts
-        warm = af.trigger(DAG, {"resources": {"gpu_type": "cpu", "gpus_per_node": 1}, "hold_seconds": 0.1}, headers)
-        assert af.wait_run(DAG, warm, headers, 300)["state"] == "success", af.logs()
-        errors: list[str] = []
-        t0 = time.time() + 2
-        for job in trace:
-            time.sleep(max(0.0, t0 + job.at - time.time()))
-            conf = {
-                "resources": {
-                    "team": job.team,
-                    "gpu_type": job.gpu_type,
-                    "nodes": 1,
-                    "gpus_per_node": job.slots,
-                    "priority": PRIORITY,
-                    "max_hours": round(max(0.01, 2 * job.seconds / 3600), 3),  # as its usage is recorded
-                },
-                "hold_seconds": round(job.seconds, 2),
-            }
-            try:
-                r = requests.post(
-                    f"{af.url}/api/v2/dags/{DAG}/dagRuns",
-                    headers=headers,
-                    json={"dag_run_id": job.name, "logical_date": None, "conf": conf},
-                    timeout=60,
-                )
-                r.raise_for_status()
-            except requests.RequestException as err:
-                errors.append(f"{job.name}: {err}")
-
-        window_end = t0 + args.window
-        states: dict[str, int] = {}
-
-        def finished() -> bool:
-            for state in ("queued", "running", "success", "failed"):
-                r = requests.get(
-                    f"{af.url}/api/v2/dags/{DAG}/dagRuns",
-                    headers=headers,
-                    params={"state": state, "limit": 1},
-                    timeout=30,
-                )
-                r.raise_for_status()
-                states[state] = r.json()["total_entries"]
-            return states["success"] + states["failed"] >= len(trace) - len(errors) + 1
-
-        af.wait(finished, args.drain_timeout, f"the {scenario} replay's runs to finish ({states})")
-        end = time.time()
-
-        def utilisation(until: float, png: Path | None = None) -> dict:
-            since_iso = datetime.datetime.fromtimestamp(t0, datetime.UTC).isoformat()
-            until_iso = datetime.datetime.fromtimestamp(until, datetime.UTC).isoformat()
-            argv = ["trainyard", "report", "utilisation", "--json", "--since", since_iso, "--until", until_iso]
-            argv += [a for t in types for a in ("--type", t)] + (["--png", str(png)] if png else [])
-            out = subprocess.run(argv, env=af.env, check=True, capture_output=True, text=True, cwd=REPO).stdout
-            return json.loads(out)
-
-        png = Path(args.png) / f"utilisation-{scenario}.png" if args.png else None
-        in_window, whole = utilisation(window_end, png), utilisation(end)
-        states["success"] -= 1  # the warm-up run
-        states = {k: v for k, v in states.items() if v}
-        cost = subprocess.run(
-            ["trainyard", "report", "cost"], env=af.env, check=True, capture_output=True, text=True, cwd=REPO
-        ).stdout
-        large = next(j for j in trace if j.name.startswith("large-"))
-        large_wait = _wait_of(af, headers, large.name)
-        return {
-            "scenario": scenario,
-            "jobs": len(trace),
-            "submit_errors": errors,
-            "runs": dict(states),
-            "utilisation": in_window["utilisation"],
-            "utilisation_whole": whole["utilisation"],
-            "pools": {p: v["utilisation"] for p, v in in_window["pools"].items()},
-            "waits": whole["waits"],
-            "longest_wait": whole["longest_wait"],
-            "large_job": {"run": large.name, "slots": large.slots, "wait_s": large_wait},
-            "borrowed_gpu_s": whole["borrowed_gpu_s"],
-            "violations": whole["violations"],
-            "makespan_s": round(end - t0, 1),
-            "cost_report": cost,
-        }
+        yield af
     finally:
         af.stop()
         database.stop()
+
+
+def run_trace(
+    af, scenario: str, trace: list[TraceJob], types: list[str], *, window: float, drain_timeout: float,
+    png: Path | None = None,
+) -> dict:  # fmt: skip
+    """Submit ``trace`` through ``af``'s REST API at its arrival times, wait for every run to end, and
+    return the utilisation report's figures (``af``: a started ``airflow_services.Airflow`` that serves the
+    replay's DAG)."""
+    headers = af.headers()
+    af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, DAG)
+    before = _runs_by_state(af, headers)
+    # a running platform is warm: one job through both tasks before the clock starts
+    warm = af.trigger(DAG, {"resources": {"gpu_type": "cpu", "gpus_per_node": 1}, "hold_seconds": 0.1}, headers)
+    assert af.wait_run(DAG, warm, headers, 300)["state"] == "success", af.failure_report(DAG, warm, headers)
+    errors: list[str] = []
+    t0 = time.time() + 2
+    for job in trace:
+        time.sleep(max(0.0, t0 + job.at - time.time()))
+        conf = {
+            "resources": {
+                "team": job.team,
+                "gpu_type": job.gpu_type,
+                "nodes": 1,
+                "gpus_per_node": job.slots,
+                "priority": PRIORITY,
+                "max_hours": round(max(0.01, 2 * job.seconds / 3600), 3),  # as its usage is recorded
+            },
+            "hold_seconds": round(job.seconds, 2),
+        }
+        try:
+            r = requests.post(
+                f"{af.url}/api/v2/dags/{DAG}/dagRuns",
+                headers=headers,
+                json={"dag_run_id": job.name, "logical_date": None, "conf": conf},
+                timeout=60,
+            )
+            r.raise_for_status()
+        except requests.RequestException as err:
+            errors.append(f"{job.name}: {err}")
+
+    window_end = t0 + window
+    states: dict[str, int] = {}
+
+    def finished() -> bool:
+        states.update(_runs_by_state(af, headers))
+        ended = sum(states[s] - before[s] for s in ("success", "failed"))
+        return ended >= len(trace) - len(errors) + 1
+
+    af.wait(finished, drain_timeout, f"the {scenario} replay's runs to finish ({states})")
+    end = time.time()
+
+    def utilisation(until: float, chart: Path | None = None) -> dict:
+        since_iso = datetime.datetime.fromtimestamp(t0, datetime.UTC).isoformat()
+        until_iso = datetime.datetime.fromtimestamp(until, datetime.UTC).isoformat()
+        argv = ["trainyard", "report", "utilisation", "--json", "--since", since_iso, "--until", until_iso]
+        argv += [a for t in types for a in ("--type", t)] + (["--png", str(chart)] if chart else [])
+        out = subprocess.run(argv, env=af.env, check=True, capture_output=True, text=True, cwd=REPO).stdout
+        return json.loads(out)
+
+    in_window, whole = utilisation(window_end, png), utilisation(end)
+    runs = {s: states[s] - before[s] for s in states}
+    runs["success"] -= 1  # the warm-up run
+    cost = subprocess.run(
+        ["trainyard", "report", "cost"], env=af.env, check=True, capture_output=True, text=True, cwd=REPO
+    ).stdout
+    large = next(j for j in trace if j.name.startswith("large-"))
+    return {
+        "scenario": scenario,
+        "jobs": len(trace),
+        "submit_errors": errors,
+        "runs": {k: v for k, v in runs.items() if v},
+        "utilisation": in_window["utilisation"],
+        "utilisation_whole": whole["utilisation"],
+        "pools": {p: v["utilisation"] for p, v in in_window["pools"].items()},
+        "waits": whole["waits"],
+        "longest_wait": whole["longest_wait"],
+        "large_job": {"run": large.name, "slots": large.slots, "wait_s": _wait_of(af, headers, large.name)},
+        "borrowed_gpu_s": whole["borrowed_gpu_s"],
+        "violations": whole["violations"],
+        "makespan_s": round(end - t0, 1),
+        "cost_report": cost,
+    }
+
+
+def _runs_by_state(af, headers) -> dict[str, int]:
+    """How many runs of the replay's DAG are in each state (an Airflow may hold runs of an earlier replay)."""
+    states = {}
+    for state in ("queued", "running", "success", "failed"):
+        r = requests.get(
+            f"{af.url}/api/v2/dags/{DAG}/dagRuns", headers=headers, params={"state": state, "limit": 1}, timeout=30
+        )
+        r.raise_for_status()
+        states[state] = r.json()["total_entries"]
+    return states
+
+
+def capacity_reference(config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float) -> dict:
+    """The trace simulated in this process on capacity alone: no quota, no borrowing limit, no latency;
+    whenever a job arrives or ends, the waiting jobs are looked at in arrival order and each that its type
+    has room for starts (a small job passes a large one that does not fit). No queue that keeps teams'
+    limits can beat its utilisation by much: the replay's figures are given as ratios to it."""
+    free = {t: config.gpu_types[t].slots for t in types}
+    arrivals = sorted(trace, key=lambda j: j.at)
+    waiting: list[TraceJob] = []
+    running: list[tuple[float, int, str]] = []  # (end, slots, type), a heap
+    allocations: list[Allocation] = []
+    i = 0
+    while i < len(arrivals) or waiting:
+        if running and (i == len(arrivals) or running[0][0] <= arrivals[i].at):
+            now, slots, gpu_type = heapq.heappop(running)
+            free[gpu_type] += slots
+        else:
+            now = arrivals[i].at
+            waiting.append(arrivals[i])
+            i += 1
+        for job in list(waiting):
+            if free[job.gpu_type] >= job.slots:
+                free[job.gpu_type] -= job.slots
+                waiting.remove(job)
+                heapq.heappush(running, (now + job.seconds, job.slots, job.gpu_type))
+                allocations.append(
+                    Allocation(job.name, job.team, job.gpu_type, job.slots, now, now + job.seconds, asked=job.at)
+                )
+    end = max(a.end for a in allocations if a.end is not None)
+    in_window = utilisation_report(config, allocations, 0.0, window, types).as_dict()
+    whole = utilisation_report(config, allocations, 0.0, end, types).as_dict()
+    large = next(a for a in allocations if a.run.startswith("large-"))
+    return {
+        "scenario": "reference",
+        "jobs": len(trace),
+        "submit_errors": [],
+        "runs": {"success": len(allocations)},
+        "utilisation": in_window["utilisation"],
+        "utilisation_whole": whole["utilisation"],
+        "pools": {p: v["utilisation"] for p, v in in_window["pools"].items()},
+        "waits": whole["waits"],
+        "longest_wait": whole["longest_wait"],
+        "large_job": {"run": large.run, "slots": large.slots, "wait_s": round(large.start - large.asked, 1)},
+        "borrowed_gpu_s": whole["borrowed_gpu_s"],
+        "violations": [],  # it has no limits to keep
+        "makespan_s": round(end, 1),
+        "cost_report": "",
+    }
 
 
 def _wait_of(af, headers, run_id: str) -> float | None:
@@ -291,8 +393,36 @@ def table(results: list[dict]) -> str:
     rows.append(("violations", *(str(len(r["violations"])) for r in results)))
     rows.append(("makespan (s)", *(f"{r['makespan_s']:.0f}" for r in results)))
     rows.append(("runs", *(json.dumps(r["runs"]) for r in results)))
+    reference = next((r for r in results if r["scenario"] == "reference"), None)
+    if reference is not None:
+
+        def ratio(value: float | None, limit: float | None) -> str:
+            return f"{value / limit:.2f}x" if value is not None and limit else "-"
+
+        rows.append(("as a ratio to the reference:", *("" for _ in results)))
+        rows.append(("  utilisation (submission window)",
+                     *(ratio(r["utilisation"], reference["utilisation"]) for r in results)))  # fmt: skip
+        rows.append(("  utilisation (until the last job ended)",
+                     *(ratio(r["utilisation_whole"], reference["utilisation_whole"]) for r in results)))  # fmt: skip
+        rows.append(("  makespan", *(ratio(r["makespan_s"], reference["makespan_s"]) for r in results)))
+        for b in buckets:
+            limit = reference["waits"].get(b, {}).get("p95_s")
+            rows.append((f"  wait p95, {b}-slot jobs",
+                         *(ratio(r["waits"].get(b, {}).get("p95_s"), limit) for r in results)))  # fmt: skip
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{r[0]:{width}s}  " + "  ".join(f"{c:>22s}" for c in r[1:]) for r in rows)
+
+
+def against_the_goal(results: list[dict]) -> list[str]:
+    """Each replayed scenario's utilisation over the submission window against GOAL x the reference's."""
+    reference = next(r for r in results if r["scenario"] == "reference")
+    lines = []
+    for r in results:
+        if r is not reference:
+            x = r["utilisation"] / reference["utilisation"]
+            verdict = "met" if x >= GOAL else "missed"
+            lines.append(f"{r['scenario']}: {x:.2f}x the reference's utilisation (goal {GOAL}x: {verdict})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--types", nargs="+", default=["v100-16gb", "a100-80gb", "h100-80gb"])
     parser.add_argument("--scenarios", nargs="+", default=["static", "trainyard"], choices=["static", "trainyard"])
+    parser.add_argument(
+        "--executor",
+        choices=["local", "celery"],
+        default="local",
+        help="local: the LocalExecutor on PostgreSQL; celery: the cluster profile (workers on cpu and gpu)",
+    )
     parser.add_argument("--time-scale", type=float, default=60, help="trace seconds per second of the replay")
     parser.add_argument("--poll", type=float, default=1.0, help="scheduling.admission_poll_seconds")
     parser.add_argument("--drain-timeout", type=float, default=1800, help="seconds to wait for the last runs")
@@ -321,12 +457,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = []
     with tempfile.TemporaryDirectory(prefix="trainyard-replay-") as tmp:
+        Path(tmp).chmod(0o755)  # the cluster's PostgreSQL runs as its own user
         for scenario in args.scenarios:
             config = scenario_config(base, scenario, args.time_scale, args.poll)
             started = time.time()
-            results.append(replay(scenario, config, trace, args.types, args, Path(tmp)))
+            with fresh_airflow(config, args.executor, Path(tmp) / scenario) as af:
+                png = Path(args.png) / f"utilisation-{scenario}.png" if args.png else None
+                figures = run_trace(af, scenario, trace, args.types, window=args.window,
+                                    drain_timeout=args.drain_timeout, png=png)  # fmt: skip
+            results.append(figures)
             print(f"{scenario}: replayed in {time.time() - started:.0f} s", flush=True)
+    results.append(capacity_reference(base, trace, args.types, args.window))
     print(table(results))
+    print("\n".join(against_the_goal(results)))
     for r in results:
         for v in r["violations"]:
             print(f"VIOLATION ({r['scenario']}): {v}")

@@ -115,7 +115,9 @@ class Cluster:
             **self.settings,
         }
 
-    def _process_env(self) -> dict[str, str]:
+    def process_env(self) -> dict[str, str]:
+        """This process's environment with :meth:`env` over it and this Python's bin first: what every
+        service runs with, and what a client of the cluster (the ``trainyard`` command) needs."""
         env = {**os.environ, **self.env()}
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         return env
@@ -137,14 +139,15 @@ class Cluster:
         return proc.pid
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        """Start service ``name`` under :func:`supervise` (its pid file names the supervisor)."""
         if self.pid(name):
             return
         self.logs.mkdir(parents=True, exist_ok=True)
         self.pids.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "a") as log:
             proc = subprocess.Popen(
-                argv,
-                env={**self._process_env(), **(env or {})},
+                [sys.executable, str(Path(__file__).resolve()), "supervise", name, "--", *argv],
+                env={**self.process_env(), **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
@@ -182,7 +185,7 @@ class Cluster:
 
     def _run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(
-            argv, env=self._process_env(), cwd=REPO, check=True, capture_output=True, text=True, **kwargs
+            argv, env=self.process_env(), cwd=REPO, check=True, capture_output=True, text=True, **kwargs
         )
 
     # -- PostgreSQL and Redis ---------------------------------------------------------------------------
@@ -264,7 +267,11 @@ class Cluster:
             ["mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
              "--serve-artifacts", "--artifacts-destination", str(artifacts),
              "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}", "--workers", "2"],
-            {"MLFLOW_BACKEND_STORE_URI": self.database_url("mlflow", "postgresql+psycopg2")},
+            {
+                "MLFLOW_BACKEND_STORE_URI": self.database_url("mlflow", "postgresql+psycopg2"),
+                # its job runner (seven huey consumers) serves GenAI features trainyard does not use
+                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            },
         )  # fmt: skip
 
     def setup_airflow(self) -> None:
@@ -321,6 +328,11 @@ class Cluster:
         running["postgres"] = int(pidfile.read_text().split()[0]) if self._pg_running() and pidfile.exists() else None
         return running
 
+    def exited(self, *workers: str) -> list[str]:
+        """Which of Redis, MLflow, Airflow's components and ``workers`` are not running (PostgreSQL aside:
+        :meth:`status` has it)."""
+        return [n for n in ("redis", "mlflow", *AIRFLOW_COMPONENTS, *workers) if self.pid(n) is None]
+
     def wait_healthy(self, wait_s: float) -> None:
         """Until the api-server, the scheduler, the triggerer and the dag-processor report healthy and MLflow
         answers; SystemExit naming what is not, with its log's tail, after ``wait_s``."""
@@ -329,7 +341,7 @@ class Cluster:
         deadline = time.time() + wait_s
         last = ""
         while time.time() < deadline:
-            dead = [n for n in ("redis", "mlflow", *AIRFLOW_COMPONENTS, *WORKERS) if self.pid(n) is None]
+            dead = self.exited(*WORKERS)
             if dead:
                 raise SystemExit(f"{', '.join(dead)} exited:\n{self.log_tails(dead)}")
             try:
@@ -350,6 +362,41 @@ class Cluster:
         return "\n".join(f"--- {f.name}\n{f.read_text()[-chars:]}" for f in files if f.exists())
 
 
+RESTART_DELAYS_S = (1, 2, 5, 10, 30)  # after each exit in a row; a run of STEADY_S starts it over
+STEADY_S = 60
+
+
+def supervise(name: str, argv: list[str]) -> int:
+    """Run ``argv`` and start it again whenever it exits, as Kubernetes or systemd keeps a service up:
+    Airflow's scheduler and dag-processor exit when their database goes away (a PostgreSQL restart), and
+    a platform whose scheduler stays down stops. SIGTERM or SIGINT is passed on and ends both. Each exit
+    and restart is written to the service's log."""
+    stopping = False
+    child: subprocess.Popen | None = None
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    failures = 0
+    while True:
+        started = time.monotonic()
+        child = subprocess.Popen(argv)
+        code = child.wait()
+        # a SIGTERM sent to this process and its child at once is handled by now, or within the pause
+        if not stopping:
+            failures = 0 if time.monotonic() - started >= STEADY_S else failures + 1
+            delay = RESTART_DELAYS_S[min(failures, len(RESTART_DELAYS_S)) - 1] if failures else 1
+            print(f"[cluster] {name} exited with {code}; starting it again in {delay} s", flush=True)
+            time.sleep(delay)
+        if stopping:
+            return code
+
+
 def _wait_port(port: int, seconds: float, what: str) -> None:
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -360,6 +407,9 @@ def _wait_port(port: int, seconds: float, what: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["supervise"] and "--" in argv:  # how _spawn starts every service
+        return supervise(argv[1], argv[argv.index("--") + 1 :])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["up", "down", "status", "env"])
     args = parser.parse_args(argv)

@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MLFLOW_PORT=${MLFLOW_PORT:-5000}
-mlflow ui --backend-store-uri "sqlite:///$TRAINYARD_HOME/mlflow/mlflow.db" --port "$MLFLOW_PORT" \
+# (no job runner: it serves GenAI features trainyard does not use)
+MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "sqlite:///$TRAINYARD_HOME/mlflow/mlflow.db" --port "$MLFLOW_PORT" \
   >"$AIRFLOW_HOME/mlflow-ui.log" 2>&1 &
 mlflow_pid=$!
 trap 'kill $mlflow_pid 2>/dev/null || true' EXIT

@@ -128,10 +128,9 @@ LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-03), s
     "tests/integration/test_under_the_executor.py",  # ~570: one Airflow, four runs and a sweep through it
     "tests/integration/test_recipe_pipelines.py",  # ~300
     "tests/integration/test_benchmarks.py",  # ~220
-    "tests/integration/test_cluster_profile.py",  # ~180: the cluster profile up, a run, a worker killed
+    "tests/integration/test_cluster_profile.py",  # ~300: the cluster profile up, a worker killed, a replay
     "tests/integration/test_rest_api.py",  # ~130
     "tests/integration/test_train_pipeline_dag.py",  # ~120
-    "tests/integration/test_scheduler_replay.py",  # ~110
     "tests/integration/test_resume.py",  # ~60
     "tests/integration/test_streaming_memory.py",
     "tests/integration/test_no_secrets.py",
@@ -148,12 +147,9 @@ class PostgresForTests:
     the test session; each test makes the databases it needs, fresh."""
 
     def __init__(self) -> None:
-        import importlib.util
+        import checkout
 
-        spec = importlib.util.spec_from_file_location("airflow_services", REPO / "bench" / "airflow_services.py")
-        services = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(services)
-        self.server = services.Postgres().start()
+        self.server = checkout.airflow_services().Postgres().start()
 
     def database(self, name: str) -> str:
         """A new, empty database ``name`` (one of that name before is dropped), as a ``postgresql://`` URL."""

@@ -1,52 +1,51 @@
-"""The cluster profile (scripts/cluster.py) under a fault: PostgreSQL, Redis, an MLflow server and Airflow with
-the CeleryExecutor, started by this module on free loopback ports, with two workers on the ``gpu`` queue
-(two GPU hosts) and one on ``cpu``. The Celery worker that runs a training is killed with SIGKILL, every
-process under it too, as when its host dies: Airflow fails the try once its heartbeat stops, the retry runs
-on the other GPU worker and resumes from the checkpoint on the shared volume, the run registers exactly one
-version, and the shared ledger never holds more than the fleet has.
+"""The cluster profile (scripts/cluster.py) under faults and a job stream: PostgreSQL, Redis, an MLflow server
+and Airflow with the CeleryExecutor, started once by this module on free loopback ports, with two workers on
+the ``gpu`` queue (two GPU hosts) and two on ``cpu``. Its fleet is the small replay's
+(``tests/fixtures/replay_fleet.yaml``: the ``cpu`` type the trainings use, and an 8-slot pool where every
+team limit binds), and it serves the replay's DAG beside the pipelines (a second DAG bundle).
+
+- The Celery worker that runs a training is killed with SIGKILL, every process under it too, as when its
+  host dies: Airflow fails the try once its heartbeat stops, the retry runs on the other GPU worker and
+  resumes from the checkpoint on the shared volume; PostgreSQL (Airflow's metadata, MLflow's store, the
+  ledger) is restarted while the retry trains; the run registers exactly one version, and the shared
+  ledger never holds more than the fleet has.
+- The scheduler replay at a small size: a stream of jobs from two teams, admitted concurrently by the
+  tasks on both ``cpu`` workers and by the triggerer against the one ledger in PostgreSQL. Only invariants
+  are asserted, never a utilisation figure (that is ``make bench-scheduler``'s): from Airflow's own task
+  records, through ``trainyard report utilisation``, never more slots allocated than exist, no team above
+  its quota plus its borrowing limit (for more than a handover's moment); borrowing happened; every job
+  finishes; the large job starts within the wait bound; the cost report has the run's GPU time.
 """
 
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 import requests
 
+import checkout
+from trainyard.scheduling.ledger_db import DatabaseUnavailable
+from trainyard.scheduling.resources import load_resources
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-airflow_services = _load("airflow_services", REPO / "bench" / "airflow_services.py")
-cluster_profile = _load("cluster_profile", REPO / "scripts" / "cluster.py")
+airflow_services = checkout.airflow_services()
+cluster_profile = checkout.cluster_profile()
+scheduler_replay = checkout.scheduler_replay()
 
 pytestmark = pytest.mark.integration
 DAG = "train_pipeline"
 # A try whose worker died is failed once the scheduler has not heard from it this long (300 s by default).
 HEARTBEAT_TIMEOUT_S = 20
-
-
-class _Api(airflow_services.Airflow):
-    """The REST helpers of the test harness, pointed at the cluster's api-server."""
-
-    def __init__(self, cluster):
-        super().__init__(cluster.airflow_home, cluster.trainyard_home)
-        self.url, self.cluster = cluster.api_url, cluster
-
-    def logs(self) -> str:
-        return self.cluster.log_tails()
+FLEET = REPO / "tests" / "fixtures" / "replay_fleet.yaml"
+TIME_SCALE = 60  # the replay's: max_wait_minutes is scaled by it
+MEDIAN_S = 8
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +53,19 @@ def cluster():
     root = Path(tempfile.mkdtemp(prefix="trainyard-cluster-", dir="/tmp"))
     root.chmod(0o755)  # PostgreSQL's own user and the sandbox users reach their folders through it
     ports = {name: airflow_services._free_port() for name in cluster_profile.DEFAULT_PORTS}
+    fleet = scheduler_replay.scenario_config(load_resources(FLEET), "trainyard", TIME_SCALE, poll=1.0)
     settings = {
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+        **scheduler_replay.replay_settings(
+            scheduler_replay.write_config(fleet, root / "config"), beside_the_pipelines=True
+        ),
     }
     c = cluster_profile.Cluster(root, ports, settings)
     try:
         c.up(wait_s=600)
         c.start_worker("worker-gpu-b", "gpu", 1)  # a second GPU host
+        c.start_worker("worker-cpu-b", "cpu", 2)  # and a second host for everything else
         yield c
     finally:
         c.down(wait_s=5)  # the data is thrown away: no need to wait for a graceful end
@@ -101,13 +105,12 @@ def _kill_host(cluster, name: str) -> list[str]:
     return [f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:120]}" for p in procs if p.info]
 
 
-def test_a_training_whose_worker_host_dies_resumes_on_the_other_and_registers_once(cluster):
+def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_database_restart(cluster):
     from mlflow.tracking import MlflowClient
 
     from trainyard.scheduling.admission import Ledger
-    from trainyard.scheduling.resources import parse_resources
 
-    api = _Api(cluster)
+    api = airflow_services.OnCluster(cluster)
     headers = api.headers("admin")
     api.wait(lambda: requests.get(f"{api.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, "the DAG")
     conf = {
@@ -131,31 +134,49 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_and_registers_on
     api.wait(trains_past_a_checkpoint, 600, "a checkpoint of the training")
     first = training_on[-1]
     killed = _kill_host(cluster, first)
+    survivor = {"worker-gpu": "worker-gpu-b", "worker-gpu-b": "worker-gpu"}[first]
 
-    fleet = parse_resources((REPO / "include" / "config" / "resources.yaml").read_text())
+    fleet = load_resources(cluster.settings["TRAINYARD_CONFIG_DIR"] + "/resources.yaml")
     ledger = Ledger(cluster.database_url("trainyard"), fleet)
     capacity = fleet.gpu_types["cpu"].slots
     seen: list[int] = []
 
+    def held() -> None:
+        with contextlib.suppress(DatabaseUnavailable):  # while the server restarts
+            seen.append(sum(e.job.slots for e in ledger.entries() if e.admitted and e.job.gpu_type == "cpu"))
+
+    def retry_trains() -> bool:
+        held()
+        return _training_worker(cluster) == survivor
+
+    api.wait(retry_trains, 600, f"the retry to train on {survivor}")
+    # the database every component writes to (Airflow's metadata, MLflow's store, the ledger) restarts
+    # under the running retry: its heartbeats, lease renewals and metrics meet a closed server for a while
+    restarted = time.time()
+    cluster.stop_postgres()
+    time.sleep(5)
+    cluster.start_postgres()
+    down_s = time.time() - restarted
+
     def ended() -> bool:
-        seen.append(sum(e.job.slots for e in ledger.entries() if e.admitted is not None and e.job.gpu_type == "cpu"))
+        held()
         r = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10)
-        return r.json()["state"] in ("success", "failed")
+        return r.ok and r.json()["state"] in ("success", "failed")
 
     api.wait(ended, 900, f"run {run_id}")
     run = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10).json()
     tries = "\n".join(
         f"--- train, try {n}\n{api.task_log(DAG, run_id, 'train', headers, attempt=n)[-4000:]}" for n in (1, 2)
     )
-    assert run["state"] == "success", f"killed {killed}\n{tries}\n{api.failure_report(DAG, run_id, headers)}"
-    assert max(seen) <= capacity, seen
+    why = f"PostgreSQL was down {down_s:.0f} s; killed {killed}\n{tries}\n{api.failure_report(DAG, run_id, headers)}"
+    assert run["state"] == "success", why
+    assert max(seen) <= capacity and 1 in seen, seen  # taken again by the retry, never twice
 
     train = api.task_instances(DAG, run_id, headers)["train"]
     assert train["try_number"] == 2, train
     second_log = api.task_log(DAG, run_id, "train", headers, attempt=2)
     resumed = [line for line in second_log.splitlines() if "start_step=" in line]
     assert resumed and "start_step=0 " not in resumed[0], resumed  # from the checkpoint, not from scratch
-    survivor = {"worker-gpu": "worker-gpu-b", "worker-gpu-b": "worker-gpu"}[first]
     assert cluster.pid(survivor) is not None and cluster.pid(first) is None
 
     client = MlflowClient(cluster.mlflow_url)
@@ -165,3 +186,29 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_and_registers_on
     assert not [e for e in ledger.entries() if e.job.id == f"{DAG}/{run_id}"]  # released at the end
     usage = [json.loads(line) for line in next(run_dir.glob("*/usage.jsonl")).read_text().splitlines()]
     assert len(usage) >= 1, usage  # the surviving try's GPU time is billed
+
+
+def test_a_job_stream_admitted_by_two_workers_keeps_every_limit_and_finishes(cluster, tmp_path):
+    fleet = load_resources(FLEET)
+    trace = scheduler_replay.make_trace(fleet, ["h100-80gb"], window=40, load=1.25, median=MEDIAN_S, seed=3)
+    assert len(trace) >= 10, trace
+    api = airflow_services.OnCluster(cluster)
+    result = scheduler_replay.run_trace(api, "trainyard", trace, ["h100-80gb"], window=40, drain_timeout=600)
+    assert result["violations"] == [] and result["submit_errors"] == []
+    assert result["runs"] == {"success": len(trace)}, result["runs"]
+    # every job started: a wait was measured for each, and none is still waiting
+    assert sum(w["jobs"] for w in result["waits"].values()) == len(trace)
+    assert result["borrowed_gpu_s"] > 0  # the limits were exercised, not idle
+    # the bound: a job that waited max_wait_minutes is passed by no one of its team and by no borrower,
+    # so it starts once enough running jobs end (each at most 8x the median), plus the platform's latency
+    max_wait_s = fleet.scheduling.max_wait_minutes * 60 / TIME_SCALE
+    large = result["large_job"]
+    assert large["slots"] == 4 and large["wait_s"] is not None, large
+    assert large["wait_s"] <= max_wait_s + 8 * MEDIAN_S + 30, large
+    # the cost report reads the same runs' usage records: both teams have GPU-hours
+    hours = {line.split()[0]: float(line.split()[4]) for line in result["cost_report"].splitlines()[1:]}
+    assert hours["vision"] > 0 and hours["nlp"] > 0, result["cost_report"]
+    # the admissions were decided on both cpu workers (and in the triggerer), against the one ledger
+    for worker in ("worker-cpu", "worker-cpu-b"):
+        log = (cluster.logs / f"{worker}.log").read_text()
+        assert "scheduler_replay" in log, f"{worker} ran no admission:\n{log[-3000:]}"

@@ -5,7 +5,6 @@ and with one only the JobSpec refuses and see the first task fail naming the fie
 viewer cannot trigger (403); a user may trigger but not run the job of a team they are not in.
 """
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -14,12 +13,12 @@ from pathlib import Path
 import pytest
 import requests
 
+import checkout
+
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 DAG = "train_pipeline"
-_spec = importlib.util.spec_from_file_location("airflow_services", REPO / "bench" / "airflow_services.py")
-airflow_services = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(airflow_services)
+airflow_services = checkout.airflow_services()
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,13 @@
 under a limit the kernel enforces (a memory cgroup); held in memory, the kernel kills the same process,
 which shows the limit is real. ``bench/data.py`` trains one epoch through torchrun the same way."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+
+import checkout
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT_MB = 256  # the data path's process (Python, torch, the recipe) needs about 155 MB of it
@@ -16,10 +17,7 @@ pytestmark = pytest.mark.integration
 
 
 def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return checkout.load(f"bench/{name}.py", f"bench_{name}")
 
 
 def test_a_split_bigger_than_the_limit_streams_and_the_held_one_is_killed(tmp_path):

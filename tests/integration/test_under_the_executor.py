@@ -11,7 +11,6 @@ starts within one look, through an edit that broke resources.yaml meanwhile. The
 mapped tasks, and a retraining job file whose DAG the scheduler starts on new data, and only on new data.
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -25,13 +24,12 @@ from pathlib import Path
 import pytest
 import requests
 
+import checkout
 from datafiles import write_files
 from webhook import webhook_receiver
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("airflow_services", REPO / "bench" / "airflow_services.py")
-airflow_services = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(airflow_services)
+airflow_services = checkout.airflow_services()
 
 pytestmark = pytest.mark.integration
 DAG = "train_pipeline"

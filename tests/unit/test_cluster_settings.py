@@ -2,17 +2,15 @@
 every address is loopback, no password is on a command line that `ps` shows, Celery's redelivery bound
 outlasts the longest training a JobSpec may ask for, and its secrets file is its owner's only."""
 
-import importlib.util
 import stat
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import checkout
 from trainyard.spec import MAX_HOURS_LIMIT
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("cluster_profile", REPO / "scripts" / "cluster.py")
-cluster_profile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cluster_profile)
+cluster_profile = checkout.cluster_profile()
 
 
 def test_every_address_is_loopback_and_celery_outlasts_the_longest_training(tmp_path):
