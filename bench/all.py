@@ -104,8 +104,17 @@ BENCHES = (
         "Scheduler replay on the cluster profile: the same job stream through the CeleryExecutor, the ledger in "
         "PostgreSQL",
         ("bench/scheduler.py", "--executor", "celery", "--scenarios", "trainyard"),
-        ("bench/scheduler.py", "--executor", "celery", "--scenarios", "trainyard", "--types", "h100-80gb",
-         "--window", "30"),  # fmt: skip
+        (
+            "bench/scheduler.py",
+            "--executor",
+            "celery",
+            "--scenarios",
+            "trainyard",
+            "--types",
+            "h100-80gb",
+            "--window",
+            "30",
+        ),  # fmt: skip
         in_all=False,
     ),
 )
