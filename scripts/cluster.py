@@ -394,7 +394,7 @@ def supervise(name: str, argv: list[str]) -> int:
             print(f"[cluster] {name} exited with {code}; starting it again in {delay} s", flush=True)
             time.sleep(delay)
         if stopping:
-            return code
+            return code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
 
 
 def _wait_port(port: int, seconds: float, what: str) -> None:

@@ -51,3 +51,40 @@ def test_no_password_is_on_a_command_line(tmp_path, monkeypatch):
     assert secrets[0] in mlflow_env["MLFLOW_BACKEND_STORE_URI"]
     triggerer = next(argv for name, argv, _ in started if name == "triggerer")
     assert "--skip-serve-logs" in triggerer  # its log server would listen on every interface
+
+
+def test_a_service_that_exits_is_started_again_and_sigterm_ends_both(tmp_path):
+    """``cluster.py supervise`` keeps a service up, as Kubernetes or systemd would (Airflow's scheduler exits
+    when PostgreSQL restarts), and a SIGTERM to it, as ``down`` sends, stops the service for good."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    starts = tmp_path / "starts"
+    child = f"open({str(starts)!r}, 'a').write('x'); import time; time.sleep(0.3); raise SystemExit(1)"
+    script = str(checkout.REPO / "scripts" / "cluster.py")
+    proc = subprocess.Popen(
+        [sys.executable, script, "supervise", "flaky", "--", sys.executable, "-c", child],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 30
+    while time.time() < deadline and len(starts.read_text() if starts.exists() else "") < 2:
+        time.sleep(0.1)
+    assert len(starts.read_text()) >= 2  # exited once, started again
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert "[cluster] flaky exited with 1; starting it again in 1 s" in out
+    count = len(starts.read_text())
+    time.sleep(1.5)
+    assert len(starts.read_text()) == count  # not started again after the SIGTERM
+
+    forever = subprocess.Popen(
+        [sys.executable, script, "supervise", "steady", "--", sys.executable, "-c", "import time; time.sleep(600)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1)
+    forever.send_signal(signal.SIGTERM)
+    assert forever.wait(timeout=30) == 128 + signal.SIGTERM  # the service's own end, passed on
