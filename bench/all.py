@@ -95,7 +95,7 @@ BENCHES = (
         "scheduler",
         "Scheduler replay: one multi-team job stream, static per-team partitions against trainyard's queueing",
         ("bench/scheduler.py", "--png", "docs"),
-        # tests/integration/test_cluster_profile.py replays a small trace on the cluster profile, checking invariants
+        # not in `make test` (test_cluster_profile.py replays a small trace through run_trace on its own cluster)
         ("bench/scheduler.py", "--scenarios", "trainyard", "--types", "h100-80gb", "--window", "30"),
         in_all=False,
     ),

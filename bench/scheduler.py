@@ -180,7 +180,8 @@ def fresh_airflow(config: ResourcesConfig, executor: str, workdir: Path):
     PostgreSQL, Redis, Celery workers on the ``cpu`` and ``gpu`` queues, the ledger in PostgreSQL)."""
     settings = replay_settings(write_config(config, workdir / "config"))
     if executor == "celery":
-        sys.path.insert(0, str(REPO / "scripts"))
+        if str(REPO / "scripts") not in sys.path:
+            sys.path.insert(0, str(REPO / "scripts"))
         import cluster as cluster_profile
 
         ports = {name: airflow_services._free_port() for name in cluster_profile.DEFAULT_PORTS}
@@ -308,6 +309,9 @@ def capacity_reference(config: ResourcesConfig, trace: list[TraceJob], types: li
     has room for starts (a small job passes a large one that does not fit). No queue that keeps teams'
     limits can beat its utilisation by much: the replay's figures are given as ratios to it."""
     free = {t: config.gpu_types[t].slots for t in types}
+    too_large = [j.name for j in trace if j.slots > free.get(j.gpu_type, 0)]
+    if too_large:
+        raise ValueError(f"jobs larger than their GPU type (or of a type not in {types}): {too_large}")
     arrivals = sorted(trace, key=lambda j: j.at)
     waiting: list[TraceJob] = []
     running: list[tuple[float, int, str]] = []  # (end, slots, type), a heap
@@ -414,11 +418,12 @@ def table(results: list[dict]) -> str:
 
 
 def against_the_goal(results: list[dict]) -> list[str]:
-    """Each replayed scenario's utilisation over the submission window against GOAL x the reference's."""
+    """trainyard's utilisation over the submission window against GOAL x the reference's (static
+    partitions are there to show what queueing buys, not to meet it)."""
     reference = next(r for r in results if r["scenario"] == "reference")
     lines = []
     for r in results:
-        if r is not reference:
+        if r["scenario"] == "trainyard":
             x = r["utilisation"] / reference["utilisation"]
             verdict = "met" if x >= GOAL else "missed"
             lines.append(f"{r['scenario']}: {x:.2f}x the reference's utilisation (goal {GOAL}x: {verdict})")

@@ -158,21 +158,24 @@ class Cluster:
         (self.pids / f"{name}.pid").write_text(f"{proc.pid} {psutil.Process(proc.pid).create_time()}")
 
     def kill(self, *names: str, sig: int = signal.SIGTERM, wait_s: float = 60) -> None:
-        """Send ``sig`` to the services ``names`` and to every process under them, all at once, and SIGKILL
-        what is left after ``wait_s``. Every process, not only a service's session: Airflow's task
-        supervisor puts each task in a process group of its own and the launcher starts torchrun in a
-        session of its own, and a training left running would hold its lease and write into its run beside
-        the retry."""
+        """Send ``sig`` to the services ``names`` (through their supervisors) and to every process under
+        them, all at once, and SIGKILL what is left after ``wait_s``. Every process, not only a service's
+        session: Airflow's task supervisor puts each task in a process group of its own and the launcher
+        starts torchrun in a session of its own, and a training left running would hold its lease and write
+        into its run beside the retry."""
         import psutil
 
-        procs = []
+        procs, told = [], []
         for name in names:
             pid = self.pid(name)
             with contextlib.suppress(psutil.NoSuchProcess):
                 if pid is not None:
-                    root = psutil.Process(pid)
-                    procs += [root, *root.children(recursive=True)]
-        for p in procs:
+                    supervisor = psutil.Process(pid)
+                    service = supervisor.children()
+                    below = [p for p in supervisor.children(recursive=True) if p not in service]
+                    procs += [supervisor, *service, *below]
+                    told += [supervisor, *below]  # the supervisor passes the signal on to its service
+        for p in told:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.send_signal(sig)
         _, alive = psutil.wait_procs(procs, timeout=wait_s)
@@ -368,11 +371,14 @@ STEADY_S = 60
 
 def supervise(name: str, argv: list[str]) -> int:
     """Run ``argv`` and start it again whenever it exits, as Kubernetes or systemd keeps a service up:
-    Airflow's scheduler and dag-processor exit when their database goes away (a PostgreSQL restart), and
-    a platform whose scheduler stays down stops. SIGTERM or SIGINT is passed on and ends both. Each exit
+    Airflow's scheduler, dag-processor and triggerer exit when their database goes away (a PostgreSQL
+    restart), and a platform whose scheduler stays down stops. After ``len(RESTART_DELAYS_S)`` exits in a
+    row, each within STEADY_S of its start, it gives up (a service that cannot start: a port taken, a bad
+    setting), so the service is seen to be down. SIGTERM or SIGINT is passed on and ends both. Each exit
     and restart is written to the service's log."""
     stopping = False
     child: subprocess.Popen | None = None
+    signals = {signal.SIGTERM, signal.SIGINT}
 
     def stop(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -380,21 +386,31 @@ def supervise(name: str, argv: list[str]) -> int:
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    failures = 0
-    while True:
+    for sig in signals:
+        signal.signal(sig, stop)
+    failures, code = 0, 0
+    while not stopping:
         started = time.monotonic()
-        child = subprocess.Popen(argv)
+        # a stop that arrives while the child is being started waits until it has one to pass on to
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        try:
+            if stopping:
+                break
+            # (the child starts with them unblocked: a mask is inherited)
+            child = subprocess.Popen(argv, preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, signals))
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
         code = child.wait()
-        # a SIGTERM sent to this process and its child at once is handled by now, or within the pause
-        if not stopping:
-            failures = 0 if time.monotonic() - started >= STEADY_S else failures + 1
-            delay = RESTART_DELAYS_S[min(failures, len(RESTART_DELAYS_S)) - 1] if failures else 1
-            print(f"[cluster] {name} exited with {code}; starting it again in {delay} s", flush=True)
-            time.sleep(delay)
         if stopping:
-            return code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
+            break
+        failures = 0 if time.monotonic() - started >= STEADY_S else failures + 1
+        if failures > len(RESTART_DELAYS_S):
+            print(f"[cluster] {name} exited with {code}, {failures} times in a row; giving up", flush=True)
+            break
+        delay = RESTART_DELAYS_S[failures - 1] if failures else RESTART_DELAYS_S[0]
+        print(f"[cluster] {name} exited with {code}; starting it again in {delay} s", flush=True)
+        time.sleep(delay)
+    return code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
 
 
 def _wait_port(port: int, seconds: float, what: str) -> None:

@@ -122,7 +122,7 @@ def prepared(digits_dir, tmp_path_factory):
 # The longest files first. `make test` hands whole files to its two xdist workers (--dist loadfile) in
 # collection order (--no-loadscope-reorder: xdist would otherwise order files by their number of tests, which
 # puts the few-test integration files last), as each worker becomes free: with a long file last, one worker
-# runs it alone while the other idles (seen: test_scheduler_replay.py alone for its last 4 minutes). Order
+# runs it alone while the other idles (seen: the scheduler replay's file alone for its last 4 minutes). Order
 # by the figures `make test`'s --durations prints; a file not listed keeps its place after these.
 LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-03), setup included
     "tests/integration/test_under_the_executor.py",  # ~570: one Airflow, four runs and a sweep through it

@@ -27,6 +27,7 @@ def airflow(tmp_path_factory):
         pytest.fail("airflow is not installed in this environment: run the suite with `make test`")
     home = tmp_path_factory.mktemp("airflow_home")
     af = airflow_services.Airflow(home, tmp_path_factory.mktemp("trainyard_home"))
+    af.env.update(airflow_services.QUIETER_FOR_TESTS)
     # Airflow-level users for these tests: admin, a viewer, and bob, who may trigger (op) and is in team nlp
     af.setup(users="admin:admin,ann:viewer,bob:op")
     af.start()

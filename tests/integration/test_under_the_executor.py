@@ -52,6 +52,7 @@ def airflow(tmp_path_factory):
     af.config_dir = tmp_path_factory.mktemp("config") / "config"
     shutil.copytree(REPO / "include" / "config", af.config_dir)
     af.env["TRAINYARD_CONFIG_DIR"] = str(af.config_dir)
+    af.env.update(airflow_services.QUIETER_FOR_TESTS)
     af.jobs_dir = tmp_path_factory.mktemp("jobs")  # retraining job files, read by the dag-processor
     af.env["TRAINYARD_JOBS_DIR"] = str(af.jobs_dir)
     af.setup(users="admin:admin,tina:user")  # tina may trigger runs and nothing more

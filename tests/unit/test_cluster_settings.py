@@ -55,36 +55,58 @@ def test_no_password_is_on_a_command_line(tmp_path, monkeypatch):
 
 def test_a_service_that_exits_is_started_again_and_sigterm_ends_both(tmp_path):
     """``cluster.py supervise`` keeps a service up, as Kubernetes or systemd would (Airflow's scheduler exits
-    when PostgreSQL restarts), and a SIGTERM to it, as ``down`` sends, stops the service for good."""
+    when PostgreSQL restarts), gives up on one that keeps exiting at once, and a SIGTERM to it, as ``down``
+    sends, stops the service for good."""
+    import contextlib
+    import os
     import signal
     import subprocess
     import sys
     import time
 
-    starts = tmp_path / "starts"
-    child = f"open({str(starts)!r}, 'a').write('x'); import time; time.sleep(0.3); raise SystemExit(1)"
     script = str(checkout.REPO / "scripts" / "cluster.py")
-    proc = subprocess.Popen(
-        [sys.executable, script, "supervise", "flaky", "--", sys.executable, "-c", child],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 30
-    while time.time() < deadline and len(starts.read_text() if starts.exists() else "") < 2:
-        time.sleep(0.1)
-    assert len(starts.read_text()) >= 2  # exited once, started again
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
-    assert "[cluster] flaky exited with 1; starting it again in 1 s" in out
-    count = len(starts.read_text())
-    time.sleep(1.5)
-    assert len(starts.read_text()) == count  # not started again after the SIGTERM
 
-    forever = subprocess.Popen(
-        [sys.executable, script, "supervise", "steady", "--", sys.executable, "-c", "import time; time.sleep(600)"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(1)
-    forever.send_signal(signal.SIGTERM)
-    assert forever.wait(timeout=30) == 128 + signal.SIGTERM  # the service's own end, passed on
+    def supervised(name: str, code: str) -> subprocess.Popen:
+        argv = [sys.executable, script, "supervise", name, "--", sys.executable, "-c", code]
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+    def started(path, times: int) -> None:
+        deadline = time.time() + 60
+        while time.time() < deadline and len(path.read_text() if path.exists() else "") < times:
+            time.sleep(0.05)
+        assert len(path.read_text()) >= times
+
+    starts, ready = tmp_path / "starts", tmp_path / "ready"
+    flaky = supervised("flaky", f"open({str(starts)!r}, 'a').write('x'); import time; time.sleep(0.3); exit(1)")
+    steady = supervised("steady", f"open({str(ready)!r}, 'a').write('x'); import time; time.sleep(600)")
+    try:
+        started(starts, 2)  # exited once, started again
+        flaky.send_signal(signal.SIGTERM)
+        out, _ = flaky.communicate(timeout=30)
+        assert "[cluster] flaky exited with 1; starting it again in 1 s" in out
+        count = len(starts.read_text())
+        time.sleep(1.5)
+        assert len(starts.read_text()) == count  # not started again after the SIGTERM
+
+        started(ready, 1)  # the supervisor passes signals on from before it starts its service
+        steady.send_signal(signal.SIGTERM)
+        assert steady.wait(timeout=30) == 128 + signal.SIGTERM  # the service's own end, passed on
+    finally:
+        for proc in (flaky, steady):  # the supervisor and its service, whatever happened above
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+
+
+def test_a_service_that_keeps_exiting_at_once_is_given_up(tmp_path, monkeypatch):
+    cluster_profile = checkout.cluster_profile()
+    monkeypatch.setattr(cluster_profile, "RESTART_DELAYS_S", (0.01, 0.01))
+    import signal
+    import sys
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:  # it runs here, in pytest's process: its signal handlers are put back after
+        assert cluster_profile.supervise("broken", [sys.executable, "-c", "exit(3)"]) == 3
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
