@@ -66,6 +66,11 @@ PHASES = ("vision", "nlp", "research")  # the busy team of each third of the win
 BUSY_SHARE = 0.55
 SIGMA = 1.0
 PRIORITY = 100
+# The Celery replay's two workers: every stand-in starts on the gpu worker before it defers, and one started
+# at a time (the profile's --concurrency 1, one CPU training at a time on 2 cores) queued the trace's starts
+# behind each other; a GPU host's worker runs as many tasks as it has GPUs. As many as the LocalExecutor's
+# parallelism here (replay_settings).
+REPLAY_WORKERS = {"worker-cpu": ("cpu", 4), "worker-gpu": ("gpu", 8)}
 GOAL = 0.97  # of the capacity-only reference's utilisation over the submission window
 
 
@@ -189,7 +194,7 @@ def fresh_airflow(config: ResourcesConfig, executor: str, workdir: Path):
         root.mkdir(parents=True)
         root.chmod(0o755)  # PostgreSQL's own user reaches its folder through it
         workdir.chmod(0o755)
-        cluster = cluster_profile.Cluster(root, ports, settings)
+        cluster = cluster_profile.Cluster(root, ports, settings, REPLAY_WORKERS)
         try:
             cluster.up(wait_s=600)
             yield airflow_services.OnCluster(cluster)

@@ -55,10 +55,18 @@ AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 
 class Cluster:
-    def __init__(self, root: Path, ports: dict[str, int] | None = None, settings: dict[str, str] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        ports: dict[str, int] | None = None,
+        settings: dict[str, str] | None = None,
+        workers: dict[str, tuple[str, int]] | None = None,
+    ):
         """``root``: the folder that holds everything; ``ports``: overrides of DEFAULT_PORTS; ``settings``:
-        more environment (Airflow settings as ``AIRFLOW__SECTION__KEY``) for every process."""
+        more environment (Airflow settings as ``AIRFLOW__SECTION__KEY``) for every process; ``workers``:
+        the Celery workers ``up`` starts, as ``{name: (queues, concurrency)}`` (default WORKERS)."""
         self.root = root.resolve()
+        self.workers = workers or WORKERS
         self.ports = {**DEFAULT_PORTS, **(ports or {})}
         self.settings = settings or {}
         self.logs, self.pids = self.root / "logs", self.root / "pids"
@@ -293,7 +301,7 @@ class Cluster:
             if name == "triggerer":
                 argv += ["--skip-serve-logs"]  # its log server would listen on every interface
             self._spawn(name, argv)
-        for name, (queues, concurrency) in WORKERS.items():
+        for name, (queues, concurrency) in self.workers.items():
             self.start_worker(name, queues, concurrency)
 
     def start_worker(self, name: str, queues: str, concurrency: int = 1) -> None:
@@ -319,13 +327,14 @@ class Cluster:
         """Stop Airflow (its workers, including any a test added, and its components), then MLflow and Redis,
         then PostgreSQL; each step's processes are given ``wait_s`` to end by themselves."""
         added = [f.stem for f in self.pids.glob("*.pid")] if self.pids.exists() else []
-        airflow = dict.fromkeys([*WORKERS, *AIRFLOW_COMPONENTS, *(n for n in added if n not in ("mlflow", "redis"))])
+        others = [n for n in added if n not in ("mlflow", "redis")]
+        airflow = dict.fromkeys([*self.workers, *AIRFLOW_COMPONENTS, *others])
         self.kill(*airflow, wait_s=wait_s)
         self.kill("mlflow", "redis", wait_s=wait_s)
         self.stop_postgres()
 
     def status(self) -> dict[str, int | None]:
-        names = ["redis", "mlflow", *AIRFLOW_COMPONENTS, *WORKERS]
+        names = ["redis", "mlflow", *AIRFLOW_COMPONENTS, *self.workers]
         running = {name: self.pid(name) for name in names}
         pidfile = self.pg_data / "postmaster.pid"
         running["postgres"] = int(pidfile.read_text().split()[0]) if self._pg_running() and pidfile.exists() else None
@@ -344,7 +353,7 @@ class Cluster:
         deadline = time.time() + wait_s
         last = ""
         while time.time() < deadline:
-            dead = self.exited(*WORKERS)
+            dead = self.exited(*self.workers)
             if dead:
                 raise SystemExit(f"{', '.join(dead)} exited:\n{self.log_tails(dead)}")
             try:
