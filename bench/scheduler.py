@@ -283,16 +283,23 @@ def run_trace(
         "jobs": len(trace),
         "submit_errors": errors,
         "runs": {k: v for k, v in runs.items() if v},
+        **_figures(in_window, whole),
+        "large_job": {"run": large.name, "slots": large.slots, "wait_s": _wait_of(af, headers, large.name)},
+        "violations": whole["violations"],
+        "makespan_s": round(end - t0, 1),
+        "cost_report": cost,
+    }
+
+
+def _figures(in_window: dict, whole: dict) -> dict:
+    """The table's figures from the utilisation report over the submission window and over the whole."""
+    return {
         "utilisation": in_window["utilisation"],
         "utilisation_whole": whole["utilisation"],
         "pools": {p: v["utilisation"] for p, v in in_window["pools"].items()},
         "waits": whole["waits"],
         "longest_wait": whole["longest_wait"],
-        "large_job": {"run": large.name, "slots": large.slots, "wait_s": _wait_of(af, headers, large.name)},
         "borrowed_gpu_s": whole["borrowed_gpu_s"],
-        "violations": whole["violations"],
-        "makespan_s": round(end - t0, 1),
-        "cost_report": cost,
     }
 
 
@@ -347,13 +354,8 @@ def capacity_reference(config: ResourcesConfig, trace: list[TraceJob], types: li
         "jobs": len(trace),
         "submit_errors": [],
         "runs": {"success": len(allocations)},
-        "utilisation": in_window["utilisation"],
-        "utilisation_whole": whole["utilisation"],
-        "pools": {p: v["utilisation"] for p, v in in_window["pools"].items()},
-        "waits": whole["waits"],
-        "longest_wait": whole["longest_wait"],
+        **_figures(in_window, whole),
         "large_job": {"run": large.run, "slots": large.slots, "wait_s": round(large.start - large.asked, 1)},
-        "borrowed_gpu_s": whole["borrowed_gpu_s"],
         "violations": [],  # it has no limits to keep
         "makespan_s": round(end, 1),
         "cost_report": "",

@@ -52,6 +52,8 @@ DATABASES = ("airflow", "mlflow", "trainyard")
 VISIBILITY_TIMEOUT_S = int(MAX_HOURS_LIMIT * 3600 + 3600)
 WORKERS = {"worker-cpu": ("cpu", 2), "worker-gpu": ("gpu", 1)}  # name: (queues, concurrency)
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+SERVICES = ("redis", "mlflow", *AIRFLOW_COMPONENTS)  # besides PostgreSQL and the workers
+PASSED_ON = (signal.SIGTERM, signal.SIGINT)  # the signals a service's supervisor passes on to it
 
 
 class Cluster:
@@ -182,7 +184,8 @@ class Cluster:
                     service = supervisor.children()
                     below = [p for p in supervisor.children(recursive=True) if p not in service]
                     procs += [supervisor, *service, *below]
-                    told += [supervisor, *below]  # the supervisor passes the signal on to its service
+                    # the supervisor passes a stop on to its service (a SIGKILL it cannot)
+                    told += [supervisor, *below] if sig in PASSED_ON else [supervisor, *service, *below]
         for p in told:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.send_signal(sig)
@@ -334,8 +337,7 @@ class Cluster:
         self.stop_postgres()
 
     def status(self) -> dict[str, int | None]:
-        names = ["redis", "mlflow", *AIRFLOW_COMPONENTS, *self.workers]
-        running = {name: self.pid(name) for name in names}
+        running = {name: self.pid(name) for name in (*SERVICES, *self.workers)}
         pidfile = self.pg_data / "postmaster.pid"
         running["postgres"] = int(pidfile.read_text().split()[0]) if self._pg_running() and pidfile.exists() else None
         return running
@@ -343,7 +345,7 @@ class Cluster:
     def exited(self, *workers: str) -> list[str]:
         """Which of Redis, MLflow, Airflow's components and ``workers`` are not running (PostgreSQL aside:
         :meth:`status` has it)."""
-        return [n for n in ("redis", "mlflow", *AIRFLOW_COMPONENTS, *workers) if self.pid(n) is None]
+        return [n for n in (*SERVICES, *workers) if self.pid(n) is None]
 
     def wait_healthy(self, wait_s: float) -> None:
         """Until the api-server, the scheduler, the triggerer and the dag-processor report healthy and MLflow
@@ -387,7 +389,7 @@ def supervise(name: str, argv: list[str]) -> int:
     and restart is written to the service's log."""
     stopping = False
     child: subprocess.Popen | None = None
-    signals = {signal.SIGTERM, signal.SIGINT}
+    signals = set(PASSED_ON)
 
     def stop(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -416,7 +418,7 @@ def supervise(name: str, argv: list[str]) -> int:
         if failures > len(RESTART_DELAYS_S):
             print(f"[cluster] {name} exited with {code}, {failures} times in a row; giving up", flush=True)
             break
-        delay = RESTART_DELAYS_S[failures - 1] if failures else RESTART_DELAYS_S[0]
+        delay = RESTART_DELAYS_S[max(failures, 1) - 1]
         print(f"[cluster] {name} exited with {code}; starting it again in {delay} s", flush=True)
         time.sleep(delay)
     return code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a shell says

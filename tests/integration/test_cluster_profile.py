@@ -200,7 +200,7 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
     assert len(usage) >= 1, usage  # the surviving try's GPU time is billed
 
 
-def test_a_job_stream_admitted_by_two_workers_keeps_every_limit_and_finishes(cluster, tmp_path):
+def test_a_job_stream_admitted_by_two_workers_keeps_every_limit_and_finishes(cluster):
     fleet = load_resources(FLEET)
     trace = scheduler_replay.make_trace(fleet, ["h100-80gb"], window=40, load=1.25, median=MEDIAN_S, seed=3)
     assert len(trace) >= 10, trace
