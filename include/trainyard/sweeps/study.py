@@ -151,19 +151,23 @@ def open_study(spec: JobSpec) -> optuna.Study:
 
     sweep = _sweep(spec)
     store = storage(spec.resources.team)
-    study = optuna.create_study(
-        storage=store,
-        study_name=sweep.name,
-        direction=sweep.direction,
-        sampler=sampler(sweep),
-        pruner=pruner(sweep),
-        load_if_exists=True,
-    )
-    attrs = study.user_attrs
-    if not attrs:
-        study.set_user_attr("objective", sweep.objective)
-        study.set_user_attr("direction", sweep.direction)
-    elif (attrs.get("objective"), attrs.get("direction")) != (sweep.objective, sweep.direction):
+    # The study and its objective are made under the ask lock: the first trials of a sweep start together,
+    # and one that loaded the study between another's create and set_user_attr would see no objective
+    with ask_lock(spec.resources.team, sweep.name):
+        study = optuna.create_study(
+            storage=store,
+            study_name=sweep.name,
+            direction=sweep.direction,
+            sampler=sampler(sweep),
+            pruner=pruner(sweep),
+            load_if_exists=True,
+        )
+        attrs = study.user_attrs
+        if not attrs:
+            study.set_user_attr("objective", sweep.objective)
+            study.set_user_attr("direction", sweep.direction)
+            attrs = study.user_attrs
+    if (attrs.get("objective"), attrs.get("direction")) != (sweep.objective, sweep.direction):
         raise SweepError(
             f"sweep.name: study {sweep.name!r} of team {spec.resources.team} optimises "
             f"{attrs.get('direction')} {attrs.get('objective')}; this spec asks to {sweep.direction} "

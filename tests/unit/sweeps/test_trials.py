@@ -6,7 +6,9 @@ team's journal file (embedded) and PostgreSQL (the cluster profile; a server thi
 import json
 import multiprocessing
 import os
+import queue
 import signal
+import time
 from pathlib import Path
 
 import optuna
@@ -165,7 +167,13 @@ def test_concurrent_trial_processes_draw_distinct_grid_points(trainyard_home):
     procs = [ctx.Process(target=_one_trial, args=(str(trainyard_home), i, out)) for i in range(4)]
     for p in procs:
         p.start()
-    drawn = [out.get(timeout=120)["hyperparameters.learning_rate"] for _ in procs]
+    drawn = []
+    deadline = time.monotonic() + 120
+    while len(drawn) < len(procs) and time.monotonic() < deadline:
+        try:
+            drawn.append(out.get(timeout=1)["hyperparameters.learning_rate"])
+        except queue.Empty:  # a process that died says so now, not at the deadline
+            assert not [p.exitcode for p in procs if p.exitcode not in (None, 0)], "a trial process failed"
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
