@@ -83,13 +83,15 @@ def _ts(value: str) -> float:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def scheduled_run(af, conf: dict, headers: dict, upstream: dict[str, list[str]]) -> tuple[float, dict, list[float]]:
-    """(wall seconds, {task: duration}, gaps) of one run triggered through the REST API."""
+def scheduled_run(
+    af, conf: dict, headers: dict, upstream: dict[str, list[str]]
+) -> tuple[str, float, dict, list[float]]:
+    """(run id, wall seconds, {task: duration}, gaps) of one run triggered through the REST API."""
     run_id = af.trigger(DAG, conf, headers)
     run = af.wait_run(DAG, run_id, headers)
     tis = af.task_instances(DAG, run_id, headers)
     if run["state"] != "success":
-        raise SystemExit(f"run {run_id} ended {run['state']}: { ({t: ti['state'] for t, ti in tis.items()}) }")
+        raise SystemExit(f"run {run_id} ended {run['state']}: {af.failure_report(DAG, run_id, headers)}")
     ran = {t: ti for t, ti in tis.items() if ti["state"] == "success"}
     ends = {t: _ts(ti["end_date"]) for t, ti in tis.items() if ti.get("end_date")}
     gaps = []
@@ -98,7 +100,61 @@ def scheduled_run(af, conf: dict, headers: dict, upstream: dict[str, list[str]])
         ready = max(before) if before else _ts(run["queued_at"] or run["start_date"])
         gaps.append(_ts(ti["start_date"]) - ready)
     wall = _ts(run["end_date"]) - _ts(run["start_date"])
-    return wall, {t: ti["duration"] for t, ti in ran.items()}, gaps
+    return run_id, wall, {t: ti["duration"] for t, ti in ran.items()}, gaps
+
+
+def measure(af, conf: dict, runs: int, plain_home: Path) -> tuple[list[str], list[str]]:
+    """Both sides ``runs`` times, in turns, against the started Airflow ``af`` (its DAG parsed), the plain
+    side with ``plain_home`` as its TRAINYARD_HOME: (the report's lines, the scheduled runs' ids)."""
+    import requests
+
+    headers = af.headers()
+    tasks = requests.get(f"{af.url}/api/v2/dags/{DAG}/tasks", headers=headers, timeout=10).json()["tasks"]
+    upstream: dict[str, list[str]] = {}
+    for t in tasks:
+        for d in t["downstream_task_ids"]:
+            upstream.setdefault(d, []).append(t["task_id"])
+    env = {**os.environ, "TRAINYARD_HOME": str(plain_home)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    keygen = [sys.executable, "-m", "trainyard.cli", "models", "keygen", "--if-missing"]
+    subprocess.run(keygen, env=env, check=True, capture_output=True)  # register signs, as in Airflow
+    plain, sched, durations, gaps, run_ids = [], [], [], [], []
+    for _ in range(runs):
+        proc = subprocess.run(
+            [sys.executable, __file__, "--in-process", json.dumps(conf)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode:
+            raise SystemExit(f"in-process run failed:\n{proc.stderr[-4000:]}")
+        plain.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        run_id, wall, took, run_gaps = scheduled_run(af, conf, headers, upstream)
+        run_ids.append(run_id)
+        sched.append(wall)
+        durations.append(took)
+        gaps += run_gaps
+    later = slice(1, None) if runs > 1 else slice(0, None)
+    p_first, s_first = plain[0]["wall"], sched[0]
+    p_rest = statistics.median(r["wall"] for r in plain[later])
+    s_rest = statistics.median(sched[later])
+    gaps.sort()
+    p95 = gaps[min(len(gaps) - 1, round(0.95 * (len(gaps) - 1)))]
+    lines = [
+        "  (in process: a fresh process, its imports included; Airflow: the scheduler preloaded them at start)",
+        f"  pipeline wall: first run  in process {p_first:6.1f} s  under Airflow {s_first:6.1f} s  "
+        f"ratio {s_first / p_first:.2f}x",
+        f"  pipeline wall: later runs in process {p_rest:6.1f} s  under Airflow {s_rest:6.1f} s  "
+        f"ratio {s_rest / p_rest:.2f}x (median)",
+        f"  gap between tasks: median {statistics.median(gaps):.2f} s, p95 {p95:.2f} s ({len(gaps)} tasks)",
+        f"  {'step':16} {'task (median)':>14} {'in process':>11}",
+    ]
+    for step in STEPS:
+        task = statistics.median(d[step] for d in durations[later] if step in d)
+        alone = statistics.median(r[step] for r in plain[later])
+        lines.append(f"  {step:16} {task:>12.2f} s {alone:>9.2f} s")
+    return lines, run_ids
 
 
 def main() -> None:
@@ -123,57 +179,13 @@ def main() -> None:
         try:
             headers = af.headers()
             af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 600, "parse")
-            tasks = requests.get(f"{af.url}/api/v2/dags/{DAG}/tasks", headers=headers, timeout=10).json()["tasks"]
-            upstream: dict[str, list[str]] = {}
-            for t in tasks:
-                for d in t["downstream_task_ids"]:
-                    upstream.setdefault(d, []).append(t["task_id"])
-            env = {**os.environ, "TRAINYARD_HOME": str(tmp_path / "home-plain")}
-            env.pop("MLFLOW_TRACKING_URI", None)
-            keygen = [sys.executable, "-m", "trainyard.cli", "models", "keygen", "--if-missing"]
-            subprocess.run(keygen, env=env, check=True, capture_output=True)  # register signs, as in Airflow
-            plain, sched, durations, gaps = [], [], [], []
-            for _ in range(args.runs):
-                proc = subprocess.run(
-                    [sys.executable, __file__, "--in-process", json.dumps(args.conf)],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                if proc.returncode:
-                    raise SystemExit(f"in-process run failed:\n{proc.stderr[-4000:]}")
-                plain.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-                wall, took, run_gaps = scheduled_run(af, args.conf, headers, upstream)
-                sched.append(wall)
-                durations.append(took)
-                gaps += run_gaps
+            lines, _ = measure(af, args.conf, args.runs, tmp_path / "home-plain")
         finally:
             af.stop()
-    later = slice(1, None) if args.runs > 1 else slice(0, None)
-    p_first, s_first = plain[0]["wall"], sched[0]
-    p_rest = statistics.median(r["wall"] for r in plain[later])
-    s_rest = statistics.median(sched[later])
-    gaps.sort()
-    p95 = gaps[min(len(gaps) - 1, round(0.95 * (len(gaps) - 1)))]
     print(
         f"train_pipeline, conf {json.dumps(args.conf)}, {args.runs} runs a side (Airflow started in {started:.0f} s):"
     )
-    print("  (in process: a fresh process, its imports included; Airflow: the scheduler preloaded them at start)")
-    print(
-        f"  pipeline wall: first run  in process {p_first:6.1f} s  under Airflow {s_first:6.1f} s  "
-        f"ratio {s_first / p_first:.2f}x"
-    )
-    print(
-        f"  pipeline wall: later runs in process {p_rest:6.1f} s  under Airflow {s_rest:6.1f} s  "
-        f"ratio {s_rest / p_rest:.2f}x (median)"
-    )
-    print(f"  gap between tasks: median {statistics.median(gaps):.2f} s, p95 {p95:.2f} s ({len(gaps)} tasks)")
-    print(f"  {'step':16} {'task (median)':>14} {'in process':>11}")
-    for step in STEPS:
-        task = statistics.median(d[step] for d in durations[later] if step in d)
-        alone = statistics.median(r[step] for r in plain[later])
-        print(f"  {step:16} {task:>12.2f} s {alone:>9.2f} s")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

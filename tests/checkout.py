@@ -36,6 +36,11 @@ def cluster_profile() -> ModuleType:
     return load("scripts/cluster.py", "cluster")
 
 
+def orchestration_bench() -> ModuleType:
+    airflow_services()
+    return load("bench/orchestration.py")
+
+
 def scheduler_replay() -> ModuleType:
     airflow_services()
     return load("bench/scheduler.py", "bench_scheduler")

@@ -1,5 +1,6 @@
-"""Every benchmark of `make bench` runs (at a tiny size) and prints the figures BENCHMARKS.md is made of.
-Benchmarks are not tests: nothing here asserts a speed."""
+"""Every benchmark of `make bench` runs (at a tiny size) and prints the figures BENCHMARKS.md is made of;
+the orchestration benchmark's, which needs a running Airflow, in tests/integration/test_rest_api.py against
+that test's. Benchmarks are not tests: nothing here asserts a speed."""
 
 import json
 import re
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.integration
 def test_every_benchmark_runs_and_reports(tmp_path):
     out = tmp_path / "BENCHMARKS.md"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "all.py"), "--smoke", "--out", str(out)],
+        [sys.executable, str(REPO / "bench" / "all.py"), "--smoke", "--skip", "orchestration", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -28,8 +29,6 @@ def test_every_benchmark_runs_and_reports(tmp_path):
     text = out.read_text()
     assert re.search(r"^- CPU: .+ cores usable$", text, re.M) and "- commit " in text
     for expected in (
-        r"pipeline wall: first run +in process +[\d.]+ s +under Airflow +[\d.]+ s +ratio [\d.]+x",
-        r"gap between tasks: median [\d.]+ s, p95 [\d.]+ s \(12 tasks\)",
         r"1 process\(es\): trainyard \d\.\d+x the hand loop's samples/s \(median of 1 epoch pairs, 95% interval "
         r"\d\.\d+-\d\.\d+x\): goal 0\.97x (met|missed|not shown)",
         r"median epoch: hand +[\d.]+ ms \(\d+ samples/s\) +trainyard +[\d.]+ ms \(\d+ samples/s\) +\(1 runs x 1 epochs",
@@ -39,7 +38,7 @@ def test_every_benchmark_runs_and_reports(tmp_path):
         r"samples/s \(95% interval \d\.\d+-\d\.\d+x\)",
         r"checkpoints: 1 an epoch, [\d.]+ ms stall each = [\d.]+ steps \([\d.]+ ms a step\); [\d.]+% of an epoch; "
         r"the hand loop's torch\.save [\d.]+ ms",
-        r"lmdb +2x .* \| +w0: +[\d.]+ +\d+ \( *[\d.]+x\) \|",
+        r"lmdb +1x .* \| +w0: +[\d.]+ +\d+ \( *[\d.]+x\) \|",
         r"tfrecord +1x",
         r"100 rows: +[\d.]+ s +\d+ rows/s",
         r"faster-coco-eval [\d.]+ s +pycocotools [\d.]+ s +ratio [\d.]+x faster",
@@ -52,7 +51,7 @@ def test_every_benchmark_runs_and_reports(tmp_path):
         r"\n +trainyard +\d+ tokens/s +MFU [\d.]+% \(6N\)",
     ):
         assert re.search(expected, text), f"{expected!r} not in\n{text}"
-    assert text.count("\n## ") == 8
+    assert text.count("\n## ") == 7
 
 
 def test_the_gpu_benchmark_says_it_skipped_without_a_gpu(tmp_path):
