@@ -23,7 +23,8 @@ setup:
 demo: setup
 	@scripts/demo.sh
 
-# Lint first: a finding fails the run before pytest starts (about 20 s warm, 4 min with no .mypy_cache).
+# Lint first: a finding fails the run before pytest starts (mypy about 5 s: `make setup` has filled its cache
+# with the installed packages, scripts/warm_mypy_cache.py; a minute without that).
 # The suite runs in TEST_WORKERS pytest-xdist processes, a test file per worker at a time (module fixtures
 # stay shared); each worker has its own copy of the Airflow database (tests/conftest.py).
 TEST_WORKERS ?= 2

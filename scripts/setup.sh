@@ -101,5 +101,9 @@ if [ "$(id -u)" = 0 ]; then
 else
   log "not root: no sandbox users, so custom commands are refused locally (trainyard sandbox check says why)"
 fi
+if [ ! -d .mypy_cache ]; then  # once per checkout: a cold lint spends most of its time on the packages
+  log "filling mypy's cache with the installed packages the code imports"
+  "$VENV/bin/python" scripts/warm_mypy_cache.py >/dev/null || log "mypy's cache not filled: the first lint will take a minute more"
+fi
 finish_horovod_build
 log "ready: AIRFLOW_HOME=$AIRFLOW_HOME TRAINYARD_HOME=$TRAINYARD_HOME"
