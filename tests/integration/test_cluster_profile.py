@@ -116,7 +116,7 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
     api.wait(lambda: requests.get(f"{api.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, "the DAG")
     conf = {
         "name": "digits-cluster",
-        "hyperparameters": {"epochs": 120, "batch_size": 32, "learning_rate": 0.01, "momentum": 0.9, "seed": 1},
+        "hyperparameters": {"epochs": 60, "batch_size": 32, "learning_rate": 0.01, "momentum": 0.9, "seed": 1},
         "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
         "gates": [{"metric": "val_accuracy", "min": 0.5}],
     }
