@@ -3,8 +3,9 @@
 Each benchmark is its own script in ``bench/`` that measures both sides of each ratio in the same run (the
 machines are shared and noisy) and prints its figures; this runs them with their default sizes, keeps
 what each printed on stdout, and writes BENCHMARKS.md: the machine, the commit, and per benchmark the
-command and its output. ``--smoke`` runs each at a tiny size (the test suite does, so none rots); ``--only``
-picks benchmarks by name.
+command and its output. ``--smoke`` runs each at a tiny size (the test suite does, so none rots: all but
+the orchestration benchmark through this, that one against the REST test's Airflow); ``--only`` picks
+benchmarks by name, ``--skip`` leaves some out.
 
     .venv/bin/python bench/all.py [--only loop data ...] [--skip NAME ...] [--smoke] [--out BENCHMARKS.md]
 """
@@ -202,7 +203,8 @@ def main() -> None:
         "# Benchmarks",
         "",
         "Written by `make bench` (`bench/all.py`; `--only NAME` rewrites that benchmark's section and keeps the"
-        " others). Each ratio is measured side by side in the same run; the figures are this machine's, at the"
+        " others, as `--skip NAME` keeps those it leaves out). Each ratio is measured side by side in the same"
+        " run; the figures are this machine's, at the"
         " commit each section names. How each is measured: the docstring of its script.",
         "",
         *machine(),

@@ -91,7 +91,8 @@ def scheduled_run(
     run = af.wait_run(DAG, run_id, headers)
     tis = af.task_instances(DAG, run_id, headers)
     if run["state"] != "success":
-        raise SystemExit(f"run {run_id} ended {run['state']}: {af.failure_report(DAG, run_id, headers)}")
+        states = {t: ti["state"] for t, ti in tis.items()}  # last: what is kept of a long report is its end
+        raise SystemExit(f"{af.failure_report(DAG, run_id, headers)}\nrun {run_id} ended {run['state']}: {states}")
     ran = {t: ti for t, ti in tis.items() if ti["state"] == "success"}
     ends = {t: _ts(ti["end_date"]) for t, ti in tis.items() if ti.get("end_date")}
     gaps = []

@@ -1,5 +1,5 @@
 """Fill mypy's cache with the installed packages the shipped code imports (Airflow, torch, MLflow, pydantic
-...), so that the first `make lint` checks only trainyard's own files: about 50 s of a cold lint's 55 s is
+...), so that the first `make lint` checks only trainyard's own files: about 45 s of a cold lint's 50 s is
 spent reading those packages, once per environment. Run by `make setup`; the imports are found in the code,
 never listed by hand.
 
@@ -39,7 +39,9 @@ def main() -> int:
         probe = Path(tmp) / "installed_packages.py"
         probe.write_text("".join(f"import {m}\n" for m in third_party_imports()))
         # the project's config (plugins, overrides) and cache folder, as `make lint` uses them
-        return subprocess.run([sys.executable, "-m", "mypy", str(probe)], cwd=REPO, check=False).returncode
+        code = subprocess.run([sys.executable, "-m", "mypy", str(probe)], cwd=REPO, check=False).returncode
+    # 1: mypy has findings in the packages themselves, and cached them all the same; 2: it could not run
+    return 0 if code in (0, 1) else code
 
 
 if __name__ == "__main__":

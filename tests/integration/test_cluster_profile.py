@@ -161,6 +161,7 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
     finally:
         cluster.start_postgres()
     down_s = time.time() - restarted
+    assert _training_worker(cluster) == survivor, "the retry ended before the restart: train it longer"
     seen.clear()  # from here on, what the retry holds (the killed try's lease may have been counted before)
 
     def ended() -> bool:

@@ -66,7 +66,8 @@ def test_trigger_with_conf_runs_to_success(airflow, tmp_path):
     }
     lines, (run_id,) = checkout.orchestration_bench().measure(airflow, conf, 1, tmp_path / "plain")
     report = "\n".join(lines)
-    assert re.search(r"pipeline wall: first run +in process +[\d.]+ s +under Airflow +[\d.]+ s +ratio [\d.]+x", report)
+    wall = r"pipeline wall: first run +in process +[\d.]+ s +under Airflow +[\d.]+ s +ratio [\d.]+x"
+    assert re.search(wall, report), report
     assert re.search(r"gap between tasks: median [\d.]+ s, p95 [\d.]+ s \(12 tasks\)", report), report
     assert re.search(r"\n  register +[\d.]+ s +[\d.]+ s", report), report
     tis = _task_instances(airflow, headers, run_id)  # the run succeeded: measure says why when it did not

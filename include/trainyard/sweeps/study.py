@@ -103,7 +103,8 @@ def _database_storage(url: str, team: str) -> optuna.storages.RDBStorage:
 
 @contextlib.contextmanager
 def ask_lock(team: str, sweep_name: str) -> Iterator[None]:
-    """One ask at a time in a study, among every process of every host that runs its trials."""
+    """One ask at a time in a study, among every process of every host that runs its trials; the study's
+    creation (with its objective) is made under it too."""
     from trainyard.files import file_lock
     from trainyard.scheduling.ledger_db import advisory_lock, shared_database_url
 

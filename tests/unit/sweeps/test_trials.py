@@ -165,18 +165,24 @@ def test_concurrent_trial_processes_draw_distinct_grid_points(trainyard_home):
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_one_trial, args=(str(trainyard_home), i, out)) for i in range(4)]
-    for p in procs:
-        p.start()
-    drawn = []
-    deadline = time.monotonic() + 120
-    while len(drawn) < len(procs) and time.monotonic() < deadline:
-        try:
-            drawn.append(out.get(timeout=1)["hyperparameters.learning_rate"])
-        except queue.Empty:  # a process that died says so now, not at the deadline
-            assert not [p.exitcode for p in procs if p.exitcode not in (None, 0)], "a trial process failed"
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    try:
+        for p in procs:
+            p.start()
+        drawn = []
+        deadline = time.monotonic() + 120
+        while len(drawn) < len(procs) and time.monotonic() < deadline:
+            try:
+                drawn.append(out.get(timeout=1)["hyperparameters.learning_rate"])
+            except queue.Empty:  # a process that died says so now, not at the deadline
+                assert not [p.exitcode for p in procs if p.exitcode not in (None, 0)], "a trial process failed"
+        assert len(drawn) == len(procs), f"{len(drawn)} of {len(procs)} trials drew a point within 120 s"
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
     assert sorted(drawn) == [0.1, 0.2, 0.3, 0.4]
 
 
