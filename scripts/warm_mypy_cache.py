@@ -12,19 +12,19 @@ import ast
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = ("include", "plugins", "dags")  # the code `make lint` runs mypy on
 
 
 def third_party_imports() -> list[str]:
     """Every module the shipped code imports that is neither its own nor the standard library's."""
-    ours = {"trainyard", "trainyard_airflow"}
-    for folder in ("plugins", "dags"):  # each is on sys.path: its files and packages are top-level modules
-        ours |= {p.stem for p in (REPO / folder).iterdir()}
+    mypy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
+    # each folder of mypy_path is on sys.path: its files and packages are top-level modules
+    ours = {p.stem for folder in mypy["mypy_path"] for p in (REPO / folder).iterdir()}
     modules: set[str] = set()
-    for folder in SHIPPED:
+    for folder in mypy["files"]:  # the code `make lint` runs mypy on
         for path in (REPO / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
