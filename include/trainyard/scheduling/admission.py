@@ -15,10 +15,13 @@ it, so a large job can wait forever. The ledger here adds what pools lack, and n
   within their team's quota before jobs that would borrow; then ``resources.priority``; then arrival;
 * a job that does not fit does not stop smaller ones behind it (backfill: the fleet stays busy), except
   that (a) behind a job within its quota that waits for slots, no job may borrow (lent quota comes back as
-  the borrowers finish; nothing running is preempted), and (b) behind a job that has waited
-  ``max_wait_minutes`` for slots, no job that would borrow and no job of its own team starts (other teams
-  keep their own quota), so it starts once enough running jobs finish: the bound on how long a large job
-  waits behind a stream of small ones;
+  the borrowers finish; nothing running is preempted), and (b) a job that has waited
+  ``max_wait_minutes`` for slots holds a reservation: the time by which enough slots are free for it if
+  every running job ends by its ``max_hours`` (:func:`_reserved_start`). No job that would borrow and no
+  job of its own team starts if it could push that time back: one that ends by then at the latest, or
+  fits in the slots the reserved job will not need, still does (EASY backfill, as in Slurm); other teams
+  keep their own quota. So it starts once enough running jobs finish: the bound on how long a large job
+  waits behind a stream of small ones, without the fleet idling while it drains;
 * a team's admitted jobs' commitments (each a worst case, price x max_hours x slots, less what its run
   spent) stay within what its monthly budget has left after the month's spend.
 
@@ -139,6 +142,25 @@ def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> tuple[int 
     return borrow, "", ""
 
 
+def _reserved_start(free: int, running: list[tuple[float, int]], need: int, now: float) -> float:
+    """The time by which ``need`` slots are free at the latest, with ``free`` free now and ``running``
+    the (end by its max_hours, slots) of the jobs holding the rest; one past its end counts as ending now."""
+    at = now
+    for end, slots in sorted(running):
+        if free >= need:
+            break
+        free += slots
+        at = max(at, end)
+    return at
+
+
+def _delays(starving: Job, job: Job, free: int, running: list[tuple[float, int]], now: float) -> bool:
+    """Whether admitting ``job`` now could push back the reserved start of ``starving``."""
+    before = _reserved_start(free, running, starving.slots, now)
+    after = _reserved_start(free - job.slots, [*running, (now + job.max_hours * 3600, job.slots)], starving.slots, now)
+    return after > before
+
+
 def plan(
     config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend | None = None
 ) -> dict[str, tuple[int | None, str]]:
@@ -166,6 +188,12 @@ def plan(
     for gpu_type in config.gpu_types:
         used = _usage(config, entries, gpu_type)
         waiting = [e for e in entries if e.admitted is None and e.job.gpu_type == gpu_type]
+        capacity = config.gpu_types[gpu_type].slots
+        running = [  # (when it ends at the latest, slots): what a reservation counts on
+            (e.admitted + e.job.max_hours * 3600, e.job.slots)
+            for e in entries
+            if e.admitted is not None and e.job.gpu_type == gpu_type
+        ]
 
         def within(job: Job, used: dict[str, int] = used, gpu_type: str = gpu_type) -> bool:
             return used[job.team] + job.slots <= config.quota(job.team, gpu_type)
@@ -174,7 +202,7 @@ def plan(
             return (now - e.enqueued < max_wait, not within(e.job), -e.job.priority, e.enqueued, e.job.id)
 
         no_borrowing = ""
-        starving: Entry | None = None  # a job past the bound, waiting for slots: it is passed no more
+        starving: Entry | None = None  # a job past the bound, waiting for slots: it holds a reservation
         for e in sorted(waiting, key=key):
             job = e.job
             if job.group and job.group_limit and in_group.get(job.group, 0) >= job.group_limit:
@@ -184,7 +212,12 @@ def plan(
             borrow, why, kind = _room(config, used, job)
             if borrow is not None and borrow > 0 and no_borrowing:
                 borrow, why = None, no_borrowing
-            if borrow is not None and starving is not None and (borrow > 0 or job.team == starving.job.team):
+            if (
+                borrow is not None
+                and starving is not None
+                and (borrow > 0 or job.team == starving.job.team)
+                and _delays(starving.job, job, capacity - sum(used.values()), running, now)
+            ):
                 # what it would take, the starving job needs; other teams still get their own quota
                 waited = (now - starving.enqueued) / 60
                 borrow, why = None, f"behind {starving.job.id}, which has waited {waited:.0f} min"
@@ -206,6 +239,7 @@ def plan(
                 continue
             verdicts[job.id] = (borrow, "")
             used[job.team] += job.slots
+            running.append((now + job.max_hours * 3600, job.slots))
             in_group[job.group] = in_group.get(job.group, 0) + 1
             committed[job.team] += cost
     return verdicts

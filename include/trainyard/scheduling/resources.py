@@ -129,7 +129,7 @@ class Scheduling(_Model):
     max_wait_minutes: float = Field(
         30.0,
         gt=0,
-        description="a job that waited this long stops smaller jobs from passing it, so it starts next",
+        description="a job that waited this long for slots holds a reservation: no job that could delay it passes it",
     )
     admission_poll_seconds: float = Field(
         10.0,

@@ -157,6 +157,34 @@ def test_a_large_job_waits_at_most_the_bound_behind_a_stream_of_small_ones(store
     assert started is not None and 5 < started - 1 <= 5 + 4, started
 
 
+def test_a_job_that_cannot_delay_the_starving_one_still_starts(store, clock):
+    """Past the bound, the large job holds a reservation: the time its slots are free if every running job
+    ends by its max_hours. A job that ends before it, or takes a slot the large job will not need, starts
+    (EASY backfill); one that could push the reservation back waits."""
+    ledger = Ledger(store("backfill"), parse_resources(STREAM.replace("MAX_WAIT", "5")), clock)
+
+    def limited(name: str, slots: int, minutes: float) -> Job:
+        return Job(name, "vision", "a100", slots, 1, max_hours=minutes / 60)
+
+    for i in range(2):  # 2 slots until minute 60 at the latest
+        assert ledger.request(limited(f"long{i}", 1, 60)).admitted
+    for i in range(5):  # 5 until minute 20: with the free one, the large job's 6 slots are free then
+        assert ledger.request(limited(f"short{i}", 1, 20)).admitted
+    large = limited("large", 6, 30)
+    assert not ledger.request(large).admitted
+    clock.now += 6 * 60  # past the bound; 1 slot free, the reservation at minute 20
+    assert not ledger.request(large).admitted
+    too_long = ledger.request(limited("too-long", 1, 30))  # ends at minute 36: the large job could not start at 20
+    assert not too_long.admitted and "behind large" in too_long.reason
+    assert ledger.request(limited("fits-before", 1, 10)).admitted  # ends by minute 16
+    ledger.release("long0")  # 1 slot free again; at minute 20: 3 + 1 free, 2 more than the large job needs
+    assert ledger.request(limited("spare", 1, 60)).admitted  # a slot the large job will not need
+    for i in range(5):
+        ledger.release(f"short{i}")
+    ledger.release("fits-before")
+    assert ledger.request(large).admitted
+
+
 def test_a_killed_holder_frees_its_slots_when_its_lease_runs_out(ledger, clock):
     assert ledger.request(job("a", "vision", 4)).admitted
     assert ledger.request(job("b", "nlp", 2)).admitted
