@@ -1,5 +1,7 @@
 """train_pipeline through Airflow (`dag.test()`): real tasks, real torchrun, real MLflow."""
 
+import json
+import secrets
 import sys
 from pathlib import Path
 
@@ -15,12 +17,71 @@ def dag():
     return load_dag("train_pipeline")
 
 
-def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monkeypatch):
+def _secrets(trainyard_home: Path, monkeypatch) -> dict[str, bytes]:
+    """Every secret trainyard and Airflow are configured with, put in the worker's environment."""
+    from airflow.configuration import conf
+
+    pem = (trainyard_home / "keys" / "signing_key.pem").read_bytes()
+    values = {
+        "signing key": b"".join(pem.splitlines()[1:-1]),  # the key itself, the PEM's base64 body
+        "lakeFS secret": secrets.token_hex(16).encode(),
+        "AWS secret": secrets.token_hex(16).encode(),
+        "Fernet key": conf.get("core", "fernet_key").encode(),
+        "JWT secret": conf.get("api_auth", "jwt_secret").encode(),
+    }
+    assert all(len(v) >= 16 for v in values.values()), "a configured secret is empty: the scan would be vacuous"
+    monkeypatch.setenv("TRAINYARD_SIGNING_KEY", pem.decode())  # the register step signs with it from here
+    monkeypatch.setenv("LAKEFS_SECRET_ACCESS_KEY", values["lakeFS secret"].decode())
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", values["AWS secret"].decode())
+    return values
+
+
+def _secrets_left_behind(dr, trainyard_home: Path, values: dict[str, bytes], logs: bytes) -> dict[str, list[str]]:
+    """Where a secret's value is found: XCom, the task logs, MLflow (params, tags, the store itself), the
+    run's configs or any other file of trainyard's state but the keys, Airflow's database or its log files."""
+    from airflow.configuration import conf
+
+    from trainyard.tracking.mlflow_tracking import client
+
+    def scan(blob: bytes) -> list[str]:
+        return [name for name, value in values.items() if value in blob]
+
+    found = {"XCom": scan(json.dumps(xcoms(dr), default=str).encode())}
+    assert b"launching:" in logs, "the task logs were not captured: the scan would be vacuous"
+    found["task logs"] = scan(logs)  # dag.test() runs the tasks in this process, with the workers' output
+    c = client()
+    runs = c.search_runs([e.experiment_id for e in c.search_experiments()])
+    assert runs
+    mlflow_text = json.dumps(
+        [{"params": r.data.params, "tags": r.data.tags} for r in runs]
+        + [mv.tags for mv in c.search_model_versions("name = 'digits'")]
+    ).encode()
+    found["MLflow params and tags"] = scan(mlflow_text)
+    files = [p for p in trainyard_home.rglob("*") if p.is_file() and "keys" not in p.relative_to(trainyard_home).parts]
+    assert any(p.name == "run_config.json" for p in files) and any(p.name == "mlflow.db" for p in files)
+    for path in files:
+        found[str(path.relative_to(trainyard_home))] = scan(path.read_bytes())
+    db_url = conf.get("database", "sql_alchemy_conn")
+    assert db_url.startswith("sqlite:///")
+    db = Path(db_url.removeprefix("sqlite:///").split("?")[0])
+    wal = b"".join(p.read_bytes() for p in db.parent.glob(db.name + "-wal"))
+    found["Airflow database"] = scan(db.read_bytes() + wal)
+    logs_dir = Path(conf.get("logging", "base_log_folder"))
+    for path in logs_dir.rglob("*") if logs_dir.is_dir() else []:
+        if path.is_file():
+            found[str(path)] = scan(path.read_bytes())
+    assert scan((trainyard_home / "keys" / "signing_key.pem").read_bytes()) == ["signing key"]
+    return {where: hits for where, hits in found.items() if hits}
+
+
+def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monkeypatch, capfd, caplog):
+    """One whole run, also the proof that it leaves no secret it was configured with anywhere but the keys."""
     from trainyard import paths, pipeline
     from trainyard.spec import JobSpec, Tracking
     from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, client
     from trainyard.training.loop import window_ends
 
+    configured = _secrets(trainyard_home, monkeypatch)
     dr = dag.test(run_conf=small_spec)
     states = task_states(dr)
     assert dr.state == "success", states
@@ -135,6 +196,9 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     lost = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
     assert not lost["passed"] and "val_accuracy" in lost["message"]
     assert list(downloads.glob("champion-*")) == []  # the production model's downloaded copy went with each gate
+
+    out, err = capfd.readouterr()
+    assert _secrets_left_behind(dr, trainyard_home, configured, (out + err + caplog.text).encode()) == {}
 
 
 def test_invalid_spec_fails_first_task_only(dag, trainyard_home):
