@@ -136,8 +136,9 @@ class Scheduling(_Model):
         gt=0,
         le=60,  # well inside the waiting lease (admission.WAITING_LEASE_S, 120 s) that each look renews
         description=(
-            "how often a waiting job asks the admission ledger again: slots freed by a finished job wait up "
-            "to this long for the next look, then for Airflow to start the training"
+            "how often a waiting job asks the admission ledger again, which renews its place in the queue; "
+            "slots freed by a finished job do not wait for it: the triggerer's watch reads the ledger every "
+            "0.2 s and wakes the waiting jobs then"
         ),
     )
     queue_wait_notice_minutes: float = Field(

@@ -7,6 +7,12 @@ on a worker. When the ledger admits the job, the trigger ends the task itself (`
 the admission is not followed by a worker start either; the reason it got ("admitted: 2 a100-80gb slot(s)
 ...") is the task's XCom, and every change of the reason it waits for goes to the task log.
 
+Between looks a trigger does not sleep blind: one watch per triggerer process (:class:`AdmissionWatch`)
+reads the ledger's admitted jobs every ``WATCH_S`` (one read for all its triggers) and wakes a trigger as
+soon as its job is admitted by another's look, and one waiting trigger to look when slots came free. So
+GPUs freed by a training go to the next job within a fraction of a second, whatever the poll interval:
+the poll only renews the waiting jobs' places.
+
 A triggerer that dies takes no reservation with it: the job's waiting row runs out (its lease) and its
 arrival is kept, so the restarted trigger finds its place again. A task marked failed or cleared while it
 waits withdraws its row (``on_kill``). A ledger that cannot be read for a moment (SQLite locked past its
@@ -20,14 +26,80 @@ its team (notice ``queue_wait``) and defers again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import sqlite3
 import time
+import weakref
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
 
+if TYPE_CHECKING:
+    from trainyard.scheduling.admission import Job
+
 POLL_BEFORE_LEDGER_S = 10.0  # how soon a trigger that could not open the ledger yet tries again
+WATCH_S = 0.2  # how often a triggerer's watch reads which jobs the ledger admitted
+
+log = logging.getLogger(__name__)
+
+
+class AdmissionWatch:
+    """What a triggerer process's waiting admission triggers share: every ``WATCH_S``, one read of the
+    ledger's admitted jobs. A trigger whose job is among them is woken at once (another trigger's look
+    admitted it: a look decides for every waiting job). When an admitted job is gone since the last read
+    (its training ended and handed its slots back), the trigger that registered first is woken to look, so
+    the freed slots are given out now rather than at the next poll. One per event loop: :meth:`of`."""
+
+    _of_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AdmissionWatch] = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, asyncio.Event] = {}  # job id -> its trigger's wake-up, in the order they came
+        self.admitted: set[str] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> AdmissionWatch:
+        if loop not in cls._of_loop:
+            cls._of_loop[loop] = cls()
+        return cls._of_loop[loop]
+
+    def register(self, job_id: str) -> asyncio.Event:
+        """The event set when ``job_id`` should look now; the watch runs while any trigger waits."""
+        wake = self.waiting.setdefault(job_id, asyncio.Event())
+        wake.clear()
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run())
+        return wake
+
+    def unregister(self, job_id: str) -> None:
+        self.waiting.pop(job_id, None)
+
+    def _wake(self, admitted: set[str]) -> None:
+        freed = bool(self.admitted - admitted)
+        self.admitted = admitted
+        for job_id in admitted & self.waiting.keys():
+            self.waiting[job_id].set()
+        if freed:
+            first = next((j for j in self.waiting if j not in admitted), None)
+            if first is not None:
+                self.waiting[first].set()
+
+    async def _run(self) -> None:
+        from trainyard.scheduling.admission import default_ledger
+
+        ledger = None
+        while self.waiting:
+            await asyncio.sleep(WATCH_S)
+            try:
+                if ledger is None:
+                    ledger = await asyncio.to_thread(default_ledger)
+                entries = await asyncio.to_thread(ledger.entries)
+            except Exception as err:  # the triggers' own looks go on, and say what is wrong
+                log.debug("admission watch: could not read the ledger (%s)", err)
+                continue
+            self._wake({e.job.id for e in entries if e.admitted is not None})
 
 
 class AdmissionTrigger(BaseTrigger):
@@ -48,12 +120,25 @@ class AdmissionTrigger(BaseTrigger):
         return f"{__name__}.{type(self).__name__}", {**kwargs, "since": self.since, "notice_at": self.notice_at}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from trainyard.scheduling.admission import Job
+
+        job = Job(**self.job)
+        watch = AdmissionWatch.of(asyncio.get_running_loop())
+        try:
+            async for event in self._looks(job, watch):
+                yield event
+                return
+        finally:
+            watch.unregister(job.id)
+
+    async def _looks(self, job: Job, watch: AdmissionWatch) -> AsyncIterator[TriggerEvent]:
+        """Look until there is something to tell the task: admitted, cancelled, or still waiting at
+        ``notice_at``; between looks, wait for the poll interval or the watch, whichever comes first."""
         from trainyard.errors import RetryableError
-        from trainyard.scheduling.admission import Job, default_ledger, look
+        from trainyard.scheduling.admission import default_ledger, look
         from trainyard.scheduling.resources import ResourcesError, resources_in_force
 
         ledger = None
-        job = Job(**self.job)
         said = ""
         while True:
             try:
@@ -88,7 +173,10 @@ class AdmissionTrigger(BaseTrigger):
                         {"admitted": False, "waiting": True, "reason": decision.reason, "since": self.since}
                     )
                     return
-            await asyncio.sleep(ledger.config.scheduling.admission_poll_seconds if ledger else POLL_BEFORE_LEDGER_S)
+            wake = watch.register(job.id)
+            poll = ledger.config.scheduling.admission_poll_seconds if ledger else POLL_BEFORE_LEDGER_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), poll)
 
     async def on_kill(self) -> None:
         """The task was marked failed or cleared while it waited: its place (and any slots it was just

@@ -72,6 +72,32 @@ def test_a_waiting_job_defers_and_its_trigger_ends_the_task_once_admitted(fleet)
     assert [e.job.id for e in fleet.entries() if e.admitted is not None] == ["train_pipeline/r2"]
 
 
+def test_freed_slots_reach_waiting_triggers_at_once_whatever_the_poll(tmp_path, monkeypatch):
+    """With a minute between looks, two jobs waiting in one triggerer start within a second of the slots
+    coming free: the watch wakes the first to look, its look admits both, and the watch wakes the second."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "resources.yaml").write_text(FLEET.replace("admission_poll_seconds: 0.05", "admission_poll_seconds: 60"))
+    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    ledger = default_ledger()
+    running = Job("train_pipeline/r1", "vision", "a100", 2, 1, 1.0)
+    assert ledger.request(running).admitted
+    waiting = [Job(f"train_pipeline/r{i}", "vision", "a100", 1, 1, 1.0) for i in (2, 3)]
+
+    async def free_then_wait() -> list[TriggerEvent]:
+        events = [AdmissionTrigger(dataclasses.asdict(j)).run() for j in waiting]
+        firsts = [asyncio.ensure_future(e.__anext__()) for e in events]
+        await asyncio.sleep(0.5)  # both looked once and wait for their next look, a minute away
+        assert not any(f.done() for f in firsts)
+        await asyncio.to_thread(ledger.release, running.id)
+        return await asyncio.wait_for(asyncio.gather(*firsts), 3)
+
+    got = asyncio.run(free_then_wait())
+    assert all(isinstance(e, TaskSuccessEvent) for e in got)
+    assert sorted(e.job.id for e in ledger.entries() if e.admitted is not None) == [j.id for j in waiting]
+
+
 def test_without_end_from_trigger_the_task_resumes_with_the_reason(fleet):
     job = Job("train_pipeline/r3", "vision", "a100", 1, 1, 1.0)
 
