@@ -202,7 +202,8 @@ def test_ddp_on_one_gpu(train, prepared):
 
 def test_ddp_over_nccl_on_all_gpus(train, prepared):
     """One worker per GPU, rank r on cuda:r (its device set before its NCCL communicator); rank 0's
-    background tracker writes the whole per-step curve from the loss tensors left on the GPU."""
+    background tracker writes the whole per-step curve from the loss tensors left on the GPU, and the
+    GPU's memory and utilisation at every epoch's end."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     world = all_gpus()
@@ -220,6 +221,12 @@ def test_ddp_over_nccl_on_all_gpus(train, prepared):
     assert [s for s, _ in curve] == window_ends(steps, per_epoch, Tracking().log_every_steps)
     # the first window's mean (from chance, ~2.3 over 10 digits, downwards: 1.8 on CPU) against the last
     assert curve[-1][1] < curve[0][1] / 4, curve
+    # per epoch, the most memory rank 0 held and how busy its GPU was (NVML, through nvidia-ml-py)
+    held = [e.value for e in events.Scalars("gpu/memory_gb")]
+    busy = [e.value for e in events.Scalars("gpu/utilization")]
+    total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    assert len(held) == run.result["epochs"] and all(0 < gb < total_gb for gb in held), held
+    assert len(busy) == run.result["epochs"] and all(0 <= pct <= 100 for pct in busy), busy
 
 
 def test_bf16_autocast_on_all_gpus(train, prepared):

@@ -263,22 +263,32 @@ def team_months(config: ResourcesConfig, month: str, runs_root: Path, ledger=Non
 
 
 def check_budget(spec: JobSpec, config: ResourcesConfig, standing: TeamMonth) -> None:
-    """SpecError when the job's worst case is more than what its team has left this month."""
+    """SpecError when the job's worst case is more than what its team has left this month; for a sweep,
+    the worst case of ``sweep.parallelism`` trials at once (each trial is admitted only while its own
+    worst case fits, so a sweep that cannot run as many as it asks would crawl, or wait in the queue)."""
     res = spec.resources
     left = standing.left
     if left is None:
         return
-    worst = worst_case(config, res.gpu_type, res.total_gpus, res.max_hours)
+    at_once = spec.sweep.parallelism if spec.sweep is not None else 1
+    worst = at_once * worst_case(config, res.gpu_type, res.total_gpus, res.max_hours)
     if worst > left:
         price = config.gpu_types[res.gpu_type].price_per_hour
+        what = (
+            "the job's worst case"
+            if at_once == 1
+            else f"the worst case of {at_once} trials at once (sweep.parallelism)"
+        )
+        trials = "" if at_once == 1 else f" x {at_once}"
         raise SpecError(
             spec_error_message(
                 [
-                    f"resources.max_hours: the job's worst case, {price:g}/slot-hour x {res.max_hours:g} h x "
-                    f"{res.total_gpus} slot(s) = {worst:.2f}, is more than team {res.team!r} has left in "
+                    f"resources.max_hours: {what}, {price:g}/slot-hour x {res.max_hours:g} h x "
+                    f"{res.total_gpus} slot(s){trials} = {worst:.2f}, is more than team {res.team!r} has left in "
                     f"{standing.month}: {max(left, 0):.2f} of {standing.budget:.2f} ({standing.spent:.2f} spent, "
-                    f"{standing.committed:.2f} committed to jobs running now); ask for fewer hours or GPUs, or a "
-                    f"larger monthly_budget in resources.yaml"
+                    f"{standing.committed:.2f} committed to jobs running now); ask for fewer hours or GPUs"
+                    f"{'' if at_once == 1 else ', or a lower sweep.parallelism'}, or a larger monthly_budget in "
+                    "resources.yaml"
                 ]
             )
         )

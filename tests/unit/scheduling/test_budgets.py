@@ -113,6 +113,23 @@ def test_a_job_whose_worst_case_does_not_fit_is_refused_with_the_numbers(tmp_pat
     assert "team 'vision' has left in 2026-12: 20.00 of 100.00 (80.00 spent" in text
 
 
+def test_a_sweep_must_afford_its_parallel_trials(tmp_path):
+    cfg = parse_resources(FLEET)
+    _run(tmp_path, "r1", "vision", [(DEC, 10.0, 4)])  # 80 spent, 20 left
+    standing = budgets.team_months(cfg, "2026-12", tmp_path)["vision"]
+    resources = {"team": "vision", "gpu_type": "a100", "gpus_per_node": 1, "max_hours": 5}  # 10 a trial
+    sweep = {
+        "name": "lr",
+        "parameters": [{"name": "hyperparameters.learning_rate", "type": "float", "low": 0.01, "high": 0.1}],
+    }
+    budgets.check_budget(parse_spec({"resources": resources, "sweep": {**sweep, "parallelism": 2}}), cfg, standing)
+    with pytest.raises(SpecError) as err:
+        budgets.check_budget(parse_spec({"resources": resources, "sweep": {**sweep, "parallelism": 3}}), cfg, standing)
+    text = str(err.value)
+    assert "the worst case of 3 trials at once (sweep.parallelism), 2/slot-hour x 5 h x 1 slot(s) x 3 = 30.00" in text
+    assert "or a lower sweep.parallelism" in text
+
+
 def test_validate_spec_refuses_a_job_past_its_team_s_budget(trainyard_home):
     from trainyard.pipeline import validate_spec
 
