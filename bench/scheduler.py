@@ -25,8 +25,10 @@ Time is scaled: ``--time-scale`` trace seconds per second here (60: a second is 
 Printed per scenario, from ``trainyard report utilisation`` over the submission window (utilisation) and
 over the whole replay (waits, violations): utilisation (allocated slot-seconds / capacity), p50/p95 wait
 by job size, the largest job's wait, GPU-seconds borrowed, slots over capacity or over quota + borrowing
-limit (must be none), and the replay's makespan. ``--png DIR`` keeps each scenario's chart; ``--out``
-writes the figures as JSON.
+limit (must be none), and the replay's makespan. Beside them, two columns computed in this process on the
+same trace, with no latency: **simulated**, trainyard's own admission policy (``admission.plan``), and the
+**reference**, capacity alone (``capacity_reference``); every figure is also given as a ratio to the
+reference. ``--png DIR`` keeps each scenario's chart; ``--out`` writes the figures as JSON.
 
     .venv/bin/python bench/scheduler.py [--window 480] [--load 1.25] [--median 40] [--seed 7]
 """
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,6 +59,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
+from trainyard.scheduling.admission import Entry, Job, plan  # noqa: E402
 from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
 from trainyard.scheduling.utilisation import SIZE_BUCKETS, Allocation  # noqa: E402
 from trainyard.scheduling.utilisation import report as utilisation_report  # noqa: E402
@@ -237,7 +241,7 @@ def run_trace(
                 "nodes": 1,
                 "gpus_per_node": job.slots,
                 "priority": PRIORITY,
-                "max_hours": round(max(0.01, 2 * job.seconds / 3600), 3),  # as its usage is recorded
+                "max_hours": max_hours_of(job),
             },
             "hold_seconds": round(job.seconds, 2),
         }
@@ -315,51 +319,101 @@ def _runs_by_state(af, headers) -> dict[str, int]:
     return states
 
 
-def capacity_reference(config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float) -> dict:
-    """The trace simulated in this process on capacity alone: no quota, no borrowing limit, no latency;
-    whenever a job arrives or ends, the waiting jobs are looked at in arrival order and each that its type
-    has room for starts (a small job passes a large one that does not fit). No queue that keeps teams'
-    limits can beat its utilisation by much: the replay's figures are given as ratios to it."""
-    free = {t: config.gpu_types[t].slots for t in types}
-    too_large = [j.name for j in trace if j.slots > free.get(j.gpu_type, 0)]
+def max_hours_of(job: TraceJob) -> float:
+    """The job's ``resources.max_hours``: twice its duration, a user's estimate with room. The reservation
+    of a job past the wait bound counts on it (every running job ends by then at the latest)."""
+    return round(max(0.01, 2 * job.seconds / 3600), 3)
+
+
+Starts = Callable[[float, list[TraceJob], list[tuple[TraceJob, float]]], list[TraceJob]]
+
+
+def _simulate(
+    scenario: str, config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float, starts: Starts
+) -> dict:
+    """The trace in this process, with no latency: whenever a job arrives or ends, ``starts(now, waiting,
+    running)`` names the waiting jobs that start now (``running``: each job with its start)."""
+    too_large = [j.name for j in trace if j.gpu_type not in types or j.slots > config.gpu_types[j.gpu_type].slots]
     if too_large:
         raise ValueError(f"jobs larger than their GPU type (or of a type not in {types}): {too_large}")
     arrivals = sorted(trace, key=lambda j: j.at)
     waiting: list[TraceJob] = []
-    running: list[tuple[float, int, str]] = []  # (end, slots, type), a heap
+    running: dict[str, tuple[TraceJob, float]] = {}
+    ends: list[tuple[float, str]] = []  # a heap
     allocations: list[Allocation] = []
     i = 0
     while i < len(arrivals) or waiting:
-        if running and (i == len(arrivals) or running[0][0] <= arrivals[i].at):
-            now, slots, gpu_type = heapq.heappop(running)
-            free[gpu_type] += slots
-        else:
+        if ends and (i == len(arrivals) or ends[0][0] <= arrivals[i].at):
+            now, name = heapq.heappop(ends)
+            del running[name]
+        elif i < len(arrivals):
             now = arrivals[i].at
             waiting.append(arrivals[i])
             i += 1
-        for job in list(waiting):
-            if free[job.gpu_type] >= job.slots:
-                free[job.gpu_type] -= job.slots
-                waiting.remove(job)
-                heapq.heappush(running, (now + job.seconds, job.slots, job.gpu_type))
-                allocations.append(
-                    Allocation(job.name, job.team, job.gpu_type, job.slots, now, now + job.seconds, asked=job.at)
-                )
+        else:
+            raise RuntimeError(f"{scenario}: jobs that can never start: {[j.name for j in waiting]}")
+        for job in starts(now, waiting, list(running.values())):
+            waiting.remove(job)
+            running[job.name] = (job, now)
+            heapq.heappush(ends, (now + job.seconds, job.name))
+            allocations.append(
+                Allocation(job.name, job.team, job.gpu_type, job.slots, now, now + job.seconds, asked=job.at)
+            )
     end = max(a.end for a in allocations if a.end is not None)
     in_window = utilisation_report(config, allocations, 0.0, window, types).as_dict()
     whole = utilisation_report(config, allocations, 0.0, end, types).as_dict()
     large = next(a for a in allocations if a.run.startswith("large-"))
     return {
-        "scenario": "reference",
+        "scenario": scenario,
         "jobs": len(trace),
         "submit_errors": [],
         "runs": {"success": len(allocations)},
         **_figures(in_window, whole),
         "large_job": {"run": large.run, "slots": large.slots, "wait_s": round(large.start - large.asked, 1)},
-        "violations": [],  # it has no limits to keep
+        "violations": whole["violations"],
         "makespan_s": round(end, 1),
         "cost_report": "",
     }
+
+
+def capacity_reference(config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float) -> dict:
+    """The trace simulated in this process on capacity alone: no quota, no borrowing limit, no latency;
+    whenever a job arrives or ends, the waiting jobs are looked at in arrival order and each that its type
+    has room for starts (a small job passes a large one that does not fit). No queue that keeps teams'
+    limits can beat its utilisation by much: the replay's figures are given as ratios to it."""
+
+    def starts(now: float, waiting: list[TraceJob], running: list[tuple[TraceJob, float]]) -> list[TraceJob]:
+        free = {t: config.gpu_types[t].slots for t in types}
+        for job, _ in running:
+            free[job.gpu_type] -= job.slots
+        chosen = []
+        for job in waiting:
+            if free[job.gpu_type] >= job.slots:
+                free[job.gpu_type] -= job.slots
+                chosen.append(job)
+        return chosen
+
+    result = _simulate("reference", config, trace, types, window, starts)
+    return {**result, "violations": []}  # it keeps no limit but capacity, so it has none to break
+
+
+def policy_simulation(config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float) -> dict:
+    """trainyard's admission policy on the trace in this process, with no latency: whenever a job arrives or
+    ends, :func:`trainyard.scheduling.admission.plan` (what the ledger applies) decides for every waiting
+    job. ``config``: the scenario's (its wait bound scaled with the replay's time). Its distance from the
+    reference is what the policy costs (quotas, borrowing and lending limits, the wait bound's
+    reservation); its distance from the replayed trainyard column is what Airflow's latencies cost."""
+
+    def admission_job(job: TraceJob) -> Job:
+        return Job(job.name, job.team, job.gpu_type, job.slots, PRIORITY, max_hours_of(job))
+
+    def starts(now: float, waiting: list[TraceJob], running: list[tuple[TraceJob, float]]) -> list[TraceJob]:
+        entries = [Entry(admission_job(j), j.at, None, 0, math.inf) for j in waiting]
+        entries += [Entry(admission_job(j), j.at, started, 0, math.inf) for j, started in running]
+        verdicts = plan(config, entries, now)
+        return [j for j in waiting if verdicts[j.name][0] is not None]
+
+    return _simulate("simulated", config, trace, types, window, starts)
 
 
 def _wait_of(af, headers, run_id: str) -> float | None:
@@ -426,14 +480,16 @@ def table(results: list[dict]) -> str:
 
 def against_the_goal(results: list[dict]) -> list[str]:
     """trainyard's utilisation over the submission window against GOAL x the reference's (static
-    partitions are there to show what queueing buys, not to meet it)."""
+    partitions are there to show what queueing buys, not to meet it), and the policy's alone."""
     reference = next(r for r in results if r["scenario"] == "reference")
     lines = []
     for r in results:
+        x = r["utilisation"] / reference["utilisation"]
         if r["scenario"] == "trainyard":
-            x = r["utilisation"] / reference["utilisation"]
             verdict = "met" if x >= GOAL else "missed"
             lines.append(f"{r['scenario']}: {x:.2f}x the reference's utilisation (goal {GOAL}x: {verdict})")
+        if r["scenario"] == "simulated":
+            lines.append(f"simulated: trainyard's policy alone, no latency, {x:.2f}x the reference's utilisation")
     return lines
 
 
@@ -479,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
                                     drain_timeout=args.drain_timeout, png=png)  # fmt: skip
             results.append(figures)
             print(f"{scenario}: replayed in {time.time() - started:.0f} s", flush=True)
+    simulated = scenario_config(base, "trainyard", args.time_scale, args.poll)
+    results.append(policy_simulation(simulated, trace, args.types, args.window))
     results.append(capacity_reference(base, trace, args.types, args.window))
     print(table(results))
     print("\n".join(against_the_goal(results)))

@@ -1,5 +1,5 @@
-"""The scheduler replay's reference (bench/scheduler.py ``capacity_reference``): the trace on capacity
-alone, which the replayed scenarios are given as ratios to."""
+"""The scheduler replay's in-process columns (bench/scheduler.py): the reference, the trace on capacity
+alone, which the replayed scenarios are given as ratios to; and trainyard's own policy on the trace."""
 
 import pytest
 
@@ -53,3 +53,36 @@ def test_the_table_gives_each_scenario_as_a_ratio_to_the_reference_and_says_if_t
     assert scheduler_replay.against_the_goal([replayed, reference]) == [
         "trainyard: 0.95x the reference's utilisation (goal 0.97x: missed)"
     ]
+
+
+def test_the_policy_simulation_keeps_the_teams_limits_that_the_reference_ignores():
+    """trainyard's own plan() on the trace, no latency: team a may not borrow, so its second job waits for
+    its first although the fleet has room, where the reference starts it at once."""
+    fleet = ResourcesConfig.model_validate(
+        {
+            "gpu_types": {"h100-80gb": {"count": 4, "price_per_hour": 3.2}},
+            "teams": {
+                "a": {"quota": {"h100-80gb": 2}, "borrowing_limit": {"h100-80gb": 0}},
+                "b": {"quota": {"h100-80gb": 2}},
+            },
+        }
+    )
+    trace = [Job("large-a", 0.0, "a", "h100-80gb", 2, 10.0), Job("j1", 1.0, "a", "h100-80gb", 2, 5.0)]
+    simulated = scheduler_replay.policy_simulation(fleet, trace, ["h100-80gb"], window=15.0)
+    reference = scheduler_replay.capacity_reference(fleet, trace, ["h100-80gb"], window=15.0)
+    assert simulated["waits"]["2"]["max_s"] == 9.0 and reference["waits"]["2"]["max_s"] == 0.0
+    assert simulated["makespan_s"] == 15.0 and simulated["violations"] == []
+
+
+def test_the_policy_alone_reaches_the_goal_on_the_replays_trace():
+    """What the policy costs, apart from Airflow's latencies: on the replay's own trace (seed 7, the wait
+    bound scaled as the replay scales it), trainyard's plan() keeps at least the goal's share of the
+    reference's utilisation, with no limit broken."""
+    fleet = load_resources(None)
+    types = ["v100-16gb", "a100-80gb", "h100-80gb"]
+    trace = scheduler_replay.make_trace(fleet, types, window=480, load=1.25, median=40, seed=7)
+    config = scheduler_replay.scenario_config(fleet, "trainyard", time_scale=60, poll=1.0)
+    simulated = scheduler_replay.policy_simulation(config, trace, types, window=480)
+    reference = scheduler_replay.capacity_reference(fleet, trace, types, window=480)
+    assert simulated["violations"] == [] and simulated["runs"] == {"success": len(trace)}
+    assert simulated["utilisation"] >= scheduler_replay.GOAL * reference["utilisation"], simulated["utilisation"]
