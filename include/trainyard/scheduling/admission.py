@@ -18,10 +18,11 @@ it, so a large job can wait forever. The ledger here adds what pools lack, and n
   the borrowers finish; nothing running is preempted), and (b) a job that has waited
   ``max_wait_minutes`` for slots holds a reservation: the time by which enough slots are free for it if
   every running job ends by its ``max_hours`` (:func:`_reserved_start`). No job that would borrow and no
-  job of its own team starts if it could push that time back: one that ends by then at the latest, or
-  fits in the slots the reserved job will not need, still does (EASY backfill, as in Slurm); other teams
-  keep their own quota. So it starts once enough running jobs finish: the bound on how long a large job
-  waits behind a stream of small ones, without the fleet idling while it drains;
+  job of its own team starts if it could keep it from starting then (:func:`_would_delay`): one that ends
+  by then at the latest, or leaves it room then by every limit, still does (EASY backfill, as in Slurm);
+  other teams keep their own quota. So it starts by its reservation at the latest, sooner as running jobs
+  end early: the bound on how long a large job waits behind a stream of small ones, without the fleet
+  idling while it drains;
 * a team's admitted jobs' commitments (each a worst case, price x max_hours x slots, less what its run
   spent) stay within what its monthly budget has left after the month's spend.
 
@@ -142,11 +143,12 @@ def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> tuple[int 
     return borrow, "", ""
 
 
-def _reserved_start(free: int, running: list[tuple[float, int]], need: int, now: float) -> float:
+def _reserved_start(free: int, running: list[tuple[float, int, str]], need: int, now: float) -> float:
     """The time by which ``need`` slots are free at the latest, with ``free`` free now and ``running``
-    the (end by its max_hours, slots) of the jobs holding the rest; one past its end counts as ending now."""
+    the (end by its max_hours, slots, team) of the jobs holding the rest; one past its end counts as
+    ending now."""
     at = now
-    for end, slots in sorted(running):
+    for end, slots, _ in sorted(running):
         if free >= need:
             break
         free += slots
@@ -154,11 +156,27 @@ def _reserved_start(free: int, running: list[tuple[float, int]], need: int, now:
     return at
 
 
-def _delays(starving: Job, job: Job, free: int, running: list[tuple[float, int]], now: float) -> bool:
-    """Whether admitting ``job`` now could push back the reserved start of ``starving``."""
-    before = _reserved_start(free, running, starving.slots, now)
-    after = _reserved_start(free - job.slots, [*running, (now + job.max_hours * 3600, job.slots)], starving.slots, now)
-    return after > before
+def _would_delay(
+    config: ResourcesConfig,
+    starving: Job,
+    job: Job,
+    used: dict[str, int],
+    running: list[tuple[float, int, str]],
+    now: float,
+) -> bool:
+    """Whether admitting ``job`` now could keep ``starving`` from starting at its reserved start: the
+    time enough slots are free if every running job ends by its max_hours. With ``job`` admitted, the jobs
+    still running then (``job`` too, unless it ends by then) must leave the starving job room by every
+    rule of :func:`_room`: the slots, its team's borrowing limit, and what the others lend. A starving job
+    that a limit other than the slots holds back has no room at its reserved start either, so nothing
+    that borrows or is of its team passes it."""
+    capacity = config.gpu_types[starving.gpu_type].slots
+    reserved = _reserved_start(capacity - sum(used.values()), running, starving.slots, now)
+    then = dict.fromkeys(used, 0)
+    for end, slots, team in [*running, (now + job.max_hours * 3600, job.slots, job.team)]:
+        if reserved <= now or end > reserved:
+            then[team] += slots
+    return _room(config, then, starving)[0] is None
 
 
 def plan(
@@ -188,9 +206,8 @@ def plan(
     for gpu_type in config.gpu_types:
         used = _usage(config, entries, gpu_type)
         waiting = [e for e in entries if e.admitted is None and e.job.gpu_type == gpu_type]
-        capacity = config.gpu_types[gpu_type].slots
-        running = [  # (when it ends at the latest, slots): what a reservation counts on
-            (e.admitted + e.job.max_hours * 3600, e.job.slots)
+        running = [  # (when it ends at the latest, slots, team): what a reservation counts on
+            (e.admitted + e.job.max_hours * 3600, e.job.slots, e.job.team)
             for e in entries
             if e.admitted is not None and e.job.gpu_type == gpu_type
         ]
@@ -216,7 +233,7 @@ def plan(
                 borrow is not None
                 and starving is not None
                 and (borrow > 0 or job.team == starving.job.team)
-                and _delays(starving.job, job, capacity - sum(used.values()), running, now)
+                and _would_delay(config, starving.job, job, used, running, now)
             ):
                 # what it would take, the starving job needs; other teams still get their own quota
                 waited = (now - starving.enqueued) / 60
@@ -239,7 +256,7 @@ def plan(
                 continue
             verdicts[job.id] = (borrow, "")
             used[job.team] += job.slots
-            running.append((now + job.max_hours * 3600, job.slots))
+            running.append((now + job.max_hours * 3600, job.slots, job.team))
             in_group[job.group] = in_group.get(job.group, 0) + 1
             committed[job.team] += cost
     return verdicts

@@ -185,6 +185,50 @@ def test_a_job_that_cannot_delay_the_starving_one_still_starts(store, clock):
     assert ledger.request(large).admitted
 
 
+def _entries(now: float, running: list[tuple[str, str, int, float]], starving: tuple, arriving: tuple):
+    """Ledger rows for :func:`admission.plan`, each (name, team, slots, minutes of max_hours): the running
+    ones admitted now, ``starving`` arrived an hour ago (past the bound), ``arriving`` a moment ago."""
+
+    def row(job: tuple, enqueued: float, admitted: float | None) -> admission.Entry:
+        name, team, slots, minutes = job
+        return admission.Entry(Job(name, team, "a100", slots, 1, minutes / 60), enqueued, admitted, 0, now + 60)
+
+    return [*(row(j, now, now) for j in running), row(starving, now - 3600, None), row(arriving, now - 1, None)]
+
+
+def test_no_job_passes_a_starving_one_that_a_team_limit_would_then_stop():
+    """The reservation is kept by every rule, not only the slots: a job of the starving one's team that
+    would still run at the reserved start, with the team's borrowing limit then binding, waits."""
+    fleet = parse_resources(
+        "gpu_types: {a100: {count: 8, price_per_hour: 1.0}}\n"
+        "teams: {vision: {quota: {a100: 4}, borrowing_limit: {a100: 2}}, nlp: {quota: {a100: 4}}}\n"
+        "scheduling: {max_wait_minutes: 5}\n"
+    )
+    running = [*((f"long{i}", "vision", 1, 60) for i in range(3)), *((f"short{i}", "nlp", 1, 20) for i in range(4))]
+    starving = ("large", "vision", 3, 30)  # 3 + 3 is vision's most; its slots are free at minute 20
+    now = 1_000_000.0
+    verdicts = admission.plan(fleet, _entries(now, running, starving, ("stays", "vision", 1, 60)), now)
+    assert verdicts["large"][0] is None and verdicts["stays"][0] is None, verdicts  # 3 + 1 + 3 > 6 at minute 20
+    assert "behind large" in verdicts["stays"][1]
+    verdicts = admission.plan(fleet, _entries(now, running, starving, ("ends-first", "vision", 1, 10)), now)
+    assert verdicts["ends-first"][0] is not None, verdicts  # gone by minute 20
+
+
+def test_no_borrower_passes_a_starving_one_that_the_lending_limits_hold_back():
+    """A starving job that waits for lendable slots, not for free ones, has no reservation to backfill
+    around: no borrower passes it, as it would take what the starving one waits for."""
+    fleet = parse_resources(
+        "gpu_types: {a100: {count: 10, price_per_hour: 1.0}}\n"
+        "teams: {vision: {quota: {a100: 2}}, nlp: {quota: {a100: 8}, lending_limit: {a100: 4}}, ml: {}}\n"
+        "scheduling: {max_wait_minutes: 5}\n"
+    )
+    running = [("own", "vision", 2, 60), ("borrower", "ml", 2, 60)]  # 2 of nlp's 4 lendable slots lent
+    now = 1_000_000.0
+    verdicts = admission.plan(fleet, _entries(now, running, ("large", "vision", 4, 30), ("more", "ml", 2, 5)), now)
+    assert verdicts["large"][0] is None and "lendable" in verdicts["large"][1], verdicts
+    assert verdicts["more"][0] is None and "behind large" in verdicts["more"][1], verdicts
+
+
 def test_a_killed_holder_frees_its_slots_when_its_lease_runs_out(ledger, clock):
     assert ledger.request(job("a", "vision", 4)).admitted
     assert ledger.request(job("b", "nlp", 2)).admitted
