@@ -493,6 +493,13 @@ class Ledger:
             now = self._now(conn)
             return [e for e in self._entries(conn) if e.lease_until >= now]
 
+    def admitted_ids(self, conn: Connection) -> set[str]:
+        """The jobs admitted now (leases not run out), read on ``conn``: a ``self.db.connection()`` that a
+        watcher keeps open (``trainyard_airflow.triggers.admission.AdmissionWatch``)."""
+        now = self._now(conn)
+        rows = conn.execute("SELECT id FROM admission WHERE admitted IS NOT NULL AND lease_until >= ?", (now,))
+        return {r[0] for r in rows.fetchall()}
+
     def standing(self, spend: Spend | None = None) -> list[tuple[Entry, str]]:
         """Every live job with what the ledger says of it now, without changing anything: an admitted
         job's share, or why a waiting one waits, in the words its ``admit`` task logs (the same

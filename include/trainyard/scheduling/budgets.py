@@ -264,13 +264,13 @@ def team_months(config: ResourcesConfig, month: str, runs_root: Path, ledger=Non
 
 def check_budget(spec: JobSpec, config: ResourcesConfig, standing: TeamMonth) -> None:
     """SpecError when the job's worst case is more than what its team has left this month; for a sweep,
-    the worst case of ``sweep.parallelism`` trials at once (each trial is admitted only while its own
-    worst case fits, so a sweep that cannot run as many as it asks would crawl, or wait in the queue)."""
+    that of ``sweep.parallelism`` trials at once, or of all its trials if fewer. Each trial is admitted
+    only while its own worst case fits, so a sweep that cannot afford as many as it asks would crawl."""
     res = spec.resources
     left = standing.left
     if left is None:
         return
-    at_once = spec.sweep.parallelism if spec.sweep is not None else 1
+    at_once = min(spec.sweep.parallelism, spec.sweep.trials) if spec.sweep is not None else 1
     worst = at_once * worst_case(config, res.gpu_type, res.total_gpus, res.max_hours)
     if worst > left:
         price = config.gpu_types[res.gpu_type].price_per_hour

@@ -129,7 +129,10 @@ class Scheduling(_Model):
     max_wait_minutes: float = Field(
         30.0,
         gt=0,
-        description="a job that waited this long for slots holds a reservation: no job that could delay it passes it",
+        description=(
+            "a job that waited this long for slots holds a reservation: no job of its team and no borrower "
+            "that could delay it passes it"
+        ),
     )
     admission_poll_seconds: float = Field(
         10.0,
@@ -137,8 +140,8 @@ class Scheduling(_Model):
         le=60,  # well inside the waiting lease (admission.WAITING_LEASE_S, 120 s) that each look renews
         description=(
             "how often a waiting job asks the admission ledger again, which renews its place in the queue; "
-            "slots freed by a finished job do not wait for it: the triggerer's watch reads the ledger every "
-            "0.2 s and wakes the waiting jobs then"
+            "slots a finished job hands back do not wait for it (the triggerer's watch wakes a waiting job to "
+            "look), other changes such as a raised quota do"
         ),
     )
     queue_wait_notice_minutes: float = Field(

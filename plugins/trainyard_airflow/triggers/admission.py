@@ -8,10 +8,11 @@ the admission is not followed by a worker start either; the reason it got ("admi
 ...") is the task's XCom, and every change of the reason it waits for goes to the task log.
 
 Between looks a trigger does not sleep blind: one watch per triggerer process (:class:`AdmissionWatch`)
-reads the ledger's admitted jobs every ``WATCH_S`` (one read for all its triggers) and wakes a trigger as
-soon as its job is admitted by another's look, and one waiting trigger to look when slots came free. So
-GPUs freed by a training go to the next job within a fraction of a second, whatever the poll interval:
-the poll only renews the waiting jobs' places.
+reads the ledger's admitted jobs every ``WATCH_S`` (one read for all its triggers, on one connection) and
+wakes a trigger as soon as its job is admitted by another's look, and one waiting trigger to look when an
+admitted job has handed its slots back. So GPUs freed by a training go to the next job within about
+``2 x WATCH_S``, whatever the poll interval. Other changes (a waiting job cancelled, a quota raised in
+resources.yaml, budget freed) are seen at the next poll.
 
 A triggerer that dies takes no reservation with it: the job's waiting row runs out (its lease) and its
 arrival is kept, so the restarted trigger finds its place again. A task marked failed or cleared while it
@@ -26,6 +27,7 @@ its team (notice ``queue_wait``) and defers again.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import sqlite3
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
 
 if TYPE_CHECKING:
-    from trainyard.scheduling.admission import Job
+    from trainyard.scheduling.admission import Job, Ledger
 
 POLL_BEFORE_LEDGER_S = 10.0  # how soon a trigger that could not open the ledger yet tries again
 WATCH_S = 0.2  # how often a triggerer's watch reads which jobs the ledger admitted
@@ -45,18 +47,53 @@ WATCH_S = 0.2  # how often a triggerer's watch reads which jobs the ledger admit
 log = logging.getLogger(__name__)
 
 
+class _LedgerReader:
+    """The watch's one connection to the ledger, kept open and used on one thread of its own (a SQLite
+    connection must stay on the thread that opened it); opened again after an error."""
+
+    def __init__(self) -> None:
+        self.thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="admission-watch")
+        self.ledger: Ledger | None = None
+        self.open = contextlib.ExitStack()
+        self.conn: Any = None
+
+    def admitted(self) -> set[str]:
+        from trainyard.scheduling.admission import default_ledger
+
+        if self.ledger is None:
+            self.ledger = default_ledger()
+        if self.conn is None:
+            self.conn = self.open.enter_context(self.ledger.db.connection())
+        try:
+            return self.ledger.admitted_ids(self.conn)
+        except Exception:
+            self.drop()
+            raise
+
+    def drop(self) -> None:
+        self.conn = None
+        with contextlib.suppress(Exception):
+            self.open.close()
+        self.open = contextlib.ExitStack()
+
+    def close(self) -> None:
+        self.thread.submit(self.drop)
+        self.thread.shutdown(wait=False)
+
+
 class AdmissionWatch:
     """What a triggerer process's waiting admission triggers share: every ``WATCH_S``, one read of the
     ledger's admitted jobs. A trigger whose job is among them is woken at once (another trigger's look
     admitted it: a look decides for every waiting job). When an admitted job is gone since the last read
     (its training ended and handed its slots back), the trigger that registered first is woken to look, so
-    the freed slots are given out now rather than at the next poll. One per event loop: :meth:`of`."""
+    the freed slots are given out now rather than at the next poll; the first read counts as such a change.
+    It runs while any trigger waits. One per event loop: :meth:`of`."""
 
     _of_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AdmissionWatch] = weakref.WeakKeyDictionary()
 
     def __init__(self) -> None:
         self.waiting: dict[str, asyncio.Event] = {}  # job id -> its trigger's wake-up, in the order they came
-        self.admitted: set[str] = set()
+        self.admitted: set[str] | None = None  # at the last read (None: none yet)
         self.task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -66,10 +103,9 @@ class AdmissionWatch:
         return cls._of_loop[loop]
 
     def register(self, job_id: str) -> asyncio.Event:
-        """The event set when ``job_id`` should look now; the watch runs while any trigger waits."""
+        """The event set when ``job_id``'s trigger should look now (it clears it before each look)."""
         wake = self.waiting.setdefault(job_id, asyncio.Event())
-        wake.clear()
-        if self.task is None or self.task.done():
+        if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._run())
         return wake
 
@@ -77,7 +113,7 @@ class AdmissionWatch:
         self.waiting.pop(job_id, None)
 
     def _wake(self, admitted: set[str]) -> None:
-        freed = bool(self.admitted - admitted)
+        freed = self.admitted is None or bool(self.admitted - admitted)
         self.admitted = admitted
         for job_id in admitted & self.waiting.keys():
             self.waiting[job_id].set()
@@ -87,19 +123,23 @@ class AdmissionWatch:
                 self.waiting[first].set()
 
     async def _run(self) -> None:
-        from trainyard.scheduling.admission import default_ledger
-
-        ledger = None
-        while self.waiting:
-            await asyncio.sleep(WATCH_S)
-            try:
-                if ledger is None:
-                    ledger = await asyncio.to_thread(default_ledger)
-                entries = await asyncio.to_thread(ledger.entries)
-            except Exception as err:  # the triggers' own looks go on, and say what is wrong
-                log.debug("admission watch: could not read the ledger (%s)", err)
-                continue
-            self._wake({e.job.id for e in entries if e.admitted is not None})
+        reader = _LedgerReader()
+        said = ""
+        try:
+            while self.waiting:
+                await asyncio.sleep(WATCH_S)
+                try:
+                    admitted = await asyncio.get_running_loop().run_in_executor(reader.thread, reader.admitted)
+                except Exception as err:  # the triggers' own looks go on at their poll, and say what is wrong
+                    if str(err) != said:
+                        log.warning("admission watch: cannot read the ledger (%s); the poll goes on", err)
+                        said = str(err)
+                    continue
+                said = ""
+                self._wake(admitted)
+        finally:  # nothing awaited from the loop's check to here: a trigger that registers next starts anew
+            self.task, self.admitted = None, None
+            reader.close()
 
 
 class AdmissionTrigger(BaseTrigger):
@@ -141,6 +181,8 @@ class AdmissionTrigger(BaseTrigger):
         ledger = None
         said = ""
         while True:
+            wake = watch.register(job.id)
+            wake.clear()  # what the watch sees from here on wakes the wait after this look
             try:
                 if ledger is None:  # inside the try: a database restarting as the trigger starts is waited out
                     ledger = await asyncio.to_thread(default_ledger)
@@ -173,10 +215,10 @@ class AdmissionTrigger(BaseTrigger):
                         {"admitted": False, "waiting": True, "reason": decision.reason, "since": self.since}
                     )
                     return
-            wake = watch.register(job.id)
             poll = ledger.config.scheduling.admission_poll_seconds if ledger else POLL_BEFORE_LEDGER_S
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), poll)
+                async with asyncio.timeout(poll):  # (3.11's wait_for can swallow the trigger's cancellation)
+                    await wake.wait()
 
     async def on_kill(self) -> None:
         """The task was marked failed or cleared while it waited: its place (and any slots it was just

@@ -4,6 +4,7 @@ triggerer, and the event that ends the task without a worker once the job is adm
 import asyncio
 import dataclasses
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -12,7 +13,7 @@ from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
 from trainyard.scheduling.admission import Job, default_ledger
 from trainyard_airflow.operators.admission import ADMISSION_TIMEOUT, AdmitOperator
-from trainyard_airflow.triggers.admission import AdmissionTrigger
+from trainyard_airflow.triggers.admission import AdmissionTrigger, AdmissionWatch
 from webhook import webhook_receiver
 
 FLEET = """\
@@ -88,10 +89,17 @@ def test_freed_slots_reach_waiting_triggers_at_once_whatever_the_poll(tmp_path, 
     async def free_then_wait() -> list[TriggerEvent]:
         events = [AdmissionTrigger(dataclasses.asdict(j)).run() for j in waiting]
         firsts = [asyncio.ensure_future(e.__anext__()) for e in events]
-        await asyncio.sleep(0.5)  # both looked once and wait for their next look, a minute away
+        watch = AdmissionWatch.of(asyncio.get_running_loop())
+        # both looked once and wait for their next look, a minute away; the watch has read the ledger since
+        deadline = time.monotonic() + 30
+        while (
+            watch.admitted != {running.id} or len(watch.waiting) < 2 or any(w.is_set() for w in watch.waiting.values())
+        ):
+            assert time.monotonic() < deadline, (watch.admitted, watch.waiting)
+            await asyncio.sleep(0.05)
         assert not any(f.done() for f in firsts)
         await asyncio.to_thread(ledger.release, running.id)
-        return await asyncio.wait_for(asyncio.gather(*firsts), 3)
+        return await asyncio.wait_for(asyncio.gather(*firsts), 5)
 
     got = asyncio.run(free_then_wait())
     assert all(isinstance(e, TaskSuccessEvent) for e in got)

@@ -128,6 +128,8 @@ def test_a_sweep_must_afford_its_parallel_trials(tmp_path):
     text = str(err.value)
     assert "the worst case of 3 trials at once (sweep.parallelism), 2/slot-hour x 5 h x 1 slot(s) x 3 = 30.00" in text
     assert "or a lower sweep.parallelism" in text
+    two_trials = parse_spec({"resources": resources, "sweep": {**sweep, "parallelism": 3, "trials": 2}})
+    budgets.check_budget(two_trials, cfg, standing)  # no more than its trials at once
 
 
 def test_validate_spec_refuses_a_job_past_its_team_s_budget(trainyard_home):
