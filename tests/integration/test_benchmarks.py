@@ -64,3 +64,32 @@ def test_the_gpu_benchmark_says_it_skipped_without_a_gpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "skipped: no CUDA GPU" in proc.stdout
     assert "no CUDA GPU" in json.loads(out.read_text())["skipped"]
+
+
+def test_the_export_parity_benchmark_runs_and_summarises(tmp_path):
+    """bench/export_parity.py (not part of `make bench`: it trains 20 models per recipe) at one run of the
+    two cheapest recipes; each recipe's faithful export passes its gate and its perturbed one is rejected."""
+    out = tmp_path / "parity.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "export_parity.py"),
+            "--runs",
+            "1",
+            "--recipes",
+            "digits_cnn",
+            "resnet_classifier",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads(out.read_text())["summary"]
+    assert set(summary) == {"digits_cnn", "resnet_classifier"}
+    for name, s in summary.items():
+        assert s["faithful_passed"] == s["perturbed_rejected"] == 1, (name, s)
+        assert f"{name:24s} faithful pass 1/1, perturbed rejected 1/1" in proc.stdout

@@ -92,6 +92,9 @@ class ResNetClassifier(Classifier[ResNetOptions]):
     options_model = ResNetOptions
     metrics = ("accuracy", "top5_accuracy", "macro_f1")
     val_batch = BATCH  # images decoded per batch: smaller than the digits' 512
+    # bench/export_parity.py --runs 20 (ResNet-10 at 32 px): faithful exports <= 8.9e-7 of scale, one moved
+    # weight >= 4.1e-5; the default 2e-5 left a factor of 2 on that side, too little across CPUs
+    export_rtol = 6e-6
 
     def option_problems(self, given):
         problems = super().option_problems(given)
