@@ -15,6 +15,8 @@ team limit binds), and it serves the replay's DAG beside the pipelines (a second
   records, through ``trainyard report utilisation``, never more slots allocated than exist, no team above
   its quota plus its borrowing limit (for more than a handover's moment); borrowing happened; every job
   finishes; the large job starts within the wait bound; the cost report has the run's GPU time.
+- The whole profile stops and starts again (``down``, ``up``): runs, registered versions and a job waiting
+  in the ledger for its GPUs are all still there, and the waiting job trains once its GPUs are free.
 """
 
 import contextlib
@@ -230,3 +232,72 @@ def test_a_job_stream_admitted_by_two_workers_keeps_every_limit_and_finishes(clu
         admits = [line for line in log.splitlines() if "dag_id=scheduler_replay/run_id=j" in line]
         admits = [line for line in admits if "/task_id=admit/" in line]
         assert admits, f"{worker} ran no admission of the trace:\n{log[-3000:]}"
+
+
+def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster):
+    """``down`` then ``up`` (what ``make down-cluster`` and ``make up-cluster`` run): the finished runs and
+    registered versions are still there, and a job that was waiting for its GPUs when everything stopped
+    still waits in the ledger, in its place, and trains once they are free. Last in this module: the second
+    workers the fixture added are not started again."""
+    from mlflow.tracking import MlflowClient
+
+    from trainyard.scheduling.admission import Job, Ledger
+
+    api = airflow_services.OnCluster(cluster)
+    headers = api.headers("admin")
+    api.wait(lambda: requests.get(f"{api.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, "the DAG")
+    fleet = load_resources(cluster.settings["TRAINYARD_CONFIG_DIR"] + "/resources.yaml")
+    ledger = Ledger(cluster.database_url("trainyard"), fleet)
+    # every `cpu` slot held by another job, its lease long enough to outlive the restart
+    blocker = Job("restart-test/blocker", "default", "cpu", fleet.gpu_types["cpu"].slots, 0, 1.0)
+    assert ledger.request(blocker).admitted and ledger.renew(blocker.id, lease_s=1800)
+    conf = {
+        "name": "digits-restart",
+        "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.01, "momentum": 0.9, "seed": 1},
+        "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
+        "gates": [{"metric": "val_accuracy", "min": 0.3}],
+    }
+    run_id = api.trigger(DAG, conf, headers)
+    key = f"{DAG}/{run_id}"
+
+    def waits() -> bool:
+        return any(e.job.id == key and e.admitted is None for e in ledger.entries())
+
+    api.wait(waits, 300, f"{key} to wait for the cpu slots in the ledger")
+    enqueued = next(e.enqueued for e in ledger.entries() if e.job.id == key)
+
+    def runs(h: dict) -> dict[str, str]:
+        r = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns", headers=h, params={"limit": 100}, timeout=10)
+        r.raise_for_status()
+        return {d["dag_run_id"]: d["state"] for d in r.json()["dag_runs"]}
+
+    def versions() -> set[tuple[str, str, str]]:
+        client = MlflowClient(cluster.mlflow_url)
+        return {(v.name, v.version, v.run_id) for v in client.search_model_versions("")}
+
+    runs_before, versions_before = runs(headers), versions()
+    assert runs_before[run_id] in ("queued", "running"), runs_before
+
+    cluster.down()
+    assert all(pid is None for pid in cluster.status().values()), cluster.status()
+    cluster.up(wait_s=600)
+
+    headers = api.headers("admin")
+    ledger = Ledger(cluster.database_url("trainyard"), fleet)  # a new server process: new connections
+    runs_after = runs(headers)
+    assert {r: s for r, s in runs_after.items() if r != run_id} == {r: s for r, s in runs_before.items() if r != run_id}
+    assert versions() == versions_before
+    # its trigger looks again from the restarted triggerer (a restart longer than a waiting lease lets the
+    # row lapse until then): still waiting, in its place (its arrival is kept apart from the lease)
+    api.wait(waits, 300, f"{key} to wait again after the restart")
+    waiting = [e for e in ledger.entries() if e.job.id == key]
+    assert waiting[0].enqueued == enqueued, (waiting, enqueued)
+    assert api.task_instances(DAG, run_id, headers)["train"]["state"] in (None, "scheduled", "queued"), (
+        api.task_instances(DAG, run_id, headers)["train"]
+    )
+
+    ledger.release(blocker.id)
+    run = api.wait_run(DAG, run_id, headers, seconds=600)
+    assert run["state"] == "success", api.failure_report(DAG, run_id, headers)
+    assert {v[:1] for v in versions() - versions_before} == {("digits-restart",)}
+    assert not [e for e in ledger.entries() if e.job.id == key]
