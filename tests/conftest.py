@@ -126,10 +126,10 @@ def prepared(digits_dir, tmp_path_factory):
 # by the figures `make test`'s --durations prints; a file not listed keeps its place after these.
 LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-04), setup included
     "tests/integration/test_under_the_executor.py",  # ~705: one Airflow, four runs and a sweep through it
-    "tests/integration/test_cluster_profile.py",  # ~295+65: the profile up, a worker killed, a replay, a restart
+    "tests/integration/test_cluster_profile.py",  # ~330: the profile up, a worker killed, a replay, a restart
     "tests/integration/test_recipe_pipelines.py",  # ~170
     "tests/integration/test_rest_api.py",  # ~120, the orchestration benchmark's smoke included
-    "tests/integration/test_benchmarks.py",  # ~105
+    "tests/integration/test_benchmarks.py",  # ~90, the export-parity smoke included
     "tests/integration/test_train_pipeline_dag.py",  # ~80
     "tests/integration/test_resume.py",  # ~70
     "tests/integration/test_streaming_memory.py",

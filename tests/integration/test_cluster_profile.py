@@ -237,11 +237,13 @@ def test_a_job_stream_admitted_by_two_workers_keeps_every_limit_and_finishes(clu
 def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster):
     """``down`` then ``up`` (what ``make down-cluster`` and ``make up-cluster`` run): the finished runs and
     registered versions are still there, and a job that was waiting for its GPUs when everything stopped
-    still waits in the ledger, in its place, and trains once they are free. Last in this module: the second
-    workers the fixture added are not started again."""
+    waits again in the ledger, in its place, and trains once they are free. The restart is made longer than
+    a waiting job's lease (its ledger row is dropped while the profile is down, as a decision would drop a
+    row that lapsed): the restarted triggerer's look queues it again with its first arrival. Last in this
+    module: the second workers the fixture added are not started again."""
     from mlflow.tracking import MlflowClient
 
-    from trainyard.scheduling.admission import Job, Ledger
+    from trainyard.scheduling.admission import WAITING_LEASE_S, Job, Ledger
 
     api = airflow_services.OnCluster(cluster)
     headers = api.headers("admin")
@@ -250,7 +252,8 @@ def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster
     ledger = Ledger(cluster.database_url("trainyard"), fleet)
     # every `cpu` slot held by another job, its lease long enough to outlive the restart
     blocker = Job("restart-test/blocker", "default", "cpu", fleet.gpu_types["cpu"].slots, 0, 1.0)
-    assert ledger.request(blocker).admitted and ledger.renew(blocker.id, lease_s=1800)
+    admitted, renewed = ledger.request(blocker).admitted, ledger.renew(blocker.id, lease_s=1800)
+    assert admitted and renewed
     conf = {
         "name": "digits-restart",
         "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.01, "momentum": 0.9, "seed": 1},
@@ -266,6 +269,13 @@ def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster
     api.wait(waits, 300, f"{key} to wait for the cpu slots in the ledger")
     enqueued = next(e.enqueued for e in ledger.entries() if e.job.id == key)
 
+    def admit_state() -> str | None:
+        return api.task_instances(DAG, run_id, headers)["admit"]["state"]
+
+    # deferred: its looks are the triggerer's now (the admit task itself, killed by `down` before it
+    # deferred, would fail the run: it is not retried)
+    api.wait(lambda: admit_state() == "deferred", 120, f"{key}'s admit task to defer")
+
     def runs(h: dict) -> dict[str, str]:
         r = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns", headers=h, params={"limit": 100}, timeout=10)
         r.raise_for_status()
@@ -280,18 +290,22 @@ def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster
 
     cluster.down()
     assert all(pid is None for pid in cluster.status().values()), cluster.status()
+    down = time.time()
+    cluster.start_postgres()  # alone: the waiting row goes as if its lease had lapsed during a long restart
+    with ledger.db.transaction() as conn:
+        conn.execute("DELETE FROM admission WHERE id = ?", (key,))
+    assert not [e for e in ledger.entries() if e.job.id == key]
     cluster.up(wait_s=600)
 
     headers = api.headers("admin")
-    ledger = Ledger(cluster.database_url("trainyard"), fleet)  # a new server process: new connections
     runs_after = runs(headers)
     assert {r: s for r, s in runs_after.items() if r != run_id} == {r: s for r, s in runs_before.items() if r != run_id}
     assert versions() == versions_before
-    # its trigger looks again from the restarted triggerer (a restart longer than a waiting lease lets the
-    # row lapse until then): still waiting, in its place (its arrival is kept apart from the lease)
+    # the restarted triggerer looks again (a lease from after the restart): the job waits, in its place
+    # (its arrival is kept apart from its row and lease)
     api.wait(waits, 300, f"{key} to wait again after the restart")
     waiting = [e for e in ledger.entries() if e.job.id == key]
-    assert waiting[0].enqueued == enqueued, (waiting, enqueued)
+    assert waiting[0].lease_until >= down + WAITING_LEASE_S and waiting[0].enqueued == enqueued, (waiting, enqueued)
     assert api.task_instances(DAG, run_id, headers)["train"]["state"] in (None, "scheduled", "queued"), (
         api.task_instances(DAG, run_id, headers)["train"]
     )

@@ -168,7 +168,7 @@ class CenterNetDetector(Recipe[DetectionOptions]):
     options_model = DetectionOptions
     metrics = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large")
     epoch_metrics = ("loss", "map", "map_50")
-    export_rtol = 4e-6  # 20 trainings: faithful exports <= 4.3e-7 of scale, one moved weight >= 3.4e-5
+    export_rtol = 4e-6  # 20 trainings: faithful exports <= 4.3e-7 of scale, one moved weight >= 9.2e-5
 
     # -- data ----------------------------------------------------------------------------------------------
     def validate(self, dataset_dir, docs_dir):

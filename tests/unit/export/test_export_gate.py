@@ -3,7 +3,8 @@ model passes under the default ExportSpec, and the same export with ONE weight o
 a few percent of that layer's weight scale (one whose change reaches the outputs) is rejected, with the
 differing outputs named.
 
-bench/export_parity.py measures the same on 20 trainings per recipe at the recipes' default sizes."""
+bench/export_parity.py measures the same on 20 trainings per recipe (at the recipes' default sizes but
+resnet_classifier's, a ResNet-10 of width 16 at 32 px)."""
 
 import pytest
 import torch
@@ -111,3 +112,18 @@ def test_one_perturbed_weight_is_rejected_naming_the_outputs(trained, tmp_path, 
     w = before[name].detach().reshape(-1)
     step = float((after[name].detach().reshape(-1) - w)[index])
     assert step == pytest.approx(FRACTION * float(w.pow(2).mean().sqrt()), rel=1e-3)
+
+
+def test_a_perturbation_the_outputs_cannot_show_is_refused_not_made():
+    # the middle layer sees only zeros: no change of its weights reaches the outputs, and no gate could
+    # catch it; a test or benchmark built on it would claim a sharpness it never measured
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(3, 4, bias=False), torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)
+    )
+    with pytest.raises(ValueError, match="changes Sequential's outputs on this example"):
+        one_weight_perturbed(model, FRACTION, torch.zeros(2, 3))
+    bad, name, _ = one_weight_perturbed(model, FRACTION, torch.ones(2, 3))
+    assert name == "1.weight" and not torch.equal(bad(torch.ones(2, 3)), model(torch.ones(2, 3)))
+    with pytest.raises(ValueError, match="candidates must be 1 or more"):
+        one_weight_perturbed(model, FRACTION, torch.ones(2, 3), candidates=0)
