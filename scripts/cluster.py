@@ -34,6 +34,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -54,6 +55,13 @@ WORKERS = {"worker-cpu": ("cpu", 2), "worker-gpu": ("gpu", 1)}  # name: (queues,
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 SERVICES = ("redis", "mlflow", *AIRFLOW_COMPONENTS)  # besides PostgreSQL and the workers
 PASSED_ON = (signal.SIGTERM, signal.SIGINT)  # the signals a service's supervisor passes on to it
+
+
+class ToolFailed(subprocess.CalledProcessError):
+    """A service's tool exited with an error; its message says what the tool printed."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{(self.stderr or self.stdout or '').strip()}"
 
 
 class Cluster:
@@ -211,9 +219,34 @@ class Cluster:
             raise SystemExit("PostgreSQL's server is not installed: `make setup` installs it (apt-get postgresql)")
         as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         env = {**os.environ, **({"PGPASSWORD": self.secret("postgres")} if login else {})}
-        return subprocess.run([*as_postgres, found[-1], *args], check=True, capture_output=True, text=True, env=env)
+        done = subprocess.run([*as_postgres, found[-1], *args], capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0:
+            raise ToolFailed(done.returncode, done.args, done.stdout, done.stderr)
+        return done
+
+    def _let_postgres_in(self) -> None:
+        """As root the server runs as the postgres user, which must search every directory down to its data.
+        The default place, ``var/cluster``, is inside TRAINYARD_HOME, which the set-up closes to other users
+        (the custom-command sandbox): such a directory gets one ACL entry, search for postgres alone."""
+        if os.geteuid() != 0:
+            return
+        import pwd
+
+        postgres = pwd.getpwnam("postgres")
+        for directory in reversed(self.pg_data.parent.resolve().parents):
+            st = directory.stat()
+            if st.st_mode & stat.S_IXOTH or st.st_uid == postgres.pw_uid:
+                continue
+            if shutil.which("setfacl") is None:
+                raise SystemExit(
+                    f"{directory} is closed to the postgres user and setfacl is missing: `make setup` installs it "
+                    "(apt-get install acl), or set TRAINYARD_CLUSTER_DIR to a directory others may search"
+                )
+            subprocess.run(["setfacl", "-m", "u:postgres:x", str(directory)], check=True, capture_output=True)
 
     def start_postgres(self) -> None:
+        self.pg_data.parent.parent.mkdir(parents=True, exist_ok=True)
+        self._let_postgres_in()
         if not (self.pg_data / "PG_VERSION").exists():
             self.pg_data.mkdir(parents=True, exist_ok=True)
             # its socket folder and data: the postgres user's only (PostgreSQL refuses to run as root)

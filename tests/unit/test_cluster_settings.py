@@ -2,9 +2,14 @@
 every address is loopback, no password is on a command line that `ps` shows, Celery's redelivery bound
 outlasts the longest training a JobSpec may ask for, and its secrets file is its owner's only."""
 
+import os
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
+
+import pytest
 
 import checkout
 from trainyard.spec import MAX_HOURS_LIMIT
@@ -110,3 +115,23 @@ def test_a_service_that_keeps_exiting_at_once_is_given_up(tmp_path, monkeypatch)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setfacl") is None, reason="needs root and setfacl")
+def test_postgres_can_reach_its_data_inside_a_home_closed_to_others(tmp_path):
+    # the default place, var/cluster, is inside TRAINYARD_HOME, which `make setup` closes to other users
+    home = tmp_path / "var"
+    home.mkdir(mode=0o750)
+    home.chmod(0o750)
+    cluster = cluster_profile.Cluster(home / "cluster")
+
+    def postgres_reaches(path: Path) -> bool:
+        return subprocess.run(["runuser", "-u", "postgres", "--", "test", "-x", str(path)], check=False).returncode == 0
+
+    (home / "cluster").mkdir()
+    assert not postgres_reaches(home / "cluster")
+    cluster._let_postgres_in()
+    assert postgres_reaches(home / "cluster")
+    assert stat.S_IMODE(home.stat().st_mode) & stat.S_IRWXO == 0  # still closed to everyone else
+    nobody = subprocess.run(["runuser", "-u", "nobody", "--", "test", "-x", str(home)], check=False)
+    assert nobody.returncode != 0
