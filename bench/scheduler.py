@@ -44,6 +44,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -416,6 +417,41 @@ def policy_simulation(config: ResourcesConfig, trace: list[TraceJob], types: lis
     return _simulate("simulated", config, trace, types, window, starts)
 
 
+def policy_on_traces(
+    base: ResourcesConfig,
+    types: list[str],
+    *,
+    seeds: list[int],
+    loads: list[float],
+    window: float,
+    median: float,
+    time_scale: float,
+    poll: float,
+) -> list[dict]:
+    """The policy alone (:func:`policy_simulation`) against the reference on many traces, one per seed and
+    load: no Airflow, a fraction of a second each. Each row: seed, load, jobs, both utilisations, their
+    ratio and the policy's violations."""
+    config = scenario_config(base, "trainyard", time_scale, poll)
+    rows = []
+    for seed in seeds:
+        for load in loads:
+            trace = make_trace(base, types, window=window, load=load, median=median, seed=seed)
+            policy = policy_simulation(config, trace, types, window)
+            reference = capacity_reference(base, trace, types, window)
+            rows.append(
+                {
+                    "seed": seed,
+                    "load": load,
+                    "jobs": len(trace),
+                    "policy": policy["utilisation"],
+                    "reference": reference["utilisation"],
+                    "ratio": policy["utilisation"] / reference["utilisation"],
+                    "violations": len(policy["violations"]),
+                }
+            )
+    return rows
+
+
 def _wait_of(af, headers, run_id: str) -> float | None:
     r = requests.get(f"{af.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances", headers=headers, timeout=30)
     if not r.ok:
@@ -513,8 +549,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resources", help="the fleet (default: include/config/resources.yaml)")
     parser.add_argument("--png", help="a folder for each scenario's utilisation chart")
     parser.add_argument("--out", help="write the figures as JSON here")
+    parser.add_argument(
+        "--policy-only",
+        nargs="+",
+        type=int,
+        metavar="SEED",
+        help="no Airflow: the policy alone against the reference on a trace per seed and each of --loads",
+    )
+    parser.add_argument("--loads", nargs="+", type=float, default=[1.0, 1.25, 1.5], help="with --policy-only")
     args = parser.parse_args(argv)
     base = load_resources(args.resources)
+    if args.policy_only:
+        rows = policy_on_traces(base, args.types, seeds=args.policy_only, loads=args.loads, window=args.window,
+                                median=args.median, time_scale=args.time_scale, poll=args.poll)  # fmt: skip
+        for r in rows:
+            print(
+                f"seed {r['seed']:3d} load {r['load']:<5g} jobs {r['jobs']:4d}: policy {r['policy']:.1%}, reference "
+                f"{r['reference']:.1%}, {r['ratio']:.3f}x, violations {r['violations']}"
+            )
+        ratios = sorted(r["ratio"] for r in rows)
+        print(
+            f"{len(rows)} traces: the policy alone {ratios[0]:.3f}x the reference's utilisation at worst, median "
+            f"{statistics.median(ratios):.3f}x (goal {GOAL}x: {'met' if ratios[0] >= GOAL else 'missed'}); "
+            f"violations {sum(r['violations'] for r in rows)}"
+        )
+        return 1 if ratios[0] < GOAL or any(r["violations"] for r in rows) else 0
     trace = make_trace(base, args.types, window=args.window, load=args.load, median=args.median, seed=args.seed)
     sizes = {s: sum(1 for j in trace if j.slots == s) for s, _ in SIZES}
     print(
