@@ -34,7 +34,6 @@ import shlex
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -227,22 +226,50 @@ class Cluster:
     def _let_postgres_in(self) -> None:
         """As root the server runs as the postgres user, which must search every directory down to its data.
         The default place, ``var/cluster``, is inside TRAINYARD_HOME, which the set-up closes to other users
-        (the custom-command sandbox): such a directory gets one ACL entry, search for postgres alone."""
+        (the custom-command sandbox): a directory postgres cannot search gets one ACL entry, search for
+        postgres alone, under the sandbox's ACL lock; each is said once."""
         if os.geteuid() != 0:
             return
         import pwd
 
-        postgres = pwd.getpwnam("postgres")
-        for directory in reversed(self.pg_data.parent.resolve().parents):
-            st = directory.stat()
-            if st.st_mode & stat.S_IXOTH or st.st_uid == postgres.pw_uid:
-                continue
-            if shutil.which("setfacl") is None:
-                raise SystemExit(
-                    f"{directory} is closed to the postgres user and setfacl is missing: `make setup` installs it "
-                    "(apt-get install acl), or set TRAINYARD_CLUSTER_DIR to a directory others may search"
-                )
-            subprocess.run(["setfacl", "-m", "u:postgres:x", str(directory)], check=True, capture_output=True)
+        from trainyard.files import file_lock
+        from trainyard.training.launchers.sandbox import STATE_DIR
+
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            raise SystemExit("no postgres user: PostgreSQL's server is missing (`make setup` installs it)") from None
+
+        def searchable(directory: Path) -> bool:
+            probe = ["runuser", "-u", "postgres", "--", "test", "-x", str(directory)]
+            return subprocess.run(probe, check=False, capture_output=True).returncode == 0
+
+        way = list(reversed(self.pg_data.parent.resolve().parents))  # from / down
+        if searchable(way[-1]):  # reached: so was every directory above it
+            return
+        if shutil.which("setfacl") is None:
+            raise SystemExit(
+                f"{way[-1]} is out of the postgres user's reach and setfacl is missing: `make setup` installs it "
+                "(apt-get install acl), or set TRAINYARD_CLUSTER_DIR to a directory others may search"
+            )
+        STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with file_lock(STATE_DIR / "acl.lock"):
+            for directory in way:  # top down: a directory below a closed one is judged once that one is open
+                if searchable(directory):
+                    continue
+                # the mask as it is where it lets search through (a 0750 var); a mask without x (a 0700
+                # directory) is widened to x, which is all the named entries of the group class can gain
+                for argv in (["setfacl", "-n", "-m"], ["setfacl", "-m"]):
+                    done = subprocess.run([*argv, "u:postgres:x", str(directory)], check=False, capture_output=True,
+                                          text=True)  # fmt: skip
+                    if done.returncode != 0 or searchable(directory):
+                        break
+                if done.returncode != 0 or not searchable(directory):
+                    raise SystemExit(
+                        f"could not let the postgres user search {directory} (setfacl: {done.stderr.strip() or 'ok'};"
+                        " a mask or group bits without x?): set TRAINYARD_CLUSTER_DIR to a directory others may search"
+                    )
+                print(f"[cluster] the postgres user may now search {directory} (ACL u:postgres:x)", file=sys.stderr)
 
     def start_postgres(self) -> None:
         self.pg_data.parent.parent.mkdir(parents=True, exist_ok=True)
