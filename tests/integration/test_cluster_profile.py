@@ -108,21 +108,37 @@ def _kill_host(cluster, name: str) -> list[str]:
     return [f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:120]}" for p in procs if p.info]
 
 
-def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_database_restart(cluster):
-    from mlflow.tracking import MlflowClient
-
-    from trainyard.scheduling.admission import Ledger
-
+def _api_with_the_dag(cluster):
+    """The cluster's API and an admin's headers, once the pipeline's DAG is served."""
     api = airflow_services.OnCluster(cluster)
     headers = api.headers("admin")
     api.wait(lambda: requests.get(f"{api.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, "the DAG")
-    conf = {
-        "name": "digits-cluster",
-        "hyperparameters": {"epochs": 60, "batch_size": 32, "learning_rate": 0.01, "momentum": 0.9, "seed": 1},
+    return api, headers
+
+
+def _shared_ledger(cluster):
+    """The cluster's fleet and the admission ledger every host shares (in its PostgreSQL)."""
+    from trainyard.scheduling.admission import Ledger
+
+    fleet = load_resources(cluster.settings["TRAINYARD_CONFIG_DIR"] + "/resources.yaml")
+    return fleet, Ledger(cluster.database_url("trainyard"), fleet)
+
+
+def _digits_job(name: str, epochs: int, min_accuracy: float) -> dict:
+    """A digits training on the fleet's `cpu` type, one slot, gated on its val accuracy."""
+    return {
+        "name": name,
+        "hyperparameters": {"epochs": epochs, "batch_size": 32, "learning_rate": 0.01, "momentum": 0.9, "seed": 1},
         "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
-        "gates": [{"metric": "val_accuracy", "min": 0.5}],
+        "gates": [{"metric": "val_accuracy", "min": min_accuracy}],
     }
-    run_id = api.trigger(DAG, conf, headers)
+
+
+def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_database_restart(cluster):
+    from mlflow.tracking import MlflowClient
+
+    api, headers = _api_with_the_dag(cluster)
+    run_id = api.trigger(DAG, _digits_job("digits-cluster", epochs=60, min_accuracy=0.5), headers)
     run_dir = cluster.trainyard_home / "runs" / "digits-cluster"
 
     training_on: list[str] = []
@@ -139,8 +155,7 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
     killed = _kill_host(cluster, first)
     survivor = {"worker-gpu": "worker-gpu-b", "worker-gpu-b": "worker-gpu"}[first]
 
-    fleet = load_resources(cluster.settings["TRAINYARD_CONFIG_DIR"] + "/resources.yaml")
-    ledger = Ledger(cluster.database_url("trainyard"), fleet)
+    fleet, ledger = _shared_ledger(cluster)
     capacity = fleet.gpu_types["cpu"].slots
     seen: list[int] = []
 
@@ -243,24 +258,15 @@ def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster
     module: the second workers the fixture added are not started again."""
     from mlflow.tracking import MlflowClient
 
-    from trainyard.scheduling.admission import WAITING_LEASE_S, Job, Ledger
+    from trainyard.scheduling.admission import WAITING_LEASE_S, Job
 
-    api = airflow_services.OnCluster(cluster)
-    headers = api.headers("admin")
-    api.wait(lambda: requests.get(f"{api.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, "the DAG")
-    fleet = load_resources(cluster.settings["TRAINYARD_CONFIG_DIR"] + "/resources.yaml")
-    ledger = Ledger(cluster.database_url("trainyard"), fleet)
+    api, headers = _api_with_the_dag(cluster)
+    fleet, ledger = _shared_ledger(cluster)
     # every `cpu` slot held by another job, its lease long enough to outlive the restart
     blocker = Job("restart-test/blocker", "default", "cpu", fleet.gpu_types["cpu"].slots, 0, 1.0)
     admitted, renewed = ledger.request(blocker).admitted, ledger.renew(blocker.id, lease_s=1800)
     assert admitted and renewed
-    conf = {
-        "name": "digits-restart",
-        "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.01, "momentum": 0.9, "seed": 1},
-        "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
-        "gates": [{"metric": "val_accuracy", "min": 0.3}],
-    }
-    run_id = api.trigger(DAG, conf, headers)
+    run_id = api.trigger(DAG, _digits_job("digits-restart", epochs=3, min_accuracy=0.3), headers)
     key = f"{DAG}/{run_id}"
 
     def waits() -> bool:

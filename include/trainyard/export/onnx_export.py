@@ -230,6 +230,13 @@ def check_parity(
     )
 
 
+def output_tensors(out) -> list:
+    """A model's outputs as a list: one tensor, a tuple or list of them, or a dict of them (its values)."""
+    if isinstance(out, dict):
+        return list(out.values())
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
 def one_weight_perturbed(model, fraction: float, example, candidates: int = 16):
     """A copy of ``model`` with ONE weight changed by ``fraction`` of its layer's RMS weight, in the middle
     hidden weight layer (matrices and kernels, neither the first nor the last). The corruption the parity
@@ -254,10 +261,7 @@ def one_weight_perturbed(model, fraction: float, example, candidates: int = 16):
     args = example if isinstance(example, tuple) else (example,)
 
     def outputs() -> list:
-        out = bad(*args)
-        if isinstance(out, dict):
-            out = list(out.values())
-        return [t.detach().float() for t in (out if isinstance(out, (tuple, list)) else [out])]
+        return [t.detach().float() for t in output_tensors(bad(*args))]
 
     with torch.no_grad():
         flat = weight.view(-1)
@@ -314,4 +318,4 @@ def torchscript_predict(path: str | Path, *inputs: np.ndarray) -> list[np.ndarra
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         module = torch.jit.load(str(path), map_location="cpu")
         out = module(*(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs))
-    return [o.numpy() for o in (out if isinstance(out, (tuple, list)) else (out,))]
+    return [o.numpy() for o in output_tensors(out)]
