@@ -267,6 +267,9 @@ def run_trace(
 
     af.wait(finished, drain_timeout, f"the {scenario} replay's runs to finish ({states})")
     end = time.time()
+    # the counts are one request per state: a run that ended between two of them was counted both running
+    # and ended (seen: {'running': 1, 'success': 17} for 17 jobs). Every run has ended now: read them again.
+    states.update(_runs_by_state(af, headers))
 
     def utilisation(until: float, chart: Path | None = None) -> dict:
         since_iso = datetime.datetime.fromtimestamp(t0, datetime.UTC).isoformat()
