@@ -23,7 +23,6 @@ GPUs CUDA_VISIBLE_DEVICES names (torchrun passes the variable through to them).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import signal
@@ -58,6 +57,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(MISSING is not None, reason=MI
 
 LIMIT_S = 300  # per training: a hung NCCL collective fails the test (the launcher kills the workers)
 EPOCHS = 4
+HISTOGRAM_EVERY = 20  # steps between the weight and gradient histograms, copied beside the scalars
 GLOBAL_BATCH = 32  # the per-rank batch shrinks with the world, so every world takes about the same steps
 # Digits after 4 epochs of SGD at batch 32: ~0.97 val accuracy on CPU (fp32 and bf16); a broken device,
 # precision or averaging path lands far below (an untrained model: ~0.1).
@@ -128,9 +128,14 @@ def deadline(seconds: int, what: str):
 
 
 def _train(prepared: dict, out: Path, gpus: int, distributed: dict, env: dict[str, str]) -> Run:
+    """One training in the run layout the pipeline gives every local run (``pipeline.plan_training``): the
+    workers write in ``work/`` only (where a sandbox user may write), their metrics into a file there
+    that the launcher's side relays to TensorBoard (``out/tb``), their histograms beside it."""
+    from trainyard import pipeline
     from trainyard.spec import parse_spec
+    from trainyard.training import metrics
     from trainyard.training.launchers import local
-    from trainyard.training.run_config import RunConfig
+    from trainyard.training.run_config import RunConfig, work_dir
 
     spec = parse_spec(
         {
@@ -142,9 +147,19 @@ def _train(prepared: dict, out: Path, gpus: int, distributed: dict, env: dict[st
             },
             "distributed": distributed,
             "resources": {"gpus_per_node": gpus},
+            "tracking": {"histogram_every_steps": HISTOGRAM_EVERY},
         }
     )
-    cfg = RunConfig(spec=spec, data=prepared, out_dir=str(out), tensorboard_dir=str(out / "tb"))
+    work = Path(work_dir(str(out)))
+    work.mkdir()
+    cfg = RunConfig(
+        spec=spec,
+        data=prepared,
+        out_dir=str(work),
+        tensorboard_dir=str(out / "tb"),
+        metrics_file=str(metrics.metrics_path(out)),
+        histogram_dir=str(work / "tensorboard"),
+    )
     config = cfg.dump(out / "run_config.json")
     lines: list[str] = []
 
@@ -153,14 +168,16 @@ def _train(prepared: dict, out: Path, gpus: int, distributed: dict, env: dict[st
         print(line)  # shown by pytest when the test fails
 
     # NCCL's init log, one file per process (%p: pid), so the lines of the ranks cannot interleave.
-    nccl_env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_DEBUG_FILE": str(out / "nccl.%p.log")}
+    nccl_env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_DEBUG_FILE": str(work / "nccl.%p.log")}
     what = f"{distributed} on {gpus} GPU(s) {env or ''}"
     with pytest.MonkeyPatch.context() as mp, deadline(LIMIT_S, what):
         for key, value in {**nccl_env, **env}.items():
             mp.setenv(key, value)  # launch() plans from this process's environment, as in production
         local.launch(spec, prepared, run_dir=str(out), config_path=str(config), on_line=on_line)
-    result = json.loads((out / "train_result.json").read_text())
-    nccl = "\n".join(p.read_text(errors="replace") for p in sorted(out.glob("nccl.*.log")))
+    metrics.relay(out, None, "", cfg.tensorboard_dir, on_line=on_line, final=True)
+    metrics.copy_histograms(out, cfg.tensorboard_dir)
+    result = pipeline.built_in_result(out)
+    nccl = "\n".join(p.read_text(errors="replace") for p in sorted(work.glob("nccl.*.log")))
     return Run(spec, out, lines, result, nccl)
 
 
@@ -204,7 +221,7 @@ def test_ddp_over_nccl_on_all_gpus(train, prepared):
     """One worker per GPU, rank r on cuda:r (its device set before its NCCL communicator); rank 0's
     background tracker writes the whole per-step curve from the loss tensors left on the GPU, and the
     GPU's memory and utilisation at every epoch's end."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_accumulator import HISTOGRAMS, EventAccumulator
 
     world = all_gpus()
     run = train(world, **DDP)
@@ -213,7 +230,7 @@ def test_ddp_over_nccl_on_all_gpus(train, prepared):
     if world > 1:  # a world of one has no process group, so no communicator (see the module docstring)
         expected = {(r, world, r) for r in range(world)}
         assert run.communicators() == expected, f"NCCL communicators {sorted(run.communicators())}:\n{run.nccl}"
-    events = EventAccumulator(str(run.out / "tb"))
+    events = EventAccumulator(str(run.out / "tb"), size_guidance={HISTOGRAMS: 0})  # 0: every histogram
     events.Reload()
     curve = [(e.step, e.value) for e in events.Scalars("train/loss")]
     steps, per_epoch = run.result["steps"], run.result["steps"] // run.result["epochs"]
@@ -227,6 +244,18 @@ def test_ddp_over_nccl_on_all_gpus(train, prepared):
     total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     assert len(held) == run.result["epochs"] and all(0 < gb < total_gb for gb in held), held
     assert len(busy) == run.result["epochs"] and all(0 <= pct <= 100 for pct in busy), busy
+    # throughput and time left at every point of the curve, the time left running down to zero
+    rate = events.Scalars("samples/per_second")
+    eta = [e.value for e in events.Scalars("eta/seconds")]
+    assert [e.step for e in rate] == [s for s, _ in curve] and all(e.value > 0 for e in rate), rate
+    assert len(eta) == len(curve) and eta[-1] == 0 and all(a >= 0 for a in eta), eta
+    # the weights' and gradients' distributions of every layer, at HISTOGRAM_EVERY-th steps (the tracker
+    # skips one while its thread still bins earlier ones: not necessarily at every such step)
+    histograms = events.Tags()["histograms"]
+    layers = {tag.split("/", 1)[1] for tag in histograms if tag.startswith("weights/")}
+    assert layers and {f"gradients/{layer}" for layer in layers} <= set(histograms), histograms
+    taken = [e.step for e in events.Histograms(f"weights/{sorted(layers)[0]}")]
+    assert taken and set(taken) <= set(range(HISTOGRAM_EVERY, steps + 1, HISTOGRAM_EVERY)), taken
 
 
 def test_bf16_autocast_on_all_gpus(train, prepared):
@@ -249,7 +278,7 @@ def test_deepspeed_zero2_bf16_over_nccl_on_all_gpus(train, prepared):
     run.check_trained("deepspeed", world, prepared)
     missing = {(r, world, r) for r in range(world)} - run.communicators()
     assert not missing, f"no NCCL communicator (rank, nranks, cudaDev) {sorted(missing)}:\n{run.nccl}"
-    tags = sorted(p for p in (run.out / "checkpoints").glob("step-*") if p.is_dir())
+    tags = sorted(p for p in (run.out / "work" / "checkpoints").glob("step-*") if p.is_dir())
     assert tags and (tags[-1] / MARKER).is_file(), tags
     partitions = sorted(int(m.group(1)) for p in tags[-1].iterdir() if (m := ZERO_PARTITION.match(p.name)))
     assert partitions == list(range(world)), sorted(p.name for p in tags[-1].iterdir())
