@@ -13,10 +13,8 @@ sequence length.
 
 The device machine's image has torch but not pydantic, which trainyard's JobSpec needs. Carry wheels:
 
-    scripts/device_wheels.sh            # here, once: downloads them into .whl/ (git-ignored)
-    # there, with carry [".whl"]:
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
-        PYTHONPATH=include:/tmp/site python3 bench/gpu.py --out $OUT/gpu.json
+    scripts/device_wheels.sh            # here, once: gathers them into .whl/ (git-ignored)
+    bash scripts/device_check.sh        # there, with carry [".whl"]: the GPU tests, then this benchmark
 
     python3 bench/gpu.py [--steps 120] [--warmup 20] [--batch 64] [--reps 1] [--out gpu.json]
     python3 bench/gpu.py --cpu-smoke     # a tiny model on the CPU, to show the code runs (the tests do this)

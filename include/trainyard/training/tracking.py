@@ -86,7 +86,8 @@ class Tracker:
         self._histograms_waiting = 0
         self.enabled = bool(self.metrics_file) or bool(self.uri and self.run_id) or bool(self.tb_dir)
         self.every_s = every_s
-        self.dropped = 0
+        self.dropped = 0  # metric points the full queue turned away
+        self.histograms_skipped = 0  # histogram sets not taken: the thread was still binning earlier ones
         self.error: BaseException | None = None
         self._q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
         self._ready = threading.Event()  # the thread's imports and clients are done (or failed)
@@ -126,7 +127,7 @@ class Tracker:
         if not (self.enabled and self.histograms_on):
             return
         if self._histograms_waiting >= HISTOGRAMS_IN_FLIGHT:  # skip this one (counted) until they are written
-            self.dropped += 1
+            self.histograms_skipped += 1
             return
         import torch
 
@@ -140,7 +141,7 @@ class Tracker:
             self._q.put_nowait(("histograms", step, tensors))
             self._histograms_waiting += 1
         except queue.Full:
-            self.dropped += 1
+            self.histograms_skipped += 1
 
     def close(self, check: bool = True) -> None:
         """Send everything and stop; with ``check``, raise TrackingError if anything could not be written."""
@@ -156,6 +157,12 @@ class Tracker:
             self.check()
         if self.dropped:
             print(f"[trainer] tracking: {self.dropped} metric points dropped (the writer fell behind)", flush=True)
+        if self.histograms_skipped:
+            print(
+                f"[trainer] tracking: {self.histograms_skipped} of the histogram sets due were skipped (the tracking "
+                "thread was still binning earlier ones; a larger tracking.histogram_every_steps keeps them all)",
+                flush=True,
+            )
 
     # -- the tracker thread --------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -61,6 +61,35 @@ def test_a_full_queue_drops_instead_of_blocking_the_step(tmp_path, monkeypatch):
     tracker.close()
 
 
+def test_histograms_due_while_the_thread_bins_earlier_ones_are_skipped_and_said_so(tmp_path, monkeypatch, capsys):
+    """The thread is busy: the step takes no more than HISTOGRAMS_IN_FLIGHT sets of copies and counts the
+    others as skipped histograms, not as lost metric points; what was taken is written."""
+    import threading
+
+    from tensorboard.backend.event_processing.event_accumulator import HISTOGRAMS, EventAccumulator
+
+    from trainyard.spec import parse_spec
+    from trainyard.training import tracking
+
+    release = threading.Event()
+    stuck_run = tracking.Tracker._run
+    monkeypatch.setattr(tracking.Tracker, "_run", lambda self: (release.wait(), stuck_run(self)))
+    spec = parse_spec({"tracking": {"histogram_every_steps": 1}})
+    board = tmp_path / "tb"
+    tracker = Tracker(RunConfig(spec=spec, data={}, out_dir=str(tmp_path), tensorboard_dir=str(board)))
+    model = torch.nn.Linear(3, 2)
+    for step in range(1, 6):
+        tracker.histograms(step, model)
+    skipped = 5 - tracking.HISTOGRAMS_IN_FLIGHT
+    assert (tracker.histograms_skipped, tracker.dropped) == (skipped, 0)
+    release.set()
+    tracker.close()
+    assert f"{skipped} of the histogram sets due were skipped" in capsys.readouterr().out
+    events = EventAccumulator(str(board), size_guidance={HISTOGRAMS: 0})
+    events.Reload()
+    assert [e.step for e in events.Histograms("weights/weight")] == list(range(1, tracking.HISTOGRAMS_IN_FLIGHT + 1))
+
+
 def test_a_writer_error_is_raised_by_close(tmp_path, mlflow_run, capsys):
     uri, _, _ = mlflow_run
     tracker = Tracker(_cfg(tmp_path, tracking_uri=uri, mlflow_run_id="no-such-run"))
