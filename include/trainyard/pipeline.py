@@ -387,7 +387,13 @@ def train(
     stopped them, only their curves, time and cost are collected."""
     plan = plan_training(spec, dataset, data, run_key, tags, trial_objective)
     with _failed_run_on_error(plan):
-        launch_local(spec, data, plan, on_line, devices, stop)
+        try:
+            launch_local(spec, data, plan, on_line, devices, stop)
+        except Exception as err:
+            if not (pruned() and stop is not None and stop.is_set()):
+                raise
+            # the pruner's word, then the stop, ended them (they did not end of themselves): pruned all the same
+            log.info("sweep: the trial's workers were stopped after the pruner's word (%s)", str(err).splitlines()[0])
     return collect_training(spec, plan, result=not pruned(), waited_s=waited_s)
 
 

@@ -20,23 +20,23 @@ def check_sweep(spec: JobSpec, fleet: ResourcesConfig) -> None:
     if sweep is None:
         return
     problems = []
-    if spec.recipe == "custom":
-        problems.append(
-            "sweep: recipe 'custom' cannot be swept (its program does not answer the pruner); use a built-in recipe"
-        )
     if spec.backends.launcher != "local":
         problems.append("sweep: the trials of a sweep train with backends.launcher 'local'")
     if problems:
         raise SpecError(spec_error_message(problems))
-    recipe = recipes.get(spec.recipe)
-    known = sorted(f"val_{m}" for m in recipe.epoch_metrics)  # what a trial reports after every epoch
-    if sweep.objective not in known:
+    if spec.recipe == "custom":
+        # the program's metrics are its own: the objective is whatever it reports (trainyard.training.custom)
+        known = None
+    else:
+        recipe = recipes.get(spec.recipe)
+        known = sorted(f"val_{m}" for m in recipe.epoch_metrics)  # what a trial reports after every epoch
+    if known is not None and sweep.objective not in known:
         problems.append(
             f"sweep.objective: recipe {spec.recipe!r} reports no {sweep.objective!r} after each epoch; one of "
             f"{known} (the metrics of its evaluation, such as BLEU, come once, after the training)"
         )
     for i, c in enumerate(sweep.constraints):
-        if c.metric not in (*known, *RESULT_METRICS):
+        if known is not None and c.metric not in (*known, *RESULT_METRICS):
             problems.append(
                 f"sweep.constraints[{i}].metric: a trial's result has no {c.metric!r}; one of "
                 f"{[*known, *RESULT_METRICS]}"

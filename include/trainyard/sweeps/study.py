@@ -290,12 +290,17 @@ def best_trial(study: optuna.Study, of_lineage: str) -> optuna.trial.FrozenTrial
         and math.isfinite(t.value)
         and all(v <= 0 for v in t.constraints.values())
         and TRAINED_ATTR in t.user_attrs
-        and Path(t.user_attrs[TRAINED_ATTR].get("model_path", "")).is_file()
+        and Path(_model_of(t.user_attrs[TRAINED_ATTR])).is_file()
     ]
     if not done:
         return None
     pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
     return pick(done, key=lambda t: float(t.value or 0.0))
+
+
+def _model_of(trained: dict) -> str:
+    """The model file a trial left: a built-in recipe's model.pt, a custom program's model.onnx."""
+    return trained.get("model_path") or trained.get("onnx_path") or ""
 
 
 def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = None, state=None) -> None:

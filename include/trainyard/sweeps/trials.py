@@ -16,7 +16,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,18 +63,26 @@ class Watcher:
     (:mod:`trainyard.sweeps.handshake`), reports each epoch's objective to the trial, asks the pruner and
     answers. ``w.halt`` is the event to stop the workers with: set when ``lost`` is (the job lost its
     admission), when a trial told to stop is still running ``grace_s`` later, or when the reports are
-    malformed (``w.error``). ``w.pruned_at``: the epoch after which the pruner stopped the trial."""
+    malformed (``w.error``). ``w.pruned_at``: the epoch after which the pruner stopped the trial.
+
+    ``objective_in_metrics``: a custom program's trial, whose reports are the lines of its metrics file
+    holding that metric (:mod:`trainyard.training.custom`: the n-th such line with a new step is
+    reporting point n); the answers go to the same verdict file."""
 
     def __init__(
         self,
         trial: optuna.Trial,
         work_dir: str | Path,
         lost: threading.Event | None = None,
-        grace_s: float = GRACE_S,
+        grace_s: float | None = None,
         poll_s: float = POLL_S,
+        objective_in_metrics: str | None = None,
     ) -> None:
         self.trial, self.work = trial, Path(work_dir)
-        self.lost, self.grace_s, self.poll_s = lost, grace_s, poll_s
+        self.lost, self.poll_s = lost, poll_s
+        self.grace_s = GRACE_S if grace_s is None else grace_s
+        self.objective_in_metrics = objective_in_metrics
+        self._last_step, self._points = -1, 0  # the metrics line of the last reporting point: its step, number
         self.halt = threading.Event()
         self.overstayed = False  # the workers were stopped because they went on after being told to stop
         self.pruned_at: int | None = None
@@ -119,18 +127,10 @@ class Watcher:
                     self.halt.set()
 
     def _pass(self, answer: bool) -> None:
-        path = self.work / handshake.REPORTS
-        with open_untrusted(path) as fd:
-            if fd is None:
-                return
-            if os.fstat(fd).st_size > REPORTS_LIMIT:
-                raise WorkerOutputError(f"{path}: more than {REPORTS_LIMIT} bytes of reports (a line an epoch)")
-            chunk = os.pread(fd, REPORTS_LIMIT - self._offset, self._offset)
-        whole = chunk[: chunk.rfind(b"\n") + 1]
-        self._offset += len(whole)
-        for line in whole.splitlines():
-            epoch, value = _report(line, path)
-            if epoch in self.reported:  # a worker restarted by torchrun reports its epochs again
+        for epoch, value in self._new_reports():
+            if epoch in self.reported or self.pruned_at is not None:
+                # a worker restarted by torchrun reports its epochs again; one told to stop that goes on
+                # reports past the trial's end: answered, not reported
                 prune = self.pruned_at is not None
             else:
                 self.reported[epoch] = value
@@ -141,6 +141,54 @@ class Watcher:
                     log.info("sweep: the pruner stops trial %d after epoch %d (%s)", self.trial.number, epoch, value)
             if answer:
                 handshake.write_verdict(self.work, epoch, prune)
+
+    def _new_reports(self) -> Iterator[tuple[int, float]]:
+        """(reporting point, objective) of each complete line written since the last look, in order (a
+        malformed line raises once the ones before it are given)."""
+        if self.objective_in_metrics is not None:
+            yield from self._metrics_reports(self.objective_in_metrics)
+            return
+        path = self.work / handshake.REPORTS
+        with open_untrusted(path) as fd:
+            if fd is None:
+                return
+            if os.fstat(fd).st_size > REPORTS_LIMIT:
+                raise WorkerOutputError(f"{path}: more than {REPORTS_LIMIT} bytes of reports (a line an epoch)")
+            chunk = os.pread(fd, REPORTS_LIMIT - self._offset, self._offset)
+        whole = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(whole)
+        for line in whole.splitlines():
+            yield _report(line, path)
+
+    def _metrics_reports(self, objective: str) -> Iterator[tuple[int, float]]:
+        from trainyard.training.metrics import METRICS_FILE, READ_LIMIT, parse_line
+
+        path = self.work / METRICS_FILE
+        while True:
+            with open_untrusted(path) as fd:
+                if fd is None:
+                    return
+                chunk = os.pread(fd, READ_LIMIT, self._offset)
+            end = chunk.rfind(b"\n") + 1
+            if end == 0:
+                if len(chunk) == READ_LIMIT:
+                    raise WorkerOutputError(f"{path}: a line longer than {READ_LIMIT} bytes")
+                return
+            self._offset += end
+            for line in chunk[:end].splitlines():
+                if not line.strip():
+                    continue
+                step, points = parse_line(line, str(path))
+                value = dict(points).get(objective)
+                if value is None:
+                    continue
+                if step > self._last_step:
+                    self._last_step, self._points = step, self._points + 1
+                    yield self._points, value
+                elif self._points:  # a program restarted from a checkpoint reports again: answered again
+                    yield self._points, value
+            if len(chunk) < READ_LIMIT:
+                return
 
 
 def _report(line: bytes, path: Path) -> tuple[int, float]:
@@ -215,7 +263,8 @@ def run_trial(
         key = trial_key(sweep_run, trial.number)
         tags = {"sweep.name": sweep.name, "sweep.trial": str(trial.number), "sweep.run": sweep_run}
         run_dir = trial_run_dir(trial_spec, key)
-        with Watcher(trial, run_dir / "work", lost) as watcher:
+        in_metrics = sweep.objective if spec.recipe == "custom" else None  # a custom program reports no other way
+        with Watcher(trial, run_dir / "work", lost, objective_in_metrics=in_metrics) as watcher:
             try:
                 result = train(trial_spec, key, tags, watcher)
             except Exception:
@@ -239,10 +288,11 @@ def run_trial(
                 "reported": watcher.reported,
                 **_where(result),
             }
-        value = result.get(sweep.objective)
+        measured = {**result.get("final_metrics", {}), **result}  # a custom program's last reports too
+        value = measured.get(sweep.objective)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             raise SweepError(f"trial {trial.number} ended without a finite {sweep.objective} (got {value!r})")
-        for key, violation in constraint_violations(spec, result).items():
+        for key, violation in constraint_violations(spec, measured).items():
             trial.set_constraint(key, violation)
         trial.set_user_attr(TRAINED_ATTR, result)
         tell(study, trial, float(value))

@@ -15,31 +15,52 @@ The contract with the user's program (the same locally and on Kubernetes):
   every numeric field but ``step`` is a metric. The platform relays them to MLflow and TensorBoard (while
   the program runs locally, when its pods end on Kubernetes; :mod:`trainyard.training.metrics`, the
   built-in trainers' format too) and gates on the last value of each. Append to it (open it with
-  ``"a"``, also after a restart): a file rewritten from its start is relayed again from its start.
+  ``"a"``, also after a restart): a file rewritten from its start is relayed again from its start;
+- ``TRAINYARD_HYPERPARAMETERS``: the JobSpec's ``hyperparameters`` section as a JSON object (a sweep
+  trial's values in place), for the program to train with;
+- in a sweep trial only, ``TRAINYARD_TRIAL_VERDICT_FILE``: the pruner's answer to the program's reports.
+  Each report (metrics line) holding the sweep's objective is a reporting point, the first one 1, the
+  next 2 (a line whose ``step`` is not above the last such line's is a repeat after a restart, not a new
+  point): report the objective once per epoch. After a reporting point, the program may wait until the
+  file holds ``{"epoch": n, "prune": ...}`` with ``n`` at least that point's number (within a second
+  or so; written whole, by rename) and, if ``prune`` is true, exit 0 without a model. A program that does
+  not look is stopped by the platform (:data:`trainyard.sweeps.trials.GRACE_S` after the pruner's word);
+  the trial is pruned either way.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import posixpath
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from trainyard.errors import PermanentError
 from trainyard.training.metrics import METRICS_FILE, read_metrics
 from trainyard.training.run_config import WorkerOutputError, output_file, work_dir
 
 
-def platform_env(data_dir: str, run_dir: str) -> dict[str, str]:
-    """The four TRAINYARD_* variables of the contract above, for a run directory and the prepared data as
-    the program sees them (this machine's paths locally, the shared volume's paths in a pod): the one
-    definition both launchers use."""
+def platform_env(
+    data_dir: str, run_dir: str, hyperparameters: Mapping[str, Any], *, trial: bool = False
+) -> dict[str, str]:
+    """The TRAINYARD_* variables of the contract above, for a run directory and the prepared data as the
+    program sees them (this machine's paths locally, the shared volume's paths in a pod): the one
+    definition both launchers use. ``trial``: the run is a sweep trial (the verdict file is named)."""
+    from trainyard.sweeps.handshake import VERDICT
+
     work = work_dir(run_dir)
-    return {
+    env = {
         "TRAINYARD_DATA_DIR": data_dir,
         "TRAINYARD_CHECKPOINT_DIR": posixpath.join(work, "checkpoints"),
         "TRAINYARD_OUTPUT_DIR": work,
         "TRAINYARD_METRICS_FILE": posixpath.join(work, METRICS_FILE),
+        "TRAINYARD_HYPERPARAMETERS": json.dumps(dict(hyperparameters), sort_keys=True),
     }
+    if trial:
+        env["TRAINYARD_TRIAL_VERDICT_FILE"] = posixpath.join(work, VERDICT)
+    return env
 
 
 def check_external_data(model_path: Path) -> None:

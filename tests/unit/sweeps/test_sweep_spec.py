@@ -47,7 +47,12 @@ def test_a_bad_search_space_names_its_field(raw, says):
             "sweep.parameters[0] (hyperparameters.epochs = 2.508): hyperparameters.epochs: Input should be a valid "
             "integer",
         ),
-        ({**sweep(LR), "recipe": "custom", "custom": {"command": ["true"]}}, "recipe 'custom' cannot be swept"),
+        (
+            {**sweep({"name": "recipe_options.width", "type": "int", "low": 1, "high": 4}), "recipe": "custom"}
+            | {"custom": {"command": ["true"]}},
+            "sweep.parameters[0] (recipe_options.width = 1): recipe_options: recipe 'custom' takes none",
+        ),
+        ({**sweep(LR), "backends": {"launcher": "kubernetes"}}, "the trials of a sweep train with backends.launcher"),
     ],
 )
 def test_what_depends_on_the_recipe_and_the_team_is_refused_by_validate_spec(trainyard_home, raw, says):

@@ -296,6 +296,40 @@ def test_workers_that_go_on_after_the_pruners_word_are_stopped_and_a_lost_lease_
         assert w.halt.wait(5) and not w.overstayed
 
 
+def test_a_custom_programs_reports_are_its_metrics_lines_holding_the_objective(tmp_path):
+    """Each line with the objective and a new step is the next reporting point; a line without it is no
+    point; a program restarted from a checkpoint repeats steps, which are answered, not reported again;
+    after the pruner's word nothing more is reported. Every point gets its verdict."""
+    import time
+
+    from trainyard.sweeps.trials import Watcher
+    from trainyard.training.metrics import METRICS_FILE
+
+    def lines(*rows):
+        with open(tmp_path / METRICS_FILE, "a") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def answered(point):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if handshake.wait_verdict(tmp_path, point, timeout_s=0.05) is not None:
+                return handshake.wait_verdict(tmp_path, point, timeout_s=0.05)
+        raise AssertionError(f"no verdict for point {point}")
+
+    trial = _trial(prune_below=0.5)
+    with Watcher(trial, tmp_path, poll_s=0.01, objective_in_metrics="val_accuracy") as w:
+        lines({"step": 10, "train_loss": 2.0}, {"step": 100, "train_loss": 1.0, "val_accuracy": 0.6})
+        assert answered(1) is False
+        lines({"step": 100, "val_accuracy": 0.9}, {"step": 200, "val_accuracy": 0.7})  # a restart, then point 2
+        assert answered(2) is False
+        lines({"step": 300, "val_accuracy": 0.2})
+        assert answered(3) is True
+        lines({"step": 400, "val_accuracy": 0.9})  # a program deaf to the verdict goes on
+        time.sleep(0.1)
+    assert w.reported == {1: 0.6, 2: 0.7, 3: 0.2} and w.pruned_at == 3
+    assert trial.storage.get_trial(trial._trial_id).intermediate_values == {1: 0.6, 2: 0.7, 3: 0.2}
+
+
 def test_a_verdict_replaces_a_link_planted_in_its_place(tmp_path):
     target = tmp_path / "elsewhere"
     target.write_text("keep")

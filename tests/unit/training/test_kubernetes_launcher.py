@@ -2,6 +2,7 @@
 them checked against the Kubernetes OpenAPI schema (kubernetes-validate, strict: unknown fields fail)."""
 
 import copy
+import json
 import re
 from datetime import UTC
 from pathlib import Path
@@ -186,7 +187,8 @@ def test_job_for_every_combination(nodes, strategy, gpu):
         )
         assert env["NODE_RANK"] == env["RANK"] == K.INDEX_FIELD
         run_dir = CONFIG.rsplit("/", 1)[0]
-        assert {k: env[k] for k in custom.platform_env(DATA_DIR, run_dir)} == custom.platform_env(DATA_DIR, run_dir)
+        platform = custom.platform_env(DATA_DIR, run_dir, spec.hyperparameters.model_dump(mode="json"))
+        assert {k: env[k] for k in platform} == platform
         assert env["TRAINYARD_OUTPUT_DIR"] == custom.work_dir(run_dir) and env["TRAINYARD_DATA_DIR"] == DATA_DIR
     else:
         assert c.image == TRAINER_IMAGE and c.image_pull_policy == "IfNotPresent"
@@ -416,10 +418,13 @@ def test_plan_gives_the_pods_the_shared_volumes_paths(worker_home, nodes, strate
     env = _env(pod_spec.containers[0])
     assert env["TRAINYARD_RUN_CONFIG"] == plan.config_path
     if strategy == "custom":
-        # The same four variables as locally, pointing at what exists on the volume.
-        assert {k: env[k] for k in custom.platform_env("d", "r")} == custom.platform_env(
-            "/var/trainyard/cache/prepared/abc", "/var/trainyard/runs/digits/run1"
+        # The same variables as locally, pointing at what exists on the volume.
+        hyperparameters = cfg.spec.hyperparameters.model_dump(mode="json")
+        expected = custom.platform_env(
+            "/var/trainyard/cache/prepared/abc", "/var/trainyard/runs/digits/run1", hyperparameters
         )
+        assert {k: env[k] for k in expected} == expected
+        assert json.loads(env["TRAINYARD_HYPERPARAMETERS"])["epochs"] == cfg.spec.hyperparameters.epochs
         on_worker = home / env["TRAINYARD_DATA_DIR"].removeprefix("/var/trainyard/")
         assert (on_worker / "manifest.json").exists()
     else:

@@ -110,13 +110,19 @@ def custom_argv(spec: JobSpec, python: str | None = None) -> list[str]:
     )
 
 
-def local_command(spec: JobSpec, host: Host, *, config_path: str, data_dir: str, run_dir: str) -> Command:
-    """Argv and environment of one node's workers for ``spec`` on ``host``."""
+def local_command(
+    spec: JobSpec, host: Host, *, config_path: str, data_dir: str, run_dir: str, trial: bool = False
+) -> Command:
+    """Argv and environment of one node's workers for ``spec`` on ``host``; ``trial``: a sweep trial's."""
     check_gpus(spec, host.cuda_devices)
     nproc = spec.resources.gpus_per_node
     if spec.recipe == "custom":  # the user's program sees none of the worker's settings and secrets
         env = worker_env(nproc, scrubbed_env(host.env), cores=host.cores, slots=host.workers_at_once(spec))
-        return Command(custom_argv(spec, host.python), {**env, **custom.platform_env(data_dir, run_dir)})
+        hyperparameters = spec.hyperparameters.model_dump(mode="json")
+        return Command(
+            custom_argv(spec, host.python),
+            {**env, **custom.platform_env(data_dir, run_dir, hyperparameters, trial=trial)},
+        )
     kept = scrubbed_env(host.env, built_in=True)  # the trainer's settings, none of the task's secrets
     env = worker_env(nproc, kept, cores=host.cores, slots=host.workers_at_once(spec))
     strategy = spec.distributed.strategy

@@ -283,7 +283,7 @@ def _env(s: JobSpec, run_key: str, config_path: str, attempt: int, data_dir: str
         )
         if data_dir is None:
             raise ValueError("recipe 'custom' needs data_dir: the prepared data's path in the pod (see in_pod)")
-        platform.update(custom.platform_env(data_dir, run_dir))
+        platform.update(custom.platform_env(data_dir, run_dir, s.hyperparameters.model_dump(mode="json")))
     else:
         hints["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank ${rank}]:"  # torch's template, not a $(VAR)
         # A fresh rendezvous store per restart round; see launchers/local.worker_env for the failure it avoids.

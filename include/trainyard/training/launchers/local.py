@@ -130,10 +130,15 @@ class LocalLauncher(Launcher):
                 )
             readable = [data["path"], config_path, *map(str, recipes.worker_inputs(spec))]
         left = time_left(spec, run_dir)
-        command = local_command(
-            spec, self.host or this_host(), config_path=config_path, data_dir=data["path"], run_dir=run_dir
-        )
         cfg = RunConfig.load(config_path) if Path(config_path).is_file() else None
+        command = local_command(
+            spec,
+            self.host or this_host(),
+            config_path=config_path,
+            data_dir=data["path"],
+            run_dir=run_dir,
+            trial=cfg is not None and cfg.trial_objective is not None,
+        )
         return LocalPlan(
             command,
             run_dir,
