@@ -179,6 +179,14 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
 
     c = mt.client()
     dependencies = environment.installed()
+    replayed: dict[str, str] = {}
+    if spec.replay_of:  # here, where it trains, the environment must be the version's (or say how it is not)
+        from trainyard import replay
+
+        found = replay.check_environment(c, spec.replay_of, spec.replay_exact, mt.code_version(), dependencies)
+        replayed = {"replay_of": spec.replay_of, replay.DIFFERENCES_TAG: found}
+        if found != "none":
+            log.warning("a replay in another environment than %s's (allowed):\n%s", spec.replay_of, found)
     run_id = mt.ensure_run(
         c,
         experiment=spec.name,
@@ -192,7 +200,7 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
             "code_version": mt.code_version(),
             environment.DEPENDENCIES_TAG: environment.digest(dependencies),
             SPEC_DIGEST_TAG: spec_digest(spec),  # a retraining job's memory of what it already tried
-            **({"replay_of": spec.replay_of} if spec.replay_of else {}),
+            **replayed,
             **(tags or {}),
         },
     )

@@ -1,9 +1,12 @@
 """``trainyard replay MODEL VERSION``: train a registered version again from what it recorded (its whole
 spec, its dataset commit), through the queue like any run, and put the new metrics beside the recorded ones.
 
-Before anything runs, the code version and the installed dependency set here are compared with the
-version's: a difference refuses the replay (naming each changed package) unless ``allow_different`` says
-to go on. A replay run trains and evaluates, and registers nothing (``replay_of`` in its spec).
+Where the replay trains, before it trains, the training task compares its own code version and installed
+dependency set with the version's (:func:`check_environment`, from ``pipeline.start_tracking``): a
+difference fails the run (naming each changed package) unless the spec's ``replay_exact`` is false, and
+then the run records what differs (tag :data:`DIFFERENCES_TAG`). It is the worker's environment that
+counts, not the one the command is typed in. A replay run trains and evaluates, and registers nothing
+(``replay_of`` in its spec).
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from trainyard.errors import CommandError, NotFoundError
+from trainyard.errors import CommandError, NotFoundError, PermanentError
+
+DIFFERENCES_TAG = "replay.differences"  # on a replay's MLflow run: how its environment differed ("none")
+TAG_LIMIT = 5000  # characters of an MLflow tag value
 
 # What a replay must match, by where it trained: on CPU the same code, libraries, data and seed give the same
 # bits (measured: the README's reproducibility table); GPU kernels (cuDNN, atomics in reductions) may not.
@@ -88,11 +94,40 @@ def differences(rec: Recorded, code_version: str, dependencies: list[str]) -> li
     return out
 
 
-def replay_conf(rec: Recorded) -> dict[str, Any]:
-    """The spec to run: the recorded one, on the recorded commit, marked as a replay of the version."""
+def check_environment(c, replay_of: str, exact: bool, code_version: str, dependencies: list[str]) -> str:
+    """In the replay's training task: how this environment differs from the one the version ``replay_of``
+    (``MODEL:VERSION``) trained in, as :data:`DIFFERENCES_TAG`'s value ("none", or a line each).
+    ``exact``: a difference is a PermanentError naming each, and nothing trains."""
+    model, version = replay_of.rsplit(":", 1)
+    different = differences(recorded(c, model, version), code_version, dependencies)
+    if different and exact:
+        raise PermanentError(
+            f"this worker's environment differs from the one {model} version {version} trained in, so the replay "
+            f"would not be exact (`trainyard replay --allow-different` trains anyway):\n"
+            + "\n".join(f"  {line}" for line in different)
+        )
+    text = "\n".join(different) or "none"
+    return text if len(text) <= TAG_LIMIT else text[: TAG_LIMIT - 20] + "\n... (more)"
+
+
+def differences_of_run(c, experiment: str, run_key: str) -> list[str]:
+    """What the replay run ``run_key`` recorded of its environment's differences (none, or no such run)."""
+    from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, quote
+
+    found = c.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    runs = c.search_runs([found.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = {quote(run_key)}", max_results=1)
+    text = runs[0].data.tags.get(DIFFERENCES_TAG, "none") if runs else "none"
+    return [] if text == "none" else text.splitlines()
+
+
+def replay_conf(rec: Recorded, exact: bool = True) -> dict[str, Any]:
+    """The spec to run: the recorded one, on the recorded commit, marked as a replay of the version;
+    ``exact``: its training refuses an environment that differs (:func:`check_environment`)."""
     from trainyard.spec import parse_spec
 
-    spec = parse_spec({**rec.spec, "replay_of": f"{rec.model}:{rec.version}"})
+    spec = parse_spec({**rec.spec, "replay_of": f"{rec.model}:{rec.version}", "replay_exact": exact})
     pinned = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"ref": rec.commit})})
     return pinned.model_dump(mode="json")
 

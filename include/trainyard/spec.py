@@ -530,6 +530,13 @@ class JobSpec(_Model):
             "did, and exports and registers nothing (null: an ordinary run)"
         ),
     )
+    replay_exact: bool = Field(
+        True,
+        description=(
+            "with replay_of: the training task refuses to train where its code version or installed "
+            "dependencies differ from those the version trained with (false: it trains and records what differs)"
+        ),
+    )
 
     @field_validator("gates")
     @classmethod

@@ -28,28 +28,28 @@ def cmd_submit(args) -> int:
 
 def cmd_replay(args) -> int:
     """Train a registered version again from its record and compare the metrics (trainyard.replay)."""
-    from trainyard import environment, replay
+    from trainyard import replay
     from trainyard.airflow_api import api_client, require_login
     from trainyard.errors import CommandError
     from trainyard.submit import submit, task_result
     from trainyard.tracking import mlflow_tracking as mt
 
-    rec = replay.recorded(mt.client(), args.model, args.version)
-    different = replay.differences(rec, mt.code_version(), environment.installed())
-    if different and not args.allow_different:
-        raise CommandError(
-            f"{args.model} version {args.version} trained elsewhere than here; a replay would not be exact "
-            f"(--allow-different runs it anyway): {'; '.join(different)}"
-        )
-    for line in different:
-        print(f"differs (allowed): {line}", file=sys.stderr)
+    c = mt.client()
+    rec = replay.recorded(c, args.model, args.version)
     tolerance = replay.default_tolerance(rec) if args.tolerance is None else args.tolerance
     login = require_login()
     with api_client(login) as client:
-        run_id, state = submit(client, login.url, replay.replay_conf(rec), TRAINING_DAG, True, args.poll)
+        # the training task compares its own environment with the version's (trainyard.replay)
+        conf = replay.replay_conf(rec, exact=not args.allow_different)
+        run_id, state = submit(client, login.url, conf, TRAINING_DAG, True, args.poll)
         metrics = task_result(client, TRAINING_DAG, run_id, "evaluate")  # also when a later task failed
+    for line in replay.differences_of_run(c, rec.spec.get("name", ""), f"{TRAINING_DAG}/{run_id}"):
+        print(f"differs (allowed): {line}", file=sys.stderr)
     if not metrics:
-        raise CommandError(f"the replay run {run_id} ended {state} without metrics: see `trainyard runs logs {run_id}`")
+        raise CommandError(
+            f"the replay run {run_id} ended {state} without metrics (a worker whose code or dependencies differ "
+            f"from the version's refuses to train: the log above says which): see `trainyard runs logs {run_id}`"
+        )
     ok, table = replay.compare(rec.metrics, metrics, tolerance, rec.rounded)
     print(table)
     print(f"replay of {args.model} version {args.version}: {'reproduced' if ok else 'NOT reproduced'}")
@@ -120,7 +120,10 @@ def add_replay_parser(sub) -> None:
     p.add_argument(
         "--allow-different",
         action="store_true",
-        help="run even where the code version or the installed dependencies differ from the version's",
+        help=(
+            "train even where the training worker's code version or installed dependencies differ from the "
+            "version's (the run records what differs, and this command prints it)"
+        ),
     )
     p.add_argument(
         "--tolerance",

@@ -93,3 +93,20 @@ def test_the_export_parity_benchmark_runs_and_summarises(tmp_path):
     for name, s in summary.items():
         assert s["faithful_passed"] == s["perturbed_rejected"] == 1, (name, s)
         assert f"{name:24s} faithful pass 1/1, perturbed rejected 1/1" in proc.stdout
+
+
+def test_two_cpu_trainings_of_one_spec_on_two_processes_are_bit_exact(tmp_path):
+    """bench/reproducibility.py (not part of `make bench`) at its smallest: the README's claim that CPU
+    training over gloo with 2 processes gives the same weights and metrics every time, which is what lets
+    `trainyard replay` hold a CPU job to a tolerance of 0."""
+    out = tmp_path / "repro.json"
+    argv = ["--runs", "2", "--procs", "2", "--epochs", "1", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "reproducibility.py"), *argv], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert (report["backend"], report["procs"]) == ("gloo", 2)
+    (again,) = report["against_the_first"]
+    assert again["bit_exact"] and again["weights_max_abs_diff"] == 0.0, report
+    assert report["first"]["val_accuracy"] > 0.1  # it trained (chance is 0.1)

@@ -55,6 +55,9 @@ def airflow(tmp_path_factory):
     af.env.update(airflow_services.QUIETER_FOR_TESTS)
     af.jobs_dir = tmp_path_factory.mktemp("jobs")  # retraining job files, read by the dag-processor
     af.env["TRAINYARD_JOBS_DIR"] = str(af.jobs_dir)
+    # a folder on the tasks' sys.path: a package put there later is installed as far as they can tell
+    af.site = tmp_path_factory.mktemp("worker_site")
+    af.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(af.site), os.environ.get("PYTHONPATH")]))
     af.setup(users="admin:admin,tina:user")  # tina may trigger runs and nothing more
     af.run("airflow", "variables", "set", SECRET_VARIABLE, SECRET_VALUE)
     af.run(
@@ -616,13 +619,19 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     assert written["lineage"]["spec"]["dataset"]["ref"] == first["commit"] and written["gate"]["passed"] is True
     assert written["signature"]["signed"] and written["cost"]["queue_wait_seconds"] is not None
 
-    # replayed where one more package is installed than when it trained: refused, naming it
-    probe = tmp_path / "site" / "trainyard_replay_probe-1.0.dist-info"
-    probe.mkdir(parents=True)
+    # replayed on a worker where one more package is installed than when it trained: its training task
+    # refuses, naming it (the environment the command is typed in does not count)
+    probe = airflow.site / "trainyard_replay_probe-1.0.dist-info"
+    probe.mkdir()
     (probe / "METADATA").write_text("Metadata-Version: 2.1\nName: trainyard-replay-probe\nVersion: 1.0\n")
     token = airflow.token("tina")
-    refused = _trainyard(airflow, "replay", "pets", "1", token=token, env={"PYTHONPATH": str(probe.parent)})
-    assert refused.returncode == 1 and "dependency trainyard-replay-probe: not recorded -> 1.0" in refused.stderr
+    try:
+        refused = _trainyard(airflow, "replay", "pets", "1", "--poll", "2", token=token, timeout=600)
+    finally:
+        shutil.rmtree(probe)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "dependency trainyard-replay-probe: not recorded -> 1.0" in refused.stderr, refused.stderr
+    assert "train: failed" in refused.stderr, refused.stderr
     # here, as it trained: the same metrics, bit for bit (CPU), and nothing registered
     replayed = _trainyard(airflow, "replay", "pets", "1", "--poll", "2", token=token, timeout=600)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr

@@ -89,6 +89,48 @@ def test_a_version_without_a_recorded_spec_cannot_be_replayed(trainyard_home, mo
         replay.recorded(c, "old", "7")
 
 
+def _registered(c, name: str, deps: list[str], code: str = "abc") -> None:
+    """A registered version as ``train_pipeline`` leaves one: its run has the spec and dependency list."""
+    from trainyard.tracking import mlflow_tracking as mt
+
+    run = c.create_run(
+        mt.experiment_id(c, name), tags={environment.DEPENDENCIES_TAG: environment.digest(deps), "code_version": code}
+    ).info.run_id
+    c.log_text(run, json.dumps({"name": name}), "spec/job_spec.json")
+    c.log_text(run, "\n".join(deps) + "\n", environment.DEPENDENCIES_ARTIFACT)
+    c.create_registered_model(name)
+    tags = {"dataset.commit": "c" * 64, environment.DEPENDENCIES_TAG: environment.digest(deps), "code_version": code}
+    c.create_model_version(name, source=f"runs:/{run}/model", run_id=run, tags=tags)
+
+
+def test_the_training_task_refuses_an_environment_unlike_the_versions_unless_told(trainyard_home, monkeypatch):
+    """Where the replay trains: the same code and packages pass; one package more is refused, naming it;
+    with replay_exact false the difference is recorded instead, and the command reads it back."""
+    from trainyard import paths
+    from trainyard.errors import PermanentError
+    from trainyard.tracking import mlflow_tracking as mt
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
+    c = mt.client()
+    _registered(c, "pets", DEPS)
+    assert replay.check_environment(c, "pets:1", True, "abc", DEPS) == "none"
+    more = [*DEPS, "zlib-probe==1.0"]
+    with pytest.raises(
+        PermanentError, match="(?s)differs from the one pets version 1 trained in.*zlib-probe: not recorded -> 1.0"
+    ):
+        replay.check_environment(c, "pets:1", True, "abc", more)
+    with pytest.raises(PermanentError, match="code version: recorded abc, here def"):
+        replay.check_environment(c, "pets:1", True, "def", DEPS)
+    found = replay.check_environment(c, "pets:1", False, "abc", more)
+    assert found == "dependency zlib-probe: not recorded -> 1.0"
+    # what the replay's own run records, and `trainyard replay` prints
+    exp = mt.experiment_id(c, "pets")
+    c.create_run(exp, tags={mt.RUN_KEY_TAG: "train_pipeline/replay-1", replay.DIFFERENCES_TAG: found})
+    assert replay.differences_of_run(c, "pets", "train_pipeline/replay-1") == [found]
+    assert replay.differences_of_run(c, "pets", "train_pipeline/no-such-run") == []
+    assert replay.replay_conf(_rec(), exact=False)["replay_exact"] is False
+
+
 @pytest.fixture
 def no_login(monkeypatch, tmp_path):
     for field in ("URL", "TOKEN", "USERNAME", "PASSWORD"):
