@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import logging
+from pathlib import Path
 from typing import Any, Literal
 
 from airflow.sdk import BaseNotifier
@@ -41,22 +42,34 @@ def send(notice: Notice, context: Any) -> int:
     return sent
 
 
+def long_training_marker(key: str) -> Path:
+    """The file whose existence says the training ``key`` has had its ``long_training`` notice."""
+    import hashlib
+
+    from trainyard import paths
+
+    return paths.home() / "notifications" / "long_training" / hashlib.sha256(key.encode()).hexdigest()
+
+
+def tell_long_training(spec: Any, run: str, trained_s: float, context: Any) -> None:
+    """Tell ``spec``'s team that the training ``run`` has trained ``trained_s`` seconds, past its
+    ``resources.expected_hours`` (the caller made sure it is once)."""
+    from trainyard import notifications
+
+    res = spec.resources
+    send(notifications.long_training(res.team, spec.name, run, trained_s, res.expected_hours, res.max_hours), context)
+
+
 def training_time_watch(spec: Any, key: str, run: str, earlier_s: float, context: Any) -> Any:
     """A context manager around a training (``run``, known to the ledger as ``key``; ``spec`` a JobSpec):
     once it has trained its ``resources.expected_hours``, ``earlier_s`` of earlier tries included, its team
     is told (notice ``long_training``), once per ``key``."""
-    import hashlib
-
-    from trainyard import notifications, paths
-
-    res = spec.resources
-    marker = paths.home() / "notifications" / "long_training" / hashlib.sha256(key.encode()).hexdigest()
+    from trainyard import notifications
 
     def tell(trained_s: float) -> None:
-        notice = notifications.long_training(res.team, spec.name, run, trained_s, res.expected_hours, res.max_hours)
-        send(notice, context)
+        tell_long_training(spec, run, trained_s, context)
 
-    return notifications.watch_training_time(res.expected_hours, earlier_s, marker, tell)
+    return notifications.watch_training_time(spec.resources.expected_hours, earlier_s, long_training_marker(key), tell)
 
 
 def _provider_notifier(conn_id: str, notice: Notice) -> BaseNotifier:

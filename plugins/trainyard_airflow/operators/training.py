@@ -210,12 +210,16 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         job = self.job
         if job is None:  # the provider defers only after create_job set it
             raise AirflowException("no Job to wait for")
+        pods = [pod.metadata.name for pod in self.pods]
+        self._defer(job.metadata.name, job.metadata.namespace, pods, notice_after=self._long_training_after())
+
+    def _defer(self, name: str, namespace: str, pods: list[str], notice_after: float | None) -> None:
         self.defer(
             trigger=TrainingJobTrigger(
-                job_name=job.metadata.name,
-                job_namespace=job.metadata.namespace,
-                pod_names=[pod.metadata.name for pod in self.pods],
-                pod_namespace=job.metadata.namespace,
+                job_name=name,
+                job_namespace=namespace,
+                pod_names=pods,
+                pod_namespace=namespace,
                 base_container_name=self.base_container_name,
                 kubernetes_conn_id=self.kubernetes_conn_id,
                 cluster_context=self.cluster_context,
@@ -225,13 +229,28 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
                 get_logs=self.get_logs,
                 do_xcom_push=False,
                 schedule_timeout=self.schedule_timeout_seconds,
-                service_name=job.metadata.name,
+                service_name=name,
+                notice_after=notice_after,
             ),
             method_name="execute_complete",
         )
 
+    def _long_training_after(self) -> float | None:
+        """Seconds this try's pods may run before the team hears that the training runs long: what is left
+        of ``resources.expected_hours`` after the earlier tries; None where none is set or it was said."""
+        from trainyard.training.usage import wall_seconds
+        from trainyard_airflow.notifications import long_training_marker
+
+        expected = self.job_spec.resources.expected_hours
+        if expected is None or long_training_marker(self.run_key).exists():
+            return None
+        return max(0.0, expected * 3600 - wall_seconds(self._run_dir))
+
     def execute_complete(self, context: Context, event: dict, **kwargs):
         self._try = _attempt(context)
+        if event.get("status") == "long_training":  # the Job runs on: tell the team, wait again
+            self._tell_long_training(context, float(event.get("ran_s") or 0.0))
+            self._defer(event["name"], event["namespace"], list(event["pod_names"]), notice_after=None)
         try:
             result = super().execute_complete(context, event, **kwargs)
         except BaseException:
@@ -239,6 +258,20 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
             raise
         self._finish()
         return result
+
+    def _tell_long_training(self, context: Context, ran_s: float) -> None:
+        """The ``long_training`` notice, once per run (a failure to send it is logged: the training goes on)."""
+        from trainyard.notifications import due_once
+        from trainyard.training.usage import wall_seconds
+        from trainyard_airflow.notifications import long_training_marker, tell_long_training
+
+        marker = long_training_marker(self.run_key)
+        try:
+            if due_once(marker):
+                tell_long_training(self.job_spec, self.run_key, wall_seconds(self._run_dir) + ran_s, context)
+        except Exception:  # noqa: BLE001 - a notice must not stop the training
+            marker.unlink(missing_ok=True)
+            self.log.exception("could not tell that the training runs longer than expected")
 
     def on_kill(self) -> None:
         self.abort(None)

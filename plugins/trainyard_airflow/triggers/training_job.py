@@ -6,6 +6,9 @@
   ``execution_timeout`` is).
 - ``on_kill``: a user's "mark failed" / "clear" while the task is deferred deletes the Job (its pods go
   with it) and its Service. The provider's Pod trigger does this for a Pod; its Job trigger does not.
+- a word when the training runs long: with ``notice_after``, once the pods are scheduled and have run that
+  many seconds without the Job ending, the trigger ends with a ``long_training`` event; the operator tells
+  the team and defers again to a trigger without it (the Job runs on meanwhile).
 
 Everything else (waiting for the Job, the event the operator resumes with) is the provider's.
 """
@@ -33,17 +36,45 @@ def unscheduled(pods: list[Any]) -> list[str]:
 
 
 class TrainingJobTrigger(KubernetesJobTrigger):
-    def __init__(self, *, schedule_timeout: float, service_name: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        schedule_timeout: float,
+        service_name: str | None = None,
+        notice_after: float | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.schedule_timeout = schedule_timeout
         self.service_name = service_name
+        self.notice_after = notice_after
         self._fired = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         _, kwargs = super().serialize()
         return (
             f"{__name__}.{type(self).__name__}",
-            {**kwargs, "schedule_timeout": self.schedule_timeout, "service_name": self.service_name},
+            {
+                **kwargs,
+                "schedule_timeout": self.schedule_timeout,
+                "service_name": self.service_name,
+                "notice_after": self.notice_after,
+            },
+        )
+
+    def _event(self, status: str, message: str | None = None, **more: Any) -> TriggerEvent:
+        return TriggerEvent(
+            {
+                "name": self.job_name,
+                "namespace": self.job_namespace,
+                "status": status,
+                "pod_names": list(self.pod_names),
+                "pod_namespace": self.pod_namespace,
+                "job": None,
+                "xcom_result": None,
+                "message": message,
+                **more,
+            }
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -53,25 +84,29 @@ class TrainingJobTrigger(KubernetesJobTrigger):
         ):
             if time.monotonic() >= deadline:
                 self._fired = True
-                yield TriggerEvent(
-                    {
-                        "name": self.job_name,
-                        "namespace": self.job_namespace,
-                        "status": "error",
-                        "pod_names": list(self.pod_names),
-                        "pod_namespace": self.pod_namespace,
-                        "job": None,
-                        "xcom_result": None,
-                        "message": f"pods {waiting} were not scheduled within kubernetes.schedule_timeout_s="
-                        f"{self.schedule_timeout:g}s (a cluster queue, quota or no node with the GPUs?); "
-                        f"see `kubectl describe pod -n {self.pod_namespace} {waiting[0]}`",
-                    }
+                yield self._event(
+                    "error",
+                    f"pods {waiting} were not scheduled within kubernetes.schedule_timeout_s="
+                    f"{self.schedule_timeout:g}s (a cluster queue, quota or no node with the GPUs?); "
+                    f"see `kubectl describe pod -n {self.pod_namespace} {waiting[0]}`",
                 )
                 return
             await asyncio.sleep(self.poll_interval)
-        async for event in super().run():
-            self._fired = True
-            yield event
+        ended = super().run().__aiter__()
+        if self.notice_after is None:
+            event = await anext(ended)
+        else:
+            waiting_for_end = asyncio.ensure_future(anext(ended))
+            done, _ = await asyncio.wait({waiting_for_end}, timeout=max(0.0, self.notice_after))
+            if not done:  # still running: the operator tells the team, then waits again without this
+                waiting_for_end.cancel()
+                await asyncio.gather(waiting_for_end, return_exceptions=True)
+                self._fired = True
+                yield self._event("long_training", ran_s=self.notice_after)
+                return
+            event = waiting_for_end.result()
+        self._fired = True
+        yield event
 
     async def on_kill(self) -> None:
         if self._fired:  # the operator resumes and cleans up itself

@@ -405,3 +405,51 @@ def test_the_trigger_fails_pods_that_are_not_scheduled_in_time(run, cluster):
     event = asyncio.run(first_event())
     assert event["status"] == "error" and "kubernetes.schedule_timeout_s=0s" in event["message"]
     assert "not scheduled" in event["message"]
+
+
+def test_a_job_running_past_its_expected_hours_tells_its_team_once_and_runs_on(run, cluster, caplog):
+    """The trigger ends early with ``long_training`` once the scheduled pods have run the spec's expected
+    hours; the operator tells the team and defers again without it, the Job untouched; a retry that finds
+    the notice given does not ask again."""
+    import asyncio
+    import logging
+
+    from kubernetes import client
+
+    from trainyard_airflow.notifications import long_training_marker
+
+    spec = {**SPEC, "resources": {**SPEC["resources"], "expected_hours": 0.0001}}  # 0.36 s
+    with pytest.raises(TaskDeferred) as deferred:
+        launcher(run, spec).execute(context())
+    trigger = deferred.value.trigger
+    assert trigger.notice_after == pytest.approx(0.36)
+    assert TrainingJobTrigger(**trigger.serialize()[1]).notice_after == trigger.notice_after
+    name = K.job_name(parse_spec(spec), RUN_KEY, attempt=3)
+    cluster.schedule(cluster.pods_of(name), started=STARTED)
+    api = cluster.api_client()
+
+    class Hook:  # the async hook: the fake's pods, and a Job that is still running
+        async def get_pod(self, name, namespace):
+            return client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
+
+        async def wait_until_job_complete(self, name, namespace, poll_interval):
+            await asyncio.sleep(3600)
+
+    trigger.__dict__["hook"] = Hook()
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(asyncio.wait_for(first_event(), 30))
+    assert (event["status"], event["name"], event["ran_s"]) == ("long_training", name, trigger.notice_after)
+
+    with caplog.at_level(logging.INFO), pytest.raises(TaskDeferred) as again:
+        launcher(run, spec).execute_complete(context(), event)  # a fresh instance, as after deferral
+    assert "notice (long_training)" in caplog.text and long_training_marker(RUN_KEY).exists()
+    assert again.value.trigger.notice_after is None and again.value.trigger.pod_names == event["pod_names"]
+    assert cluster.names("jobs") == cluster.names("services") == [name]  # it trains on
+
+    with pytest.raises(TaskDeferred) as retried:
+        launcher(run, spec).execute(context(try_number=4))
+    assert retried.value.trigger.notice_after is None  # said once per run
