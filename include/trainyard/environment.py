@@ -9,6 +9,13 @@ from importlib import metadata
 
 DEPENDENCIES_TAG = "dependencies.sha256"
 DEPENDENCIES_ARTIFACT = "environment/dependencies.txt"
+# What the built-in trainer's own environment holds (rank 0 writes it into work/ as it starts; in a pod
+# that is the image's, which the Airflow worker that planned the run cannot see): recorded by the collect
+# step beside the worker's set
+TRAINER_FILE = "trainer_dependencies.txt"
+TRAINER_TAG = "trainer.dependencies.sha256"
+TRAINER_ARTIFACT = "environment/trainer_dependencies.txt"
+REQUIREMENT_LINE = re.compile(r"[a-z0-9][a-z0-9-]{0,99}==[^\s=]{1,100}")  # a line of installed()
 
 
 def _normal(name: str) -> str:

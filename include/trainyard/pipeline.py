@@ -170,6 +170,11 @@ def prepare_data(spec: JobSpec, dataset: dict) -> dict:
 
 
 # -- 3. training -------------------------------------------------------------------------------------------
+def in_pods(spec: JobSpec) -> bool:
+    """A built-in trainer in Kubernetes pods: its packages are its image's, not this worker's."""
+    return spec.backends.launcher == "kubernetes" and spec.recipe != "custom"
+
+
 def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, str] | None = None) -> str:
     """The run's MLflow run, with what it needs to be replayed: the dataset commit, the code version, the
     digest of the installed dependencies (the list as an artifact) and the whole spec (an artifact)."""
@@ -180,7 +185,9 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
     c = mt.client()
     dependencies = environment.installed()
     replayed: dict[str, str] = {}
-    if spec.replay_of:  # here, where it trains, the environment must be the version's (or say how it is not)
+    if spec.replay_of and in_pods(spec):  # the pods compare their image with the version's (training.entry)
+        replayed = {"replay_of": spec.replay_of}
+    elif spec.replay_of:  # here, where it trains, the environment must be the version's (or say how it is not)
         from trainyard import replay
 
         found = replay.check_environment(c, spec.replay_of, spec.replay_exact, mt.code_version(), dependencies)
@@ -248,6 +255,7 @@ def plan_training(
         metrics_file=str(metrics_path(out_dir)),
         trial_objective=trial_objective,
         histogram_dir=str(Path(work_dir(str(out_dir))) / "tensorboard"),
+        replay_dependencies=_version_trainer_dependencies(spec) if spec.replay_of and in_pods(spec) else None,
     )
     Path(cfg.out_dir).mkdir(exist_ok=True)
     cfg_path = cfg.dump(out_dir / RUN_CONFIG_FILE)
@@ -260,6 +268,16 @@ def plan_training(
         "mlflow_run_id": cfg.mlflow_run_id,
         "tensorboard_dir": cfg.tensorboard_dir,
     }
+
+
+def _version_trainer_dependencies(spec: JobSpec) -> list[str]:
+    """The dependency set the trainer of the version ``spec.replay_of`` had (:mod:`trainyard.replay`)."""
+    from trainyard import replay
+    from trainyard.tracking import mlflow_tracking as mt
+
+    assert spec.replay_of is not None
+    model, version = spec.replay_of.rsplit(":", 1)
+    return replay.trainer_dependencies(replay.recorded(mt.client(), model, version))
 
 
 def launch_local(
@@ -302,6 +320,8 @@ def collect_training(spec: JobSpec, plan: dict, result: bool = True, waited_s: f
     c = mt.client()
     metrics.relay(out_dir, c, plan["mlflow_run_id"], plan["tensorboard_dir"], on_line=log.info, final=True)
     metrics.copy_histograms(out_dir, plan["tensorboard_dir"])
+    if spec.recipe != "custom":  # a custom program's files say nothing the platform may record as its own
+        _record_trainer_environment(c, plan["mlflow_run_id"], out_dir)
     found = {} if not result else custom.collect(out_dir) if spec.recipe == "custom" else built_in_result(out_dir)
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
@@ -327,6 +347,39 @@ def collect_training(spec: JobSpec, plan: dict, result: bool = True, waited_s: f
         "tries": len(tries),
         "cost": cost,
     }
+
+
+TRAINER_RECORD_LIMIT = 1 << 20  # bytes of the trainer's dependency list read: a few hundred lines
+
+
+def _record_trainer_environment(c, run_id: str, out_dir: Path) -> None:
+    """The built-in trainer's own dependency set (a pod's is its image's) on the run: artifact
+    ``environment/trainer_dependencies.txt`` and its digest as a tag; and how a replay allowed to differ
+    differed where it trained (a pod's check). Written by the workers, so read as untrusted: a list that is
+    not ``name==version`` lines is logged and not recorded."""
+    from trainyard import environment, replay
+    from trainyard.training.entry import REPLAY_DIFFERENCES_FILE
+    from trainyard.training.run_config import open_untrusted, work_dir
+
+    work = Path(work_dir(str(out_dir)))
+    texts = {}
+    for name in (environment.TRAINER_FILE, REPLAY_DIFFERENCES_FILE):
+        with open_untrusted(work / name) as fd:
+            if fd is not None:
+                texts[name] = os.pread(fd, TRAINER_RECORD_LIMIT + 1, 0).decode("utf-8", "replace")
+    listed = texts.get(environment.TRAINER_FILE)
+    if listed is not None:
+        lines = listed.split()
+        if len(listed) > TRAINER_RECORD_LIMIT or not all(environment.REQUIREMENT_LINE.fullmatch(x) for x in lines):
+            log.warning("%s is not a list of name==version lines: not recorded", work / environment.TRAINER_FILE)
+        else:
+            record = out_dir / environment.TRAINER_FILE
+            record.write_text("\n".join(lines) + "\n")
+            c.log_artifact(run_id, str(record), environment.TRAINER_ARTIFACT.rsplit("/", 1)[0])
+            c.set_tag(run_id, environment.TRAINER_TAG, environment.digest(lines))
+    differed = texts.get(REPLAY_DIFFERENCES_FILE)
+    if differed is not None:
+        c.set_tag(run_id, replay.DIFFERENCES_TAG, differed.strip()[: replay.TAG_LIMIT] or "none")
 
 
 RESULT_LIMIT = 1 << 20  # bytes of train_result.json read: a result record is a few hundred

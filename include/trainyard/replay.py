@@ -40,6 +40,7 @@ class Recorded:
     dependencies: list[str] | None
     dependencies_sha256: str | None
     metrics: dict[str, float]
+    trainer_dependencies: list[str] | None = None  # what its trainer had (in a pod: the image's)
     rounded: frozenset[str] = frozenset()  # metrics known only as the version's tag, to 6 significant digits
 
 
@@ -47,7 +48,7 @@ def recorded(c, model: str, version: str) -> Recorded:
     """The version's record, or NotFoundError / CommandError saying why it cannot be replayed."""
     from mlflow.exceptions import MlflowException
 
-    from trainyard.environment import DEPENDENCIES_ARTIFACT, DEPENDENCIES_TAG
+    from trainyard.environment import DEPENDENCIES_ARTIFACT, DEPENDENCIES_TAG, TRAINER_ARTIFACT
     from trainyard.tracking.mlflow_tracking import read_artifact
 
     try:
@@ -61,6 +62,7 @@ def recorded(c, model: str, version: str) -> Recorded:
             "it cannot be replayed exactly"
         )
     deps = read_artifact(c, mv.run_id, DEPENDENCIES_ARTIFACT)
+    trainer = read_artifact(c, mv.run_id, TRAINER_ARTIFACT)
     run = c.get_run(mv.run_id)
     tags = mv.tags or {}
     names = [k.removeprefix("metric.") for k in tags if k.startswith("metric.")]
@@ -76,7 +78,19 @@ def recorded(c, model: str, version: str) -> Recorded:
         dependencies_sha256=tags.get(DEPENDENCIES_TAG),
         metrics={m: float(logged.get(f"eval_{m}", tags[f"metric.{m}"])) for m in names},
         rounded=frozenset(m for m in names if f"eval_{m}" not in logged),  # a custom program's, say
+        trainer_dependencies=trainer.split() if trainer is not None else None,
     )
+
+
+def trainer_dependencies(rec: Recorded) -> list[str]:
+    """What a replay's trainer must have: the version's trainer's set, or, for a version recorded before
+    trainers wrote theirs, the set of the worker that trained it (CommandError if neither was recorded)."""
+    found = rec.trainer_dependencies if rec.trainer_dependencies is not None else rec.dependencies
+    if found is None:
+        raise CommandError(
+            f"{rec.model} version {rec.version} recorded no dependency set: it cannot be replayed exactly"
+        )
+    return found
 
 
 def differences(rec: Recorded, code_version: str, dependencies: list[str]) -> list[str]:

@@ -36,7 +36,14 @@ def test_histograms_and_throughput_reach_tensorboard_and_mlflow(trainyard_home):
     assert first.num == 10 * 64 and first.min < 0 < first.max  # every weight of the layer, binned
 
     c = mt.client()
-    assert c.get_run(trained["mlflow_run_id"]).info.status == "FINISHED"  # MLflow shows the run ended
+    run = c.get_run(trained["mlflow_run_id"])
+    assert run.info.status == "FINISHED"  # MLflow shows the run ended
+    # the trainer's own packages recorded beside the worker's: here (one virtual environment) the same set
+    from trainyard import environment
+
+    assert run.data.tags[environment.TRAINER_TAG] == run.data.tags[environment.DEPENDENCIES_TAG]
+    listed = mt.read_artifact(c, run.info.run_id, environment.TRAINER_ARTIFACT)
+    assert listed is not None and "torch==" in listed
     history = c.get_metric_history(trained["mlflow_run_id"], "samples_per_second")
     assert history and all(m.value > 0 for m in history)
     eta = sorted(c.get_metric_history(trained["mlflow_run_id"], "eta_seconds"), key=lambda m: m.step)

@@ -152,3 +152,51 @@ def test_submit_checks_the_spec_here_and_needs_a_login(tmp_path, no_login, capsy
     for argv in (["runs", "status", "r1"], ["runs", "logs", "r1"], ["runs", "cancel", "r1"]):
         assert main(argv) == 1
         assert "no Airflow login" in capsys.readouterr().err
+
+
+def test_a_replays_trainer_in_a_pod_compares_its_own_packages_with_the_versions(tmp_path):
+    """In a pod the worker cannot see the image's packages, so the trainer checks itself: it writes its
+    set for the collect step, and, given the version's set, refuses a difference unless replay_exact is
+    false (then it writes the differences down). Only the first worker writes."""
+    from trainyard.training.entry import REPLAY_DIFFERENCES_FILE, check_environment
+    from trainyard.training.run_config import RunConfig
+
+    def cfg(expected, exact=True):
+        spec = parse_spec({"replay_of": "pets:1", "replay_exact": exact, "backends": {"launcher": "kubernetes"}})
+        return RunConfig(spec=spec, data={}, out_dir=str(tmp_path), replay_dependencies=expected)
+
+    check_environment(cfg(None), DEPS, first=False)
+    assert not (tmp_path / environment.TRAINER_FILE).exists()
+    check_environment(cfg(DEPS), DEPS, first=True)
+    assert (tmp_path / environment.TRAINER_FILE).read_text().split() == DEPS
+    assert (tmp_path / REPLAY_DIFFERENCES_FILE).read_text() == "none\n"
+    newer = ["numpy==2.1.0", "torch==2.13.0"]
+    with pytest.raises(SystemExit, match="(?s)differ from those pets:1 trained with.*dependency numpy: 2.0.0 -> 2.1.0"):
+        check_environment(cfg(DEPS), newer, first=True)
+    check_environment(cfg(DEPS, exact=False), newer, first=True)
+    assert (tmp_path / REPLAY_DIFFERENCES_FILE).read_text() == "dependency numpy: 2.0.0 -> 2.1.0\n"
+    # what the version's trainer had; an older version's worker set where no trainer set was recorded
+    assert replay.trainer_dependencies(_rec(trainer_dependencies=newer)) == newer
+    assert replay.trainer_dependencies(_rec()) == DEPS
+    with pytest.raises(CommandError, match="recorded no dependency set"):
+        replay.trainer_dependencies(_rec(dependencies=None))
+
+
+def test_a_kubernetes_replay_is_checked_in_its_pods_against_the_versions_trainer(trainyard_home, monkeypatch):
+    """Planning a replay of a version for Kubernetes: the worker's own packages are not compared (the
+    pods train in their image); the run config hands the pods the set the version's trainer had."""
+    from trainyard import paths, pipeline
+    from trainyard.tracking import mlflow_tracking as mt
+    from trainyard.training.run_config import RunConfig
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
+    c = mt.client()
+    _registered(c, "pets", ["not-this==1.0"])  # a worker set unlike this one: a local check would refuse
+    (run_id,) = [v.run_id for v in c.search_model_versions("name = 'pets'")]
+    image = ["numpy==2.0.0", "torch==2.13.0", "trainyard==9"]
+    c.log_text(run_id, "\n".join(image) + "\n", environment.TRAINER_ARTIFACT)
+    spec = parse_spec({"name": "pets", "replay_of": "pets:1", "backends": {"launcher": "kubernetes"}})
+    dataset = {"store": "local", "repo": "pets", "commit": "c" * 64, "digest": "d" * 64}
+    plan = pipeline.plan_training(spec, dataset, {"path": str(trainyard_home)}, "train_pipeline/replay-k8s")
+    assert RunConfig.load(plan["config_path"]).replay_dependencies == image
+    assert replay.DIFFERENCES_TAG not in c.get_run(plan["mlflow_run_id"]).data.tags  # the pods say, at collect

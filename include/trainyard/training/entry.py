@@ -4,11 +4,38 @@ torchrun (ddp, deepspeed) and horovodrun (horovod) start this module; the one lo
 (:mod:`trainyard.training.loop`) runs with the strategy the run's JobSpec names."""
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
+from trainyard import environment
+from trainyard.files import atomic_write
 from trainyard.training import strategies
 from trainyard.training.loop import train
 from trainyard.training.run_config import RunConfig
+
+REPLAY_DIFFERENCES_FILE = "replay_differences.txt"  # in work/: a replay allowed to differ says how
+
+
+def check_environment(cfg: RunConfig, installed: list[str], first: bool) -> None:
+    """Before training: this trainer's dependency set, written by the first worker into ``work/``; in a
+    replay that carries the version's set (a pod's), SystemExit naming each difference unless the spec's
+    ``replay_exact`` is false (then the first worker writes them down)."""
+    work = Path(cfg.out_dir)
+    if first:
+        atomic_write(work / environment.TRAINER_FILE, ("\n".join(installed) + "\n").encode())
+    if cfg.replay_dependencies is None:
+        return
+    different = environment.differences(cfg.replay_dependencies, installed)
+    if different and cfg.spec.replay_exact:
+        raise SystemExit(
+            f"this trainer's packages differ from those {cfg.spec.replay_of} trained with, so the replay would not "
+            "be exact (`trainyard replay --allow-different` trains anyway):\n"
+            + "\n".join(f"  dependency {line}" for line in different)
+        )
+    if first:
+        text = "\n".join(f"dependency {line}" for line in different) or "none"
+        atomic_write(work / REPLAY_DIFFERENCES_FILE, (text + "\n").encode())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="RunConfig JSON written by the train task")
     args = parser.parse_args(argv)
     cfg = RunConfig.load(args.config)
+    check_environment(cfg, environment.installed(), first=os.environ.get("RANK", "0") == "0")
     train(cfg, strategies.for_run(cfg))
     return 0
 

@@ -86,6 +86,9 @@ class RunConfig:
     # Where rank 0 writes its TensorBoard histograms when it writes a metrics file (a local worker): the
     # launching task copies them beside the run's scalars (trainyard.training.metrics.copy_histograms)
     histogram_dir: str | None = None
+    # A replay (spec.replay_of) trained in a pod: the dependency set the version's trainer had, which the
+    # workers compare with their own before they train (trainyard.training.entry); None otherwise
+    replay_dependencies: list[str] | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -102,6 +105,7 @@ class RunConfig:
             "metrics_file": self.metrics_file,
             "trial_objective": self.trial_objective,
             "histogram_dir": self.histogram_dir,
+            "replay_dependencies": self.replay_dependencies,
         }
 
     def dump(self, path: str | Path) -> Path:
