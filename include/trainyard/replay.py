@@ -115,10 +115,9 @@ def check_environment(c, replay_of: str, exact: bool, code_version: str, depende
     model, version = replay_of.rsplit(":", 1)
     different = differences(recorded(c, model, version), code_version, dependencies)
     if different and exact:
-        raise PermanentError(
+        raise PermanentError(  # one line: a task's failure is shown by its first line (notices, the log's summary)
             f"this worker's environment differs from the one {model} version {version} trained in, so the replay "
-            f"would not be exact (`trainyard replay --allow-different` trains anyway):\n"
-            + "\n".join(f"  {line}" for line in different)
+            f"would not be exact (`trainyard replay --allow-different` trains anyway): {'; '.join(different)}"
         )
     text = "\n".join(different) or "none"
     return text if len(text) <= TAG_LIMIT else text[: TAG_LIMIT - 20] + "\n... (more)"

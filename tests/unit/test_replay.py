@@ -116,7 +116,8 @@ def test_the_training_task_refuses_an_environment_unlike_the_versions_unless_tol
     assert replay.check_environment(c, "pets:1", True, "abc", DEPS) == "none"
     more = [*DEPS, "zlib-probe==1.0"]
     with pytest.raises(
-        PermanentError, match="(?s)differs from the one pets version 1 trained in.*zlib-probe: not recorded -> 1.0"
+        PermanentError,
+        match="differs from the one pets version 1 trained in.*: dependency zlib-probe: not recorded -> 1.0",
     ):
         replay.check_environment(c, "pets:1", True, "abc", more)
     with pytest.raises(PermanentError, match="code version: recorded abc, here def"):
@@ -171,7 +172,7 @@ def test_a_replays_trainer_in_a_pod_compares_its_own_packages_with_the_versions(
     assert (tmp_path / environment.TRAINER_FILE).read_text().split() == DEPS
     assert (tmp_path / REPLAY_DIFFERENCES_FILE).read_text() == "none\n"
     newer = ["numpy==2.1.0", "torch==2.13.0"]
-    with pytest.raises(SystemExit, match="(?s)differ from those pets:1 trained with.*dependency numpy: 2.0.0 -> 2.1.0"):
+    with pytest.raises(SystemExit, match="differ from those pets:1 trained with.*: dependency numpy: 2.0.0 -> 2.1.0"):
         check_environment(cfg(DEPS), newer, first=True)
     check_environment(cfg(DEPS, exact=False), newer, first=True)
     assert (tmp_path / REPLAY_DIFFERENCES_FILE).read_text() == "dependency numpy: 2.0.0 -> 2.1.0\n"

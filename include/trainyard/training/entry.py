@@ -30,8 +30,8 @@ def check_environment(cfg: RunConfig, installed: list[str], first: bool) -> None
     if different and cfg.spec.replay_exact:
         raise SystemExit(
             f"this trainer's packages differ from those {cfg.spec.replay_of} trained with, so the replay would not "
-            "be exact (`trainyard replay --allow-different` trains anyway):\n"
-            + "\n".join(f"  dependency {line}" for line in different)
+            "be exact (`trainyard replay --allow-different` trains anyway): "
+            + "; ".join(f"dependency {line}" for line in different)
         )
     if first:
         text = "\n".join(f"dependency {line}" for line in different) or "none"
