@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from kubernetes.client import models as k8s
 from kubernetes.client.rest import ApiException
@@ -43,7 +44,7 @@ from trainyard.errors import spec_error_message
 from trainyard.spec import JobSpec, SpecError, parse_spec
 from trainyard.training.launchers import kubernetes as launcher
 from trainyard.training.run_config import RunConfig
-from trainyard_airflow.triggers.training_job import TrainingJobTrigger
+from trainyard_airflow.triggers.training_job import TrainingJobTrigger, TrainingPodTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -124,6 +125,31 @@ class _TrainingRun:
             seam.record(spec, self._run_dir, launcher.running_interval(pods))
         except Exception as err:  # logged only: see the docstring
             self.log.warning("could not record the usage of try %s: %s", self._try, err)
+
+    def _long_training_after(self) -> float | None:
+        """Seconds this try's pods may run before the team hears that the training runs long: what is left
+        of ``resources.expected_hours`` after the earlier tries; None where none is set or it was said."""
+        from trainyard.training.usage import wall_seconds
+        from trainyard_airflow.notifications import long_training_marker
+
+        expected = self.job_spec.resources.expected_hours
+        if expected is None or long_training_marker(self.run_key).exists():
+            return None
+        return max(0.0, expected * 3600 - wall_seconds(self._run_dir))
+
+    def _tell_long_training(self, context: Context, ran_s: float) -> None:
+        """The ``long_training`` notice, once per run (a failure to send it is logged: the training goes on)."""
+        from trainyard.notifications import due_once
+        from trainyard.training.usage import wall_seconds
+        from trainyard_airflow.notifications import long_training_marker, tell_long_training
+
+        marker = long_training_marker(self.run_key)
+        try:
+            if due_once(marker):
+                tell_long_training(self.job_spec, self.run_key, wall_seconds(self._run_dir) + ran_s, context)
+        except Exception:  # noqa: BLE001 - a notice must not stop the training
+            marker.unlink(missing_ok=True)
+            self.log.exception("could not tell that the training runs longer than expected")
 
     def _delete(self, what: str, call: Callable[..., Any], **kwargs: Any) -> None:
         """Delete one object; already gone is fine, any other failure is logged (see the module docstring)."""
@@ -235,17 +261,6 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
             method_name="execute_complete",
         )
 
-    def _long_training_after(self) -> float | None:
-        """Seconds this try's pods may run before the team hears that the training runs long: what is left
-        of ``resources.expected_hours`` after the earlier tries; None where none is set or it was said."""
-        from trainyard.training.usage import wall_seconds
-        from trainyard_airflow.notifications import long_training_marker
-
-        expected = self.job_spec.resources.expected_hours
-        if expected is None or long_training_marker(self.run_key).exists():
-            return None
-        return max(0.0, expected * 3600 - wall_seconds(self._run_dir))
-
     def execute_complete(self, context: Context, event: dict, **kwargs):
         self._try = _attempt(context)
         if event.get("status") == "long_training":  # the Job runs on: tell the team, wait again
@@ -258,20 +273,6 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
             raise
         self._finish()
         return result
-
-    def _tell_long_training(self, context: Context, ran_s: float) -> None:
-        """The ``long_training`` notice, once per run (a failure to send it is logged: the training goes on)."""
-        from trainyard.notifications import due_once
-        from trainyard.training.usage import wall_seconds
-        from trainyard_airflow.notifications import long_training_marker, tell_long_training
-
-        marker = long_training_marker(self.run_key)
-        try:
-            if due_once(marker):
-                tell_long_training(self.job_spec, self.run_key, wall_seconds(self._run_dir) + ran_s, context)
-        except Exception:  # noqa: BLE001 - a notice must not stop the training
-            marker.unlink(missing_ok=True)
-            self.log.exception("could not tell that the training runs longer than expected")
 
     def on_kill(self) -> None:
         self.abort(None)
@@ -411,8 +412,29 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
             self.abort(context)
             raise
 
+    def invoke_defer_method(self, last_log_time: Any = None, context: Context | None = None) -> None:
+        """The provider's deferral, to :class:`TrainingPodTrigger` where the team is still to hear that the
+        training runs long (``resources.expected_hours``)."""
+        try:
+            super().invoke_defer_method(last_log_time=last_log_time, context=context)
+        except TaskDeferred as deferred:
+            notice_after = self._long_training_after()
+            if notice_after is None or not isinstance(deferred.trigger, KubernetesPodTrigger):
+                raise
+            _, kwargs = deferred.trigger.serialize()
+            raise TaskDeferred(
+                trigger=TrainingPodTrigger(**kwargs, notice_after=notice_after),
+                method_name=deferred.method_name,
+                kwargs=deferred.kwargs,
+                timeout=deferred.timeout,
+            ) from None
+
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         self._try = _attempt(context)
+        if event.get("status") == "long_training":  # the pod runs on: tell the team, wait again
+            self._tell_long_training(context, float(event.get("ran_s") or 0.0))
+            self.pod = self.hook.get_pod(event["name"], event["namespace"])
+            self.invoke_defer_method(last_log_time=event.get("last_log_time"), context=context)
         try:
             return super().trigger_reentry(context, event)
         except TaskDeferred:

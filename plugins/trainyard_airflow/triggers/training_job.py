@@ -8,7 +8,8 @@
   with it) and its Service. The provider's Pod trigger does this for a Pod; its Job trigger does not.
 - a word when the training runs long: with ``notice_after``, once the pods are scheduled and have run that
   many seconds without the Job ending, the trigger ends with a ``long_training`` event; the operator tells
-  the team and defers again to a trigger without it (the Job runs on meanwhile).
+  the team and defers again to a trigger without it (the Job runs on meanwhile). A single-node training's
+  bare Pod gets the same from :class:`TrainingPodTrigger`.
 
 Everything else (waiting for the Job, the event the operator resumes with) is the provider's.
 """
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
+from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.triggers.base import TriggerEvent
 from kubernetes_asyncio import client as async_client
 
@@ -33,6 +35,21 @@ def unscheduled(pods: list[Any]) -> list[str]:
         if not any(c.type == "PodScheduled" and c.status == "True" for c in conditions):
             out.append(pod.metadata.name)
     return out
+
+
+async def first_event_or_none(events: AsyncIterator[TriggerEvent], within: float | None) -> TriggerEvent | None:
+    """The first event ``events`` yields, or None if ``within`` seconds pass first (the watch is then
+    cancelled); ``within`` None: wait for it however long."""
+    watch = events.__aiter__()
+    if within is None:
+        return await anext(watch)
+    first = asyncio.ensure_future(anext(watch))
+    done, _ = await asyncio.wait({first}, timeout=max(0.0, within))
+    if done:
+        return first.result()
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    return None
 
 
 class TrainingJobTrigger(KubernetesJobTrigger):
@@ -92,20 +109,11 @@ class TrainingJobTrigger(KubernetesJobTrigger):
                 )
                 return
             await asyncio.sleep(self.poll_interval)
-        ended = super().run().__aiter__()
-        if self.notice_after is None:
-            event = await anext(ended)
-        else:
-            waiting_for_end = asyncio.ensure_future(anext(ended))
-            done, _ = await asyncio.wait({waiting_for_end}, timeout=max(0.0, self.notice_after))
-            if not done:  # still running: the operator tells the team, then waits again without this
-                waiting_for_end.cancel()
-                await asyncio.gather(waiting_for_end, return_exceptions=True)
-                self._fired = True
-                yield self._event("long_training", ran_s=self.notice_after)
-                return
-            event = waiting_for_end.result()
+        event = await first_event_or_none(super().run(), self.notice_after)
         self._fired = True
+        if event is None:  # still running: the operator tells the team, then waits again without this
+            yield self._event("long_training", ran_s=self.notice_after)
+            return
         yield event
 
     async def on_kill(self) -> None:
@@ -127,3 +135,35 @@ class TrainingJobTrigger(KubernetesJobTrigger):
                 except async_client.ApiException as err:
                     if err.status != 404:
                         raise
+
+
+class TrainingPodTrigger(KubernetesPodTrigger):
+    """The provider's Pod trigger for a single-node training, plus the ``long_training`` word: with
+    ``notice_after``, once that many seconds have passed since the trigger started without the pod
+    ending, it ends with a ``long_training`` event (the pod keeps running; the operator tells the team and
+    defers again to the provider's own trigger)."""
+
+    def __init__(self, *, notice_after: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.notice_after = notice_after
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        _, kwargs = super().serialize()
+        return f"{__name__}.{type(self).__name__}", {**kwargs, "notice_after": self.notice_after}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        event = await first_event_or_none(super().run(), self.notice_after)
+        self._fired_event = True  # either way the operator resumes: a kill from here on is its to handle
+        if event is None:
+            yield TriggerEvent(
+                {
+                    "status": "long_training",
+                    "namespace": self.pod_namespace,
+                    "name": self.pod_name,
+                    "message": f"still running after {self.notice_after:g}s",
+                    "ran_s": self.notice_after,
+                    "last_log_time": self.last_log_time,
+                }
+            )
+            return
+        yield event

@@ -453,3 +453,42 @@ def test_a_job_running_past_its_expected_hours_tells_its_team_once_and_runs_on(r
     with pytest.raises(TaskDeferred) as retried:
         launcher(run, spec).execute(context(try_number=4))
     assert retried.value.trigger.notice_after is None  # said once per run
+
+
+def test_a_single_node_pod_past_its_expected_hours_tells_its_team_once_and_runs_on(run, cluster, caplog):
+    """The same for one bare Pod: the provider's Pod trigger, wrapped so that it ends early with
+    ``long_training``; the operator tells the team and defers again to the provider's own trigger."""
+    import asyncio
+    import logging
+
+    from trainyard_airflow.notifications import long_training_marker
+    from trainyard_airflow.triggers.training_job import TrainingPodTrigger
+
+    spec = {**SINGLE, "resources": {**SINGLE["resources"], "expected_hours": 0.0001}}  # 0.36 s
+    with pytest.raises(TaskDeferred) as deferred:
+        launcher(run, spec).execute(context())
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, TrainingPodTrigger) and trigger.notice_after == pytest.approx(0.36)
+    assert deferred.value.method_name == "trigger_reentry"
+    classpath, kwargs = trigger.serialize()
+    assert classpath.endswith("TrainingPodTrigger") and TrainingPodTrigger(**kwargs).serialize() == (classpath, kwargs)
+    name = K.job_name(parse_spec(spec), RUN_KEY, attempt=3)
+
+    async def still_running():
+        await asyncio.sleep(3600)
+        yield None  # never reached: an async generator that does not end
+
+    trigger._wait_for_pod_start_within_deadline = lambda: still_running().__anext__()
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(asyncio.wait_for(first_event(), 30))
+    assert (event["status"], event["name"], event["ran_s"]) == ("long_training", name, trigger.notice_after)
+
+    with caplog.at_level(logging.INFO), pytest.raises(TaskDeferred) as again:
+        launcher(run, spec).trigger_reentry(context(), event)  # a fresh instance, as after deferral
+    assert "notice (long_training)" in caplog.text and long_training_marker(RUN_KEY).exists()
+    assert type(again.value.trigger) is KubernetesPodTrigger and again.value.trigger.pod_name == name
+    assert cluster.names("pods") == [name]  # it trains on
