@@ -78,13 +78,17 @@ def main() -> None:
         raise SystemExit(f"{first['model_path']} held no weights to compare: is it still a state dict?")
     names = sorted(k for k in first if k.startswith("val_"))
     for i, (result, weights) in enumerate(runs[1:], start=1):
-        same_keys = weights.keys() == w0.keys()
-        worst = max((float((weights[k].double() - w0[k].double()).abs().max()) for k in w0), default=0.0)
+        same_keys = weights.keys() == w0.keys() and all(weights[k].shape == w0[k].shape for k in w0)
+        worst = (
+            max((float((weights[k].double() - w0[k].double()).abs().max()) for k in w0), default=0.0)
+            if same_keys
+            else None
+        )
         rows.append(
             {
                 "run": i,
                 "metrics": {n: result.get(n) - first[n] for n in names},
-                "weights_max_abs_diff": worst if same_keys else None,
+                "weights_max_abs_diff": worst,
                 "bit_exact": same_keys
                 and all(torch.equal(weights[k], w0[k]) for k in w0)
                 and all(result.get(n) == first[n] for n in names),
@@ -109,8 +113,12 @@ def main() -> None:
     for r in rows:
         diffs = ", ".join(f"{n} {d:+.3g}" for n, d in r["metrics"].items())
         verdict = "bit-exact" if r["bit_exact"] else "differs"
-        worst = r["weights_max_abs_diff"]
-        print(f"  run {r['run']}: {verdict}; {diffs}; the {len(w0)} weight tensors' max |diff| {worst:.3g}")
+        worst = (
+            "not comparable (other tensors)"
+            if r["weights_max_abs_diff"] is None
+            else f"{r['weights_max_abs_diff']:.3g}"
+        )
+        print(f"  run {r['run']}: {verdict}; {diffs}; the {len(w0)} weight tensors' max |diff| {worst}")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
 

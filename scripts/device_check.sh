@@ -18,7 +18,10 @@ export PYTHONPATH=/tmp/site:$PWD/include PYTHONUNBUFFERED=1 TRAINYARD_HOME=/tmp/
 } 2>&1 | tee "$OUT/machine.txt"
 timeout "${TEST_LIMIT:-330}" python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -v -rA --durations=0 2>&1 |
     tee "$OUT/gpu_tests.log"
-echo "tests: exit ${PIPESTATUS[0]}" | tee -a "$OUT/gpu_tests.log"
+tests=${PIPESTATUS[0]}
+echo "tests: exit $tests" | tee -a "$OUT/gpu_tests.log"
 timeout "${BENCH_LIMIT:-200}" python3 bench/gpu.py --steps "${BENCH_STEPS:-60}" --warmup 15 --out "$OUT/gpu.json" 2>&1 |
     tee "$OUT/bench_gpu.log"
-echo "bench: exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench_gpu.log"
+bench=${PIPESTATUS[0]}
+echo "bench: exit $bench" | tee -a "$OUT/bench_gpu.log"
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]  # the script's status: both passed

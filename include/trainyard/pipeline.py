@@ -306,19 +306,23 @@ def launch_local(
     )
 
 
-def collect_training(spec: JobSpec, plan: dict, result: bool = True, waited_s: float | None = None) -> dict:
+def collect_training(
+    spec: JobSpec, plan: dict, result: bool = True, waited_s: float | None = None, stopped: bool = False
+) -> dict:
     """What the workers left: train_result.json (built-in recipes) or the custom metrics file, their
     metrics not relayed to MLflow yet; plus the GPU time of every try (the launchers' usage records: a retry
     adds to it, queue time is not in it) and its cost. ``result=False``: the curves, time and cost only
     (a sweep trial its pruner stopped left no model). ``waited_s``: the job's wait in the queue, logged
-    as ``queue_wait_seconds``."""
+    as ``queue_wait_seconds``. ``stopped``: the workers were killed, so a last line without its newline
+    was cut off, not finished."""
     from trainyard.scheduling.resources import resources_in_force, run_cost
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training import custom, metrics, usage
 
     out_dir = Path(plan["run_dir"])
     c = mt.client()
-    metrics.relay(out_dir, c, plan["mlflow_run_id"], plan["tensorboard_dir"], on_line=log.info, final=True)
+    relay_final = not stopped
+    metrics.relay(out_dir, c, plan["mlflow_run_id"], plan["tensorboard_dir"], on_line=log.info, final=relay_final)
     metrics.copy_histograms(out_dir, plan["tensorboard_dir"])
     if spec.recipe != "custom":  # a custom program's files say nothing the platform may record as its own
         _record_trainer_environment(c, plan["mlflow_run_id"], out_dir)
@@ -444,18 +448,23 @@ def train(
     """Local training in one step: plan (the MLflow run with ``tags``), launch on this machine (on
     ``devices`` if given; stopped once ``stop`` is set), collect (with ``waited_s``, its wait in the
     queue). Resumes from the run's newest checkpoint, so a retry continues instead of starting over.
-    A sweep trial's workers report ``trial_objective`` each epoch; once ``pruned()`` says the pruner
-    stopped them, only their curves, time and cost are collected."""
+    A sweep trial's workers report ``trial_objective`` each epoch; where ``pruned()``, asked once the
+    workers have ended, says the pruner stopped them, only their curves, time and cost are collected."""
+    from trainyard.training.launchers.local import WorkersStopped
+
     plan = plan_training(spec, dataset, data, run_key, tags, trial_objective)
-    with _failed_run_on_error(plan):
+    with _failed_run_on_error(plan):  # a collect that fails leaves no run RUNNING either
         try:
             launch_local(spec, data, plan, on_line, devices, stop)
-        except Exception as err:
-            if not (pruned() and stop is not None and stop.is_set()):
+            stopped = False
+        except WorkersStopped:
+            if not pruned():
                 raise
             # the pruner's word, then the stop, ended them (they did not end of themselves): pruned all the same
-            log.info("sweep: the trial's workers were stopped after the pruner's word (%s)", str(err).splitlines()[0])
-    return collect_training(spec, plan, result=not pruned(), waited_s=waited_s)
+            log.info("sweep: the trial's workers were stopped after the pruner's word")
+            stopped = True
+        was_pruned = pruned()  # asked once the workers have ended: the answer holds from here on
+        return collect_training(spec, plan, result=not was_pruned, waited_s=waited_s, stopped=stopped)
 
 
 @contextlib.contextmanager
@@ -527,7 +536,7 @@ def train_trial(
             tags={**(tags or {}), **trial_tags},
             waited_s=waited_s,
             trial_objective=objective,
-            pruned=lambda: watcher.pruned_at is not None,
+            pruned=watcher.settle,
         )
 
     return run_trial(spec, sweep_run, slot, launch, lost=stop, of_lineage=lineage(spec, dataset))

@@ -54,6 +54,8 @@ def recorded(c, model: str, version: str) -> Recorded:
     try:
         mv = c.get_model_version(model, str(version))
     except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise  # the registry away for a moment: a retry may find it
         raise NotFoundError(f"{model} version {version}: {err.message}") from None
     spec = read_artifact(c, mv.run_id, "spec/job_spec.json")
     if spec is None:

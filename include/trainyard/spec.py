@@ -276,8 +276,9 @@ class KubernetesSpec(_Model):
 class CustomCommand(_Model):
     """Bring your own training: an image and a command instead of a built-in recipe. The platform still
     provides the rendezvous environment (MASTER_ADDR, RANK, ...), TRAINYARD_DATA_DIR, TRAINYARD_CHECKPOINT_DIR,
-    TRAINYARD_OUTPUT_DIR (write model.onnx there) and TRAINYARD_METRICS_FILE (JSON lines:
-    {"step": n, "name": value, ...})."""
+    TRAINYARD_OUTPUT_DIR (write model.onnx there), TRAINYARD_METRICS_FILE (JSON lines:
+    {"step": n, "name": value, ...}), TRAINYARD_HYPERPARAMETERS (the spec's hyperparameters as JSON) and, in
+    a sweep trial, TRAINYARD_TRIAL_VERDICT_FILE (see trainyard.training.custom)."""
 
     command: tuple[str, ...] = Field(
         min_length=1, description="argv of the program (no shell), e.g. [python, train.py]"
@@ -425,7 +426,12 @@ class Sweep(_Model):
     )
     parameters: tuple[SearchParameter, ...] = Field(min_length=1, description="the search space")
     objective: str = Field(
-        "val_accuracy", pattern=r"^[a-z0-9_]+$", description="the val metric each trial is judged by"
+        "val_accuracy",
+        pattern=r"^[a-z0-9_]+$",
+        description=(
+            "the metric each trial is judged by: a val metric the recipe reports after each epoch, or, for "
+            "recipe custom, a metric the program reports once per epoch (lowercase letters, digits, '_')"
+        ),
     )
     direction: Literal["maximize", "minimize"] = Field("maximize", description="better is higher or lower")
     trials: int = Field(8, ge=1, le=1000, description="trials this run adds to the study")
@@ -677,10 +683,16 @@ def _fields_md(intro: str, section: dict[str, Any]) -> str:
 SPEC_DIGEST_TAG = "spec.sha256"  # on a run and its registered version: the identity of the spec it trained
 
 
+# Fields that say how a run is checked, not what it trains: left out of the identity of what is trained (a
+# field added with its default would otherwise change every spec's digest and retrain every job once)
+NOT_TRAINED = {"replay_exact"}
+
+
 def spec_digest(spec: JobSpec) -> str:
     """The identity of what a run trains: SHA-256 of the spec's canonical JSON (every field, defaults
     included, so a default that changes between versions of trainyard counts as a change)."""
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    raw = spec.model_dump(mode="json", exclude=NOT_TRAINED)
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -201,3 +201,12 @@ def test_a_kubernetes_replay_is_checked_in_its_pods_against_the_versions_trainer
     plan = pipeline.plan_training(spec, dataset, {"path": str(trainyard_home)}, "train_pipeline/replay-k8s")
     assert RunConfig.load(plan["config_path"]).replay_dependencies == image
     assert replay.DIFFERENCES_TAG not in c.get_run(plan["mlflow_run_id"]).data.tags  # the pods say, at collect
+
+
+def test_how_a_run_is_checked_is_not_part_of_what_it_trains():
+    """replay_exact says how a replay is checked: the digest of what is trained (retraining's memory, a
+    sweep's lineage) is the same with or without it (and the same as before the field existed: checked
+    against 9f3f185 when it was added)."""
+    from trainyard.spec import spec_digest
+
+    assert spec_digest(parse_spec({})) == spec_digest(parse_spec({"replay_exact": False}))

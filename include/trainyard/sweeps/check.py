@@ -27,6 +27,16 @@ def check_sweep(spec: JobSpec, fleet: ResourcesConfig) -> None:
     if spec.recipe == "custom":
         # the program's metrics are its own: the objective is whatever it reports (trainyard.training.custom)
         known = None
+        if sweep.objective == "step":
+            problems.append("sweep.objective: 'step' numbers a metrics line; name a metric the program reports")
+        for i, p in enumerate(sweep.parameters):
+            if p.field[0] != "hyperparameters":
+                problems.append(
+                    f"sweep.parameters[{i}].name: a custom program takes no recipe_options; sweep "
+                    "hyperparameters.* (it reads them from TRAINYARD_HYPERPARAMETERS)"
+                )
+        if problems:
+            raise SpecError(spec_error_message(problems))
     else:
         recipe = recipes.get(spec.recipe)
         known = sorted(f"val_{m}" for m in recipe.epoch_metrics)  # what a trial reports after every epoch

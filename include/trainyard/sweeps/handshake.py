@@ -8,6 +8,9 @@ and never open the study, which the platform alone writes).
 * rank 0 waits for the answer, and every rank learns it in one collective, so all of them stop at the same
   reporting point (a rank that went on alone would wait forever in its next all-reduce).
 
+A custom program (``recipe: custom``) reports through its metrics file instead (the lines holding the
+objective: :class:`trainyard.sweeps.trials.Watcher`), and the answers go to the same verdict file.
+
 The workers are not trusted: what they report is read like their metrics file (no link followed, a bad
 line fails the trial), and the trial's state is decided by the platform from its own pruner, not by what
 the workers do with the answer; a worker that goes on after a stop is stopped (``Watcher``).

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard import paths
 from trainyard.errors import PermanentError
-from trainyard.spec import JobSpec, SearchParameter, Sweep
+from trainyard.spec import NOT_TRAINED, JobSpec, SearchParameter, Sweep
 
 if TYPE_CHECKING:
     import optuna
@@ -263,7 +263,7 @@ def lineage(spec: JobSpec, dataset: dict) -> str:
     import json
 
     sweep = _sweep(spec)
-    raw = spec.model_dump(mode="json", exclude={"sweep"})
+    raw = spec.model_dump(mode="json", exclude={"sweep", *NOT_TRAINED})
     for p in sweep.parameters:
         section, key = p.field
         raw[section].pop(key, None)

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often the watcher reads the workers' reports
 GRACE_S = 60.0  # how long workers told to stop may take before they are stopped
 REPORTS_LIMIT = 1 << 20  # bytes of reports read: a line per epoch
+WATCH_READ = 1 << 20  # bytes of a custom program's metrics file read per look
+MAX_POINTS = 100_000  # reporting points of a trial (a report per epoch; hyperparameters.epochs is at most 1000)
 
 
 def trial_key(sweep_run: str, number: int) -> str:
@@ -67,7 +69,10 @@ class Watcher:
 
     ``objective_in_metrics``: a custom program's trial, whose reports are the lines of its metrics file
     holding that metric (:mod:`trainyard.training.custom`: the n-th such line with a new step is
-    reporting point n); the answers go to the same verdict file."""
+    reporting point n, at most ``max_points`` of them); the answers go to the same verdict file.
+
+    :meth:`settle` (once the workers have ended) fixes whether the trial was pruned: later looks report
+    what they find to the trial, but decide nothing."""
 
     def __init__(
         self,
@@ -77,12 +82,15 @@ class Watcher:
         grace_s: float | None = None,
         poll_s: float = POLL_S,
         objective_in_metrics: str | None = None,
+        max_points: int = MAX_POINTS,
     ) -> None:
         self.trial, self.work = trial, Path(work_dir)
         self.lost, self.poll_s = lost, poll_s
         self.grace_s = GRACE_S if grace_s is None else grace_s
-        self.objective_in_metrics = objective_in_metrics
+        self.objective_in_metrics, self.max_points = objective_in_metrics, max_points
         self._last_step, self._points = -1, 0  # the metrics line of the last reporting point: its step, number
+        self._inode: int | None = None  # of the metrics file read: a file replaced under it is read anew
+        self._settled = False
         self.halt = threading.Event()
         self.overstayed = False  # the workers were stopped because they went on after being told to stop
         self.pruned_at: int | None = None
@@ -99,9 +107,16 @@ class Watcher:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
+        self._settled = True
         if self.error is None:
             with contextlib.suppress(Exception):
                 self._pass(answer=False)  # what rank 0 reported last, after the thread's last look
+
+    def settle(self) -> bool:
+        """The workers have ended: whether the pruner stopped the trial, fixed from now on (a report read
+        later is recorded, not judged); False where the workers' reports failed the trial (``error``)."""
+        self._settled = True
+        return self.pruned_at is not None and self.error is None
 
     def _run(self) -> None:
         stop_by: float | None = None
@@ -133,9 +148,14 @@ class Watcher:
                 # reports past the trial's end: answered, not reported
                 prune = self.pruned_at is not None
             else:
+                if len(self.reported) >= self.max_points:
+                    raise WorkerOutputError(
+                        f"{self.work}: more than {self.max_points} reporting points of the objective (report it "
+                        "once per epoch, at most hyperparameters.epochs times)"
+                    )
                 self.reported[epoch] = value
                 self.trial.report(value, epoch)
-                prune = self.pruned_at is not None or bool(self.trial.should_prune())
+                prune = not self._settled and bool(self.trial.should_prune())
                 if prune and self.pruned_at is None:
                     self.pruned_at = epoch
                     log.info("sweep: the pruner stops trial %d after epoch %d (%s)", self.trial.number, epoch, value)
@@ -161,34 +181,36 @@ class Watcher:
             yield _report(line, path)
 
     def _metrics_reports(self, objective: str) -> Iterator[tuple[int, float]]:
-        from trainyard.training.metrics import METRICS_FILE, READ_LIMIT, parse_line
+        """One chunk of the metrics file a look (so that a stop, a lost lease or the grace is seen between
+        chunks however fast the program writes); a file replaced or cut short is read from its start
+        again, its repeated steps answered, not reported."""
+        from trainyard.training.metrics import METRICS_FILE, parse_line
 
         path = self.work / METRICS_FILE
-        while True:
-            with open_untrusted(path) as fd:
-                if fd is None:
-                    return
-                chunk = os.pread(fd, READ_LIMIT, self._offset)
-            end = chunk.rfind(b"\n") + 1
-            if end == 0:
-                if len(chunk) == READ_LIMIT:
-                    raise WorkerOutputError(f"{path}: a line longer than {READ_LIMIT} bytes")
+        with open_untrusted(path) as fd:
+            if fd is None:
                 return
-            self._offset += end
-            for line in chunk[:end].splitlines():
-                if not line.strip():
-                    continue
-                step, points = parse_line(line, str(path))
-                value = dict(points).get(objective)
-                if value is None:
-                    continue
-                if step > self._last_step:
-                    self._last_step, self._points = step, self._points + 1
-                    yield self._points, value
-                elif self._points:  # a program restarted from a checkpoint reports again: answered again
-                    yield self._points, value
-            if len(chunk) < READ_LIMIT:
-                return
+            st = os.fstat(fd)
+            if st.st_ino != self._inode or st.st_size < self._offset:
+                self._inode, self._offset = st.st_ino, 0
+            chunk = os.pread(fd, WATCH_READ, self._offset)
+        end = chunk.rfind(b"\n") + 1
+        if end == 0 and len(chunk) == WATCH_READ:
+            raise WorkerOutputError(f"{path}: a line longer than {WATCH_READ} bytes")
+        at, self._offset = self._offset, self._offset + end
+        for line in chunk[: max(end - 1, 0)].split(b"\n") if end else []:
+            where, at = f"{path} (the line at byte {at})", at + len(line) + 1
+            if not line.strip():
+                continue
+            step, points = parse_line(line, where)
+            value = dict(points).get(objective)
+            if value is None:
+                continue
+            if step > self._last_step:
+                self._last_step, self._points = step, self._points + 1
+                yield self._points, value
+            elif self._points:  # a program restarted from a checkpoint reports again: answered again
+                yield self._points, value
 
 
 def _report(line: bytes, path: Path) -> tuple[int, float]:
@@ -264,16 +286,14 @@ def run_trial(
         tags = {"sweep.name": sweep.name, "sweep.trial": str(trial.number), "sweep.run": sweep_run}
         run_dir = trial_run_dir(trial_spec, key)
         in_metrics = sweep.objective if spec.recipe == "custom" else None  # a custom program reports no other way
-        with Watcher(trial, run_dir / "work", lost, objective_in_metrics=in_metrics) as watcher:
+        epochs = trial_spec.hyperparameters.epochs
+        with Watcher(trial, run_dir / "work", lost, objective_in_metrics=in_metrics, max_points=epochs) as watcher:
             try:
                 result = train(trial_spec, key, tags, watcher)
             except Exception:
                 if watcher.error is not None:  # the workers were stopped for it
                     raise watcher.error from None
-                if not watcher.overstayed:
-                    raise
-                log.warning("trial %d: its workers were stopped after the pruner's word", trial.number, exc_info=True)
-                result = {}  # pruned all the same
+                raise
         if watcher.error is not None:
             raise watcher.error
         if watcher.pruned_at is not None:
@@ -291,7 +311,12 @@ def run_trial(
         measured = {**result.get("final_metrics", {}), **result}  # a custom program's last reports too
         value = measured.get(sweep.objective)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise SweepError(f"trial {trial.number} ended without a finite {sweep.objective} (got {value!r})")
+            where = (
+                " (a custom program reports it in its metrics file, once per epoch: trainyard.training.custom)"
+                if spec.recipe == "custom"
+                else ""
+            )
+            raise SweepError(f"trial {trial.number} ended without a finite {sweep.objective} (got {value!r}){where}")
         for key, violation in constraint_violations(spec, measured).items():
             trial.set_constraint(key, violation)
         trial.set_user_attr(TRAINED_ATTR, result)

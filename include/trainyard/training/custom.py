@@ -41,6 +41,8 @@ from trainyard.errors import PermanentError
 from trainyard.training.metrics import METRICS_FILE, read_metrics
 from trainyard.training.run_config import WorkerOutputError, output_file, work_dir
 
+MAX_METRICS = 1000  # names of a custom program's metrics: each is kept with its run (and a sweep trial)
+
 
 def platform_env(
     data_dir: str, run_dir: str, hyperparameters: Mapping[str, Any], *, trial: bool = False
@@ -95,6 +97,10 @@ def collect(run_dir: Path) -> dict:
     final: dict[str, float] = {}
     for _step, name, value in sorted(rows, key=lambda r: r[0]):
         final[name] = value
+    if len(final) > MAX_METRICS:
+        raise WorkerOutputError(
+            f"{metrics_file}: {len(final)} metric names; at most {MAX_METRICS} (they are recorded with the run)"
+        )
     # NaN is a point of a curve, but not a result to gate on, record or register
     broken = {name: value for name, value in final.items() if not math.isfinite(value)}
     if broken:

@@ -140,8 +140,8 @@ class Tracker:
         try:
             self._q.put_nowait(("histograms", step, tensors))
             self._histograms_waiting += 1
-        except queue.Full:
-            self.histograms_skipped += 1
+        except queue.Full:  # the metric points' queue is full: the writer fell behind (counted with them)
+            self.dropped += 1
 
     def close(self, check: bool = True) -> None:
         """Send everything and stop; with ``check``, raise TrackingError if anything could not be written."""

@@ -39,6 +39,7 @@ def test_a_bad_search_space_names_its_field(raw, says):
     [
         (sweep({**LR, "high": 20.0}), "sweep.parameters[0] (hyperparameters.learning_rate = 20.0): "),
         (sweep({"name": "recipe_options.nope", "type": "int", "low": 1, "high": 4}), "not an option of recipe"),
+        ({**sweep(LR, objective="step"), "recipe": "custom", "custom": {"command": ["true"]}}, "'step' numbers"),
         (sweep(LR, objective="val_bleu"), "sweep.objective: recipe 'digits_cnn' reports no 'val_bleu'"),
         (sweep(LR, constraints=[{"metric": "latency", "max": 1}]), "sweep.constraints[0].metric: a trial's result"),
         (sweep(LR, parallelism=3), "sweep.parallelism: 3 trials x 1 GPU(s) need 3 cpu slots at once; team default"),
@@ -50,7 +51,7 @@ def test_a_bad_search_space_names_its_field(raw, says):
         (
             {**sweep({"name": "recipe_options.width", "type": "int", "low": 1, "high": 4}), "recipe": "custom"}
             | {"custom": {"command": ["true"]}},
-            "sweep.parameters[0] (recipe_options.width = 1): recipe_options: recipe 'custom' takes none",
+            "sweep.parameters[0].name: a custom program takes no recipe_options; sweep hyperparameters.*",
         ),
         ({**sweep(LR), "backends": {"launcher": "kubernetes"}}, "the trials of a sweep train with backends.launcher"),
     ],

@@ -330,6 +330,39 @@ def test_a_custom_programs_reports_are_its_metrics_lines_holding_the_objective(t
     assert trial.storage.get_trial(trial._trial_id).intermediate_values == {1: 0.6, 2: 0.7, 3: 0.2}
 
 
+def test_a_settled_watcher_judges_no_more_and_too_many_points_or_a_replaced_file_are_handled(tmp_path):
+    """Once the workers have ended (settle), a report read late is recorded but stops nothing; a program
+    reporting more points than allowed fails its trial; a metrics file replaced under the watcher is read
+    again from its start, its repeated steps not reported twice."""
+    from trainyard.sweeps.trials import Watcher
+    from trainyard.training.metrics import METRICS_FILE
+    from trainyard.training.run_config import WorkerOutputError
+
+    metrics = tmp_path / METRICS_FILE
+    with Watcher(_trial(prune_below=0.5), tmp_path, poll_s=0.01, objective_in_metrics="acc") as w:
+        assert w.settle() is False
+        metrics.write_text('{"step": 1, "acc": 0.1}\n')  # read after the end: below the threshold
+    assert w.reported == {1: 0.1} and w.pruned_at is None and not w.settle()
+
+    metrics.write_text("".join(f'{{"step": {i}, "acc": 0.9}}\n' for i in range(1, 5)))
+    with Watcher(_trial(), tmp_path, poll_s=0.01, objective_in_metrics="acc", max_points=3) as w:
+        assert w.halt.wait(5)
+    assert isinstance(w.error, WorkerOutputError) and "more than 3 reporting points" in str(w.error)
+
+    metrics.write_text('{"step": 1, "acc": 0.6}\n{"step": 2, "acc": 0.7}\n')
+    trial = _trial()
+    with Watcher(trial, tmp_path, poll_s=0.01, objective_in_metrics="acc") as w:
+        deadline = time.monotonic() + 5
+        while len(w.reported) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        replaced = tmp_path / "new"
+        replaced.write_text('{"step": 2, "acc": 0.7}\n{"step": 3, "acc": 0.8}\n')
+        replaced.replace(metrics)  # a restarted program that opened it with "w"
+        while len(w.reported) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert w.reported == {1: 0.6, 2: 0.7, 3: 0.8} and w.error is None
+
+
 def test_a_verdict_replaces_a_link_planted_in_its_place(tmp_path):
     target = tmp_path / "elsewhere"
     target.write_text("keep")

@@ -242,6 +242,18 @@ def test_no_worker_gets_the_tasks_secrets():
         assert built_in["TRAINYARD_HOME"] == "/var/ty" and built_in["OMP_PROC_BIND"] == "close"
 
 
+def test_a_custom_program_gets_its_hyperparameters_and_in_a_trial_the_verdict_file():
+    import json
+
+    spec = parse_spec({**CUSTOM, "hyperparameters": {"learning_rate": 0.003, "epochs": 4}})
+    host = Host(0, 4, {"PATH": "/usr/bin"}, "/p")
+    env = local_command(spec, host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR).env
+    given = json.loads(env["TRAINYARD_HYPERPARAMETERS"])
+    assert (given["learning_rate"], given["epochs"]) == (0.003, 4) and "TRAINYARD_TRIAL_VERDICT_FILE" not in env
+    trial = local_command(spec, host, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR, trial=True).env
+    assert trial["TRAINYARD_TRIAL_VERDICT_FILE"] == f"{RUN_DIR}/work/trial_verdict.json"
+
+
 @pytest.mark.sandbox
 def test_launch_runs_the_command_with_the_platform_env_and_records_the_try(tmp_path):
     code = "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('TRAINYARD_')}))"

@@ -38,6 +38,7 @@ __all__ = [
     "LaunchError",
     "LocalLauncher",
     "MaxHoursReached",
+    "WorkersStopped",
     "launch",
     "run",
     "this_host",
@@ -48,6 +49,11 @@ __all__ = [
 
 class LaunchError(RetryableError):
     """The workers exited non-zero; a retry resumes from the newest checkpoint."""
+
+
+class WorkersStopped(LaunchError):
+    """The workers were stopped by the ``stop`` event (a lost admission, a sweep trial's pruner), not
+    ended of themselves."""
 
 
 def this_host(devices: list[str] | None = None) -> Host:
@@ -309,6 +315,6 @@ def run(
             f"run's max_hours; raise it to train longer (the newest checkpoint is kept)"
         )
     if stop is not None and stop.is_set():  # whatever the workers exited with, they did not finish
-        raise LaunchError(f"{' '.join(argv[:3])} was stopped (exit status {rc}); last lines:\n" + "\n".join(last))
+        raise WorkersStopped(f"{' '.join(argv[:3])} was stopped (exit status {rc}); last lines:\n" + "\n".join(last))
     if rc != 0:
         raise LaunchError(f"{' '.join(argv[:3])} exited with {rc}; last lines:\n" + "\n".join(last))
