@@ -132,6 +132,7 @@ LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-04), s
     "tests/integration/test_benchmarks.py",  # ~90, the export-parity smoke included
     "tests/integration/test_train_pipeline_dag.py",  # ~80
     "tests/integration/test_resume.py",  # ~70
+    "tests/integration/test_custom_sweep.py",  # ~60
     "tests/integration/test_streaming_memory.py",
 )
 
