@@ -117,19 +117,31 @@ def ask_lock(team: str, sweep_name: str) -> Iterator[None]:
         yield
 
 
-def sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
+def sampler(sweep: Sweep, asked: int = 0) -> optuna.samplers.BaseSampler:
+    """The sweep's sampler for the ask that follows ``asked`` trials of its study. Every trial task makes
+    its own, so a seeded random draw (the random sampler, TPE's startup trials) is seeded per ask from
+    ``sweep.seed`` and ``asked``: one seed for every ask would hand each trial the same values. The grid
+    sampler skips the points already asked, so its seed alone orders the grid."""
     import optuna
 
     if sweep.sampler == "grid":
         return optuna.samplers.GridSampler({p.name: list(p.choices) for p in sweep.parameters}, seed=sweep.seed)
+    seed = None if sweep.seed is None else ask_seed(sweep.seed, asked)
     if sweep.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=sweep.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(
         n_startup_trials=max(sweep.startup_trials, 1),
         multivariate=True,
         constant_liar=True,  # parallel trials: a running trial counts as a bad one, so others look elsewhere
-        seed=sweep.seed,  # the constraints it weighs are each trial's own (Trial.set_constraint)
+        seed=seed,  # the constraints it weighs are each trial's own (Trial.set_constraint)
     )
+
+
+def ask_seed(seed: int, asked: int) -> int:
+    """A seed of its own for each ask of a seeded sweep: the same sweep seed gives the same sequence."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, asked]).generate_state(1)[0])
 
 
 def pruner(sweep: Sweep) -> optuna.pruners.BasePruner:

@@ -36,6 +36,7 @@ from trainyard.sweeps.study import (
     ask_lock,
     fail_left_running,
     open_study,
+    sampler,
     suggest,
     tell,
     with_values,
@@ -267,6 +268,7 @@ def run_trial(
     # One ask at a time per study: a trial's values are drawn seeing every trial asked before it, running
     # ones included (TPE's constant liar; a grid point is never handed out twice while unvisited ones remain)
     with ask_lock(spec.resources.team, sweep.name):
+        study.sampler = sampler(sweep, asked=len(study.get_trials(deepcopy=False)))
         trial = study.ask()
         trial.set_user_attr(RUN_ATTR, sweep_run)
         trial.set_user_attr(SLOT_ATTR, slot_key)

@@ -186,6 +186,23 @@ def test_concurrent_trial_processes_draw_distinct_grid_points(trainyard_home):
     assert sorted(drawn) == [0.1, 0.2, 0.3, 0.4]
 
 
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_a_seeded_sweep_draws_new_values_for_each_trial_and_the_same_ones_again(trainyard_home, sampler):
+    """Each trial task makes its own sampler: seeded alike for every ask, a random draw (the random
+    sampler, TPE's startup trials) would give every trial the same values. The sweep's seed still fixes the
+    sequence: a second study of the same seed draws the same values in the same order."""
+
+    def drawn(name: str) -> list[float]:
+        s = spec(name=name, sampler=sampler, seed=7, startup_trials=4)
+        return [
+            run_trial(s, RUN, i, worker([0.5, 0.6, 0.7]))["params"]["hyperparameters.learning_rate"] for i in range(4)
+        ]
+
+    first = drawn("seeded")
+    assert len(set(first)) == 4, first
+    assert drawn("seeded-again") == first
+
+
 def test_a_sweep_resumes_its_study_and_a_new_one_starts_warm(trainyard_home):
     s = spec()
     run_trial(s, RUN, 0, worker([0.5, 0.6, 0.7]))
