@@ -221,13 +221,18 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
     c.log_artifact(run_id, str(rdir / "job_spec.json"), "spec")
     (rdir / "dependencies.txt").write_text("\n".join(dependencies) + "\n")
     c.log_artifact(run_id, str(rdir / "dependencies.txt"), environment.DEPENDENCIES_ARTIFACT.rsplit("/", 1)[0])
-    # The data-validation report and its Data Docs (one site per suite) travel with the run they gated.
+    log_validation(c, run_id, rdir)
+    return run_id
+
+
+def log_validation(c, run_id: str, rdir: Path) -> None:
+    """The data-validation report that ``validate_data`` left in the run directory ``rdir``, and its Data
+    Docs (one site per suite), onto the MLflow run it gated."""
     if (rdir / "validation.json").exists():
         c.log_artifact(run_id, str(rdir / "validation.json"), "data_validation")
     for docs in sorted((rdir / "data_docs").glob("**/gx/uncommitted/data_docs")):
         suite = docs.relative_to(rdir / "data_docs").parts[0]
         c.log_artifacts(run_id, str(docs), "data_validation/data_docs" + ("" if suite == "gx" else f"/{suite}"))
-    return run_id
 
 
 def plan_training(
@@ -544,10 +549,14 @@ def train_trial(
 
 def close_sweep(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
     """The sweep run's end: trials left running failed, the best trial on ``dataset`` chosen, the summary
-    logged."""
+    logged. The data validation that gated this run (in the sweep run's directory, not the trials') goes
+    onto the best trial's MLflow run, which the model version and its card are made from."""
     from trainyard.sweeps.study import close
+    from trainyard.tracking import mlflow_tracking as mt
 
-    return close(spec, dataset, sweep_run)
+    best = close(spec, dataset, sweep_run)
+    log_validation(mt.client(), best["trained"]["mlflow_run_id"], run_dir(spec, sweep_run))
+    return best
 
 
 # -- 4. evaluation and gate --------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Helpers for tests that run DAGs with dag.test()."""
+"""Helpers for tests that run DAGs with dag.test() or through Airflow's services."""
 
 import pytest
 
@@ -30,3 +30,16 @@ def xcoms(dr, key: str = "return_value") -> dict:
     with create_session() as session:
         rows = session.query(XComModel).filter_by(dag_id=dr.dag_id, run_id=dr.run_id, key=key).all()
         return {r.task_id: XComModel.deserialize_value(r) for r in rows}
+
+
+def grid_order(choices: list, seed: int, n: int) -> list:
+    """The values a sweep's grid sampler hands out, one ask at a time, each by a fresh sampler (a trial
+    task's): what a test's premise on the order of its trials rests on."""
+    import optuna
+
+    study = optuna.create_study(direction="maximize")
+    order = []
+    for _ in range(n):
+        study.sampler = optuna.samplers.GridSampler({"x": choices}, seed=seed)
+        order.append(study.ask().suggest_categorical("x", choices))
+    return order

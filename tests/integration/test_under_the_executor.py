@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from dag_helpers import grid_order
 
 import checkout
 from datafiles import write_files
@@ -314,18 +315,6 @@ SWEEP = {
 }
 
 
-def _grid_order(choices: list, seed: int, n: int) -> list:
-    """The values a grid sampler hands out, one ask at a time, each by a fresh sampler (a trial task's)."""
-    import optuna
-
-    study = optuna.create_study(direction="maximize")
-    order = []
-    for _ in range(n):
-        study.sampler = optuna.samplers.GridSampler({"x": choices}, seed=seed)
-        order.append(study.ask().suggest_categorical("x", choices))
-    return order
-
-
 def _sweep_study(airflow, name: str):
     import optuna
 
@@ -347,7 +336,7 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
 
     from trainyard.sweeps.study import FAILED_ATTR
 
-    assert set(_grid_order([*GOOD, *BAD], SWEEP["seed"], 2)) <= set(GOOD)  # the premise of the pruning
+    assert set(grid_order([*GOOD, *BAD], SWEEP["seed"], 2)) <= set(GOOD)  # the premise of the pruning
     headers = airflow.headers("tina")
     spec = {
         "name": "sweep-digits",
@@ -422,6 +411,8 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     version = c.get_model_version_by_alias("sweep-digits", "staging")
     assert version.tags["sweep.trial"] == str(best.number), version.tags
     assert json.loads(version.tags["params"])["learning_rate"] == best.params["hyperparameters.learning_rate"]
+    # the data validation that gated the sweep run is on the version's run (the trial's), for its card
+    assert "data_validation/validation.json" in {a.path for a in c.list_artifacts(version.run_id, "data_validation")}
     # MLflow shows how each trial's run ended: finished, stopped by the pruner (KILLED), or failed
     experiment = c.get_experiment_by_name("sweep-digits").experiment_id
     status = {
