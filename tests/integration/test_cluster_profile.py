@@ -4,6 +4,8 @@ the ``gpu`` queue (two GPU hosts) and two on ``cpu``. Its fleet is the small rep
 (``tests/fixtures/replay_fleet.yaml``: the ``cpu`` type the trainings use, and an 8-slot pool where every
 team limit binds), and it serves the replay's DAG beside the pipelines (a second DAG bundle).
 
+- A sweep's trials run two at a time, one on each GPU worker, against its study in PostgreSQL; the losers
+  are pruned and the best is registered.
 - The Celery worker that runs a training is killed with SIGKILL, every process under it too, as when its
   host dies: Airflow fails the try once its heartbeat stops, the retry runs on the other GPU worker and
   resumes from the checkpoint on the shared volume; PostgreSQL (Airflow's metadata, MLflow's store, the
@@ -31,6 +33,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+from dag_helpers import grid_order
 
 import checkout
 from trainyard.scheduling.ledger_db import DatabaseUnavailable
@@ -132,6 +135,62 @@ def _digits_job(name: str, epochs: int, min_accuracy: float) -> dict:
         "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
         "gates": [{"metric": "val_accuracy", "min": min_accuracy}],
     }
+
+
+# A sweep whose order is known (grid_order): two good learning rates side by side, one on each GPU host, then
+# two bad ones, each started once a good trial completed, so the median pruner stops it at its first epoch
+SWEEP_RATES, SWEEP_SEED = [0.05, 0.1, 1e-05, 2e-05], 4
+
+
+def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresql(cluster, monkeypatch):
+    """A sweep through the CeleryExecutor: four trials of the digits recipe, two at a time, one on each GPU
+    worker. Its study is Optuna's RDB storage in the team's schema of the shared PostgreSQL (no journal file
+    on the shared volume); the bad learning rates are pruned at their first reporting point; the best trial
+    is registered in the MLflow server with its values. First in the module: both GPU workers are up."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from trainyard.sweeps import study as studies
+
+    assert set(grid_order(SWEEP_RATES, SWEEP_SEED, 2)) == {0.05, 0.1}  # the premise of the pruning
+    api, headers = _api_with_the_dag(cluster)
+    sweep = {
+        "name": "cluster-lr",
+        "trials": 4,
+        "parallelism": 2,
+        "sampler": "grid",
+        "seed": SWEEP_SEED,
+        "pruner": "median",
+        "startup_trials": 1,
+        "warmup_epochs": 1,
+        "parameters": [{"name": "hyperparameters.learning_rate", "type": "categorical", "choices": SWEEP_RATES}],
+    }
+    run_id = api.trigger(DAG, {**_digits_job("sweep-cluster", epochs=3, min_accuracy=0.5), "sweep": sweep}, headers)
+    run = api.wait_run(DAG, run_id, headers, seconds=600)
+    assert run["state"] == "success", api.failure_report(DAG, run_id, headers)
+
+    monkeypatch.setenv("TRAINYARD_DATABASE_URL", cluster.database_url("trainyard"))
+    try:
+        study = optuna.load_study(study_name="cluster-lr", storage=studies.storage("default"))
+        trials = study.get_trials(deepcopy=False)
+    finally:
+        studies._database_storage.cache_clear()  # its engine is this cluster's, which a later test restarts
+    assert not list(cluster.trainyard_home.glob("sweeps/*/*.journal"))
+    by_rate = {t.params["hyperparameters.learning_rate"]: t for t in trials}
+    assert len(trials) == 4 and set(by_rate) == set(SWEEP_RATES), [(t.number, t.state, t.params) for t in trials]
+    states = {rate: t.state.name for rate, t in by_rate.items()}
+    assert states == {0.05: "COMPLETE", 0.1: "COMPLETE", 1e-05: "PRUNED", 2e-05: "PRUNED"}, states
+    assert all(max(by_rate[rate].intermediate_values) == 1 for rate in (1e-05, 2e-05))
+    # the trials ran on both GPU hosts
+    for worker in ("worker-gpu", "worker-gpu-b"):
+        log = (cluster.logs / f"{worker}.log").read_text()
+        ran = [line for line in log.splitlines() if f"dag_id={DAG}/" in line and "/task_id=trial.train_trial/" in line]
+        assert ran, f"{worker} ran no trial of the sweep:\n{log[-3000:]}"
+
+    best = study.best_trial
+    version = MlflowClient(cluster.mlflow_url).get_model_version_by_alias("sweep-cluster", "staging")
+    assert version.tags["sweep.trial"] == str(best.number), version.tags
+    assert json.loads(version.tags["params"])["learning_rate"] == best.params["hyperparameters.learning_rate"]
 
 
 def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_database_restart(cluster):
