@@ -490,14 +490,15 @@ def plan_sweep(spec: JobSpec) -> list[int]:
     one mapped training task each."""
     import time
 
-    from trainyard.sweeps.study import fail_left_running, open_study, warm_start
+    from trainyard.sweeps.study import ask_lock, fail_left_running, open_study, warm_start
 
     assert spec.sweep is not None
     study = open_study(spec)
     stale = fail_left_running(study, None, why="its task stopped saying it runs", now=time.time())
     if stale:
         log.warning("sweep %s: trials %s were RUNNING with no task left running them: failed", spec.sweep.name, stale)
-    warm_start(spec, study)
+    with ask_lock(spec.resources.team, spec.sweep.name):  # two runs of a new study seed it once
+        warm_start(spec, study)
     log.info(
         "sweep %s: %d trial(s) in the study so far; this run adds %d, %d at a time",
         spec.sweep.name,

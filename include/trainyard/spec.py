@@ -440,7 +440,7 @@ class Sweep(_Model):
         "tpe",
         description="tpe: multivariate TPE (constant liar for parallel trials); random; grid (categorical only)",
     )
-    seed: int | None = Field(None, ge=0, description="the sampler's seed")
+    seed: int | None = Field(None, ge=0, le=2**32 - 1, description="the sampler's seed")
     pruner: Literal["median", "successive_halving", "none"] = Field(
         "median", description="what stops a losing trial at an epoch's end: median of earlier trials, or ASHA"
     )
@@ -478,6 +478,15 @@ class Sweep(_Model):
     def _sampler_fits(self) -> Sweep:
         if self.sampler == "grid" and any(p.type != "categorical" for p in self.parameters):
             raise ValueError("sweep.sampler grid: every parameter must be categorical (the grid is its choices)")
+        if self.sampler == "grid":
+            points = 1
+            for p in self.parameters:
+                points *= len(p.choices or ())
+            if self.trials > points:
+                raise ValueError(
+                    f"sweep.trials: a grid of {points} points is covered by {points} trials; ask at most {points} "
+                    "(more would train points again)"
+                )
         if self.warm_start_from == self.name:
             raise ValueError("sweep.warm_start_from: a sweep resumes its own study by its name; name another sweep")
         return self

@@ -137,8 +137,9 @@ def _digits_job(name: str, epochs: int, min_accuracy: float) -> dict:
     }
 
 
-# A sweep whose order is known (grid_order): two good learning rates side by side, one on each GPU host, then
-# two bad ones, each started once a good trial completed, so the median pruner stops it at its first epoch
+# A sweep whose order is known (grid_order): two good learning rates side by side, one on each GPU host (each
+# Celery worker runs one task at a time and prefetches none: acks_late), then two bad ones, each started once
+# a good trial completed, so the median pruner stops it at its first epoch
 SWEEP_RATES, SWEEP_SEED = [0.05, 0.1, 1e-05, 2e-05], 4
 
 
@@ -179,8 +180,11 @@ def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresq
     by_rate = {t.params["hyperparameters.learning_rate"]: t for t in trials}
     assert len(trials) == 4 and set(by_rate) == set(SWEEP_RATES), [(t.number, t.state, t.params) for t in trials]
     states = {rate: t.state.name for rate, t in by_rate.items()}
-    assert states == {0.05: "COMPLETE", 0.1: "COMPLETE", 1e-05: "PRUNED", 2e-05: "PRUNED"}, states
+    # the bad rates stop at their first epoch; a good one completes, or is stopped later where it falls below
+    # the median of a completed trial at some epoch (the pruner's rule, not a fault)
+    assert states[1e-05] == states[2e-05] == "PRUNED", states
     assert all(max(by_rate[rate].intermediate_values) == 1 for rate in (1e-05, 2e-05))
+    assert "FAIL" not in states.values() and "COMPLETE" in (states[0.05], states[0.1]), states
     # the trials ran on both GPU hosts
     for worker in ("worker-gpu", "worker-gpu-b"):
         log = (cluster.logs / f"{worker}.log").read_text()
@@ -188,6 +192,7 @@ def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresq
         assert ran, f"{worker} ran no trial of the sweep:\n{log[-3000:]}"
 
     best = study.best_trial
+    assert best.params["hyperparameters.learning_rate"] in (0.05, 0.1), best.params
     version = MlflowClient(cluster.mlflow_url).get_model_version_by_alias("sweep-cluster", "staging")
     assert version.tags["sweep.trial"] == str(best.number), version.tags
     assert json.loads(version.tags["params"])["learning_rate"] == best.params["hyperparameters.learning_rate"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import math
 from collections.abc import Iterator
@@ -121,7 +122,8 @@ def sampler(sweep: Sweep, asked: int = 0) -> optuna.samplers.BaseSampler:
     """The sweep's sampler for the ask that follows ``asked`` trials of its study. Every trial task makes
     its own, so a seeded random draw (the random sampler, TPE's startup trials) is seeded per ask from
     ``sweep.seed`` and ``asked``: one seed for every ask would hand each trial the same values. The grid
-    sampler skips the points already asked, so its seed alone orders the grid."""
+    sampler skips the points already asked, so its seed alone orders the grid. Asked under the ask lock,
+    so no two asks count the same ``asked``."""
     import optuna
 
     if sweep.sampler == "grid":
@@ -272,7 +274,6 @@ def lineage(spec: JobSpec, dataset: dict) -> str:
     study compete for "best" only with trials of the same lineage, so a model is never registered with
     data or settings it was not trained with."""
     import hashlib
-    import json
 
     sweep = _sweep(spec)
     raw = spec.model_dump(mode="json", exclude={"sweep", *NOT_TRAINED})
@@ -325,6 +326,33 @@ def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = N
             raise
 
 
+def retry_lost_grid_point(study: optuna.Study, sweep: Sweep) -> dict[str, Any] | None:
+    """A grid sweep's point whose only trial failed (its worker killed, its host gone), queued for the next
+    ask: Optuna counts a failed trial's point as visited, so without this it would never be trained while
+    another point is trained twice. Queued once: a point whose second trial fails too stays failed. Called
+    under the ask lock, before the ask; returns the point queued, if any."""
+    import optuna
+
+    names = {p.name for p in sweep.parameters}
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
+        return None  # a point is queued already: the next ask takes it
+    by_point: dict[str, list[optuna.trial.FrozenTrial]] = {}
+    for t in trials:
+        values = t.params or t.system_attrs.get("fixed_params") or {}
+        if set(values) == names:
+            by_point.setdefault(json.dumps(values, sort_keys=True), []).append(t)
+    for point, tried in by_point.items():
+        if len(tried) == 1 and tried[0].state == optuna.trial.TrialState.FAIL:
+            values = json.loads(point)
+            study.enqueue_trial(values, user_attrs={"retries_trial": tried[0].number})
+            log.info(
+                "sweep %s: grid point %s, whose trial %d failed, is trained again", sweep.name, values, tried[0].number
+            )
+            return values
+    return None
+
+
 def fail_left_running(
     study: optuna.Study, sweep_run: str | None, slot: str | None = None, why: str = "", now: float | None = None
 ) -> list[int]:
@@ -359,6 +387,8 @@ def close(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
     finished within the constraints."""
     import time
 
+    import optuna
+
     from trainyard.sweeps.summary import log_summary
 
     study = open_study(spec)
@@ -376,9 +406,17 @@ def close(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
     best = best_trial(study, lineage(spec, dataset))
     summary = log_summary(spec, study, sweep_run, best)
     if best is None:
+        gone = [
+            t.number
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.user_attrs.get(LINEAGE_ATTR) == lineage(spec, dataset)
+            and TRAINED_ATTR in t.user_attrs
+            and not Path(_model_of(t.user_attrs[TRAINED_ATTR])).is_file()
+        ]
+        why = f"; trials {gone} finished, but their model files are gone from their run directories" if gone else ""
         raise SweepError(
             f"sweep {study.study_name}: no trial on this data and spec finished with a finite "
-            f"{spec.sweep.objective if spec.sweep else ''} within the constraints ({states}); nothing to register"
+            f"{spec.sweep.objective if spec.sweep else ''} within the constraints ({states}){why}; nothing to register"
         )
     log.info("best trial: #%d, %s = %s, %s", best.number, study.user_attrs.get("objective"), best.value, best.params)
     return {

@@ -16,7 +16,16 @@ import pytest
 
 from trainyard.spec import parse_spec
 from trainyard.sweeps import handshake
-from trainyard.sweeps.study import FAILED_ATTR, SweepError, close, fail_left_running, lineage, open_study, warm_start
+from trainyard.sweeps.study import (
+    FAILED_ATTR,
+    TRAINED_ATTR,
+    SweepError,
+    close,
+    fail_left_running,
+    lineage,
+    open_study,
+    warm_start,
+)
 from trainyard.sweeps.trials import run_trial
 
 
@@ -151,17 +160,14 @@ def test_a_retry_fails_the_trial_its_killed_try_left_running(trainyard_home):
 
 def _one_trial(home: str, slot: int, out) -> None:
     os.environ["TRAINYARD_HOME"] = home
-    grid = spec(
-        sampler="grid",
-        seed=0,
-        parameters=[{"name": "hyperparameters.learning_rate", "type": "categorical", "choices": [0.1, 0.2, 0.3, 0.4]}],
-    )
-    out.put(run_trial(grid, RUN, slot, worker([0.5, 0.6, 0.7], checkpoint=False))["params"])
+    seeded = spec(sampler="random", seed=0)
+    out.put(run_trial(seeded, RUN, slot, worker([0.5, 0.6, 0.7], checkpoint=False))["params"])
 
 
-def test_concurrent_trial_processes_draw_distinct_grid_points(trainyard_home):
-    """Four trial processes at once against one study, each with a sampler seeded alike: one ask at a
-    time, so each gets a point of its own (unlocked, every one of them would draw the same first point)."""
+def test_concurrent_trial_processes_draw_distinct_values(trainyard_home):
+    """Four trial processes at once against one study, their random samplers seeded from one sweep seed:
+    one ask at a time, each seeded by the number of trials asked before it, so each draws values of its own
+    (two asks at once would count the same trials and draw alike)."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_one_trial, args=(str(trainyard_home), i, out)) for i in range(4)]
@@ -183,7 +189,41 @@ def test_concurrent_trial_processes_draw_distinct_grid_points(trainyard_home):
         for p in procs:
             if p.is_alive():
                 p.terminate()
-    assert sorted(drawn) == [0.1, 0.2, 0.3, 0.4]
+    assert len(set(drawn)) == 4 and all(0.001 <= v <= 1 for v in drawn), drawn
+
+
+def test_a_grid_point_whose_trial_failed_is_trained_again_once(trainyard_home):
+    """Optuna counts a failed trial's grid point as visited: the next ask trains it again (a killed worker
+    must not cost the sweep a point), but only once (a point that fails again stays failed)."""
+    grid = spec(
+        sampler="grid",
+        seed=0,
+        trials=4,
+        parameters=[{"name": "hyperparameters.learning_rate", "type": "categorical", "choices": [0.1, 0.2, 0.3, 0.4]}],
+    )
+
+    def broken(*_):
+        raise RuntimeError("the worker was killed")
+
+    def lr(trial) -> float:
+        return trial.params["hyperparameters.learning_rate"]
+
+    with pytest.raises(RuntimeError):
+        run_trial(grid, RUN, 0, broken)
+    (lost,) = open_study(grid).trials
+    again = run_trial(grid, RUN, 0, worker([0.5, 0.6, 0.7]))
+    assert again["params"]["hyperparameters.learning_rate"] == lr(lost) and again["state"] == "complete"
+    with pytest.raises(RuntimeError):
+        run_trial(grid, RUN, 1, broken)
+    with pytest.raises(RuntimeError):
+        run_trial(grid, RUN, 1, broken)  # its point again, failed twice
+    twice = open_study(grid).trials[-1]
+    run_trial(grid, RUN, 1, worker([0.5, 0.6, 0.7]))
+    trials = open_study(grid).trials
+    assert lr(trials[-1]) not in (lr(lost), lr(twice))
+    assert sorted(lr(t) for t in trials if t.state == optuna.trial.TrialState.COMPLETE) == sorted(
+        {lr(lost), lr(trials[-1])}
+    )
 
 
 @pytest.mark.parametrize("sampler", ["random", "tpe"])
@@ -275,6 +315,10 @@ def test_no_finished_trial_is_an_error_naming_the_states(trainyard_home):
     run_trial(s, RUN, 0, worker([0.6, 0.8, 0.9]))
     with pytest.raises(SweepError, match="no trial on this data and spec finished"):
         close(spec(name="other"), DATA, RUN)
+    done = run_trial(s, RUN, 1, worker([0.6, 0.8, 0.9]), of_lineage=lineage(s, DATA))
+    Path(open_study(s).trials[-1].user_attrs[TRAINED_ATTR]["model_path"]).unlink()  # removed by hand
+    with pytest.raises(SweepError, match=rf"trials \[{done['trial']}\] finished, but their model files are gone"):
+        close(s, DATA, RUN)
 
 
 def _trial(prune_below: float = -1.0):
