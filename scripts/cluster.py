@@ -63,6 +63,19 @@ class ToolFailed(subprocess.CalledProcessError):
         return f"{super().__str__()}\n{(self.stderr or self.stdout or '').strip()}"
 
 
+def process_start(pid: int) -> str:
+    """When process ``pid`` started, as this boot's id and the clock ticks from boot to its start (Linux's
+    /proc): what tells it from a later process given the same pid. Not the wall-clock start psutil gives,
+    which moves whenever the system clock is set (an NTP step), and would make running services look gone.
+    ProcessLookupError where there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    ticks = stat.rsplit(")", 1)[1].split()[19]  # field 22, starttime (the command before it may hold spaces)
+    return f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()}/{ticks}"
+
+
 class Cluster:
     def __init__(
         self,
@@ -142,16 +155,17 @@ class Cluster:
     # -- processes --------------------------------------------------------------------------------------
 
     def pid(self, name: str) -> int | None:
-        """The pid of a running service ``name``, or None. Its pid file holds the pid and the process's start
-        time: a pid the system gave to another process since (after a reboot) is not taken for it."""
+        """The pid of a running service ``name``, or None. Its pid file holds the pid and the process's
+        :func:`process_start`: a pid the system gave to another process since (after a reboot) is not taken
+        for it."""
         import psutil
 
         try:
             pid, started = (self.pids / f"{name}.pid").read_text().split()
             proc = psutil.Process(int(pid))
-            if abs(proc.create_time() - float(started)) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
+            if process_start(proc.pid) != started or proc.status() == psutil.STATUS_ZOMBIE:
                 return None
-        except (FileNotFoundError, ValueError, psutil.Error):
+        except (FileNotFoundError, ProcessLookupError, ValueError, psutil.Error):
             return None
         return proc.pid
 
@@ -170,9 +184,7 @@ class Cluster:
                 cwd=REPO,
                 start_new_session=True,
             )
-        import psutil
-
-        (self.pids / f"{name}.pid").write_text(f"{proc.pid} {psutil.Process(proc.pid).create_time()}")
+        (self.pids / f"{name}.pid").write_text(f"{proc.pid} {process_start(proc.pid)}")
 
     def kill(self, *names: str, sig: int = signal.SIGTERM, wait_s: float = 60) -> None:
         """Send ``sig`` to the services ``names`` (through their supervisors) and to every process under

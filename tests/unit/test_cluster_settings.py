@@ -147,3 +147,27 @@ def test_postgres_can_reach_its_data_inside_a_home_closed_to_others(tmp_path):
     assert stat.S_IMODE(home.stat().st_mode) == 0o750  # the mode (and so the ACL's mask) as it was
     nobody = subprocess.run(["runuser", "-u", "nobody", "--", "test", "-x", str(home)], check=False)
     assert nobody.returncode != 0
+
+
+def test_a_running_service_is_known_by_its_start_whatever_the_system_clock_does(tmp_path, monkeypatch):
+    """A service's pid file names its process by the boot and the clock ticks to its start: a system clock
+    set forward (an NTP step, which moves psutil's wall-clock start of every process) leaves it running,
+    and another process given its pid is not taken for it."""
+    import psutil
+
+    cluster = cluster_profile.Cluster(tmp_path)
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        cluster.pids.mkdir(parents=True)
+        (cluster.pids / "redis.pid").write_text(f"{proc.pid} {cluster_profile.process_start(proc.pid)}")
+        assert cluster.pid("redis") == proc.pid
+        booted = psutil.boot_time()
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: booted + 30)  # the clock moved 30 s
+        assert cluster.pid("redis") == proc.pid
+        (cluster.pids / "redis.pid").write_text(f"{os.getpid()} {cluster_profile.process_start(proc.pid)}")
+        assert cluster.pid("redis") is None  # this pid's process is another
+    finally:
+        proc.kill()
+        proc.wait()
+    (cluster.pids / "redis.pid").write_text(f"{proc.pid} {cluster_profile.process_start(os.getpid())}")
+    assert cluster.pid("redis") is None  # gone
