@@ -490,7 +490,7 @@ def plan_sweep(spec: JobSpec) -> list[int]:
     one mapped training task each."""
     import time
 
-    from trainyard.sweeps.study import ask_lock, fail_left_running, open_study, warm_start
+    from trainyard.sweeps.study import SweepError, ask_lock, fail_left_running, grid_points_left, open_study, warm_start
 
     assert spec.sweep is not None
     study = open_study(spec)
@@ -499,14 +499,23 @@ def plan_sweep(spec: JobSpec) -> list[int]:
         log.warning("sweep %s: trials %s were RUNNING with no task left running them: failed", spec.sweep.name, stale)
     with ask_lock(spec.resources.team, spec.sweep.name):  # two runs of a new study seed it once
         warm_start(spec, study)
+    trials = spec.sweep.trials
+    if spec.sweep.sampler == "grid":  # a resumed grid sweep trains the points it has not trained yet
+        left = grid_points_left(study, spec.sweep)
+        if left == 0:
+            raise SweepError(
+                f"sweep.name: every point of the grid of sweep {spec.sweep.name!r} has been trained; resume it "
+                "with another sampler (random or tpe), widen its choices, or name a new sweep"
+            )
+        trials = min(trials, left)
     log.info(
         "sweep %s: %d trial(s) in the study so far; this run adds %d, %d at a time",
         spec.sweep.name,
         len(study.trials),
-        spec.sweep.trials,
+        trials,
         spec.sweep.parallelism,
     )
-    return list(range(spec.sweep.trials))
+    return list(range(trials))
 
 
 def train_trial(

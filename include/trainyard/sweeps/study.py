@@ -326,6 +326,38 @@ def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = N
             raise
 
 
+def _trials_by_point(trials: list[optuna.trial.FrozenTrial], sweep: Sweep) -> dict[str, list]:
+    """A grid sweep's trials by the point they trained (asked or queued), as its values' JSON. As Optuna's
+    grid sampler, only trials of this grid count: a resumed sweep whose choices changed has a new grid."""
+    space = distributions(sweep)
+    by_point: dict[str, list] = {}
+    for t in trials:
+        queued = t.system_attrs.get("fixed_params") if not t.params else None
+        if queued is not None:
+            ours = set(queued) == set(space) and all(v in space[k].choices for k, v in queued.items())  # type: ignore[attr-defined]
+        else:
+            ours = t.distributions == space
+        if ours:
+            by_point.setdefault(json.dumps(queued or t.params, sort_keys=True), []).append(t)
+    return by_point
+
+
+def _lost(tried: list[optuna.trial.FrozenTrial]) -> bool:
+    """A grid point's only trial failed: it is trained again once (:func:`retry_lost_grid_point`)."""
+    import optuna
+
+    return len(tried) == 1 and tried[0].state == optuna.trial.TrialState.FAIL
+
+
+def grid_points_left(study: optuna.Study, sweep: Sweep) -> int:
+    """How many points of a grid sweep are still to be trained: never asked, or lost (:func:`_lost`)."""
+    points = 1
+    for p in sweep.parameters:
+        points *= len(p.choices)
+    by_point = _trials_by_point(study.get_trials(deepcopy=False), sweep)
+    return points - sum(not _lost(tried) for tried in by_point.values())
+
+
 def retry_lost_grid_point(study: optuna.Study, sweep: Sweep) -> dict[str, Any] | None:
     """A grid sweep's point whose only trial failed (its worker killed, its host gone), queued for the next
     ask: Optuna counts a failed trial's point as visited, so without this it would never be trained while
@@ -333,17 +365,11 @@ def retry_lost_grid_point(study: optuna.Study, sweep: Sweep) -> dict[str, Any] |
     under the ask lock, before the ask; returns the point queued, if any."""
     import optuna
 
-    names = {p.name for p in sweep.parameters}
     trials = study.get_trials(deepcopy=False)
     if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
         return None  # a point is queued already: the next ask takes it
-    by_point: dict[str, list[optuna.trial.FrozenTrial]] = {}
-    for t in trials:
-        values = t.params or t.system_attrs.get("fixed_params") or {}
-        if set(values) == names:
-            by_point.setdefault(json.dumps(values, sort_keys=True), []).append(t)
-    for point, tried in by_point.items():
-        if len(tried) == 1 and tried[0].state == optuna.trial.TrialState.FAIL:
+    for point, tried in _trials_by_point(trials, sweep).items():
+        if _lost(tried):
             values = json.loads(point)
             study.enqueue_trial(values, user_attrs={"retries_trial": tried[0].number})
             log.info(

@@ -243,6 +243,31 @@ def test_a_seeded_sweep_draws_new_values_for_each_trial_and_the_same_ones_again(
     assert drawn("seeded-again") == first
 
 
+def test_a_resumed_grid_sweep_plans_the_points_it_has_left(trainyard_home):
+    from trainyard.pipeline import plan_sweep
+
+    grid = spec(
+        sampler="grid",
+        trials=3,
+        parameters=[{"name": "hyperparameters.learning_rate", "type": "categorical", "choices": [0.1, 0.2, 0.3, 0.4]}],
+    )
+    assert plan_sweep(grid) == [0, 1, 2]
+
+    def broken(*_):
+        raise RuntimeError("the worker was killed")
+
+    run_trial(grid, RUN, 0, worker([0.5, 0.6, 0.7]))
+    with pytest.raises(RuntimeError):
+        run_trial(grid, RUN, 1, broken)  # its point is trained again
+    assert plan_sweep(grid) == [0, 1, 2]  # 4 points, 1 trained: 3 left
+    run_trial(grid, RUN, 1, worker([0.5, 0.6, 0.7]))
+    run_trial(grid, RUN, 2, worker([0.5, 0.6, 0.7]))
+    assert plan_sweep(grid) == [0]
+    run_trial(grid, RUN, 0, worker([0.5, 0.6, 0.7]))
+    with pytest.raises(SweepError, match="every point of the grid of sweep 'lr' has been trained"):
+        plan_sweep(grid)
+
+
 def test_a_sweep_resumes_its_study_and_a_new_one_starts_warm(trainyard_home):
     s = spec()
     run_trial(s, RUN, 0, worker([0.5, 0.6, 0.7]))
