@@ -371,7 +371,16 @@ def retry_lost_grid_point(study: optuna.Study, sweep: Sweep) -> dict[str, Any] |
     for point, tried in _trials_by_point(trials, sweep).items():
         if _lost(tried):
             values = json.loads(point)
-            study.enqueue_trial(values, user_attrs={"retries_trial": tried[0].number})
+            # queued as Optuna's own retry of a failed trial queues one: with the failed trial's grid id,
+            # which the grid sampler reads back when the new trial ends
+            grid = {k: v for k, v in tried[0].system_attrs.items() if k in ("grid_id", "search_space")}
+            study.add_trial(
+                optuna.trial.create_trial(
+                    state=optuna.trial.TrialState.WAITING,
+                    system_attrs={**grid, "fixed_params": values},
+                    user_attrs={"retries_trial": tried[0].number},
+                )
+            )
             log.info(
                 "sweep %s: grid point %s, whose trial %d failed, is trained again", sweep.name, values, tried[0].number
             )

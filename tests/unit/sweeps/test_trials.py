@@ -208,6 +208,20 @@ def test_a_grid_point_whose_trial_failed_is_trained_again_once(trainyard_home):
     def lr(trial) -> float:
         return trial.params["hyperparameters.learning_rate"]
 
+    pair = spec(
+        name="pair",
+        sampler="grid",
+        trials=2,
+        parameters=[{"name": "hyperparameters.learning_rate", "type": "categorical", "choices": [0.1, 0.2]}],
+    )
+    with pytest.raises(RuntimeError):
+        run_trial(pair, RUN, 0, broken)
+    # told while one point of the grid is left unasked: the grid sampler reads the trial's grid id back
+    assert run_trial(pair, RUN, 0, worker([0.5, 0.6, 0.7]))["state"] == "complete"
+    assert run_trial(pair, RUN, 1, worker([0.5, 0.6, 0.7]))["state"] == "complete"
+    done = [lr(t) for t in open_study(pair).trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(open_study(pair).trials) == 3 and sorted(done) == [0.1, 0.2]  # each point trained once
+
     with pytest.raises(RuntimeError):
         run_trial(grid, RUN, 0, broken)
     (lost,) = open_study(grid).trials
