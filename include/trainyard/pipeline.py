@@ -504,8 +504,9 @@ def plan_sweep(spec: JobSpec) -> list[int]:
         left = grid_points_left(study, spec.sweep)
         if left == 0:
             raise SweepError(
-                f"sweep.name: every point of the grid of sweep {spec.sweep.name!r} has been trained; resume it "
-                "with another sampler (random or tpe), widen its choices, or name a new sweep"
+                f"sweep.name: every point of the grid of sweep {spec.sweep.name!r} has been taken (trained, "
+                "failed twice, or training in another run); resume it with another sampler (random or tpe), "
+                "widen its choices, or name a new sweep"
             )
         trials = min(trials, left)
     log.info(

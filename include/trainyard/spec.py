@@ -478,15 +478,6 @@ class Sweep(_Model):
     def _sampler_fits(self) -> Sweep:
         if self.sampler == "grid" and any(p.type != "categorical" for p in self.parameters):
             raise ValueError("sweep.sampler grid: every parameter must be categorical (the grid is its choices)")
-        if self.sampler == "grid":
-            points = 1
-            for p in self.parameters:
-                points *= len(p.choices or ())
-            if self.trials > points:
-                raise ValueError(
-                    f"sweep.trials: a grid of {points} points is covered by {points} trials; ask at most {points} "
-                    "(more would train points again)"
-                )
         if self.warm_start_from == self.name:
             raise ValueError("sweep.warm_start_from: a sweep resumes its own study by its name; name another sweep")
         return self

@@ -33,13 +33,11 @@ def xcoms(dr, key: str = "return_value") -> dict:
 
 
 def grid_order(choices: list, seed: int, n: int) -> list:
-    """The values a sweep's grid sampler hands out, one ask at a time, each by a fresh sampler (a trial
-    task's): what a test's premise on the order of its trials rests on."""
-    import optuna
+    """The first ``n`` learning rates a grid sweep over ``choices`` trains, in order: what a test's premise
+    on the order of its trials rests on."""
+    from trainyard.spec import Sweep
+    from trainyard.sweeps.study import grid_points
 
-    study = optuna.create_study(direction="maximize")
-    order = []
-    for _ in range(n):
-        study.sampler = optuna.samplers.GridSampler({"x": choices}, seed=seed)
-        order.append(study.ask().suggest_categorical("x", choices))
-    return order
+    parameter = {"name": "hyperparameters.learning_rate", "type": "categorical", "choices": choices}
+    sweep = Sweep(name="order", sampler="grid", seed=seed, trials=len(choices), parameters=[parameter])
+    return [p["hyperparameters.learning_rate"] for p in grid_points(sweep)][:n]

@@ -140,7 +140,7 @@ def _digits_job(name: str, epochs: int, min_accuracy: float) -> dict:
 # A sweep whose order is known (grid_order): two good learning rates side by side, one on each GPU host (each
 # Celery worker runs one task at a time and prefetches none: acks_late), then two bad ones, each started once
 # a good trial completed, so the median pruner stops it at its first epoch
-SWEEP_RATES, SWEEP_SEED = [0.05, 0.1, 1e-05, 2e-05], 4
+SWEEP_RATES, SWEEP_SEED = [0.05, 0.1, 1e-05, 2e-05], 5
 
 
 def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresql(cluster, monkeypatch):

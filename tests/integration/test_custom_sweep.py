@@ -10,15 +10,16 @@ from pathlib import Path
 
 import optuna
 import pytest
+from dag_helpers import grid_order
 
 pytestmark = [pytest.mark.integration, pytest.mark.sandbox]
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "tests" / "fixtures" / "custom_sweep_train.py"
 GOOD_LR, BAD_LR = 0.5, 1e-5  # ~0.9 val accuracy after an epoch of 20 steps, against ~0.1
-# the grid sampler's order with this seed: the good value first, so the pruner has a finished trial to
+# the grid's order with this seed (grid_order): the good value first, so the pruner has a finished trial to
 # hold the second one against after its first epoch (the median pruner's first trial is never stopped)
-SEED = 1
+SEED = 5
 
 
 def _sweep_spec(name: str, *args: str):
@@ -54,6 +55,7 @@ def _sweep(spec, run: str):
 
     dataset = pipeline.resolve_dataset(spec)
     data = pipeline.prepare_data(spec, dataset)
+    assert grid_order([GOOD_LR, BAD_LR], SEED, 2) == [GOOD_LR, BAD_LR]  # the premise of the pruning
     assert pipeline.plan_sweep(spec) == [0, 1]
     trials = [pipeline.train_trial(spec, dataset, data, run, slot) for slot in (0, 1)]
     return dataset, data, trials

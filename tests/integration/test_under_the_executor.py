@@ -307,7 +307,7 @@ SWEEP = {
     "trials": 6,
     "parallelism": 2,
     "sampler": "grid",
-    "seed": 1,
+    "seed": 5,
     "pruner": "median",
     "startup_trials": 1,
     "warmup_epochs": 1,

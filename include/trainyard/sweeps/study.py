@@ -121,15 +121,13 @@ def ask_lock(team: str, sweep_name: str) -> Iterator[None]:
 def sampler(sweep: Sweep, asked: int = 0) -> optuna.samplers.BaseSampler:
     """The sweep's sampler for the ask that follows ``asked`` trials of its study. Every trial task makes
     its own, so a seeded random draw (the random sampler, TPE's startup trials) is seeded per ask from
-    ``sweep.seed`` and ``asked``: one seed for every ask would hand each trial the same values. The grid
-    sampler skips the points already asked, so its seed alone orders the grid. Asked under the ask lock,
-    so no two asks count the same ``asked``."""
+    ``sweep.seed`` and ``asked``: one seed for every ask would hand each trial the same values. Asked under
+    the ask lock, so no two asks count the same ``asked``. A grid sweep's trials get their values from
+    :func:`queue_grid_point`, its sampler draws nothing."""
     import optuna
 
-    if sweep.sampler == "grid":
-        return optuna.samplers.GridSampler({p.name: list(p.choices) for p in sweep.parameters}, seed=sweep.seed)
     seed = None if sweep.seed is None else ask_seed(sweep.seed, asked)
-    if sweep.sampler == "random":
+    if sweep.sampler in ("random", "grid"):  # a grid trial's values are queued with it (queue_grid_point)
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(
         n_startup_trials=max(sweep.startup_trials, 1),
@@ -326,9 +324,27 @@ def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = N
             raise
 
 
+def grid_points(sweep: Sweep) -> list[dict[str, Any]]:
+    """Every point of a grid sweep, in the order its trials take them: shuffled by ``sweep.seed`` (the same
+    seed, the same order), in a new random order without one."""
+    import itertools
+    import random
+
+    names = [p.name for p in sweep.parameters]
+    points = [
+        dict(zip(names, values, strict=True)) for values in itertools.product(*(p.choices for p in sweep.parameters))
+    ]
+    random.Random(sweep.seed).shuffle(points)
+    return points
+
+
+def _point(values: dict[str, Any]) -> str:
+    return json.dumps(values, sort_keys=True)
+
+
 def _trials_by_point(trials: list[optuna.trial.FrozenTrial], sweep: Sweep) -> dict[str, list]:
-    """A grid sweep's trials by the point they trained (asked or queued), as its values' JSON. As Optuna's
-    grid sampler, only trials of this grid count: a resumed sweep whose choices changed has a new grid."""
+    """A grid sweep's trials by the point they took (asked, or queued and not asked yet), as
+    :func:`_point`. Only trials of this grid count: a resumed sweep whose choices changed has a new grid."""
     space = distributions(sweep)
     by_point: dict[str, list] = {}
     for t in trials:
@@ -338,54 +354,46 @@ def _trials_by_point(trials: list[optuna.trial.FrozenTrial], sweep: Sweep) -> di
         else:
             ours = t.distributions == space
         if ours:
-            by_point.setdefault(json.dumps(queued or t.params, sort_keys=True), []).append(t)
+            by_point.setdefault(_point(queued or t.params), []).append(t)
     return by_point
 
 
 def _lost(tried: list[optuna.trial.FrozenTrial]) -> bool:
-    """A grid point's only trial failed: it is trained again once (:func:`retry_lost_grid_point`)."""
+    """A grid point's only trial failed (its worker killed, its host gone): it is trained again, once."""
     import optuna
 
     return len(tried) == 1 and tried[0].state == optuna.trial.TrialState.FAIL
 
 
-def grid_points_left(study: optuna.Study, sweep: Sweep) -> int:
-    """How many points of a grid sweep are still to be trained: never asked, or lost (:func:`_lost`)."""
-    points = 1
-    for p in sweep.parameters:
-        points *= len(p.choices)
+def _grid_left(study: optuna.Study, sweep: Sweep) -> list[dict[str, Any]]:
+    """The points of a grid sweep still to be trained, in the order they are taken: those whose only trial
+    failed, then those no trial has taken. One rule for every trial the study holds (from an earlier run,
+    a warm start, another sampler or seed), which is why the sweep walks its grid itself rather than
+    through Optuna's grid sampler: that one counts a failed trial's point as done, and hands a trial its
+    point by the trial's number whatever the study already holds."""
     by_point = _trials_by_point(study.get_trials(deepcopy=False), sweep)
-    return points - sum(not _lost(tried) for tried in by_point.values())
+    lost = [json.loads(point) for point, tried in by_point.items() if _lost(tried)]
+    return lost + [p for p in grid_points(sweep) if _point(p) not in by_point]
 
 
-def retry_lost_grid_point(study: optuna.Study, sweep: Sweep) -> dict[str, Any] | None:
-    """A grid sweep's point whose only trial failed (its worker killed, its host gone), queued for the next
-    ask: Optuna counts a failed trial's point as visited, so without this it would never be trained while
-    another point is trained twice. Queued once: a point whose second trial fails too stays failed. Called
-    under the ask lock, before the ask; returns the point queued, if any."""
+def grid_points_left(study: optuna.Study, sweep: Sweep) -> int:
+    """How many points of a grid sweep are still to be trained (:func:`_grid_left`)."""
+    return len(_grid_left(study, sweep))
+
+
+def queue_grid_point(study: optuna.Study, sweep: Sweep) -> bool:
+    """Queue the point the next ask of a grid sweep trains (its values fixed on the trial); False when every
+    point is taken. A point queued before (by a process that died before its ask) is asked first. Called
+    under the ask lock."""
     import optuna
 
-    trials = study.get_trials(deepcopy=False)
-    if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
-        return None  # a point is queued already: the next ask takes it
-    for point, tried in _trials_by_point(trials, sweep).items():
-        if _lost(tried):
-            values = json.loads(point)
-            # queued as Optuna's own retry of a failed trial queues one: with the failed trial's grid id,
-            # which the grid sampler reads back when the new trial ends
-            grid = {k: v for k, v in tried[0].system_attrs.items() if k in ("grid_id", "search_space")}
-            study.add_trial(
-                optuna.trial.create_trial(
-                    state=optuna.trial.TrialState.WAITING,
-                    system_attrs={**grid, "fixed_params": values},
-                    user_attrs={"retries_trial": tried[0].number},
-                )
-            )
-            log.info(
-                "sweep %s: grid point %s, whose trial %d failed, is trained again", sweep.name, values, tried[0].number
-            )
-            return values
-    return None
+    if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        return True
+    left = _grid_left(study, sweep)
+    if not left:
+        return False
+    study.enqueue_trial(left[0])
+    return True
 
 
 def fail_left_running(

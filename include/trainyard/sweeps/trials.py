@@ -36,7 +36,7 @@ from trainyard.sweeps.study import (
     ask_lock,
     fail_left_running,
     open_study,
-    retry_lost_grid_point,
+    queue_grid_point,
     sampler,
     suggest,
     tell,
@@ -269,8 +269,9 @@ def run_trial(
     # One ask at a time per study: a trial's values are drawn seeing every trial asked before it, running
     # ones included (TPE's constant liar; a grid point is never handed out twice while unvisited ones remain)
     with ask_lock(spec.resources.team, sweep.name):
-        if sweep.sampler == "grid":
-            retry_lost_grid_point(study, sweep)
+        if sweep.sampler == "grid" and not queue_grid_point(study, sweep):
+            log.warning("sweep %s: every point of its grid is taken; slot %d trains nothing", sweep.name, slot)
+            return {"trial": None, "state": "not run", "why": "every point of the grid is taken"}
         study.sampler = sampler(sweep, asked=len(study.get_trials(deepcopy=False)))
         trial = study.ask()
         trial.set_user_attr(RUN_ATTR, sweep_run)

@@ -278,8 +278,23 @@ def test_a_resumed_grid_sweep_plans_the_points_it_has_left(trainyard_home):
     run_trial(grid, RUN, 2, worker([0.5, 0.6, 0.7]))
     assert plan_sweep(grid) == [0]
     run_trial(grid, RUN, 0, worker([0.5, 0.6, 0.7]))
-    with pytest.raises(SweepError, match="every point of the grid of sweep 'lr' has been trained"):
+    with pytest.raises(SweepError, match="every point of the grid of sweep 'lr' has been taken"):
         plan_sweep(grid)
+
+
+def test_a_grid_counts_the_points_its_study_took_under_another_sampler_or_seed(trainyard_home):
+    from trainyard.pipeline import plan_sweep
+
+    rates = [{"name": "hyperparameters.learning_rate", "type": "categorical", "choices": [0.1, 0.2, 0.3, 0.4]}]
+    taken = run_trial(spec(sampler="random", seed=3, parameters=rates), RUN, 0, worker([0.5, 0.6, 0.7]))
+    run_trial(spec(sampler="grid", seed=1, trials=1, parameters=rates), RUN, 1, worker([0.5, 0.6, 0.7]))
+    resumed = spec(sampler="grid", seed=2, parameters=rates)  # another seed: another order, the same grid
+    assert plan_sweep(resumed) == [0, 1]
+    drawn = [run_trial(resumed, RUN, slot, worker([0.5, 0.6, 0.7]))["params"] for slot in (2, 3)]
+    rates_trained = [t.params["hyperparameters.learning_rate"] for t in open_study(resumed).trials]
+    assert sorted(rates_trained) == [0.1, 0.2, 0.3, 0.4], (taken, drawn)
+    assert run_trial(resumed, RUN, 4, worker([0.5, 0.6, 0.7]))["state"] == "not run"  # a slot too many
+    assert len(open_study(resumed).trials) == 4
 
 
 def test_a_sweep_resumes_its_study_and_a_new_one_starts_warm(trainyard_home):
