@@ -163,7 +163,11 @@ class Cluster:
         try:
             pid, started = (self.pids / f"{name}.pid").read_text().split()
             proc = psutil.Process(int(pid))
-            if process_start(proc.pid) != started or proc.status() == psutil.STATUS_ZOMBIE:
+            if "/" in started:
+                same = process_start(proc.pid) == started
+            else:  # a pid file of an earlier trainyard: the wall-clock start psutil gives
+                same = abs(proc.create_time() - float(started)) <= 1
+            if not same or proc.status() == psutil.STATUS_ZOMBIE:
                 return None
         except (FileNotFoundError, ProcessLookupError, ValueError, psutil.Error):
             return None

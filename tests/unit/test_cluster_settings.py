@@ -166,6 +166,9 @@ def test_a_running_service_is_known_by_its_start_whatever_the_system_clock_does(
         assert cluster.pid("redis") == proc.pid
         (cluster.pids / "redis.pid").write_text(f"{os.getpid()} {cluster_profile.process_start(proc.pid)}")
         assert cluster.pid("redis") is None  # this pid's process is another
+        monkeypatch.undo()
+        (cluster.pids / "redis.pid").write_text(f"{proc.pid} {psutil.Process(proc.pid).create_time()}")
+        assert cluster.pid("redis") == proc.pid  # a pid file an earlier trainyard wrote: its service is found
     finally:
         proc.kill()
         proc.wait()
