@@ -268,28 +268,34 @@ def train_pipeline():
         """One trial: values from the study, trained like a job of its own (run directory, MLflow run),
         stopped at an epoch's end when the pruner says so; told to the study as complete, pruned or failed.
         A retry fails the trial its earlier try left running and trains a new one."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
         from trainyard.pipeline import train_trial as run
         from trainyard.scheduling.admission import job_for
+        from trainyard.sweeps.study import GridSpent
 
         job_spec = _spec(spec)
         assert job_spec.sweep is not None
         job = job_for(job_spec.resources, slot, _triggering_user(), _run_key(), job_spec.sweep.parallelism)
         number = int(slot.rsplit("-", 1)[1])
-        return _while_admitted(
-            job,
-            job_spec,
-            lambda lease: run(
+        try:
+            return _while_admitted(
+                job,
                 job_spec,
-                dataset,
-                data,
-                _run_key(),
-                number,
-                devices=lease.devices,
-                stop=lease.lost,
-                tags=_run_tags(),
-                waited_s=lease.waited_s,
-            ),
-        )
+                lambda lease: run(
+                    job_spec,
+                    dataset,
+                    data,
+                    _run_key(),
+                    number,
+                    devices=lease.devices,
+                    stop=lease.lost,
+                    tags=_run_tags(),
+                    waited_s=lease.waited_s,
+                ),
+            )
+        except GridSpent as err:  # another run of the sweep took the last points: nothing to train here
+            raise AirflowSkipException(str(err)) from None
 
     @task(trigger_rule="all_done")
     @fail_permanently

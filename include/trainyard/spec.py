@@ -355,6 +355,7 @@ class ExportSpec(_Model):
     torchscript: bool = Field(False, description="also write a traced TorchScript file, held to the same parity")
 
 
+MAX_GRID_POINTS = 10_000  # a grid sweep's points (every ask walks them under the study's lock)
 SWEEPABLE_HYPERPARAMETERS = ("epochs", "batch_size", "learning_rate", "momentum", "optimizer", "weight_decay", "seed")
 
 
@@ -380,7 +381,8 @@ class SearchParameter(_Model):
                 raise ValueError(f"sweep parameter {self.name}: a categorical parameter needs choices")
             if self.low is not None or self.high is not None or self.log or self.step is not None:
                 raise ValueError(f"sweep parameter {self.name}: a categorical parameter takes choices only")
-            if len(set(map(repr, self.choices))) != len(self.choices):
+            if len(set(map(repr, self.choices))) != len(self.choices) or len(set(self.choices)) != len(self.choices):
+                # by == too: Optuna finds a choice by equality, so 1, 1.0 and True are one value to it
                 raise ValueError(f"sweep parameter {self.name}: repeated choices {list(self.choices)}")
             return self
         if self.choices:
@@ -478,6 +480,15 @@ class Sweep(_Model):
     def _sampler_fits(self) -> Sweep:
         if self.sampler == "grid" and any(p.type != "categorical" for p in self.parameters):
             raise ValueError("sweep.sampler grid: every parameter must be categorical (the grid is its choices)")
+        if self.sampler == "grid":
+            points = 1
+            for p in self.parameters:
+                points *= len(p.choices)
+            if points > MAX_GRID_POINTS:
+                raise ValueError(
+                    f"sweep.sampler grid: {points} points, more than {MAX_GRID_POINTS}; sample a space that large "
+                    "with tpe or random"
+                )
         if self.warm_start_from == self.name:
             raise ValueError("sweep.warm_start_from: a sweep resumes its own study by its name; name another sweep")
         return self

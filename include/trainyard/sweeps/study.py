@@ -45,12 +45,17 @@ TRAINED_ATTR = "trained"  # what its training left (model path, MLflow run, metr
 FAILED_ATTR = "failed_because"
 LINEAGE_ATTR = "lineage"  # what the trial trained on and how, less its values (:func:`lineage`)
 ALIVE_ATTR = "alive_at"  # when its training task last said it runs (epoch seconds)
+WARM_START_ATTR = "warm_started_from"  # a trial copied from an earlier sweep ("<sweep>#<number>")
 ALIVE_EVERY_S = 60.0  # how often a trial's task says so ...
 STALE_AFTER_S = 15 * 60.0  # ... and how long without it before a RUNNING trial counts as dead
 
 
 class SweepError(PermanentError):
     """The sweep cannot go on as asked (a study of another objective, no finished trial, ...)."""
+
+
+class GridSpent(SweepError):
+    """A grid sweep's slot finds every point taken (two runs of one sweep at once): it trains nothing."""
 
 
 def storage_path(team: str) -> Path:
@@ -215,7 +220,7 @@ def warm_start(spec: JobSpec, study: optuna.Study) -> int:
                 distributions=space,
                 value=t.value,
                 intermediate_values=t.intermediate_values,
-                user_attrs={"warm_started_from": f"{sweep.warm_start_from}#{t.number}"},
+                user_attrs={WARM_START_ATTR: f"{sweep.warm_start_from}#{t.number}"},
             )
         )
         added += 1
@@ -315,13 +320,8 @@ def _model_of(trained: dict) -> str:
 
 
 def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = None, state=None) -> None:
-    """``study.tell``, where a grid sampler's "the grid is done" is no error: it calls ``Study.stop``,
-    which works only inside ``optimize`` and raises here, after the trial's state is stored."""
-    try:
-        study.tell(trial, value, state=state, skip_if_finished=True)
-    except RuntimeError as err:
-        if "Study.stop" not in str(err):
-            raise
+    """``study.tell``; a trial already told (by another look at a trial left running) stays as told."""
+    study.tell(trial, value, state=state, skip_if_finished=True)
 
 
 def grid_points(sweep: Sweep) -> list[dict[str, Any]]:
@@ -338,23 +338,28 @@ def grid_points(sweep: Sweep) -> list[dict[str, Any]]:
     return points
 
 
-def _point(values: dict[str, Any]) -> str:
-    return json.dumps(values, sort_keys=True)
+def _point(values: dict[str, Any], space: dict[str, Any]) -> str:
+    """A grid point's key: the index of each value among its parameter's choices, as Optuna finds it (by
+    equality, so that a study resumed with 1 where it had 1.0 knows the point)."""
+    return json.dumps({k: space[k].to_internal_repr(v) for k, v in values.items()}, sort_keys=True)
 
 
 def _trials_by_point(trials: list[optuna.trial.FrozenTrial], sweep: Sweep) -> dict[str, list]:
     """A grid sweep's trials by the point they took (asked, or queued and not asked yet), as
-    :func:`_point`. Only trials of this grid count: a resumed sweep whose choices changed has a new grid."""
+    :func:`_point`. Only trials of this grid count (a resumed sweep whose choices changed has a new grid),
+    and only trials trained in this study: a warm start's copies guide no grid and are never its best."""
     space = distributions(sweep)
     by_point: dict[str, list] = {}
     for t in trials:
+        if WARM_START_ATTR in t.user_attrs:
+            continue
         queued = t.system_attrs.get("fixed_params") if not t.params else None
         if queued is not None:
             ours = set(queued) == set(space) and all(v in space[k].choices for k, v in queued.items())  # type: ignore[attr-defined]
         else:
             ours = t.distributions == space
         if ours:
-            by_point.setdefault(_point(queued or t.params), []).append(t)
+            by_point.setdefault(_point(queued or t.params, space), []).append(t)
     return by_point
 
 
@@ -371,9 +376,10 @@ def _grid_left(study: optuna.Study, sweep: Sweep) -> list[dict[str, Any]]:
     a warm start, another sampler or seed), which is why the sweep walks its grid itself rather than
     through Optuna's grid sampler: that one counts a failed trial's point as done, and hands a trial its
     point by the trial's number whatever the study already holds."""
+    space = distributions(sweep)
     by_point = _trials_by_point(study.get_trials(deepcopy=False), sweep)
-    lost = [json.loads(point) for point, tried in by_point.items() if _lost(tried)]
-    return lost + [p for p in grid_points(sweep) if _point(p) not in by_point]
+    lost = [tried[0].params for tried in by_point.values() if _lost(tried)]
+    return lost + [p for p in grid_points(sweep) if _point(p, space) not in by_point]
 
 
 def grid_points_left(study: optuna.Study, sweep: Sweep) -> int:
@@ -381,19 +387,27 @@ def grid_points_left(study: optuna.Study, sweep: Sweep) -> int:
     return len(_grid_left(study, sweep))
 
 
-def queue_grid_point(study: optuna.Study, sweep: Sweep) -> bool:
-    """Queue the point the next ask of a grid sweep trains (its values fixed on the trial); False when every
-    point is taken. A point queued before (by a process that died before its ask) is asked first. Called
-    under the ask lock."""
+def queue_grid_point(study: optuna.Study, sweep: Sweep) -> None:
+    """Queue the point the next ask of a grid sweep trains (its values fixed on the trial); GridSpent when
+    every point is taken. A point queued before (by a process that died before its ask) is asked first.
+    Called under the ask lock."""
     import optuna
 
-    if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-        return True
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    if waiting:
+        if _trials_by_point(waiting[:1], sweep):
+            return  # the next ask takes it (Optuna asks the queued trials in their order)
+        raise SweepError(
+            f"sweep {sweep.name}: trial {waiting[0].number} is queued with values of another grid "
+            f"({waiting[0].system_attrs.get('fixed_params')}); name a new sweep"
+        )
     left = _grid_left(study, sweep)
     if not left:
-        return False
+        raise GridSpent(
+            f"sweep {sweep.name}: every point of its grid is taken (trained, failed twice, or training in "
+            "another run); this slot trains nothing"
+        )
     study.enqueue_trial(left[0])
-    return True
 
 
 def fail_left_running(

@@ -267,11 +267,10 @@ def run_trial(
     if gone:
         log.warning("trial(s) %s, left running by an earlier try of this task, failed", gone)
     # One ask at a time per study: a trial's values are drawn seeing every trial asked before it, running
-    # ones included (TPE's constant liar; a grid point is never handed out twice while unvisited ones remain)
+    # ones included (TPE's constant liar; a grid's next point is chosen knowing every point taken)
     with ask_lock(spec.resources.team, sweep.name):
-        if sweep.sampler == "grid" and not queue_grid_point(study, sweep):
-            log.warning("sweep %s: every point of its grid is taken; slot %d trains nothing", sweep.name, slot)
-            return {"trial": None, "state": "not run", "why": "every point of the grid is taken"}
+        if sweep.sampler == "grid":
+            queue_grid_point(study, sweep)
         study.sampler = sampler(sweep, asked=len(study.get_trials(deepcopy=False)))
         trial = study.ask()
         trial.set_user_attr(RUN_ATTR, sweep_run)

@@ -10,6 +10,11 @@ def sweep(*parameters, **fields) -> dict:
 
 
 LR = {"name": "hyperparameters.learning_rate", "type": "float", "low": 1e-4, "high": 0.5, "log": True}
+CHOICE = {"name": "hyperparameters.batch_size", "type": "categorical", "choices": [16, 32]}
+WIDE = [
+    {"name": f"hyperparameters.{name}", "type": "categorical", "choices": list(range(1, 11))}
+    for name in ("epochs", "batch_size", "seed", "momentum", "weight_decay")
+]
 
 
 @pytest.mark.parametrize(
@@ -27,6 +32,8 @@ LR = {"name": "hyperparameters.learning_rate", "type": "float", "low": 1e-4, "hi
         (sweep(LR, warm_start_from="s"), "a sweep resumes its own study by its name"),
         (sweep(LR, trials=0), "sweep.trials: Input should be greater than or equal to 1"),
         (sweep(LR, seed=2**32), "sweep.seed: Input should be less than or equal to 4294967295"),
+        (sweep({**CHOICE, "choices": [1, True]}), "repeated choices [1, True]"),  # one value to Optuna
+        (sweep(*WIDE, sampler="grid"), "sweep.sampler grid: 100000 points, more than 10000"),
     ],
 )
 def test_a_bad_search_space_names_its_field(raw, says):

@@ -19,6 +19,7 @@ from trainyard.sweeps import handshake
 from trainyard.sweeps.study import (
     FAILED_ATTR,
     TRAINED_ATTR,
+    GridSpent,
     SweepError,
     close,
     fail_left_running,
@@ -293,8 +294,15 @@ def test_a_grid_counts_the_points_its_study_took_under_another_sampler_or_seed(t
     drawn = [run_trial(resumed, RUN, slot, worker([0.5, 0.6, 0.7]))["params"] for slot in (2, 3)]
     rates_trained = [t.params["hyperparameters.learning_rate"] for t in open_study(resumed).trials]
     assert sorted(rates_trained) == [0.1, 0.2, 0.3, 0.4], (taken, drawn)
-    assert run_trial(resumed, RUN, 4, worker([0.5, 0.6, 0.7]))["state"] == "not run"  # a slot too many
+    with pytest.raises(GridSpent, match="every point of its grid is taken"):  # a slot too many
+        run_trial(resumed, RUN, 4, worker([0.5, 0.6, 0.7]))
     assert len(open_study(resumed).trials) == 4
+
+    # a new grid sweep warm-started from this one: the copies guide nothing and count as no point trained
+    warm = spec(name="lr-warm", sampler="grid", seed=2, parameters=rates, warm_start_from="lr")
+    study = open_study(warm)
+    assert warm_start(warm, study) == 4
+    assert plan_sweep(warm) == [0, 1, 2, 3]
 
 
 def test_a_sweep_resumes_its_study_and_a_new_one_starts_warm(trainyard_home):
