@@ -138,15 +138,15 @@ def _digits_job(name: str, epochs: int, min_accuracy: float) -> dict:
 
 
 # A sweep whose order is known (grid_order): two good learning rates side by side, one on each GPU host (each
-# Celery worker runs one task at a time and prefetches none: acks_late), then two bad ones, each started once
-# a good trial completed, so the median pruner stops it at its first epoch
-SWEEP_RATES, SWEEP_SEED = [0.05, 0.1, 1e-05, 2e-05], 5
+# Celery worker runs one task at a time and prefetches none: acks_late), then a bad one, started once a good
+# trial completed, so the median pruner stops it at its first epoch
+SWEEP_RATES, SWEEP_SEED = [0.05, 0.1, 1e-05], 5
 
 
 def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresql(cluster, monkeypatch):
-    """A sweep through the CeleryExecutor: four trials of the digits recipe, two at a time, one on each GPU
+    """A sweep through the CeleryExecutor: three trials of the digits recipe, two at a time, one on each GPU
     worker. Its study is Optuna's RDB storage in the team's schema of the shared PostgreSQL (no journal file
-    on the shared volume); the bad learning rates are pruned at their first reporting point; the best trial
+    on the shared volume); the bad learning rate is pruned at its first reporting point; the best trial
     is registered in the MLflow server with its values. First in the module: both GPU workers are up."""
     import optuna
     from mlflow.tracking import MlflowClient
@@ -157,7 +157,7 @@ def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresq
     api, headers = _api_with_the_dag(cluster)
     sweep = {
         "name": "cluster-lr",
-        "trials": 4,
+        "trials": 3,
         "parallelism": 2,
         "sampler": "grid",
         "seed": SWEEP_SEED,
@@ -178,12 +178,11 @@ def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresq
         studies._database_storage.cache_clear()  # its engine is this cluster's, which a later test restarts
     assert not list(cluster.trainyard_home.glob("sweeps/*/*.journal"))
     by_rate = {t.params["hyperparameters.learning_rate"]: t for t in trials}
-    assert len(trials) == 4 and set(by_rate) == set(SWEEP_RATES), [(t.number, t.state, t.params) for t in trials]
+    assert len(trials) == 3 and set(by_rate) == set(SWEEP_RATES), [(t.number, t.state, t.params) for t in trials]
     states = {rate: t.state.name for rate, t in by_rate.items()}
-    # the bad rates stop at their first epoch; a good one completes, or is stopped later where it falls below
+    # the bad rate stops at its first epoch; a good one completes, or is stopped later where it falls below
     # the median of a completed trial at some epoch (the pruner's rule, not a fault)
-    assert states[1e-05] == states[2e-05] == "PRUNED", states
-    assert all(max(by_rate[rate].intermediate_values) == 1 for rate in (1e-05, 2e-05))
+    assert states[1e-05] == "PRUNED" and max(by_rate[1e-05].intermediate_values) == 1, states
     assert "FAIL" not in states.values() and "COMPLETE" in (states[0.05], states[0.1]), states
     # the trials ran on both GPU hosts
     for worker in ("worker-gpu", "worker-gpu-b"):
