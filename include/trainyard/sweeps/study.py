@@ -460,13 +460,14 @@ def close(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
             states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
     tally = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     log.info("sweep %s, run %s: %s", study.study_name, sweep_run, tally)
-    best = best_trial(study, lineage(spec, dataset))
+    of_lineage = lineage(spec, dataset)
+    best = best_trial(study, of_lineage)
     summary = log_summary(spec, study, sweep_run, best)
     if best is None:
         gone = [
             t.number
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.user_attrs.get(LINEAGE_ATTR) == lineage(spec, dataset)
+            if t.user_attrs.get(LINEAGE_ATTR) == of_lineage
             and TRAINED_ATTR in t.user_attrs
             and not Path(_model_of(t.user_attrs[TRAINED_ATTR])).is_file()
         ]

@@ -194,8 +194,8 @@ def test_concurrent_trial_processes_draw_distinct_values(trainyard_home):
 
 
 def test_a_grid_point_whose_trial_failed_is_trained_again_once(trainyard_home):
-    """Optuna counts a failed trial's grid point as visited: the next ask trains it again (a killed worker
-    must not cost the sweep a point), but only once (a point that fails again stays failed)."""
+    """A grid point whose only trial failed is trained again by the next ask (a killed worker must not cost
+    the sweep a point), but only once (a point that fails again stays failed)."""
     grid = spec(
         sampler="grid",
         seed=0,
@@ -217,7 +217,7 @@ def test_a_grid_point_whose_trial_failed_is_trained_again_once(trainyard_home):
     )
     with pytest.raises(RuntimeError):
         run_trial(pair, RUN, 0, broken)
-    # told while one point of the grid is left unasked: the grid sampler reads the trial's grid id back
+    # the failed point again, told while the other point is still unasked
     assert run_trial(pair, RUN, 0, worker([0.5, 0.6, 0.7]))["state"] == "complete"
     assert run_trial(pair, RUN, 1, worker([0.5, 0.6, 0.7]))["state"] == "complete"
     done = [lr(t) for t in open_study(pair).trials if t.state == optuna.trial.TrialState.COMPLETE]
