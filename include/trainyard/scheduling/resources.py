@@ -65,6 +65,17 @@ class PriorityRange(_Model):
     max: int = Field(1000, ge=1, le=1000)
 
 
+class JobLimits(_Model):
+    """What of its host a local training may use, per slot it holds (CPU and memory) and per job
+    (processes): enforced on every training process, built-in or custom, by the local launcher."""
+
+    cpus_per_slot: float = Field(1.0, gt=0, le=256, description="CPU cores per slot (a job's cap: this x its slots)")
+    memory_gb_per_slot: float = Field(
+        4.0, gt=0, le=4096, description="memory per slot in GiB (a job's cap: this x its slots; past it, OOM-killed)"
+    )
+    processes: int = Field(512, ge=16, le=65536, description="the most processes and threads one job may have at once")
+
+
 class TeamPolicy(_Model):
     """What a team's jobs may ask for beyond GPUs: checked by ``validate_spec`` and again where each thing
     is used (the Kubernetes launcher, the local launcher)."""
@@ -83,6 +94,7 @@ class TeamPolicy(_Model):
     )
     custom_commands: bool = Field(False, description="whether it may run its own command (recipe: custom)")
     max_gpus_per_job: int | None = Field(None, ge=1, description="the most GPUs (slots) one job may ask for")
+    limits: JobLimits | None = Field(None, description="its jobs' host limits (absent: the file's top-level limits)")
 
 
 class NotifyTarget(_Model):
@@ -167,6 +179,11 @@ class ResourcesConfig(_Model):
         {"low": 100, "normal": 500, "high": 900}, description="name -> value (Kubernetes PriorityClass / Kueue)"
     )
     scheduling: Scheduling = Scheduling()
+    limits: JobLimits = Field(JobLimits(), description="every team's jobs' host limits, unless its policy sets its own")
+
+    def job_limits(self, team: str) -> JobLimits:
+        """The host limits of ``team``'s jobs: its policy's, else the file's."""
+        return self.teams[team].policy.limits or self.limits
 
     def quota(self, team: str, gpu_type: str) -> int:
         return self.teams[team].quota.get(gpu_type, 0)
