@@ -71,6 +71,7 @@ export PATH=$VENV/bin:$PATH
 missing=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v bwrap >/dev/null || missing+=(bubblewrap)  # the sandbox's namespaces (trainyard.training.launchers.sandbox)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing ${missing[*]} (apt-get install)"

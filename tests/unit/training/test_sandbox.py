@@ -121,14 +121,17 @@ def test_a_sandboxed_process_reads_its_data_and_writes_its_work_only(state):
 CHILD = textwrap.dedent(
     """
     import json, os, signal, subprocess, sys, time
-    from trainyard.training.launchers import sandbox
+    from trainyard.training.launchers import limits, sandbox
     work, data, crash = sys.argv[1], sys.argv[2], sys.argv[3] == "crash"
-    box = sandbox.Sandbox(work, readable=[data]).__enter__()
+    held = limits.HostLimits(cpus=1, memory_bytes=1 << 30, processes=64)
+    box = sandbox.Sandbox(work, readable=[data], host_limits=held).__enter__()
     sleeper = subprocess.Popen(box.command(["sleep", "600"]), env=box.env({"PATH": "/usr/bin:/bin"}))
     deadline = time.monotonic() + 30
     while not sandbox.processes_of(box.user.uid):  # the entry point switches to the user, then execs
         assert sleeper.poll() is None and time.monotonic() < deadline, "the sandboxed sleeper did not start"
-    print(json.dumps({"user": box.user.name, "uid": box.user.uid, "sleeper": sleeper.pid}), flush=True)
+    cgroups = [str(d) for d, _ in box.enforcement.cgroup.dirs.values()]
+    said = {"user": box.user.name, "uid": box.user.uid, "sleeper": sleeper.pid, "cgroups": cgroups}
+    print(json.dumps(said), flush=True)
     if crash:
         os.kill(os.getpid(), signal.SIGKILL)
     sys.stdin.read()  # hold the sandbox until the test closes stdin
@@ -168,17 +171,24 @@ def test_two_launches_at_once_get_users_of_their_own(state):
 
 @pytest.mark.sandbox
 def test_a_crashed_launch_is_cleaned_up_by_the_next_one_under_that_user(state):
-    """The launching process dies with its sandbox open (SIGKILL): its lock goes with it, and the next launch
-    that takes the same user kills what it left running and revokes what it was granted."""
+    """The launching process dies with its sandbox open (SIGKILL): its lock goes with it, its processes die
+    with it (bubblewrap dies with its parent, and the PID namespace with bubblewrap), and the next launch
+    that takes the same user revokes what it was granted and removes its cgroup."""
+    import time
+
     old_work, old_data = state["run_config"].parent / "work", state["data"].parent
     proc, crashed = child(old_work, old_data, "crash")
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert crashed["uid"] in acl_users(old_data)
-    assert sandbox.processes_of(crashed["uid"]) == [crashed["sleeper"]]
+    assert crashed["cgroups"] and all(Path(d).is_dir() for d in crashed["cgroups"])
+    deadline = time.monotonic() + 30  # the kernel delivers the parent-death signals
+    while sandbox.processes_of(crashed["uid"]):
+        assert time.monotonic() < deadline, "the crashed launch's processes outlived it"
+        time.sleep(0.05)
     with sandbox.Sandbox(state["other_run"].parent / "work", among=[crashed["user"]]) as box:
         assert box.user is not None and box.user.name == crashed["user"]
-        assert crashed["sleeper"] not in sandbox.processes_of(crashed["uid"])
+        assert not any(Path(d).exists() for d in crashed["cgroups"])
         assert crashed["uid"] not in acl_users(old_data)
         assert all(p.lstat().st_uid == os.getuid() for p in [old_work, *old_work.rglob("*")])
 

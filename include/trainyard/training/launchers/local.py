@@ -3,12 +3,19 @@ horovodrun for horovod) as a subprocess of the task, its output streamed line by
 
 :func:`launch` is the pipeline's entry point: plan (:func:`~trainyard.training.launchers.command.local_command`
 on this machine's facts), launch (:func:`run`), collect (one usage record for this try, always).
+
+Every launch holds its workers to the job's CPU, memory and process limits
+(:mod:`~trainyard.training.launchers.limits`): in the sandbox's cgroup, or, for a built-in trainer's workers
+outside the sandbox, in a cgroup of their own where the worker is root; the task log says which limit is not
+enforced and why. Workers stopped by a limit fail the task with
+:class:`~trainyard.training.launchers.limits.LimitReached`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import threading
@@ -21,7 +28,7 @@ from pathlib import Path
 from trainyard import paths
 from trainyard.errors import RetryableError
 from trainyard.spec import JobSpec
-from trainyard.training.launchers import sandbox
+from trainyard.training.launchers import limits, sandbox
 from trainyard.training.launchers.base import (
     Interval,
     Launcher,
@@ -98,6 +105,7 @@ class LocalPlan:
     unsandboxed_because: str | None = None  # why a built-in trainer's workers run as the task's own user
     relay_to_run: str | None = None  # the MLflow run the metrics file is relayed to while the workers run
     tensorboard_dir: str | None = None
+    limits: limits.HostLimits | None = None  # the job's CPU, memory and process limits (None: none asked)
 
     @property
     def sandboxed(self) -> bool:
@@ -119,10 +127,12 @@ class LocalLauncher(Launcher):
         The workers run in the sandbox: a custom command always (SandboxUnavailable where there is none), a
         built-in trainer's wherever this host has one (elsewhere as the task's user, and the log says why)."""
         from trainyard import recipes
-        from trainyard.scheduling.resources import check_policy, resources_in_force
+        from trainyard.scheduling.resources import resources_in_force
+        from trainyard.teams import check_policy
 
         # the inventory the queue admitted the job under: an edit that broke the file does not fail it
-        check_policy(spec, resources_in_force())
+        resources = resources_in_force()
+        check_policy(spec, resources)
         if spec.recipe == "custom":
             sandbox.require()
             why, readable = None, [data["path"]]
@@ -153,28 +163,58 @@ class LocalLauncher(Launcher):
             unsandboxed_because=why,
             relay_to_run=cfg.mlflow_run_id if cfg and cfg.metrics_file else None,
             tensorboard_dir=cfg.tensorboard_dir if cfg else None,
+            limits=limits.job_limits(spec, resources),
         )
 
     def launch(self, plan: LocalPlan, on_line: Callable[[str], None], stop: threading.Event | None = None) -> None:
         with self._relay(plan, on_line):
             if not plan.sandboxed:
                 on_line(f"sandbox: none on this host, the workers run as this task's user: {plan.unsandboxed_because}")
-                self.workers_started = time.time()
-                run(plan.command.argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s, stop=stop)
+                self._launch_unsandboxed(plan, on_line, stop)
                 return
             Path(plan.run_dir, SANDBOXED_MARK).touch()
-            with sandbox.Sandbox(work_dir(plan.run_dir), readable=plan.readable) as box:
+            with sandbox.Sandbox(work_dir(plan.run_dir), readable=plan.readable, host_limits=plan.limits) as box:
                 assert box.user is not None
                 on_line(f"sandbox: running as {box.user.name} (uid {box.user.uid})")
+                if box.enforcement is not None:
+                    nproc = box.enforcement.limits.processes
+                    fallback = f"; the sandbox user's RLIMIT_NPROC {nproc} holds them instead"
+                    for line in box.enforcement.log_lines(fallback):
+                        on_line(line)
                 self.workers_started = time.time()
-                run(
-                    box.command(plan.command.argv),
-                    env=box.env(plan.command.env),
-                    on_line=on_line,
-                    timeout_s=plan.timeout_s,
-                    after_exit=box.stop,
-                    stop=stop,
-                )
+                with _naming_the_limit(box.limit_reached):
+                    run(
+                        box.command(plan.command.argv),
+                        env=box.env(plan.command.env),
+                        on_line=on_line,
+                        timeout_s=plan.timeout_s,
+                        after_exit=box.stop,
+                        stop=stop,
+                    )
+
+    def _launch_unsandboxed(
+        self, plan: LocalPlan, on_line: Callable[[str], None], stop: threading.Event | None
+    ) -> None:
+        """The workers as this task's user, in a cgroup of their own where this worker can make one."""
+        argv, held = plan.command.argv, None
+        if plan.limits is not None:
+            limits.remove_leftovers("task")  # what a crashed task's launch left
+            held = limits.create(f"task{os.getpid()}-{secrets.token_hex(4)}", plan.limits)
+            for line in held.log_lines():
+                on_line(line)
+        cgroup = held.cgroup if held else None
+        if cgroup is not None:
+            argv = sandbox.joined(argv, cgroup)
+        self.workers_started = time.time()
+        try:
+            with _naming_the_limit(lambda: cgroup.breaches(held.limits) if cgroup and held else None):
+                run(argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s, stop=stop)
+        finally:
+            if cgroup is not None:
+                try:
+                    cgroup.remove()
+                except limits.CgroupError as err:  # what the workers left runs on; a later launch removes it
+                    on_line(f"limits: {err}")
 
     @staticmethod
     def _relay(plan: LocalPlan, on_line: Callable[[str], None]) -> contextlib.AbstractContextManager:
@@ -215,6 +255,20 @@ def launch(
         started = launcher.workers_started
         if started is not None:
             launcher.record(spec, run_dir, launcher.collect(plan, Interval(started, time.time())))
+
+
+@contextlib.contextmanager
+def _naming_the_limit(reached: Callable[[], limits.LimitReached | None]):
+    """Workers that failed after a limit stopped some of their processes fail with that limit's error."""
+    try:
+        yield
+    except WorkersStopped:
+        raise
+    except LaunchError as err:
+        hit = reached()
+        if hit is not None:
+            raise hit from err
+        raise
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -11,11 +11,14 @@ takes one that no other launch on this host holds (an exclusive ``flock`` in :da
 the kernel when the launching process dies), so two runs never share a user and cannot read each other's
 files. A launch waits a while for a free user; a fleet of sandboxes that stays busy is a retryable error.
 
-**How it starts.** The launcher runs :func:`main` (``python -c``) with the user, the work directory and
-the command, as root: it unshares a network namespace (loopback only, so no local service, another job's
-rendezvous store or the Airflow API is reachable, and no outside network either) and a mount namespace
-(a fresh ``/dev/shm``), sets ``no_new_privs``, drops every group and switches to the sandbox user, then
-execs the command (torchrun or horovodrun and their workers: trainyard's or the user's program).
+**How it starts.** The launcher runs :mod:`~trainyard.training.launchers.sandbox_entry` (``python -I -S``)
+with the launch's cgroup, the user, the work directory and the command, as root: it moves itself into the
+cgroup (the job's CPU, memory and process limits, :mod:`~trainyard.training.launchers.limits`), then
+bubblewrap gives it a PID namespace with its own ``/proc`` (the job sees no other process on the host), a
+network namespace (loopback only, so no local service, another job's rendezvous store or the Airflow API
+is reachable, and no outside network either), a mount namespace (a fresh ``/dev/shm``) and SysV IPC of its
+own, with ``no_new_privs``; it drops every group and switches to the sandbox user, then execs the command
+(torchrun or horovodrun and their workers: trainyard's or the user's program).
 
 **What it can reach.** trainyard's state is not for others: ``$TRAINYARD_HOME`` and ``$AIRFLOW_HOME`` are
 closed to others (``chmod o-rwx``, at set-up and again at each launch; the Airflow processes and the CLI
@@ -31,12 +34,14 @@ the command ``Permission denied``. Directories outside that state that others ma
 under ``/root``) become searchable for the user, not readable: see :func:`private_dirs_opened`.
 
 **Crash safety.** What a launch grants is written to ``STATE_DIR/<user>.json`` before it is granted.
-Leaving the sandbox kills every process left under the user (``kill -1`` as that user), revokes what the
-record lists, deletes what it left in ``/tmp`` and gives the ``work`` tree back to the Airflow user (a walk
-by directory descriptors that follows no link); only then is the lock released. A launch that died with its
+Leaving the sandbox kills every process left under the user (``kill -1`` as that user), removes the
+launch's cgroup (named after the user), revokes what the record lists, deletes what it left in ``/tmp``
+and gives the ``work`` tree back to the Airflow user (a walk by directory descriptors that follows no
+link); only then is the lock released. A launch that died with its
 sandbox open is cleaned up the same way by the next launch on the host that finds its user unlocked.
 
-Where the sandbox cannot be had (not root, no sandbox users, no ``setfacl``, no ACL support, no namespaces)
+Where the sandbox cannot be had (not root, no sandbox users, no ``setfacl``, no ACL support, no
+bubblewrap or no namespaces)
 :func:`require` refuses a custom command and says why; no custom command runs unsandboxed. A built-in
 trainer's workers then run as the task's own user (trainyard's code on the run's data; the log says so).
 On Kubernetes the workers run in their team's namespace with the team's service account instead
@@ -64,12 +69,15 @@ from pathlib import Path
 from trainyard import paths
 from trainyard.errors import PermanentError, RetryableError
 from trainyard.files import atomic_write, file_lock
-from trainyard.training.launchers import sandbox_entry
+from trainyard.training.launchers import limits, sandbox_entry
 from trainyard.training.launchers.sandbox_entry import USER_PREFIX, USERS
 
 STATE_DIR = Path("/var/lib/trainyard-sandbox")  # host-wide: locks and grant records of every launch here
 PRIVATE_UMASK = 0o007
 BUSY_WAIT_S = 900.0  # the longest a launch waits for a free sandbox user
+# RLIMIT_NPROC of a sandbox user whose launch has no process limit of its own (the sandbox's own tests) or
+# whose processes no cgroup counts: a fork bomb stops there
+PROCESS_LIMIT = 4096
 # What a custom command's environment keeps of the worker's (the rest, Airflow's and trainyard's settings
 # and any secret in them, is dropped); the launcher adds the platform's TRAINYARD_* and rendezvous variables.
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
@@ -140,6 +148,8 @@ def unavailable_reason() -> str | None:
         return f"no sandbox users ({USER_PREFIX}0...) on this host: run `trainyard sandbox setup` as root"
     if shutil.which("setfacl") is None:
         return "setfacl is missing (Debian: apt-get install acl), so the run's files cannot be opened to it alone"
+    if shutil.which("bwrap", path=sandbox_entry.SYSTEM_PATH) is None:
+        return "bubblewrap is missing (Debian: apt-get install bubblewrap), which gives a job its own namespaces"
     if _ready:
         return None
     try:
@@ -148,12 +158,10 @@ def unavailable_reason() -> str | None:
         _setfacl("-x", f"u:{found[0].uid}", str(STATE_DIR))
     except (OSError, SandboxError) as err:
         return f"the filesystem of {STATE_DIR} takes no POSIX ACL ({err})"
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", ENTRY, "--probe"], stdin=subprocess.DEVNULL, capture_output=True, text=True
-    )
+    done = subprocess.run([*entry_argv(), "--probe"], stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or ["?"])[-1]
-        return f"this host does not let the worker create network and mount namespaces (CAP_SYS_ADMIN): {why}"
+        return f"this host does not let bubblewrap create PID, network and mount namespaces (CAP_SYS_ADMIN): {why}"
     _ready.append(True)  # users, ACLs and namespaces do not go away: this process need not ask again
     return None
 
@@ -380,16 +388,24 @@ class Sandbox:
     ``box.env(...)``, and call ``box.stop()`` once the command's own process has ended.
 
     ``work_dir`` becomes the sandbox user's for the duration (created if missing); ``readable`` are the
-    files or trees it may read; what leads to them it may search."""
+    files or trees it may read; what leads to them it may search. ``host_limits``: the job's CPU, memory and
+    process limits, held by a cgroup named after the user (:attr:`enforcement` says what holds them);
+    without, the user's RLIMIT_NPROC (:data:`PROCESS_LIMIT`) only."""
 
     def __init__(
-        self, work_dir: str | Path, readable: Iterable[str | Path] = (), among: Iterable[str] | None = None
+        self,
+        work_dir: str | Path,
+        readable: Iterable[str | Path] = (),
+        among: Iterable[str] | None = None,
+        host_limits: limits.HostLimits | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.readable = [Path(p).resolve() for p in readable]
         # the names the command opens them by (a link's own directory must be searchable too)
         self.named = [Path(p).absolute() for p in readable]
         self.among = None if among is None else set(among)  # the sandbox users it may take (default: any)
+        self.host_limits = host_limits
+        self.enforcement: limits.Enforcement | None = None
         self.user: SandboxUser | None = None
         self._lock_fd: int | None = None
 
@@ -401,6 +417,8 @@ class Sandbox:
             self._clean_up(self.user)  # what a crashed launch under this user left
             self._clean_up_unlocked()  # and under any other user no launch holds
             self._grant(self.user)
+            if self.host_limits is not None:
+                self.enforcement = limits.create(self.user.name, self.host_limits)
         except BaseException:
             self._leave()
             raise
@@ -500,6 +518,7 @@ class Sandbox:
 
     def _clean_up(self, user: SandboxUser) -> None:
         kill_all(user)
+        limits.remove(user.name)  # the launch's cgroup, named after its user, once its processes are gone
         _remove_owned(user.uid)
         record_path = _record_path(user)
         if not record_path.exists():
@@ -519,13 +538,21 @@ class Sandbox:
     # what the launch uses
     def command(self, argv: list[str]) -> list[str]:
         """``argv`` started through :mod:`~trainyard.training.launchers.sandbox_entry` as this sandbox's user,
-        in its namespaces."""
+        in its namespaces and its cgroup."""
         assert self.user is not None
-        # -I: the root part reads no user site-packages, no PYTHON* variable and neither the working nor
-        # the script's directory (HOME is the work directory, which the program wrote on an earlier try);
-        # -S: no site module, so no .pth file of the environment runs as root either: the standard library only
         uid, gid = str(self.user.uid), str(self.user.gid)
-        return [sys.executable, "-I", "-S", ENTRY, uid, gid, str(self.work_dir), "--", *argv]
+        cgroup = self.enforcement.cgroup if self.enforcement else None
+        if self.enforcement is not None and self.enforcement.counts_processes:
+            nproc = sandbox_entry.UNLIMITED  # the cgroup counts them, and says so when a fork is refused
+        else:
+            nproc = str(self.host_limits.processes if self.host_limits else PROCESS_LIMIT)
+        cgroups = [a for f in (cgroup.procs_files if cgroup else []) for a in ("--cgroup", f)]
+        return [*entry_argv(), "enter", *cgroups, nproc, uid, gid, str(self.work_dir), "--", *argv]
+
+    def limit_reached(self) -> limits.LimitReached | None:
+        """Once the command has ended: the error naming each limit that stopped its processes, or None."""
+        cgroup = self.enforcement.cgroup if self.enforcement else None
+        return cgroup.breaches(self.host_limits) if cgroup and self.host_limits else None
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` for the sandboxed command: HOME, TMPDIR and torch.compile's caches in its work
@@ -540,6 +567,19 @@ class Sandbox:
             "GLOO_SOCKET_IFNAME": "lo",
             "NCCL_SOCKET_IFNAME": "lo",
         }
+
+
+def entry_argv() -> list[str]:
+    """The entry's interpreter and file. -I: the root part reads no user site-packages, no PYTHON* variable and
+    neither the working nor the script's directory (HOME is the work directory, which the program wrote on an
+    earlier try); -S: no site module, so no .pth file of the environment runs as root either: the standard
+    library only."""
+    return [sys.executable, "-I", "-S", ENTRY]
+
+
+def joined(argv: list[str], cgroup: limits.LaunchCgroup) -> list[str]:
+    """``argv`` run unsandboxed, as the caller, in ``cgroup`` (which the entry joins before it execs)."""
+    return [*entry_argv(), "join", *[a for f in cgroup.procs_files for a in ("--cgroup", f)], "--", *argv]
 
 
 def _record_path(user: SandboxUser) -> Path:
