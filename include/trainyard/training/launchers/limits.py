@@ -66,7 +66,7 @@ class HostLimits:
         slots = f"{self.slots} slot{'s' if self.slots != 1 else ''}"
         if controller == "memory":
             per = f"{self.source}.memory_gb_per_slot {self.memory_gb_per_slot:g} x {slots}"
-            return f"memory limit {self.memory_bytes / GIB:.1f} GiB ({per})"
+            return f"memory limit {self.memory_bytes / GIB:.3g} GiB ({per})"
         if controller == "cpu":
             return f"CPU limit {self.cpus:g} cores ({self.source}.cpus_per_slot {self.cpus_per_slot:g} x {slots})"
         return f"process limit {self.processes} ({self.source}.processes)"
