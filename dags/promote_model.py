@@ -1,20 +1,26 @@
 """
 ### promote_model
 
-Point an alias of a registered model (`staging`, `production`) at a verified version:
+Point an alias of a registered model (`staging`, `production`) at a verified version, or roll it back:
 
-`verify` → `needs_approval` → `approve` (only if `require_approval`) → `move_alias`
+`verify` → `needs_approval` → `approve` (when the owning team's policy asks) → `move_alias`
+
+Only a promoter of the team that owns the model (resources.yaml `teams.<team>.policy.promoters`; absent:
+every member) or an Airflow admin may move its aliases: `verify` fails the run naming who may. Whether a move
+waits for approval is the owning team's policy (`policy.approval`, by default `[production]`), not the
+requester's choice. `approve` then waits (up to 24 h) under "Required actions" (or
+`PATCH .../taskInstances/approve/-1/hitlDetails`) for another promoter or an admin: Airflow answers anyone
+else, the requester included, with HTTP 403. Reject or no answer fails the run.
 
 `verify` downloads every file of the version and checks it against the Ed25519-signed SHA-256 manifest
-stored with it; a changed, missing or extra file, or a bad signature, fails the run there. With
-`require_approval`, `approve` waits (up to 24 h) for a person to answer Approve/Reject under
-"Required actions" (or `PATCH .../taskInstances/approve/-1/hitlDetails`); Reject or no answer fails the
-run. `move_alias` verifies again (the files may have changed while waiting), moves the alias and appends
-the move to the alias history (`trainyard models history <model>`; who = the user who triggered the run).
+stored with it; a changed, missing or extra file, or a bad signature, fails the run there. `move_alias`
+checks the requester and the approver again, verifies again (the files may have changed while waiting),
+moves the alias and appends the move to the audit trail (`trainyard models history <model>`; who = the user
+who triggered the run, `approved_by` = who approved). `action: rollback` with no version moves the alias
+back to the version that held it before (`trainyard models rollback` triggers this).
 
 The verify key comes from the connection `trainyard_signing` (extra `{"verify_key": "<PEM>"}` or
 `{"verify_key_path": "/path.pem"}`), else `$TRAINYARD_VERIFY_KEY`, else `$TRAINYARD_HOME/keys/verify_key.pem`.
-Rollback is the CLI's `trainyard models rollback <model>`, or this DAG with the version to go back to.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.notifications import TeamNotifier
+from trainyard_airflow.operators.approval import TeamApprovalOperator
 
 CONN_ID = "trainyard_signing"
 APPROVAL_TIMEOUT = timedelta(hours=24)
@@ -37,6 +44,11 @@ default_args = {
     "retry_delay": timedelta(seconds=10),
     "on_failure_callback": [TeamNotifier(event="failure")],
 }
+
+
+def _requester() -> str | None:
+    """The Airflow user who triggered this run (the UI, REST, `trainyard models promote`); None if no person did."""
+    return getattr(get_current_context()["dag_run"], "triggering_user_name", None) or None
 
 
 def _trusted_keys():
@@ -64,39 +76,64 @@ def _trusted_keys():
     doc_md=__doc__,
     params={
         "model": Param("digits", type="string", minLength=1, description="Registered model name."),
-        "version": Param("", type="string", description="Version to promote; empty = the version under `staging`."),
+        "version": Param(
+            "",
+            type="string",
+            description="Version to move to; empty: the one under `staging` (promote), the one before (rollback).",
+        ),
         "alias": Param("production", enum=["staging", "production"], description="Alias to move."),
         "reason": Param("", type="string", minLength=1, description="Why (recorded in the alias history)."),
-        "require_approval": Param(False, type="boolean", description="Wait for a person to approve the move."),
+        "action": Param("promote", enum=["promote", "rollback"], description="A promotion, or a rollback."),
     },
 )
 def promote_model():
-    from airflow.providers.standard.operators.hitl import ApprovalOperator
-
     @task
     @fail_permanently
     def verify(params: dict | None = None) -> dict:
-        """Re-hash every file of the version and check the signed manifest; a mismatch fails the run."""
+        """Check that the requester may move the model's aliases, then re-hash every file of the version
+        and check the signed manifest; either failing fails the run."""
         assert params is not None  # Airflow passes the run's params by name
-        from trainyard.registry.versions import alias_holder, resolve_version, verify_version
+        from trainyard import teams
+        from trainyard.errors import NotFoundError
+        from trainyard.registry import ownership
+        from trainyard.registry.versions import alias_holder, resolve_version, rollback_target, verify_version
+        from trainyard.scheduling.resources import resources_in_force
         from trainyard.tracking.mlflow_tracking import client
+        from trainyard_airflow.auth import admins, is_admin
 
-        c = client()
-        version = resolve_version(c, params["model"], params["version"])
-        info = verify_version(c, params["model"], version, _trusted_keys())
-        return {**info, "alias": params["alias"], "current": alias_holder(c, params["model"], params["alias"])}
+        c, model, alias = client(), params["model"], params["alias"]
+        owner = ownership.owner(c, model)
+        if owner is None:
+            raise NotFoundError(f"no registered model {model!r}")
+        config, requester = resources_in_force(), _requester()
+        teams.check_alias_move(config, model, owner, requester, admin=is_admin(requester))
+        if params["action"] == "rollback":
+            version = rollback_target(c, model, alias, params["version"])
+        else:
+            version = resolve_version(c, model, params["version"])
+        info = verify_version(c, model, version, _trusted_keys())
+        return {
+            **info,
+            "alias": alias,
+            "current": alias_holder(c, model, alias),
+            "owner": owner,
+            "requester": requester,
+            "approval": teams.needs_approval(config, owner, alias),
+            "approvers": teams.approvers(config, owner, str(requester), admins()),
+        }
 
     @task.branch
     @fail_permanently
-    def needs_approval(params: dict | None = None) -> str:
-        """`approve` if the run asks for a human decision, else straight to `move_alias`."""
-        assert params is not None  # Airflow passes the run's params by name
-        return "approve" if params["require_approval"] else "move_alias"
+    def needs_approval(verified: dict) -> str:
+        """`approve` if the owning team's policy asks for a second person on this alias, else `move_alias`."""
+        return "approve" if verified["approval"] else "move_alias"
 
-    approve = ApprovalOperator(
+    approve = TeamApprovalOperator(
         task_id="approve",
+        verify_task="verify",
         subject=(
-            "Move {{ params.alias }} of {{ params.model }} to version {{ ti.xcom_pull(task_ids='verify')['version'] }}?"
+            "{{ params.action | capitalize }}: move {{ params.alias }} of {{ params.model }} to version "
+            "{{ ti.xcom_pull(task_ids='verify')['version'] }}?"
         ),
         body=(
             "Currently `{{ params.alias }}` = version {{ ti.xcom_pull(task_ids='verify')['current'] }}.\n\n"
@@ -104,7 +141,8 @@ def promote_model():
             "{{ ti.xcom_pull(task_ids='verify')['files'] }} files, manifest "
             "`{{ ti.xcom_pull(task_ids='verify')['manifest_sha256'] }}`, key "
             "`{{ ti.xcom_pull(task_ids='verify')['key_id'] }}`.\n\nReason: {{ params.reason }}\n\n"
-            "Requested by {{ dag_run.triggering_user_name or 'airflow' }}."
+            "Requested by {{ ti.xcom_pull(task_ids='verify')['requester'] }}; the model belongs to team "
+            "{{ ti.xcom_pull(task_ids='verify')['owner'] }}."
         ),
         defaults="Reject",  # no answer within response_timeout = Reject = failed run, alias unchanged
         response_timeout=APPROVAL_TIMEOUT,
@@ -115,32 +153,42 @@ def promote_model():
     @task(trigger_rule="none_failed_min_one_success", on_success_callback=[TeamNotifier(event="promoted")])
     @fail_permanently
     def move_alias(verified: dict, params: dict | None = None) -> dict:
-        """Verify again, move the alias, append who/when/from/to/why to the alias history."""
+        """Check the requester (and the approver) again, verify again, move the alias, append
+        who/when/from/to/why to the audit trail."""
         assert params is not None  # Airflow passes the run's params by name
+        from trainyard import teams
         from trainyard.registry.versions import promote
+        from trainyard.scheduling.resources import resources_in_force
         from trainyard.tracking.mlflow_tracking import client
+        from trainyard_airflow.auth import is_admin
 
         ctx = get_current_context()
         dag_run = ctx["dag_run"]
-        extra: dict[str, str | None] = {"dag_run": f"{dag_run.dag_id}/{dag_run.run_id}"}
-        answer = ctx["ti"].xcom_pull(task_ids="approve") if params["require_approval"] else None
-        if answer:
-            extra["approved_by"] = (answer.get("responded_by_user") or {}).get("name")
+        model, owner, requester = params["model"], verified["owner"], _requester()
+        config = resources_in_force()  # the policy as it is now: it may have changed while the move waited
+        teams.check_alias_move(config, model, owner, requester, admin=is_admin(requester))
+        extra: dict[str, str | None] = {"dag_run": f"{dag_run.dag_id}/{dag_run.run_id}", "team": owner}
+        if verified["approval"]:
+            answer = ctx["ti"].xcom_pull(task_ids="approve") or {}
+            approver = (answer.get("responded_by_user") or {}).get("name")
+            teams.check_approval(config, model, owner, str(requester), approver, admin=is_admin(approver))
+            extra["approved_by"] = approver
         return promote(
             client(),
-            params["model"],
+            model,
             verified["version"],
             params["alias"],
-            user=getattr(dag_run, "triggering_user_name", None) or "airflow",
+            user=str(requester),
             reason=params["reason"],
             trusted=_trusted_keys(),
+            action=params["action"],
             extra=extra,
         )
 
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for
     # at run time. `Any` says both to mypy, which still checks each call's arguments by count and name.
     verified: Any = verify()
-    branch = needs_approval()
+    branch = needs_approval(verified)
     moved = move_alias(verified)
     verified >> branch >> [approve, moved]
     approve >> moved

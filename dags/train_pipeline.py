@@ -174,11 +174,12 @@ def train_pipeline():
     @fail_permanently
     def validate_spec() -> dict:
         """Validate the JobSpec; fails at once, naming every bad field."""
-        from trainyard.pipeline import check_worker
+        from trainyard.pipeline import check_ownership, check_worker
         from trainyard.pipeline import validate_spec as check
 
         spec = check(_raw_spec(), user=_triggering_user())
         check_worker(spec)
+        check_ownership(spec)
         return spec.model_dump(mode="json")
 
     @task

@@ -47,8 +47,9 @@ def validate_spec(raw: dict, user: str | None = None, audit: bool = True) -> Job
     (``trainyard validate``) writes nothing."""
     from trainyard import recipes
     from trainyard.scheduling.budgets import check_budget
-    from trainyard.scheduling.resources import check_member, check_policy, check_spec, load_resources
+    from trainyard.scheduling.resources import check_spec, load_resources
     from trainyard.sweeps.check import check_sweep
+    from trainyard.teams import check_member, check_policy
     from trainyard.training.strategies.precision import check_precision
 
     spec = parse_spec(raw)
@@ -82,6 +83,22 @@ def check_worker(spec: JobSpec) -> None:
         from trainyard.training.launchers.sandbox import require
 
         require()
+
+
+def check_ownership(spec: JobSpec, client=None, *, claim: bool = False) -> None:
+    """Refuse a job that would register into a model another team owns, naming the owner
+    (:mod:`trainyard.registry.ownership`, :func:`trainyard.teams.check_owner`). Checked by the run's first
+    task, before any data moves, and again by ``register`` with ``claim``: a model no team owns yet is then
+    made, owned by the job's team. A replay registers nothing."""
+    if spec.replay_of is not None:
+        return
+    from trainyard.registry import ownership
+    from trainyard.teams import check_owner
+    from trainyard.tracking import mlflow_tracking as mt
+
+    c = client or mt.client()
+    team = spec.resources.team
+    check_owner(spec.name, ownership.claim(c, spec.name, team) if claim else ownership.owner(c, spec.name), team)
 
 
 def team_standing(fleet: ResourcesConfig, team: str, month: str | None = None) -> TeamMonth:
@@ -691,6 +708,7 @@ def register(
     from trainyard.tracking import mlflow_tracking as mt
 
     c = mt.client()
+    check_ownership(spec, c, claim=True)  # before anything is logged: a refused registration leaves nothing behind
     run_tags = c.get_run(trained["mlflow_run_id"]).data.tags
     tags = {
         "dataset.store": dataset["store"],

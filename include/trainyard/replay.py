@@ -95,12 +95,18 @@ def trainer_dependencies(rec: Recorded) -> list[str]:
     return found
 
 
+def identifies_code(version: str | None) -> bool:
+    """Whether a recorded code version names one code exactly: not ``unknown`` nor a bare ``-dirty`` (what
+    trainyard recorded before it digested the changes), which two different trees could share."""
+    return bool(version) and version != "unknown" and not str(version).endswith("-dirty")
+
+
 def differences(rec: Recorded, code_version: str, dependencies: list[str]) -> list[str]:
     """How this environment differs from the one ``rec`` trained in, one line each (empty: none)."""
     from trainyard import environment
 
     out = []
-    if rec.code_version != code_version:
+    if rec.code_version != code_version or not identifies_code(code_version):
         out.append(f"code version: recorded {rec.code_version}, here {code_version}")
     if rec.dependencies_sha256 != environment.digest(dependencies):
         if rec.dependencies is None:

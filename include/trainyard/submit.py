@@ -118,9 +118,10 @@ def follow(
     out: TextIO = sys.stderr,
     poll_s: float = 5.0,
     queue_place: Callable[[str], str | None] | None = None,
+    streamed: tuple[str, ...] = STREAMED,
 ) -> str:
     """Print the run's task states as they change, the job's place in the queue while it waits, and the
-    streamed tasks' new log lines, until the run ends; its final state."""
+    ``streamed`` tasks' new log lines, until the run ends; its final state."""
     seen: dict[str, tuple[str, int]] = {}
     logs = LogFollower(client, dag_id, run_id)
     job = f"{dag_id}/{run_id}"
@@ -134,7 +135,7 @@ def follow(
                 print(f"{name}: {ti['state']}{tried}", file=out, flush=True)
             seen[name] = now
             if (
-                ti["task_id"] in STREAMED
+                ti["task_id"] in streamed
                 and ti["try_number"] > 0
                 and ti["state"] not in ("none", "scheduled", "queued")
             ):
@@ -151,15 +152,24 @@ def follow(
         time.sleep(poll_s)
 
 
-def submit(client: Any, login_url: str, conf: dict, dag_id: str, wait: bool, poll_s: float) -> tuple[str, str | None]:
+def submit(
+    client: Any,
+    login_url: str,
+    conf: dict,
+    dag_id: str,
+    wait: bool,
+    poll_s: float,
+    streamed: tuple[str, ...] = STREAMED,
+) -> tuple[str, str | None]:
     """Trigger a run with ``conf`` (printing its id on stdout, its page on stderr) and, with ``wait``,
-    follow it to its end: (run id, final state or None). ``trainyard submit`` and ``trainyard replay``."""
+    follow it to its end, with the ``streamed`` tasks' logs: (run id, final state or None). ``trainyard
+    submit``, ``trainyard replay`` and ``trainyard models promote|rollback``."""
     run_id = trigger(client, conf, dag_id)
     print(f"triggered {dag_id} run {run_id} ({login_url}/dags/{dag_id}/runs/{run_id})", file=sys.stderr)
     print(run_id, flush=True)
     if not wait:
         return run_id, None
-    return run_id, follow(client, dag_id, run_id, poll_s=poll_s, queue_place=local_queue_place)
+    return run_id, follow(client, dag_id, run_id, poll_s=poll_s, queue_place=local_queue_place, streamed=streamed)
 
 
 def task_result(client: Any, dag_id: str, run_id: str, task_id: str) -> Any:

@@ -16,10 +16,30 @@ def dag():
 
 
 @pytest.fixture
-def staged(trainyard_home, tmp_path, monkeypatch):
-    """A signed version of NAME under the staging alias (as train_pipeline leaves one), default key pair."""
+def policy(tmp_path, monkeypatch):
+    """Write resources.yaml's team policies for the test: ``policy(team=..., **fields)``."""
+    import shutil
+
+    import yaml
+
+    config = tmp_path / "config"
+    shutil.copytree(REPO / "include" / "config", config)
+    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
+
+    def write(team: str = "default", **fields):
+        fleet = yaml.safe_load((config / "resources.yaml").read_text())
+        fleet["teams"][team].setdefault("policy", {}).update(fields)
+        (config / "resources.yaml").write_text(yaml.safe_dump(fleet))
+
+    return write
+
+
+@pytest.fixture
+def staged(trainyard_home, tmp_path, monkeypatch, policy):
+    """A signed version of NAME, owned by team default, under the staging alias (as train_pipeline leaves
+    one), default key pair."""
     from trainyard import paths
-    from trainyard.registry import signing, versions
+    from trainyard.registry import ownership, signing, versions
     from trainyard.tracking import mlflow_tracking as mt
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
@@ -31,16 +51,18 @@ def staged(trainyard_home, tmp_path, monkeypatch):
     c = mt.client()
     run = c.create_run(mt.experiment_id(c, NAME)).info.run_id
     c.log_artifacts(run, str(model), "model")
-    c.create_registered_model(NAME)
+    ownership.claim(c, NAME, "default")
     version = c.create_model_version(NAME, source=f"runs:/{run}/model", run_id=run).version
-    c.set_registered_model_alias(NAME, "staging", version)
     versions.sign_version(c, NAME, version, signing.load_private_key())
+    versions.promote(c, NAME, version, "staging", user="ann", reason="registered", trusted=signing.trusted_keys())
     stored = next((trainyard_home / "mlflow" / "artifacts").rglob("model.onnx"))
     return {"client": c, "version": str(version), "onnx": stored}
 
 
-def test_promote_without_approval(dag, staged):
+def test_promote_without_approval(dag, staged, policy):
     from trainyard.registry.versions import History, alias_holder
+
+    policy(approval=[])  # the owning team's policy, not the requester's choice
 
     dr = dag.test(run_conf={"model": NAME, "version": "", "alias": "production", "reason": "first release"})
     states = task_states(dr)
@@ -64,7 +86,7 @@ def test_tampered_version_is_not_promoted(dag, staged):
     assert dr.state == "failed"
     assert states["verify"] == "failed" and states["move_alias"] in ("upstream_failed", "skipped"), states
     assert alias_holder(staged["client"], NAME, "production") is None
-    assert History().entries(NAME) == []
+    assert History().entries(NAME, "production") == []
 
 
 def test_approval_gate_is_configured(dag):
@@ -153,7 +175,7 @@ class _Responder:
 def test_with_approval(dag, staged, option):
     from trainyard.registry.versions import History, alias_holder
 
-    conf = {"model": NAME, "version": "", "alias": "production", "reason": "launch", "require_approval": True}
+    conf = {"model": NAME, "version": "", "alias": "production", "reason": "launch"}  # approval: by default
     with _Responder(option) as responder:
         dr = dag.test(run_conf=conf)
     assert responder.error is None, responder.error
@@ -163,9 +185,38 @@ def test_with_approval(dag, staged, option):
         assert states["approve"] == "success" and states["move_alias"] == "success"
         assert alias_holder(staged["client"], NAME, "production") == staged["version"]
         [entry] = History().entries(NAME, "production")
-        assert entry["approved_by"] == "cid" and entry["user"] == "dag_test"
+        assert entry["approved_by"] == "cid" and entry["user"] == "dag_test" and entry["team"] == "default"
     else:
         assert dr.state == "failed", states
         assert states["approve"] == "failed" and states["move_alias"] == "upstream_failed"
         assert alias_holder(staged["client"], NAME, "production") is None
-        assert History().entries(NAME) == []
+        assert History().entries(NAME, "production") == []
+
+
+def test_the_requester_cannot_approve_their_own_move(dag, staged):
+    from trainyard.registry.versions import History, alias_holder
+
+    conf = {"model": NAME, "version": "", "alias": "production", "reason": "launch"}
+    with _Responder("Approve", user="dag_test") as responder:  # dag.test() triggers as dag_test
+        dr = dag.test(run_conf=conf)
+    assert responder.error is None, responder.error
+    states = task_states(dr)
+    assert states["approve"] == "success" and states["move_alias"] == "failed", states
+    assert alias_holder(staged["client"], NAME, "production") is None and History().entries(NAME, "production") == []
+
+
+def test_a_user_outside_the_owning_team_cannot_move_its_aliases(dag, staged, policy):
+    """Team vision (members admin, alice) owns the model: dag_test may neither promote nor roll back."""
+    from trainyard.registry import ownership
+    from trainyard.registry.versions import alias_holder
+
+    ownership.set_owner(staged["client"], NAME, "vision", replace=True)
+    for action in ("promote", "rollback"):
+        conf = {"model": NAME, "version": staged["version"], "alias": "staging", "reason": "x", "action": action}
+        states = task_states(dag.test(run_conf=conf))
+        assert states["verify"] == "failed" and states["move_alias"] in ("upstream_failed", "skipped"), states
+    policy(team="default", promoters=["nobody"])  # a member who is not a promoter is refused the same way
+    ownership.set_owner(staged["client"], NAME, "default", replace=True)
+    states = task_states(dag.test(run_conf={"model": NAME, "version": "", "alias": "production", "reason": "x"}))
+    assert states["verify"] == "failed", states
+    assert alias_holder(staged["client"], NAME, "production") is None

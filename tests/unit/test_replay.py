@@ -49,6 +49,38 @@ def test_an_environment_differs_by_code_version_and_each_changed_package():
     ]
 
 
+@pytest.mark.parametrize("recorded", ["unknown", "abc-dirty"])
+def test_a_code_version_that_names_no_one_code_never_matches_itself(recorded):
+    """'unknown' (an image without .git) matched 'unknown', and a bare '-dirty' tree any other dirty tree."""
+    assert replay.differences(_rec(code_version=recorded), recorded, DEPS) == [
+        f"code version: recorded {recorded}, here {recorded}"
+    ]
+
+
+def test_the_code_version_tells_apart_two_dirty_trees_and_code_without_git(tmp_path):
+    import shutil
+    import subprocess
+
+    from trainyard.tracking.mlflow_tracking import code_version
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text("lr = 0.1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    clean = code_version(repo)
+    (repo / "train.py").write_text("lr = 0.2\n")
+    one = code_version(repo)
+    (repo / "train.py").write_text("lr = 0.3\n")
+    other = code_version(repo)
+    assert len(clean) == 40 and one.startswith(clean + "-dirty.") and other.startswith(clean + "-dirty.")
+    assert one != other and replay.identifies_code(one)
+    shutil.rmtree(repo / ".git")  # a trainer image: the package's own files are digested
+    assert code_version(repo).startswith("files.") and code_version(repo) == code_version(repo)
+
+
 def test_a_replay_runs_the_recorded_spec_on_the_recorded_commit_marked_as_a_replay():
     conf = replay.replay_conf(_rec())
     assert conf["dataset"]["ref"] == "c" * 64 and conf["replay_of"] == "digits:3"

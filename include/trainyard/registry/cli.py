@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,10 +19,6 @@ def _client():
     from trainyard.tracking.mlflow_tracking import client
 
     return client()
-
-
-def _user(args) -> str:
-    return args.user or os.environ.get("TRAINYARD_USER") or getpass.getuser()
 
 
 def _errors() -> tuple[type[Exception], ...]:
@@ -119,41 +114,54 @@ def cmd_verify(args) -> int:
     return 0
 
 
-def cmd_promote(args) -> int:
-    from trainyard.registry import signing, versions
+PROMOTE_DAG = "promote_model"
+MOVE_TASKS = ("verify", "approve", "move_alias")  # their logs are followed: a refusal says why there
 
-    try:
-        entry = versions.promote(
-            _client(),
-            args.model,
-            args.version,
-            args.alias,
-            user=_user(args),
-            reason=args.reason,
-            trusted=signing.trusted_keys(args.key),
-        )
-    except _errors() as err:
-        raise _as_command_error(err, "not promoted: ") from err
-    print(json.dumps(entry))
-    return 0
+
+def _move_alias(args, conf: dict) -> int:
+    """Trigger ``promote_model`` with ``conf`` as the user of the command line's Airflow login, who is whom
+    the team check and the audit trail see (never a name typed here); with --wait follow it to its end."""
+    from trainyard.airflow_api import api_client, require_login
+    from trainyard.submit import submit
+
+    login = require_login()
+    with api_client(login) as client:
+        _, state = submit(client, login.url, conf, PROMOTE_DAG, args.wait, args.poll, streamed=MOVE_TASKS)
+    return 1 if args.wait and state != "success" else 0
+
+
+def cmd_promote(args) -> int:
+    conf = {"model": args.model, "version": str(args.version), "alias": args.alias, "reason": args.reason}
+    return _move_alias(args, {**conf, "action": "promote"})
 
 
 def cmd_rollback(args) -> int:
-    from trainyard.registry import signing, versions
+    conf = {"model": args.model, "version": args.to_version or "", "alias": args.alias, "reason": args.reason}
+    return _move_alias(args, {**conf, "action": "rollback"})
 
+
+def cmd_owner(args) -> int:
+    """Name the team that owns a model (an admin's act, in the audit trail), or show it."""
+    from trainyard.audit import AuditLog
+    from trainyard.errors import PermanentError
+    from trainyard.registry import ownership
+    from trainyard.scheduling.resources import resources_in_force
+
+    c = _client()
     try:
-        entry = versions.rollback(
-            _client(),
-            args.model,
-            to_version=args.to_version,
-            alias=args.alias,
-            user=_user(args),
-            reason=args.reason,
-            trusted=signing.trusted_keys(args.key),
-        )
-    except _errors() as err:
-        raise _as_command_error(err, "not rolled back: ") from err
-    print(json.dumps(entry))
+        if args.team is None:
+            owner = ownership.owner(c, args.model)
+            if owner is None:
+                raise NotFoundError(f"no registered model {args.model!r}")
+            print(owner)
+            return 0
+        if args.team not in resources_in_force().teams:
+            raise CommandError(f"team {args.team!r} is not in resources.yaml; add it there first")
+        before = ownership.set_owner(c, args.model, args.team, replace=args.replace)
+    except _errors() + (PermanentError,) as err:
+        raise _as_command_error(err, f"{args.model}: ") from None
+    AuditLog().append("model_owner", getpass.getuser(), model=args.model, team=args.team, before=before)
+    print(f"model {args.model} belongs to team {args.team}" + (f" (was {before})" if before else ""))
     return 0
 
 
@@ -216,8 +224,6 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     key.add_argument(
         "--key", help="PEM file (default: $TRAINYARD_SIGNING_KEY / $TRAINYARD_VERIFY_KEY, else $TRAINYARD_HOME/keys/)"
     )
-    who = argparse.ArgumentParser(add_help=False)
-    who.add_argument("--user", help="who (default: $TRAINYARD_USER, else the login name)")
 
     p = sub.add_parser("keygen", help="create an Ed25519 key pair (never overwrites one)")
     p.add_argument("--dir", help="folder for signing_key.pem and verify_key.pem (default: $TRAINYARD_HOME/keys)")
@@ -253,21 +259,37 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--alias", default="staging")
     p.set_defaults(func=cli_command(cmd_verify))
 
-    p = sub.add_parser("promote", parents=[key, who], help="verify a version, then point an alias at it")
+    move = argparse.ArgumentParser(add_help=False)
+    move.add_argument("--alias", choices=["staging", "production"], default="production")
+    move.add_argument(
+        "--no-wait", dest="wait", action="store_false", help="print the promote_model run's id and return at once"
+    )
+    move.add_argument("--poll", type=float, default=5.0, help="seconds between looks while waiting (default 5)")
+    p = sub.add_parser(
+        "promote",
+        parents=[move],
+        help="verify a version, then point an alias at it (the promote_model DAG, as your Airflow login)",
+    )
     p.add_argument("model")
     p.add_argument("version")
-    p.add_argument("--alias", choices=["staging", "production"], default="production")
     p.add_argument("--reason", required=True, help="why (recorded in the alias history)")
     p.set_defaults(func=cli_command(cmd_promote))
 
     p = sub.add_parser(
-        "rollback", parents=[key, who], help="point production back at the previous (or a named) version"
+        "rollback",
+        parents=[move],
+        help="point production back at the previous (or a named) version (promote_model, as your Airflow login)",
     )
     p.add_argument("model")
     p.add_argument("--to-version", help="default: the version that held the alias before the current one")
-    p.add_argument("--alias", choices=["staging", "production"], default="production")
     p.add_argument("--reason", default="rollback", help="why (recorded in the alias history)")
     p.set_defaults(func=cli_command(cmd_rollback))
+
+    p = sub.add_parser("owner", help="the team that owns a model; with TEAM, name it (an admin's act, audited)")
+    p.add_argument("model")
+    p.add_argument("team", nargs="?")
+    p.add_argument("--replace", action="store_true", help="give a model another team already owns to TEAM")
+    p.set_defaults(func=cli_command(cmd_owner))
 
     p = sub.add_parser("history", help="every recorded alias move of a model")
     p.add_argument("model")

@@ -31,7 +31,8 @@ def register_onnx(
     tags: dict[str, str],
     alias: str | None = "staging",
 ) -> dict:
-    """Log the ONNX model to ``run_id`` and register it as a version of ``model_name``.
+    """Log the ONNX model to ``run_id`` and register it as a version of ``model_name``, which must exist (its
+    owner made it: :func:`trainyard.registry.ownership.claim`).
 
     ``extra_artifacts`` (subdir -> a file or a folder: the PyTorch weights, a tokenizer) go into the logged
     model's own artifacts, next to the
@@ -41,7 +42,6 @@ def register_onnx(
     and nothing new is created."""
     import mlflow
     import onnx
-    from mlflow.exceptions import MlflowException
     from mlflow.models import infer_signature
 
     existing = find_version(c, model_name, run_key)
@@ -75,11 +75,6 @@ def register_onnx(
                 c.log_model_artifacts(info.model_id, str(path), artifact_path=subdir)
             else:
                 c.log_model_artifact(info.model_id, str(path), artifact_path=subdir)
-    try:
-        c.create_registered_model(model_name, description="trained and registered by trainyard")
-    except MlflowException as err:
-        if err.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
     # The run tag goes in with the version itself, so no crash can leave an untagged duplicate.
     with _use_tracking_uri(c.tracking_uri):  # a models:/ source is resolved through the global URI
         # model_id too: a tracking server (the cluster profile's) refuses a models:/ source without it

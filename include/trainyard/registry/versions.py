@@ -412,6 +412,25 @@ def promote(
     return {**entry, "changed": True}
 
 
+def rollback_target(client, name: str, alias: str, to_version=None, history: History | None = None) -> str:
+    """The version a rollback of ``alias`` moves to: ``to_version``, or the version that held it before the
+    current one. RollbackError when there is none, or it already holds the alias; UnexplainedAlias when the
+    alias was moved outside trainyard (no source to roll back from)."""
+    history = history or History()
+    current = alias_holder(client, name, alias)
+    recorded = _entries(history, name, alias)
+    _check_source(name, alias, current, recorded[-1] if recorded else None, "rollback")
+    target = str(to_version) if to_version not in (None, "") else previous_version(recorded, current)
+    if target is None:
+        raise RollbackError(
+            f"no version of {name!r} is recorded as holding {alias!r} before version {current}; "
+            "name the version to roll back to"
+        )
+    if target == current:
+        raise RollbackError(f"version {target} of {name!r} already holds {alias!r}")
+    return target
+
+
 def rollback(
     client,
     name: str,
@@ -425,23 +444,12 @@ def rollback(
     extra: dict | None = None,
 ) -> dict:
     """Move ``alias`` back to ``to_version`` or, by default, to the version that held it before the current
-    one; verified like any promotion."""
+    one (:func:`rollback_target`); verified like any promotion."""
     history = history or History()
-    current = alias_holder(client, name, alias)
-    recorded = _entries(history, name, alias)
-    _check_source(name, alias, current, recorded[-1] if recorded else None, "rollback")
-    target = str(to_version) if to_version not in (None, "") else previous_version(recorded, current)
-    if target is None:
-        raise RollbackError(
-            f"no version of {name!r} is recorded as holding {alias!r} before version {current}; "
-            "name the version to roll back to"
-        )
-    if target == current:
-        raise RollbackError(f"version {target} of {name!r} already holds {alias!r}")
     return promote(
         client,
         name,
-        target,
+        rollback_target(client, name, alias, to_version, history),
         alias,
         user=user,
         reason=reason,

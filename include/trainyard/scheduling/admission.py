@@ -99,6 +99,24 @@ class Decision:
     admitted: bool
     reason: str  # why it waits, or what it got
     cancelled: bool = False  # the job was taken out of the queue (trainyard queue cancel): it never starts
+    inadmissible: bool = False  # its team or GPU type is not in the resources in force: it never starts
+
+    @property
+    def final(self) -> bool:
+        """Whether the job will never be admitted: its task ends failed, with ``reason``."""
+        return self.cancelled or self.inadmissible
+
+
+def inadmissible_reason(config: ResourcesConfig, job: Job) -> str | None:
+    """Why ``job`` can never be admitted under ``config`` (its team or GPU type is not in it), or None."""
+    if job.team in config.teams and job.gpu_type in config.gpu_types:
+        return None
+    missing = [
+        f"{what} {name!r} is not in resources.yaml (it lists {sorted(listed)})"
+        for what, name, listed in (("team", job.team, config.teams), ("GPU type", job.gpu_type, config.gpu_types))
+        if name not in listed
+    ]
+    return f"inadmissible: {'; '.join(missing)}; trigger the job again with one it lists, or add it back"
 
 
 def _usage(config: ResourcesConfig, entries: list[Entry], gpu_type: str) -> dict[str, int]:
@@ -328,6 +346,10 @@ class Ledger:
             gone = conn.execute("SELECT reason FROM cancelled WHERE id = ?", (job.id,)).fetchone()
             if gone is not None:  # a look already under way when it was cancelled must not queue it again
                 return Decision(False, gone[0], cancelled=True)
+            unknown = inadmissible_reason(self.config, job)
+            if unknown is not None:  # never "waiting" for a team or type that is gone: say so, queue nothing
+                conn.execute("DELETE FROM admission WHERE id = ? AND admitted IS NULL", (job.id,))
+                return Decision(False, unknown, inadmissible=True)
             conn.execute("INSERT INTO arrivals (id, enqueued) VALUES (?, ?) ON CONFLICT (id) DO NOTHING", (job.id, now))
             (arrived,) = conn.execute("SELECT enqueued FROM arrivals WHERE id = ?", (job.id,)).fetchone()
             conn.execute(
@@ -515,7 +537,7 @@ class Ledger:
                 borrowed = f", {e.borrowed} of them borrowed" if e.borrowed else ""
                 rows.append((e, f"admitted: {e.job.slots} {e.job.gpu_type} slot(s) for team {e.job.team}{borrowed}"))
             elif e not in known:
-                rows.append((e, f"its team {e.job.team} or GPU type {e.job.gpu_type} is not in resources.yaml"))
+                rows.append((e, inadmissible_reason(self.config, e.job) or ""))
             else:
                 borrow, why = verdicts[e.job.id]
                 rows.append((e, why if borrow is None else "fits now: admitted at its next look"))
@@ -638,7 +660,7 @@ def hold(
     log = logging.getLogger(__name__)
     if not ledger.renew(job.id):
         decision = ledger.request(job, spend)
-        if decision.cancelled:  # taken out of the queue: no retry brings it back
+        if decision.final:  # taken out of the queue, or its team or type gone: no retry brings it back
             raise PermanentError(f"job {job.id}: {decision.reason}")
         if not decision.admitted:
             raise NotAdmitted(f"job {job.id} is not admitted any more: {decision.reason}")

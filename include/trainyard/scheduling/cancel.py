@@ -17,7 +17,8 @@ from urllib.parse import quote
 
 from trainyard.errors import CommandError, NotFoundError
 from trainyard.scheduling.admission import Ledger
-from trainyard.scheduling.resources import ResourcesConfig, is_member
+from trainyard.scheduling.resources import ResourcesConfig
+from trainyard.teams import is_member
 
 
 def token_claims(token: str) -> dict:

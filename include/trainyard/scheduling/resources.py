@@ -13,7 +13,6 @@ slices that do not fit a GPU, a priority range upside down.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
 import re
@@ -95,6 +94,17 @@ class TeamPolicy(_Model):
     custom_commands: bool = Field(False, description="whether it may run its own command (recipe: custom)")
     max_gpus_per_job: int | None = Field(None, ge=1, description="the most GPUs (slots) one job may ask for")
     limits: JobLimits | None = Field(None, description="its jobs' host limits (absent: the file's top-level limits)")
+    promoters: list[str] | None = Field(
+        None,
+        description=(
+            "the members who may move its models' aliases (promote, roll back) and approve a move (absent: every "
+            "member)"
+        ),
+    )
+    approval: list[str] = Field(
+        ["production"],
+        description="aliases of its models whose moves wait for another promoter's approval (the promote_model DAG)",
+    )
 
 
 class NotifyTarget(_Model):
@@ -426,7 +436,7 @@ def pool_changes(current: dict[str, dict], wanted: dict[str, dict]) -> list[tupl
     return changes
 
 
-def _unknown_team(team: str, config: ResourcesConfig) -> str:
+def unknown_team(team: str, config: ResourcesConfig) -> str:
     return f"resources.team: unknown team {team!r}; allowed: {sorted(config.teams)}"
 
 
@@ -443,7 +453,7 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
             )
         )
     if res.team not in config.teams:
-        raise SpecError(spec_error_message([_unknown_team(res.team, config)]))
+        raise SpecError(spec_error_message([unknown_team(res.team, config)]))
     size = config.gpu_types[res.gpu_type].slots
     if res.total_gpus > size:
         raise SpecError(
@@ -486,116 +496,6 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
                 ]
             )
         )
-
-
-def is_member(config: ResourcesConfig, team: str, user: str) -> bool:
-    """Whether ``user`` may act for ``team``: listed in its members, or it lists ``"*"`` or no members."""
-    members = config.teams[team].members if team in config.teams else None
-    return members is None or "*" in members or user in members
-
-
-def check_member(spec: JobSpec, config: ResourcesConfig, user: str | None) -> None:
-    """Refuse a job for a team ``user`` is not a member of, naming both. ``user`` None: a run no person
-    triggered (a schedule, an asset event), which acts as the team its job file names."""
-    team = spec.resources.team
-    if user is None or is_member(config, team, user):
-        return
-    members = config.teams[team].members or []
-    raise SpecError(
-        spec_error_message(
-            [
-                f"resources.team: user {user!r} is not a member of team {team!r} (members: "
-                f"{', '.join(sorted(members)) or 'none'}); run it as a team you belong to, or ask for {user!r} "
-                "to be added to the team's members in resources.yaml"
-            ]
-        )
-    )
-
-
-def policy_problems(spec: JobSpec, config: ResourcesConfig) -> list[str]:
-    """Every field of ``spec`` its team's policy does not allow, each with what is allowed."""
-    team = spec.resources.team
-    if team not in config.teams:
-        return [_unknown_team(team, config)]
-    policy = config.teams[team].policy
-    problems = []
-    if spec.recipe == "custom" and not policy.custom_commands:
-        problems.append(
-            f"recipe: team {team!r} may not run its own commands (policy.custom_commands is false); "
-            "use a built-in recipe, or ask for custom_commands in resources.yaml"
-        )
-    if policy.max_gpus_per_job is not None and spec.resources.total_gpus > policy.max_gpus_per_job:
-        problems.append(
-            f"resources.gpus_per_node: team {team!r} may ask for at most {policy.max_gpus_per_job} GPU(s) per "
-            f"job (policy.max_gpus_per_job); the job asks for {spec.resources.total_gpus}"
-        )
-    k8s = spec.kubernetes
-    if spec.backends.launcher == "kubernetes":
-        images = [("kubernetes.image", k8s.image)] + (
-            [("custom.image", spec.custom.image)] if spec.custom and spec.custom.image else []
-        )
-        problems += kubernetes_problems(
-            config,
-            team,
-            namespace=k8s.namespace,
-            service_account=k8s.service_account,
-            images=images,
-            env_names=list(k8s.env),
-            priority_class=k8s.priority_class,
-        )
-    return problems
-
-
-def kubernetes_problems(
-    config: ResourcesConfig,
-    team: str,
-    *,
-    namespace: str,
-    service_account: str | None,
-    images: list[tuple[str, str]],
-    env_names: list[str],
-    priority_class: str | None,
-) -> list[str]:
-    """What team ``team``'s policy does not allow of what its pods are given (``images``: (field, image)):
-    the one definition the JobSpec check and the pod check (:mod:`trainyard_airflow.policy`) use."""
-    policy = config.teams[team].policy
-    problems = []
-    namespaces = policy.namespaces if policy.namespaces is not None else ["trainyard", team_namespace(team)]
-    if namespace not in namespaces:
-        problems.append(f"kubernetes.namespace: {namespace!r} is not allowed for team {team!r}; allowed: {namespaces}")
-    if service_account is not None and service_account not in policy.service_accounts:
-        allowed = policy.service_accounts or "only the namespace's default (leave it unset)"
-        problems.append(
-            f"kubernetes.service_account: {service_account!r} is not allowed for team {team!r}; allowed: {allowed}"
-        )
-    for field, image in images:
-        if not any(image.startswith(prefix) for prefix in policy.image_prefixes):
-            problems.append(
-                f"{field}: {image!r} is not allowed for team {team!r}; allowed: names starting with "
-                f"{policy.image_prefixes}"
-            )
-    refused_env = sorted(name for name in env_names if not any(fnmatch.fnmatchcase(name, p) for p in policy.env))
-    if refused_env:
-        problems.append(
-            f"kubernetes.env: {refused_env} may not be set by team {team!r}; allowed: {policy.env or 'none'}"
-        )
-    if priority_class is not None:
-        value = config.priority_classes.get(priority_class)
-        ceiling = config.teams[team].priority.max
-        if value is None or value > ceiling:
-            allowed_classes = sorted(n for n, v in config.priority_classes.items() if v <= ceiling)
-            problems.append(
-                f"kubernetes.priority_class: {priority_class!r} is not allowed for team {team!r}; allowed: "
-                f"{allowed_classes}"
-            )
-    return problems
-
-
-def check_policy(spec: JobSpec, config: ResourcesConfig) -> None:
-    """SpecError naming every field of ``spec`` that its team's policy does not allow."""
-    problems = policy_problems(spec, config)
-    if problems:
-        raise SpecError(spec_error_message(problems))
 
 
 def max_reach(config: ResourcesConfig, team: str, gpu_type: str) -> int:

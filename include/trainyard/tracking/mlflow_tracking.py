@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 
@@ -84,22 +85,30 @@ def log_params(c, run_id: str, params: dict) -> None:
 
 
 def code_version(repo_dir: str | Path | None = None) -> str:
-    """The git commit of the code that runs (with '-dirty' for uncommitted changes), or 'unknown'."""
+    """What code runs, such that two runs with the same answer ran the same code: the git commit, with
+    ``-dirty.<digest>`` of the uncommitted changes (``git diff HEAD``) where there are any; without git (a
+    trainer image, an installed package) ``files.<digest>`` of the ``trainyard`` package's own source files."""
     cwd = Path(repo_dir) if repo_dir else Path(__file__).resolve().parents[3]
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
+        sha = _git(cwd, "rev-parse", "HEAD").strip()
+        changes = _git(cwd, "diff", "HEAD", "--binary")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return f"files.{_source_digest(Path(__file__).resolve().parents[1])}"
+    return sha + (f"-dirty.{hashlib.sha256(changes.encode()).hexdigest()[:16]}" if changes else "")
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _source_digest(package: Path) -> str:
+    """SHA-256 (first 16 hex digits) over the path and content of every ``.py`` file under ``package``."""
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def read_artifact(c, run_id: str, path: str) -> str | None:

@@ -64,7 +64,7 @@ class AdmitOperator(BaseOperator):
         ledger = default_ledger()
         decision = look(ledger, job)
         self.log.info("admission of %s: %s", job.id, decision.reason)
-        if decision.cancelled:
+        if decision.final:
             raise PermanentError(f"job {job.id}: {decision.reason}")
         if decision.admitted:
             return decision.reason
@@ -96,7 +96,7 @@ class AdmitOperator(BaseOperator):
 
             job = self._job(context)
             decision = look(default_ledger(), job)  # renews its place first: the notice may take a while
-            if decision.cancelled:
+            if decision.final:
                 raise PermanentError(f"job {job.id}: {decision.reason}")
             if decision.admitted:  # admitted meanwhile: nothing to tell
                 return decision.reason

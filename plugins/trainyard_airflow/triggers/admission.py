@@ -197,7 +197,7 @@ class AdmissionTrigger(BaseTrigger):
                 if decision.reason != said:
                     self.log.info("admission of %s: %s", job.id, decision.reason)
                     said = decision.reason
-                if decision.cancelled:  # taken out of the queue: the task ends failed (the reason is logged above)
+                if decision.final:  # cancelled or inadmissible: the task ends failed (the reason is logged above)
                     if self.end_from_trigger:
                         yield TaskFailedEvent()
                     else:

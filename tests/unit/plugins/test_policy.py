@@ -1,4 +1,5 @@
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -108,3 +109,22 @@ def test_a_pod_that_is_not_trainyards_is_left_alone():
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="anything")]),
     )
     pod_mutation_hook(pod)
+
+
+def test_a_typo_in_resources_yaml_fails_no_pod_the_last_good_file_holds(trainyard_home, tmp_path, monkeypatch):
+    """The pod hook reads the resources in force, as the queue does: a broken edit is named in the log
+    and the last good version decides (it failed every Kubernetes launch with load_resources)."""
+    import shutil
+
+    from trainyard.spec import SpecError
+    from trainyard_airflow.policy import pod_mutation_hook
+
+    config = tmp_path / "config"
+    shutil.copytree(Path(__file__).resolve().parents[3] / "include" / "config", config)
+    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
+    pod_mutation_hook(_pod())  # read as it is, and kept as the last good version
+    resources = config / "resources.yaml"
+    resources.write_text(resources.read_text().replace("count: 2", "count: two", 1))
+    pod_mutation_hook(_pod())
+    with pytest.raises(SpecError, match="is not allowed"):  # the policy still holds, from the good file
+        pod_mutation_hook(_pod(**{"metadata.namespace": "kube-system"}))

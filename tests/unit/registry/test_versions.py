@@ -216,25 +216,32 @@ def test_cli(reg, capsys, monkeypatch):
         args = parser.parse_args(["models", *argv])
         return args.func(args), capsys.readouterr()
 
-    monkeypatch.setenv("TRAINYARD_USER", "cid")
+    for name in ("AIRFLOW_API_TOKEN", "AIRFLOW_API_USERNAME", "AIRFLOW_API_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(reg["home"] / "no-config"))
     assert run("keygen", "--if-missing")[0] == 0
     assert run("keygen")[0] == 1
     rc, out = run("verify", NAME, reg["v1"])
     assert rc == 0 and json.loads(out.out)["version"] == reg["v1"]
-    assert run("promote", NAME, reg["v1"], "--reason", "launch")[0] == 0
-    rc, out = run("promote", NAME, reg["v2"], "--reason", "v2")
-    assert rc == 0 and json.loads(out.out)["from_version"] == reg["v1"]
+    # an alias moves through promote_model as the Airflow login's user, never as a name typed here
+    rc, out = run("promote", NAME, reg["v1"], "--reason", "launch")
+    assert rc == 1 and "no Airflow login" in out.err
+    assert run("rollback", NAME)[0] == 1 and History().entries(NAME) == []
+    _promote(reg, reg["v1"])
+    _promote(reg, reg["v2"])
     rc, out = run("history", NAME)
-    assert out.out.count("cid: ") == 2 and "launch" in out.out
+    assert out.out.count("ann: because") == 2
     rc, out = run("live-at", NAME, "2000-01-01")
     assert rc == 1 and "no recorded" in out.err
-    rc, out = run("rollback", NAME)
-    assert rc == 0 and json.loads(out.out)["to_version"] == reg["v1"]
     rc, out = run("live-at", NAME, (datetime.now().astimezone() + timedelta(minutes=1)).isoformat())
-    assert rc == 0 and out.out.strip() == reg["v1"]
-    _flip(_stored_file(reg["home"], reg["model_id"], "model.onnx"))
-    rc, out = run("promote", NAME, reg["v2"], "--reason", "again")
-    assert rc == 1 and "not promoted" in out.err and "model.onnx: content changed" in out.err
+    assert rc == 0 and out.out.strip() == reg["v2"]
+    rc, out = run("owner", NAME)
+    assert rc == 1 and f"model {NAME!r} has no owning team recorded" in out.err
+    assert run("owner", NAME, "nowhere")[0] == 1
+    rc, out = run("owner", NAME, "default")
+    assert rc == 0 and run("owner", NAME)[1].out.strip() == "default"
+    assert run("owner", NAME, "vision")[0] == 1  # owned: only with --replace
+    assert run("owner", NAME, "vision", "--replace")[0] == 0
 
 
 def test_an_alias_moved_outside_trainyard_is_flagged_and_refused_as_a_source(reg):

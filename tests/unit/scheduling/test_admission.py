@@ -250,6 +250,23 @@ def test_a_waiting_job_whose_run_was_cancelled_leaves_the_queue(ledger, clock):
     assert "gone" not in {e.job.id for e in ledger.entries()}
 
 
+def test_a_job_whose_team_or_gpu_type_left_resources_yaml_is_refused_not_told_to_wait(ledger, clock):
+    """It was "waiting" for up to 7 days: now it is refused at its look, naming what is gone, and queues
+    nothing (a row it had is dropped, so it holds no place); its training's hold fails for good too."""
+    from trainyard.errors import PermanentError
+
+    assert not ledger.request(job("big", "vision", 8)).admitted  # vision may hold 6: it waits, with a row
+    ledger.config = parse_resources(FLEET.replace("  vision: {quota: {a100: 4}, borrowing_limit: {a100: 2}}\n", ""))
+    said = ledger.request(job("big", "vision", 8))
+    assert said.inadmissible and said.final and not said.admitted
+    assert said.reason.startswith("inadmissible: team 'vision' is not in resources.yaml")
+    assert "big" not in {e.job.id for e in ledger.entries()}
+    typo = ledger.request(Job("typo", "nlp", "a1OO", 1, 1, max_hours=1.0))
+    assert typo.inadmissible and "GPU type 'a1OO' is not in resources.yaml" in typo.reason
+    with pytest.raises(PermanentError, match="inadmissible: team 'vision'"), hold(ledger, job("big", "vision", 2)):
+        pass
+
+
 def test_hold_renews_while_training_and_releases_at_the_end(ledger, clock):
     j = job("a", "vision", 4)
     assert ledger.request(j).admitted

@@ -4,8 +4,9 @@ and what is allowed, and written to the audit trail."""
 
 import pytest
 
-from trainyard.scheduling.resources import check_member, load_resources, parse_resources, policy_problems
+from trainyard.scheduling.resources import load_resources, parse_resources
 from trainyard.spec import SpecError, parse_spec
+from trainyard.teams import check_member, policy_problems
 
 FLEET = parse_resources("""\
 gpu_types:

@@ -53,8 +53,9 @@ from kubernetes import client as k8s
 
 from trainyard import recipes
 from trainyard.errors import PermanentError, spec_error_message
-from trainyard.scheduling.resources import ResourcesConfig, kubernetes_problems, resources_in_force
+from trainyard.scheduling.resources import ResourcesConfig, resources_in_force
 from trainyard.spec import JobSpec, SpecError
+from trainyard.teams import kubernetes_problems
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher, time_left
 from trainyard.training.run_config import RunConfig, work_dir
@@ -602,7 +603,7 @@ class KubernetesLauncher(Launcher):
         """Writes the pods' run config next to ``config_path`` (idempotent) and builds the objects; SpecError
         if the team's policy does not allow the namespace, service account, image or env (checked again
         here, where the pods are made)."""
-        from trainyard.scheduling.resources import check_policy
+        from trainyard.teams import check_policy
 
         check_policy(spec, self.resources or resources_in_force())
         cfg = pod_run_config(RunConfig.load(config_path), self.home)

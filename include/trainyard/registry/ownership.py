@@ -1,0 +1,78 @@
+"""Which team owns a registered model: the tag :data:`OWNER_TAG` on the registered model in MLflow, set when
+the model is created (in the same request, so no other team can slip in between) by the team whose job first
+registers it. Who may add versions or move aliases is decided in :mod:`trainyard.teams`.
+
+A model registered before trainyard recorded owners has no such tag; its owner is the team its first
+version's lineage names (the version tag ``team``, written by every registration), recorded on first use.
+One with neither is refused until an admin names its owner (``trainyard models owner``).
+"""
+
+from __future__ import annotations
+
+from trainyard.errors import NotFoundError, PermanentError
+
+OWNER_TAG = "trainyard.team"
+VERSION_TEAM_TAG = "team"  # the team of the run that registered a version (its lineage)
+
+
+class NoOwner(PermanentError):
+    """A registered model with no owning team recorded and none to infer."""
+
+
+def owner(client, name: str) -> str | None:
+    """The team that owns registered model ``name``; None when no such model exists. NoOwner when it exists
+    but neither its tag nor its first version names a team."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    team = (model.tags or {}).get(OWNER_TAG)
+    if team:
+        return team
+    team = _first_version_team(client, name)
+    if team is None:
+        raise NoOwner(
+            f"model {name!r} has no owning team recorded (it was made outside trainyard): an admin names one with "
+            f"`trainyard models owner {name} TEAM`"
+        )
+    client.set_registered_model_tag(name, OWNER_TAG, team)  # the same answer for every caller: its lineage
+    return team
+
+
+def _first_version_team(client, name: str) -> str | None:
+    from trainyard.tracking.mlflow_tracking import quote
+
+    found = client.search_model_versions(f"name = {quote(name)}", max_results=1, order_by=["version_number ASC"])
+    return (found[0].tags or {}).get(VERSION_TEAM_TAG) if found else None
+
+
+def claim(client, name: str, team: str) -> str:
+    """Make sure registered model ``name`` exists and say who owns it: created owned by ``team`` when there is
+    none (one request: of two teams creating it at once, one creates it and the other finds it owned)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(
+            name, tags={OWNER_TAG: team}, description=f"trained and registered by trainyard; owned by team {team}"
+        )
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    found = owner(client, name)
+    if found is None:  # deleted between the two calls
+        raise NotFoundError(f"model {name!r} was deleted while it was being registered; run the task again")
+    return found
+
+
+def set_owner(client, name: str, team: str, *, replace: bool = False) -> str | None:
+    """Record ``team`` as the owner of ``name`` (an admin's act); the owner before, if any. An owner already
+    recorded is changed only with ``replace``."""
+    before = (client.get_registered_model(name).tags or {}).get(OWNER_TAG)
+    if before and before != team and not replace:
+        raise PermanentError(f"model {name!r} belongs to team {before!r}; pass --replace to give it to {team!r}")
+    client.set_registered_model_tag(name, OWNER_TAG, team)
+    return before

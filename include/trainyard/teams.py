@@ -1,0 +1,238 @@
+"""Team policy: who may run, register and move what. A team (``resources.yaml``) is the unit of quota and
+the security boundary: it lists its ``members`` (Airflow user names) and a ``policy``. Every entry (the
+Airflow UI and REST API, the ``trainyard`` command, a schedule) goes through the one check here for its
+kind of action:
+
+* **run** a job: :func:`check_member` (the triggering user is a member of the job's team) and
+  :func:`check_policy` (every field the team's policy allows);
+* **register** a version of a model: :func:`check_owner` (a model belongs to the team that first
+  registered it; model names are one namespace for every team);
+* **move an alias** (promote, roll back) and **approve** a move: :func:`check_alias_move` and
+  :func:`check_approval` (a promoter of the owning team, or an Airflow admin; the approver another person
+  than the requester), with :func:`needs_approval` the owning team's policy, never the requester's choice.
+
+Admins (an Airflow ``admin``, as its auth manager says) may act for every team. Nothing here talks to
+Airflow, MLflow or the disk: callers bring the facts (who, which team owns what, whether they are admin).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from trainyard.errors import PermanentError, spec_error_message
+from trainyard.scheduling.resources import ResourcesConfig, team_namespace, unknown_team
+from trainyard.spec import JobSpec, SpecError
+
+EVERYONE = "*"
+
+
+class NotAllowed(PermanentError):
+    """The acting user or team may not do this; the message names who, what, and who may."""
+
+
+# -- who belongs -------------------------------------------------------------------------------------------
+def is_member(config: ResourcesConfig, team: str, user: str) -> bool:
+    """Whether ``user`` may act for ``team``: listed in its members, or it lists ``"*"`` or no members. A team
+    the file does not list has no members: nobody acts for it."""
+    if team not in config.teams:
+        return False
+    members = config.teams[team].members
+    return members is None or EVERYONE in members or user in members
+
+
+def may_promote(config: ResourcesConfig, team: str, user: str) -> bool:
+    """Whether ``user`` may move ``team``'s models' aliases and approve such a move: a member who is one of
+    its policy's ``promoters`` (absent: every member)."""
+    if not is_member(config, team, user):
+        return False
+    promoters = config.teams[team].policy.promoters
+    return promoters is None or EVERYONE in promoters or user in promoters
+
+
+def _promoters_text(config: ResourcesConfig, team: str) -> str:
+    policy, members = config.teams[team].policy, config.teams[team].members
+    named = policy.promoters if policy.promoters is not None else members
+    if named is None or EVERYONE in named:
+        return "every user"
+    return ", ".join(sorted(named)) or "nobody"
+
+
+# -- run ---------------------------------------------------------------------------------------------------
+def check_member(spec: JobSpec, config: ResourcesConfig, user: str | None) -> None:
+    """Refuse a job for a team ``user`` is not a member of, naming both. ``user`` None: a run no person
+    triggered (a schedule, an asset event), which acts as the team its job file names."""
+    team = spec.resources.team
+    if user is None or is_member(config, team, user):
+        return
+    if team not in config.teams:
+        raise SpecError(spec_error_message([unknown_team(team, config)]))
+    members = config.teams[team].members or []
+    raise SpecError(
+        spec_error_message(
+            [
+                f"resources.team: user {user!r} is not a member of team {team!r} (members: "
+                f"{', '.join(sorted(members)) or 'none'}); run it as a team you belong to, or ask for {user!r} "
+                "to be added to the team's members in resources.yaml"
+            ]
+        )
+    )
+
+
+def policy_problems(spec: JobSpec, config: ResourcesConfig) -> list[str]:
+    """Every field of ``spec`` its team's policy does not allow, each with what is allowed."""
+    team = spec.resources.team
+    if team not in config.teams:
+        return [unknown_team(team, config)]
+    policy = config.teams[team].policy
+    problems = []
+    if spec.recipe == "custom" and not policy.custom_commands:
+        problems.append(
+            f"recipe: team {team!r} may not run its own commands (policy.custom_commands is false); "
+            "use a built-in recipe, or ask for custom_commands in resources.yaml"
+        )
+    if policy.max_gpus_per_job is not None and spec.resources.total_gpus > policy.max_gpus_per_job:
+        problems.append(
+            f"resources.gpus_per_node: team {team!r} may ask for at most {policy.max_gpus_per_job} GPU(s) per "
+            f"job (policy.max_gpus_per_job); the job asks for {spec.resources.total_gpus}"
+        )
+    k8s = spec.kubernetes
+    if spec.backends.launcher == "kubernetes":
+        images = [("kubernetes.image", k8s.image)] + (
+            [("custom.image", spec.custom.image)] if spec.custom and spec.custom.image else []
+        )
+        problems += kubernetes_problems(
+            config,
+            team,
+            namespace=k8s.namespace,
+            service_account=k8s.service_account,
+            images=images,
+            env_names=list(k8s.env),
+            priority_class=k8s.priority_class,
+        )
+    return problems
+
+
+def kubernetes_problems(
+    config: ResourcesConfig,
+    team: str,
+    *,
+    namespace: str,
+    service_account: str | None,
+    images: list[tuple[str, str]],
+    env_names: list[str],
+    priority_class: str | None,
+) -> list[str]:
+    """What team ``team``'s policy does not allow of what its pods are given (``images``: (field, image)):
+    the one definition the JobSpec check and the pod check (:mod:`trainyard_airflow.policy`) use."""
+    policy = config.teams[team].policy
+    problems = []
+    namespaces = policy.namespaces if policy.namespaces is not None else ["trainyard", team_namespace(team)]
+    if namespace not in namespaces:
+        problems.append(f"kubernetes.namespace: {namespace!r} is not allowed for team {team!r}; allowed: {namespaces}")
+    if service_account is not None and service_account not in policy.service_accounts:
+        allowed = policy.service_accounts or "only the namespace's default (leave it unset)"
+        problems.append(
+            f"kubernetes.service_account: {service_account!r} is not allowed for team {team!r}; allowed: {allowed}"
+        )
+    for field, image in images:
+        if not any(image.startswith(prefix) for prefix in policy.image_prefixes):
+            problems.append(
+                f"{field}: {image!r} is not allowed for team {team!r}; allowed: names starting with "
+                f"{policy.image_prefixes}"
+            )
+    refused_env = sorted(name for name in env_names if not any(fnmatch.fnmatchcase(name, p) for p in policy.env))
+    if refused_env:
+        problems.append(
+            f"kubernetes.env: {refused_env} may not be set by team {team!r}; allowed: {policy.env or 'none'}"
+        )
+    if priority_class is not None:
+        value = config.priority_classes.get(priority_class)
+        ceiling = config.teams[team].priority.max
+        if value is None or value > ceiling:
+            allowed_classes = sorted(n for n, v in config.priority_classes.items() if v <= ceiling)
+            problems.append(
+                f"kubernetes.priority_class: {priority_class!r} is not allowed for team {team!r}; allowed: "
+                f"{allowed_classes}"
+            )
+    return problems
+
+
+def check_policy(spec: JobSpec, config: ResourcesConfig) -> None:
+    """SpecError naming every field of ``spec`` that its team's policy does not allow."""
+    problems = policy_problems(spec, config)
+    if problems:
+        raise SpecError(spec_error_message(problems))
+
+
+# -- register ----------------------------------------------------------------------------------------------
+def check_owner(model: str, owner: str | None, team: str) -> None:
+    """Refuse ``team`` adding a version to ``model``, owned by ``owner`` (None: a model no team owns yet,
+    which the registering team will own), unless it is ``team``'s."""
+    if owner is not None and owner != team:
+        raise NotAllowed(
+            f"name: model {model!r} belongs to team {owner!r}; a job of team {team!r} cannot add versions to it "
+            "(model names are one namespace for every team): give the job another name, or run it as a member "
+            f"of team {owner!r}"
+        )
+
+
+# -- move an alias, approve a move -------------------------------------------------------------------------
+def check_alias_move(config: ResourcesConfig, model: str, owner: str, user: str | None, *, admin: bool) -> None:
+    """Refuse ``user`` moving an alias of ``model`` (owned by team ``owner``) unless they are an admin or
+    one of the owning team's promoters. ``user`` None: no person asked (a move needs one)."""
+    if user is None:
+        raise NotAllowed(f"an alias of {model!r} moves only at a person's request: trigger it as an Airflow user")
+    if admin:
+        return
+    if owner not in config.teams:
+        raise NotAllowed(
+            f"model {model!r} belongs to team {owner!r}, which resources.yaml no longer lists: only an Airflow "
+            "admin may move its aliases"
+        )
+    if not may_promote(config, owner, user):
+        raise NotAllowed(
+            f"user {user!r} may not move aliases of model {model!r}: it belongs to team {owner!r}, whose "
+            f"promoters are {_promoters_text(config, owner)} (resources.yaml teams.{owner}.policy.promoters), "
+            "besides Airflow admins"
+        )
+
+
+def needs_approval(config: ResourcesConfig, owner: str, alias: str) -> bool:
+    """Whether a move of ``alias`` of a model of team ``owner`` waits for another person's approval: the
+    team's ``policy.approval`` (a team the file no longer lists: always)."""
+    return owner not in config.teams or alias in config.teams[owner].policy.approval
+
+
+def approvers(config: ResourcesConfig, owner: str, requester: str, admins: list[str]) -> list[str] | None:
+    """The users who may approve ``requester``'s move of a model of team ``owner``, by name: its promoters
+    and the admins, the requester never. None: everyone but the requester may (a team open to all)."""
+    team = config.teams.get(owner)
+    named: set[str] = set(admins)
+    if team is not None:
+        listed = team.policy.promoters if team.policy.promoters is not None else team.members
+        if listed is None or EVERYONE in listed:
+            if team.members is None or EVERYONE in team.members:
+                return None
+            listed = team.members
+        named |= {u for u in listed if is_member(config, owner, u)}
+    return sorted(named - {requester})
+
+
+def check_approval(
+    config: ResourcesConfig, model: str, owner: str, requester: str, approver: str | None, *, admin: bool
+) -> None:
+    """Refuse a move whose approval is missing, given by the requester themself, or by someone who may not
+    move the model's aliases."""
+    if approver is None:
+        raise NotAllowed(f"the move of an alias of {model!r} needs an approval, and none was recorded")
+    if approver == requester:
+        raise NotAllowed(
+            f"{approver!r} approved their own move of an alias of {model!r}; another promoter of team {owner!r} "
+            "or an Airflow admin must approve it"
+        )
+    if admin or (owner in config.teams and may_promote(config, owner, approver)):
+        return
+    raise NotAllowed(
+        f"{approver!r} may not approve moves of aliases of {model!r}: it belongs to team {owner!r}, whose "
+        f"promoters are {_promoters_text(config, owner)}, besides Airflow admins"
+    )

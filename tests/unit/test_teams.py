@@ -1,0 +1,107 @@
+"""Team policy: who may run, register, move an alias and approve a move (trainyard.teams), table-driven."""
+
+import pytest
+
+from trainyard import teams
+from trainyard.scheduling.resources import parse_resources
+from trainyard.teams import NotAllowed
+
+FLEET = parse_resources("""\
+gpu_types:
+  cpu: {count: 2, price_per_hour: 0.0}
+teams:
+  vision:
+    members: [ann, vic, val]
+    policy: {promoters: [ann, vic]}
+  nlp:
+    members: [bob, ann]
+  open:
+    members: ["*"]
+    policy: {approval: []}
+""")
+ADMIN = True
+
+
+@pytest.mark.parametrize(
+    "team, user, member, promoter",
+    [
+        ("vision", "ann", True, True),
+        ("vision", "val", True, False),  # a member, not a promoter
+        ("vision", "bob", False, False),
+        ("nlp", "bob", True, True),  # no promoters listed: every member
+        ("open", "anyone", True, True),
+        ("gone", "ann", False, False),  # a team the file does not list has no members (it was open to all)
+    ],
+)
+def test_who_belongs_and_who_may_promote(team, user, member, promoter):
+    assert teams.is_member(FLEET, team, user) is member
+    assert teams.may_promote(FLEET, team, user) is promoter
+
+
+@pytest.mark.parametrize(
+    "owner, user, admin, refused",
+    [
+        ("vision", "ann", False, None),
+        ("vision", "val", False, "whose promoters are ann, vic"),
+        ("vision", "bob", False, "it belongs to team 'vision'"),
+        ("vision", "bob", ADMIN, None),
+        ("vision", None, ADMIN, "at a person's request"),
+        ("gone", "ann", False, "no longer lists: only an Airflow admin"),
+        ("gone", "root", ADMIN, None),
+    ],
+)
+def test_an_alias_moves_for_the_owning_teams_promoters_and_admins_only(owner, user, admin, refused):
+    if refused is None:
+        teams.check_alias_move(FLEET, "m", owner, user, admin=admin)
+    else:
+        with pytest.raises(NotAllowed, match=refused):
+            teams.check_alias_move(FLEET, "m", owner, user, admin=admin)
+
+
+def test_approval_is_the_owning_teams_policy_production_by_default():
+    assert teams.needs_approval(FLEET, "vision", "production") is True
+    assert teams.needs_approval(FLEET, "vision", "staging") is False
+    assert teams.needs_approval(FLEET, "open", "production") is False  # its policy says so
+    assert teams.needs_approval(FLEET, "gone", "staging") is True  # a team gone from the file: always
+
+
+@pytest.mark.parametrize(
+    "owner, requester, admins, expected",
+    [
+        ("vision", "ann", ["root"], ["root", "vic"]),  # promoters and admins, never the requester
+        ("vision", "root", ["root"], ["ann", "vic"]),
+        ("nlp", "bob", [], ["ann"]),  # members when no promoters are listed
+        ("nlp", "bob", ["bob"], ["ann"]),
+        ("open", "x", ["root"], None),  # everyone may: checked when the move is made
+        ("gone", "x", ["root"], ["root"]),
+    ],
+)
+def test_approvers_are_named_without_the_requester(owner, requester, admins, expected):
+    assert teams.approvers(FLEET, owner, requester, admins) == expected
+
+
+@pytest.mark.parametrize(
+    "approver, admin, refused",
+    [
+        ("vic", False, None),
+        ("root", ADMIN, None),
+        ("ann", False, "approved their own move"),
+        ("ann", ADMIN, "approved their own move"),  # an admin's own request too
+        ("val", False, "may not approve"),  # a member, not a promoter
+        ("bob", False, "may not approve"),
+        (None, False, "none was recorded"),
+    ],
+)
+def test_an_approval_is_another_promoters_or_an_admins(approver, admin, refused):
+    if refused is None:
+        teams.check_approval(FLEET, "m", "vision", "ann", approver, admin=admin)
+    else:
+        with pytest.raises(NotAllowed, match=refused):
+            teams.check_approval(FLEET, "m", "vision", "ann", approver, admin=admin)
+
+
+def test_a_model_takes_versions_from_its_owning_team_only():
+    teams.check_owner("m", None, "nlp")  # nobody owns it yet: nlp will
+    teams.check_owner("m", "nlp", "nlp")
+    with pytest.raises(NotAllowed, match="model 'm' belongs to team 'vision'; a job of team 'nlp' cannot add"):
+        teams.check_owner("m", "vision", "nlp")
