@@ -133,16 +133,14 @@ def _settings(controller: str, version: int, limits: HostLimits) -> list[tuple[s
     return table[(controller, version)]
 
 
-def _make(root: Path, version: int, controller: str, name: str) -> Path:
+def _make(root: Path, version: int, controller: str, name: str) -> None:
     parent = root / PARENT
     parent.mkdir(mode=0o755, exist_ok=True)
     if version == 2:  # a v2 controller reaches a cgroup only where every cgroup above enables it
         for d in (root, parent):
             if controller not in (d / "cgroup.subtree_control").read_text().split():
                 _write(d / "cgroup.subtree_control", f"+{controller}")
-    here = parent / name
-    here.mkdir(mode=0o755, exist_ok=True)
-    return here
+    (parent / name).mkdir(mode=0o755, exist_ok=True)
 
 
 @dataclass(frozen=True)
@@ -267,12 +265,16 @@ def create(name: str, limits: HostLimits) -> Enforcement:
     not_enforced = {c: absent.format(c) for c in CONTROLLERS if c not in found}
     dirs: dict[str, tuple[Path, int]] = {}
     for controller, (root, version) in found.items():
+        here = root / PARENT / name
         try:
-            here = _make(root, version, controller, name)
+            _make(root, version, controller, name)
             for file, value, required in _settings(controller, version, limits):
                 if required or (here / file).exists():
                     _write(here / file, value)
             dirs[controller] = (here, version)
         except OSError as err:
-            not_enforced[controller] = f"cgroup v{version} {root / PARENT / name} cannot be set up: {err}"
+            not_enforced[controller] = f"cgroup v{version} {here} cannot be set up: {err}"
+            if here not in (d for d, _ in dirs.values()):  # a v2 directory serves the controllers set up before
+                with contextlib.suppress(OSError):
+                    here.rmdir()
     return Enforcement(limits, LaunchCgroup(name, dirs) if dirs else None, not_enforced)
