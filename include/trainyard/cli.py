@@ -260,6 +260,7 @@ def cmd_show(args) -> int:
     from mlflow.exceptions import MlflowException
 
     from trainyard import paths
+    from trainyard.registry.ownership import OWNER_TAG
     from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, client
 
     c = client()
@@ -273,6 +274,7 @@ def cmd_show(args) -> int:
     run = c.get_run(mv.run_id)
     tags = mv.tags
     print(f"model            {mv.name} version {mv.version} (alias {args.alias})")
+    print(f"owned by team    {(c.get_registered_model(mv.name).tags or {}).get(OWNER_TAG, '(not recorded)')}")
     for key in sorted(k for k in tags if k.startswith("metric.")):
         print(f"  {key[7:]:<15}{tags[key]}")
     print(f"recipe           {tags.get('recipe')}")

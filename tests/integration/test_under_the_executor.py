@@ -59,7 +59,8 @@ def airflow(tmp_path_factory):
     # a folder on the tasks' sys.path: a package put there later is installed as far as they can tell
     af.site = tmp_path_factory.mktemp("worker_site")
     af.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(af.site), os.environ.get("PYTHONPATH")]))
-    af.setup(users="admin:admin,tina:user")  # tina may trigger runs and nothing more
+    # tina may trigger runs and nothing more, in team default only; alice is of team vision (resources.yaml)
+    af.setup(users="admin:admin,tina:user,alice:user")
     af.run("airflow", "variables", "set", SECRET_VARIABLE, SECRET_VALUE)
     af.run(
         "airflow", "connections", "add", SECRET_CONNECTION, "--conn-uri",
@@ -608,6 +609,7 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     assert card.returncode == 0, card.stderr
     written = json.loads((tmp_path / "cards" / "pets-v1" / "card.json").read_text())
     assert written["lineage"]["dataset"]["commit"] == first["commit"] and written["aliases"] == ["staging"]
+    assert written["owner"] == "default"  # the team whose job first registered it
     assert written["lineage"]["spec"]["dataset"]["ref"] == first["commit"] and written["gate"]["passed"] is True
     assert written["signature"]["signed"] and written["cost"]["queue_wait_seconds"] is not None
 
@@ -643,3 +645,84 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     assert "resolve_dataset: failed" in followed.stderr and ": failed (failed: resolve_dataset)" in followed.stderr
     status = _trainyard(airflow, "runs", "status", followed.stdout.strip(), "--json", token=token)
     assert json.loads(status.stdout)["tasks"]["resolve_dataset"]["state"] == "failed"
+
+
+def _vision_model(airflow, monkeypatch, tmp_path, name: str) -> str:
+    """A signed version of ``name``, owned by team vision and under its staging alias, in the executor's
+    registry (as a vision job's register leaves one); its version number."""
+    from trainyard.registry import ownership, signing, versions
+    from trainyard.tracking import mlflow_tracking as mt
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(airflow.trainyard_home))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
+    files = tmp_path / "model"
+    files.mkdir()
+    (files / "MLmodel").write_text("flavors: {onnx: {}}\n")
+    (files / "model.onnx").write_bytes(bytes(range(256)) * 8)
+    c = mt.client()
+    run = c.create_run(mt.experiment_id(c, name)).info.run_id
+    c.log_artifacts(run, str(files), "model")
+    ownership.claim(c, name, "vision")
+    version = c.create_model_version(name, source=f"runs:/{run}/model", run_id=run, tags={"team": "vision"}).version
+    versions.sign_version(c, name, version, signing.load_private_key())
+    versions.promote(c, name, version, "staging", user="alice", reason="registered", trusted=signing.trusted_keys())
+    return str(version)
+
+
+def _answer(airflow, run_id: str, user: str, option: str = "Approve") -> requests.Response:
+    return requests.patch(
+        f"{airflow.url}/api/v2/dags/promote_model/dagRuns/{run_id}/taskInstances/approve/-1/hitlDetails",
+        headers=airflow.headers(user),
+        json={"chosen_options": [option], "params_input": {}},
+        timeout=30,
+    )
+
+
+def test_a_model_belongs_to_its_team_and_only_its_promoters_move_or_approve(airflow, monkeypatch, tmp_path):
+    """Two teams' users through the real api-server, scheduler and executor: tina (team default) can neither
+    register into nor promote nor roll back vision's model; alice (vision) asks for production from the
+    command line as her Airflow login, cannot approve her own request, nor can tina (HTTP 403); admin can."""
+    from trainyard.registry.versions import History, alias_holder
+    from trainyard.tracking import mlflow_tracking as mt
+
+    name = "vision-net"
+    version = _vision_model(airflow, monkeypatch, tmp_path, name)
+    tina, alice, admin = airflow.headers("tina"), airflow.headers("alice"), airflow.headers("admin")
+
+    # another team's job of the same name: refused by its first task, naming the owner, before data moves
+    run = airflow.trigger(DAG, {"name": name, "resources": {"gpus_per_node": 1, "gpu_type": "cpu"}}, tina)
+    assert airflow.wait_run(DAG, run, tina, 300)["state"] == "failed"
+    states = {t: ti["state"] for t, ti in airflow.task_instances(DAG, run, tina).items()}
+    assert states["validate_spec"] == "failed" and states["resolve_dataset"] in ("upstream_failed", None), states
+    assert "model 'vision-net' belongs to team 'vision'" in airflow.task_log(DAG, run, "validate_spec", tina)
+
+    # tina's promotion, over REST and from the command line: refused by verify, nothing moved
+    run = airflow.trigger("promote_model", {"model": name, "version": version, "reason": "mine now"}, tina)
+    assert airflow.wait_run("promote_model", run, tina, 300)["state"] == "failed"
+    assert "user 'tina' may not move aliases of model 'vision-net'" in airflow.task_log(
+        "promote_model", run, "verify", tina
+    )
+    back = _trainyard(
+        airflow, "models", "rollback", name, "--alias", "staging", "--poll", "1", token=airflow.token("tina")
+    )
+    assert back.returncode == 1 and "may not move aliases" in back.stderr, back.stderr
+
+    # alice asks for production as her login; the team's policy makes it wait for another person
+    asked = _trainyard(
+        airflow, "models", "promote", name, version, "--reason", "launch", "--no-wait", token=airflow.token("alice")
+    )
+    assert asked.returncode == 0, asked.stderr
+    run = asked.stdout.strip()
+    airflow.wait(
+        lambda: airflow.task_instances("promote_model", run, alice).get("approve", {}).get("state") == "awaiting_input",
+        300,
+        "the approval request",
+    )
+    assert _answer(airflow, run, "alice").status_code == 403  # not her own request
+    assert _answer(airflow, run, "tina").status_code == 403  # not another team's member
+    assert _answer(airflow, run, "admin").status_code == 200, _answer(airflow, run, "admin").text
+    assert airflow.wait_run("promote_model", run, admin, 300)["state"] == "success"
+    c = mt.client()
+    assert alias_holder(c, name, "production") == version
+    [moved] = History().entries(name, "production")
+    assert (moved["user"], moved["approved_by"], moved["team"]) == ("alice", "admin", "vision")

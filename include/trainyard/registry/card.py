@@ -46,6 +46,7 @@ def build(c, name: str, version: str, moves: list[dict]) -> dict:
     moves (``registry.versions.History.entries(name)``)."""
     from trainyard.audit import AuditLog
     from trainyard.environment import DEPENDENCIES_TAG
+    from trainyard.registry.ownership import OWNER_TAG
     from trainyard.registry.signing import DIGEST_TAG, KEY_ID_TAG, SIGNATURE_TAG
     from trainyard.spec import SPEC_DIGEST_TAG
 
@@ -66,6 +67,7 @@ def build(c, name: str, version: str, moves: list[dict]) -> dict:
         "model": name,
         "version": version,
         "aliases": sorted(mv.aliases or []),
+        "owner": (c.get_registered_model(name).tags or {}).get(OWNER_TAG),  # the team: trainyard.registry.ownership
         "created": mv.creation_timestamp,
         "registered_by": registered[0]["actor"] if registered else None,
         "run": {"mlflow_run_id": mv.run_id, "run_key": tags.get("trainyard.run_key"), "run_dir": tags.get("run_dir")},
@@ -137,6 +139,7 @@ def markdown(card: dict) -> str:
     lines = [
         f"# Model card: {card['model']} version {card['version']}",
         "",
+        f"Owned by team {card.get('owner') or '(not recorded)'}. "
         f"Aliases now: {', '.join(card['aliases']) or 'none'}. Registered by {card['registered_by'] or '-'} "
         f"from run `{card['run']['run_key'] or card['run']['mlflow_run_id']}`.",
         "",
