@@ -70,7 +70,7 @@ def _trusted_keys():
     dag_id="promote_model",
     schedule=None,
     catchup=False,
-    max_active_runs=1,  # alias moves one at a time, so each history entry's from_version is exact
+    max_active_runs=16,  # moves of one alias are serialized by promote()'s lock, not by queueing every team
     default_args=default_args,
     tags=["trainyard", "registry"],
     doc_md=__doc__,
@@ -157,6 +157,7 @@ def promote_model():
         who/when/from/to/why to the audit trail."""
         assert params is not None  # Airflow passes the run's params by name
         from trainyard import teams
+        from trainyard.registry import ownership
         from trainyard.registry.versions import promote
         from trainyard.scheduling.resources import resources_in_force
         from trainyard.tracking.mlflow_tracking import client
@@ -164,25 +165,28 @@ def promote_model():
 
         ctx = get_current_context()
         dag_run = ctx["dag_run"]
-        model, owner, requester = params["model"], verified["owner"], _requester()
+        c, model, alias, requester = client(), params["model"], params["alias"], _requester()
+        # the owner and the need for approval again, from where they live: a user may write XComs
+        owner = ownership.owner(c, model) or ""
         config = resources_in_force()  # the policy as it is now: it may have changed while the move waited
         teams.check_alias_move(config, model, owner, requester, admin=is_admin(requester))
         extra: dict[str, str | None] = {"dag_run": f"{dag_run.dag_id}/{dag_run.run_id}", "team": owner}
-        if verified["approval"]:
+        if teams.needs_approval(config, owner, alias):
             answer = ctx["ti"].xcom_pull(task_ids="approve") or {}
             approver = (answer.get("responded_by_user") or {}).get("name")
             teams.check_approval(config, model, owner, str(requester), approver, admin=is_admin(approver))
             extra["approved_by"] = approver
         return promote(
-            client(),
+            c,
             model,
             verified["version"],
-            params["alias"],
+            alias,
             user=str(requester),
             reason=params["reason"],
             trusted=_trusted_keys(),
             action=params["action"],
             extra=extra,
+            expected_holder=verified["current"],
         )
 
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for

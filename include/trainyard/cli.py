@@ -260,7 +260,7 @@ def cmd_show(args) -> int:
     from mlflow.exceptions import MlflowException
 
     from trainyard import paths
-    from trainyard.registry.ownership import OWNER_TAG
+    from trainyard.registry.ownership import owner_or_none
     from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, client
 
     c = client()
@@ -274,7 +274,7 @@ def cmd_show(args) -> int:
     run = c.get_run(mv.run_id)
     tags = mv.tags
     print(f"model            {mv.name} version {mv.version} (alias {args.alias})")
-    print(f"owned by team    {(c.get_registered_model(mv.name).tags or {}).get(OWNER_TAG, '(not recorded)')}")
+    print(f"owned by team    {owner_or_none(c, mv.name) or '(not recorded)'}")
     for key in sorted(k for k in tags if k.startswith("metric.")):
         print(f"  {key[7:]:<15}{tags[key]}")
     print(f"recipe           {tags.get('recipe')}")

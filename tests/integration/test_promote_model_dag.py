@@ -201,7 +201,7 @@ def test_the_requester_cannot_approve_their_own_move(dag, staged):
         dr = dag.test(run_conf=conf)
     assert responder.error is None, responder.error
     states = task_states(dr)
-    assert states["approve"] == "success" and states["move_alias"] == "failed", states
+    assert states["approve"] == "failed" and states["move_alias"] == "upstream_failed", states
     assert alias_holder(staged["client"], NAME, "production") is None and History().entries(NAME, "production") == []
 
 

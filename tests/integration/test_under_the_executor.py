@@ -720,7 +720,8 @@ def test_a_model_belongs_to_its_team_and_only_its_promoters_move_or_approve(airf
     )
     assert _answer(airflow, run, "alice").status_code == 403  # not her own request
     assert _answer(airflow, run, "tina").status_code == 403  # not another team's member
-    assert _answer(airflow, run, "admin").status_code == 200, _answer(airflow, run, "admin").text
+    approved = _answer(airflow, run, "admin")
+    assert approved.status_code == 200, approved.text
     assert airflow.wait_run("promote_model", run, admin, 300)["state"] == "success"
     c = mt.client()
     assert alias_holder(c, name, "production") == version

@@ -2,6 +2,7 @@
 comparison of its metrics; the commands' refusals before anything is sent to Airflow."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +62,7 @@ def test_the_code_version_tells_apart_two_dirty_trees_and_code_without_git(tmp_p
     import shutil
     import subprocess
 
-    from trainyard.tracking.mlflow_tracking import code_version
+    from trainyard.tracking.mlflow_tracking import _source_digest, code_version
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -77,8 +78,15 @@ def test_the_code_version_tells_apart_two_dirty_trees_and_code_without_git(tmp_p
     other = code_version(repo)
     assert len(clean) == 40 and one.startswith(clean + "-dirty.") and other.startswith(clean + "-dirty.")
     assert one != other and replay.identifies_code(one)
+    (repo / "notes.py").write_text("untracked\n")  # an untracked file is part of what runs
+    assert code_version(repo) not in (one, other)
     shutil.rmtree(repo / ".git")  # a trainer image: the package's own files are digested
-    assert code_version(repo).startswith("files.") and code_version(repo) == code_version(repo)
+    assert code_version(repo).startswith("files.")
+    package = tmp_path / "package"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "include" / "trainyard", package)
+    before = _source_digest(package)
+    (package / "spec.py").write_text((package / "spec.py").read_text() + "\n# changed\n")
+    assert _source_digest(package) != before
 
 
 def test_a_replay_runs_the_recorded_spec_on_the_recorded_commit_marked_as_a_replay():

@@ -46,7 +46,7 @@ def build(c, name: str, version: str, moves: list[dict]) -> dict:
     moves (``registry.versions.History.entries(name)``)."""
     from trainyard.audit import AuditLog
     from trainyard.environment import DEPENDENCIES_TAG
-    from trainyard.registry.ownership import OWNER_TAG
+    from trainyard.registry.ownership import owner_or_none
     from trainyard.registry.signing import DIGEST_TAG, KEY_ID_TAG, SIGNATURE_TAG
     from trainyard.spec import SPEC_DIGEST_TAG
 
@@ -67,7 +67,7 @@ def build(c, name: str, version: str, moves: list[dict]) -> dict:
         "model": name,
         "version": version,
         "aliases": sorted(mv.aliases or []),
-        "owner": (c.get_registered_model(name).tags or {}).get(OWNER_TAG),  # the team: trainyard.registry.ownership
+        "owner": owner_or_none(c, name),
         "created": mv.creation_timestamp,
         "registered_by": registered[0]["actor"] if registered else None,
         "run": {"mlflow_run_id": mv.run_id, "run_key": tags.get("trainyard.run_key"), "run_dir": tags.get("run_dir")},

@@ -9,7 +9,7 @@ One with neither is refused until an admin names its owner (``trainyard models o
 
 from __future__ import annotations
 
-from trainyard.errors import NotFoundError, PermanentError
+from trainyard.errors import PermanentError, RetryableError
 
 OWNER_TAG = "trainyard.team"
 VERSION_TEAM_TAG = "team"  # the team of the run that registered a version (its lineage)
@@ -20,8 +20,8 @@ class NoOwner(PermanentError):
 
 
 def owner(client, name: str) -> str | None:
-    """The team that owns registered model ``name``; None when no such model exists. NoOwner when it exists
-    but neither its tag nor its first version names a team."""
+    """The team that owns registered model ``name`` (a read: nothing is written); None when no such model
+    exists. NoOwner when it exists but neither its tag nor its first version names a team."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -33,13 +33,12 @@ def owner(client, name: str) -> str | None:
     team = (model.tags or {}).get(OWNER_TAG)
     if team:
         return team
-    team = _first_version_team(client, name)
+    team = _first_version_team(client, name)  # the same answer for every caller: its lineage
     if team is None:
         raise NoOwner(
             f"model {name!r} has no owning team recorded (it was made outside trainyard): an admin names one with "
             f"`trainyard models owner {name} TEAM`"
         )
-    client.set_registered_model_tag(name, OWNER_TAG, team)  # the same answer for every caller: its lineage
     return team
 
 
@@ -63,8 +62,10 @@ def claim(client, name: str, team: str) -> str:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     found = owner(client, name)
-    if found is None:  # deleted between the two calls
-        raise NotFoundError(f"model {name!r} was deleted while it was being registered; run the task again")
+    if found is None:  # deleted between the two calls: a retry makes it again
+        raise RetryableError(f"model {name!r} was deleted while it was being registered")
+    if not (client.get_registered_model(name).tags or {}).get(OWNER_TAG):
+        client.set_registered_model_tag(name, OWNER_TAG, found)  # inferred from its lineage: recorded now
     return found
 
 
@@ -76,3 +77,11 @@ def set_owner(client, name: str, team: str, *, replace: bool = False) -> str | N
         raise PermanentError(f"model {name!r} belongs to team {before!r}; pass --replace to give it to {team!r}")
     client.set_registered_model_tag(name, OWNER_TAG, team)
     return before
+
+
+def owner_or_none(client, name: str) -> str | None:
+    """:func:`owner`, or None where none is recorded or inferred: for what only shows it."""
+    try:
+        return owner(client, name)
+    except NoOwner:
+        return None

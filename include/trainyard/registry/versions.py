@@ -30,8 +30,10 @@ from pathlib import Path
 from trainyard import paths
 from trainyard.audit import RESERVED, AuditLog
 from trainyard.errors import NotFoundError, PermanentError
+from trainyard.files import file_lock
 from trainyard.registry import card, signing
 from trainyard.registry.signing import DIGEST_TAG, KEY_ID_TAG, SIGNATURE_TAG, VerificationError
+from trainyard.spec import safe_key
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,13 @@ MANAGED_ALIASES = ("staging", "production")  # trainyard moves these; every move
 
 class UnexplainedAlias(PermanentError):
     """An alias points where trainyard's history does not say it does: it was moved outside trainyard."""
+
+
+class AliasMoved(PermanentError):
+    """The alias moved between a move's approval and the move itself."""
+
+
+_UNCHECKED = object()  # promote(): no expected holder given
 
 
 class RollbackError(PermanentError):
@@ -374,15 +383,29 @@ def promote(
     history: History | None = None,
     action: str = "promote",
     extra: dict | None = None,
+    expected_holder: object = _UNCHECKED,
 ) -> dict:
     """Verify ``version``, point ``alias`` at it, record the move. Returns the history entry plus
-    ``changed`` (False when the alias already pointed there and that move is already recorded)."""
+    ``changed`` (False when the alias already pointed there and that move is already recorded, or this
+    ``extra["dag_run"]`` already made its move). ``expected_holder``: the version the alias pointed at when
+    the move was verified and approved; if it has moved since, the move is refused (AliasMoved). Moves of one
+    alias take a lock, so each one's ``from_version`` is exact whatever runs at once."""
     history = history or History()
     version = str(version)
     verified = verify_version(client, name, version, trusted)
+    with file_lock(paths.home() / "registry" / "locks" / f"{safe_key(name)}.{alias}.lock"):
+        return _move(client, name, version, alias, verified, user, reason, history, action, extra, expected_holder)
+
+
+def _move(client, name, version, alias, verified, user, reason, history, action, extra, expected_holder) -> dict:
+    """:func:`promote`'s move, under its lock."""
     current = alias_holder(client, name, alias)
     recorded = _entries(history, name, alias)
     last = recorded[-1] if recorded else None
+    run = (extra or {}).get("dag_run")
+    done = [e for e in recorded if run and e.get("dag_run") == run]
+    if done:  # this run moved it already (a retry, or a cleared task of an old run): nothing moves again
+        return {**done[-1], "changed": False}
     if current == version:
         if last and last["to_version"] == version:
             card.refresh(client, name, [version], history.entries(name))  # a retry: the first may have stored none
@@ -391,6 +414,11 @@ def promote(
         from_version = last["to_version"] if last else None
     else:
         _check_source(name, alias, current, last, action)
+        if expected_holder is not _UNCHECKED and current != expected_holder:
+            raise AliasMoved(
+                f"alias {alias!r} of {name!r} points at version {current} now, not at {expected_holder} as when "
+                f"this move was verified and approved; ask for it again (a new promote_model run)"
+            )
         from_version = current
     client.set_registered_model_alias(name, alias, version)
     entry = {

@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -68,11 +68,11 @@ class JobLimits(_Model):
     """What of its host a local training may use, per slot it holds (CPU and memory) and per job
     (processes): enforced on every training process, built-in or custom, by the local launcher."""
 
-    cpus_per_slot: float = Field(1.0, gt=0, le=256, description="CPU cores per slot (a job's cap: this x its slots)")
+    cpus_per_slot: float = Field(4.0, gt=0, le=256, description="CPU cores per slot (a job's cap: this x its slots)")
     memory_gb_per_slot: float = Field(
-        4.0, gt=0, le=4096, description="memory per slot in GiB (a job's cap: this x its slots; past it, OOM-killed)"
+        16.0, gt=0, le=4096, description="memory per slot in GiB (a job's cap: this x its slots; past it, OOM-killed)"
     )
-    processes: int = Field(512, ge=16, le=65536, description="the most processes and threads one job may have at once")
+    processes: int = Field(4096, ge=16, le=65536, description="the most processes and threads one job may have at once")
 
 
 class TeamPolicy(_Model):
@@ -101,7 +101,7 @@ class TeamPolicy(_Model):
             "member)"
         ),
     )
-    approval: list[str] = Field(
+    approval: list[Literal["staging", "production"]] = Field(
         ["production"],
         description="aliases of its models whose moves wait for another promoter's approval (the promote_model DAG)",
     )

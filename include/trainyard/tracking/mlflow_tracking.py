@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -86,21 +88,25 @@ def log_params(c, run_id: str, params: dict) -> None:
 
 def code_version(repo_dir: str | Path | None = None) -> str:
     """What code runs, such that two runs with the same answer ran the same code: the git commit, with
-    ``-dirty.<digest>`` of the uncommitted changes (``git diff HEAD``) where there are any; without git (a
-    trainer image, an installed package) ``files.<digest>`` of the ``trainyard`` package's own source files."""
+    ``-dirty.<digest>`` of the uncommitted changes (``git diff HEAD`` and the untracked files that git does not
+    ignore) where there are any; without git (a trainer image, an installed package) ``files.<digest>`` of
+    the ``trainyard`` package's own source files."""
     cwd = Path(repo_dir) if repo_dir else Path(__file__).resolve().parents[3]
     try:
-        sha = _git(cwd, "rev-parse", "HEAD").strip()
+        sha = _git(cwd, "rev-parse", "HEAD").decode().strip()
         changes = _git(cwd, "diff", "HEAD", "--binary")
+        untracked = _git(cwd, "ls-files", "-z", "--others", "--exclude-standard").split(b"\0")
     except (OSError, subprocess.CalledProcessError):
         return f"files.{_source_digest(Path(__file__).resolve().parents[1])}"
-    return sha + (f"-dirty.{hashlib.sha256(changes.encode()).hexdigest()[:16]}" if changes else "")
+    h = hashlib.sha256(changes)
+    for name in filter(None, untracked):
+        with contextlib.suppress(OSError):  # gone meanwhile, or not a file
+            h.update(b"\0" + name + b"\0" + (cwd / os.fsdecode(name)).read_bytes())
+    return sha + (f"-dirty.{h.hexdigest()[:16]}" if changes or any(untracked) else "")
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=True
-    ).stdout
+def _git(cwd: Path, *args: str) -> bytes:
+    return subprocess.run(["git", *args], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, check=True).stdout
 
 
 def _source_digest(package: Path) -> str:

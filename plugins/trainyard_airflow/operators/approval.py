@@ -3,8 +3,14 @@
 Airflow's ``ApprovalOperator`` lets any user with the HITL permission answer, unless the task names its
 ``assigned_users``, whom the API server then holds to (HTTP 403 for anyone else). Who may approve is known
 only when the run runs (the model's owning team, the requester), so this operator names them then, from the
-``verify`` task's XCom (:func:`trainyard.teams.approvers`). The move itself checks the answer again
-(:func:`trainyard.teams.check_approval`), so a team open to everyone (no names to assign) is held too.
+``verify`` task's XCom (:func:`trainyard.teams.approvers`). When the answer comes back (from the API
+server's record of who answered, not from an XCom a user could write) it is checked against the owning
+team's policy as it is then (:func:`trainyard.teams.check_approval`), so a team open to everyone (no names
+to assign) is held too, and ``move_alias`` checks it once more.
+
+``assigned_users`` are user ids as the auth manager knows them; under the simple auth manager (the
+default) a user's id is their name, which is what resources.yaml lists. Under another auth manager whose ids
+are not names, approvals must be given by an Airflow admin (``move_alias`` accepts any admin).
 """
 
 from __future__ import annotations
@@ -38,3 +44,19 @@ class TeamApprovalOperator(ApprovalOperator):
             self.assigned_users = [HITLUser(id=user, name=user) for user in approvers]
         self.log.info("approvers: %s", ", ".join(approvers) if approvers else f"anyone but {verified['requester']}")
         return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        from trainyard import teams
+        from trainyard.registry import ownership
+        from trainyard.scheduling.resources import resources_in_force
+        from trainyard.tracking.mlflow_tracking import client
+        from trainyard_airflow.auth import is_admin
+
+        answer = super().execute_complete(context, event)  # a Reject fails the task here
+        approver = (answer.get("responded_by_user") or {}).get("name")
+        params, requester = context["params"], context["dag_run"].triggering_user_name
+        owner = ownership.owner(client(), params["model"]) or ""
+        teams.check_approval(
+            resources_in_force(), params["model"], owner, str(requester), approver, admin=is_admin(approver)
+        )
+        return answer

@@ -28,7 +28,9 @@ def test_a_model_from_before_owners_is_its_first_versions_team(client):
     for team in ("nlp", "vision"):
         client.create_model_version("legacy", source="file:///nowhere", tags={ownership.VERSION_TEAM_TAG: team})
     assert ownership.owner(client, "legacy") == "nlp"
-    assert client.get_registered_model("legacy").tags[ownership.OWNER_TAG] == "nlp"  # recorded once
+    assert ownership.OWNER_TAG not in client.get_registered_model("legacy").tags  # a look writes nothing
+    assert ownership.claim(client, "legacy", "vision") == "nlp"  # a registration records it
+    assert client.get_registered_model("legacy").tags[ownership.OWNER_TAG] == "nlp"
     client.create_registered_model("foreign")  # made outside trainyard: nothing to go by
     with pytest.raises(ownership.NoOwner, match="trainyard models owner foreign TEAM"):
         ownership.owner(client, "foreign")

@@ -303,3 +303,25 @@ def test_a_version_signed_with_a_key_from_elsewhere_is_refused(reg, tmp_path):
     versions.sign_version(c, NAME, v3, foreign)
     with pytest.raises(VerificationError, match=f"signed with key {signing.key_id(foreign)}, which is not trusted"):
         versions.verify_version(c, NAME, v3, reg["trusted"])
+
+
+def test_a_move_made_again_by_its_run_or_after_the_alias_moved_changes_nothing(reg):
+    """A cleared move_alias of an old promote_model run must not move the alias back to what that run once
+    approved; a move approved while another version held the alias is refused once the alias has moved."""
+    from trainyard.registry.versions import AliasMoved, alias_holder
+
+    c, run = reg["client"], {"dag_run": "promote_model/old"}
+    first = versions.promote(
+        c, NAME, reg["v1"], "production", user="ann", reason="r", trusted=reg["trusted"], extra=run
+    )
+    _promote(reg, reg["v2"])
+    again = versions.promote(
+        c, NAME, reg["v1"], "production", user="ann", reason="r", trusted=reg["trusted"], extra=run
+    )
+    assert again["changed"] is False and again["seq"] == first["seq"]
+    assert alias_holder(c, NAME, "production") == reg["v2"]
+    with pytest.raises(AliasMoved, match="points at version 2 now, not at 1"):
+        versions.promote(
+            c, NAME, reg["v1"], "production", user="ann", reason="r", trusted=reg["trusted"], expected_holder=reg["v1"]
+        )
+    assert alias_holder(c, NAME, "production") == reg["v2"]
