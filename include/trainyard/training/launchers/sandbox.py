@@ -518,24 +518,27 @@ class Sandbox:
 
     def _clean_up(self, user: SandboxUser) -> None:
         kill_all(user)
-        limits.remove(user.name)  # the launch's cgroup, named after its user, once its processes are gone
-        _remove_owned(user.uid)
-        record_path = _record_path(user)
-        if not record_path.exists():
-            return
-        record = json.loads(record_path.read_text())
-        with self._acl_lock():
-            for p in record.get("read", []):
-                if Path(p).exists():
-                    _setfacl("-R", "-P", "-x", f"u:{user.uid}", p)
-            for d in record.get("search", []):
-                if Path(d).exists():
-                    _setfacl("-x", f"u:{user.uid}", d)
-        if record.get("work"):
-            _chown_tree(Path(record["work"]), os.getuid(), os.getgid(), only_from=user.uid)
-        record_path.unlink()
+        try:
+            _remove_owned(user.uid)
+            record_path = _record_path(user)
+            if not record_path.exists():
+                return
+            record = json.loads(record_path.read_text())
+            with self._acl_lock():
+                for p in record.get("read", []):
+                    if Path(p).exists():
+                        _setfacl("-R", "-P", "-x", f"u:{user.uid}", p)
+                for d in record.get("search", []):
+                    if Path(d).exists():
+                        _setfacl("-x", f"u:{user.uid}", d)
+            if record.get("work"):
+                _chown_tree(Path(record["work"]), os.getuid(), os.getgid(), only_from=user.uid)
+            record_path.unlink()
+        finally:  # the launch's cgroup (named after its user) last: one that will not go keeps no grant alive
+            limits.remove(user.name)
 
     # what the launch uses
+
     def command(self, argv: list[str]) -> list[str]:
         """``argv`` started through :mod:`~trainyard.training.launchers.sandbox_entry` as this sandbox's user,
         in its namespaces and its cgroup."""
