@@ -309,9 +309,10 @@ def test_a_built_in_trainers_workers_run_in_the_sandbox(trainyard_home, small_sp
         if "epoch 1/" in line and "workers" not in seen:  # while they train: who runs the workers
             seen["workers"] = {  # attributes read by process_iter: a process that ends meanwhile is skipped
                 p.pid: p.info["uids"].real
-                for p in psutil.process_iter(["cmdline", "uids"])
+                for p in psutil.process_iter(["cmdline", "uids", "name"])
                 if "trainyard.training.entry" in (p.info["cmdline"] or [])
                 and str(trainyard_home) in " ".join(p.info["cmdline"])  # this run's, not another test's
+                and p.info["name"] != "bwrap"  # bubblewrap itself and its reaper (pid 1 of the job's namespace)
             }
 
     trained = pipeline.train(spec, dataset, data, "sandboxed", on_line=on_line)
