@@ -94,19 +94,12 @@ def promote_model():
         and check the signed manifest; either failing fails the run."""
         assert params is not None  # Airflow passes the run's params by name
         from trainyard import teams
-        from trainyard.errors import NotFoundError
-        from trainyard.registry import ownership
         from trainyard.registry.versions import alias_holder, resolve_version, rollback_target, verify_version
-        from trainyard.scheduling.resources import resources_in_force
         from trainyard.tracking.mlflow_tracking import client
-        from trainyard_airflow.auth import admins, is_admin
+        from trainyard_airflow.auth import admins, authorize_move
 
-        c, model, alias = client(), params["model"], params["alias"]
-        owner = ownership.owner(c, model)
-        if owner is None:
-            raise NotFoundError(f"no registered model {model!r}")
-        config, requester = resources_in_force(), _requester()
-        teams.check_alias_move(config, model, owner, requester, admin=is_admin(requester))
+        c, model, alias, requester = client(), params["model"], params["alias"], _requester()
+        config, owner = authorize_move(model, requester)
         if params["action"] == "rollback":
             version = rollback_target(c, model, alias, params["version"])
         else:
@@ -157,27 +150,23 @@ def promote_model():
         who/when/from/to/why to the audit trail."""
         assert params is not None  # Airflow passes the run's params by name
         from trainyard import teams
-        from trainyard.registry import ownership
         from trainyard.registry.versions import promote
-        from trainyard.scheduling.resources import resources_in_force
         from trainyard.tracking.mlflow_tracking import client
-        from trainyard_airflow.auth import is_admin
+        from trainyard_airflow.auth import authorize_move, check_approver
 
         ctx = get_current_context()
         dag_run = ctx["dag_run"]
-        c, model, alias, requester = client(), params["model"], params["alias"], _requester()
-        # the owner and the need for approval again, from where they live: a user may write XComs
-        owner = ownership.owner(c, model) or ""
-        config = resources_in_force()  # the policy as it is now: it may have changed while the move waited
-        teams.check_alias_move(config, model, owner, requester, admin=is_admin(requester))
+        model, alias, requester = params["model"], params["alias"], _requester()
+        # the owner and the policy as they are now (it may have changed while the move waited), not as
+        # verify's XCom says: a user may write XComs
+        config, owner = authorize_move(model, requester)
         extra: dict[str, str | None] = {"dag_run": f"{dag_run.dag_id}/{dag_run.run_id}", "team": owner}
         if teams.needs_approval(config, owner, alias):
             answer = ctx["ti"].xcom_pull(task_ids="approve") or {}
-            approver = (answer.get("responded_by_user") or {}).get("name")
-            teams.check_approval(config, model, owner, str(requester), approver, admin=is_admin(approver))
-            extra["approved_by"] = approver
+            extra["approved_by"] = (answer.get("responded_by_user") or {}).get("name")
+            check_approver(model, requester, extra["approved_by"])
         return promote(
-            c,
+            client(),
             model,
             verified["version"],
             alias,

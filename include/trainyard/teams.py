@@ -40,21 +40,26 @@ def is_member(config: ResourcesConfig, team: str, user: str) -> bool:
     return members is None or EVERYONE in members or user in members
 
 
+def _named_promoters(config: ResourcesConfig, team: str) -> list[str] | None:
+    """Who of ``team`` may move its models' aliases, by name: its policy's ``promoters``, else its members;
+    None when that list is absent or holds ``"*"`` (every member may)."""
+    policy, members = config.teams[team].policy, config.teams[team].members
+    named = policy.promoters if policy.promoters is not None else members
+    return None if named is None or EVERYONE in named else named
+
+
 def may_promote(config: ResourcesConfig, team: str, user: str) -> bool:
     """Whether ``user`` may move ``team``'s models' aliases and approve such a move: a member who is one of
     its policy's ``promoters`` (absent: every member)."""
     if not is_member(config, team, user):
         return False
-    promoters = config.teams[team].policy.promoters
-    return promoters is None or EVERYONE in promoters or user in promoters
+    named = _named_promoters(config, team)
+    return named is None or user in named
 
 
 def _promoters_text(config: ResourcesConfig, team: str) -> str:
-    policy, members = config.teams[team].policy, config.teams[team].members
-    named = policy.promoters if policy.promoters is not None else members
-    if named is None or EVERYONE in named:
-        return "every user"
-    return ", ".join(sorted(named)) or "nobody"
+    named = _named_promoters(config, team)
+    return "every user" if named is None else ", ".join(sorted(named)) or "nobody"
 
 
 # -- run ---------------------------------------------------------------------------------------------------
@@ -206,14 +211,14 @@ def needs_approval(config: ResourcesConfig, owner: str, alias: str) -> bool:
 def approvers(config: ResourcesConfig, owner: str, requester: str, admins: list[str]) -> list[str] | None:
     """The users who may approve ``requester``'s move of a model of team ``owner``, by name: its promoters
     and the admins, the requester never. None: everyone but the requester may (a team open to all)."""
-    team = config.teams.get(owner)
     named: set[str] = set(admins)
-    if team is not None:
-        listed = team.policy.promoters if team.policy.promoters is not None else team.members
-        if listed is None or EVERYONE in listed:
-            if team.members is None or EVERYONE in team.members:
+    if owner in config.teams:
+        listed = _named_promoters(config, owner)
+        if listed is None:  # every member may: by name only where the members are named
+            members = config.teams[owner].members
+            if members is None or EVERYONE in members:
                 return None
-            listed = team.members
+            listed = members
         named |= {u for u in listed if is_member(config, owner, u)}
     return sorted(named - {requester})
 

@@ -1,6 +1,10 @@
 """Who a user is to Airflow, as trainyard's team checks (:mod:`trainyard.teams`) need it: whether they are an
 admin, who the admins are. Read from the auth manager's own configuration; an auth manager trainyard cannot
-read admits no admin here (fail closed): list such users as promoters of the teams they act for."""
+read admits no admin here (fail closed): list such users as promoters of the teams they act for.
+
+And the checks of an alias move with those facts filled in, for every task of ``promote_model`` that makes
+one: :func:`authorize_move` (the requester) and :func:`check_approver` (the approver), each reading the
+model's owner and the team policy where they live, never from an XCom (which users may write)."""
 
 from __future__ import annotations
 
@@ -26,3 +30,34 @@ def is_admin(user: str | None) -> bool:
     if user is None:
         return False
     return conf.getboolean("core", "simple_auth_manager_all_admins", fallback=False) or user in admins()
+
+
+def owning_team(model: str):
+    """(the resources in force, the team that owns ``model``); NotFoundError when there is no such model."""
+    from trainyard.errors import NotFoundError
+    from trainyard.registry import ownership
+    from trainyard.scheduling.resources import resources_in_force
+    from trainyard.tracking.mlflow_tracking import client
+
+    owner = ownership.owner(client(), model)
+    if owner is None:
+        raise NotFoundError(f"no registered model {model!r}")
+    return resources_in_force(), owner
+
+
+def authorize_move(model: str, requester: str | None):
+    """:func:`owning_team`, once ``requester`` is found allowed to move ``model``'s aliases (NotAllowed
+    naming who may)."""
+    from trainyard import teams
+
+    config, owner = owning_team(model)
+    teams.check_alias_move(config, model, owner, requester, admin=is_admin(requester))
+    return config, owner
+
+
+def check_approver(model: str, requester: str | None, approver: str | None) -> None:
+    """NotAllowed unless ``approver`` may approve ``requester``'s move of an alias of ``model``."""
+    from trainyard import teams
+
+    config, owner = owning_team(model)
+    teams.check_approval(config, model, owner, str(requester), approver, admin=is_admin(approver))

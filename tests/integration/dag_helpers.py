@@ -41,3 +41,24 @@ def grid_order(choices: list, seed: int, n: int) -> list:
     parameter = {"name": "hyperparameters.learning_rate", "type": "categorical", "choices": choices}
     sweep = Sweep(name="order", sampler="grid", seed=seed, trials=len(choices), parameters=[parameter])
     return [p["hyperparameters.learning_rate"] for p in grid_points(sweep)][:n]
+
+
+def staged_version(name: str, team: str, folder, user: str = "ann"):
+    """A signed version of registered model ``name``, owned by ``team``, under its staging alias, as a
+    ``register`` of that team's job leaves one (in the MLflow store and key pair of ``TRAINYARD_HOME``; the
+    model's files written under ``folder``): (the MLflow client, the version number)."""
+    from trainyard.registry import ownership, signing, versions
+    from trainyard.tracking import mlflow_tracking as mt
+
+    files = folder / "model"
+    files.mkdir()
+    (files / "MLmodel").write_text("flavors: {onnx: {}}\n")
+    (files / "model.onnx").write_bytes(bytes(range(256)) * 16)
+    c = mt.client()
+    run = c.create_run(mt.experiment_id(c, name)).info.run_id
+    c.log_artifacts(run, str(files), "model")
+    ownership.claim(c, name, team)
+    version = c.create_model_version(name, source=f"runs:/{run}/model", run_id=run, tags={"team": team}).version
+    versions.sign_version(c, name, version, signing.load_private_key())
+    versions.promote(c, name, version, "staging", user=user, reason="registered", trusted=signing.trusted_keys())
+    return c, str(version)

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from dag_helpers import load_dag, task_states
+from dag_helpers import load_dag, staged_version, task_states
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -39,24 +39,13 @@ def staged(trainyard_home, tmp_path, monkeypatch, policy):
     """A signed version of NAME, owned by team default, under the staging alias (as train_pipeline leaves
     one), default key pair."""
     from trainyard import paths
-    from trainyard.registry import ownership, signing, versions
-    from trainyard.tracking import mlflow_tracking as mt
+    from trainyard.registry import signing
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
     signing.ensure_keypair()  # the trainyard_home fixture may already come with one
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "MLmodel").write_text("flavors: {onnx: {}}\n")
-    (model / "model.onnx").write_bytes(bytes(range(256)) * 16)
-    c = mt.client()
-    run = c.create_run(mt.experiment_id(c, NAME)).info.run_id
-    c.log_artifacts(run, str(model), "model")
-    ownership.claim(c, NAME, "default")
-    version = c.create_model_version(NAME, source=f"runs:/{run}/model", run_id=run).version
-    versions.sign_version(c, NAME, version, signing.load_private_key())
-    versions.promote(c, NAME, version, "staging", user="ann", reason="registered", trusted=signing.trusted_keys())
+    c, version = staged_version(NAME, "default", tmp_path)
     stored = next((trainyard_home / "mlflow" / "artifacts").rglob("model.onnx"))
-    return {"client": c, "version": str(version), "onnx": stored}
+    return {"client": c, "version": version, "onnx": stored}
 
 
 def test_promote_without_approval(dag, staged, policy):

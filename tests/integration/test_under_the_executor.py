@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from dag_helpers import grid_order
+from dag_helpers import grid_order, staged_version
 
 import checkout
 from datafiles import write_files
@@ -650,23 +650,9 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
 def _vision_model(airflow, monkeypatch, tmp_path, name: str) -> str:
     """A signed version of ``name``, owned by team vision and under its staging alias, in the executor's
     registry (as a vision job's register leaves one); its version number."""
-    from trainyard.registry import ownership, signing, versions
-    from trainyard.tracking import mlflow_tracking as mt
-
     monkeypatch.setenv("TRAINYARD_HOME", str(airflow.trainyard_home))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
-    files = tmp_path / "model"
-    files.mkdir()
-    (files / "MLmodel").write_text("flavors: {onnx: {}}\n")
-    (files / "model.onnx").write_bytes(bytes(range(256)) * 8)
-    c = mt.client()
-    run = c.create_run(mt.experiment_id(c, name)).info.run_id
-    c.log_artifacts(run, str(files), "model")
-    ownership.claim(c, name, "vision")
-    version = c.create_model_version(name, source=f"runs:/{run}/model", run_id=run, tags={"team": "vision"}).version
-    versions.sign_version(c, name, version, signing.load_private_key())
-    versions.promote(c, name, version, "staging", user="alice", reason="registered", trusted=signing.trusted_keys())
-    return str(version)
+    return staged_version(name, "vision", tmp_path, user="alice")[1]
 
 
 def _answer(airflow, run_id: str, user: str, option: str = "Approve") -> requests.Response:

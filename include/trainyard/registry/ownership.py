@@ -22,24 +22,29 @@ class NoOwner(PermanentError):
 def owner(client, name: str) -> str | None:
     """The team that owns registered model ``name`` (a read: nothing is written); None when no such model
     exists. NoOwner when it exists but neither its tag nor its first version names a team."""
+    return _owner(client, name)[0]
+
+
+def _owner(client, name: str) -> tuple[str | None, bool]:
+    """(:func:`owner`, whether it is recorded on the model rather than inferred from its lineage)."""
     from mlflow.exceptions import MlflowException
 
     try:
         model = client.get_registered_model(name)
     except MlflowException as err:
         if err.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return None
+            return None, False
         raise
     team = (model.tags or {}).get(OWNER_TAG)
     if team:
-        return team
+        return team, True
     team = _first_version_team(client, name)  # the same answer for every caller: its lineage
     if team is None:
         raise NoOwner(
             f"model {name!r} has no owning team recorded (it was made outside trainyard): an admin names one with "
             f"`trainyard models owner {name} TEAM`"
         )
-    return team
+    return team, False
 
 
 def _first_version_team(client, name: str) -> str | None:
@@ -61,10 +66,10 @@ def claim(client, name: str, team: str) -> str:
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    found = owner(client, name)
+    found, recorded = _owner(client, name)
     if found is None:  # deleted between the two calls: a retry makes it again
         raise RetryableError(f"model {name!r} was deleted while it was being registered")
-    if not (client.get_registered_model(name).tags or {}).get(OWNER_TAG):
+    if not recorded:
         client.set_registered_model_tag(name, OWNER_TAG, found)  # inferred from its lineage: recorded now
     return found
 

@@ -394,50 +394,45 @@ def promote(
     version = str(version)
     verified = verify_version(client, name, version, trusted)
     with file_lock(paths.home() / "registry" / "locks" / f"{safe_key(name)}.{alias}.lock"):
-        return _move(client, name, version, alias, verified, user, reason, history, action, extra, expected_holder)
-
-
-def _move(client, name, version, alias, verified, user, reason, history, action, extra, expected_holder) -> dict:
-    """:func:`promote`'s move, under its lock."""
-    current = alias_holder(client, name, alias)
-    recorded = _entries(history, name, alias)
-    last = recorded[-1] if recorded else None
-    run = (extra or {}).get("dag_run")
-    done = [e for e in recorded if run and e.get("dag_run") == run]
-    if done:  # this run moved it already (a retry, or a cleared task of an old run): nothing moves again
-        return {**done[-1], "changed": False}
-    if current == version:
-        if last and last["to_version"] == version:
-            card.refresh(client, name, [version], history.entries(name))  # a retry: the first may have stored none
-            return {**last, "changed": False}
-        # Moved but not recorded (a crash between the two): record the move from the last recorded holder.
-        from_version = last["to_version"] if last else None
-    else:
-        _check_source(name, alias, current, last, action)
-        if expected_holder is not _UNCHECKED and current != expected_holder:
-            raise AliasMoved(
-                f"alias {alias!r} of {name!r} points at version {current} now, not at {expected_holder} as when "
-                f"this move was verified and approved; ask for it again (a new promote_model run)"
-            )
-        from_version = current
-    client.set_registered_model_alias(name, alias, version)
-    entry = {
-        "model": name,
-        "alias": alias,
-        "from_version": from_version,
-        "to_version": version,
-        "user": user,
-        "reason": reason,
-        "action": action,
-        "manifest_sha256": verified["manifest_sha256"],
-        "key_id": verified["key_id"],
-        **(extra or {}),
-    }
-    entry = history.append(entry)
-    _mirror(client, name, history)
-    log.info("%s: %s alias %r %s -> %s by %s (%s)", action, name, alias, from_version, version, user, reason)
-    card.refresh(client, name, [from_version, version], history.entries(name))  # both versions' history changed
-    return {**entry, "changed": True}
+        current = alias_holder(client, name, alias)
+        recorded = _entries(history, name, alias)
+        last = recorded[-1] if recorded else None
+        run = (extra or {}).get("dag_run")
+        done = [e for e in recorded if run and e.get("dag_run") == run]
+        if done:  # this run moved it already (a retry, or a cleared task of an old run): nothing moves again
+            return {**done[-1], "changed": False}
+        if current == version:
+            if last and last["to_version"] == version:
+                card.refresh(client, name, [version], history.entries(name))  # a retry: the first may have stored none
+                return {**last, "changed": False}
+            # Moved but not recorded (a crash between the two): record the move from the last recorded holder.
+            from_version = last["to_version"] if last else None
+        else:
+            _check_source(name, alias, current, last, action)
+            if expected_holder is not _UNCHECKED and current != expected_holder:
+                raise AliasMoved(
+                    f"alias {alias!r} of {name!r} points at version {current} now, not at {expected_holder} as when "
+                    f"this move was verified and approved; ask for it again (a new promote_model run)"
+                )
+            from_version = current
+        client.set_registered_model_alias(name, alias, version)
+        entry = {
+            "model": name,
+            "alias": alias,
+            "from_version": from_version,
+            "to_version": version,
+            "user": user,
+            "reason": reason,
+            "action": action,
+            "manifest_sha256": verified["manifest_sha256"],
+            "key_id": verified["key_id"],
+            **(extra or {}),
+        }
+        entry = history.append(entry)
+        _mirror(client, name, history)
+        log.info("%s: %s alias %r %s -> %s by %s (%s)", action, name, alias, from_version, version, user, reason)
+        card.refresh(client, name, [from_version, version], history.entries(name))  # both versions' history changed
+        return {**entry, "changed": True}
 
 
 def rollback_target(client, name: str, alias: str, to_version=None, history: History | None = None) -> str:

@@ -46,17 +46,9 @@ class TeamApprovalOperator(ApprovalOperator):
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        from trainyard import teams
-        from trainyard.registry import ownership
-        from trainyard.scheduling.resources import resources_in_force
-        from trainyard.tracking.mlflow_tracking import client
-        from trainyard_airflow.auth import is_admin
+        from trainyard_airflow.auth import check_approver
 
         answer = super().execute_complete(context, event)  # a Reject fails the task here
         approver = (answer.get("responded_by_user") or {}).get("name")
-        params, requester = context["params"], context["dag_run"].triggering_user_name
-        owner = ownership.owner(client(), params["model"]) or ""
-        teams.check_approval(
-            resources_in_force(), params["model"], owner, str(requester), approver, admin=is_admin(approver)
-        )
+        check_approver(context["params"]["model"], context["dag_run"].triggering_user_name, approver)
         return answer
