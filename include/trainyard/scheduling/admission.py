@@ -202,8 +202,8 @@ def plan(
 ) -> dict[str, tuple[int | None, str]]:
     """Every waiting job's verdict now: job id -> (slots borrowed, "") to admit it, or (None, why it
     waits). ``spend``: with it, a job is admitted only while its commitment and those of its team's
-    admitted jobs (:func:`trainyard.scheduling.budgets.commitment`) fit in what the team's monthly budget
-    has left after this month's spend. Pure: the ledger applies it in one transaction."""
+    admitted jobs and Kubernetes trainings (:func:`trainyard.scheduling.budgets.commitment`) fit in what
+    the team's monthly budget has left after this month's spend. Pure: the ledger applies it in one transaction."""
     from trainyard.scheduling.budgets import commitment
 
     max_wait = config.scheduling.max_wait_minutes * 60
@@ -259,7 +259,12 @@ def plan(
             budget = config.teams[job.team].monthly_budget
             cost = owed(job) if borrow is not None else 0.0  # read only for a job that has the room
             if borrow is not None and spend is not None and budget is not None:
-                left = budget - spend.this_month.get(job.team, 0.0) - committed[job.team]
+                left = (
+                    budget
+                    - spend.this_month.get(job.team, 0.0)
+                    - spend.reserved.get(job.team, 0.0)
+                    - committed[job.team]
+                )
                 if cost > left:
                     borrow, why = (
                         None,

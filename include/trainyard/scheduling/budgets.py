@@ -15,7 +15,13 @@ A job's commitment is one definition (:func:`commitment`) for ``validate_spec``,
 ``trainyard report cost``. ``validate_spec`` refuses a job whose worst case is more than its team's monthly
 budget less the month's spend and commitments, before any data is touched; the admission ledger checks
 again, in the transaction that admits it (many jobs may pass validation before the first is admitted).
-Kubernetes trainings do not go through the ledger yet: their cost counts once their tries are recorded.
+
+Kubernetes trainings do not go through the ledger (Kueue queues their pods): each one *reserves* its
+commitment when its try starts (:func:`reserve`, ``<runs root>/.reservations.json``), checked
+against what its team has left and written under the spend lock, so of many jobs that passed validation at
+once only those that fit start. A reservation counts as committed, for validation, admission and reports,
+until the try's usage is recorded (:func:`release`), or at most ``resources.max_hours`` after it was made
+plus the time the pods may wait to be scheduled, where a worker died before it could say so.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -205,6 +211,7 @@ class Spend:
 
     this_month: Mapping[str, float]
     of_run: Callable[[str], float]  # run key -> cost of its recorded tries
+    reserved: Mapping[str, float] = field(default_factory=dict)  # team -> its Kubernetes trainings' reservations
 
 
 def current_spend(config: ResourcesConfig, runs_root: Path, now: float | None = None) -> Spend:
@@ -218,7 +225,7 @@ def current_spend(config: ResourcesConfig, runs_root: Path, now: float | None = 
             known[run_key] = run_spent(config, runs_root, run_key)
         return known[run_key]
 
-    return Spend(spent_this_month(config, runs_root, now), of_run)
+    return Spend(spent_this_month(config, runs_root, now), of_run, reserved(config, runs_root, now))
 
 
 @dataclass(frozen=True)
@@ -229,7 +236,7 @@ class TeamMonth:
     tries: int
     gpu_hours: float
     spent: float
-    committed: float  # what the team's admitted jobs still commit (commitment)
+    committed: float  # what the team's admitted jobs and Kubernetes trainings still commit (commitment)
     budget: float | None
 
     @property
@@ -246,6 +253,8 @@ def team_months(config: ResourcesConfig, month: str, runs_root: Path, ledger=Non
         if entry.admitted is None or job.team not in committed or job.gpu_type not in config.gpu_types:
             continue
         committed[job.team] += commitment(config, job, run_spent(config, runs_root, job.id))
+    for team, amount in reserved(config, runs_root).items():
+        committed[team] += amount
     out = {}
     for team, spec in config.teams.items():
         mine = [t for t in month_spend if t.team == team]
@@ -292,3 +301,105 @@ def check_budget(spec: JobSpec, config: ResourcesConfig, standing: TeamMonth) ->
                 ]
             )
         )
+
+
+# -- Kubernetes trainings' reservations -------------------------------------------------------------------
+RESERVATIONS_FILE = ".reservations.json"  # in the runs root, beside the spend journal
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A Kubernetes training's hold on its team's budget, from its try's start until its usage is recorded."""
+
+    team: str
+    gpu_type: str
+    slots: int
+    max_hours: float
+    made: float  # when (epoch seconds)
+    until: float  # when it lapses if nobody releases it: made + the pods' schedule timeout + max_hours
+
+    def job(self, run_key: str) -> Job:
+        from trainyard.scheduling.admission import Job
+
+        return Job(run_key, self.team, self.gpu_type, self.slots, 0, self.max_hours)
+
+
+def _reservations_path(runs_root: Path) -> Path:
+    return runs_root / RESERVATIONS_FILE
+
+
+def reservations(runs_root: Path, now: float | None = None) -> dict[str, Reservation]:
+    """The run key -> :class:`Reservation` of the Kubernetes trainings that hold one now (lapsed ones left
+    out)."""
+    try:
+        raw = json.loads(_reservations_path(runs_root).read_text())
+    except FileNotFoundError:
+        return {}
+    now = time.time() if now is None else now
+    held = {key: Reservation(**fields) for key, fields in raw.items()}
+    return {key: r for key, r in held.items() if r.until > now}
+
+
+def reserved(config: ResourcesConfig, runs_root: Path, now: float | None = None) -> dict[str, float]:
+    """Each team's sum of its Kubernetes trainings' commitments (:func:`commitment`) now."""
+    out: dict[str, float] = {}
+    for key, r in reservations(runs_root, now).items():
+        if r.team in config.teams and r.gpu_type in config.gpu_types:
+            out[r.team] = out.get(r.team, 0.0) + commitment(config, r.job(key), run_spent(config, runs_root, key))
+    return out
+
+
+def _write_reservations(runs_root: Path, held: Mapping[str, Reservation]) -> None:
+    from trainyard.files import atomic_write
+
+    path = _reservations_path(runs_root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({key: asdict(r) for key, r in held.items()}, indent=1).encode())
+
+
+def reserve(
+    config: ResourcesConfig, runs_root: Path, spec: JobSpec, run_key: str, *, wait_s: float, ledger=None
+) -> Reservation:
+    """Reserve the Kubernetes training ``run_key``'s commitment against its team's budget, or raise
+    SpecError naming what is left: checked and written under the spend lock, so two trainings never both
+    take the last of a budget. A second call for the same run (a retry, or a resumed task) keeps the one
+    it has. ``wait_s``: how long its pods may wait to be scheduled (the reservation lapses that much after
+    ``max_hours``). ``ledger``: the admission ledger, whose admitted jobs commit too."""
+    from trainyard.files import file_lock
+
+    res = spec.resources
+    now = time.time()
+    with file_lock(runs_root / SPEND_LOCK):
+        held = reservations(runs_root, now)
+        if run_key in held:
+            return held[run_key]
+        made = Reservation(
+            res.team, res.gpu_type, res.total_gpus, res.max_hours, now, now + wait_s + res.max_hours * 3600
+        )
+        standing = team_months(config, month_of(now), runs_root, ledger)[res.team]
+        owed = commitment(config, made.job(run_key), run_spent(config, runs_root, run_key))
+        if standing.left is not None and owed > standing.left:
+            raise SpecError(
+                spec_error_message(
+                    [
+                        f"resources.max_hours: the training's worst case, {owed:.2f}, is more than team "
+                        f"{res.team!r} has left in {standing.month}: {max(standing.left, 0):.2f} of "
+                        f"{standing.budget:.2f} ({standing.spent:.2f} spent, {standing.committed:.2f} committed "
+                        "to jobs running now, which started since this one was validated); wait for them to "
+                        "end, ask for fewer hours or GPUs, or a larger monthly_budget in resources.yaml"
+                    ]
+                )
+            )
+        _write_reservations(runs_root, {**held, run_key: made})
+        return made
+
+
+def release(runs_root: Path, run_key: str) -> None:
+    """End the reservation of ``run_key`` (its try's usage is recorded, or it never started); lapsed ones
+    go with it."""
+    from trainyard.files import file_lock
+
+    with file_lock(runs_root / SPEND_LOCK):
+        held = reservations(runs_root)
+        if held.pop(run_key, None) is not None or _reservations_path(runs_root).exists():
+            _write_reservations(runs_root, held)

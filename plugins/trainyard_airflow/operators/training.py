@@ -111,9 +111,25 @@ class _TrainingRun:
     def _name(self) -> str:
         return launcher.job_name(self.job_spec, self.run_key, attempt=self._try or 1)
 
+    def _reserve(self) -> None:
+        """Reserve the try's worst case against its team's budget before anything is created, or fail it
+        naming what the team has left (:func:`trainyard.scheduling.budgets.reserve`)."""
+        from trainyard.scheduling.admission import existing_ledger
+        from trainyard.scheduling.budgets import reserve
+        from trainyard.scheduling.resources import resources_in_force
+
+        fleet, spec = resources_in_force(), self.job_spec
+        wait_s = spec.kubernetes.schedule_timeout_s
+        made = reserve(fleet, paths.runs_root(), spec, self.run_key, wait_s=wait_s, ledger=existing_ledger(fleet))
+        self.log.info(
+            "reserved team %s's budget for %g h x %d GPU(s) of %s", made.team, made.max_hours, made.slots, made.gpu_type
+        )
+
     def _record_usage(self) -> None:
-        """This try's usage record, once per operator instance; never raises (it must not hide the try's
-        own outcome)."""
+        """This try's usage record, once per operator instance, and the end of its budget reservation;
+        never raises (it must not hide the try's own outcome)."""
+        from trainyard.scheduling.budgets import release
+
         attempt = self._try
         if getattr(self, "_recorded", False) or attempt is None:
             return
@@ -125,6 +141,10 @@ class _TrainingRun:
             seam.record(spec, self._run_dir, launcher.running_interval(pods))
         except Exception as err:  # logged only: see the docstring
             self.log.warning("could not record the usage of try %s: %s", self._try, err)
+        try:
+            release(paths.runs_root(), self.run_key)
+        except Exception as err:  # it lapses after max_hours
+            self.log.warning("could not release the budget reservation of try %s: %s", self._try, err)
 
     def _long_training_after(self) -> float | None:
         """Seconds this try's pods may run before the team hears that the training runs long: what is left
@@ -223,6 +243,7 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         self._try = _attempt(context)
         self._remove_earlier_attempts()
         try:
+            self._reserve()
             result = super().execute(context)
         except TaskDeferred:
             raise  # the pods run on; execute_complete or the trigger's on_kill cleans up
@@ -405,6 +426,7 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
     def execute(self, context: Context):
         self._try = _attempt(context)
         try:
+            self._reserve()
             return super().execute(context)
         except TaskDeferred:
             raise  # the pod runs on; trigger_reentry or the trigger's on_kill cleans up

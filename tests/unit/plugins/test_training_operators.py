@@ -492,3 +492,42 @@ def test_a_single_node_pod_past_its_expected_hours_tells_its_team_once_and_runs_
     assert "notice (long_training)" in caplog.text and long_training_marker(RUN_KEY).exists()
     assert type(again.value.trigger) is KubernetesPodTrigger and again.value.trigger.pod_name == name
     assert cluster.names("pods") == [name]  # it trains on
+
+
+def test_a_training_reserves_its_team_s_budget_and_one_that_no_longer_fits_creates_nothing(run, cluster, monkeypatch):
+    """Two trainings passed validation while the team's budget held one: the first reserves its worst case
+    as it starts, the second fails at once naming what is left, and starts once the first has ended."""
+    from pathlib import Path
+
+    import yaml
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from trainyard import paths
+    from trainyard.scheduling import budgets
+
+    fleet = yaml.safe_load((Path(__file__).parents[3] / "include/config/resources.yaml").read_text())
+    price = fleet["gpu_types"]["h100-80gb"]["price_per_hour"]
+    fleet["teams"]["vision"]["monthly_budget"] = price * 8 * 1.5  # one 1-hour training of 8 GPUs, not two
+    config = run.home.parent / "config"
+    config.mkdir()
+    (config / "resources.yaml").write_text(yaml.safe_dump(fleet))
+    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
+    spec = {**SPEC, "resources": {**SPEC["resources"], "max_hours": 1}}
+
+    def second() -> KubernetesTrainingLauncher:
+        return KubernetesTrainingLauncher(
+            task_id="train_kubernetes", spec=spec, run_key=f"{RUN_KEY}-2", config_path=run.config(spec), poll_interval=0
+        )
+
+    with pytest.raises(TaskDeferred):
+        launcher(run, spec).execute(context())
+    assert set(budgets.reservations(paths.runs_root())) == {RUN_KEY}
+    first = K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
+    with pytest.raises(AirflowFailException, match=r"team 'vision' has left in \d{4}-\d\d: 12\.80 of 38\.40"):
+        second().execute(context())
+    assert cluster.names("jobs") == [first]  # the second created nothing
+    cluster.finish(cluster.pods_of(first), started=STARTED, finished=FINISHED)
+    launcher(run, spec).execute_complete(context(), _event(cluster, first))
+    assert budgets.reservations(paths.runs_root()) == {}  # ended: its usage counts instead
+    with pytest.raises(TaskDeferred):
+        second().execute(context())

@@ -215,3 +215,64 @@ def test_concurrent_tries_and_the_first_look_count_every_try_once(tmp_path):
     tries = 4 * (1 + 25)
     assert budgets.spent_this_month(cfg, tmp_path, DEC)["vision"] == pytest.approx(2.0 * tries * 36 / 3600)
     assert budgets.team_months(cfg, "2026-12", tmp_path)["vision"].tries == tries
+
+
+# -- Kubernetes trainings' reservations ---------------------------------------------------------------------
+def _k8s_spec(hours: float, gpus: int = 2) -> object:
+    return parse_spec({"resources": {"team": "vision", "gpu_type": "a100", "gpus_per_node": gpus, "max_hours": hours}})
+
+
+def test_a_kubernetes_training_reserves_its_worst_case_until_released(tmp_path):
+    cfg = parse_resources(FLEET)
+    made = budgets.reserve(cfg, tmp_path, _k8s_spec(10.0), "train_pipeline/k1", wait_s=600)  # 2 x 10 h x 2 = 40
+    assert budgets.reserved(cfg, tmp_path) == {"vision": pytest.approx(40.0)}
+    standing = budgets.team_months(cfg, budgets.month_of(time.time()), tmp_path)["vision"]
+    assert (standing.committed, standing.left) == (pytest.approx(40.0), pytest.approx(60.0))
+    assert budgets.current_spend(cfg, tmp_path).reserved == {"vision": pytest.approx(40.0)}  # the ledger's gate
+    again = budgets.reserve(cfg, tmp_path, _k8s_spec(10.0), "train_pipeline/k1", wait_s=600)
+    assert again == made  # a retry keeps its reservation, counted once
+    with pytest.raises(SpecError) as err:  # 2 x 16 h x 2 = 64 > 60
+        budgets.reserve(cfg, tmp_path, _k8s_spec(16.0), "train_pipeline/k2", wait_s=600)
+    assert "team 'vision' has left in" in str(err.value) and "60.00 of 100.00" in str(err.value)
+    assert set(budgets.reservations(tmp_path)) == {"train_pipeline/k1"}  # a refusal reserves nothing
+    budgets.release(tmp_path, "train_pipeline/k1")
+    assert budgets.reserved(cfg, tmp_path) == {}
+    budgets.reserve(cfg, tmp_path, _k8s_spec(16.0), "train_pipeline/k2", wait_s=600)
+
+
+def test_a_reservation_lapses_after_its_pods_wait_and_max_hours(tmp_path):
+    cfg = parse_resources(FLEET)
+    made = budgets.reserve(cfg, tmp_path, _k8s_spec(1.0), "train_pipeline/k1", wait_s=600)
+    assert made.until == pytest.approx(made.made + 600 + 3600)
+    assert budgets.reserved(cfg, tmp_path, now=made.until - 1) == {"vision": pytest.approx(4.0)}
+    assert budgets.reserved(cfg, tmp_path, now=made.until + 1) == {}  # a worker that died never released it
+
+
+def _reserve_one(cfg, root: str, key: str, hours: float, start) -> None:
+    from pathlib import Path
+
+    start.wait(60)  # all at once, once every process has imported
+    try:
+        budgets.reserve(cfg, Path(root), _k8s_spec(hours), key, wait_s=60)
+    except SpecError:
+        raise SystemExit(3) from None
+
+
+def test_of_many_trainings_reserving_at_once_only_those_that_fit_start(tmp_path):
+    """Real processes reserve at once for six trainings of 40 each in a budget of 100: exactly two get
+    one, whatever the order; the others are refused naming the budget."""
+    import multiprocessing
+
+    cfg = parse_resources(FLEET)
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(7)
+    keys = [f"train_pipeline/k{i}" for i in range(6)]
+    procs = [ctx.Process(target=_reserve_one, args=(cfg, str(tmp_path), key, 10.0, start)) for key in keys]
+    for p in procs:
+        p.start()
+    start.wait(60)
+    for p in procs:
+        p.join(120)
+    assert sorted(p.exitcode for p in procs) == [0, 0, 3, 3, 3, 3]
+    assert len(budgets.reservations(tmp_path)) == 2
+    assert budgets.reserved(cfg, tmp_path) == {"vision": pytest.approx(80.0)}
