@@ -9,6 +9,7 @@ the command line: a password there is in the shell history and in every process 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import stat
@@ -141,3 +142,44 @@ def announce_commit(login: AirflowLogin, upload: dict) -> str:
         except HTTPError as err:
             raise CommandError(f"cannot reach Airflow at {login.url}: {err}") from None
     return f"announced commit {upload['commit'][:12]} on {uri}"
+
+
+def token_claims(token: str) -> dict:
+    """The claims of a JWT (not verified here: the API server verifies the token when it is used)."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError) as err:
+        raise CommandError(f"the Airflow API token is not a JWT ({err}); get one with POST /auth/token") from None
+    if not isinstance(claims, dict) or not isinstance(claims.get("sub"), str):
+        raise CommandError("the Airflow API token names no user (no 'sub' claim); get one with POST /auth/token")
+    return claims
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a login is, as the API server says: its user name and Airflow role."""
+
+    user: str
+    role: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+def whoami(login: AirflowLogin) -> Caller:
+    """The user of ``login``, verified by the API server (``GET /ui/auth/me`` answers only a token it
+    signed), and the role its token holds; CommandError where the server refuses it."""
+    import requests
+
+    token = bearer_token(login)
+    try:
+        r = requests.get(f"{login.url}/ui/auth/me", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    except requests.RequestException as err:
+        raise CommandError(f"cannot reach Airflow at {login.url}: {err}") from None
+    if r.status_code in (401, 403):
+        raise CommandError(f"Airflow at {login.url} does not accept the login (HTTP {r.status_code}): get a new token")
+    if not r.ok:
+        raise CommandError(f"Airflow at {login.url} could not say who the login is (HTTP {r.status_code})")
+    return Caller(str(r.json()["username"]), str(token_claims(token).get("role", "")).lower())

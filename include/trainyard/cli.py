@@ -87,26 +87,40 @@ def cmd_queue(args) -> int:
     import time
 
     from trainyard import paths
+    from trainyard.airflow_api import find_login, whoami
     from trainyard.scheduling.admission import existing_ledger
     from trainyard.scheduling.budgets import current_spend
+    from trainyard.teams import SEEN_BY_OTHERS, may_read
 
     if not os.environ.get("TRAINYARD_HOME"):
         raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
+    login = find_login()
+    caller = whoami(login) if login else None  # who Airflow says the login is; nobody: others' view only
     ledger = existing_ledger()  # None where nothing was ever queued: a look creates nothing
     rows = ledger.standing(current_spend(ledger.config, paths.runs_root())) if ledger else []
     now = time.time()
+
+    def shown(job: dict) -> dict:
+        """The job in full to its team's members and admins; to anyone else team, GPUs and priority."""
+        readable = ledger is not None and may_read(
+            ledger.config, job["team"], caller and caller.user, admin=caller is not None and caller.is_admin
+        )
+        return job if readable else {k: job[k] for k in SEEN_BY_OTHERS}
+
     jobs = [
-        {
-            "run": e.job.id,
-            "gpu_type": e.job.gpu_type,
-            "state": "waiting" if e.admitted is None else "admitted",
-            "team": e.job.team,
-            "user": e.job.user,
-            "gpus": e.job.slots,
-            "priority": e.job.priority,
-            "waited_minutes": round(((e.admitted or now) - e.enqueued) / 60, 1),
-            "reason": reason,
-        }
+        shown(
+            {
+                "run": e.job.id,
+                "gpu_type": e.job.gpu_type,
+                "state": "waiting" if e.admitted is None else "admitted",
+                "team": e.job.team,
+                "user": e.job.user,
+                "gpus": e.job.slots,
+                "priority": e.job.priority,
+                "waited_minutes": round(((e.admitted or now) - e.enqueued) / 60, 1),
+                "reason": reason,
+            }
+        )
         for e, reason in rows
     ]
     if args.json:
@@ -119,11 +133,17 @@ def cmd_queue(args) -> int:
         print(f"{gpu_type}:")
         print(f"  {'state':8s} {'team':10s} {'user':10s} {'GPUs':>4s} {'prio':>4s} {'waited':>8s}  run / reason")
         for j in (j for j in jobs if j["gpu_type"] == gpu_type):
+            if "run" not in j:  # another team's
+                print(f"  {j['state']:8s} {j['team']:10s} {'-':10s} {j['gpus']:4d} {j['priority']:4d}")
+                continue
             waited = f"{j['waited_minutes']:.1f} min"
             print(
                 f"  {j['state']:8s} {j['team']:10s} {j['user'] or '-':10s} {j['gpus']:4d} {j['priority']:4d} "
                 f"{waited:>8s}  {j['run']}\n{'':56s}{j['reason']}"
             )
+    if any("run" not in j for j in jobs):
+        how = "; log in to Airflow (AIRFLOW_API_TOKEN) to see your team's in full" if caller is None else ""
+        print(f"(other teams' jobs: team, GPUs and priority only{how})")
     return 0
 
 

@@ -9,7 +9,9 @@ kind of action:
   registered it; model names are one namespace for every team);
 * **move an alias** (promote, roll back) and **approve** a move: :func:`check_alias_move` and
   :func:`check_approval` (a promoter of the owning team, or an Airflow admin; the approver another person
-  than the requester), with :func:`needs_approval` the owning team's policy, never the requester's choice.
+  than the requester), with :func:`needs_approval` the owning team's policy, never the requester's choice;
+* **read** a team's jobs in full (``trainyard queue``): :func:`may_read`, its members and admins; anyone
+  else sees another team's waiting jobs only as :data:`SEEN_BY_OTHERS` (team, GPUs, priority).
 
 Admins (an Airflow ``admin``, as its auth manager says) may act for every team. Nothing here talks to
 Airflow, MLflow or the disk: callers bring the facts (who, which team owns what, whether they are admin).
@@ -18,12 +20,17 @@ Airflow, MLflow or the disk: callers bring the facts (who, which team owns what,
 from __future__ import annotations
 
 import fnmatch
+import re
 
 from trainyard.errors import PermanentError, spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig, team_namespace, unknown_team
 from trainyard.spec import JobSpec, SpecError
 
 EVERYONE = "*"
+TRAINING_DAG = "train_pipeline"  # the training DAG of an installation shared by one set of trusted users
+AIRFLOW_TEAM_NAME = r"^[a-zA-Z0-9_-]{3,50}$"  # what Airflow's multi-team mode accepts (`airflow teams create`)
+# What of another team's queued job anyone may see: how much of the fleet it asks for, not what or whose.
+SEEN_BY_OTHERS = ("gpu_type", "state", "team", "gpus", "priority")
 
 
 class NotAllowed(PermanentError):
@@ -38,6 +45,49 @@ def is_member(config: ResourcesConfig, team: str, user: str) -> bool:
         return False
     members = config.teams[team].members
     return members is None or EVERYONE in members or user in members
+
+
+def teams_of(config: ResourcesConfig, user: str) -> list[str]:
+    """The teams ``user`` is a member of (a team open to everyone included), as Airflow's multi-team mode
+    is told them: its DAGs, runs, logs and XComs are the ones this user may see."""
+    return [team for team in config.teams if is_member(config, team, user)]
+
+
+def training_dag(team: str | None) -> str:
+    """The training DAG of ``team``'s jobs: ``train_pipeline.<team>`` in Airflow's multi-team mode, where
+    each team has its own (:mod:`trainyard_airflow.team_dags`); the one ``train_pipeline`` where it is off
+    (None)."""
+    return TRAINING_DAG if team is None else f"{TRAINING_DAG}.{team}"
+
+
+def check_pipeline_team(spec: JobSpec, team: str | None) -> None:
+    """SpecError unless ``spec`` is a job of ``team``, the team whose training DAG runs it (None: the one
+    DAG of an installation without teams of its own in Airflow runs every team's)."""
+    if team is not None and spec.resources.team != team:
+        raise SpecError(
+            spec_error_message(
+                [
+                    f"resources.team: {spec.resources.team!r} is not the team of {training_dag(team)}, team "
+                    f"{team!r}'s training DAG; team {spec.resources.team!r}'s jobs run in "
+                    f"{training_dag(spec.resources.team)}"
+                ]
+            )
+        )
+
+
+def airflow_team_problems(config: ResourcesConfig) -> list[str]:
+    """What keeps the teams of ``config`` from being Airflow teams, one line each."""
+    return [
+        f"teams.{team}: Airflow's multi-team mode needs a team name of 3 to 50 letters, digits, '-' or '_'; "
+        "rename the team in resources.yaml"
+        for team in config.teams
+        if not re.match(AIRFLOW_TEAM_NAME, team)
+    ]
+
+
+def may_read(config: ResourcesConfig, team: str, user: str | None, *, admin: bool) -> bool:
+    """Whether ``user`` (None: nobody logged in) may see team ``team``'s jobs in full."""
+    return admin or (user is not None and is_member(config, team, user))
 
 
 def _named_promoters(config: ResourcesConfig, team: str) -> list[str] | None:

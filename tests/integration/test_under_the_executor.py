@@ -258,8 +258,9 @@ def _trainyard(
 
 def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
     """What users ask first when a job does not start: `trainyard queue` says who holds the slots and why
-    the job waits, in the admit task's words; `trainyard queue cancel` ends the waiting run through
-    Airflow's API (as the user the token names) and frees its place at once."""
+    the job waits, in the admit task's words, to the team's members (another team's user sees team, GPUs
+    and priority); `trainyard queue cancel` ends the waiting run through Airflow's API (as the user the
+    token names) and frees its place at once."""
     headers = airflow.headers("tina")
     gpus = {"gpus_per_node": 2, "gpu_type": "cpu"}
     holder = airflow.trigger(
@@ -280,9 +281,20 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
             300,
             "the second job to wait for admission",
         )
-        shown = _trainyard(airflow, "queue", "--json")
+        shown = _trainyard(airflow, "queue", "--json", token=airflow.token("tina"))
         assert shown.returncode == 0, shown.stderr
         jobs = {j["run"]: j for j in json.loads(shown.stdout)}
+        # nobody logged in sees how much of the fleet a job asks for, not what or whose (another team's member
+        # neither: the fork bomb test shows it)
+        nobody = {"AIRFLOW_API_TOKEN": "", "XDG_CONFIG_HOME": str(airflow.trainyard_home / "no-login")}
+        others = _trainyard(airflow, "queue", "--json", env=nobody)
+        assert others.returncode == 0, others.stderr
+        assert (
+            {"gpu_type": "cpu", "state": "waiting", "team": "default", "gpus": 2, "priority": 1}
+            in json.loads(others.stdout)
+            and "tina" not in others.stdout
+            and waiting not in others.stdout
+        ), others.stdout
         first, second = jobs[f"{DAG}/{holder}"], jobs[f"{DAG}/{waiting}"]
         assert (first["state"], first["user"], first["gpus"]) == ("admitted", "tina", 2)
         assert (second["state"], second["user"]) == ("waiting", "tina")
@@ -293,7 +305,9 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
         done = _trainyard(airflow, "queue", "cancel", waiting, token=airflow.token("tina"))
         assert done.returncode == 0, done.stderr
         assert airflow.wait_run(DAG, waiting, headers, 120)["state"] == "failed"
-        left = {j["run"] for j in json.loads(_trainyard(airflow, "queue", "--json").stdout)}
+        left = {
+            j["run"] for j in json.loads(_trainyard(airflow, "queue", "--json", token=airflow.token("tina")).stdout)
+        }
         assert f"{DAG}/{waiting}" not in left and f"{DAG}/{holder}" in left
     finally:  # clean-up: the module's next test (if any) gets the slots back
         _trainyard(airflow, "queue", "cancel", holder, token=airflow.token("admin"))
@@ -713,3 +727,75 @@ def test_a_model_belongs_to_its_team_and_only_its_promoters_move_or_approve(airf
     assert alias_holder(c, name, "production") == version
     [moved] = History().entries(name, "production")
     assert (moved["user"], moved["approved_by"], moved["team"]) == ("alice", "admin", "vision")
+
+
+def test_a_fork_bomb_and_a_memory_hog_end_at_their_team_s_limits_while_another_team_trains_on(airflow):
+    """Team default's policy limits its jobs to 64 processes and 1 GiB a slot. While alice's (team
+    vision) training runs, tina's fork bomb and memory hog, custom commands, each fail their task with a
+    message naming the limit and where it is set; alice's training is still running after both. tina's
+    `trainyard queue` shows alice's job as team, GPUs and priority only."""
+    import yaml
+
+    tina, alice = airflow.headers("tina"), airflow.headers("alice")
+    resources = airflow.config_dir / "resources.yaml"
+    good = resources.read_text()
+    edited = yaml.safe_load(good)
+    edited["teams"]["default"]["policy"]["limits"] = {"cpus_per_slot": 1, "memory_gb_per_slot": 1, "processes": 64}
+    one_cpu = {"gpus_per_node": 1, "gpu_type": "cpu"}
+    trains_on = airflow.trigger(
+        DAG,
+        {
+            "name": "trains-on",
+            "hyperparameters": {"epochs": 1000, "batch_size": 32, "seed": 1},
+            "resources": {**one_cpu, "team": "vision"},  # borrowing a CPU slot of team default's
+            "gates": [],
+        },
+        alice,
+    )
+    try:
+        airflow.wait(
+            lambda: airflow.task_instances(DAG, trains_on, alice)["train"]["state"] == "running",
+            300,
+            "alice's training",
+        )
+        # tina sees alice's job in the queue as team, GPUs and priority only
+        seen = json.loads(_trainyard(airflow, "queue", "--json", token=airflow.token("tina")).stdout)
+        assert {"gpu_type": "cpu", "state": "admitted", "team": "vision", "gpus": 1, "priority": 1} in seen, seen
+        resources.write_text(yaml.safe_dump(edited))
+        hogs = {
+            what: airflow.trigger(
+                DAG,
+                {
+                    "name": f"hog-{what}",
+                    "recipe": "custom",
+                    "custom": {"command": [sys.executable, str(REPO / "tests" / "fixtures" / "custom_hog.py"), what]},
+                    "resources": one_cpu,
+                    "gates": [],
+                },
+                tina,
+            )
+            for what in ("fork", "memory")
+        }
+        for what, run_id in hogs.items():
+            assert airflow.wait_run(DAG, run_id, tina, 600)["state"] == "failed", what
+            train = airflow.task_instances(DAG, run_id, tina)["train"]
+            assert train["state"] == "failed" and train["try_number"] == 1, (what, train)  # no retry: it cannot help
+        fork_log = airflow.task_log(DAG, hogs["fork"], "train", tina)
+        assert "process limit 64 (teams.default.policy.limits.processes) reached" in fork_log, fork_log[-3000:]
+        assert "forked 400 processes" not in fork_log
+        memory_log = airflow.task_log(DAG, hogs["memory"], "train", tina)
+        assert "memory limit 1 GiB (teams.default.policy.limits.memory_gb_per_slot 1 x 1 slot) reached" in memory_log, (
+            memory_log[-3000:]
+        )
+        assert "held 3 GiB" not in memory_log
+        assert airflow.task_instances(DAG, trains_on, alice)["train"]["state"] == "running"  # it trains on
+    finally:
+        resources.write_text(good)
+        requests.patch(
+            f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{trains_on}", headers=alice, json={"state": "failed"}, timeout=30
+        )
+        airflow.wait(
+            lambda: airflow.task_instances(DAG, trains_on, alice)["train"]["state"] != "running",
+            120,
+            "the training to stop",
+        )

@@ -11,26 +11,13 @@ the audit trail. A task of the run that waits deferred is ended by Airflow with 
 
 from __future__ import annotations
 
-import base64
-import json
 from urllib.parse import quote
 
+from trainyard.airflow_api import token_claims
 from trainyard.errors import CommandError, NotFoundError
 from trainyard.scheduling.admission import Ledger
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.teams import is_member
-
-
-def token_claims(token: str) -> dict:
-    """The claims of a JWT (not verified here: the API server verifies the token when it is used)."""
-    try:
-        payload = token.split(".")[1]
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except (IndexError, ValueError) as err:
-        raise CommandError(f"the Airflow API token is not a JWT ({err}); get one with POST /auth/token") from None
-    if not isinstance(claims, dict) or not isinstance(claims.get("sub"), str):
-        raise CommandError("the Airflow API token names no user (no 'sub' claim); get one with POST /auth/token")
-    return claims
 
 
 def cancel_run(ledger: Ledger, config: ResourcesConfig, dag_id: str, run_id: str, *, api_url: str, token: str) -> str:
