@@ -97,6 +97,8 @@ class Airflow:
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)
         self.env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)  # this Airflow's own database (xdist sets one)
+        for name in ("AIRFLOW__CORE__MULTI_TEAM", "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"):
+            self.env.pop(name, None)  # the rendered config's (the in-process tests turn multi-team mode off)
         if database:
             self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = database
         self.procs: list[subprocess.Popen] = []
@@ -117,6 +119,7 @@ class Airflow:
                 )
             )
         self.run("airflow", "db", "migrate")
+        self.run("airflow", "teams", "sync")  # the teams whose bundles the config lists
         pools = subprocess.run(
             ["trainyard", "pools", "--format", "airflow"], env=self.env, check=True, capture_output=True, text=True
         ).stdout
@@ -124,11 +127,21 @@ class Airflow:
         self.run("airflow", "pools", "import", str(self.home / "pools.json"))
         self.run("trainyard", "models", "keygen", "--if-missing")  # registered versions are signed
 
+    def teams(self) -> list[str]:
+        """The teams that own a DAG bundle (the rendered config's, scripts/render_airflow_cfg.py)."""
+        folder = self.home / "team_dags"
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
     def start(self, triggerer: bool = True):
-        """The api-server, scheduler, dag-processor and (unless told not to) the triggerer: a job that waits
-        for admission waits deferred."""
-        for name in ("api-server", "scheduler", "dag-processor", *(("triggerer",) if triggerer else ())):
-            argv = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
+        """The api-server, scheduler, dag-processor and (unless told not to) the triggerers, the shared one
+        and one per team (a team's deferred tasks wait only in its own): a job that waits for admission
+        waits deferred."""
+        components = [["api-server", "--port", str(self.port)], ["scheduler"], ["dag-processor"]]
+        if triggerer:
+            components += [["triggerer"], *(["triggerer", "--team-name", team] for team in self.teams())]
+        for component in components:
+            argv = ["airflow", *component]
+            name = "-".join(c for c in component if not c.startswith("--") and not c.isdigit())
             # the child holds its own copy of the descriptor, so ours can close once it has started
             with open(self.home / f"{name}.log", "w") as log:
                 self.procs.append(

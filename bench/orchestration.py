@@ -30,7 +30,7 @@ from pathlib import Path
 
 import airflow_services
 
-DAG = "train_pipeline"
+DAG = "train_pipeline.default"  # team default's own (multi-team mode)
 CONF = {"hyperparameters": {"epochs": 3}, "resources": {"gpus_per_node": 1}}
 STEPS = (
     "validate_spec",

@@ -5,8 +5,11 @@ Point an alias of a registered model (`staging`, `production`) at a verified ver
 
 `verify` → `needs_approval` → `approve` (when the owning team's policy asks) → `move_alias`
 
-Only a promoter of the team that owns the model (resources.yaml `teams.<team>.policy.promoters`; absent:
-every member) or an Airflow admin may move its aliases: `verify` fails the run naming who may. Whether a move
+In Airflow's multi-team mode each team has its own `promote_model.<team>` (its bundle, as for
+`train_pipeline.<team>`), which moves the aliases of the team's models only: its runs, logs and approvals
+are seen by the team's members and admins only. Only a promoter of the team that owns the model
+(resources.yaml `teams.<team>.policy.promoters`; absent: every member) or an Airflow admin may move its
+aliases: `verify` fails the run naming who may. Whether a move
 waits for approval is the owning team's policy (`policy.approval`, by default `[production]`), not the
 requester's choice. `approve` then waits (up to 24 h) under "Required actions" (or
 `PATCH .../taskInstances/approve/-1/hitlDetails`) for another promoter or an admin: Airflow answers anyone
@@ -30,9 +33,15 @@ from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from trainyard.teams import PROMOTE_DAG, team_dag
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.notifications import TeamNotifier
 from trainyard_airflow.operators.approval import TeamApprovalOperator
+from trainyard_airflow.team_dags import bundle_team, multi_team
+
+# In Airflow's multi-team mode this file is read in every team's bundle and makes that team's own
+# promote_model.<team> there, for its models only; in the shared bundle it makes nothing (team_dags).
+TEAM = bundle_team(__file__)
 
 CONN_ID = "trainyard_signing"
 APPROVAL_TIMEOUT = timedelta(hours=24)
@@ -67,12 +76,12 @@ def _trusted_keys():
 
 
 @dag(
-    dag_id="promote_model",
+    dag_id=team_dag(PROMOTE_DAG, TEAM),
     schedule=None,
     catchup=False,
     max_active_runs=16,  # moves of one alias are serialized by promote()'s lock, not by queueing every team
     default_args=default_args,
-    tags=["trainyard", "registry"],
+    tags=["trainyard", "registry", *([f"team:{TEAM}"] if TEAM else [])],
     doc_md=__doc__,
     params={
         "model": Param("digits", type="string", minLength=1, description="Registered model name."),
@@ -99,7 +108,7 @@ def promote_model():
         from trainyard_airflow.auth import admins, authorize_move
 
         c, model, alias, requester = client(), params["model"], params["alias"], _requester()
-        config, owner = authorize_move(model, requester)
+        config, owner = authorize_move(model, requester, TEAM)
         if params["action"] == "rollback":
             version = rollback_target(c, model, alias, params["version"])
         else:
@@ -159,7 +168,7 @@ def promote_model():
         model, alias, requester = params["model"], params["alias"], _requester()
         # the owner and the policy as they are now (it may have changed while the move waited), not as
         # verify's XCom says: a user may write XComs
-        config, owner = authorize_move(model, requester)
+        config, owner = authorize_move(model, requester, TEAM)
         extra: dict[str, str | None] = {"dag_run": f"{dag_run.dag_id}/{dag_run.run_id}", "team": owner}
         if teams.needs_approval(config, owner, alias):
             answer = ctx["ti"].xcom_pull(task_ids="approve") or {}
@@ -187,7 +196,8 @@ def promote_model():
     approve >> moved
 
 
-promote_model_dag = promote_model()  # not `dag`: that is the decorator's name
+if TEAM or not multi_team():
+    promote_model_dag = promote_model()  # not `dag`: that is the decorator's name
 
 if __name__ == "__main__":
     promote_model_dag.test()

@@ -8,6 +8,9 @@ upload` or a REST call).
 
 `pin_commit` → `train`
 
+In Airflow's multi-team mode a job file's DAG is in its team's own bundle and starts its team's
+`train_pipeline.<team>`.
+
 `pin_commit` pins the commit the run saw (the newest triggering event's, else the branch head now) and skips
 the run, saying why, when the model's newest registered version was trained on that commit from that very
 spec. `train` starts a `train_pipeline` run on the pinned spec and waits for it (deferred, holding no
@@ -25,10 +28,14 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, dag, get_current_context, task
 
 from trainyard.retraining import RetrainingJob, load_jobs_folder
+from trainyard.teams import training_dag
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.notifications import TeamNotifier
+from trainyard_airflow.team_dags import bundle_team, multi_team
 
-TRAINING_DAG = "train_pipeline"
+# In Airflow's multi-team mode this file is read in every team's bundle and makes there the DAGs of that
+# team's job files, which start its own train_pipeline.<team>; in the shared bundle it makes none.
+TEAM = bundle_team(__file__)
 
 
 def _schedule(job: RetrainingJob) -> Any:
@@ -76,7 +83,7 @@ def _job_dag(job: RetrainingJob) -> Any:
         plan: Any = pin_commit()
         TriggerDagRunOperator(
             task_id="train",
-            trigger_dag_id=TRAINING_DAG,
+            trigger_dag_id=training_dag(TEAM),
             trigger_run_id="{{ dag.dag_id }}__{{ run_id }}",
             conf=plan["conf"],
             wait_for_completion=True,
@@ -93,7 +100,7 @@ def _job_dag(job: RetrainingJob) -> Any:
 
 
 _jobs, _ = load_jobs_folder()  # the files with errors: retrain_jobs_errors.py
-for _job in _jobs:
+for _job in (j for j in _jobs if j.spec.resources.team == TEAM or not (TEAM or multi_team())):
     try:
         globals()[_job.dag_id] = _job_dag(_job)
     except Exception:  # noqa: BLE001 - one job's DAG that Airflow refuses must not take the others down

@@ -34,14 +34,19 @@ from trainyard.errors import PermanentError
 from trainyard.scheduling.admission import RUNS_IN_FLIGHT
 from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
+from trainyard.teams import training_dag
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.links import LINKS
 from trainyard_airflow.notifications import TeamNotifier, training_time_watch
 from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 from trainyard_airflow.policy import training_priority
+from trainyard_airflow.team_dags import bundle_team, multi_team
 
-DEFAULT_SPEC = JobSpec()
+# In Airflow's multi-team mode this file is read in every team's bundle and makes that team's own
+# train_pipeline.<team> there, for its jobs only; in the shared bundle it makes nothing (team_dags).
+TEAM = bundle_team(__file__)
+DEFAULT_SPEC = JobSpec.model_validate({"resources": {"team": TEAM}}) if TEAM else JobSpec()
 DEFAULT = DEFAULT_SPEC.model_dump(mode="json")
 # Parse-time defaults; the cluster policy (plugins/trainyard_airflow/policy.py) sets them per run.
 GPU_POOL = pool_name(DEFAULT_SPEC.resources.gpu_type)
@@ -112,8 +117,12 @@ def _run_tags() -> dict[str, str]:
 
 def _raw_spec() -> dict:
     """The JobSpec defaults (= the Params) overlaid with the run's conf: the trigger form sends every
-    field as conf, a REST call sends what it overrides. Unknown keys stay, so the spec can refuse them."""
-    return {**DEFAULT, **(get_current_context()["dag_run"].conf or {})}
+    field as conf, a REST call sends what it overrides (in a team's own DAG, ``resources`` without a team
+    are that team's). Unknown keys stay, so the spec can refuse them."""
+    raw = {**DEFAULT, **(get_current_context()["dag_run"].conf or {})}
+    if TEAM and isinstance(raw.get("resources"), dict) and "team" not in raw["resources"]:
+        raw["resources"] = {**raw["resources"], "team": TEAM}
+    return raw
 
 
 def _linked(task_output: Any) -> Any:
@@ -160,12 +169,12 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
 
 
 @dag(
-    dag_id="train_pipeline",
+    dag_id=training_dag(TEAM),
     schedule=None,
     catchup=False,
     max_active_runs=RUNS_IN_FLIGHT,
     default_args=default_args,
-    tags=["trainyard", "training"],
+    tags=["trainyard", "training", *([f"team:{TEAM}"] if TEAM else [])],
     doc_md=__doc__,
     params=_params(),
 )
@@ -177,7 +186,7 @@ def train_pipeline():
         from trainyard.pipeline import check_ownership, check_worker
         from trainyard.pipeline import validate_spec as check
 
-        spec = check(_raw_spec(), user=_triggering_user())
+        spec = check(_raw_spec(), user=_triggering_user(), pipeline_team=TEAM)
         check_worker(spec)
         check_ownership(spec)
         return spec.model_dump(mode="json")
@@ -459,7 +468,8 @@ def train_pipeline():
     register(spec, dataset, trained, exported, metrics)
 
 
-train_pipeline_dag = train_pipeline()  # not `dag`: that is the decorator's name
+if TEAM or not multi_team():
+    train_pipeline_dag = train_pipeline()  # not `dag`: that is the decorator's name
 
 if __name__ == "__main__":
     train_pipeline_dag.test()

@@ -369,6 +369,7 @@ class Cluster:
         self.trainyard_home.mkdir(parents=True, exist_ok=True)
         self._run([sys.executable, "scripts/render_airflow_cfg.py"])
         self._run(["airflow", "db", "migrate"])
+        self._run(["airflow", "teams", "sync"])  # the teams whose DAG bundles the config lists
         self._run(["trainyard", "pools", "sync"])
         self._run(["trainyard", "models", "keygen", "--if-missing"])
 
@@ -380,8 +381,20 @@ class Cluster:
             if name == "triggerer":
                 argv += ["--skip-serve-logs"]  # its log server would listen on every interface
             self._spawn(name, argv)
+        for team in self.teams():  # a team's deferred tasks wait only in its own triggerer (multi-team mode)
+            self._spawn(f"triggerer-{team}", ["airflow", "triggerer", "--skip-serve-logs", "--team-name", team])
         for name, (queues, concurrency) in self.workers.items():
             self.start_worker(name, queues, concurrency)
+
+    def teams(self) -> list[str]:
+        """The teams that own a DAG bundle (the rendered config's, scripts/render_airflow_cfg.py)."""
+        folder = self.airflow_home / "team_dags"
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def services(self) -> tuple[str, ...]:
+        """Redis, MLflow and Airflow's components, each team's triggerer included (PostgreSQL and the
+        workers aside)."""
+        return (*SERVICES, *(f"triggerer-{team}" for team in self.teams()))
 
     def start_worker(self, name: str, queues: str, concurrency: int = 1) -> None:
         """A Celery worker ``name`` on ``queues`` (its own hostname; it serves no logs: the task logs are
@@ -413,7 +426,7 @@ class Cluster:
         self.stop_postgres()
 
     def status(self) -> dict[str, int | None]:
-        running = {name: self.pid(name) for name in (*SERVICES, *self.workers)}
+        running = {name: self.pid(name) for name in (*self.services(), *self.workers)}
         pidfile = self.pg_data / "postmaster.pid"
         running["postgres"] = int(pidfile.read_text().split()[0]) if self._pg_running() and pidfile.exists() else None
         return running
@@ -421,7 +434,7 @@ class Cluster:
     def exited(self, *workers: str) -> list[str]:
         """Which of Redis, MLflow, Airflow's components and ``workers`` are not running (PostgreSQL aside:
         :meth:`status` has it)."""
-        return [n for n in (*SERVICES, *workers) if self.pid(n) is None]
+        return [n for n in (*self.services(), *workers) if self.pid(n) is None]
 
     def wait_healthy(self, wait_s: float) -> None:
         """Until the api-server, the scheduler, the triggerer and the dag-processor report healthy and MLflow

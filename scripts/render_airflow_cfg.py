@@ -1,7 +1,12 @@
-"""Render airflow.cfg.template into $AIRFLOW_HOME/airflow.cfg.
+"""Render airflow.cfg.template into $AIRFLOW_HOME/airflow.cfg, and each team's DAG bundle.
 
 Secrets (JWT, Fernet) are generated once and kept in $AIRFLOW_HOME/secrets.json, so re-rendering never
 invalidates tokens or encrypted connections.
+
+Airflow runs in multi-team mode: the shared bundle is the repository's dags/ folder, and each team of
+resources.yaml (TRAINYARD_CONFIG_DIR) owns a bundle, $AIRFLOW_HOME/team_dags/<team>, of links to the DAG
+files that make a team's own DAGs (plugins/trainyard_airflow/team_dags.py). A team added to resources.yaml
+needs a new rendering, `airflow teams sync` and a restart of Airflow (`make up` does all three).
 """
 
 import base64
@@ -11,25 +16,55 @@ import secrets
 import sys
 from pathlib import Path
 
+# The DAG files that make a team's own DAGs where they are read in its bundle (team_dags.bundle_team).
+TEAM_DAG_FILES = ("train_pipeline.py", "retrain_jobs.py", "promote_model.py")
+
+
+def team_bundles(repo: Path, home: Path) -> list[dict]:
+    """The DAG bundles: the shared dags/ folder, and one per team of the resources in force, whose folder
+    (made here) links the team DAG files."""
+    from trainyard.scheduling.resources import load_resources
+    from trainyard.teams import airflow_team_problems
+
+    config = load_resources()
+    problems = airflow_team_problems(config)
+    if problems:
+        raise SystemExit("\n".join(problems))
+    local = "airflow.dag_processing.bundles.local.LocalDagBundle"
+    bundles = [{"name": "dags-folder", "classpath": local, "kwargs": {"path": str(repo / "dags")}}]
+    for team in config.teams:
+        folder = home / "team_dags" / team
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in TEAM_DAG_FILES:
+            link = folder / name
+            if not link.is_symlink() or link.resolve() != repo / "dags" / name:
+                link.unlink(missing_ok=True)
+                link.symlink_to(repo / "dags" / name)
+        path = {"path": str(folder)}
+        bundles.append({"name": f"team-{team}", "classpath": local, "kwargs": path, "team_name": team})
+    return bundles
+
 
 def main() -> int:
     repo = Path(__file__).resolve().parent.parent
     home = Path(os.environ["AIRFLOW_HOME"]).resolve()
     home.mkdir(parents=True, exist_ok=True)
     secrets_file = home / "secrets.json"
-    if secrets_file.exists():
-        keys = json.loads(secrets_file.read_text())
-    else:
-        keys = {
-            "JWT_SECRET": secrets.token_urlsafe(48),
-            "FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
-        }
+    kept = json.loads(secrets_file.read_text()) if secrets_file.exists() else {}
+    made = {
+        "JWT_SECRET": lambda: secrets.token_urlsafe(48),
+        "FERNET_KEY": lambda: base64.urlsafe_b64encode(os.urandom(32)).decode(),
+        "API_SECRET_KEY": lambda: secrets.token_urlsafe(32),  # a home rendered before it existed gets one
+    }
+    keys = {name: kept.get(name) or make() for name, make in made.items()}
+    if keys != kept:
         secrets_file.write_text(json.dumps(keys))
         secrets_file.chmod(0o600)
     values = {
         "REPO": str(repo),
         "AIRFLOW_HOME": str(home),
         "API_PORT": os.environ.get("TRAINYARD_API_PORT", "8080"),
+        "BUNDLES": json.dumps(team_bundles(repo, home)),
         **keys,
     }
     text = (repo / "airflow.cfg.template").read_text()

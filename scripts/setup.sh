@@ -91,6 +91,8 @@ fi
 "$VENV/bin/python" scripts/render_airflow_cfg.py
 log "migrating the Airflow database"
 airflow db migrate >"$AIRFLOW_HOME/db-migrate.log" 2>&1 || { cat "$AIRFLOW_HOME/db-migrate.log"; exit 1; }
+log "the teams of include/config/resources.yaml as Airflow teams (each owns a DAG bundle)"
+airflow teams sync >"$AIRFLOW_HOME/teams-sync.log" 2>&1 || { cat "$AIRFLOW_HOME/teams-sync.log"; exit 1; }
 log "making the GPU pools match include/config/resources.yaml"
 trainyard pools sync >/dev/null
 mkdir -p "$TRAINYARD_HOME"

@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# Start the Airflow UI + REST API (`airflow standalone`) and the MLflow UI on localhost; Ctrl-C stops both.
+# Start Airflow (UI + REST API, scheduler, dag-processor, a triggerer, and one triggerer per team: in
+# multi-team mode a team's deferred tasks wait only in its own) and the MLflow UI on localhost; Ctrl-C
+# stops them all, as does any of them exiting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MLFLOW_PORT=${MLFLOW_PORT:-5000}
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+start() {  # start NAME COMMAND...: in the background, its output in $AIRFLOW_HOME/NAME.log
+  local name=$1
+  shift
+  "$@" >"$AIRFLOW_HOME/$name.log" 2>&1 &
+  pids+=($!)
+}
 # (no job runner: it serves GenAI features trainyard does not use)
-MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "sqlite:///$TRAINYARD_HOME/mlflow/mlflow.db" --port "$MLFLOW_PORT" \
-  >"$AIRFLOW_HOME/mlflow-ui.log" 2>&1 &
-mlflow_pid=$!
-trap 'kill $mlflow_pid 2>/dev/null || true' EXIT
-airflow standalone >"$AIRFLOW_HOME/standalone.log" 2>&1 &
-af_pid=$!
-trap 'kill $af_pid $mlflow_pid 2>/dev/null || true' EXIT
+start mlflow-ui env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
+  mlflow ui --backend-store-uri "sqlite:///$TRAINYARD_HOME/mlflow/mlflow.db" --port "$MLFLOW_PORT"
+for component in api-server scheduler dag-processor triggerer; do
+  start "$component" airflow "$component"
+done
+for team in "$AIRFLOW_HOME"/team_dags/*/; do  # the teams scripts/render_airflow_cfg.py made bundles for
+  team=$(basename "$team")
+  start "triggerer-$team" airflow triggerer --team-name "$team"
+done
 pw_file=$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated
 for _ in $(seq 1 120); do
   curl -sf "http://localhost:8080/api/v2/monitor/health" >/dev/null 2>&1 && [ -s "$pw_file" ] && break
@@ -20,5 +32,6 @@ echo "Airflow UI + REST API: http://localhost:8080   (users and generated passwo
 cat "$pw_file"; echo
 echo "MLflow UI:             http://localhost:$MLFLOW_PORT"
 echo "TensorBoard:           tensorboard --logdir $TRAINYARD_HOME/tensorboard"
-echo "Logs: $AIRFLOW_HOME/standalone.log, $AIRFLOW_HOME/mlflow-ui.log. Ctrl-C stops both."
-wait $af_pid
+echo "Logs: $AIRFLOW_HOME/*.log. Ctrl-C stops them all."
+wait -n "${pids[@]}"
+echo "a component exited; stopping the others (see its log in $AIRFLOW_HOME)" >&2

@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import sys
@@ -28,6 +29,20 @@ for _name in [n for n in os.environ if n.startswith(("AIRFLOW__CELERY", "AIRFLOW
     "AIRFLOW_API_URL",
 ]:
     os.environ.pop(_name, None)
+
+# The rendered config runs Airflow in multi-team mode, a team's own train_pipeline.<team> in its bundle. The
+# tests that run DAGs in-process (dag.test(), DagBag) read the one shared train_pipeline of dags/: the mode
+# without teams of their own. The Airflows the tests start render theirs (bench/airflow_services.py).
+os.environ["AIRFLOW__CORE__MULTI_TEAM"] = "False"
+os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
+    [
+        {
+            "name": "dags-folder",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(REPO / "dags")},
+        }
+    ]
+)
 
 
 def _airflow_db_per_xdist_worker() -> None:

@@ -103,7 +103,7 @@ def cmd_queue(args) -> int:
     def shown(job: dict) -> dict:
         """The job in full to its team's members and admins; to anyone else team, GPUs and priority."""
         readable = ledger is not None and may_read(
-            ledger.config, job["team"], caller and caller.user, admin=caller is not None and caller.is_admin
+            ledger.config, job["team"], caller.user if caller else None, admin=caller is not None and caller.is_admin
         )
         return job if readable else {k: job[k] for k in SEEN_BY_OTHERS}
 
@@ -160,7 +160,7 @@ def cmd_queue_cancel(args) -> int:
         raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
     ledger = existing_ledger()
     if ledger is None:
-        raise NotFoundError(f"run {args.dag}/{args.run} is not in the queue: no job was ever queued here")
+        raise NotFoundError(f"run {args.run} is not in the queue: no job was ever queued here")
     print(cancel_run(ledger, ledger.config, args.dag, args.run, api_url=login.url, token=bearer_token(login)))
     return 0
 
@@ -473,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cancel", help="take a run's job out of the queue and mark its run failed (AIRFLOW_API_TOKEN or a login)"
     )
     p.add_argument("run", help="the run id (dag_run_id), as `trainyard queue` shows it after the DAG's name")
-    p.add_argument("--dag", default="train_pipeline", help="the DAG of the run (default: train_pipeline)")
+    p.add_argument("--dag", help="the DAG of the run (default: the one whose queued job it is)")
     p.set_defaults(func=cli_command(cmd_queue_cancel))
 
     report = sub.add_parser("report", help="what the fleet was used for").add_subparsers(

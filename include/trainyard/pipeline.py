@@ -40,22 +40,24 @@ def run_dir(spec: JobSpec, run_key: str) -> Path:
 
 
 # -- 1. spec ---------------------------------------------------------------------------------------------
-def validate_spec(raw: dict, user: str | None = None, audit: bool = True) -> JobSpec:
+def validate_spec(raw: dict, user: str | None = None, audit: bool = True, pipeline_team: str | None = None) -> JobSpec:
     """Parse and check a raw spec (Params merged with conf); raise SpecError naming every bad field.
     ``user``: who triggered the run, who must be a member of its team (None: no person did). ``audit``:
     a refusal by the team's policy is an entry of the audit trail (a run's first task); a check of a file
-    (``trainyard validate``) writes nothing."""
+    (``trainyard validate``) writes nothing. ``pipeline_team``: the team whose own training DAG runs the
+    job (None: the one DAG of every team), which must be the job's."""
     from trainyard import recipes
     from trainyard.scheduling.budgets import check_budget
     from trainyard.scheduling.resources import check_spec, load_resources
     from trainyard.sweeps.check import check_sweep
-    from trainyard.teams import check_member, check_policy
+    from trainyard.teams import check_member, check_pipeline_team, check_policy
     from trainyard.training.strategies.precision import check_precision
 
     spec = parse_spec(raw)
     fleet = load_resources()
     check_spec(spec, fleet)
     try:
+        check_pipeline_team(spec, pipeline_team)
         check_member(spec, fleet, user)
         check_policy(spec, fleet)
     except SpecError as err:  # who tried what, in the audit trail

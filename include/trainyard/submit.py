@@ -3,7 +3,8 @@ through Airflow's REST API and its official client (``apache-airflow-client``), 
 command line's Airflow login (:mod:`trainyard.airflow_api`).
 
 ``submit`` validates the JobSpec here first (what can be checked without the worker: fields, the team's
-policy and budget as this machine sees them), triggers ``train_pipeline`` with it as the run's conf, and
+policy and budget as this machine sees them), triggers its team's training DAG (:func:`team_training_dag`:
+``train_pipeline.<team>`` in Airflow's multi-team mode, else ``train_pipeline``) with it as the run's conf, and
 with ``--wait`` follows the run: each task's state as it changes, the job's place in the queue while it
 waits for GPUs, and the admission and training tasks' logs as they are written. It exits 0 only if the
 run succeeded.
@@ -16,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from trainyard.errors import CommandError
+from trainyard.errors import CommandError, NotFoundError
+from trainyard.teams import TRAINING_DAG, team_dag
 
-TRAINING_DAG = "train_pipeline"
 STREAMED = ("admit", "train", "train_kubernetes", "trial.admit", "trial.train_trial")  # their logs are followed
 ENDED = ("success", "failed")
 
@@ -36,7 +37,60 @@ def _refused(err: Exception, doing: str) -> CommandError:
     return CommandError(f"{doing}: Airflow answered {f'HTTP {status}: ' if status else ''}{body}")
 
 
-def trigger(client: Any, conf: dict, dag_id: str = TRAINING_DAG) -> str:
+def team_dag_for(client: Any, name: str, team: str) -> str:
+    """``team``'s own DAG ``name`` (multi-team mode), else the one ``name`` of every team, whichever this
+    login may see; CommandError saying which is missing or refused."""
+    import airflow_client.client as af
+
+    statuses = {}
+    for dag_id in (team_dag(name, team), name):
+        try:
+            af.DAGApi(client).get_dag(dag_id)
+            return dag_id
+        except af.ApiException as err:
+            statuses[dag_id] = err.status
+        except _api_errors() as err:
+            raise _refused(err, f"could not look up {dag_id}") from None
+    if statuses[team_dag(name, team)] == 403:
+        raise CommandError(
+            f"this Airflow login may not use team {team!r}'s {team_dag(name, team)} (HTTP 403): the team's "
+            "members (resources.yaml) and admins may"
+        )
+    raise CommandError(
+        f"Airflow has no {name} DAG for team {team!r} ({team_dag(name, team)} nor {name}): is team {team!r} in "
+        "resources.yaml, and has Airflow read the team's bundle (`make setup`, then restart)?"
+    )
+
+
+def team_training_dag(client: Any, team: str) -> str:
+    """The training DAG of ``team``'s jobs that this login may trigger (:func:`team_dag_for`)."""
+    return team_dag_for(client, TRAINING_DAG, team)
+
+
+def find_run_dag(client: Any, run_id: str) -> str:
+    """The training DAG, of those this login may see, that has run ``run_id``; NotFoundError if none."""
+    import airflow_client.client as af
+
+    try:
+        dags = af.DAGApi(client).get_dags(dag_id_pattern=TRAINING_DAG, limit=1000).dags
+        for dag in dags:
+            if dag.dag_id != TRAINING_DAG and not dag.dag_id.startswith(TRAINING_DAG + "."):
+                continue
+            try:
+                af.DagRunApi(client).get_dag_run(dag.dag_id, run_id)
+                return str(dag.dag_id)
+            except af.ApiException as err:
+                if err.status != 404:
+                    raise
+    except _api_errors() as err:
+        raise _refused(err, f"could not look for run {run_id}") from None
+    raise NotFoundError(
+        f"no training run {run_id} that this Airflow login may see (another team's run is not shown); "
+        "name its DAG with --dag"
+    )
+
+
+def trigger(client: Any, conf: dict, dag_id: str) -> str:
     """Start a run of ``dag_id`` with ``conf``; its run id."""
     import airflow_client.client as af
 
@@ -97,10 +151,25 @@ class LogFollower:
             )
         except _api_errors():
             return []  # not written yet: the next look
-        content = list(getattr(got.content, "actual_instance", got.content) or [])  # the client's anyOf wrapper
+        content = _without_sources(list(getattr(got.content, "actual_instance", got.content) or []))
         new = content[self.shown.get(key, 0) :]
         self.shown[key] = len(content)
         return [_line(m) for m in new]
+
+
+SOURCES_GROUP = "::group::Log message source details"
+
+
+def _without_sources(content: list) -> list:
+    """A log answer (the client's anyOf wrapper unwrapped by the caller) less the group naming where its
+    lines were read from: the api-server lists more sources while a task runs (its worker's log server)
+    than after it ended, and a line counted in it would hide a line of the task's own."""
+    events = [m if isinstance(m, str) else getattr(m, "event", "") for m in content]
+    if SOURCES_GROUP not in events:
+        return content
+    start = events.index(SOURCES_GROUP)
+    end = events.index("::endgroup::", start) if "::endgroup::" in events[start:] else start
+    return content[:start] + content[end + 1 :]
 
 
 def _line(message: Any) -> str:

@@ -8,21 +8,21 @@ import json
 import sys
 
 from trainyard.errors import cli_command
-from trainyard.submit import TRAINING_DAG
 
 
 def cmd_submit(args) -> int:
-    """Validate a JobSpec file here, trigger train_pipeline with it; with --wait, follow it to its end."""
+    """Validate a JobSpec file here, trigger its team's training DAG with it; with --wait, follow it to its end."""
     from trainyard.airflow_api import api_client, require_login
     from trainyard.pipeline import validate_spec
     from trainyard.spec import load_spec_file
-    from trainyard.submit import submit
+    from trainyard.submit import submit, team_training_dag
 
     # what this machine can check before anything is sent; the run's first task checks it all again
     spec = validate_spec(load_spec_file(args.job).model_dump(mode="json"), audit=False)
     login = require_login()
     with api_client(login) as client:
-        _, state = submit(client, login.url, spec.model_dump(mode="json"), args.dag, args.wait, args.poll)
+        dag_id = args.dag or team_training_dag(client, spec.resources.team)
+        _, state = submit(client, login.url, spec.model_dump(mode="json"), dag_id, args.wait, args.poll)
     return 1 if args.wait and state != "success" else 0
 
 
@@ -31,7 +31,7 @@ def cmd_replay(args) -> int:
     from trainyard import replay
     from trainyard.airflow_api import api_client, require_login
     from trainyard.errors import CommandError
-    from trainyard.submit import submit, task_result
+    from trainyard.submit import submit, task_result, team_training_dag
     from trainyard.tracking import mlflow_tracking as mt
 
     c = mt.client()
@@ -41,9 +41,10 @@ def cmd_replay(args) -> int:
     with api_client(login) as client:
         # the training task compares its own environment with the version's (trainyard.replay)
         conf = replay.replay_conf(rec, exact=not args.allow_different)
-        run_id, state = submit(client, login.url, conf, TRAINING_DAG, True, args.poll)
-        metrics = task_result(client, TRAINING_DAG, run_id, "evaluate")  # also when a later task failed
-    for line in replay.differences_of_run(c, rec.spec.get("name", ""), f"{TRAINING_DAG}/{run_id}"):
+        dag_id = team_training_dag(client, str((rec.spec.get("resources") or {}).get("team", "default")))
+        run_id, state = submit(client, login.url, conf, dag_id, True, args.poll)
+        metrics = task_result(client, dag_id, run_id, "evaluate")  # also when a later task failed
+    for line in replay.differences_of_run(c, rec.spec.get("name", ""), f"{dag_id}/{run_id}"):
         print(f"differs (allowed): {line}", file=sys.stderr)
     if not metrics:
         raise CommandError(
@@ -58,9 +59,10 @@ def cmd_replay(args) -> int:
 
 def cmd_runs_status(args) -> int:
     from trainyard.airflow_api import api_client, require_login
-    from trainyard.submit import run_state
+    from trainyard.submit import find_run_dag, run_state
 
     with api_client(require_login()) as client:
+        args.dag = args.dag or find_run_dag(client, args.run)
         state, tasks = run_state(client, args.dag, args.run)
     if args.json:
         print(json.dumps({"run": args.run, "dag": args.dag, "state": state, "tasks": tasks}, indent=1))
@@ -74,9 +76,10 @@ def cmd_runs_status(args) -> int:
 def cmd_runs_logs(args) -> int:
     from trainyard.airflow_api import api_client, require_login
     from trainyard.errors import NotFoundError
-    from trainyard.submit import LogFollower, follow, run_state
+    from trainyard.submit import LogFollower, find_run_dag, follow, run_state
 
     with api_client(require_login()) as client:
+        args.dag = args.dag or find_run_dag(client, args.run)
         if args.follow:
             return 0 if follow(client, args.dag, args.run, out=sys.stdout, poll_s=args.poll) == "success" else 1
         _, tasks = run_state(client, args.dag, args.run)
@@ -91,9 +94,10 @@ def cmd_runs_logs(args) -> int:
 
 def cmd_runs_cancel(args) -> int:
     from trainyard.airflow_api import api_client, require_login
-    from trainyard.submit import cancel
+    from trainyard.submit import cancel, find_run_dag
 
     with api_client(require_login()) as client:
+        args.dag = args.dag or find_run_dag(client, args.run)
         cancel(client, args.dag, args.run)
     print(f"{args.dag}/{args.run}: marked failed; its tasks stop and a job waiting for GPUs leaves the queue")
     return 0
@@ -106,7 +110,7 @@ def add_submit_parser(sub) -> None:
     )
     p.add_argument("job", help="a JobSpec YAML file")
     p.add_argument("--wait", action="store_true", help="follow the run to its end; exit 0 only if it succeeded")
-    p.add_argument("--dag", default=TRAINING_DAG, help=argparse.SUPPRESS)
+    p.add_argument("--dag", help=argparse.SUPPRESS)  # default: the team's training DAG
     p.add_argument("--poll", type=float, default=5.0, help="seconds between looks (default 5)")
     p.set_defaults(func=cli_command(cmd_submit))
 
@@ -138,7 +142,9 @@ def add_run_commands(runs) -> None:
     """``status``, ``logs`` and ``cancel`` under ``trainyard runs``: an Airflow run, by its run id."""
     which = argparse.ArgumentParser(add_help=False)
     which.add_argument("run", help="the Airflow run id (what `trainyard submit` printed)")
-    which.add_argument("--dag", default=TRAINING_DAG, help=f"the DAG of the run (default {TRAINING_DAG})")
+    which.add_argument(
+        "--dag", help="the DAG of the run (default: the training DAG, of those you may see, that has it)"
+    )
 
     p = runs.add_parser("status", parents=[which], help="an Airflow run's state and its tasks'")
     p.add_argument("--json", action="store_true")

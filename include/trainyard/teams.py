@@ -27,7 +27,8 @@ from trainyard.scheduling.resources import ResourcesConfig, team_namespace, unkn
 from trainyard.spec import JobSpec, SpecError
 
 EVERYONE = "*"
-TRAINING_DAG = "train_pipeline"  # the training DAG of an installation shared by one set of trusted users
+# The DAGs each team has its own of in Airflow's multi-team mode (<name>.<team>; the one <name> without it)
+TRAINING_DAG, PROMOTE_DAG = "train_pipeline", "promote_model"
 AIRFLOW_TEAM_NAME = r"^[a-zA-Z0-9_-]{3,50}$"  # what Airflow's multi-team mode accepts (`airflow teams create`)
 # What of another team's queued job anyone may see: how much of the fleet it asks for, not what or whose.
 SEEN_BY_OTHERS = ("gpu_type", "state", "team", "gpus", "priority")
@@ -53,11 +54,16 @@ def teams_of(config: ResourcesConfig, user: str) -> list[str]:
     return [team for team in config.teams if is_member(config, team, user)]
 
 
+def team_dag(name: str, team: str | None) -> str:
+    """``team``'s own DAG ``name`` (:data:`TRAINING_DAG`, :data:`PROMOTE_DAG`): ``<name>.<team>`` in
+    Airflow's multi-team mode, where each team has its own (:mod:`trainyard_airflow.team_dags`); the one
+    ``<name>`` of every team where it is off (None)."""
+    return name if team is None else f"{name}.{team}"
+
+
 def training_dag(team: str | None) -> str:
-    """The training DAG of ``team``'s jobs: ``train_pipeline.<team>`` in Airflow's multi-team mode, where
-    each team has its own (:mod:`trainyard_airflow.team_dags`); the one ``train_pipeline`` where it is off
-    (None)."""
-    return TRAINING_DAG if team is None else f"{TRAINING_DAG}.{team}"
+    """The training DAG of ``team``'s jobs (:func:`team_dag`)."""
+    return team_dag(TRAINING_DAG, team)
 
 
 def check_pipeline_team(spec: JobSpec, team: str | None) -> None:
@@ -249,6 +255,16 @@ def check_alias_move(config: ResourcesConfig, model: str, owner: str, user: str 
             f"user {user!r} may not move aliases of model {model!r}: it belongs to team {owner!r}, whose "
             f"promoters are {_promoters_text(config, owner)} (resources.yaml teams.{owner}.policy.promoters), "
             "besides Airflow admins"
+        )
+
+
+def check_model_dag(model: str, owner: str, team: str | None) -> None:
+    """NotAllowed unless ``team``'s own promotion DAG (None: the one of every team) may move the aliases of
+    ``model``, which ``owner`` owns: its runs, logs and approvals are seen by the owning team only."""
+    if team is not None and owner != team:
+        raise NotAllowed(
+            f"model {model!r} belongs to team {owner!r}: its aliases move in {team_dag(PROMOTE_DAG, owner)}, "
+            f"not in team {team!r}'s {team_dag(PROMOTE_DAG, team)}"
         )
 
 

@@ -9,6 +9,8 @@ model's owner and the team policy where they live, never from an XCom (which use
 from __future__ import annotations
 
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+# the simple auth manager with teams from resources.yaml (trainyard_airflow.auth_manager): the same users
+SIMPLE_AUTH_MANAGERS = (SIMPLE_AUTH_MANAGER, "trainyard_airflow.auth_manager.TeamsFromResourcesAuthManager")
 
 
 def admins() -> list[str]:
@@ -16,7 +18,7 @@ def admins() -> list[str]:
     simple_auth_manager_users``, ``name:role[:teams]``); [] under another auth manager."""
     from airflow.configuration import conf
 
-    if conf.get("core", "auth_manager", fallback=SIMPLE_AUTH_MANAGER) != SIMPLE_AUTH_MANAGER:
+    if conf.get("core", "auth_manager", fallback=SIMPLE_AUTH_MANAGER) not in SIMPLE_AUTH_MANAGERS:
         return []
     users = [entry.split(":") for entry in conf.getlist("core", "simple_auth_manager_users", fallback="")]
     return sorted(fields[0] for fields in users if len(fields) >= 2 and fields[1].strip().lower() == "admin")
@@ -45,13 +47,14 @@ def owning_team(model: str):
     return resources_in_force(), owner
 
 
-def authorize_move(model: str, requester: str | None):
-    """:func:`owning_team`, once ``requester`` is found allowed to move ``model``'s aliases (NotAllowed
-    naming who may)."""
+def authorize_move(model: str, requester: str | None, dag_team: str | None = None):
+    """:func:`owning_team`, once ``requester`` is found allowed to move ``model``'s aliases, in the
+    promotion DAG of ``dag_team`` (None: the one of every team), NotAllowed naming who may and where."""
     from trainyard import teams
 
     config, owner = owning_team(model)
     teams.check_alias_move(config, model, owner, requester, admin=is_admin(requester))
+    teams.check_model_dag(model, owner, dag_team)
     return config, owner
 
 

@@ -45,7 +45,7 @@ cluster_profile = checkout.cluster_profile()
 scheduler_replay = checkout.scheduler_replay()
 
 pytestmark = pytest.mark.integration
-DAG = "train_pipeline"
+DAG = "train_pipeline.default"  # team default's own (multi-team mode)
 # A try whose worker died is failed once the scheduler has not heard from it this long (300 s by default).
 HEARTBEAT_TIMEOUT_S = 20
 FLEET = REPO / "tests" / "fixtures" / "replay_fleet.yaml"

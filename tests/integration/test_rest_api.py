@@ -18,7 +18,7 @@ import checkout
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-DAG = "train_pipeline"
+DAG = "train_pipeline.default"  # team default's own (multi-team mode)
 airflow_services = checkout.airflow_services()
 
 
@@ -119,14 +119,24 @@ def test_invalid_conf_fails_at_the_first_task(airflow):
 
 
 def test_a_user_outside_a_team_cannot_run_its_job(airflow):
+    """bob (teams default and nlp) may not trigger team vision's own DAG (Airflow answers 403), nor run a
+    vision job in his team's DAG: its first task fails, naming the team's DAG, before anything runs."""
     headers = {"Authorization": f"Bearer {airflow.token('bob')}"}
+    conf = {"resources": {"team": "vision", "gpus_per_node": 1}}
+    r = requests.post(
+        f"{airflow.url}/api/v2/dags/train_pipeline.vision/dagRuns",
+        headers=headers,
+        json={"logical_date": None, "conf": conf},
+        timeout=10,
+    )
+    assert r.status_code == 403, r.text
     r = requests.post(
         f"{airflow.url}/api/v2/dags/{DAG}/dagRuns",
         headers=headers,
-        json={"logical_date": None, "conf": {"resources": {"team": "vision", "gpus_per_node": 1}}},
+        json={"logical_date": None, "conf": conf},
         timeout=10,
     )
-    assert r.status_code == 200, r.text  # Airflow lets bob trigger; the team boundary is trainyard's
+    assert r.status_code == 200, r.text
     run_id = r.json()["dag_run_id"]
     assert _wait_run(airflow, headers, run_id, seconds=300)["state"] == "failed"
     tis = _task_instances(airflow, headers, run_id)
@@ -136,7 +146,7 @@ def test_a_user_outside_a_team_cannot_run_its_job(airflow):
         headers={**headers, "Accept": "application/json"},
         timeout=10,
     )
-    assert "user 'bob' is not a member of team 'vision' (members: admin, alice)" in log.text, log.text[-3000:]
+    assert "resources.team: 'vision' is not the team of train_pipeline.default" in log.text, log.text[-3000:]
 
 
 def test_viewer_cannot_trigger(airflow):

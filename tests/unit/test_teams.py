@@ -105,3 +105,55 @@ def test_a_model_takes_versions_from_its_owning_team_only():
     teams.check_owner("m", "nlp", "nlp")
     with pytest.raises(NotAllowed, match="model 'm' belongs to team 'vision'; a job of team 'nlp' cannot add"):
         teams.check_owner("m", "vision", "nlp")
+
+
+# -- reads and each team's own DAGs ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "user, theirs",
+    [("ann", ["vision", "nlp", "open"]), ("val", ["vision", "open"]), ("zed", ["open"])],
+)
+def test_a_user_s_teams_are_those_whose_members_name_them(user, theirs):
+    assert teams.teams_of(FLEET, user) == theirs  # what Airflow's multi-team mode is told
+
+
+@pytest.mark.parametrize(
+    "team, user, admin, full",
+    [
+        ("vision", "val", False, True),
+        ("vision", "bob", False, False),
+        ("vision", None, False, False),
+        ("nlp", "x", ADMIN, True),
+    ],
+)
+def test_a_team_s_jobs_are_read_in_full_by_its_members_and_admins(team, user, admin, full):
+    assert teams.may_read(FLEET, team, user, admin=admin) is full
+
+
+def test_a_team_s_training_dag_runs_its_jobs_only():
+    from trainyard.spec import SpecError, parse_spec
+
+    assert (teams.training_dag("vision"), teams.training_dag(None)) == ("train_pipeline.vision", "train_pipeline")
+    vision = parse_spec({"resources": {"team": "vision"}})
+    teams.check_pipeline_team(vision, "vision")
+    teams.check_pipeline_team(vision, None)  # the one DAG of every team
+    with pytest.raises(SpecError) as err:
+        teams.check_pipeline_team(vision, "nlp")
+    assert "resources.team: 'vision' is not the team of train_pipeline.nlp, team 'nlp'" in str(err.value)
+    assert "team 'vision''s jobs run in train_pipeline.vision" in str(err.value)
+
+
+def test_a_team_name_airflow_cannot_take_is_named():
+    fleet = parse_resources("gpu_types: {cpu: {count: 1, price_per_hour: 0}}\nteams: {ml: {}, vision: {}}\n")
+    [problem] = teams.airflow_team_problems(fleet)
+    assert problem.startswith("teams.ml: Airflow's multi-team mode needs a team name of 3 to 50")
+
+
+def test_a_model_s_aliases_move_in_its_owning_team_s_promotion_dag_only():
+    teams.check_model_dag("net", "vision", "vision")
+    teams.check_model_dag("net", "vision", None)  # the one promote_model of every team
+    with pytest.raises(
+        NotAllowed,
+        match=r"model 'net' belongs to team 'vision': its aliases move in "
+        r"promote_model.vision, not in team 'nlp''s promote_model.nlp",
+    ):
+        teams.check_model_dag("net", "vision", "nlp")

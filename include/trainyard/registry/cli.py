@@ -114,19 +114,27 @@ def cmd_verify(args) -> int:
     return 0
 
 
-PROMOTE_DAG = "promote_model"
 MOVE_TASKS = ("verify", "approve", "move_alias")  # their logs are followed: a refusal says why there
 
 
 def _move_alias(args, conf: dict) -> int:
-    """Trigger ``promote_model`` with ``conf`` as the user of the command line's Airflow login, who is whom
-    the team check and the audit trail see (never a name typed here); with --wait follow it to its end."""
+    """Trigger the promotion DAG of the team that owns the model (``promote_model.<team>``, or the one
+    ``promote_model``) with ``conf`` as the user of the command line's Airflow login, who is whom the team
+    check and the audit trail see (never a name typed here); with --wait follow it to its end."""
     from trainyard.airflow_api import api_client, require_login
-    from trainyard.submit import submit
+    from trainyard.errors import NotFoundError
+    from trainyard.registry import ownership
+    from trainyard.submit import submit, team_dag_for
+    from trainyard.teams import PROMOTE_DAG
+    from trainyard.tracking import mlflow_tracking as mt
 
+    owner = ownership.owner(mt.client(), args.model)
+    if owner is None:
+        raise NotFoundError(f"no registered model {args.model!r}")
     login = require_login()
     with api_client(login) as client:
-        _, state = submit(client, login.url, conf, PROMOTE_DAG, args.wait, args.poll, streamed=MOVE_TASKS)
+        dag_id = team_dag_for(client, PROMOTE_DAG, owner)
+        _, state = submit(client, login.url, conf, dag_id, args.wait, args.poll, streamed=MOVE_TASKS)
     return 1 if args.wait and state != "success" else 0
 
 

@@ -20,19 +20,27 @@ from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.teams import is_member
 
 
-def cancel_run(ledger: Ledger, config: ResourcesConfig, dag_id: str, run_id: str, *, api_url: str, token: str) -> str:
-    """Release ``dag_id/run_id`` from the queue and mark its run failed; what was done, one line."""
+def cancel_run(
+    ledger: Ledger, config: ResourcesConfig, dag_id: str | None, run_id: str, *, api_url: str, token: str
+) -> str:
+    """Release the run ``run_id`` of ``dag_id`` (None: whichever DAG's job it is) from the queue and mark it
+    failed; what was done, one line."""
     import requests
 
     from trainyard.audit import AuditLog
 
-    job_id = f"{dag_id}/{run_id}"
-    entry = next((e for e in ledger.entries() if e.job.id == job_id), None)
+    def of_run(job_id: str) -> bool:  # a job id is "<dag_id>/<run_id>"
+        dag, _, run = job_id.partition("/")
+        return run == run_id and dag_id in (None, dag)
+
+    entry = next((e for e in ledger.entries() if of_run(e.job.id)), None)
     if entry is None:
         raise NotFoundError(
-            f"run {job_id} is not in the queue (`trainyard queue` lists what is): a run that has not reached "
+            f"run {run_id} is not in the queue (`trainyard queue` lists what is): a run that has not reached "
             "admit yet, or trains on Kubernetes, is ended in Airflow (mark the run failed)"
         )
+    job_id = entry.job.id
+    dag_id = job_id.split("/", 1)[0]
     claims = token_claims(token)
     user, role = claims["sub"], str(claims.get("role", "")).lower()
     if role != "admin" and not is_member(config, entry.job.team, user):

@@ -1,0 +1,39 @@
+"""Each team's own DAGs, in Airflow's multi-team mode (``[core] multi_team``).
+
+Airflow authorizes per DAG (and per team), not per run: while every team triggers one shared
+``train_pipeline``, everyone who may see it sees every team's runs, task logs and XComs. In multi-team mode
+each team of ``resources.yaml`` owns a DAG bundle (``scripts/render_airflow_cfg.py`` writes the list and
+the folders), holding links to the DAG files that make a team's DAGs: ``train_pipeline.py`` makes
+``train_pipeline.<team>`` there and ``retrain_jobs.py`` the DAGs of the team's job files. A file learns its
+team from the bundle it was read from (:func:`bundle_team`); in the shared bundle (``dags/``) these files
+then make nothing, so no DAG holds two teams' runs. Airflow then shows a team's DAGs, runs, logs, XComs and
+approvals to its members and admins only (``trainyard_airflow.auth_manager``) and answers others 403.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def multi_team() -> bool:
+    """Whether Airflow runs in multi-team mode (``[core] multi_team``)."""
+    from airflow.configuration import conf
+
+    return conf.getboolean("core", "multi_team", fallback=False)
+
+
+def bundle_team(path: str) -> str | None:
+    """The team whose DAG bundle holds the file ``path`` (as Airflow read it: a link is not followed), or
+    None: a bundle of no team, or not in multi-team mode."""
+    from airflow.configuration import conf
+
+    if not multi_team():
+        return None
+    where = os.path.abspath(path)
+    bundles: Any = conf.getjson("dag_processor", "dag_bundle_config_list", fallback=[]) or []
+    for bundle in bundles:
+        root = (bundle.get("kwargs") or {}).get("path")
+        if bundle.get("team_name") and root and where.startswith(os.path.abspath(root) + os.sep):
+            return str(bundle["team_name"])
+    return None

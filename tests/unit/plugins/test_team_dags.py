@@ -1,0 +1,73 @@
+"""Each team's own DAGs in Airflow's multi-team mode: the rendered bundles (a folder per team of
+resources.yaml, linking the team DAG files), and what Airflow's own DagBag makes of those files in a team's
+bundle and in the shared one."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+LOCAL = "airflow.dag_processing.bundles.local.LocalDagBundle"
+
+
+def test_the_rendered_config_gives_each_team_a_bundle_of_links_to_the_team_dag_files(tmp_path):
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
+    subprocess.run(
+        [sys.executable, "scripts/render_airflow_cfg.py"], env=env, cwd=REPO, check=True, capture_output=True
+    )
+    cfg = (tmp_path / "airflow.cfg").read_text()
+    line = next(x for x in cfg.splitlines() if x.startswith("dag_bundle_config_list"))
+    bundles = json.loads(line.split("=", 1)[1])
+    assert bundles[0] == {"name": "dags-folder", "classpath": LOCAL, "kwargs": {"path": str(REPO / "dags")}}
+    assert {b["team_name"] for b in bundles[1:]} == {"default", "vision", "nlp", "research"}  # resources.yaml
+    vision = next(b for b in bundles if b.get("team_name") == "vision")
+    folder = Path(vision["kwargs"]["path"])
+    assert folder == tmp_path / "team_dags" / "vision"
+    assert {p.name: p.resolve() for p in folder.iterdir()} == {
+        "train_pipeline.py": REPO / "dags" / "train_pipeline.py",
+        "retrain_jobs.py": REPO / "dags" / "retrain_jobs.py",
+        "promote_model.py": REPO / "dags" / "promote_model.py",
+    }
+    assert "multi_team = True" in cfg and "TeamsFromResourcesAuthManager" in cfg
+
+
+PARSE = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+out = {}
+for folder in sys.argv[1:]:
+    bag = DagBag(dag_folder=folder)
+    errors = {k: str(v)[-300:] for k, v in bag.import_errors.items()}
+    teams = {d: dag.params["resources"]["team"] if "resources" in dag.params else None for d, dag in bag.dags.items()}
+    out[folder] = {"errors": errors, "dags": teams}
+print(json.dumps(out))
+"""
+
+
+def test_in_a_team_s_bundle_the_pipeline_is_the_team_s_own_and_in_the_shared_one_there_is_none(tmp_path):
+    team = tmp_path / "team_dags" / "vision"
+    team.mkdir(parents=True)
+    for name in ("train_pipeline.py", "promote_model.py"):
+        (team / name).symlink_to(REPO / "dags" / name)
+    bundles = [
+        {"name": "dags-folder", "classpath": LOCAL, "kwargs": {"path": str(REPO / "dags")}},
+        {"name": "team-vision", "classpath": LOCAL, "kwargs": {"path": str(team)}, "team_name": "vision"},
+    ]
+    env = {
+        **os.environ,
+        "AIRFLOW__CORE__MULTI_TEAM": "True",
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+    }
+    shared = [str(REPO / "dags" / name) for name in ("train_pipeline.py", "promote_model.py")]
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE, str(team), *shared], env=env, cwd=REPO, check=True, capture_output=True, text=True
+    )
+    parsed = json.loads(done.stdout.splitlines()[-1])
+    assert parsed[str(team)] == {
+        "errors": {},
+        "dags": {"train_pipeline.vision": "vision", "promote_model.vision": None},
+    }
+    for path in shared:
+        assert parsed[path] == {"errors": {}, "dags": {}}  # no DAG that every team's runs would share
