@@ -21,6 +21,9 @@ from pathlib import Path
 import requests
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "plugins"))
+from trainyard_airflow.team_dags import IN_PROCESS_SETTINGS  # noqa: E402
+
 # The rendered config's scheduler looks for work every 0.2 s when idle (a short gap between one task and the
 # next); that costs it 11 % of a core while nothing runs, 3 % at Airflow's default of 1 s (measured: 6.7 and
 # 1.8 CPU-seconds a minute). The test suite keeps 2 cores busy for its whole length and asserts no latency,
@@ -97,8 +100,8 @@ class Airflow:
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)
         self.env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)  # this Airflow's own database (xdist sets one)
-        for name in ("AIRFLOW__CORE__MULTI_TEAM", "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"):
-            self.env.pop(name, None)  # the rendered config's (the in-process tests turn multi-team mode off)
+        for name in IN_PROCESS_SETTINGS:  # the rendered config's (the in-process tests turn multi-team mode off)
+            self.env.pop(name, None)
         if database:
             self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = database
         self.procs: list[subprocess.Popen] = []
@@ -136,12 +139,17 @@ class Airflow:
         """The api-server, scheduler, dag-processor and (unless told not to) the triggerers, the shared one
         and one per team (a team's deferred tasks wait only in its own): a job that waits for admission
         waits deferred."""
-        components = [["api-server", "--port", str(self.port)], ["scheduler"], ["dag-processor"]]
+        components = {  # log name -> the airflow command
+            "api-server": ["api-server", "--port", str(self.port)],
+            "scheduler": ["scheduler"],
+            "dag-processor": ["dag-processor"],
+        }
         if triggerer:
-            components += [["triggerer"], *(["triggerer", "--team-name", team] for team in self.teams())]
-        for component in components:
-            argv = ["airflow", *component]
-            name = "-".join(c for c in component if not c.startswith("--") and not c.isdigit())
+            components["triggerer"] = ["triggerer"]
+            for team in self.teams():  # the shared triggerer serves the triggers' logs (one server per port)
+                components[f"triggerer-{team}"] = ["triggerer", "--team-name", team, "--skip-serve-logs"]
+        for name, command in components.items():
+            argv = ["airflow", *command]
             # the child holds its own copy of the descriptor, so ours can close once it has started
             with open(self.home / f"{name}.log", "w") as log:
                 self.procs.append(
@@ -166,7 +174,7 @@ class Airflow:
 
     def dead(self) -> list[str]:
         """The services that have exited."""
-        return [p.args[1] for p in self.procs if p.poll() is not None]
+        return [" ".join(p.args[1:4]) for p in self.procs if p.poll() is not None]
 
     def wait(self, predicate, seconds, what):
         """Until ``predicate()`` is true; an AssertionError with the logs on timeout, or as soon as one of

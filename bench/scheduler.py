@@ -163,13 +163,10 @@ def replay_settings(config_dir: Path, *, beside_the_pipelines: bool = False) -> 
         "AIRFLOW__CORE__PARALLELISM": "8",
         "AIRFLOW__TRAINYARD__PRELOAD_MODULES": "trainyard.scheduling.admission",
     }
-    if beside_the_pipelines:
+    if beside_the_pipelines:  # after the rendered ones (scripts/render_airflow_cfg.py)
         local = "airflow.dag_processing.bundles.local.LocalDagBundle"
-        bundles = [
-            {"name": "dags-folder", "classpath": local, "kwargs": {}},
-            {"name": "scheduler-replay", "classpath": local, "kwargs": {"path": str(replay_dags)}},
-        ]
-        settings["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(bundles)
+        bundles = [{"name": "scheduler-replay", "classpath": local, "kwargs": {"path": str(replay_dags)}}]
+        settings["TRAINYARD_EXTRA_DAG_BUNDLES"] = json.dumps(bundles)
     else:
         settings["AIRFLOW__CORE__DAGS_FOLDER"] = str(replay_dags)
     return settings

@@ -37,7 +37,7 @@ from trainyard.teams import PROMOTE_DAG, team_dag
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.notifications import TeamNotifier
 from trainyard_airflow.operators.approval import TeamApprovalOperator
-from trainyard_airflow.team_dags import bundle_team, multi_team
+from trainyard_airflow.team_dags import bundle_team, makes_dags
 
 # In Airflow's multi-team mode this file is read in every team's bundle and makes that team's own
 # promote_model.<team> there, for its models only; in the shared bundle it makes nothing (team_dags).
@@ -196,7 +196,7 @@ def promote_model():
     approve >> moved
 
 
-if TEAM or not multi_team():
+if makes_dags(TEAM):
     promote_model_dag = promote_model()  # not `dag`: that is the decorator's name
 
 if __name__ == "__main__":

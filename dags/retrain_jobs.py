@@ -13,9 +13,9 @@ In Airflow's multi-team mode a job file's DAG is in its team's own bundle and st
 
 `pin_commit` pins the commit the run saw (the newest triggering event's, else the branch head now) and skips
 the run, saying why, when the model's newest registered version was trained on that commit from that very
-spec. `train` starts a `train_pipeline` run on the pinned spec and waits for it (deferred, holding no
-worker): the job goes through the queue like any other, is billed to its team, and this run fails when
-that one does. A job file that is not valid makes no DAG; `retrain_jobs_errors.py` reports it.
+spec. `train` starts a run of its team's `train_pipeline.<team>` on the pinned spec and waits for it
+(deferred, holding no worker): the job goes through the queue like any other, is billed to its team,
+and this run fails when that one does. A job file that is not valid makes no DAG; `retrain_jobs_errors.py` reports it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from trainyard.retraining import RetrainingJob, load_jobs_folder
 from trainyard.teams import training_dag
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.notifications import TeamNotifier
-from trainyard_airflow.team_dags import bundle_team, multi_team
+from trainyard_airflow.team_dags import bundle_team, makes_dags
 
 # In Airflow's multi-team mode this file is read in every team's bundle and makes there the DAGs of that
 # team's job files, which start its own train_pipeline.<team>; in the shared bundle it makes none.
@@ -93,14 +93,14 @@ def _job_dag(job: RetrainingJob) -> Any:
             failed_states=["failed"],
             fail_when_dag_is_paused=True,
             retries=0,  # the training run retries its own tasks; a second run of the same id cannot start
-            doc_md="Starts train_pipeline on the pinned spec and waits for its end, deferred.",
+            doc_md="Starts the team's train_pipeline on the pinned spec and waits for its end, deferred.",
         )
 
     return retrain()
 
 
 _jobs, _ = load_jobs_folder()  # the files with errors: retrain_jobs_errors.py
-for _job in (j for j in _jobs if j.spec.resources.team == TEAM or not (TEAM or multi_team())):
+for _job in (j for j in _jobs if makes_dags(TEAM) and (TEAM is None or j.spec.resources.team == TEAM)):
     try:
         globals()[_job.dag_id] = _job_dag(_job)
     except Exception:  # noqa: BLE001 - one job's DAG that Airflow refuses must not take the others down

@@ -41,7 +41,7 @@ from trainyard_airflow.notifications import TeamNotifier, training_time_watch
 from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 from trainyard_airflow.policy import training_priority
-from trainyard_airflow.team_dags import bundle_team, multi_team
+from trainyard_airflow.team_dags import bundle_team, makes_dags
 
 # In Airflow's multi-team mode this file is read in every team's bundle and makes that team's own
 # train_pipeline.<team> there, for its jobs only; in the shared bundle it makes nothing (team_dags).
@@ -94,8 +94,14 @@ def _params() -> dict[str, Param]:
 
 
 def _spec(xcom: dict) -> JobSpec:
-    """A task's spec XCom (JSON, validated by the first task) back as the JobSpec, once per task."""
-    return JobSpec.model_validate(xcom)
+    """A task's spec XCom (JSON, validated by the first task) back as the JobSpec, once per task; still a
+    job of this DAG's team (a user may write XComs: one of another team's would take its quota, budget,
+    policy and models)."""
+    from trainyard.teams import check_pipeline_team
+
+    spec = JobSpec.model_validate(xcom)
+    check_pipeline_team(spec, TEAM)
+    return spec
 
 
 def _run_key() -> str:
@@ -133,7 +139,7 @@ def _linked(task_output: Any) -> Any:
 
 def _job_spec(spec: dict, trained: dict) -> JobSpec:
     """The JobSpec of what was trained: a sweep's best trial has its own values (``trial_spec``)."""
-    return JobSpec.model_validate(trained.get("trial_spec") or spec)
+    return _spec(trained.get("trial_spec") or spec)
 
 
 def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) -> dict:
@@ -412,6 +418,7 @@ def train_pipeline():
     admitted = AdmitOperator(
         task_id="admit",
         spec=spec,
+        pipeline_team=TEAM,
         doc_md=(
             "Waits until the admission ledger gives the job its GPUs: its team's quota and what it may borrow, "
             "in order of priority and arrival, a large job passed by smaller ones for at most "
@@ -423,6 +430,7 @@ def train_pipeline():
     plan: Any = plan_kubernetes(spec, dataset, data)
     on_kubernetes = KubernetesTrainingLauncher(
         task_id="train_kubernetes",
+        pipeline_team=TEAM,
         spec=spec,
         run_key=RUN_KEY,
         config_path=plan["config_path"],
@@ -443,6 +451,7 @@ def train_pipeline():
         admitted = AdmitOperator(
             task_id="admit",
             spec=spec,
+            pipeline_team=TEAM,
             run_key=slot,
             group=RUN_KEY,
             doc_md="Waits until the admission ledger gives the trial its GPUs, as `admit` does for one training.",
@@ -468,7 +477,7 @@ def train_pipeline():
     register(spec, dataset, trained, exported, metrics)
 
 
-if TEAM or not multi_team():
+if makes_dags(TEAM):
     train_pipeline_dag = train_pipeline()  # not `dag`: that is the decorator's name
 
 if __name__ == "__main__":

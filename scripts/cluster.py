@@ -44,6 +44,9 @@ sys.path.insert(0, str(REPO / "include"))
 
 from trainyard.spec import MAX_HOURS_LIMIT  # noqa: E402
 
+sys.path.insert(0, str(REPO / "plugins"))
+from trainyard_airflow.team_dags import IN_PROCESS_SETTINGS  # noqa: E402
+
 DEFAULT_PORTS = {"postgres": 5433, "redis": 6380, "mlflow": 5001, "api": 8081}
 DATABASES = ("airflow", "mlflow", "trainyard")
 # A Celery task (a training holds one for its whole length) that the broker has not seen acknowledged in this
@@ -148,7 +151,8 @@ class Cluster:
     def process_env(self) -> dict[str, str]:
         """This process's environment with :meth:`env` over it and this Python's bin first: what every
         service runs with, and what a client of the cluster (the ``trainyard`` command) needs."""
-        env = {**os.environ, **self.env()}
+        env = {k: v for k, v in os.environ.items() if k not in IN_PROCESS_SETTINGS}  # the rendered config's
+        env = {**env, **self.env()}
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         return env
 

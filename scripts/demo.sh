@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run train_pipeline once, end to end, through Airflow (`airflow dags test`: the real DAG, tasks and
+# Run the job's team's train_pipeline.<team> once, end to end, through Airflow (`airflow dags test`: the real DAG, tasks and
 # database, in one process), then print where the results are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,13 +15,16 @@ print(json.dumps(spec))
 PY
 )
 NAME=$(python -c 'import json, sys; print(json.loads(sys.argv[1]).get("name", "digits"))' "$CONF")
+# the job's team's own training DAG (Airflow's multi-team mode: trainyard.teams.training_dag)
+DAG=$(python -c 'import json, sys; from trainyard.teams import training_dag
+print(training_dag((json.loads(sys.argv[1]).get("resources") or {}).get("team", "default")))' "$CONF")
 log=$AIRFLOW_HOME/demo.log
-echo "[demo] running train_pipeline for $JOB (about 1-2 minutes; full log: $log)"
+echo "[demo] running $DAG for $JOB (about 1-2 minutes; full log: $log)"
 echo "[demo] conf: $CONF"
 start=$(date +%s)
-if ! airflow dags test train_pipeline --conf "$CONF" >"$log" 2>&1; then
+if ! airflow dags test "$DAG" --conf "$CONF" >"$log" 2>&1; then
   tail -60 "$log"
-  echo "[demo] train_pipeline FAILED; full log: $log" >&2
+  echo "[demo] $DAG FAILED; full log: $log" >&2
   exit 1
 fi
 grep -E "\[trainer\]|registered|evaluation:|gate passed|ONNX parity|pinned to commit" "$log" | grep -v "Returned value" \

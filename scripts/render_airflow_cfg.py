@@ -1,7 +1,7 @@
 """Render airflow.cfg.template into $AIRFLOW_HOME/airflow.cfg, and each team's DAG bundle.
 
-Secrets (JWT, Fernet) are generated once and kept in $AIRFLOW_HOME/secrets.json, so re-rendering never
-invalidates tokens or encrypted connections.
+Secrets (the JWT secret, the Fernet key, the API's secret key) are generated once and kept in
+$AIRFLOW_HOME/secrets.json, so re-rendering never invalidates tokens or encrypted connections.
 
 Airflow runs in multi-team mode: the shared bundle is the repository's dags/ folder, and each team of
 resources.yaml (TRAINYARD_CONFIG_DIR) owns a bundle, $AIRFLOW_HOME/team_dags/<team>, of links to the DAG
@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import secrets
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,19 +22,24 @@ TEAM_DAG_FILES = ("train_pipeline.py", "retrain_jobs.py", "promote_model.py")
 
 
 def team_bundles(repo: Path, home: Path) -> list[dict]:
-    """The DAG bundles: the shared dags/ folder, and one per team of the resources in force, whose folder
-    (made here) links the team DAG files."""
+    """The DAG bundles: the shared one (``[core] dags_folder``), one per team of the resources in force,
+    whose folder (made here; a removed team's goes) links the team DAG files, and those of
+    ``TRAINYARD_EXTRA_DAG_BUNDLES`` (a JSON list, e.g. the scheduler benchmark's)."""
+    sys.path.insert(0, str(repo / "plugins"))
     from trainyard.scheduling.resources import load_resources
     from trainyard.teams import airflow_team_problems
+    from trainyard_airflow.team_dags import LOCAL_BUNDLE, SHARED_BUNDLE
 
     config = load_resources()
     problems = airflow_team_problems(config)
     if problems:
         raise SystemExit("\n".join(problems))
-    local = "airflow.dag_processing.bundles.local.LocalDagBundle"
-    bundles = [{"name": "dags-folder", "classpath": local, "kwargs": {"path": str(repo / "dags")}}]
+    root = home / "team_dags"
+    for gone in (p for p in root.glob("*") if p.name not in config.teams):
+        shutil.rmtree(gone)
+    bundles = [SHARED_BUNDLE]
     for team in config.teams:
-        folder = home / "team_dags" / team
+        folder = root / team
         folder.mkdir(parents=True, exist_ok=True)
         for name in TEAM_DAG_FILES:
             link = folder / name
@@ -41,8 +47,8 @@ def team_bundles(repo: Path, home: Path) -> list[dict]:
                 link.unlink(missing_ok=True)
                 link.symlink_to(repo / "dags" / name)
         path = {"path": str(folder)}
-        bundles.append({"name": f"team-{team}", "classpath": local, "kwargs": path, "team_name": team})
-    return bundles
+        bundles.append({"name": f"team-{team}", "classpath": LOCAL_BUNDLE, "kwargs": path, "team_name": team})
+    return bundles + json.loads(os.environ.get("TRAINYARD_EXTRA_DAG_BUNDLES") or "[]")
 
 
 def main() -> int:

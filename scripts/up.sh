@@ -19,9 +19,11 @@ start mlflow-ui env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
 for component in api-server scheduler dag-processor triggerer; do
   start "$component" airflow "$component"
 done
+shopt -s nullglob
 for team in "$AIRFLOW_HOME"/team_dags/*/; do  # the teams scripts/render_airflow_cfg.py made bundles for
   team=$(basename "$team")
-  start "triggerer-$team" airflow triggerer --team-name "$team"
+  # the shared triggerer serves the triggers' logs (one log server per host and port)
+  start "triggerer-$team" airflow triggerer --team-name "$team" --skip-serve-logs
 done
 pw_file=$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated
 for _ in $(seq 1 120); do
@@ -33,5 +35,7 @@ cat "$pw_file"; echo
 echo "MLflow UI:             http://localhost:$MLFLOW_PORT"
 echo "TensorBoard:           tensorboard --logdir $TRAINYARD_HOME/tensorboard"
 echo "Logs: $AIRFLOW_HOME/*.log. Ctrl-C stops them all."
-wait -n "${pids[@]}"
-echo "a component exited; stopping the others (see its log in $AIRFLOW_HOME)" >&2
+status=0
+wait -n "${pids[@]}" || status=$?
+echo "a component exited (status $status); stopping the others (see its log in $AIRFLOW_HOME)" >&2
+exit "$status"

@@ -33,16 +33,10 @@ for _name in [n for n in os.environ if n.startswith(("AIRFLOW__CELERY", "AIRFLOW
 # The rendered config runs Airflow in multi-team mode, a team's own train_pipeline.<team> in its bundle. The
 # tests that run DAGs in-process (dag.test(), DagBag) read the one shared train_pipeline of dags/: the mode
 # without teams of their own. The Airflows the tests start render theirs (bench/airflow_services.py).
+from trainyard_airflow.team_dags import SHARED_BUNDLE  # noqa: E402 - plugins is on the path from here
+
 os.environ["AIRFLOW__CORE__MULTI_TEAM"] = "False"
-os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
-    [
-        {
-            "name": "dags-folder",
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(REPO / "dags")},
-        }
-    ]
-)
+os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps([SHARED_BUNDLE])
 
 
 def _airflow_db_per_xdist_worker() -> None:

@@ -94,8 +94,12 @@ def cmd_queue(args) -> int:
 
     if not os.environ.get("TRAINYARD_HOME"):
         raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
-    login = find_login()
-    caller = whoami(login) if login else None  # who Airflow says the login is; nobody: others' view only
+    login, caller = find_login(), None  # who Airflow says the login is; nobody: every job as others see it
+    if login is not None:
+        try:
+            caller = whoami(login)
+        except CommandError as err:
+            print(f"trainyard: {err}; showing the queue as to someone not logged in", file=sys.stderr)
     ledger = existing_ledger()  # None where nothing was ever queued: a look creates nothing
     rows = ledger.standing(current_spend(ledger.config, paths.runs_root())) if ledger else []
     now = time.time()

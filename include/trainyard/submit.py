@@ -3,7 +3,7 @@ through Airflow's REST API and its official client (``apache-airflow-client``), 
 command line's Airflow login (:mod:`trainyard.airflow_api`).
 
 ``submit`` validates the JobSpec here first (what can be checked without the worker: fields, the team's
-policy and budget as this machine sees them), triggers its team's training DAG (:func:`team_training_dag`:
+policy and budget as this machine sees them), triggers its team's training DAG (:func:`find_training_dag`:
 ``train_pipeline.<team>`` in Airflow's multi-team mode, else ``train_pipeline``) with it as the run's conf, and
 with ``--wait`` follows the run: each task's state as it changes, the job's place in the queue while it
 waits for GPUs, and the admission and training tasks' logs as they are written. It exits 0 only if the
@@ -37,7 +37,7 @@ def _refused(err: Exception, doing: str) -> CommandError:
     return CommandError(f"{doing}: Airflow answered {f'HTTP {status}: ' if status else ''}{body}")
 
 
-def team_dag_for(client: Any, name: str, team: str) -> str:
+def find_team_dag(client: Any, name: str, team: str) -> str:
     """``team``'s own DAG ``name`` (multi-team mode), else the one ``name`` of every team, whichever this
     login may see; CommandError saying which is missing or refused."""
     import airflow_client.client as af
@@ -62,15 +62,16 @@ def team_dag_for(client: Any, name: str, team: str) -> str:
     )
 
 
-def team_training_dag(client: Any, team: str) -> str:
-    """The training DAG of ``team``'s jobs that this login may trigger (:func:`team_dag_for`)."""
-    return team_dag_for(client, TRAINING_DAG, team)
+def find_training_dag(client: Any, team: str) -> str:
+    """The training DAG of ``team``'s jobs that this login may trigger (:func:`find_team_dag`)."""
+    return find_team_dag(client, TRAINING_DAG, team)
 
 
 def find_run_dag(client: Any, run_id: str) -> str:
     """The training DAG, of those this login may see, that has run ``run_id``; NotFoundError if none."""
     import airflow_client.client as af
 
+    found = []
     try:
         dags = af.DAGApi(client).get_dags(dag_id_pattern=TRAINING_DAG, limit=1000).dags
         for dag in dags:
@@ -78,12 +79,16 @@ def find_run_dag(client: Any, run_id: str) -> str:
                 continue
             try:
                 af.DagRunApi(client).get_dag_run(dag.dag_id, run_id)
-                return str(dag.dag_id)
+                found.append(str(dag.dag_id))
             except af.ApiException as err:
                 if err.status != 404:
                     raise
     except _api_errors() as err:
         raise _refused(err, f"could not look for run {run_id}") from None
+    if len(found) > 1:
+        raise CommandError(f"run {run_id} is a run of {', '.join(found)}: name the one with --dag")
+    if found:
+        return found[0]
     raise NotFoundError(
         f"no training run {run_id} that this Airflow login may see (another team's run is not shown); "
         "name its DAG with --dag"

@@ -15,13 +15,13 @@ def cmd_submit(args) -> int:
     from trainyard.airflow_api import api_client, require_login
     from trainyard.pipeline import validate_spec
     from trainyard.spec import load_spec_file
-    from trainyard.submit import submit, team_training_dag
+    from trainyard.submit import find_training_dag, submit
 
     # what this machine can check before anything is sent; the run's first task checks it all again
     spec = validate_spec(load_spec_file(args.job).model_dump(mode="json"), audit=False)
     login = require_login()
     with api_client(login) as client:
-        dag_id = args.dag or team_training_dag(client, spec.resources.team)
+        dag_id = args.dag or find_training_dag(client, spec.resources.team)
         _, state = submit(client, login.url, spec.model_dump(mode="json"), dag_id, args.wait, args.poll)
     return 1 if args.wait and state != "success" else 0
 
@@ -31,7 +31,8 @@ def cmd_replay(args) -> int:
     from trainyard import replay
     from trainyard.airflow_api import api_client, require_login
     from trainyard.errors import CommandError
-    from trainyard.submit import submit, task_result, team_training_dag
+    from trainyard.spec import JobSpec
+    from trainyard.submit import find_training_dag, submit, task_result
     from trainyard.tracking import mlflow_tracking as mt
 
     c = mt.client()
@@ -41,7 +42,7 @@ def cmd_replay(args) -> int:
     with api_client(login) as client:
         # the training task compares its own environment with the version's (trainyard.replay)
         conf = replay.replay_conf(rec, exact=not args.allow_different)
-        dag_id = team_training_dag(client, str((rec.spec.get("resources") or {}).get("team", "default")))
+        dag_id = find_training_dag(client, JobSpec.model_validate(rec.spec).resources.team)
         run_id, state = submit(client, login.url, conf, dag_id, True, args.poll)
         metrics = task_result(client, dag_id, run_id, "evaluate")  # also when a later task failed
     for line in replay.differences_of_run(c, rec.spec.get("name", ""), f"{dag_id}/{run_id}"):

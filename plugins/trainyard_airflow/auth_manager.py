@@ -32,6 +32,14 @@ class TeamsFromResourcesAuthManager(SimpleAuthManager):
             for u in SimpleAuthManager.get_users()
         ]
 
+    def _get_teams(self) -> set[str]:
+        """The users' teams that Airflow knows (``airflow teams sync``): Airflow refuses to start where
+        the auth manager names a team its database lacks, as a team just added to resources.yaml is until
+        ``make setup`` made its bundle; meanwhile it gives nobody access to anything."""
+        from airflow.models.team import Team
+
+        return super()._get_teams() & set(Team.get_all_team_names())
+
     def deserialize_user(self, token: dict[str, Any]) -> SimpleAuthManagerUser:
         """The token's user and role (Airflow signed them), with the teams the members lists give now."""
         user = super().deserialize_user(token)

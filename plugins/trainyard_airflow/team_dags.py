@@ -4,7 +4,8 @@ Airflow authorizes per DAG (and per team), not per run: while every team trigger
 ``train_pipeline``, everyone who may see it sees every team's runs, task logs and XComs. In multi-team mode
 each team of ``resources.yaml`` owns a DAG bundle (``scripts/render_airflow_cfg.py`` writes the list and
 the folders), holding links to the DAG files that make a team's DAGs: ``train_pipeline.py`` makes
-``train_pipeline.<team>`` there and ``retrain_jobs.py`` the DAGs of the team's job files. A file learns its
+``train_pipeline.<team>`` there, ``promote_model.py`` ``promote_model.<team>`` (the aliases of the team's
+models) and ``retrain_jobs.py`` the DAGs of the team's job files. A file learns its
 team from the bundle it was read from (:func:`bundle_team`); in the shared bundle (``dags/``) these files
 then make nothing, so no DAG holds two teams' runs. Airflow then shows a team's DAGs, runs, logs, XComs and
 approvals to its members and admins only (``trainyard_airflow.auth_manager``) and answers others 403.
@@ -15,12 +16,26 @@ from __future__ import annotations
 import os
 from typing import Any
 
+LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
+# The shared bundle: [core] dags_folder (dags/), its DAGs every team's (promote_model.py and the other team
+# DAG files make nothing there in multi-team mode)
+SHARED_BUNDLE = {"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {}}
+# What the tests that run DAGs in-process set (tests/conftest.py: the one train_pipeline of every team), and
+# what the Airflows they start as processes must not inherit
+IN_PROCESS_SETTINGS = ("AIRFLOW__CORE__MULTI_TEAM", "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST")
+
 
 def multi_team() -> bool:
     """Whether Airflow runs in multi-team mode (``[core] multi_team``)."""
     from airflow.configuration import conf
 
     return conf.getboolean("core", "multi_team", fallback=False)
+
+
+def makes_dags(team: str | None) -> bool:
+    """Whether a team DAG file read in ``team``'s bundle (None: the shared one) makes its DAGs: in a team's
+    bundle, or anywhere where Airflow is not in multi-team mode."""
+    return team is not None or not multi_team()
 
 
 def bundle_team(path: str) -> str | None:

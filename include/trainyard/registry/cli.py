@@ -124,16 +124,16 @@ def _move_alias(args, conf: dict) -> int:
     from trainyard.airflow_api import api_client, require_login
     from trainyard.errors import NotFoundError
     from trainyard.registry import ownership
-    from trainyard.submit import submit, team_dag_for
+    from trainyard.submit import find_team_dag, submit
     from trainyard.teams import PROMOTE_DAG
     from trainyard.tracking import mlflow_tracking as mt
 
+    login = require_login()
     owner = ownership.owner(mt.client(), args.model)
     if owner is None:
         raise NotFoundError(f"no registered model {args.model!r}")
-    login = require_login()
     with api_client(login) as client:
-        dag_id = team_dag_for(client, PROMOTE_DAG, owner)
+        dag_id = find_team_dag(client, PROMOTE_DAG, owner)
         _, state = submit(client, login.url, conf, dag_id, args.wait, args.poll, streamed=MOVE_TASKS)
     return 1 if args.wait and state != "success" else 0
 

@@ -36,16 +36,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from trainyard.errors import spec_error_message
+from trainyard.errors import RetryableError, spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig, run_cost
 from trainyard.spec import JobSpec, SpecError, safe_key
 from trainyard.training.run_config import RUN_CONFIG_FILE
 from trainyard.training.usage import SPEND_LOCK, USAGE_FILE, journal_dir, journal_line, month_of, read_usage
-
-if TYPE_CHECKING:
-    from trainyard.scheduling.admission import Job
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +195,19 @@ def run_spent(config: ResourcesConfig, runs_root: Path, run_key: str) -> float:
     )
 
 
-def commitment(config: ResourcesConfig, job: Job, spent_by_its_run: float) -> float:
+class Claim(Protocol):
+    """What a commitment is computed from: an admitted job (``admission.Job``) or a Kubernetes training's
+    :class:`Reservation`."""
+
+    @property
+    def gpu_type(self) -> str: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def max_hours(self) -> float: ...
+
+
+def commitment(config: ResourcesConfig, job: Claim, spent_by_its_run: float) -> float:
     """What an admitted job still commits of its team's budget: its worst case (price x max_hours x slots)
     less what its run's tries already cost. The one definition, for the ledger, ``validate_spec`` and
     ``trainyard report cost``."""
@@ -207,7 +216,8 @@ def commitment(config: ResourcesConfig, job: Job, spent_by_its_run: float) -> fl
 
 @dataclass(frozen=True)
 class Spend:
-    """What the budget gate weighs: each team's spend this month, and what a run's tries cost so far."""
+    """What the budget gate weighs: each team's spend this month, what a run's tries cost so far, and what
+    its Kubernetes trainings reserve (:func:`reserve`)."""
 
     this_month: Mapping[str, float]
     of_run: Callable[[str], float]  # run key -> cost of its recorded tries
@@ -318,11 +328,6 @@ class Reservation:
     made: float  # when (epoch seconds)
     until: float  # when it lapses if nobody releases it: made + the pods' schedule timeout + max_hours
 
-    def job(self, run_key: str) -> Job:
-        from trainyard.scheduling.admission import Job
-
-        return Job(run_key, self.team, self.gpu_type, self.slots, 0, self.max_hours)
-
 
 def _reservations_path(runs_root: Path) -> Path:
     return runs_root / RESERVATIONS_FILE
@@ -331,21 +336,34 @@ def _reservations_path(runs_root: Path) -> Path:
 def reservations(runs_root: Path, now: float | None = None) -> dict[str, Reservation]:
     """The run key -> :class:`Reservation` of the Kubernetes trainings that hold one now (lapsed ones left
     out)."""
+    path = _reservations_path(runs_root)
     try:
-        raw = json.loads(_reservations_path(runs_root).read_text())
+        held = {key: Reservation(**fields) for key, fields in json.loads(path.read_text()).items()}
     except FileNotFoundError:
         return {}
+    except (ValueError, TypeError, AttributeError) as err:  # one bad file must not stop every look
+        raise BadReservations(f"{path} is not a reservations file ({err}); move it away to reset it") from None
     now = time.time() if now is None else now
-    held = {key: Reservation(**fields) for key, fields in raw.items()}
     return {key: r for key, r in held.items() if r.until > now}
 
 
+class BadReservations(RetryableError):
+    """The reservations file cannot be read: a reservation is refused until it is fixed, and budgets are
+    weighed without the reservations meanwhile (the log says so)."""
+
+
 def reserved(config: ResourcesConfig, runs_root: Path, now: float | None = None) -> dict[str, float]:
-    """Each team's sum of its Kubernetes trainings' commitments (:func:`commitment`) now."""
+    """Each team's sum of its Kubernetes trainings' commitments (:func:`commitment`) now; none, logged, where
+    the reservations file cannot be read."""
+    try:
+        held = reservations(runs_root, now)
+    except BadReservations as err:
+        log.error("%s; weighing budgets without the Kubernetes trainings' reservations", err)
+        return {}
     out: dict[str, float] = {}
-    for key, r in reservations(runs_root, now).items():
+    for key, r in held.items():
         if r.team in config.teams and r.gpu_type in config.gpu_types:
-            out[r.team] = out.get(r.team, 0.0) + commitment(config, r.job(key), run_spent(config, runs_root, key))
+            out[r.team] = out.get(r.team, 0.0) + commitment(config, r, run_spent(config, runs_root, key))
     return out
 
 
@@ -362,22 +380,26 @@ def reserve(
 ) -> Reservation:
     """Reserve the Kubernetes training ``run_key``'s commitment against its team's budget, or raise
     SpecError naming what is left: checked and written under the spend lock, so two trainings never both
-    take the last of a budget. A second call for the same run (a retry, or a resumed task) keeps the one
-    it has. ``wait_s``: how long its pods may wait to be scheduled (the reservation lapses that much after
-    ``max_hours``). ``ledger``: the admission ledger, whose admitted jobs commit too."""
+    take the last of a budget. A second call for the same run (a retry whose earlier try could not end
+    its reservation) keeps its place, lapsing from now. ``wait_s``: how long its pods may take to start
+    (the reservation lapses that much after ``max_hours``). ``ledger``: the admission ledger, whose
+    admitted jobs commit too."""
     from trainyard.files import file_lock
 
     res = spec.resources
     now = time.time()
     with file_lock(runs_root / SPEND_LOCK):
         held = reservations(runs_root, now)
-        if run_key in held:
-            return held[run_key]
         made = Reservation(
             res.team, res.gpu_type, res.total_gpus, res.max_hours, now, now + wait_s + res.max_hours * 3600
         )
+        if run_key in held:  # a retry: counted already; it lapses from this try's start
+            _write_reservations(runs_root, {**held, run_key: made})
+            return made
+        if res.team not in config.teams:
+            raise SpecError(spec_error_message([f"resources.team: {res.team!r} is not in resources.yaml"]))
         standing = team_months(config, month_of(now), runs_root, ledger)[res.team]
-        owed = commitment(config, made.job(run_key), run_spent(config, runs_root, run_key))
+        owed = commitment(config, made, run_spent(config, runs_root, run_key))
         if standing.left is not None and owed > standing.left:
             raise SpecError(
                 spec_error_message(
@@ -385,8 +407,8 @@ def reserve(
                         f"resources.max_hours: the training's worst case, {owed:.2f}, is more than team "
                         f"{res.team!r} has left in {standing.month}: {max(standing.left, 0):.2f} of "
                         f"{standing.budget:.2f} ({standing.spent:.2f} spent, {standing.committed:.2f} committed "
-                        "to jobs running now, which started since this one was validated); wait for them to "
-                        "end, ask for fewer hours or GPUs, or a larger monthly_budget in resources.yaml"
+                        "to jobs running now); wait for them to end, ask for fewer hours or GPUs, or a larger "
+                        "monthly_budget in resources.yaml"
                     ]
                 )
             )
@@ -400,6 +422,7 @@ def release(runs_root: Path, run_key: str) -> None:
     from trainyard.files import file_lock
 
     with file_lock(runs_root / SPEND_LOCK):
-        held = reservations(runs_root)
-        if held.pop(run_key, None) is not None or _reservations_path(runs_root).exists():
+        if _reservations_path(runs_root).exists():
+            held = reservations(runs_root)
+            held.pop(run_key, None)
             _write_reservations(runs_root, held)

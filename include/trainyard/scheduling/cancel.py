@@ -33,7 +33,13 @@ def cancel_run(
         dag, _, run = job_id.partition("/")
         return run == run_id and dag_id in (None, dag)
 
-    entry = next((e for e in ledger.entries() if of_run(e.job.id)), None)
+    matching = [e for e in ledger.entries() if of_run(e.job.id)]
+    if len(matching) > 1:
+        raise CommandError(
+            f"run {run_id} is queued in {', '.join(e.job.id.partition('/')[0] for e in matching)}: name the "
+            "one with --dag"
+        )
+    entry = matching[0] if matching else None
     if entry is None:
         raise NotFoundError(
             f"run {run_id} is not in the queue (`trainyard queue` lists what is): a run that has not reached "

@@ -40,18 +40,23 @@ class AdmitOperator(BaseOperator):
     template_fields: Sequence[str] = ("spec", "run_key", "group")
     ui_color = "#e8d5f5"
 
-    def __init__(self, *, spec: Any, run_key: str = RUN_KEY, group: str = "", **kwargs: Any) -> None:
+    def __init__(
+        self, *, spec: Any, run_key: str = RUN_KEY, group: str = "", pipeline_team: str | None = None, **kwargs: Any
+    ) -> None:
         """``group``: a sweep's trial, one of the sweep run's (its run key); at most ``sweep.parallelism``
-        of them are admitted at once."""
+        of them are admitted at once. ``pipeline_team``: the team whose own DAG this is (None: the one DAG
+        of every team), whose job ``spec`` must be (it comes from an XCom, which users may write)."""
         kwargs["execution_timeout"] = ADMISSION_TIMEOUT
         kwargs["retries"] = 0
         super().__init__(**kwargs)
-        self.spec, self.run_key, self.group = spec, run_key, group
+        self.spec, self.run_key, self.group, self.pipeline_team = spec, run_key, group, pipeline_team
 
     def _job(self, context: Any) -> Any:
         from trainyard.scheduling.admission import job_for
-        from trainyard.spec import Resources
+        from trainyard.spec import JobSpec, Resources
+        from trainyard.teams import check_pipeline_team
 
+        check_pipeline_team(JobSpec.model_validate(self.spec), self.pipeline_team)
         user = getattr(context.get("dag_run"), "triggering_user_name", None)  # None: a scheduled run
         limit = (self.spec.get("sweep") or {}).get("parallelism", 0) if self.group else 0
         return job_for(Resources.model_validate(self.spec["resources"]), self.run_key, user, self.group, limit)

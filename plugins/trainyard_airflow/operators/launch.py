@@ -42,10 +42,14 @@ class KubernetesTrainingLauncher(BaseOperator):
         kubernetes_conn_id: str = "kubernetes_default",
         deferrable: bool = True,
         poll_interval: float = 30,
+        pipeline_team: str | None = None,
         **kwargs,
     ) -> None:
+        """``pipeline_team``: the team whose own DAG this is (None: the one DAG of every team), whose job
+        ``spec`` must be (it comes from an XCom, which users may write)."""
         super().__init__(**kwargs)
         self.spec, self.run_key, self.config_path = spec, run_key, config_path
+        self.pipeline_team = pipeline_team
         self.kubernetes_conn_id = kubernetes_conn_id
         self.deferrable = deferrable
         self.poll_interval = poll_interval
@@ -53,9 +57,12 @@ class KubernetesTrainingLauncher(BaseOperator):
 
     def operator(self) -> Any:
         """The provider-based operator that does the work (built at run time, where its import belongs)."""
+        from trainyard.spec import parse_spec
+        from trainyard.teams import check_pipeline_team
         from trainyard_airflow.operators.training import training_operator
 
         if self._inner is None:
+            check_pipeline_team(parse_spec(self.spec), self.pipeline_team)
             self._inner = training_operator(
                 task_id=self.task_id,
                 spec=self.spec,

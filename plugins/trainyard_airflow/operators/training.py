@@ -119,7 +119,7 @@ class _TrainingRun:
         from trainyard.scheduling.resources import resources_in_force
 
         fleet, spec = resources_in_force(), self.job_spec
-        wait_s = spec.kubernetes.schedule_timeout_s
+        wait_s = spec.kubernetes.schedule_timeout_s + IMAGE_PULL_TIMEOUT_S  # before max_hours counts
         made = reserve(fleet, paths.runs_root(), spec, self.run_key, wait_s=wait_s, ledger=existing_ledger(fleet))
         self.log.info(
             "reserved team %s's budget for %g h x %d GPU(s) of %s", made.team, made.max_hours, made.slots, made.gpu_type
@@ -141,6 +141,7 @@ class _TrainingRun:
             seam.record(spec, self._run_dir, launcher.running_interval(pods))
         except Exception as err:  # logged only: see the docstring
             self.log.warning("could not record the usage of try %s: %s", self._try, err)
+            return  # its reservation stays counted until it lapses: the cost it stands for is not recorded
         try:
             release(paths.runs_root(), self.run_key)
         except Exception as err:  # it lapses after max_hours

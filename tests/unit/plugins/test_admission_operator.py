@@ -157,3 +157,14 @@ def test_a_job_waiting_past_the_notice_time_tells_its_team_once_and_waits_on(tmp
     # the wait's time is counted from its start: a job past the admission timeout fails, without a retry
     with pytest.raises(AirflowFailException, match="not admitted within"):
         op.execute_complete({}, {**event.payload, "since": kwargs["since"] - ADMISSION_TIMEOUT.total_seconds()})
+
+
+def test_a_spec_of_another_team_than_its_dag_s_is_refused_before_it_queues(fleet):
+    """The spec reaches admit through an XCom, which a user may write: one that names another team than
+    the DAG's own (multi-team mode: train_pipeline.<team>) takes nothing of that team's quota."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    op = AdmitOperator(task_id="admit", spec=spec(2), run_key="train_pipeline.nlp/r1", pipeline_team="nlp")
+    with pytest.raises(AirflowFailException, match="resources.team: 'vision' is not the team of train_pipeline.nlp"):
+        op.execute({})
+    assert fleet.entries() == []

@@ -13,15 +13,20 @@ LOCAL = "airflow.dag_processing.bundles.local.LocalDagBundle"
 
 
 def test_the_rendered_config_gives_each_team_a_bundle_of_links_to_the_team_dag_files(tmp_path):
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
-    subprocess.run(
-        [sys.executable, "scripts/render_airflow_cfg.py"], env=env, cwd=REPO, check=True, capture_output=True
-    )
+    """... beside the shared bundle ([core] dags_folder) and the extra ones asked for; a removed team's
+    folder goes."""
+    (tmp_path / "team_dags" / "gone").mkdir(parents=True)  # a team resources.yaml no longer lists
+    extra = [{"name": "more", "classpath": LOCAL, "kwargs": {"path": str(tmp_path)}}]
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "TRAINYARD_EXTRA_DAG_BUNDLES": json.dumps(extra)}
+    render = [sys.executable, "scripts/render_airflow_cfg.py"]
+    subprocess.run(render, env=env, cwd=REPO, check=True, capture_output=True)
     cfg = (tmp_path / "airflow.cfg").read_text()
     line = next(x for x in cfg.splitlines() if x.startswith("dag_bundle_config_list"))
     bundles = json.loads(line.split("=", 1)[1])
-    assert bundles[0] == {"name": "dags-folder", "classpath": LOCAL, "kwargs": {"path": str(REPO / "dags")}}
-    assert {b["team_name"] for b in bundles[1:]} == {"default", "vision", "nlp", "research"}  # resources.yaml
+    assert bundles[0] == {"name": "dags-folder", "classpath": LOCAL, "kwargs": {}}
+    assert bundles[-1] == extra[0]
+    assert {b["team_name"] for b in bundles[1:-1]} == {"default", "vision", "nlp", "research"}  # resources.yaml
+    assert sorted(p.name for p in (tmp_path / "team_dags").iterdir()) == ["default", "nlp", "research", "vision"]
     vision = next(b for b in bundles if b.get("team_name") == "vision")
     folder = Path(vision["kwargs"]["path"])
     assert folder == tmp_path / "team_dags" / "vision"

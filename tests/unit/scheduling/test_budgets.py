@@ -230,7 +230,8 @@ def test_a_kubernetes_training_reserves_its_worst_case_until_released(tmp_path):
     assert (standing.committed, standing.left) == (pytest.approx(40.0), pytest.approx(60.0))
     assert budgets.current_spend(cfg, tmp_path).reserved == {"vision": pytest.approx(40.0)}  # the ledger's gate
     again = budgets.reserve(cfg, tmp_path, _k8s_spec(10.0), "train_pipeline/k1", wait_s=600)
-    assert again == made  # a retry keeps its reservation, counted once
+    assert again.until >= made.until  # a retry keeps its reservation, counted once, lapsing from its start
+    assert budgets.reserved(cfg, tmp_path) == {"vision": pytest.approx(40.0)}
     with pytest.raises(SpecError) as err:  # 2 x 16 h x 2 = 64 > 60
         budgets.reserve(cfg, tmp_path, _k8s_spec(16.0), "train_pipeline/k2", wait_s=600)
     assert "team 'vision' has left in" in str(err.value) and "60.00 of 100.00" in str(err.value)
@@ -276,3 +277,12 @@ def test_of_many_trainings_reserving_at_once_only_those_that_fit_start(tmp_path)
     assert sorted(p.exitcode for p in procs) == [0, 0, 3, 3, 3, 3]
     assert len(budgets.reservations(tmp_path)) == 2
     assert budgets.reserved(cfg, tmp_path) == {"vision": pytest.approx(80.0)}
+
+
+def test_a_damaged_reservations_file_refuses_reservations_and_is_weighed_as_none(tmp_path, caplog):
+    cfg = parse_resources(FLEET)
+    (tmp_path / budgets.RESERVATIONS_FILE).write_text("{not json")
+    assert budgets.reserved(cfg, tmp_path) == {}  # every look goes on
+    assert "is not a reservations file" in caplog.text
+    with pytest.raises(budgets.BadReservations, match="move it away to reset it"):
+        budgets.reserve(cfg, tmp_path, _k8s_spec(1.0), "train_pipeline/k1", wait_s=60)
