@@ -61,6 +61,14 @@ def team_dag(name: str, team: str | None) -> str:
     return name if team is None else f"{name}.{team}"
 
 
+def team_of_dag(dag_id: str) -> str | None:
+    """The team whose own DAG ``dag_id`` is (:func:`team_dag`'s inverse), or None: a DAG of every team."""
+    for name in (TRAINING_DAG, PROMOTE_DAG):
+        if dag_id.startswith(f"{name}."):
+            return dag_id[len(name) + 1 :]
+    return None
+
+
 def training_dag(team: str | None) -> str:
     """The training DAG of ``team``'s jobs (:func:`team_dag`)."""
     return team_dag(TRAINING_DAG, team)

@@ -157,3 +157,11 @@ def test_a_model_s_aliases_move_in_its_owning_team_s_promotion_dag_only():
         r"promote_model.vision, not in team 'nlp''s promote_model.nlp",
     ):
         teams.check_model_dag("net", "vision", "nlp")
+
+
+def test_a_team_s_own_dag_names_its_team():
+    assert [teams.team_of_dag(d) for d in ("train_pipeline.vision", "promote_model.nlp", "train_pipeline")] == [
+        "vision",
+        "nlp",
+        None,
+    ]

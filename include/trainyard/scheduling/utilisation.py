@@ -444,9 +444,10 @@ def allocations_from_rows(
 
 def allocations_from_airflow(since: float, until: float) -> list[Allocation]:
     """Every try of a training task (a task in a ``gpu-*`` pool) that overlaps the window, or whose job was
-    waiting in it, from this Airflow's database. The team is the run conf's ``resources.team`` (the
-    JobSpec's default team without one). Runs that Airflow keeps queued by a DAG's ``max_active_runs``
-    have no task yet: their wait before the admit task is not counted."""
+    waiting in it, from this Airflow's database. The team is the run conf's ``resources.team``, else the
+    team whose own DAG ran it (``train_pipeline.<team>``), else the JobSpec's default team. Runs that
+    Airflow keeps queued by a DAG's ``max_active_runs`` have no task yet: their wait before the admit task
+    is not counted."""
     from datetime import UTC, datetime
 
     from airflow.models.dagrun import DagRun
@@ -456,6 +457,7 @@ def allocations_from_airflow(since: float, until: float) -> list[Allocation]:
     from sqlalchemy import and_, or_, select
 
     from trainyard.spec import Resources
+    from trainyard.teams import team_of_dag
 
     default_team = Resources().team
     lo, hi = datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC)
@@ -504,5 +506,5 @@ def allocations_from_airflow(since: float, until: float) -> list[Allocation]:
             for run_id, conf in session.execute(query):
                 resources = (conf or {}).get("resources")
                 team = resources.get("team") if isinstance(resources, dict) else None
-                teams[(dag_id, run_id)] = str(team or default_team)
+                teams[(dag_id, run_id)] = str(team or team_of_dag(dag_id) or default_team)
     return allocations_from_rows(rows, asked, teams)
