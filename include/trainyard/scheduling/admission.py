@@ -197,6 +197,12 @@ def _would_delay(
     return _room(config, then, starving)[0] is None
 
 
+def _seen_by_all(job: Job) -> str:
+    """Another job named in a waiting job's reason, which that job's team reads (its admit log, ``trainyard
+    queue``): as its team and size, what anyone may see of it (``trainyard.teams.SEEN_BY_OTHERS``)."""
+    return f"team {job.team}'s job of {job.slots} {job.gpu_type} slot(s)"
+
+
 def plan(
     config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend | None = None
 ) -> dict[str, tuple[int | None, str]]:
@@ -255,7 +261,7 @@ def plan(
             ):
                 # what it would take, the starving job needs; other teams still get their own quota
                 waited = (now - starving.enqueued) / 60
-                borrow, why = None, f"behind {starving.job.id}, which has waited {waited:.0f} min"
+                borrow, why = None, f"behind {_seen_by_all(starving.job)}, which has waited {waited:.0f} min"
             budget = config.teams[job.team].monthly_budget
             cost = owed(job) if borrow is not None else 0.0  # read only for a job that has the room
             if borrow is not None and spend is not None and budget is not None:
@@ -275,7 +281,7 @@ def plan(
                 if kind == FLEET and starving is None and now - e.enqueued >= max_wait:
                     starving = e
                 if kind == FLEET and within(job):
-                    no_borrowing = f"no borrowing while {job.id} waits for its team's own quota"
+                    no_borrowing = f"no borrowing while {_seen_by_all(job)} waits for its team's own quota"
                 continue
             verdicts[job.id] = (borrow, "")
             used[job.team] += job.slots

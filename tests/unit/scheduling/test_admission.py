@@ -85,7 +85,9 @@ def test_lent_quota_comes_back_as_borrowers_finish(ledger):
     assert not ledger.request(job("n1", "nlp", 2)).admitted  # its quota is lent out; nothing is preempted
     ledger.release("r1")  # one slot free: n1 needs 2, and while it waits for its own quota ...
     lab = ledger.request(job("l1", "lab", 1))
-    assert not lab.admitted and "no borrowing while n1 waits" in lab.reason  # ... no one borrows the free slot
+    assert (
+        not lab.admitted and "no borrowing while team nlp's job of 2 a100 slot(s) waits" in lab.reason
+    )  # ... no one borrows the free slot
     ledger.release("r2")
     assert ledger.request(job("l1", "lab", 1)).admitted is False  # n1 is first in line for the 2 free slots
     n1 = ledger.request(job("n1", "nlp", 2))  # but they are research's: it lends 1 and keeps 1 for itself
@@ -175,7 +177,7 @@ def test_a_job_that_cannot_delay_the_starving_one_still_starts(store, clock):
     clock.now += 6 * 60  # past the bound; 1 slot free, the reservation at minute 20
     assert not ledger.request(large).admitted
     too_long = ledger.request(limited("too-long", 1, 30))  # ends at minute 36: the large job could not start at 20
-    assert not too_long.admitted and "behind large" in too_long.reason
+    assert not too_long.admitted and "behind team vision's job of 6 a100 slot(s)" in too_long.reason
     assert ledger.request(limited("fits-before", 1, 10)).admitted  # ends by minute 16
     ledger.release("long0")  # 1 slot free again; at minute 20: 3 + 1 free, 2 more than the large job needs
     assert ledger.request(limited("spare", 1, 60)).admitted  # a slot the large job will not need
@@ -209,7 +211,7 @@ def test_no_job_passes_a_starving_one_that_a_team_limit_would_then_stop():
     now = 1_000_000.0
     verdicts = admission.plan(fleet, _entries(now, running, starving, ("stays", "vision", 1, 60)), now)
     assert verdicts["large"][0] is None and verdicts["stays"][0] is None, verdicts  # 3 + 1 + 3 > 6 at minute 20
-    assert "behind large" in verdicts["stays"][1]
+    assert "behind team vision's job of 3 a100 slot(s)" in verdicts["stays"][1]
     verdicts = admission.plan(fleet, _entries(now, running, starving, ("ends-first", "vision", 1, 10)), now)
     assert verdicts["ends-first"][0] is not None, verdicts  # gone by minute 20
 
@@ -226,7 +228,7 @@ def test_no_borrower_passes_a_starving_one_that_the_lending_limits_hold_back():
     now = 1_000_000.0
     verdicts = admission.plan(fleet, _entries(now, running, ("large", "vision", 4, 30), ("more", "ml", 2, 5)), now)
     assert verdicts["large"][0] is None and "lendable" in verdicts["large"][1], verdicts
-    assert verdicts["more"][0] is None and "behind large" in verdicts["more"][1], verdicts
+    assert verdicts["more"][0] is None and "behind team vision's job of 4 a100 slot(s)" in verdicts["more"][1], verdicts
 
 
 def test_a_killed_holder_frees_its_slots_when_its_lease_runs_out(ledger, clock):
