@@ -100,7 +100,7 @@ def _spec(xcom: dict) -> JobSpec:
     from trainyard.teams import check_pipeline_team
 
     spec = JobSpec.model_validate(xcom)
-    check_pipeline_team(spec, TEAM)
+    check_pipeline_team(spec.resources.team, TEAM)
     return spec
 
 

@@ -57,7 +57,7 @@ def validate_spec(raw: dict, user: str | None = None, audit: bool = True, pipeli
     fleet = load_resources()
     check_spec(spec, fleet)
     try:
-        check_pipeline_team(spec, pipeline_team)
+        check_pipeline_team(spec.resources.team, pipeline_team)
         check_member(spec, fleet, user)
         check_policy(spec, fleet)
     except SpecError as err:  # who tried what, in the audit trail

@@ -74,16 +74,16 @@ def training_dag(team: str | None) -> str:
     return team_dag(TRAINING_DAG, team)
 
 
-def check_pipeline_team(spec: JobSpec, team: str | None) -> None:
-    """SpecError unless ``spec`` is a job of ``team``, the team whose training DAG runs it (None: the one
-    DAG of an installation without teams of its own in Airflow runs every team's)."""
-    if team is not None and spec.resources.team != team:
+def check_pipeline_team(job_team: str, team: str | None) -> None:
+    """SpecError unless a job of ``job_team`` (its ``resources.team``) may run in the training DAG of
+    ``team``: only that team's (None: the one DAG of an installation without teams of its own in Airflow
+    runs every team's)."""
+    if team is not None and job_team != team:
         raise SpecError(
             spec_error_message(
                 [
-                    f"resources.team: {spec.resources.team!r} is not the team of {training_dag(team)}, team "
-                    f"{team!r}'s training DAG; team {spec.resources.team!r}'s jobs run in "
-                    f"{training_dag(spec.resources.team)}"
+                    f"resources.team: {job_team!r} is not the team of {training_dag(team)}, team {team!r}'s "
+                    f"training DAG; team {job_team!r}'s jobs run in {training_dag(job_team)}"
                 ]
             )
         )

@@ -134,10 +134,10 @@ def test_a_team_s_training_dag_runs_its_jobs_only():
 
     assert (teams.training_dag("vision"), teams.training_dag(None)) == ("train_pipeline.vision", "train_pipeline")
     vision = parse_spec({"resources": {"team": "vision"}})
-    teams.check_pipeline_team(vision, "vision")
-    teams.check_pipeline_team(vision, None)  # the one DAG of every team
+    teams.check_pipeline_team(vision.resources.team, "vision")
+    teams.check_pipeline_team(vision.resources.team, None)  # the one DAG of every team
     with pytest.raises(SpecError) as err:
-        teams.check_pipeline_team(vision, "nlp")
+        teams.check_pipeline_team(vision.resources.team, "nlp")
     assert "resources.team: 'vision' is not the team of train_pipeline.nlp, team 'nlp'" in str(err.value)
     assert "team 'vision''s jobs run in train_pipeline.vision" in str(err.value)
 

@@ -53,13 +53,14 @@ class AdmitOperator(BaseOperator):
 
     def _job(self, context: Any) -> Any:
         from trainyard.scheduling.admission import job_for
-        from trainyard.spec import JobSpec, Resources
+        from trainyard.spec import Resources
         from trainyard.teams import check_pipeline_team
 
-        check_pipeline_team(JobSpec.model_validate(self.spec), self.pipeline_team)
+        resources = Resources.model_validate(self.spec["resources"])
+        check_pipeline_team(resources.team, self.pipeline_team)
         user = getattr(context.get("dag_run"), "triggering_user_name", None)  # None: a scheduled run
         limit = (self.spec.get("sweep") or {}).get("parallelism", 0) if self.group else 0
-        return job_for(Resources.model_validate(self.spec["resources"]), self.run_key, user, self.group, limit)
+        return job_for(resources, self.run_key, user, self.group, limit)
 
     @fail_permanently
     def execute(self, context: Any) -> str:

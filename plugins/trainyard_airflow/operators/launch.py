@@ -62,7 +62,7 @@ class KubernetesTrainingLauncher(BaseOperator):
         from trainyard_airflow.operators.training import training_operator
 
         if self._inner is None:
-            check_pipeline_team(parse_spec(self.spec), self.pipeline_team)
+            check_pipeline_team(parse_spec(self.spec).resources.team, self.pipeline_team)
             self._inner = training_operator(
                 task_id=self.task_id,
                 spec=self.spec,
