@@ -22,7 +22,7 @@ import requests
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
-from trainyard_airflow.team_dags import IN_PROCESS_SETTINGS  # noqa: E402
+from trainyard_airflow.team_dags import IN_PROCESS_ENV, bundle_teams  # noqa: E402
 
 # The rendered config's scheduler looks for work every 0.2 s when idle (a short gap between one task and the
 # next); that costs it 11 % of a core while nothing runs, 3 % at Airflow's default of 1 s (measured: 6.7 and
@@ -100,7 +100,7 @@ class Airflow:
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)
         self.env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)  # this Airflow's own database (xdist sets one)
-        for name in IN_PROCESS_SETTINGS:  # the rendered config's (the in-process tests turn multi-team mode off)
+        for name in IN_PROCESS_ENV:  # the rendered config's (the in-process tests turn multi-team mode off)
             self.env.pop(name, None)
         if database:
             self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = database
@@ -132,8 +132,7 @@ class Airflow:
 
     def teams(self) -> list[str]:
         """The teams that own a DAG bundle (the rendered config's, scripts/render_airflow_cfg.py)."""
-        folder = self.home / "team_dags"
-        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        return bundle_teams(self.home)
 
     def start(self, triggerer: bool = True):
         """The api-server, scheduler, dag-processor and (unless told not to) the triggerers, the shared one

@@ -49,13 +49,9 @@ def main() -> None:
     # Each team's DAGs are these files read in its bundle (multi-team mode), where they make the same DAG as
     # without it: what a file costs is measured once, as the one DAG of every team.
     sys.path.insert(0, str(DAGS.parent / "plugins"))
-    from trainyard_airflow.team_dags import SHARED_BUNDLE
+    from trainyard_airflow.team_dags import IN_PROCESS_ENV
 
-    env = {
-        **os.environ,
-        "AIRFLOW__CORE__MULTI_TEAM": "False",
-        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([SHARED_BUNDLE]),
-    }
+    env = {**os.environ, **IN_PROCESS_ENV}
     for path in sorted(DAGS.glob("*.py")):
         proc = subprocess.run(
             [sys.executable, __file__, "--child", str(path), "--reps", str(args.reps)],

@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO / "include"))
 from trainyard.spec import MAX_HOURS_LIMIT  # noqa: E402
 
 sys.path.insert(0, str(REPO / "plugins"))
-from trainyard_airflow.team_dags import IN_PROCESS_SETTINGS  # noqa: E402
+from trainyard_airflow.team_dags import IN_PROCESS_ENV, bundle_teams  # noqa: E402
 
 DEFAULT_PORTS = {"postgres": 5433, "redis": 6380, "mlflow": 5001, "api": 8081}
 DATABASES = ("airflow", "mlflow", "trainyard")
@@ -151,7 +151,7 @@ class Cluster:
     def process_env(self) -> dict[str, str]:
         """This process's environment with :meth:`env` over it and this Python's bin first: what every
         service runs with, and what a client of the cluster (the ``trainyard`` command) needs."""
-        env = {k: v for k, v in os.environ.items() if k not in IN_PROCESS_SETTINGS}  # the rendered config's
+        env = {k: v for k, v in os.environ.items() if k not in IN_PROCESS_ENV}  # the rendered config's
         env = {**env, **self.env()}
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         return env
@@ -392,8 +392,7 @@ class Cluster:
 
     def teams(self) -> list[str]:
         """The teams that own a DAG bundle (the rendered config's, scripts/render_airflow_cfg.py)."""
-        folder = self.airflow_home / "team_dags"
-        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        return bundle_teams(self.airflow_home)
 
     def services(self) -> tuple[str, ...]:
         """Redis, MLflow and Airflow's components, each team's triggerer included (PostgreSQL and the

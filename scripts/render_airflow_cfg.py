@@ -28,13 +28,13 @@ def team_bundles(repo: Path, home: Path) -> list[dict]:
     sys.path.insert(0, str(repo / "plugins"))
     from trainyard.scheduling.resources import load_resources
     from trainyard.teams import airflow_team_problems
-    from trainyard_airflow.team_dags import LOCAL_BUNDLE, SHARED_BUNDLE
+    from trainyard_airflow.team_dags import LOCAL_BUNDLE, SHARED_BUNDLE, TEAM_BUNDLES_DIR
 
     config = load_resources()
     problems = airflow_team_problems(config)
     if problems:
         raise SystemExit("\n".join(problems))
-    root = home / "team_dags"
+    root = home / TEAM_BUNDLES_DIR
     for gone in (p for p in root.glob("*") if p.name not in config.teams):
         shutil.rmtree(gone)
     bundles = [SHARED_BUNDLE]

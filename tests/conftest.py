@@ -1,4 +1,3 @@
-import json
 import os
 import shutil
 import sys
@@ -33,10 +32,9 @@ for _name in [n for n in os.environ if n.startswith(("AIRFLOW__CELERY", "AIRFLOW
 # The rendered config runs Airflow in multi-team mode, a team's own train_pipeline.<team> in its bundle. The
 # tests that run DAGs in-process (dag.test(), DagBag) read the one shared train_pipeline of dags/: the mode
 # without teams of their own. The Airflows the tests start render theirs (bench/airflow_services.py).
-from trainyard_airflow.team_dags import SHARED_BUNDLE  # noqa: E402 - plugins is on the path from here
+from trainyard_airflow.team_dags import IN_PROCESS_ENV  # noqa: E402 - plugins is on the path from here
 
-os.environ["AIRFLOW__CORE__MULTI_TEAM"] = "False"
-os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps([SHARED_BUNDLE])
+os.environ.update(IN_PROCESS_ENV)
 
 
 def _airflow_db_per_xdist_worker() -> None:

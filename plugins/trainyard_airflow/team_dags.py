@@ -13,16 +13,24 @@ approvals to its members and admins only (``trainyard_airflow.auth_manager``) an
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
 # The shared bundle: [core] dags_folder (dags/), its DAGs every team's (promote_model.py and the other team
 # DAG files make nothing there in multi-team mode)
 SHARED_BUNDLE = {"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {}}
-# What the tests that run DAGs in-process set (tests/conftest.py: the one train_pipeline of every team), and
-# what the Airflows they start as processes must not inherit
-IN_PROCESS_SETTINGS = ("AIRFLOW__CORE__MULTI_TEAM", "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST")
+# The settings under which a team DAG file makes the one DAG of every team (multi-team mode off, the shared
+# bundle only): what the tests that run DAGs in-process set (tests/conftest.py) and the parse benchmark
+# measures with, and what the Airflows started as processes must not inherit
+IN_PROCESS_ENV = {
+    "AIRFLOW__CORE__MULTI_TEAM": "False",
+    "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([SHARED_BUNDLE]),
+}
+# The teams' bundles under AIRFLOW_HOME (scripts/render_airflow_cfg.py writes them)
+TEAM_BUNDLES_DIR = "team_dags"
 
 
 def multi_team() -> bool:
@@ -30,6 +38,13 @@ def multi_team() -> bool:
     from airflow.configuration import conf
 
     return conf.getboolean("core", "multi_team", fallback=False)
+
+
+def bundle_teams(airflow_home: Path) -> list[str]:
+    """The teams that own a DAG bundle under ``airflow_home`` (the rendered config's): the triggerers to
+    start, one per team."""
+    folder = airflow_home / TEAM_BUNDLES_DIR
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
 def makes_dags(team: str | None) -> bool:
