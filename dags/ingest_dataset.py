@@ -1,7 +1,9 @@
 """
 ### ingest_dataset
 
-Upload a folder as a new, validated dataset version:
+Upload a folder as a new, validated dataset version of a repository of the team (`team`: in Airflow's
+multi-team mode each team has its own `ingest_dataset.<team>`, whose runs and logs only its members see).
+A repository belongs to the team that first uploaded to it; another team's is refused, naming its owner.
 
 `check_upload` (file checks + great-expectations suite for the data kind, Data Docs written) →
 `commit_upload` (the same bytes, by digest, committed to the branch; the commit id is the result).
@@ -20,13 +22,44 @@ from typing import Any
 from airflow.sdk import Asset, AssetAlias, Param, dag, task
 
 from trainyard.data.kinds import KINDS
+from trainyard.errors import PermanentError
 from trainyard.retraining import dataset_uri
+from trainyard.spec import NAME_RE
+from trainyard.teams import INGEST_DAG, team_dag
+from trainyard_airflow.auth import triggering_user
 from trainyard_airflow.errors import fail_permanently
+from trainyard_airflow.team_dags import bundle_team, makes_dags
+
+# In Airflow's multi-team mode this file is read in every team's bundle and makes that team's own
+# ingest_dataset.<team> there; in the shared bundle it makes nothing (team_dags).
+TEAM = bundle_team(__file__)
+# The team input: in a team's own DAG, that team only
+TEAM_FIELD: dict[str, Any] = {
+    "type": "string",
+    "description": "The team the data is for: the repository is its own."
+    + (f" This DAG uploads for team {TEAM} only." if TEAM else ""),
+    **({"enum": [TEAM]} if TEAM else {}),
+}
 
 # The asset of each branch is known only when its commit is made: events go through an alias.
 DATASET_COMMITS = AssetAlias("trainyard_dataset_commits")
 
 default_args = {"owner": "trainyard", "retries": 1, "retry_delay": timedelta(seconds=10)}
+
+
+def _team(params: dict) -> str:
+    """The team the upload is for, once the triggering user is known to be one of its members (a run no
+    person triggered acts as its team) and the DAG to be that team's."""
+    from trainyard.scheduling.resources import resources_in_force
+    from trainyard.teams import check_member_of
+
+    team = params["team"]
+    if TEAM is not None and team != TEAM:
+        raise PermanentError(
+            f"team: {team!r} is not the team of {team_dag(INGEST_DAG, TEAM)}; use {team_dag(INGEST_DAG, team)}"
+        )
+    check_member_of(resources_in_force(), team, triggering_user(), field="team", what="upload it")
+    return team
 
 
 def _head(params: dict) -> str | None:
@@ -43,7 +76,7 @@ def _head(params: dict) -> str | None:
 
 
 @dag(
-    dag_id="ingest_dataset",
+    dag_id=team_dag(INGEST_DAG, TEAM),
     schedule=None,
     catchup=False,
     default_args=default_args,
@@ -51,9 +84,8 @@ def _head(params: dict) -> str | None:
     doc_md=__doc__,
     params={
         "folder": Param("", type="string", description="Folder on the worker to upload.", minLength=1),
-        "repo": Param(
-            "digits", type="string", description="Dataset repository.", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
-        ),
+        "repo": Param("digits", type="string", description="Dataset repository (the team's own).", pattern=NAME_RE),
+        "team": Param(TEAM or "default", **TEAM_FIELD),
         "branch": Param("main", type="string", description="Branch to commit to."),
         "store": Param("local", enum=["local", "lakefs"], description="Dataset store backend."),
         "kind": Param(
@@ -71,10 +103,15 @@ def ingest_dataset():
         """Refuse traversal, outside symlinks and empty folders; run the data kind's suite."""
         assert params is not None  # Airflow passes the run's params by name
         from trainyard import paths
+        from trainyard.data.stores import open_store
         from trainyard.data.upload import collect_folder, detect_kind, folder_digest, validate_folder
+        from trainyard.datasets import check_upload
         from trainyard.pipeline import DataValidationError
         from trainyard.spec import safe_key
+        from trainyard_airflow.hooks.lakefs_hook import register_store
 
+        register_store()
+        check_upload(open_store(params["store"]), params["repo"], _team(params))  # before the work of validating
         files = collect_folder(params["folder"])
         kind = detect_kind(params["folder"]) if params["kind"] == "auto" else params["kind"]
         digest = folder_digest(files)
@@ -97,16 +134,17 @@ def ingest_dataset():
         """Commit exactly the validated bytes (same digest) and announce the new commit."""
         assert params is not None  # Airflow passes the run's params by name
         from trainyard.data.stores import open_store
-        from trainyard.data.upload import upload_folder
+        from trainyard.datasets import upload
         from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
 
-        result = upload_folder(
+        result = upload(
             open_store(params["store"]),
             params["repo"],
             params["branch"],
             params["folder"],
+            _team(params),
             kind=checked["kind"],
             message=params["message"],
             expected_digest=checked["digest"],
@@ -123,7 +161,8 @@ def ingest_dataset():
     commit_upload(checked)
 
 
-ingest_dataset_dag = ingest_dataset()  # not `dag`: that is the decorator's name
+if makes_dags(TEAM):
+    ingest_dataset_dag = ingest_dataset()  # not `dag`: that is the decorator's name
 
-if __name__ == "__main__":
-    ingest_dataset_dag.test()
+    if __name__ == "__main__":
+        ingest_dataset_dag.test()

@@ -34,6 +34,7 @@ from typing import Any
 from airflow.sdk import Param, dag, get_current_context, task
 
 from trainyard.teams import PROMOTE_DAG, team_dag
+from trainyard_airflow.auth import triggering_user
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.notifications import TeamNotifier
 from trainyard_airflow.operators.approval import TeamApprovalOperator
@@ -53,11 +54,6 @@ default_args = {
     "retry_delay": timedelta(seconds=10),
     "on_failure_callback": [TeamNotifier(event="failure")],
 }
-
-
-def _requester() -> str | None:
-    """The Airflow user who triggered this run (the UI, REST, `trainyard models promote`); None if no person did."""
-    return getattr(get_current_context()["dag_run"], "triggering_user_name", None) or None
 
 
 def _trusted_keys():
@@ -107,7 +103,7 @@ def promote_model():
         from trainyard.tracking.mlflow_tracking import client
         from trainyard_airflow.auth import admins, authorize_move
 
-        c, model, alias, requester = client(), params["model"], params["alias"], _requester()
+        c, model, alias, requester = client(), params["model"], params["alias"], triggering_user()
         config, owner = authorize_move(model, requester, TEAM)
         if params["action"] == "rollback":
             version = rollback_target(c, model, alias, params["version"])
@@ -165,7 +161,7 @@ def promote_model():
 
         ctx = get_current_context()
         dag_run = ctx["dag_run"]
-        model, alias, requester = params["model"], params["alias"], _requester()
+        model, alias, requester = params["model"], params["alias"], triggering_user()
         # the owner and the policy as they are now (it may have changed while the move waited), not as
         # verify's XCom says: a user may write XComs
         config, owner = authorize_move(model, requester, TEAM)

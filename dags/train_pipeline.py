@@ -35,6 +35,7 @@ from trainyard.scheduling.admission import RUNS_IN_FLIGHT
 from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
 from trainyard.teams import training_dag
+from trainyard_airflow.auth import triggering_user
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.links import LINKS
 from trainyard_airflow.notifications import TeamNotifier, training_time_watch
@@ -110,14 +111,9 @@ def _run_key() -> str:
     return f"{dag_run.dag_id}/{dag_run.run_id}"
 
 
-def _triggering_user() -> str | None:
-    """The Airflow user who triggered this run (UI, REST); None for a scheduled or asset-triggered run."""
-    return getattr(get_current_context()["dag_run"], "triggering_user_name", None) or None
-
-
 def _run_tags() -> dict[str, str]:
     """Tags of the run's MLflow runs: who triggered it (``trainyard runs list --user``)."""
-    user = _triggering_user()
+    user = triggering_user()
     return {"triggered_by": user} if user else {}
 
 
@@ -192,7 +188,7 @@ def train_pipeline():
         from trainyard.pipeline import check_ownership, check_worker
         from trainyard.pipeline import validate_spec as check
 
-        spec = check(_raw_spec(), user=_triggering_user(), pipeline_team=TEAM)
+        spec = check(_raw_spec(), user=triggering_user(), pipeline_team=TEAM)
         check_worker(spec)
         check_ownership(spec)
         return spec.model_dump(mode="json")
@@ -250,7 +246,7 @@ def train_pipeline():
         from trainyard.training.usage import wall_seconds
 
         job_spec = _spec(spec)
-        job = job_for(job_spec.resources, _run_key(), _triggering_user())
+        job = job_for(job_spec.resources, _run_key(), triggering_user())
         return _while_admitted(
             job,
             job_spec,
@@ -292,7 +288,7 @@ def train_pipeline():
 
         job_spec = _spec(spec)
         assert job_spec.sweep is not None
-        job = job_for(job_spec.resources, slot, _triggering_user(), _run_key(), job_spec.sweep.parallelism)
+        job = job_for(job_spec.resources, slot, triggering_user(), _run_key(), job_spec.sweep.parallelism)
         number = int(slot.rsplit("-", 1)[1])
         try:
             return _while_admitted(
@@ -403,7 +399,7 @@ def train_pipeline():
         from trainyard.pipeline import register as run
         from trainyard.spec import SPEC_DIGEST_TAG, spec_digest
 
-        user = _triggering_user() or "train_pipeline"
+        user = triggering_user() or "train_pipeline"
         # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it
         identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
         return run(_job_spec(spec, trained), dataset, trained, exported, metrics, _run_key(), identity, user=user)

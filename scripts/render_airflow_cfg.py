@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 # The DAG files that make a team's own DAGs where they are read in its bundle (team_dags.bundle_team).
-TEAM_DAG_FILES = ("train_pipeline.py", "retrain_jobs.py", "promote_model.py")
+TEAM_DAG_FILES = ("train_pipeline.py", "retrain_jobs.py", "promote_model.py", "ingest_dataset.py")
 
 
 def team_bundles(repo: Path, home: Path) -> list[dict]:

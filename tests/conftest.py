@@ -110,6 +110,28 @@ def trainyard_home(tmp_path, monkeypatch):
     mlflow.set_tracking_uri(None)  # a test's store must not leak into the next test through MLflow's global
 
 
+@pytest.fixture
+def no_login(tmp_path, monkeypatch):
+    for field in ("URL", "TOKEN", "USERNAME", "PASSWORD"):
+        monkeypatch.delenv(f"AIRFLOW_API_{field}", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no Airflow login here
+
+
+@pytest.fixture
+def login_as(no_login, monkeypatch):
+    """Log the command line in as a user: the API server's answer to who the token is stands in for one
+    (the real server answers it in tests/integration/test_under_the_executor.py); announcing fails, as
+    without Airflow."""
+    from trainyard import airflow_api
+
+    def log_in(user: str, role: str = "user"):
+        monkeypatch.setenv("AIRFLOW_API_URL", "http://127.0.0.1:9")  # nothing listens: no announcement
+        monkeypatch.setenv("AIRFLOW_API_TOKEN", f"token-of-{user}")
+        monkeypatch.setattr(airflow_api, "whoami", lambda login: airflow_api.Caller(user, role))
+
+    return log_in
+
+
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory):
     """scikit-learn's digits in the image-classification dataset layout, once per session."""

@@ -8,6 +8,7 @@ import sys
 
 from trainyard.data.kinds import KINDS
 from trainyard.errors import EXIT_ERROR, CommandError, NotFoundError, PermanentError, cli_command
+from trainyard.recipes.catalog import SOURCES
 
 EPILOG = f"""exit status: 0 when the command did what it says; {EXIT_ERROR} on an error, reported as one line
 'trainyard: error: <what is wrong and what to do>' on stderr; 2 when the command line itself cannot be
@@ -325,16 +326,54 @@ def _store(args):
     return open_store(args.store)
 
 
+def _data_caller(*, required: bool):
+    """(who Airflow says the command line's login is, the teams they act for): the ``trainyard data``
+    commands read and write only those teams' repositories and public ones (an admin's: every one). No
+    login: nobody (public repositories only), or CommandError where ``required``."""
+    from trainyard.airflow_api import find_login, require_login, whoami
+    from trainyard.scheduling.resources import resources_in_force
+    from trainyard.teams import teams_of
+
+    login = require_login() if required else find_login()
+    if login is None:
+        return None, []
+    caller = whoami(login)
+    return caller, teams_of(resources_in_force(), caller.user)
+
+
+def _upload_team(args, caller, teams: list[str]) -> str:
+    """The team an upload is for: ``--team`` (one the caller is a member of, or any for an admin), else the
+    caller's one team."""
+    from trainyard.scheduling.resources import resources_in_force
+    from trainyard.teams import check_member_of
+
+    if args.team:
+        if not caller.is_admin:
+            check_member_of(resources_in_force(), args.team, caller.user, field="--team", what="upload it")
+        return args.team
+    if len(teams) == 1:
+        return teams[0]
+    raise PermanentError(
+        f"user {caller.user!r} is a member of "
+        + (f"teams {', '.join(teams)}: say which with --team" if teams else "no team: ask to be added to one's members")
+    )
+
+
 def cmd_data_upload(args) -> int:
     from trainyard.airflow_api import announce_commit, find_login
-    from trainyard.data.upload import upload_folder
+    from trainyard.datasets import upload
 
-    result = upload_folder(_store(args), args.repo, args.branch, args.folder, kind=args.kind, message=args.message)
+    caller, teams = _data_caller(required=True)  # whose the data is: the login's team, never a claimed name
+    team = _upload_team(args, caller, teams)
+    result = upload(_store(args), args.repo, args.branch, args.folder, team, kind=args.kind, message=args.message)
     print(result["validation"], file=sys.stderr)
     if not result["new_commit"]:
         print(f"{args.folder} equals the head of {args.repo}/{args.branch}: nothing new to commit", file=sys.stderr)
     else:
-        print(f"committed {result['files']} files to {args.repo}/{args.branch}: {result['commit']}", file=sys.stderr)
+        print(
+            f"committed {result['files']} files to {args.repo}/{args.branch} (team {team}): {result['commit']}",
+            file=sys.stderr,
+        )
         # the retraining jobs of this branch hear of it as they do from the ingest_dataset DAG; the commit
         # stands whatever Airflow answers, so a refused announcement is a warning, not the command's failure
         try:
@@ -386,7 +425,7 @@ def cmd_data_import(args) -> int:
 
 def cmd_data_log(args) -> int:
     """The ref's history, newest first, as ``git log`` and ``lakectl log`` print it (``-n``: at most N)."""
-    store = _store(args)
+    store = _readable_store(args)
     commit = store.get_commit(args.repo, args.ref)
     shown = 0
     while args.max_count is None or shown < args.max_count:
@@ -398,13 +437,46 @@ def cmd_data_log(args) -> int:
     return 0
 
 
+def _readable_store(args):
+    """The store of ``args``, after checking that the caller may read ``args.repo`` in it."""
+    from trainyard.datasets import check_read
+
+    caller, teams = _data_caller(required=False)
+    store = _store(args)
+    check_read(store, args.repo, teams, admin=caller is not None and caller.is_admin)
+    return store
+
+
 def cmd_data_tag(args) -> int:
-    print(_store(args).tag(args.repo, args.tag, args.ref))
+    from trainyard.datasets import check_tag
+
+    caller, teams = _data_caller(required=True)
+    store = _store(args)
+    check_tag(store, args.repo, teams, admin=caller.is_admin)
+    print(store.tag(args.repo, args.tag, args.ref))
+    return 0
+
+
+def cmd_data_owner(args) -> int:
+    """Say whose a repository is; with TEAM or --source, record it (an Airflow admin's act)."""
+    from trainyard.data import ownership
+
+    if args.team is None and args.source is None:
+        found = ownership.owner(_readable_store(args), args.repo)
+        print("(no such repository)" if found is None else found.describe())
+        return 0
+    store = _store(args)
+    caller, _ = _data_caller(required=True)
+    if not caller.is_admin:
+        raise PermanentError(f"only an Airflow admin names a dataset repository's owner; {caller.user!r} is not one")
+    before = ownership.set_owner(store, args.repo, args.team or "", source=args.source, replace=args.replace)
+    after = ownership.owner(store, args.repo)
+    print(f"{args.repo}: {before.describe() if before else 'no owner'} -> {after.describe() if after else '?'}")
     return 0
 
 
 def cmd_data_ls(args) -> int:
-    for e in _store(args).list(args.repo, args.ref, args.prefix):
+    for e in _readable_store(args).list(args.repo, args.ref, args.prefix):
         print(f"{e.sha256[:12]}  {e.size:>10}  {e.path}")
     return 0
 
@@ -545,6 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", *KINDS],
     )
     p.add_argument("--message", default="")
+    p.add_argument("--team", help="the team the data is for (default: the Airflow login's one team)")
     p.set_defaults(func=cli_command(cmd_data_upload))
     p = data.add_parser(
         "import", help="convert a COCO or Label Studio export, an image tree or a CSV of labels into a dataset folder"
@@ -576,6 +649,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", default="main")
     p.add_argument("--prefix", default="")
     p.set_defaults(func=cli_command(cmd_data_ls, _repo_hint))
+    p = data.add_parser(
+        "owner", parents=[common], help="whose a repository is; an admin names it with TEAM or --source"
+    )
+    owner = p.add_mutually_exclusive_group()
+    owner.add_argument("team", nargs="?", help="the team that owns the repository from now on")
+    owner.add_argument("--source", choices=sorted(SOURCES), help="a built-in source's data: every team's to read")
+    p.add_argument("--replace", action="store_true", help="change an owner already recorded")
+    p.set_defaults(func=cli_command(cmd_data_owner, _repo_hint))
 
     p = sub.add_parser("show", help="where a registered model's results are")
     p.add_argument("model")

@@ -125,9 +125,11 @@ def _store(kind: str):
 def resolve_dataset(spec: JobSpec) -> dict:
     """Ingest the built-in source if the spec names one, then pin the ref to an immutable commit id."""
     from trainyard.data.store import tree_digest
+    from trainyard.datasets import check_job_access
 
     ds = spec.dataset
     store = _store(ds.store)
+    check_job_access(store, spec)
     if ds.source != "none":
         commit = _data_recipe(spec).ingest(ds.source, store, ds.repo, branch="main")
         log.info("ingested built-in source %s into %s: commit %s", ds.source, ds.repo, commit.id)

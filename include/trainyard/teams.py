@@ -11,7 +11,10 @@ kind of action:
   :func:`check_approval` (a promoter of the owning team, or an Airflow admin; the approver another person
   than the requester), with :func:`needs_approval` the owning team's policy, never the requester's choice;
 * **read** a team's jobs in full (``trainyard queue``): :func:`may_read`, its members and admins; anyone
-  else sees another team's waiting jobs only as :data:`SEEN_BY_OTHERS` (team, GPUs, priority).
+  else sees another team's waiting jobs only as :data:`SEEN_BY_OTHERS` (team, GPUs, priority);
+* **read and write a dataset** repository: :func:`check_dataset_read` and :func:`check_dataset_write`
+  (a repository belongs to the team that uploaded it first, or to every team when a built-in source made it:
+  :mod:`trainyard.data.ownership`).
 
 Admins (an Airflow ``admin``, as its auth manager says) may act for every team. Nothing here talks to
 Airflow, MLflow or the disk: callers bring the facts (who, which team owns what, whether they are admin).
@@ -28,7 +31,7 @@ from trainyard.spec import JobSpec, SpecError
 
 EVERYONE = "*"
 # The DAGs each team has its own of in Airflow's multi-team mode (<name>.<team>; the one <name> without it)
-TRAINING_DAG, PROMOTE_DAG = "train_pipeline", "promote_model"
+TRAINING_DAG, PROMOTE_DAG, INGEST_DAG = "train_pipeline", "promote_model", "ingest_dataset"
 AIRFLOW_TEAM_NAME = r"^[a-zA-Z0-9_-]{3,50}$"  # what Airflow's multi-team mode accepts (`airflow teams create`)
 # What of another team's queued job anyone may see: how much of the fleet it asks for, not what or whose.
 SEEN_BY_OTHERS = ("gpu_type", "state", "team", "gpus", "priority")
@@ -55,7 +58,7 @@ def teams_of(config: ResourcesConfig, user: str) -> list[str]:
 
 
 def team_dag(name: str, team: str | None) -> str:
-    """``team``'s own DAG ``name`` (:data:`TRAINING_DAG`, :data:`PROMOTE_DAG`): ``<name>.<team>`` in
+    """``team``'s own DAG ``name`` (:data:`TRAINING_DAG`, :data:`PROMOTE_DAG`, :data:`INGEST_DAG`): ``<name>.<team>`` in
     Airflow's multi-team mode, where each team has its own (:mod:`trainyard_airflow.team_dags`); the one
     ``<name>`` of every team where it is off (None)."""
     return name if team is None else f"{name}.{team}"
@@ -63,7 +66,7 @@ def team_dag(name: str, team: str | None) -> str:
 
 def team_of_dag(dag_id: str) -> str | None:
     """The team whose own DAG ``dag_id`` is (:func:`team_dag`'s inverse), or None: a DAG of every team."""
-    for name in (TRAINING_DAG, PROMOTE_DAG):
+    for name in (TRAINING_DAG, PROMOTE_DAG, INGEST_DAG):
         if dag_id.startswith(f"{name}."):
             return dag_id[len(name) + 1 :]
     return None
@@ -130,17 +133,22 @@ def _promoters_text(config: ResourcesConfig, team: str) -> str:
 def check_member(spec: JobSpec, config: ResourcesConfig, user: str | None) -> None:
     """Refuse a job for a team ``user`` is not a member of, naming both. ``user`` None: a run no person
     triggered (a schedule, an asset event), which acts as the team its job file names."""
-    team = spec.resources.team
+    check_member_of(config, spec.resources.team, user, field="resources.team", what="run it")
+
+
+def check_member_of(config: ResourcesConfig, team: str, user: str | None, *, field: str, what: str) -> None:
+    """SpecError unless ``user`` (None: no person, a run acting as ``team``) may act for ``team``; ``field``
+    names the input that said the team and ``what`` the act (run it, upload it)."""
     if user is None or is_member(config, team, user):
         return
     if team not in config.teams:
-        raise SpecError(spec_error_message([unknown_team(team, config)]))
+        raise SpecError(spec_error_message([unknown_team(team, config, field)]))
     members = config.teams[team].members or []
     raise SpecError(
         spec_error_message(
             [
-                f"resources.team: user {user!r} is not a member of team {team!r} (members: "
-                f"{', '.join(sorted(members)) or 'none'}); run it as a team you belong to, or ask for {user!r} "
+                f"{field}: user {user!r} is not a member of team {team!r} (members: "
+                f"{', '.join(sorted(members)) or 'none'}); {what} as a team you belong to, or ask for {user!r} "
                 "to be added to the team's members in resources.yaml"
             ]
         )
@@ -243,6 +251,51 @@ def check_owner(model: str, owner: str | None, team: str) -> None:
             "(model names are one namespace for every team): give the job another name, or run it as a member "
             f"of team {owner!r}"
         )
+
+
+# -- read and write data ----------------------------------------------------------------------------------
+def check_dataset_read(repo: str, owner: str, teams: list[str], *, public: bool, admin: bool = False) -> None:
+    """Refuse reading dataset repository ``repo``, owned by team ``owner``, for one acting as ``teams`` (a
+    job: its team; a user: theirs), unless it is public (a built-in source's) or one of ``teams``' own."""
+    if public or admin or owner in teams:
+        return
+    raise NotAllowed(
+        f"dataset.repo: dataset repository {repo!r} belongs to team {owner!r}; {_acting(teams)} may not read it: "
+        f"upload the data as a repository of your own team, or act as a member of team {owner!r}"
+    )
+
+
+def check_dataset_write(
+    repo: str, owner: str, team: str, *, public: bool, repo_source: str | None, source: str | None
+) -> None:
+    """Refuse team ``team`` writing to dataset repository ``repo`` (owned by ``owner``): an upload
+    (``source`` None) or a built-in ``source``'s ingest. A public repository takes only the ingest of the
+    source it holds (``repo_source``); a team's, only its own team's writes."""
+    if public:
+        if source is None:
+            raise NotAllowed(
+                f"dataset repository {repo!r} holds the built-in source {repo_source!r}, shared by every team, and "
+                "takes no uploads: upload to a repository of your own (another repository name)"
+            )
+        if source != repo_source:
+            raise NotAllowed(
+                f"dataset.source: dataset repository {repo!r} holds the built-in source {repo_source!r}; ingest "
+                f"{source!r} into another repository (dataset.repo)"
+            )
+        return
+    if owner != team:
+        raise NotAllowed(
+            f"dataset.repo: dataset repository {repo!r} belongs to team {owner!r}; team {team!r} may not write to it: "
+            f"use another repository name, or act as a member of team {owner!r}"
+        )
+
+
+def _acting(teams: list[str]) -> str:
+    return (
+        "nobody logged in"
+        if not teams
+        else ("team " if len(teams) == 1 else "teams ") + ", ".join(repr(t) for t in sorted(teams))
+    )
 
 
 # -- move an alias, approve a move -------------------------------------------------------------------------

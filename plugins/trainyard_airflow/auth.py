@@ -13,6 +13,14 @@ SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_mana
 SIMPLE_AUTH_MANAGERS = (SIMPLE_AUTH_MANAGER, "trainyard_airflow.auth_manager.TeamsFromResourcesAuthManager")
 
 
+def triggering_user() -> str | None:
+    """The Airflow user who triggered the current task's run (the UI, REST, the ``trainyard`` command); None
+    for a run no person triggered (a schedule, an asset event)."""
+    from airflow.sdk import get_current_context
+
+    return getattr(get_current_context()["dag_run"], "triggering_user_name", None) or None
+
+
 def admins() -> list[str]:
     """The users whose Airflow role is ``admin`` (the simple auth manager's ``[core]
     simple_auth_manager_users``, ``name:role[:teams]``); [] under another auth manager."""

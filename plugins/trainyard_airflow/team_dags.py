@@ -5,7 +5,8 @@ Airflow authorizes per DAG (and per team), not per run: while every team trigger
 each team of ``resources.yaml`` owns a DAG bundle (``scripts/render_airflow_cfg.py`` writes the list and
 the folders), holding links to the DAG files that make a team's DAGs: ``train_pipeline.py`` makes
 ``train_pipeline.<team>`` there, ``promote_model.py`` ``promote_model.<team>`` (the aliases of the team's
-models) and ``retrain_jobs.py`` the DAGs of the team's job files. A file learns its
+models), ``ingest_dataset.py`` ``ingest_dataset.<team>`` (uploads to the team's datasets) and
+``retrain_jobs.py`` the DAGs of the team's job files. A file learns its
 team from the bundle it was read from (:func:`bundle_team`); in the shared bundle (``dags/``) these files
 then make nothing, so no DAG holds two teams' runs. Airflow then shows a team's DAGs, runs, logs, XComs and
 approvals to its members and admins only (``trainyard_airflow.auth_manager``) and answers others 403.

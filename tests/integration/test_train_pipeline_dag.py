@@ -218,6 +218,7 @@ def test_invalid_spec_fails_first_task_only(dag, trainyard_home):
 
 def test_bad_data_never_reaches_training(dag, trainyard_home):
     from trainyard.data.classification import digits_files
+    from trainyard.data.ownership import OWNER_KEY
     from trainyard.data.store import LocalStore
 
     files = digits_files()
@@ -225,7 +226,7 @@ def test_bad_data_never_reaches_training(dag, trainyard_home):
     labels[5] = labels[5].split(",")[0] + ",42"  # a label out of range
     files["labels.csv"] = ("\n".join(labels) + "\n").encode()
     store = LocalStore(trainyard_home / "datasets")
-    store.create_repo("broken")
+    store.create_repo("broken", metadata={OWNER_KEY: "default"})  # made by team default
     store.upload_many("broken", "main", files)
     store.commit("broken", "main", "bad labels")
 

@@ -1,6 +1,5 @@
 """The ``trainyard`` command as a user runs it (a subprocess): errors are one line, tracebacks only on --debug."""
 
-import json
 import os
 import subprocess
 import sys
@@ -48,16 +47,6 @@ def test_debug_shows_the_traceback_and_the_same_line(run):
     assert "Traceback (most recent call last)" in result.stderr
     assert "trainyard.data.store.NotFound" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("trainyard: error: repository 'nope' does not exist")
-
-
-def test_classes_json_list_upload_names_the_file_and_the_shape(run, tmp_path):
-    folder = tmp_path / "ds"
-    folder.mkdir()
-    (folder / "classes.json").write_text(json.dumps(["cat", "dog"]))
-    (folder / "labels.csv").write_text("key,label\n")
-    line = one_error_line(run("data", "upload", str(folder), "--repo", "d"))
-    assert f"{folder / 'classes.json'}: is a JSON list; expected an object" in line
-    assert '"classes": ["name", ...]' in line
 
 
 def test_missing_job_file_is_one_line(run):

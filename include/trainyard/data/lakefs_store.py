@@ -225,11 +225,27 @@ class LakeFSStore:
             )
         return (root if root.endswith("/") else root + "/") + repo
 
-    def create_repo(self, repo: str, default_branch: str = "main") -> None:
+    def create_repo(self, repo: str, default_branch: str = "main", metadata: Mapping[str, str] | None = None) -> None:
+        """Create ``repo``; its ``metadata`` follows in a second request (lakeFS creates a repository without
+        any), so a reader may see the repository for a moment without it."""
         _check_name("branch", default_branch)
         handle = self._repo(repo)
         with self._errors(f"create repository {repo!r}"):
             handle.create(storage_namespace=self._namespace(repo), default_branch=default_branch)
+        if metadata:
+            self.set_repo_metadata(repo, metadata)
+
+    def repo_metadata(self, repo: str) -> dict[str, str]:
+        with self._errors(f"read the metadata of repository {repo!r}"):
+            return dict(self._repo(repo).metadata or {})
+
+    def set_repo_metadata(self, repo: str, metadata: Mapping[str, str]) -> None:
+        """Set the keys of ``metadata`` on ``repo`` (the others stay)."""
+        import lakefs_sdk
+
+        body = lakefs_sdk.RepositoryMetadataSet(metadata={k: str(v) for k, v in metadata.items()})
+        with self._errors(f"set the metadata of repository {repo!r}"):
+            self.client.sdk_client.internal_api.set_repository_metadata(_check_repo(repo), body)
 
     def repo_exists(self, repo: str) -> bool:
         handle = self._repo(repo)

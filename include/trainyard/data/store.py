@@ -16,7 +16,8 @@ The local store keeps lakeFS's semantics on a plain directory:
   equal ids; the wall-clock time is recorded beside it, not hashed;
 - branches and tags are refs; every ref update is a write to a temp file then ``os.replace``, so a crash
   leaves the previous state intact; creating a repository, branch or tag is create-if-absent under a lock,
-  so of two concurrent creators one wins and the other is told it exists;
+  so of two concurrent creators one wins and the other is told it exists; a repository's metadata (its
+  owning team, :mod:`trainyard.data.ownership`) is written with it, in the same file;
 - every read verifies the blob's checksum.
 """
 
@@ -93,7 +94,12 @@ class DatasetStore(Protocol):
 
     kind: str
 
-    def create_repo(self, repo: str, default_branch: str = "main") -> None: ...
+    def create_repo(
+        self, repo: str, default_branch: str = "main", metadata: Mapping[str, str] | None = None
+    ) -> None: ...
+    def repo_exists(self, repo: str) -> bool: ...
+    def repo_metadata(self, repo: str) -> dict[str, str]: ...
+    def set_repo_metadata(self, repo: str, metadata: Mapping[str, str]) -> None: ...
     def upload(self, repo: str, branch: str, path: str, data: bytes) -> Entry: ...
     def commit(self, repo: str, branch: str, message: str, metadata: Mapping[str, str] | None = None) -> Commit: ...
     def commit_files(
@@ -144,12 +150,13 @@ def _canonical(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def ensure_repo(store, repo: str, default_branch: str = "main") -> None:
-    """Create ``repo`` unless it exists; a concurrent creator winning the race is success too."""
+def ensure_repo(store, repo: str, default_branch: str = "main", metadata: Mapping[str, str] | None = None) -> None:
+    """Create ``repo`` (with ``metadata``) unless it exists; a concurrent creator winning the race is success
+    too (its metadata then stands)."""
     if store.repo_exists(repo):
         return
     try:
-        store.create_repo(repo, default_branch=default_branch)
+        store.create_repo(repo, default_branch=default_branch, metadata=metadata)
     except StoreError:
         if not store.repo_exists(repo):
             raise
@@ -195,19 +202,34 @@ class LocalStore:
         return file_lock(repo_dir / "locks" / f"branch.{branch}.lock")
 
     # -- repositories and branches ----------------------------------------------------------------
-    def create_repo(self, repo: str, default_branch: str = "main") -> None:
+    def _repo_lock(self, repo: str):
+        return file_lock(self.root / ".locks" / f"{repo}.lock")
+
+    def create_repo(self, repo: str, default_branch: str = "main", metadata: Mapping[str, str] | None = None) -> None:
         path = self.root / _check_name("repository", repo)
         _check_name("branch", default_branch)
         # Under a lock per repository name: a second creator must not reset the branch ref the first
-        # one's writer has already committed to.
-        with file_lock(self.root / ".locks" / f"{repo}.lock"):
+        # one's writer has already committed to, nor its metadata.
+        with self._repo_lock(repo):
             if (path / "repo.json").exists():
                 raise StoreError(f"repository {repo!r} already exists")
             atomic_write(path / "refs" / "branches" / default_branch, b"")
-            atomic_write(path / "repo.json", _canonical({"default_branch": default_branch, "created_at": time.time()}))
+            info = {"default_branch": default_branch, "created_at": time.time(), "metadata": dict(metadata or {})}
+            atomic_write(path / "repo.json", _canonical(info))
 
     def repo_exists(self, repo: str) -> bool:
         return (self.root / _check_name("repository", repo) / "repo.json").exists()
+
+    def repo_metadata(self, repo: str) -> dict[str, str]:
+        return dict(json.loads((self._repo(repo) / "repo.json").read_bytes()).get("metadata", {}))
+
+    def set_repo_metadata(self, repo: str, metadata: Mapping[str, str]) -> None:
+        """Set the keys of ``metadata`` on ``repo`` (the others stay)."""
+        with self._repo_lock(repo):
+            info_file = self._repo(repo) / "repo.json"
+            info = json.loads(info_file.read_bytes())
+            info["metadata"] = {**info.get("metadata", {}), **{k: str(v) for k, v in metadata.items()}}
+            atomic_write(info_file, _canonical(info))
 
     def create_branch(self, repo: str, branch: str, source: str) -> str:
         repo_dir = self._repo(repo)

@@ -436,8 +436,8 @@ def pool_changes(current: dict[str, dict], wanted: dict[str, dict]) -> list[tupl
     return changes
 
 
-def unknown_team(team: str, config: ResourcesConfig) -> str:
-    return f"resources.team: unknown team {team!r}; allowed: {sorted(config.teams)}"
+def unknown_team(team: str, config: ResourcesConfig, field: str = "resources.team") -> str:
+    return f"{field}: unknown team {team!r}; allowed: {sorted(config.teams)}"
 
 
 def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:

@@ -234,3 +234,57 @@ def test_verify_rejects_mismatches(checksum, size, metadata, match):
 
 def test_verify_can_skip_a_non_md5_etag():
     verify_object("w", DATA, hashlib.md5(b"sse-kms").hexdigest(), len(DATA), {SHA_KEY: SHA}, check_etag=False)
+
+
+# -- repository metadata, as lakeFS's API is asked for it (a local HTTP server records the requests) -------
+@pytest.fixture
+def recording_server():
+    """A local HTTP server that answers as lakeFS does and records (method, path, JSON body) of each request."""
+    import http.server
+    import threading
+
+    seen = []
+    repository = {"id": "pets", "creation_date": 0, "default_branch": "main", "storage_namespace": "local://pets"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self, status, body=None):
+            data = json.dumps(body).encode() if body is not None else b""
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):  # noqa: N802 (the handler's protocol)
+            length = int(self.headers.get("Content-Length") or 0)
+            seen.append(("POST", self.path.split("?")[0], json.loads(self.rfile.read(length) or b"null")))
+            if seen[-1][1] == "/api/v1/repositories":
+                self._answer(201, repository)
+            else:
+                self._answer(204)
+
+        def do_GET(self):  # noqa: N802
+            seen.append(("GET", self.path.split("?")[0], None))
+            self._answer(200, {"trainyard.team": "vision"})
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+
+
+def test_repository_metadata_goes_to_lakefs_repository_metadata_api(recording_server):
+    url, seen = recording_server
+    store = LakeFSStore(url, "AKIAEXAMPLE", "very-secret-key", "local://")
+    store.create_repo("pets", metadata={"trainyard.team": "vision"})
+    assert [(m, p) for m, p, _ in seen] == [
+        ("POST", "/api/v1/repositories"),
+        ("POST", "/api/v1/repositories/pets/metadata"),
+    ]
+    assert seen[0][2]["name"] == "pets" and seen[0][2]["storage_namespace"] == "local://pets"
+    assert seen[1][2] == {"metadata": {"trainyard.team": "vision"}}
+    assert store.repo_metadata("pets") == {"trainyard.team": "vision"}
+    assert seen[-1][:2] == ("GET", "/api/v1/repositories/pets/metadata")

@@ -250,3 +250,13 @@ def test_commit_files_replace_makes_the_tree_exactly_the_files(repo_with_commit)
     assert [e.path for e in store.list(repo, second.id)] == ["only.txt"]
     # The same files again: nothing to commit, the head is kept.
     assert store.commit_files(repo, "main", {"only.txt": b"only"}, "again", replace=True).id == second.id
+
+
+def test_repository_metadata_is_written_with_the_repository_and_set_key_by_key(backend):
+    store, repo = backend
+    store.create_repo(repo, metadata={"trainyard.team": "vision"})
+    assert store.repo_metadata(repo) == {"trainyard.team": "vision"}
+    store.set_repo_metadata(repo, {"trainyard.source": "sklearn_digits"})
+    assert store.repo_metadata(repo) == {"trainyard.team": "vision", "trainyard.source": "sklearn_digits"}
+    store.set_repo_metadata(repo, {"trainyard.team": "*"})
+    assert store.repo_metadata(repo)["trainyard.team"] == "*"

@@ -70,12 +70,14 @@ def test_cli_import_coco_validates(tmp_path, capsys):
     assert "FAILED" in capsys.readouterr().err
 
 
-def test_cli_data_log_prints_the_history_newest_first(trainyard_home, capsys):
+def test_cli_data_log_prints_the_history_newest_first(trainyard_home, capsys, login_as):
     """As `git log` and `lakectl log` do: every commit of the ref by default, at most N with -n."""
+    from trainyard.data.ownership import OWNER_KEY
     from trainyard.data.store import LocalStore
 
     store = LocalStore(trainyard_home / "datasets")
-    store.create_repo("pets")
+    store.create_repo("pets", metadata={OWNER_KEY: "vision"})
+    login_as("alice")  # of team vision
     first = store.commit_files("pets", "main", {"a.txt": b"1"}, "first")
     second = store.commit_files("pets", "main", {"b.txt": b"2"}, "second")
     assert cli(["data", "log", "--repo", "pets"]) == 0

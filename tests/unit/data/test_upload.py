@@ -93,24 +93,51 @@ def test_changed_after_validation_refused(tmp_path, store, digits):
         store.resolve("d", "main")
 
 
-def test_cli_upload_prints_the_commit(tmp_path, trainyard_home, digits, capsys, monkeypatch):
-    for field in ("URL", "TOKEN", "USERNAME", "PASSWORD"):
-        monkeypatch.delenv(f"AIRFLOW_API_{field}", raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no Airflow login here
+def test_cli_upload_needs_a_login_that_says_whose_the_data_is(tmp_path, trainyard_home, digits, capsys, no_login):
     folder = _write(tmp_path / "ds", digits)
-    assert cli(["data", "upload", str(folder), "--repo", "r", "--branch", "main"]) == 0
+    assert cli(["data", "upload", str(folder), "--repo", "r"]) == 1
+    assert "no Airflow login: set AIRFLOW_API_TOKEN" in capsys.readouterr().err
+    assert not LocalStore(trainyard_home / "datasets").repo_exists("r")
+
+
+def test_cli_upload_prints_the_commit_and_the_team_owns_it(tmp_path, trainyard_home, digits, capsys, login_as):
+    folder = _write(tmp_path / "ds", digits)
+    login_as("alice")  # teams default ("*": everyone) and vision
+    assert cli(["data", "upload", str(folder), "--repo", "r"]) == 1
+    assert "user 'alice' is a member of teams default, vision: say which with --team" in capsys.readouterr().err
+    assert cli(["data", "upload", str(folder), "--repo", "r", "--team", "nlp"]) == 1
+    assert "user 'alice' is not a member of team 'nlp'" in capsys.readouterr().err
+    assert cli(["data", "upload", str(folder), "--repo", "r", "--branch", "main", "--team", "vision"]) == 0
     printed = capsys.readouterr()
     commit = printed.out.strip()
     assert len(commit) == 64
     assert LocalStore(trainyard_home / "datasets").resolve("r", "main") == commit
+    assert "(team vision)" in printed.err
     assert "the commit was not announced" in printed.err  # said, not hidden
-    assert cli(["data", "upload", str(folder), "--repo", "r", "--branch", "main"]) == 0
+    assert cli(["data", "upload", str(folder), "--repo", "r", "--team", "vision"]) == 0
     assert "nothing new to commit" in capsys.readouterr().err
     assert cli(["data", "tag", "v1", "--repo", "r"]) == 0
     assert capsys.readouterr().out.strip() == commit
-    assert cli(["data", "upload", str(tmp_path / "nope"), "--repo", "r"]) == 1
+    assert cli(["data", "owner", "--repo", "r"]) == 0
+    assert capsys.readouterr().out.strip() == "team vision's"
+    assert cli(["data", "upload", str(tmp_path / "nope"), "--repo", "r", "--team", "vision"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("trainyard: error: ") and "not a directory" in err  # one line, no traceback
+
+    login_as("bob")  # teams default and nlp: vision's repository is not theirs to read, tag or upload to
+    for command in (["log"], ["ls"], ["tag", "v2"], ["upload", str(folder), "--team", "nlp"], ["owner"]):
+        assert cli(["data", *command, "--repo", "r"]) == 1, command
+        assert "'r' belongs to team 'vision'; " in capsys.readouterr().err
+    assert cli(["data", "owner", "--repo", "r", "nlp", "--replace"]) == 1
+    assert "only an Airflow admin names a dataset repository's owner" in capsys.readouterr().err
+
+    login_as("admin", "admin")  # an admin reads every team's and names owners
+    assert cli(["data", "log", "--repo", "r"]) == 0
+    assert capsys.readouterr().out.startswith(commit)
+    assert cli(["data", "owner", "--repo", "r", "nlp"]) == 1
+    assert "pass --replace" in capsys.readouterr().err
+    assert cli(["data", "owner", "--repo", "r", "nlp", "--replace"]) == 0
+    assert capsys.readouterr().out.strip() == "r: team vision's -> team nlp's"
 
 
 @pytest.mark.parametrize(
@@ -142,3 +169,14 @@ def test_the_same_data_validated_again_into_one_report_folder_replaces_it(tmp_pa
     second = validate_folder(folder, "image_classification", docs_dir=docs)
     assert first.success and second.success and second.docs and os.path.exists(second.docs)
     assert sorted(p.name for p in docs.parent.iterdir()) == ["d-0123"]  # nothing set aside is left behind
+
+
+def test_a_classes_json_list_names_the_file_and_the_shape(tmp_path, store):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "classes.json").write_text(json.dumps(["cat", "dog"]))
+    (folder / "labels.csv").write_text("key,label\n")
+    with pytest.raises(Exception) as err:
+        upload_folder(store, "d", "main", folder)
+    assert f"{folder / 'classes.json'}: is a JSON list; expected an object" in str(err.value)
+    assert '"classes": ["name", ...]' in str(err.value)

@@ -34,10 +34,12 @@ def test_the_rendered_config_gives_each_team_a_bundle_of_links_to_the_team_dag_f
         "train_pipeline.py": REPO / "dags" / "train_pipeline.py",
         "retrain_jobs.py": REPO / "dags" / "retrain_jobs.py",
         "promote_model.py": REPO / "dags" / "promote_model.py",
+        "ingest_dataset.py": REPO / "dags" / "ingest_dataset.py",
     }
     assert "multi_team = True" in cfg and "TeamsFromResourcesAuthManager" in cfg
 
 
+TEAM_FILES = ("train_pipeline.py", "promote_model.py", "ingest_dataset.py")
 PARSE = """
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
@@ -45,7 +47,8 @@ out = {}
 for folder in sys.argv[1:]:
     bag = DagBag(dag_folder=folder)
     errors = {k: str(v)[-300:] for k, v in bag.import_errors.items()}
-    teams = {d: dag.params["resources"]["team"] if "resources" in dag.params else None for d, dag in bag.dags.items()}
+    teams = {d: dag.params["resources"]["team"] if "resources" in dag.params else dag.params.get("team")
+             for d, dag in bag.dags.items()}
     out[folder] = {"errors": errors, "dags": teams}
 print(json.dumps(out))
 """
@@ -54,7 +57,7 @@ print(json.dumps(out))
 def test_in_a_team_s_bundle_the_pipeline_is_the_team_s_own_and_in_the_shared_one_there_is_none(tmp_path):
     team = tmp_path / "team_dags" / "vision"
     team.mkdir(parents=True)
-    for name in ("train_pipeline.py", "promote_model.py"):
+    for name in TEAM_FILES:
         (team / name).symlink_to(REPO / "dags" / name)
     bundles = [
         {"name": "dags-folder", "classpath": LOCAL, "kwargs": {"path": str(REPO / "dags")}},
@@ -65,14 +68,14 @@ def test_in_a_team_s_bundle_the_pipeline_is_the_team_s_own_and_in_the_shared_one
         "AIRFLOW__CORE__MULTI_TEAM": "True",
         "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
     }
-    shared = [str(REPO / "dags" / name) for name in ("train_pipeline.py", "promote_model.py")]
+    shared = [str(REPO / "dags" / name) for name in TEAM_FILES]
     done = subprocess.run(
         [sys.executable, "-c", PARSE, str(team), *shared], env=env, cwd=REPO, check=True, capture_output=True, text=True
     )
     parsed = json.loads(done.stdout.splitlines()[-1])
     assert parsed[str(team)] == {
         "errors": {},
-        "dags": {"train_pipeline.vision": "vision", "promote_model.vision": None},
+        "dags": {"train_pipeline.vision": "vision", "promote_model.vision": None, "ingest_dataset.vision": "vision"},
     }
     for path in shared:
         assert parsed[path] == {"errors": {}, "dags": {}}  # no DAG that every team's runs would share

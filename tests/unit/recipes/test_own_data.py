@@ -7,8 +7,9 @@ import pytest
 from datafiles import write_files
 from trainyard import pipeline
 from trainyard.data import formats, shapes
+from trainyard.data.ownership import OWNER_KEY
 from trainyard.data.stores import open_store
-from trainyard.data.upload import upload_folder
+from trainyard.datasets import upload
 
 GATES = {
     "centernet_detector": [{"metric": "val_map", "min": 0.0}],
@@ -31,7 +32,7 @@ def _spec(recipe, repo, fmt="lmdb", **extra):
 def test_own_coco_data_of_another_size(trainyard_home, tmp_path, fmt):
     # 48 px images: the recipe resizes them to its 64 px input and keeps the original boxes for scoring
     folder = write_files(tmp_path / "mine", shapes.generate(30, size=48, min_side=8, max_side=20, seed=5))
-    up = upload_folder(open_store("local"), "mycoco", "main", folder)
+    up = upload(open_store("local"), "mycoco", "main", folder, "default")
     assert up["kind"] == "coco_detection"
     spec = _spec("centernet_detector", "mycoco", fmt)
     ds = pipeline.resolve_dataset(spec)
@@ -62,7 +63,7 @@ def test_own_jsonl_parallel_text(trainyard_home, tmp_path):
     folder = tmp_path / "corpus"
     folder.mkdir()
     (folder / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    upload_folder(open_store("local"), "deen", "main", folder)
+    upload(open_store("local"), "deen", "main", folder, "default")
     spec = _spec("transformer_translator", "deen")
     ds = pipeline.resolve_dataset(spec)
     assert pipeline.validate_data(spec, ds, "run-1")["success"]
@@ -79,7 +80,7 @@ def test_bad_own_data_stops_before_training(trainyard_home, tmp_path):
     folder = write_files(tmp_path / "bad", files)
     store = open_store("local")
     # committed without the upload gate (e.g. by another tool): the pipeline's own suite still stops it
-    store.create_repo("badcoco")
+    store.create_repo("badcoco", metadata={OWNER_KEY: "default"})
     store.upload_many(
         "badcoco",
         "main",

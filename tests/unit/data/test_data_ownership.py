@@ -1,0 +1,128 @@
+"""Dataset repositories belong to a team: the one that first uploaded to it, or every team for a built-in
+source's public data. Checked at a job's data step, at an upload and by the ``trainyard data`` commands."""
+
+import multiprocessing
+
+import pytest
+
+from datafiles import write_files
+from trainyard import pipeline
+from trainyard.data import ownership
+from trainyard.data.classification import digits_files
+from trainyard.data.ownership import EVERY_TEAM, OWNER_KEY, NoOwner, RepoOwner
+from trainyard.data.store import LocalStore
+from trainyard.datasets import check_read, check_tag, check_upload, upload
+from trainyard.teams import NotAllowed
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LocalStore(tmp_path / "store")
+
+
+@pytest.fixture(scope="module")
+def digits_folder(tmp_path_factory):
+    return write_files(tmp_path_factory.mktemp("digits"), digits_files())
+
+
+def _job(team: str, repo: str, source: str = "none"):
+    return pipeline.validate_spec(
+        {"name": f"m-{team}", "dataset": {"repo": repo, "source": source}, "resources": {"team": team}}
+    )
+
+
+def test_an_upload_makes_the_repository_its_team_s_and_another_team_is_refused(store, digits_folder):
+    first = upload(store, "pets", "main", digits_folder, "vision")
+    assert ownership.owner(store, "pets") == RepoOwner("vision")
+    assert store.get_commit("pets", first["commit"]).metadata["team"] == "vision"  # lineage on the commit
+    with pytest.raises(NotAllowed, match="belongs to team 'vision'; team 'nlp' may not write to it"):
+        upload(store, "pets", "main", digits_folder, "nlp")
+    with pytest.raises(NotAllowed, match="belongs to team 'vision'"):
+        check_upload(store, "pets", "nlp")
+    check_upload(store, "pets", "vision")
+    check_upload(store, "new-repo", "nlp")  # no such repository yet: the uploader's to make
+    assert not store.repo_exists("new-repo")  # the check makes nothing
+
+
+def test_a_job_reads_its_team_s_repositories_and_public_ones_only(trainyard_home, digits_folder):
+    from trainyard.data.stores import open_store
+
+    store = open_store("local")
+    upload(store, "pets", "main", digits_folder, "vision")
+    assert pipeline.resolve_dataset(_job("vision", "pets"))["repo"] == "pets"
+    with pytest.raises(NotAllowed, match="repository 'pets' belongs to team 'vision'; team 'nlp' may not read it"):
+        pipeline.resolve_dataset(_job("nlp", "pets"))
+    # a built-in source makes a public repository: every team's default job trains on the one `digits`
+    for team in ("vision", "nlp"):
+        pipeline.resolve_dataset(_job(team, "digits", "sklearn_digits"))
+    assert ownership.owner(store, "digits") == RepoOwner(EVERY_TEAM, "sklearn_digits")
+    with pytest.raises(NotAllowed, match="holds the built-in source 'sklearn_digits', shared by every team"):
+        upload(store, "digits", "main", digits_folder, "nlp")  # nobody slips files into public data
+    with pytest.raises(NotAllowed, match="holds the built-in source 'sklearn_digits'; ingest 'synthetic_shapes'"):
+        pipeline.resolve_dataset(
+            pipeline.validate_spec(
+                {
+                    "name": "shapes",
+                    "recipe": "centernet_detector",
+                    "dataset": {"repo": "digits", "source": "synthetic_shapes"},
+                    "gates": [{"metric": "val_map", "min": 0.0}],
+                    "resources": {"team": "nlp"},
+                }
+            )
+        )
+    with pytest.raises(NotAllowed, match="belongs to team 'vision'; team 'nlp' may not read"):
+        pipeline.resolve_dataset(_job("nlp", "pets", "sklearn_digits"))  # a source into another team's repository
+
+
+def test_a_repository_without_an_owner_is_refused_until_an_admin_names_one(store):
+    store.create_repo("old")  # made before owners were recorded
+    store.commit_files("old", "main", {"a.txt": b"1"}, "first")
+    with pytest.raises(NoOwner, match="trainyard data owner --store local --repo old TEAM"):
+        check_read(store, "old", ["vision"], admin=False)
+    assert ownership.set_owner(store, "old", "vision") is None
+    assert check_read(store, "old", ["vision"], admin=False) == RepoOwner("vision")
+    with pytest.raises(Exception, match="pass --replace"):
+        ownership.set_owner(store, "old", "nlp")
+    assert ownership.set_owner(store, "old", "", source="sklearn_digits", replace=True) == RepoOwner("vision")
+    assert ownership.owner(store, "old") == RepoOwner(EVERY_TEAM, "sklearn_digits")
+    assert ownership.set_owner(store, "old", "nlp", replace=True).public
+    assert ownership.owner(store, "old") == RepoOwner("nlp")  # the source key is cleared with it
+
+
+def test_reads_and_tags_by_a_user_s_teams(store, digits_folder):
+    upload(store, "pets", "main", digits_folder, "vision")
+    store.create_repo("digits", metadata={OWNER_KEY: EVERY_TEAM, ownership.SOURCE_KEY: "sklearn_digits"})
+    assert check_read(store, "pets", ["nlp", "vision"], admin=False) == RepoOwner("vision")
+    with pytest.raises(NotAllowed, match="teams 'default', 'nlp' may not read it"):
+        check_read(store, "pets", ["nlp", "default"], admin=False)
+    with pytest.raises(NotAllowed, match="nobody logged in may not read it"):
+        check_read(store, "pets", [], admin=False)
+    assert check_read(store, "pets", [], admin=True) == RepoOwner("vision")
+    assert check_read(store, "digits", [], admin=False).public  # public data: no login needed
+    assert check_read(store, "nope", ["nlp"], admin=False) is None  # the store says it is missing
+    check_tag(store, "pets", ["vision"], admin=False)
+    with pytest.raises(NotAllowed, match="only an Airflow admin tags in it"):
+        check_tag(store, "digits", ["vision"], admin=False)
+    check_tag(store, "digits", [], admin=True)
+
+
+def _claim(root, repo, team, results):
+    found = ownership.claim(LocalStore(root), repo, team)
+    results.put((team, found.team))
+
+
+def test_teams_creating_one_repository_at_once_agree_on_one_owner(tmp_path):
+    """Real processes: of four teams claiming a new name at once, one makes it and all four see it as its."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    teams = ["vision", "nlp", "research", "default"]
+    procs = [ctx.Process(target=_claim, args=(tmp_path / "store", "shared-name", t, results)) for t in teams]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    seen = [results.get(timeout=5) for _ in teams]
+    owners = {owner for _, owner in seen}
+    assert len(owners) == 1 and owners <= set(teams)
+    assert ownership.owner(LocalStore(tmp_path / "store"), "shared-name") == RepoOwner(owners.pop())
