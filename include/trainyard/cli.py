@@ -88,29 +88,25 @@ def cmd_queue(args) -> int:
     import time
 
     from trainyard import paths
-    from trainyard.airflow_api import find_login, whoami
+    from trainyard.acting import Acting, acting
     from trainyard.scheduling.admission import existing_ledger
     from trainyard.scheduling.budgets import current_spend
-    from trainyard.teams import SEEN_BY_OTHERS, may_read
+    from trainyard.teams import SEEN_BY_OTHERS
 
     if not os.environ.get("TRAINYARD_HOME"):
         raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
-    login, caller = find_login(), None  # who Airflow says the login is; nobody: every job as others see it
-    if login is not None:
-        try:
-            caller = whoami(login)
-        except CommandError as err:
-            print(f"trainyard: {err}; showing the queue as to someone not logged in", file=sys.stderr)
+    try:
+        me = acting()  # who Airflow says the login is; nobody: every job as others see it
+    except CommandError as err:
+        print(f"trainyard: {err}; showing the queue as to someone not logged in", file=sys.stderr)
+        me = Acting()
     ledger = existing_ledger()  # None where nothing was ever queued: a look creates nothing
     rows = ledger.standing(current_spend(ledger.config, paths.runs_root())) if ledger else []
     now = time.time()
 
     def shown(job: dict) -> dict:
         """The job in full to its team's members and admins; to anyone else team, GPUs and priority."""
-        readable = ledger is not None and may_read(
-            ledger.config, job["team"], caller.user if caller else None, admin=caller is not None and caller.is_admin
-        )
-        return job if readable else {k: job[k] for k in SEEN_BY_OTHERS}
+        return job if me.may_read(job["team"]) else {k: job[k] for k in SEEN_BY_OTHERS}
 
     jobs = [
         shown(
@@ -147,7 +143,7 @@ def cmd_queue(args) -> int:
                 f"{waited:>8s}  {j['run']}\n{'':56s}{j['reason']}"
             )
     if any("run" not in j for j in jobs):
-        how = "; log in to Airflow (AIRFLOW_API_TOKEN) to see your team's in full" if caller is None else ""
+        how = "; log in to Airflow (AIRFLOW_API_TOKEN) to see your team's in full" if me.user is None else ""
         print(f"(other teams' jobs: team, GPUs and priority only{how})")
     return 0
 
@@ -285,10 +281,12 @@ def cmd_show(args) -> int:
     from mlflow.exceptions import MlflowException
 
     from trainyard import paths
+    from trainyard.acting import acting
     from trainyard.registry.ownership import owner_or_none
     from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, client
 
     c = client()
+    acting().check_model(args.model, owner_or_none(c, args.model))
     try:
         mv = c.get_model_version_by_alias(args.model, args.alias)
     except MlflowException as err:
@@ -326,45 +324,30 @@ def _store(args):
     return open_store(args.store)
 
 
-def _data_caller(*, required: bool):
-    """(who Airflow says the command line's login is, the teams they act for): the ``trainyard data``
-    commands read and write only those teams' repositories and public ones (an admin's: every one). No
-    login: nobody (public repositories only), or CommandError where ``required``."""
-    from trainyard.airflow_api import find_login, require_login, whoami
-    from trainyard.scheduling.resources import resources_in_force
-    from trainyard.teams import teams_of
-
-    login = require_login() if required else find_login()
-    if login is None:
-        return None, []
-    caller = whoami(login)
-    return caller, teams_of(resources_in_force(), caller.user)
-
-
-def _upload_team(args, caller, teams: list[str]) -> str:
-    """The team an upload is for: ``--team`` (one the caller is a member of, or any for an admin), else the
-    caller's one team."""
+def _upload_team(args, me) -> str:
+    """The team an upload is for: ``--team`` (one the acting user is a member of, or any for an admin), else
+    the user's one team."""
     from trainyard.scheduling.resources import resources_in_force
     from trainyard.teams import check_member_of
 
     if args.team:
-        if not caller.is_admin:
-            check_member_of(resources_in_force(), args.team, caller.user, field="--team", what="upload it")
+        if not me.admin:
+            check_member_of(resources_in_force(), args.team, me.user, field="--team", what="upload it")
         return args.team
-    if len(teams) == 1:
-        return teams[0]
+    if len(me.teams) == 1:
+        return me.teams[0]
     raise PermanentError(
-        f"user {caller.user!r} is a member of "
-        + (f"teams {', '.join(teams)}: say which with --team" if teams else "no team: ask to be added to one's members")
+        f"user {me.user!r} is a member of "
+        + (f"teams {', '.join(me.teams)}: say which with --team" if me.teams else "no team: ask to be added to one")
     )
 
 
 def cmd_data_upload(args) -> int:
+    from trainyard.acting import acting
     from trainyard.airflow_api import announce_commit, find_login
     from trainyard.datasets import upload
 
-    caller, teams = _data_caller(required=True)  # whose the data is: the login's team, never a claimed name
-    team = _upload_team(args, caller, teams)
+    team = _upload_team(args, acting(required=True))  # whose the data is: the login's team, never a claimed name
     result = upload(_store(args), args.repo, args.branch, args.folder, team, kind=args.kind, message=args.message)
     print(result["validation"], file=sys.stderr)
     if not result["new_commit"]:
@@ -439,20 +422,20 @@ def cmd_data_log(args) -> int:
 
 def _readable_store(args):
     """The store of ``args``, after checking that the caller may read ``args.repo`` in it."""
+    from trainyard.acting import acting
     from trainyard.datasets import check_read
 
-    caller, teams = _data_caller(required=False)
-    store = _store(args)
-    check_read(store, args.repo, teams, admin=caller is not None and caller.is_admin)
+    me, store = acting(), _store(args)
+    check_read(store, args.repo, list(me.teams), admin=me.admin)
     return store
 
 
 def cmd_data_tag(args) -> int:
+    from trainyard.acting import acting
     from trainyard.datasets import check_tag
 
-    caller, teams = _data_caller(required=True)
-    store = _store(args)
-    check_tag(store, args.repo, teams, admin=caller.is_admin)
+    me, store = acting(required=True), _store(args)
+    check_tag(store, args.repo, list(me.teams), admin=me.admin)
     print(store.tag(args.repo, args.tag, args.ref))
     return 0
 
@@ -465,10 +448,11 @@ def cmd_data_owner(args) -> int:
         found = ownership.owner(_readable_store(args), args.repo)
         print("(no such repository)" if found is None else found.describe())
         return 0
-    store = _store(args)
-    caller, _ = _data_caller(required=True)
-    if not caller.is_admin:
-        raise PermanentError(f"only an Airflow admin names a dataset repository's owner; {caller.user!r} is not one")
+    from trainyard.acting import acting
+
+    store, me = _store(args), acting(required=True)
+    if not me.admin:
+        raise PermanentError(f"only an Airflow admin names a dataset repository's owner; {me.user!r} is not one")
     before = ownership.set_owner(store, args.repo, args.team or "", source=args.source, replace=args.replace)
     after = ownership.owner(store, args.repo)
     print(f"{args.repo}: {before.describe() if before else 'no owner'} -> {after.describe() if after else '?'}")

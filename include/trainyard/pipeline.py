@@ -220,6 +220,7 @@ def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, s
         experiment=spec.name,
         run_key=run_key,
         run_name=safe_key(run_key),
+        team=spec.resources.team,
         tags={
             "dataset.store": dataset["store"],
             "dataset.repo": dataset["repo"],

@@ -10,8 +10,9 @@ kind of action:
 * **move an alias** (promote, roll back) and **approve** a move: :func:`check_alias_move` and
   :func:`check_approval` (a promoter of the owning team, or an Airflow admin; the approver another person
   than the requester), with :func:`needs_approval` the owning team's policy, never the requester's choice;
-* **read** a team's jobs in full (``trainyard queue``): :func:`may_read`, its members and admins; anyone
-  else sees another team's waiting jobs only as :data:`SEEN_BY_OTHERS` (team, GPUs, priority);
+* **read** a team's work (its queued jobs, runs, models, datasets): its members (:func:`teams_of`) and
+  admins, as :mod:`trainyard.acting` tells every command; anyone else sees another team's waiting jobs only
+  as :data:`SEEN_BY_OTHERS` (team, GPUs, priority);
 * **read and write a dataset** repository: :func:`check_dataset_read` and :func:`check_dataset_write`
   (a repository belongs to the team that uploaded it first, or to every team when a built-in source made it:
   :mod:`trainyard.data.ownership`).
@@ -100,11 +101,6 @@ def airflow_team_problems(config: ResourcesConfig) -> list[str]:
         for team in config.teams
         if not re.match(AIRFLOW_TEAM_NAME, team)
     ]
-
-
-def may_read(config: ResourcesConfig, team: str, user: str | None, *, admin: bool) -> bool:
-    """Whether ``user`` (None: nobody logged in) may see team ``team``'s jobs in full."""
-    return admin or (user is not None and is_member(config, team, user))
 
 
 def _named_promoters(config: ResourcesConfig, team: str) -> list[str] | None:

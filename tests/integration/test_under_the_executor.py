@@ -35,6 +35,7 @@ airflow_services = checkout.airflow_services()
 pytestmark = pytest.mark.integration
 # Each team triggers its own training DAG (Airflow's multi-team mode): tina's are team default's
 DAG, VISION_DAG = "train_pipeline.default", "train_pipeline.vision"
+INGEST, VISION_INGEST = "ingest_dataset.default", "ingest_dataset.vision"  # each team's own uploads
 SECRET_VARIABLE, SECRET_VALUE = "warehouse_token", "s3cr3t-variable-value"
 SECRET_CONNECTION, SECRET_PASSWORD = "warehouse_db", "s3cr3t-connection-password"
 
@@ -459,7 +460,7 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     # the trials' runs, found by a numeric condition that a comparison of the params as text gets wrong
     listed = _trainyard(
         airflow, "runs", "list", "--job", "sweep-digits", "--user", "tina", "--tag", "sweep.name=digits-lr",
-        "--where", "hyperparameters.learning_rate < 0.001", "--format", "json",
+        "--where", "hyperparameters.learning_rate < 0.001", "--format", "json", token=airflow.token("tina"),
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     found = json.loads(listed.stdout)
@@ -467,7 +468,7 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     png = airflow.trainyard_home / "sweep-curves.png"
     compared = _trainyard(
         airflow, "runs", "compare", "--job", "sweep-digits", "--tag", "sweep.name=digits-lr",
-        "--curves", "val_accuracy,train_loss", "--png", str(png),
+        "--curves", "val_accuracy,train_loss", "--png", str(png), token=airflow.token("tina"),
     )  # fmt: skip
     assert compared.returncode == 0 and "* hyperparameters.learning_rate" in compared.stdout, compared.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -480,7 +481,7 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
 
 
 def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its_team_hears(airflow, tmp_path):
-    """A job file with ``retrain_on: new_commits`` becomes a DAG. An upload through ``ingest_dataset`` starts
+    """A job file with ``retrain_on: new_commits`` becomes a DAG. An upload through ``ingest_dataset.default`` starts
     exactly one retraining run on its commit, an identical upload none (no commit, no event); an event posted
     over REST for data and a spec already registered starts a run that trains nothing and says why. The job
     file is edited (a gate no model passes); ``trainyard data upload`` of new data starts a run on that commit
@@ -531,9 +532,9 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
         return {"conf": r.json()["conf"], "run": training}
 
     def upload(folder: Path) -> dict:
-        run_id = airflow.trigger("ingest_dataset", {"folder": str(folder), "repo": "pets"}, headers)
-        assert airflow.wait_run("ingest_dataset", run_id, headers, 300)["state"] == "success"
-        url = f"{api}/dags/ingest_dataset/dagRuns/{run_id}/taskInstances/commit_upload/xcomEntries/return_value"
+        run_id = airflow.trigger(INGEST, {"folder": str(folder), "repo": "pets"}, headers)
+        assert airflow.wait_run(INGEST, run_id, headers, 300)["state"] == "success"
+        url = f"{api}/dags/{INGEST}/dagRuns/{run_id}/taskInstances/commit_upload/xcomEntries/return_value"
         return requests.get(url, headers=headers, timeout=10).json()["value"]
 
     def events(asset_id: int) -> int:
@@ -592,7 +593,7 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
             )
             changed = {**files, "images/digits-00007.npy": files["images/digits-00008.npy"]}
             cli = _trainyard(airflow, "data", "upload", str(write_files(tmp_path / "v2", changed)), "--repo", "pets",
-                             token=airflow.token("admin"))  # fmt: skip
+                             "--team", "default", token=airflow.token("admin"))  # fmt: skip
             assert cli.returncode == 0, cli.stderr
             second = cli.stdout.strip()
             assert f"announced commit {second[:12]} on {asset['uri']}" in cli.stderr
@@ -620,7 +621,9 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     assert "val_accuracy" in blocked["text"] and "FAILED by" in blocked["text"]
 
     # the model card of the version, stored with its run at registration
-    card = _trainyard(airflow, "models", "card", "pets", "1", "--out", str(tmp_path / "cards"))
+    card = _trainyard(
+        airflow, "models", "card", "pets", "1", "--out", str(tmp_path / "cards"), token=airflow.token("tina")
+    )
     assert card.returncode == 0, card.stderr
     written = json.loads((tmp_path / "cards" / "pets-v1" / "card.json").read_text())
     assert written["lineage"]["dataset"]["commit"] == first["commit"] and written["aliases"] == ["staging"]
@@ -779,14 +782,40 @@ def _another_team_reads_nothing_of(airflow, dag_id: str, run_id: str, *, owner: 
     assert [{k: j[k] for k in ("team", "gpus")} for j in queued if "run" not in j] == [{"team": "vision", "gpus": 1}]
 
 
-def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_trains_on(airflow):
+def _a_team_s_data_is_its_own(airflow, folder: Path, job: dict) -> str:
+    """alice uploads ``folder`` through vision's own ``ingest_dataset.vision``: tina (team default) cannot see
+    that DAG, its run or what it returned, trigger it, or read, tag or upload to the repository with the
+    command line. Returns the run of tina's ``job`` on that repository, which the caller sees refused."""
+    api, alice, tina = f"{airflow.url}/api/v2", airflow.headers("alice"), airflow.headers("tina")
+    run_id = airflow.trigger(VISION_INGEST, {"folder": str(folder), "repo": "vision-pets"}, alice)
+    ended = airflow.wait_run(VISION_INGEST, run_id, alice, 300)
+    assert ended["state"] == "success", airflow.failure_report(VISION_INGEST, run_id, alice)
+    run = f"{api}/dags/{VISION_INGEST}/dagRuns/{run_id}"
+    for url in (f"{api}/dags/{VISION_INGEST}", run, f"{run}/taskInstances/commit_upload/xcomEntries/return_value"):
+        assert requests.get(url, headers=alice, timeout=30).status_code == 200, url
+        assert requests.get(url, headers=tina, timeout=30).status_code == 403, url
+    refused = requests.post(
+        f"{api}/dags/{VISION_INGEST}/dagRuns", headers=tina, json={"logical_date": None}, timeout=30
+    )
+    assert refused.status_code == 403, refused.text
+    assert _trainyard(airflow, "data", "log", "--repo", "vision-pets", token=airflow.token("alice")).returncode == 0
+    for command in (["log"], ["ls"], ["tag", "mine"], ["upload", str(folder), "--team", "default"]):
+        said = _trainyard(airflow, "data", *command, "--repo", "vision-pets", token=airflow.token("tina"))
+        assert said.returncode == 1 and "'vision-pets' belongs to team 'vision'" in said.stderr, (command, said.stderr)
+    return airflow.trigger(DAG, {**job, "dataset": {"repo": "vision-pets", "source": "none"}}, tina)
+
+
+def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_trains_on(airflow, tmp_path):
     """Two teams' users side by side under the real executor. alice's (team vision) training in vision's
     own train_pipeline.vision: tina (team default) reads nothing of it (HTTP 403, absent from every list,
-    `trainyard runs status` finds no such run, `trainyard queue` shows its team and GPUs only). Team
-    default's policy limits its jobs to 64 processes and 1 GiB a slot: tina's fork bomb and memory hog,
-    custom commands, each fail their task with a message naming the limit and where it is set, and alice's
-    training is still running after both."""
+    `trainyard runs status` finds no such run, `trainyard queue` shows its team and GPUs only). alice's
+    dataset, uploaded through vision's own ingest_dataset.vision, is not tina's to see, read, tag, upload to
+    or train on. Team default's policy limits its jobs to 64 processes and 1 GiB a slot: tina's fork bomb and
+    memory hog, custom commands, each fail their task with a message naming the limit and where it is set,
+    and alice's training is still running after both."""
     import yaml
+
+    from trainyard.data.classification import digits_files
 
     tina, alice = airflow.headers("tina"), airflow.headers("alice")
     resources = airflow.config_dir / "resources.yaml"
@@ -811,6 +840,9 @@ def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_tr
             "alice's training",
         )
         _another_team_reads_nothing_of(airflow, VISION_DAG, trains_on, owner="alice", other="tina")
+        not_theirs = _a_team_s_data_is_its_own(
+            airflow, write_files(tmp_path / "pets", digits_files()), {"name": "borrowed", "resources": one_cpu}
+        )
         resources.write_text(yaml.safe_dump(edited))
         hogs = {
             what: airflow.trigger(
@@ -838,6 +870,11 @@ def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_tr
             memory_log[-3000:]
         )
         assert "held 3 GiB" not in memory_log
+        assert airflow.wait_run(DAG, not_theirs, tina, 300)["state"] == "failed"
+        refused = airflow.task_instances(DAG, not_theirs, tina)["resolve_dataset"]
+        assert refused["state"] == "failed" and refused["try_number"] == 1, refused
+        said = airflow.task_log(DAG, not_theirs, "resolve_dataset", tina)
+        assert "repository 'vision-pets' belongs to team 'vision'; team 'default' may not read it" in said, said[-3000:]
         assert airflow.task_instances(VISION_DAG, trains_on, alice)["train"]["state"] == "running"  # it trains on
     finally:
         resources.write_text(good)

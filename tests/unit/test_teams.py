@@ -125,8 +125,15 @@ def test_a_user_s_teams_are_those_whose_members_name_them(user, theirs):
         ("nlp", "x", ADMIN, True),
     ],
 )
-def test_a_team_s_jobs_are_read_in_full_by_its_members_and_admins(team, user, admin, full):
-    assert teams.may_read(FLEET, team, user, admin=admin) is full
+def test_a_team_s_work_is_read_by_its_members_and_admins(team, user, admin, full):
+    from trainyard.acting import Acting
+
+    me = Acting(user, tuple(teams.teams_of(FLEET, user)) if user else (), bool(admin))
+    assert me.may_read(team) is full
+    if not full:
+        with pytest.raises(teams.NotAllowed, match=f"model 'm' belongs to team {team!r}; .* may not read it"):
+            me.check_model("m", team)
+    me.check_model("m", None)  # no such model: the command says so
 
 
 def test_a_team_s_training_dag_runs_its_jobs_only():

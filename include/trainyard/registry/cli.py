@@ -7,7 +7,6 @@ command prints, and its exit status.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
 from pathlib import Path
@@ -95,10 +94,19 @@ def cmd_sign(args) -> int:
     return 0
 
 
+def _check_readable(c, model: str) -> None:
+    """Refuse reading ``model`` unless the command line's Airflow login may read its owning team's work."""
+    from trainyard.acting import acting
+    from trainyard.registry.ownership import owner_or_none
+
+    acting().check_model(model, owner_or_none(c, model))
+
+
 def cmd_verify(args) -> int:
     from trainyard.registry import signing, versions
 
     c = _client()
+    _check_readable(c, args.model)
     try:
         version = versions.resolve_version(c, args.model, args.version, args.alias)
         info = versions.verify_version(c, args.model, version, signing.trusted_keys(args.key))
@@ -150,6 +158,7 @@ def cmd_rollback(args) -> int:
 
 def cmd_owner(args) -> int:
     """Name the team that owns a model (an admin's act, in the audit trail), or show it."""
+    from trainyard.acting import acting
     from trainyard.audit import AuditLog
     from trainyard.errors import PermanentError
     from trainyard.registry import ownership
@@ -161,14 +170,18 @@ def cmd_owner(args) -> int:
             owner = ownership.owner(c, args.model)
             if owner is None:
                 raise NotFoundError(f"no registered model {args.model!r}")
+            acting().check_model(args.model, owner)
             print(owner)
             return 0
+        me = acting(required=True)  # who names an owner: an Airflow admin, by the login, never a typed name
+        if not me.admin:
+            raise CommandError(f"only an Airflow admin names a model's owner; {me.who()} is not one")
         if args.team not in resources_in_force().teams:
             raise CommandError(f"team {args.team!r} is not in resources.yaml; add it there first")
         before = ownership.set_owner(c, args.model, args.team, replace=args.replace)
     except _errors() + (PermanentError,) as err:
         raise _as_command_error(err, f"{args.model}: ") from None
-    AuditLog().append("model_owner", getpass.getuser(), model=args.model, team=args.team, before=before)
+    AuditLog().append("model_owner", str(me.user), model=args.model, team=args.team, before=before)
     print(f"model {args.model} belongs to team {args.team}" + (f" (was {before})" if before else ""))
     return 0
 
@@ -176,6 +189,7 @@ def cmd_owner(args) -> int:
 def cmd_history(args) -> int:
     from trainyard.registry.versions import History
 
+    _check_readable(_client(), args.model)
     entries = History().entries(args.model, args.alias)
     if args.json:
         for e in entries:
@@ -197,6 +211,7 @@ def cmd_card(args) -> int:
     from trainyard.registry.versions import History
 
     c = _client()
+    _check_readable(c, args.model)
     try:
         built = card.attach(c, args.model, args.version, History().entries(args.model))
     except _errors() as err:
@@ -209,6 +224,7 @@ def cmd_card(args) -> int:
 def cmd_live_at(args) -> int:
     from trainyard.registry.versions import History, live_at
 
+    _check_readable(_client(), args.model)
     try:
         version = live_at(History(), args.model, args.alias, args.when)
     except ValueError as err:

@@ -81,6 +81,7 @@ def log_summary(spec: JobSpec, study: optuna.Study, sweep_run: str, best: optuna
         experiment=spec.name,
         run_key=f"{sweep_run}/summary",
         run_name=f"sweep-{spec.sweep.name}-{safe_key(sweep_run)}"[:250],
+        team=spec.resources.team,
         tags={
             "sweep.name": spec.sweep.name,
             "sweep.run": sweep_run,

@@ -11,7 +11,8 @@ from pathlib import Path
 from trainyard.errors import cli_command
 
 
-def _query(args):
+def _query(args, me):
+    """The filters of ``args``, confined to the teams whose runs ``me`` may read."""
     from trainyard.tracking.runs import Query, parse_condition
 
     tags = dict(args.tag or [])
@@ -24,7 +25,10 @@ def _query(args):
             tags[name] = value
     params = {name: value for name, value in (("recipe", args.recipe), ("resources.team", args.team)) if value}
     where = [parse_condition(text) for text in args.where or []]
-    return Query(name=args.job, tags=tags, params=params, where=where, limit=args.limit, summaries=args.summaries)
+    teams = None if me.admin else me.teams
+    return Query(
+        name=args.job, tags=tags, params=params, where=where, limit=args.limit, summaries=args.summaries, teams=teams
+    )
 
 
 def _print(header: list[str], rows: list[list[str]], fmt: str) -> None:
@@ -43,11 +47,12 @@ def _print(header: list[str], rows: list[list[str]], fmt: str) -> None:
 def cmd_runs_list(args) -> int:
     """Runs matching the filters, newest first (or the best one), with the params that differ and every
     metric."""
+    from trainyard.acting import acting
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.tracking.runs import best, find, table_rows
 
     c = mt.client()
-    runs = find(c, _query(args))
+    runs = find(c, _query(args, acting()))
     if args.best:
         runs = [best(runs, args.best, args.lowest)]
     columns = args.columns.split(",") if args.columns else None
@@ -61,17 +66,21 @@ def cmd_runs_list(args) -> int:
 def cmd_runs_compare(args) -> int:
     """The runs named (or found by the filters) side by side: params (``*`` where they differ), metrics;
     with ``--curves``, a PNG of those metrics' curves, a line per run."""
+    from trainyard.acting import acting
+    from trainyard.teams import NotAllowed
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.tracking.runs import FilterError, Run, curves_png, find, side_by_side
 
-    c = mt.client()
+    c, me = mt.client(), acting()
     if args.run_ids:
         runs = []
         for run_id in args.run_ids:
             run = c.get_run(run_id)
             runs.append(Run.of(run, c.get_experiment(run.info.experiment_id).name))
+            if not me.may_read(runs[-1].team):
+                raise NotAllowed(f"run {run_id} belongs to team {runs[-1].team!r}; {me.who()} may not read it")
     else:
-        runs = find(c, _query(args))
+        runs = find(c, _query(args, me))
     if not runs:
         raise FilterError("no run to compare: name run ids, or loosen the filters")
     lines = side_by_side(runs)

@@ -13,6 +13,8 @@ from trainyard import paths
 # The one name of a run's identity (its run key: "<dag_id>/<run_id>" for an Airflow run), on the MLflow run
 # and on the model version registered from it; retries find both by it.
 RUN_KEY_TAG = "trainyard.run_key"
+# The team whose job made a run: whose members (and admins) may read it (trainyard.acting)
+RUN_TEAM_TAG = "trainyard.team"
 
 
 _CREATED: set[str] = set()  # SQLite stores this process has seen created
@@ -56,13 +58,14 @@ def experiment_id(c, name: str) -> str:
         return c.get_experiment_by_name(name).experiment_id
 
 
-def ensure_run(c, experiment: str, run_key: str, run_name: str, tags: dict[str, str]) -> str:
-    """The MLflow run for ``run_key`` (an Airflow dag_id/run_id), created on first call only."""
+def ensure_run(c, experiment: str, run_key: str, run_name: str, team: str, tags: dict[str, str]) -> str:
+    """The MLflow run for ``run_key`` (an Airflow dag_id/run_id) of a job of ``team``, created on first call
+    only."""
     exp_id = experiment_id(c, experiment)
     found = c.search_runs([exp_id], filter_string=f"tags.`{RUN_KEY_TAG}` = {quote(run_key)}", max_results=1)
     if found:
         return found[0].info.run_id
-    run = c.create_run(exp_id, run_name=run_name, tags={RUN_KEY_TAG: run_key, **tags})
+    run = c.create_run(exp_id, run_name=run_name, tags={RUN_KEY_TAG: run_key, RUN_TEAM_TAG: team, **tags})
     return run.info.run_id
 
 

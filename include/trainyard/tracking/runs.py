@@ -101,6 +101,13 @@ class Run:
     metrics: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def team(self) -> str | None:
+        """The team whose job made the run (a run from before the tag: its ``resources.team`` param)."""
+        from trainyard.tracking.mlflow_tracking import RUN_TEAM_TAG
+
+        return self.tags.get(RUN_TEAM_TAG) or self.params.get("resources.team")
+
     def value(self, name: str) -> Any:
         for source in (self.metrics, self.params, self.tags):
             if name in source:
@@ -134,6 +141,7 @@ class Query:
     where: list[list[Condition]] = field(default_factory=list)
     limit: int = 50
     summaries: bool = False  # include sweeps' summary runs
+    teams: tuple[str, ...] | None = None  # only these teams' runs (None: every team's)
 
 
 def find(c, query: Query) -> list[Run]:
@@ -155,6 +163,8 @@ def find(c, query: Query) -> list[Run]:
         order_by=["attributes.start_time DESC"],
     )
     runs = [Run.of(r, names[r.info.experiment_id]) for r in found]
+    if query.teams is not None:
+        runs = [r for r in runs if r.team in query.teams]
     if not query.summaries:
         runs = [r for r in runs if r.tags.get(SUMMARY_TAG) != "true"]
     runs = runs[: query.limit]

@@ -32,7 +32,7 @@ def test_recorded_on_the_run(trainyard_home, tmp_path):
     from trainyard.tracking.mlflow_tracking import client, ensure_run
 
     c = client()
-    run_id = ensure_run(c, experiment="gatecheck", run_key="k", run_name="k", tags={})
+    run_id = ensure_run(c, experiment="gatecheck", run_key="k", run_name="k", team="default", tags={})
     result = combined_gate({"val_map": 0.4, "val_map_50": 0.95}, THRESHOLDS, None, [])
     record_gate(run_id, str(tmp_path), result)
     run = c.get_run(run_id)

@@ -55,12 +55,13 @@ def _version(c, tmp_path, recipe: str, n: int) -> str:
 @pytest.fixture
 def registry(trainyard_home, tmp_path, monkeypatch):
     from trainyard import paths
+    from trainyard.registry.ownership import OWNER_TAG
     from trainyard.tracking import mlflow_tracking as mt
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
     signing.ensure_keypair()
     c = mt.client()
-    c.create_registered_model(NAME)
+    c.create_registered_model(NAME, tags={OWNER_TAG: "vision"})
     return c, _version(c, tmp_path, "digits_cnn", 1), _version(c, tmp_path, "custom", 2)
 
 
@@ -112,10 +113,14 @@ def test_an_alias_move_stores_the_card_of_both_versions_with_their_runs(registry
         versions.verify_version(c, NAME, version, signing.trusted_keys())
 
 
-def test_the_command_writes_markdown_and_json(registry, tmp_path, capsys):
+def test_the_command_writes_markdown_and_json(registry, tmp_path, capsys, login_as):
     from trainyard.cli import main
 
     c, v1, _ = registry
+    login_as("bob")  # of team nlp: not the model's team
+    assert main(["models", "card", NAME, v1, "--out", str(tmp_path / "cards")]) == 1
+    assert f"model {NAME!r} belongs to team 'vision'; user 'bob'" in capsys.readouterr().err
+    login_as("alice")  # of team vision
     assert main(["models", "card", NAME, v1, "--out", str(tmp_path / "cards")]) == 0
     folder = tmp_path / "cards" / f"{NAME}-v{v1}"
     assert json.loads((folder / "card.json").read_text())["version"] == v1

@@ -204,9 +204,10 @@ def test_history_file_survives_a_torn_write(tmp_path):
     assert [e["to_version"] for e in h.entries("m")] == ["1", "2"]
 
 
-def test_cli(reg, capsys, monkeypatch):
+def test_cli(reg, capsys, monkeypatch, login_as):
     import argparse
 
+    from trainyard.audit import AuditLog
     from trainyard.registry.cli import add_models_parser
 
     parser = argparse.ArgumentParser(prog="trainyard")
@@ -237,9 +238,16 @@ def test_cli(reg, capsys, monkeypatch):
     assert rc == 0 and out.out.strip() == reg["v2"]
     rc, out = run("owner", NAME)
     assert rc == 1 and f"model {NAME!r} has no owning team recorded" in out.err
+    rc, out = run("owner", NAME, "default")  # an admin's act: by the Airflow login, never a typed name
+    assert rc == 1 and "no Airflow login" in out.err
+    login_as("alice")
+    rc, out = run("owner", NAME, "default")
+    assert rc == 1 and "only an Airflow admin names a model's owner; user 'alice'" in out.err
+    login_as("admin", "admin")
     assert run("owner", NAME, "nowhere")[0] == 1
     rc, out = run("owner", NAME, "default")
     assert rc == 0 and run("owner", NAME)[1].out.strip() == "default"
+    assert AuditLog().entries("model_owner")[-1]["actor"] == "admin"
     assert run("owner", NAME, "vision")[0] == 1  # owned: only with --replace
     assert run("owner", NAME, "vision", "--replace")[0] == 0
 

@@ -14,7 +14,8 @@ from trainyard.tracking.runs import FilterError, Query, find, parse_condition
 
 @pytest.fixture
 def runs(trainyard_home):
-    """Four runs of two jobs, as trainyard logs them (flattened params, tags, metric histories)."""
+    """Four runs of two jobs, as trainyard logs them (flattened params, tags, metric histories): digits of
+    team vision, shapes of team nlp."""
     c = mt.client()
     made = {}
     for job, lr, acc, commit in (
@@ -23,9 +24,9 @@ def runs(trainyard_home):
         ("digits", "0.1", 0.97, "bbbb2222"),
         ("shapes", "0.002", 0.55, "aaaa1111"),
     ):
-        run_id = mt.ensure_run(
-            c, job, f"train_pipeline/{job}-{lr}", f"{job}-{lr}", {"dataset.commit": commit, "triggered_by": "ann"}
-        )
+        team = "vision" if job == "digits" else "nlp"
+        tags = {"dataset.commit": commit, "triggered_by": "ann"}
+        run_id = mt.ensure_run(c, job, f"train_pipeline/{job}-{lr}", f"{job}-{lr}", team, tags)
         mt.log_params(c, run_id, {"recipe": "digits_cnn", "hyperparameters": {"learning_rate": lr, "epochs": 3}})
         for step in range(1, 4):
             c.log_metric(run_id, "train_loss", 1.0 / (step * float(lr) * 100 + 1), step=step)
@@ -62,7 +63,8 @@ def test_conditions_and_alternatives_across_jobs(runs):
         parse_condition("val_accuracy is high")
 
 
-def test_runs_list_best_and_formats(runs, capsys):
+def test_runs_list_best_and_formats(runs, capsys, login_as):
+    login_as("admin", "admin")
     assert main(["runs", "list", "--job", "digits", "--best", "val_accuracy", "--format", "json"]) == 0
     (best,) = json.loads(capsys.readouterr().out)
     assert best["run_id"] == runs[("digits", "0.1")] and best["hyperparameters.learning_rate"] == "0.1"
@@ -73,9 +75,10 @@ def test_runs_list_best_and_formats(runs, capsys):
     assert "trainyard: error: cannot read 'nonsense'" in capsys.readouterr().err
 
 
-def test_runs_compare_marks_what_differs_and_draws_the_curves(runs, capsys, tmp_path):
+def test_runs_compare_marks_what_differs_and_draws_the_curves(runs, capsys, tmp_path, login_as):
     from PIL import Image
 
+    login_as("alice")  # of team vision, whose runs these are
     png = tmp_path / "curves.png"
     ids = [runs[("digits", "1e-05")], runs[("digits", "0.1")]]
     assert main(["runs", "compare", *ids, "--curves", "train_loss,val_accuracy", "--png", str(png)]) == 0
@@ -84,3 +87,16 @@ def test_runs_compare_marks_what_differs_and_draws_the_curves(runs, capsys, tmp_
     assert any(line.startswith("  hyperparameters.epochs") for line in lines), lines  # the same in both
     with Image.open(png) as img:
         assert img.format == "PNG" and img.size[1] > 400  # two panels
+
+
+def test_a_user_lists_and_compares_only_their_teams_runs(runs, capsys, login_as, no_login):
+    assert main(["runs", "list", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []  # nobody logged in: no team's runs
+    login_as("bob")  # teams default and nlp
+    assert main(["runs", "list", "--format", "json"]) == 0
+    assert {r["job"] for r in json.loads(capsys.readouterr().out)} == {"shapes"}
+    assert main(["runs", "compare", runs[("digits", "0.1")], runs[("shapes", "0.002")]]) == 1
+    assert f"run {runs[('digits', '0.1')]} belongs to team 'vision'; user 'bob'" in capsys.readouterr().err
+    login_as("admin", "admin")
+    assert main(["runs", "list", "--format", "json"]) == 0
+    assert {r["job"] for r in json.loads(capsys.readouterr().out)} == {"digits", "shapes"}

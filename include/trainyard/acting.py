@@ -1,0 +1,58 @@
+"""Who a ``trainyard`` command acts as, and which teams' work it may read: the user of the command line's
+Airflow login (as the API server says, ``GET /ui/auth/me``: never a name typed on the command line), the
+teams ``resources.yaml`` lists them in, and whether they are an Airflow admin (every team's).
+
+Every command that reads or writes a team's runs, models or datasets asks here (``runs list|compare``,
+``show``, ``models card|history|live-at|verify|owner``, ``data``, ``queue``). Without a login a command
+acts as nobody: it reads what is every team's (a built-in source's public data, the queue's redacted view).
+This confines the command; it is not a boundary against a user who can read ``$TRAINYARD_HOME`` or the
+MLflow store directly (see the README's security table for what is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainyard.teams import NotAllowed
+
+
+@dataclass(frozen=True)
+class Acting:
+    """A command's acting user (None: nobody logged in), their teams, and whether they are an admin."""
+
+    user: str | None = None
+    teams: tuple[str, ...] = ()
+    admin: bool = False
+
+    def may_read(self, team: str | None) -> bool:
+        """Whether this user may read the work of ``team`` (None: work of no team, everyone's)."""
+        return team is None or self.admin or team in self.teams
+
+    def who(self) -> str:
+        return (
+            "nobody logged in"
+            if self.user is None
+            else f"user {self.user!r} (teams: {', '.join(self.teams) or 'none'})"
+        )
+
+    def check_model(self, model: str, owner: str | None) -> None:
+        """Refuse reading registered model ``model`` of team ``owner`` unless this user may read that team's."""
+        if not self.may_read(owner):
+            raise NotAllowed(
+                f"model {model!r} belongs to team {owner!r}; {self.who()} may not read it: log in as a member of "
+                f"team {owner!r} (AIRFLOW_API_TOKEN) or an Airflow admin"
+            )
+
+
+def acting(*, required: bool = False) -> Acting:
+    """Who the command line's Airflow login is: nobody without one (CommandError where ``required``, saying
+    how to give one); CommandError where the API server refuses it."""
+    from trainyard.airflow_api import find_login, require_login, whoami
+    from trainyard.scheduling.resources import resources_in_force
+    from trainyard.teams import teams_of
+
+    login = require_login() if required else find_login()
+    if login is None:
+        return Acting()
+    caller = whoami(login)
+    return Acting(caller.user, tuple(teams_of(resources_in_force(), caller.user)), caller.is_admin)
