@@ -5,10 +5,12 @@
 ``up`` starts, each only if it is not running yet, every service on 127.0.0.1 only:
 
 - PostgreSQL (the Debian package's binaries): database ``airflow`` (Airflow's metadata and Celery's
-  results), ``mlflow`` (the tracking server's backend store) and ``trainyard`` (the admission ledger,
-  ``TRAINYARD_DATABASE_URL``);
+  results), ``mlflow`` (the tracking server's backend store), ``mlflow_auth`` (its users, roles and
+  grants) and ``trainyard`` (the admission ledger, ``TRAINYARD_DATABASE_URL``);
 - Redis, the Celery broker (append-only file: queued tasks survive a restart);
-- an MLflow tracking server that stores and serves the artifacts (``--serve-artifacts``);
+- an MLflow tracking server that stores and serves the artifacts (``--serve-artifacts``) and runs MLflow's
+  auth app: each Airflow user logs into it with their Airflow password and reads only their teams'
+  experiments, runs and models (``trainyard.tracking.mlflow_auth``; the tasks log as a service account);
 - Airflow with the CeleryExecutor: api-server, scheduler, dag-processor, triggerer, and Celery workers on
   queues ``cpu`` (every task but the trainings) and ``gpu`` (the trainings: ``[trainyard] training_queue``).
 
@@ -43,12 +45,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
 from trainyard.spec import MAX_HOURS_LIMIT  # noqa: E402
+from trainyard.tracking import mlflow_auth  # noqa: E402
 
 sys.path.insert(0, str(REPO / "plugins"))
 from trainyard_airflow.team_dags import IN_PROCESS_ENV, bundle_teams  # noqa: E402
 
 DEFAULT_PORTS = {"postgres": 5433, "redis": 6380, "mlflow": 5001, "api": 8081}
-DATABASES = ("airflow", "mlflow", "trainyard")
+DATABASES = ("airflow", "mlflow", "mlflow_auth", "trainyard")
+MLFLOW_SERVICE_USER = "trainyard"  # the tasks' account on the tracking server (its auth app's admin)
 # A Celery task (a training holds one for its whole length) that the broker has not seen acknowledged in this
 # long is delivered again, to a second worker, while the first still trains (apache/airflow#62218): it
 # must outlast the longest training a JobSpec may ask for, plus an hour of queueing and set-up.
@@ -134,6 +138,10 @@ class Cluster:
             "TRAINYARD_DATABASE_URL": self.database_url("trainyard"),
             "TRAINYARD_API_PORT": str(self.ports["api"]),
             "MLFLOW_TRACKING_URI": self.mlflow_url,
+            # trainyard's service account on the tracking server (its auth app's admin): the tasks log and
+            # register as it; users read what their teams' roles are granted (trainyard.tracking.mlflow_auth)
+            "MLFLOW_TRACKING_USERNAME": MLFLOW_SERVICE_USER,
+            "MLFLOW_TRACKING_PASSWORD": self.secret("mlflow"),
             "AIRFLOW_API_URL": self.api_url,
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url("airflow", "postgresql+psycopg2"),
@@ -356,12 +364,19 @@ class Cluster:
         port = self.ports["mlflow"]
         artifacts = self.root / "mlflow-artifacts"
         artifacts.mkdir(parents=True, exist_ok=True)
+        auth = mlflow_auth.write_config(  # MLflow's auth app: a user reads only what their teams are granted
+            self.root / "mlflow_auth.ini",
+            self.database_url("mlflow_auth", "postgresql+psycopg2"),
+            MLFLOW_SERVICE_USER,
+            self.secret("mlflow"),
+        )
         self._spawn(  # its store's URL (with the password) by environment, not on the command line
             "mlflow",
-            ["mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            ["mlflow", "server", "--app-name", "basic-auth", "--host", "127.0.0.1", "--port", str(port),
              "--serve-artifacts", "--artifacts-destination", str(artifacts),
              "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}", "--workers", "2"],
             {
+                **mlflow_auth.server_env(auth, self.secret("mlflow_csrf")),
                 "MLFLOW_BACKEND_STORE_URI": self.database_url("mlflow", "postgresql+psycopg2"),
                 # its job runner (seven huey consumers) serves GenAI features trainyard does not use
                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
@@ -417,6 +432,17 @@ class Cluster:
         self.setup_airflow()
         self.start_airflow()
         self.wait_healthy(wait_s)
+        self.sync_mlflow_users()
+
+    def sync_mlflow_users(self) -> str:
+        """Airflow's users, with their passwords and teams, told to MLflow's auth app (written by the
+        api-server's first start, so after it is healthy): what ``trainyard_airflow.mlflow_users`` prints."""
+        env = {**self.process_env(), "PYTHONPATH": str(REPO / "plugins")}
+        done = subprocess.run(
+            [sys.executable, "-m", "trainyard_airflow.mlflow_users"], env=env, cwd=REPO, check=True,
+            capture_output=True, text=True,
+        )  # fmt: skip
+        return done.stdout
 
     def down(self, wait_s: float = 60) -> None:
         """Stop Airflow (its workers, including any a test added, and its components), then MLflow and Redis,

@@ -88,10 +88,10 @@ def check_worker(spec: JobSpec) -> None:
 
 
 def check_ownership(spec: JobSpec, client=None, *, claim: bool = False) -> None:
-    """Refuse a job that would register into a model another team owns, naming the owner
-    (:mod:`trainyard.registry.ownership`, :func:`trainyard.teams.check_owner`). Checked by the run's first
-    task, before any data moves, and again by ``register`` with ``claim``: a model no team owns yet is then
-    made, owned by the job's team. A replay registers nothing."""
+    """Refuse a job that would register into a model, or log into an MLflow experiment, another team owns,
+    naming the owner (:mod:`trainyard.registry.ownership`, :func:`trainyard.teams.check_owner`). Checked by
+    the run's first task, before any data moves, and again by ``register`` with ``claim``: a model no team
+    owns yet is then made, owned by the job's team. A replay registers nothing."""
     if spec.replay_of is not None:
         return
     from trainyard.registry import ownership
@@ -101,6 +101,7 @@ def check_ownership(spec: JobSpec, client=None, *, claim: bool = False) -> None:
     c = client or mt.client()
     team = spec.resources.team
     check_owner(spec.name, ownership.claim(c, spec.name, team) if claim else ownership.owner(c, spec.name), team)
+    check_owner(spec.name, mt.experiment_owner(c, spec.name), team, what="MLflow experiment")
 
 
 def team_standing(fleet: ResourcesConfig, team: str, month: str | None = None) -> TeamMonth:

@@ -238,14 +238,16 @@ def check_policy(spec: JobSpec, config: ResourcesConfig) -> None:
 
 
 # -- register ----------------------------------------------------------------------------------------------
-def check_owner(model: str, owner: str | None, team: str) -> None:
+def check_owner(model: str, owner: str | None, team: str, *, what: str = "model") -> None:
     """Refuse ``team`` adding a version to ``model``, owned by ``owner`` (None: a model no team owns yet,
-    which the registering team will own), unless it is ``team``'s."""
+    which the registering team will own), unless it is ``team``'s. ``what``: ``"MLflow experiment"`` for
+    the runs' experiment of the same name, which a team owns as it does a model."""
     if owner is not None and owner != team:
+        adds = "add versions to it" if what == "model" else "log runs into it"
         raise NotAllowed(
-            f"name: model {model!r} belongs to team {owner!r}; a job of team {team!r} cannot add versions to it "
-            "(model names are one namespace for every team): give the job another name, or run it as a member "
-            f"of team {owner!r}"
+            f"name: {what} {model!r} belongs to team {owner!r}; a job of team {team!r} cannot {adds} "
+            "(job and model names are one namespace for every team): give the job another name, or run it as a "
+            f"member of team {owner!r}"
         )
 
 

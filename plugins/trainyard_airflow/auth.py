@@ -28,8 +28,35 @@ def admins() -> list[str]:
 
     if conf.get("core", "auth_manager", fallback=SIMPLE_AUTH_MANAGER) not in SIMPLE_AUTH_MANAGERS:
         return []
+    return sorted(user for user, role in _simple_users().items() if role == "admin")
+
+
+def _simple_users() -> dict[str, str]:
+    """The simple auth manager's users and their roles (``[core] simple_auth_manager_users``, ``name:role``)."""
+    from airflow.configuration import conf
+
     users = [entry.split(":") for entry in conf.getlist("core", "simple_auth_manager_users", fallback="")]
-    return sorted(fields[0] for fields in users if len(fields) >= 2 and fields[1].strip().lower() == "admin")
+    return {fields[0].strip(): fields[1].strip().lower() for fields in users if len(fields) >= 2}
+
+
+def logins() -> dict:
+    """Each Airflow user of the simple auth manager as MLflow's auth app is told of them
+    (:class:`trainyard.tracking.mlflow_auth.Login`): the password Airflow generated for them (its passwords
+    file, written by the api-server's first start) and whether an admin. {} under another auth manager."""
+    import json
+    from pathlib import Path
+
+    from airflow.configuration import conf
+
+    from trainyard.tracking.mlflow_auth import Login
+
+    if conf.get("core", "auth_manager", fallback=SIMPLE_AUTH_MANAGER) not in SIMPLE_AUTH_MANAGERS:
+        return {}
+    passwords_file = Path(conf.get("core", "simple_auth_manager_passwords_file"))
+    passwords = json.loads(passwords_file.read_text()) if passwords_file.exists() else {}
+    return {
+        user: Login(passwords[user], role == "admin") for user, role in _simple_users().items() if user in passwords
+    }
 
 
 def is_admin(user: str | None) -> bool:

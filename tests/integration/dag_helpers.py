@@ -55,7 +55,7 @@ def staged_version(name: str, team: str, folder, user: str = "ann"):
     (files / "MLmodel").write_text("flavors: {onnx: {}}\n")
     (files / "model.onnx").write_bytes(bytes(range(256)) * 16)
     c = mt.client()
-    run = c.create_run(mt.experiment_id(c, name)).info.run_id
+    run = c.create_run(mt.experiment_id(c, name, team)).info.run_id
     c.log_artifacts(run, str(files), "model")
     ownership.claim(c, name, team)
     version = c.create_model_version(name, source=f"runs:/{run}/model", run_id=run, tags={"team": team}).version

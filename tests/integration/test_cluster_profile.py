@@ -72,7 +72,10 @@ def cluster():
         c.up(wait_s=600)
         c.start_worker("worker-gpu-b", "gpu", 1)  # a second GPU host
         c.start_worker("worker-cpu-b", "cpu", 2)  # and a second host for everything else
-        yield c
+        with pytest.MonkeyPatch.context() as mp:  # this process reads MLflow as the tasks do: the service account
+            for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+                mp.setenv(name, c.env()[name])
+            yield c
     finally:
         c.down(wait_s=5)  # the data is thrown away: no need to wait for a graceful end
         if not os.environ.get("TRAINYARD_KEEP_CLUSTER"):  # kept to look into a failure
@@ -193,6 +196,12 @@ def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresq
     best = study.best_trial
     assert best.params["hyperparameters.learning_rate"] in (0.05, 0.1), best.params
     version = MlflowClient(cluster.mlflow_url).get_model_version_by_alias("sweep-cluster", "staging")
+    # the tracking server runs MLflow's auth app: nobody reads without a login; Airflow's admin logs in with
+    # their Airflow password (told to MLflow at `up`) and reads every team's model
+    model = f"{cluster.mlflow_url}/api/2.0/mlflow/registered-models/get?name=sweep-cluster"
+    assert requests.get(model, timeout=30).status_code == 401
+    password = json.loads((cluster.airflow_home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
+    assert requests.get(model, auth=("admin", password), timeout=30).status_code == 200
     assert version.tags["sweep.trial"] == str(best.number), version.tags
     assert json.loads(version.tags["params"])["learning_rate"] == best.params["hyperparameters.learning_rate"]
 

@@ -120,7 +120,7 @@ def test_a_version_without_a_recorded_spec_cannot_be_replayed(trainyard_home, mo
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
     c = mt.client()
-    run = c.create_run(mt.experiment_id(c, "old")).info.run_id
+    run = c.create_run(mt.experiment_id(c, "old", "default")).info.run_id
     c.create_registered_model("old")
     c.create_model_version("old", source=f"runs:/{run}/model", run_id=run, tags={"dataset.commit": "c" * 64})
     with pytest.raises(CommandError, match="recorded no spec"):
@@ -134,7 +134,8 @@ def _registered(c, name: str, deps: list[str], code: str = "abc") -> None:
     from trainyard.tracking import mlflow_tracking as mt
 
     run = c.create_run(
-        mt.experiment_id(c, name), tags={environment.DEPENDENCIES_TAG: environment.digest(deps), "code_version": code}
+        mt.experiment_id(c, name, "default"),
+        tags={environment.DEPENDENCIES_TAG: environment.digest(deps), "code_version": code},
     ).info.run_id
     c.log_text(run, json.dumps({"name": name}), "spec/job_spec.json")
     c.log_text(run, "\n".join(deps) + "\n", environment.DEPENDENCIES_ARTIFACT)
@@ -165,7 +166,7 @@ def test_the_training_task_refuses_an_environment_unlike_the_versions_unless_tol
     found = replay.check_environment(c, "pets:1", False, "abc", more)
     assert found == "dependency zlib-probe: not recorded -> 1.0"
     # what the replay's own run records, and `trainyard replay` prints
-    exp = mt.experiment_id(c, "pets")
+    exp = mt.experiment_id(c, "pets", "default")
     c.create_run(exp, tags={mt.RUN_KEY_TAG: "train_pipeline/replay-1", replay.DIFFERENCES_TAG: found})
     assert replay.differences_of_run(c, "pets", "train_pipeline/replay-1") == [found]
     assert replay.differences_of_run(c, "pets", "train_pipeline/no-such-run") == []

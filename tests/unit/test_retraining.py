@@ -135,7 +135,7 @@ def test_a_run_pins_the_head_or_the_event_s_commit_and_skips_what_is_registered(
             plan_retraining(job, [{"commit": hostile}])
 
     c = mt.client()
-    run = c.create_run(mt.experiment_id(c, "digits")).info.run_id
+    run = c.create_run(mt.experiment_id(c, "digits", "default")).info.run_id
     c.create_registered_model("digits")
     spec = pinned(job.spec, second)
     tags = {"dataset.commit": second, SPEC_DIGEST_TAG: spec_digest(spec)}
@@ -149,7 +149,7 @@ def test_a_run_pins_the_head_or_the_event_s_commit_and_skips_what_is_registered(
     # a run of the first commit and this spec that its gate stopped: not tried again on that data
     stopped = pinned(job.spec, first)
     c.create_run(
-        mt.experiment_id(c, "digits"),
+        mt.experiment_id(c, "digits", "default"),
         tags={"dataset.commit": first, SPEC_DIGEST_TAG: spec_digest(stopped), "gate.passed": "false",
               "trainyard.run_key": "train_pipeline/r9"},
     )  # fmt: skip

@@ -59,10 +59,13 @@ def claim(client, name: str, team: str) -> str:
     none (one request: of two teams creating it at once, one creates it and the other finds it owned)."""
     from mlflow.exceptions import MlflowException
 
+    from trainyard.tracking import mlflow_auth
+
     try:
         client.create_registered_model(
             name, tags={OWNER_TAG: team}, description=f"trained and registered by trainyard; owned by team {team}"
         )
+        mlflow_auth.grant_team_read(team, model=name)  # its members read it in MLflow, where MLflow enforces it
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
@@ -71,6 +74,7 @@ def claim(client, name: str, team: str) -> str:
         raise RetryableError(f"model {name!r} was deleted while it was being registered")
     if not recorded:
         client.set_registered_model_tag(name, OWNER_TAG, found)  # inferred from its lineage: recorded now
+        mlflow_auth.grant_team_read(found, model=name)
     return found
 
 
@@ -81,6 +85,9 @@ def set_owner(client, name: str, team: str, *, replace: bool = False) -> str | N
     if before and before != team and not replace:
         raise PermanentError(f"model {name!r} belongs to team {before!r}; pass --replace to give it to {team!r}")
     client.set_registered_model_tag(name, OWNER_TAG, team)
+    from trainyard.tracking import mlflow_auth
+
+    mlflow_auth.grant_team_read(team, model=name)  # the team before reads it until `mlflow_auth.sync` runs
     return before
 
 

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from trainyard import paths
+from trainyard.errors import PermanentError
 
 # The one name of a run's identity (its run key: "<dag_id>/<run_id>" for an Airflow run), on the MLflow run
 # and on the model version registered from it; retries find both by it.
@@ -45,23 +46,52 @@ def quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def experiment_id(c, name: str) -> str:
+class ExperimentOfAnotherTeam(PermanentError):
+    """A job's experiment (its name's) belongs to another team."""
+
+
+def experiment_owner(c, name: str) -> str | None:
+    """The team that owns experiment ``name`` (its tag :data:`RUN_TEAM_TAG`); None: no such experiment, or
+    one from before owners were recorded (the next job to use it records its team)."""
     exp = c.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
+    return None if exp is None else (exp.tags or {}).get(RUN_TEAM_TAG)
+
+
+def experiment_id(c, name: str, team: str) -> str:
+    """The id of experiment ``name`` for a job of ``team``: made as the team's when there is none (it and its
+    runs are then readable by the team's members on a tracking server with MLflow's auth app,
+    :mod:`trainyard.tracking.mlflow_auth`); ExperimentOfAnotherTeam when another team owns it."""
     from mlflow.exceptions import MlflowException
 
-    try:
+    from trainyard.tracking import mlflow_auth
+
+    exp = c.get_experiment_by_name(name)
+    if exp is None:
         root = paths.mlflow_artifact_root()
-        return c.create_experiment(name, artifact_location=f"{root}/{name}" if root else None)
-    except MlflowException:  # created concurrently by another task
-        return c.get_experiment_by_name(name).experiment_id
+        try:
+            made = c.create_experiment(
+                name, artifact_location=f"{root}/{name}" if root else None, tags={RUN_TEAM_TAG: team}
+            )
+            mlflow_auth.grant_team_read(team, experiment_id=made)
+            return made
+        except MlflowException:  # created concurrently by another task
+            exp = c.get_experiment_by_name(name)
+    owner = (exp.tags or {}).get(RUN_TEAM_TAG)
+    if owner is None:  # made before owners were recorded: the first job since records its team
+        c.set_experiment_tag(exp.experiment_id, RUN_TEAM_TAG, team)
+        mlflow_auth.grant_team_read(team, experiment_id=exp.experiment_id)
+    elif owner != team:
+        raise ExperimentOfAnotherTeam(
+            f"name: the MLflow experiment {name!r} belongs to team {owner!r}; a job of team {team!r} cannot log "
+            "runs into it (job names are one namespace for every team): give the job another name"
+        )
+    return exp.experiment_id
 
 
 def ensure_run(c, experiment: str, run_key: str, run_name: str, team: str, tags: dict[str, str]) -> str:
     """The MLflow run for ``run_key`` (an Airflow dag_id/run_id) of a job of ``team``, created on first call
-    only."""
-    exp_id = experiment_id(c, experiment)
+    only, in the team's experiment ``experiment``."""
+    exp_id = experiment_id(c, experiment, team)
     found = c.search_runs([exp_id], filter_string=f"tags.`{RUN_KEY_TAG}` = {quote(run_key)}", max_results=1)
     if found:
         return found[0].info.run_id

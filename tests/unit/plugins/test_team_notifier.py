@@ -90,7 +90,7 @@ def test_a_failure_before_the_spec_was_valid_goes_to_the_log_only_and_a_promotio
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
     c = mt.client()
-    run = c.create_run(mt.experiment_id(c, "digits")).info.run_id
+    run = c.create_run(mt.experiment_id(c, "digits", "default")).info.run_id
     c.create_registered_model("digits")
     c.create_model_version("digits", source=f"runs:/{run}/model", run_id=run, tags={"team": "vision"})
     promotion = {**_context("verify", {}, error="signature does not verify\n..."), "params": {"model": "digits"}}

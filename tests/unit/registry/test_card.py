@@ -26,7 +26,7 @@ def _version(c, tmp_path, recipe: str, n: int) -> str:
     from trainyard.audit import AuditLog
     from trainyard.tracking import mlflow_tracking as mt
 
-    run = c.create_run(mt.experiment_id(c, NAME), tags={"dependencies.sha256": "d" * 64}).info.run_id
+    run = c.create_run(mt.experiment_id(c, NAME, "vision"), tags={"dependencies.sha256": "d" * 64}).info.run_id
     folder = tmp_path / f"run{n}"
     for rel, text in {
         "spec/job_spec.json": json.dumps({"name": NAME, "recipe": recipe}),

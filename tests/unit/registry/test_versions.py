@@ -47,7 +47,7 @@ def reg(trainyard_home, tmp_path, monkeypatch):
 
     signing.ensure_keypair()  # the trainyard_home fixture may already come with one
     c = mt.client()
-    exp = mt.experiment_id(c, NAME)
+    exp = mt.experiment_id(c, NAME, "default")
     run = c.create_run(exp).info.run_id
     c.log_artifacts(run, str(_files(tmp_path / "v1", 1)), "model")
     c.create_registered_model(NAME)

@@ -40,7 +40,7 @@ def test_collect_training_costs_every_recorded_try(trainyard_home, tmp_path):
 
     spec = parse_spec({"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 2}})
     c = mt.client()
-    run_id = c.create_run(mt.experiment_id(c, "cost")).info.run_id
+    run_id = c.create_run(mt.experiment_id(c, "cost", "default")).info.run_id
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "train_result.json").write_text(json.dumps({"steps": 10}))
     (tmp_path / "work" / "model.pt").write_bytes(b"weights")

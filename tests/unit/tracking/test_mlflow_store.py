@@ -11,7 +11,7 @@ def _first_use(home: str, out) -> None:
 
     try:
         c = mt.client()
-        mt.experiment_id(c, "digits")
+        mt.experiment_id(c, "digits", "default")
         out.put("ok")
     except Exception as err:  # noqa: BLE001 - reported to the test
         out.put(repr(err))

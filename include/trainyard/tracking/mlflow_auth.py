@@ -1,0 +1,188 @@
+"""A team's MLflow experiments, runs and registered models readable by its members only, by MLflow's own
+permissions, on a tracking server that runs MLflow's authentication app (``mlflow server --app-name
+basic-auth``, as the cluster profile does):
+
+* the server reads :func:`write_config`'s file: ``default_permission = NO_PERMISSIONS``, so a user reads
+  nothing they were not given; its admin is trainyard's service account, whose name and password the
+  Airflow components and workers hold (``MLFLOW_TRACKING_USERNAME``, ``MLFLOW_TRACKING_PASSWORD``), so the
+  tasks log and register as it;
+* each team of ``resources.yaml`` has a role, :func:`role_name`, in MLflow's default workspace;
+* an experiment (a job name's, owned by the team of its first run) and a registered model (owned by the
+  team that first registered it) are granted READ to the owning team's role as they are made
+  (:func:`grant_team_read`, called by :func:`trainyard.tracking.mlflow_tracking.experiment_id` and
+  :func:`trainyard.registry.ownership.claim`); their runs and versions follow them;
+* :func:`sync` gives every Airflow user an MLflow user with the same password (one login for both UIs),
+  makes Airflow's admins MLflow admins, assigns each user the roles of the teams ``resources.yaml`` lists
+  them in (and takes the others away), and makes the roles' grants what the owner tags say (granting
+  what a failed grant missed, taking back a model given to another team): run it after a change of
+  ``members`` or owners (the cluster profile runs it at every ``up``).
+
+Where the tracking store is no such server (the local profile's SQLite store, read by whoever may read
+its file) nothing here does anything: :func:`enabled`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainyard import paths
+
+READ = "READ"
+WORKSPACE = "default"  # where MLflow keeps roles while workspaces are off
+ROLE_PREFIX = "trainyard-team-"
+SERVICE_USER_ENV, SERVICE_PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+
+
+def enabled() -> bool:
+    """Whether the tracking store is a server this process logs into (the auth app's service account)."""
+    return bool(os.environ.get(SERVICE_USER_ENV)) and paths.mlflow_tracking_uri().startswith(("http://", "https://"))
+
+
+def role_name(team: str) -> str:
+    return f"{ROLE_PREFIX}{team}"
+
+
+def write_config(path: Path, database_uri: str, service_user: str, service_password: str) -> Path:
+    """The auth app's configuration (``MLFLOW_AUTH_CONFIG_PATH``): nobody reads what they were not given;
+    the service account is its admin. Written readable by its owner only (it holds the admin's password)."""
+    from trainyard.files import atomic_write
+
+    text = (
+        "[mlflow]\n"
+        "default_permission = NO_PERMISSIONS\n"
+        f"database_uri = {database_uri}\n"
+        f"admin_username = {service_user}\n"
+        f"admin_password = {service_password}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        "grant_default_workspace_access = false\n"
+    )
+    atomic_write(path, text.encode())  # mode 0600
+    return path
+
+
+def server_env(config: Path, secret_key: str) -> dict[str, str]:
+    """What ``mlflow server --app-name basic-auth`` is started with: :func:`write_config`'s file, and the key
+    that signs its forms' CSRF tokens (the same for every worker of the server)."""
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": secret_key}
+
+
+def _client():
+    from mlflow.server.auth.client import AuthServiceClient
+
+    return AuthServiceClient(paths.mlflow_tracking_uri())
+
+
+def _already(err: Exception) -> bool:
+    return getattr(err, "error_code", "") == "RESOURCE_ALREADY_EXISTS"
+
+
+def _role_ids(auth, teams) -> dict[str, int]:
+    """Each of ``teams``' role id, each role made where missing."""
+    from mlflow.exceptions import MlflowException
+
+    have = {r.name: r.id for r in auth.list_roles(WORKSPACE)}
+    ids = {}
+    for team in teams:
+        name = role_name(team)
+        if name not in have:
+            try:
+                have[name] = auth.create_role(WORKSPACE, name, f"members of trainyard team {team}: read its work").id
+            except MlflowException as err:  # made at once by another process
+                if not _already(err):
+                    raise
+                have = {r.name: r.id for r in auth.list_roles(WORKSPACE)}
+        ids[team] = have[name]
+    return ids
+
+
+def _grant(auth, role_id: int, resource_type: str, resource: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        auth.add_role_permission(role_id, resource_type, resource, READ)
+    except MlflowException as err:
+        if not _already(err):
+            raise
+
+
+def grant_team_read(team: str, *, experiment_id: str | None = None, model: str | None = None) -> None:
+    """Let ``team``'s members read experiment ``experiment_id`` (its runs with it) or registered model
+    ``model`` (its versions with it); nothing where MLflow's auth app is not in use."""
+    if not enabled():
+        return
+    auth = _client()
+    role = _role_ids(auth, [team])[team]
+    if experiment_id is not None:
+        _grant(auth, role, "experiment", experiment_id)
+    if model is not None:
+        _grant(auth, role, "registered_model", model)
+
+
+def _every(search):
+    """Every item of an MLflow search, page by page."""
+    token = None
+    while True:
+        page = search(max_results=1000, page_token=token)
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
+@dataclass(frozen=True)
+class Login:
+    """An Airflow user as MLflow is told of them: password and whether an admin."""
+
+    password: str
+    admin: bool = False
+
+
+def sync(teams: list[str], teams_of: Mapping[str, list[str]], logins: Mapping[str, Login]) -> dict[str, list[str]]:
+    """Make MLflow's users, roles and grants say what Airflow and ``resources.yaml`` say: a role for each of
+    ``teams`` (every team of the file); every user of ``logins`` with that password and admin flag, holding
+    the roles of exactly their teams (``teams_of``: user -> teams; a trainyard role of a team no longer
+    theirs, or no longer listed, is taken away); and each team's experiments and models granted READ to its
+    role by their owner tags. Returns each user's teams, as set."""
+    from mlflow.exceptions import MlflowException
+
+    from trainyard.registry.ownership import OWNER_TAG
+    from trainyard.tracking.mlflow_tracking import RUN_TEAM_TAG, client
+
+    auth = _client()
+    roles = _role_ids(auth, teams)
+    for user, login in sorted(logins.items()):
+        try:
+            auth.create_user(user, login.password)
+        except MlflowException as err:
+            if not _already(err):
+                raise
+            auth.update_user_password(user, login.password)
+        auth.update_user_admin(user, login.admin)
+        held = {r.name: r.id for r in auth.list_user_roles(user) if r.name.startswith(ROLE_PREFIX)}
+        wanted = {role_name(t): roles[t] for t in teams_of.get(user, []) if t in roles}
+        for name, role_id in held.items():
+            if name not in wanted:
+                auth.unassign_role(user, role_id)
+        for name, role_id in wanted.items():
+            if name not in held:
+                auth.assign_role(user, role_id)
+    c = client()
+    wanted_grants: set[tuple[int, str, str]] = set()  # (role, resource type, resource): what the tags say
+    for exp in _every(c.search_experiments):
+        owner = (exp.tags or {}).get(RUN_TEAM_TAG)
+        if owner in roles:
+            wanted_grants.add((roles[owner], "experiment", exp.experiment_id))
+    for model in _every(c.search_registered_models):
+        owner = (model.tags or {}).get(OWNER_TAG)
+        if owner in roles:
+            wanted_grants.add((roles[owner], "registered_model", model.name))
+    for role_id in roles.values():  # a model given to another team: its team before reads it no longer
+        for granted in auth.list_role_permissions(role_id):
+            if (role_id, granted.resource_type, granted.resource_pattern) not in wanted_grants:
+                auth.remove_role_permission(granted.id)
+    for role_id, resource_type, resource in sorted(wanted_grants):
+        _grant(auth, role_id, resource_type, resource)
+    return {user: sorted(teams_of.get(user, [])) for user in sorted(logins)}
