@@ -238,16 +238,21 @@ def plan_retraining(job: RetrainingJob, events: list[dict[str, Any]]) -> dict[st
     """What a run of ``job``'s DAG trains: the commit the triggering asset events name (the newest), else
     the head of ``dataset.ref`` now; and, in ``skip``, why it need not train at all (else None)."""
     from trainyard.data.stores import open_store
+    from trainyard.datasets import check_job_access
     from trainyard.pipeline import resolve_dataset
 
     ds = job.spec.dataset
     named = commit_from_events(events, job)
     if named is None:  # the head now (a built-in source is ingested first, as a training run would)
         commit = resolve_dataset(job.spec)["commit"]
-    elif on_branch(open_store(ds.store), ds.repo, ds.ref, named):
-        commit = named
     else:
-        raise SpecError(f"an asset event for {job.dataset_uri} names commit {named[:12]}, which is not on that branch")
+        store = open_store(ds.store)
+        check_job_access(store, job.spec)  # a repository of the job's team, or public, as for a training
+        if not on_branch(store, ds.repo, ds.ref, named):
+            raise SpecError(
+                f"an asset event for {job.dataset_uri} names commit {named[:12]}, which is not on that branch"
+            )
+        commit = named
     spec = pinned(job.spec, commit)
     return {
         "conf": spec.model_dump(mode="json"),

@@ -12,12 +12,13 @@ def main() -> int:
     from trainyard.scheduling.resources import resources_in_force
     from trainyard.teams import teams_of
     from trainyard.tracking import mlflow_auth
+    from trainyard.tracking.mlflow_tracking import client
     from trainyard_airflow.auth import logins
 
     if not mlflow_auth.enabled():
         raise SystemExit("the tracking store is no MLflow server this process logs into (MLFLOW_TRACKING_USERNAME)")
     config, users = resources_in_force(), logins()
-    done = mlflow_auth.sync(sorted(config.teams), {user: teams_of(config, user) for user in users}, users)
+    done = mlflow_auth.sync(client(), sorted(config.teams), {user: teams_of(config, user) for user in users}, users)
     print(json.dumps(done, sort_keys=True))
     return 0
 

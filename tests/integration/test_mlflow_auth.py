@@ -87,7 +87,7 @@ def test_a_team_s_experiments_runs_and_models_are_read_by_its_members_only(as_se
     logins = {user: mlflow_auth.Login(password, admin=user == "root") for user, password in PASSWORDS.items()}
     teams_of = {"alice": ["vision"], "tina": ["default"], "root": []}
     teams = ["default", "vision"]
-    assert mlflow_auth.sync(teams, teams_of, logins) == teams_of
+    assert mlflow_auth.sync(c, teams, teams_of, logins) == teams_of
 
     def reads(user: str, team: str) -> set[int]:
         experiment, run, model = made[team]
@@ -114,7 +114,7 @@ def test_a_team_s_experiments_runs_and_models_are_read_by_its_members_only(as_se
 
     # alice leaves team vision, and vision's model is given to team default: MLflow follows at the next sync
     ownership.set_owner(c, "vision-net", "default", replace=True)
-    mlflow_auth.sync(teams, {**teams_of, "alice": []}, logins)
+    mlflow_auth.sync(c, teams, {**teams_of, "alice": []}, logins)
     assert reads("alice", "vision") == {403}
     assert _get(url, "registered-models/get", "tina", name="vision-net").status_code == 200
     with pytest.raises(NotAllowed):  # the policy check the first task makes, from the same tags

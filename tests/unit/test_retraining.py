@@ -114,11 +114,13 @@ def test_the_spec_digest_changes_with_any_field_and_pinning(tmp_path):
 def test_a_run_pins_the_head_or_the_event_s_commit_and_skips_what_is_registered(trainyard_home, tmp_path):
     """A real local store and a real MLflow registry: the commit comes from the event or the branch head; a
     version registered from that commit and spec makes the run skip, naming the version."""
+    from trainyard.data.ownership import OWNER_KEY
     from trainyard.data.store import ingest_files
     from trainyard.data.stores import open_store
     from trainyard.tracking import mlflow_tracking as mt
 
     store = open_store("local")
+    store.create_repo("pets", metadata={OWNER_KEY: "default"})  # team default's uploads
     first = ingest_files(store, "pets", "main", {"a.txt": b"1"}, "one", {}).id
     second = ingest_files(store, "pets", "main", {"a.txt": b"2"}, "two", {}).id
     job = read_job_file(_job(tmp_path, "pets.yaml", ON_DATA))

@@ -10,8 +10,9 @@ One with neither is refused until an admin names its owner (``trainyard models o
 from __future__ import annotations
 
 from trainyard.errors import PermanentError, RetryableError
+from trainyard.tracking.mlflow_auth import TEAM_TAG
 
-OWNER_TAG = "trainyard.team"
+OWNER_TAG = TEAM_TAG
 VERSION_TEAM_TAG = "team"  # the team of the run that registered a version (its lineage)
 
 

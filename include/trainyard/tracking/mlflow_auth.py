@@ -30,6 +30,9 @@ from pathlib import Path
 
 from trainyard import paths
 
+# The team that owns an MLflow object: a run's and an experiment's (the team of the job that made them), a
+# registered model's (trainyard.registry.ownership): whose role may read it
+TEAM_TAG = "trainyard.team"
 READ = "READ"
 WORKSPACE = "default"  # where MLflow keeps roles while workspaces are off
 ROLE_PREFIX = "trainyard-team-"
@@ -140,16 +143,13 @@ class Login:
     admin: bool = False
 
 
-def sync(teams: list[str], teams_of: Mapping[str, list[str]], logins: Mapping[str, Login]) -> dict[str, list[str]]:
+def sync(c, teams: list[str], teams_of: Mapping[str, list[str]], logins: Mapping[str, Login]) -> dict[str, list[str]]:
     """Make MLflow's users, roles and grants say what Airflow and ``resources.yaml`` say: a role for each of
     ``teams`` (every team of the file); every user of ``logins`` with that password and admin flag, holding
     the roles of exactly their teams (``teams_of``: user -> teams; a trainyard role of a team no longer
     theirs, or no longer listed, is taken away); and each team's experiments and models granted READ to its
-    role by their owner tags. Returns each user's teams, as set."""
+    role by their owner tags (read with the MLflow client ``c``). Returns each user's teams, as set."""
     from mlflow.exceptions import MlflowException
-
-    from trainyard.registry.ownership import OWNER_TAG
-    from trainyard.tracking.mlflow_tracking import RUN_TEAM_TAG, client
 
     auth = _client()
     roles = _role_ids(auth, teams)
@@ -169,14 +169,13 @@ def sync(teams: list[str], teams_of: Mapping[str, list[str]], logins: Mapping[st
         for name, role_id in wanted.items():
             if name not in held:
                 auth.assign_role(user, role_id)
-    c = client()
     wanted_grants: set[tuple[int, str, str]] = set()  # (role, resource type, resource): what the tags say
     for exp in _every(c.search_experiments):
-        owner = (exp.tags or {}).get(RUN_TEAM_TAG)
+        owner = (exp.tags or {}).get(TEAM_TAG)
         if owner in roles:
             wanted_grants.add((roles[owner], "experiment", exp.experiment_id))
     for model in _every(c.search_registered_models):
-        owner = (model.tags or {}).get(OWNER_TAG)
+        owner = (model.tags or {}).get(TEAM_TAG)
         if owner in roles:
             wanted_grants.add((roles[owner], "registered_model", model.name))
     for role_id in roles.values():  # a model given to another team: its team before reads it no longer

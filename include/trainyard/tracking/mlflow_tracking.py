@@ -10,12 +10,12 @@ from pathlib import Path
 
 from trainyard import paths
 from trainyard.errors import PermanentError
+from trainyard.tracking import mlflow_auth
+from trainyard.tracking.mlflow_auth import TEAM_TAG
 
 # The one name of a run's identity (its run key: "<dag_id>/<run_id>" for an Airflow run), on the MLflow run
 # and on the model version registered from it; retries find both by it.
 RUN_KEY_TAG = "trainyard.run_key"
-# The team whose job made a run: whose members (and admins) may read it (trainyard.acting)
-RUN_TEAM_TAG = "trainyard.team"
 
 
 _CREATED: set[str] = set()  # SQLite stores this process has seen created
@@ -51,10 +51,10 @@ class ExperimentOfAnotherTeam(PermanentError):
 
 
 def experiment_owner(c, name: str) -> str | None:
-    """The team that owns experiment ``name`` (its tag :data:`RUN_TEAM_TAG`); None: no such experiment, or
+    """The team that owns experiment ``name`` (its tag :data:`TEAM_TAG`); None: no such experiment, or
     one from before owners were recorded (the next job to use it records its team)."""
     exp = c.get_experiment_by_name(name)
-    return None if exp is None else (exp.tags or {}).get(RUN_TEAM_TAG)
+    return None if exp is None else (exp.tags or {}).get(TEAM_TAG)
 
 
 def experiment_id(c, name: str, team: str) -> str:
@@ -63,22 +63,20 @@ def experiment_id(c, name: str, team: str) -> str:
     :mod:`trainyard.tracking.mlflow_auth`); ExperimentOfAnotherTeam when another team owns it."""
     from mlflow.exceptions import MlflowException
 
-    from trainyard.tracking import mlflow_auth
-
     exp = c.get_experiment_by_name(name)
     if exp is None:
         root = paths.mlflow_artifact_root()
         try:
             made = c.create_experiment(
-                name, artifact_location=f"{root}/{name}" if root else None, tags={RUN_TEAM_TAG: team}
+                name, artifact_location=f"{root}/{name}" if root else None, tags={TEAM_TAG: team}
             )
             mlflow_auth.grant_team_read(team, experiment_id=made)
             return made
         except MlflowException:  # created concurrently by another task
             exp = c.get_experiment_by_name(name)
-    owner = (exp.tags or {}).get(RUN_TEAM_TAG)
+    owner = (exp.tags or {}).get(TEAM_TAG)
     if owner is None:  # made before owners were recorded: the first job since records its team
-        c.set_experiment_tag(exp.experiment_id, RUN_TEAM_TAG, team)
+        c.set_experiment_tag(exp.experiment_id, TEAM_TAG, team)
         mlflow_auth.grant_team_read(team, experiment_id=exp.experiment_id)
     elif owner != team:
         raise ExperimentOfAnotherTeam(
@@ -95,7 +93,7 @@ def ensure_run(c, experiment: str, run_key: str, run_name: str, team: str, tags:
     found = c.search_runs([exp_id], filter_string=f"tags.`{RUN_KEY_TAG}` = {quote(run_key)}", max_results=1)
     if found:
         return found[0].info.run_id
-    run = c.create_run(exp_id, run_name=run_name, tags={RUN_KEY_TAG: run_key, RUN_TEAM_TAG: team, **tags})
+    run = c.create_run(exp_id, run_name=run_name, tags={RUN_KEY_TAG: run_key, TEAM_TAG: team, **tags})
     return run.info.run_id
 
 

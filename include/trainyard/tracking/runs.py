@@ -104,9 +104,9 @@ class Run:
     @property
     def team(self) -> str | None:
         """The team whose job made the run (a run from before the tag: its ``resources.team`` param)."""
-        from trainyard.tracking.mlflow_tracking import RUN_TEAM_TAG
+        from trainyard.tracking.mlflow_auth import TEAM_TAG
 
-        return self.tags.get(RUN_TEAM_TAG) or self.params.get("resources.team")
+        return self.tags.get(TEAM_TAG) or self.params.get("resources.team")
 
     def value(self, name: str) -> Any:
         for source in (self.metrics, self.params, self.tags):
