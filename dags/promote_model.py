@@ -157,7 +157,8 @@ def promote_model():
         from trainyard import teams
         from trainyard.registry.versions import promote
         from trainyard.tracking.mlflow_tracking import client
-        from trainyard_airflow.auth import authorize_move, check_approver
+        from trainyard_airflow.auth import authorize_move
+        from trainyard_airflow.operators.approval import approved_by
 
         ctx = get_current_context()
         dag_run = ctx["dag_run"]
@@ -165,11 +166,10 @@ def promote_model():
         # the owner and the policy as they are now (it may have changed while the move waited), not as
         # verify's XCom says: a user may write XComs
         config, owner = authorize_move(model, requester, TEAM)
-        extra: dict[str, str | None] = {"dag_run": f"{dag_run.dag_id}/{dag_run.run_id}", "team": owner}
+        run_key = f"{dag_run.dag_id}/{dag_run.run_id}"
+        extra: dict[str, str | None] = {"dag_run": run_key, "team": owner}
         if teams.needs_approval(config, owner, alias):
-            answer = ctx["ti"].xcom_pull(task_ids="approve") or {}
-            extra["approved_by"] = (answer.get("responded_by_user") or {}).get("name")
-            check_approver(model, requester, extra["approved_by"])
+            extra["approved_by"] = approved_by(model, requester, run_key, verified["version"])
         return promote(
             client(),
             model,

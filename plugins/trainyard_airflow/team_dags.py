@@ -68,3 +68,23 @@ def bundle_team(path: str) -> str | None:
         if bundle.get("team_name") and root and where.startswith(os.path.abspath(root) + os.sep):
             return str(bundle["team_name"])
     return None
+
+
+def jobs_without_a_bundle(jobs: list) -> dict[str, str]:
+    """In multi-team mode, the job files (:class:`trainyard.retraining.RetrainingJob`) of ``jobs`` whose team
+    owns no DAG bundle (added to resources.yaml since the config was rendered), so no bundle makes their
+    DAGs: the error of each, by its name. {} where multi-team mode is off (the shared bundle makes them all)."""
+    from airflow.configuration import AIRFLOW_HOME
+
+    if not multi_team():
+        return {}
+    have = set(bundle_teams(Path(AIRFLOW_HOME)))
+    return {
+        job.name: (
+            f"job file {job.name!r}: team {job.spec.resources.team!r} has no DAG bundle yet, so no DAG is made of it "
+            "file: run `make setup` (it renders each team's bundle and runs `airflow teams sync`) and restart "
+            "Airflow (`make up`)"
+        )
+        for job in jobs
+        if job.spec.resources.team not in have
+    }

@@ -1,5 +1,6 @@
 """promote_model through Airflow (`dag.test()`): a signed version moves to production; a tampered one does not."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -175,11 +176,29 @@ def test_with_approval(dag, staged, option):
         assert alias_holder(staged["client"], NAME, "production") == staged["version"]
         [entry] = History().entries(NAME, "production")
         assert entry["approved_by"] == "cid" and entry["user"] == "dag_test" and entry["team"] == "default"
+        _the_move_reads_its_approval_from_the_audit_trail(entry["dag_run"], staged["version"])
     else:
         assert dr.state == "failed", states
         assert states["approve"] == "failed" and states["move_alias"] == "upstream_failed"
         assert alias_holder(staged["client"], NAME, "production") is None
         assert History().entries(NAME, "production") == []
+
+
+def _the_move_reads_its_approval_from_the_audit_trail(run: str, version: str) -> None:
+    """The approve task recorded who approved which version in the audit trail, which no user writes (an
+    XCom they may, over REST): the move's check reads it there, and holds it to the version."""
+    from trainyard.audit import AuditLog
+    from trainyard.teams import NotAllowed
+    from trainyard_airflow.operators.approval import APPROVAL, approved_by
+
+    [approval] = [e for e in AuditLog().entries(APPROVAL) if e["dag_run"] == run]
+    assert (approval["actor"], approval["version"], approval["requester"]) == ("cid", version, "dag_test")
+    assert approved_by(NAME, "dag_test", run, version) == "cid"
+    other = re.escape(f"version {version} of '{NAME}' was approved in {run}, not version 99")
+    with pytest.raises(NotAllowed, match=other):
+        approved_by(NAME, "dag_test", run, "99")  # another version than the approved one
+    with pytest.raises(NotAllowed, match="needs an approval, and none was recorded"):
+        approved_by(NAME, "dag_test", "promote_model/another-run", version)  # a run nobody approved
 
 
 def test_the_requester_cannot_approve_their_own_move(dag, staged):

@@ -6,7 +6,8 @@ only when the run runs (the model's owning team, the requester), so this operato
 ``verify`` task's XCom (:func:`trainyard.teams.approvers`). When the answer comes back (from the API
 server's record of who answered, not from an XCom a user could write) it is checked against the owning
 team's policy as it is then (:func:`trainyard.teams.check_approval`), so a team open to everyone (no names
-to assign) is held too, and ``move_alias`` checks it once more.
+to assign) is held too, and recorded in the audit trail (:func:`approval_of`), from where ``move_alias``
+reads it and checks it once more, with the version it approved.
 
 ``assigned_users`` are user ids as the auth manager knows them; under the simple auth manager (the
 default) a user's id is their name, which is what resources.yaml lists. Under another auth manager whose ids
@@ -46,9 +47,47 @@ class TeamApprovalOperator(ApprovalOperator):
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        from trainyard.audit import AuditLog
         from trainyard_airflow.auth import check_approver
 
         answer = super().execute_complete(context, event)  # a Reject fails the task here
         approver = (answer.get("responded_by_user") or {}).get("name")
-        check_approver(context["params"]["model"], context["dag_run"].triggering_user_name, approver)
+        params, dag_run = context["params"], context["dag_run"]
+        check_approver(params["model"], dag_run.triggering_user_name, approver)
+        # the approval where the move reads it: the audit trail, which no user writes (an XCom they may)
+        verified = context["ti"].xcom_pull(task_ids=self.verify_task)
+        AuditLog().append(
+            APPROVAL,
+            str(approver),
+            model=params["model"],
+            alias=params["alias"],
+            version=str(verified["version"]),
+            requester=dag_run.triggering_user_name,
+            dag_run=f"{dag_run.dag_id}/{dag_run.run_id}",
+        )
         return answer
+
+
+APPROVAL = "approval"  # the audit trail's entries of a given approval (TeamApprovalOperator, approval_of)
+
+
+def approval_of(dag_run: str) -> dict | None:
+    """The approval given in run ``dag_run`` (``dag_id/run_id``), as the ``approve`` task recorded it from
+    the API server's answer: its audit entry (``actor``: who approved; ``version``: of what), or None."""
+    from trainyard.audit import AuditLog
+
+    found = [e for e in AuditLog().entries(APPROVAL) if e.get("dag_run") == dag_run]
+    return found[-1] if found else None
+
+
+def approved_by(model: str, requester: str | None, dag_run: str, version: str) -> str:
+    """Who approved run ``dag_run``'s move of ``model`` to ``version``, from the audit trail (never an
+    XCom); NotAllowed unless that approval was recorded, of this version, by someone who may give it."""
+    from trainyard.teams import NotAllowed
+    from trainyard_airflow.auth import check_approver
+
+    approval = approval_of(dag_run) or {}
+    check_approver(model, requester, approval.get("actor"))
+    if approval["version"] != str(version):
+        raise NotAllowed(f"version {approval['version']} of {model!r} was approved in {dag_run}, not version {version}")
+    return str(approval["actor"])

@@ -79,3 +79,29 @@ def test_in_a_team_s_bundle_the_pipeline_is_the_team_s_own_and_in_the_shared_one
     }
     for path in shared:
         assert parsed[path] == {"errors": {}, "dags": {}}  # no DAG that every team's runs would share
+
+
+def test_a_job_file_whose_team_has_no_bundle_yet_is_an_import_error_that_says_what_to_do(tmp_path):
+    """A team added to resources.yaml since the config was rendered has no bundle, so nothing makes its job
+    files' DAGs: Airflow lists that among the import errors, naming the job file and the fix."""
+    home, jobs = tmp_path / "airflow", tmp_path / "jobs"
+    (home / "team_dags" / "default").mkdir(parents=True)  # team vision's bundle was never rendered
+    jobs.mkdir()
+    job = "retrain_on: new_commits\nname: pets\ndataset: {repo: pets, source: none}\n"
+    (jobs / "mine.yaml").write_text(job + "resources: {team: default}\n")
+    (jobs / "theirs.yaml").write_text(job.replace("pets", "cats") + "resources: {team: vision}\n")
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "TRAINYARD_JOBS_DIR": str(jobs),
+        "AIRFLOW__CORE__MULTI_TEAM": "True",
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([{"name": "dags-folder", "classpath": LOCAL}]),
+    }
+    errors_file = str(REPO / "dags" / "retrain_jobs_errors.py")
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE, errors_file], env=env, cwd=REPO, check=True, capture_output=True, text=True
+    )
+    (error,) = json.loads(done.stdout.splitlines()[-1])[errors_file]["errors"].values()
+    assert "job file 'theirs': team 'vision' has no DAG bundle yet" in error and "make setup" in error
+    assert "'mine'" not in error
