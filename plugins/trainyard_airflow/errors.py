@@ -6,7 +6,7 @@ once with ``AirflowFailException``: no retries, the message as the reason. Anyth
 error, a crash) propagates unchanged and the task's retries apply.
 
 Every task in ``dags/*.py`` is wrapped with :func:`fail_permanently`, instead of each task catching its own
-errors.
+errors. A team check's refusal is also written to the audit trail there, whichever task made it.
 """
 
 from __future__ import annotations
@@ -33,8 +33,30 @@ def fail_permanently(fn: F) -> F:
             if is_permanent(err):
                 from airflow.sdk.exceptions import AirflowFailException
 
+                _audit_if_refused(err)
                 raise AirflowFailException(str(err)) from None  # the message says it all
             raise
 
     wrapper.maps_permanent_errors = True  # type: ignore[attr-defined]  # what the DAG integrity test looks for
     return wrapper  # type: ignore[return-value]
+
+
+def _audit_if_refused(err: Exception) -> None:
+    """A team check's refusal (:class:`trainyard.teams.NotAllowed`: another team's model, experiment,
+    dataset, alias move or approval) in the audit trail: who tried what, in which run."""
+    from trainyard.teams import NotAllowed
+
+    if not isinstance(err, NotAllowed):
+        return
+    from airflow.sdk import get_current_context
+
+    from trainyard.audit import AuditLog
+    from trainyard_airflow.auth import triggering_user
+
+    dag_run = get_current_context()["dag_run"]
+    AuditLog().append(
+        "ownership_refusal",
+        triggering_user() or "scheduler",
+        dag_run=f"{dag_run.dag_id}/{dag_run.run_id}",
+        refused=str(err),
+    )

@@ -215,6 +215,7 @@ def test_the_requester_cannot_approve_their_own_move(dag, staged):
 
 def test_a_user_outside_the_owning_team_cannot_move_its_aliases(dag, staged, policy):
     """Team vision (members admin, alice) owns the model: dag_test may neither promote nor roll back."""
+    from trainyard.audit import AuditLog
     from trainyard.registry import ownership
     from trainyard.registry.versions import alias_holder
 
@@ -228,3 +229,8 @@ def test_a_user_outside_the_owning_team_cannot_move_its_aliases(dag, staged, pol
     states = task_states(dag.test(run_conf={"model": NAME, "version": "", "alias": "production", "reason": "x"}))
     assert states["verify"] == "failed", states
     assert alias_holder(staged["client"], NAME, "production") is None
+    refusals = AuditLog().entries("ownership_refusal")  # each refusal, whichever task made it, is audited
+    assert [e["actor"] for e in refusals] == ["dag_test"] * 3
+    assert "may not move aliases of model" in refusals[-1]["refused"] and refusals[-1]["dag_run"].startswith(
+        "promote_model/"
+    )
