@@ -105,6 +105,24 @@ def _spec(xcom: dict) -> JobSpec:
     return spec
 
 
+def _dataset(spec: JobSpec, xcom: dict) -> dict:
+    """A task's dataset XCom, held to the job's spec (:func:`trainyard.pipeline.pinned_dataset`): a user may
+    write XComs, and one naming another team's repository would hand its data to this job."""
+    from trainyard.pipeline import pinned_dataset
+    from trainyard_airflow.hooks.lakefs_hook import register_store
+
+    register_store()
+    return pinned_dataset(spec, xcom)
+
+
+def _prepared(spec: JobSpec, dataset: dict) -> dict:
+    """The prepared data's manifest as ``prepare_data`` left it in the cache (a cache hit; built again where
+    it is missing), not as an XCom says: one could point the training at another run's files."""
+    from trainyard.pipeline import prepare_data
+
+    return prepare_data(spec, dataset)
+
+
 def _run_key() -> str:
     """The ledger's and the run directory's name for this run; ``RUN_KEY`` is the same as a template."""
     dag_run = get_current_context()["dag_run"]
@@ -134,8 +152,22 @@ def _linked(task_output: Any) -> Any:
 
 
 def _job_spec(spec: dict, trained: dict) -> JobSpec:
-    """The JobSpec of what was trained: a sweep's best trial has its own values (``trial_spec``)."""
-    return _spec(trained.get("trial_spec") or spec)
+    """The JobSpec of what was trained (a sweep's best trial has its own values: ``trial_spec``), once the
+    training's result is held to it (:func:`trainyard.pipeline.own_run_files`: a user may write XComs)."""
+    from trainyard.pipeline import own_run_files
+
+    job_spec = _spec(trained.get("trial_spec") or spec)
+    if job_spec.name != spec["name"]:
+        raise PermanentError(f"the trained trial's spec names job {job_spec.name!r}, not {spec['name']!r}")
+    own_run_files(job_spec, trained)
+    return job_spec
+
+
+def _run_data(job_spec: JobSpec) -> dict:
+    """The run's prepared data (:func:`_prepared`), from its pinned dataset (:func:`_dataset`): for the
+    steps after training, which are handed no dataset."""
+    dataset = get_current_context()["ti"].xcom_pull(task_ids="resolve_dataset")
+    return _prepared(job_spec, _dataset(job_spec, dataset))
 
 
 def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) -> dict:
@@ -211,7 +243,8 @@ def train_pipeline():
         from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
-        return check(_spec(spec), dataset, _run_key())
+        job_spec = _spec(spec)
+        return check(job_spec, _dataset(job_spec, dataset), _run_key())
 
     @task
     @fail_permanently
@@ -221,7 +254,8 @@ def train_pipeline():
         from trainyard_airflow.hooks.lakefs_hook import register_store
 
         register_store()
-        return prepare(_spec(spec), dataset)
+        job_spec = _spec(spec)
+        return prepare(job_spec, _dataset(job_spec, dataset))
 
     @task.branch
     @fail_permanently
@@ -246,6 +280,8 @@ def train_pipeline():
         from trainyard.training.usage import wall_seconds
 
         job_spec = _spec(spec)
+        dataset = _dataset(job_spec, dataset)
+        data = _prepared(job_spec, dataset)
         job = job_for(job_spec.resources, _run_key(), triggering_user())
         return _while_admitted(
             job,
@@ -288,6 +324,8 @@ def train_pipeline():
 
         job_spec = _spec(spec)
         assert job_spec.sweep is not None
+        dataset = _dataset(job_spec, dataset)
+        data = _prepared(job_spec, dataset)
         job = job_for(job_spec.resources, slot, triggering_user(), _run_key(), job_spec.sweep.parallelism)
         number = int(slot.rsplit("-", 1)[1])
         try:
@@ -324,8 +362,8 @@ def train_pipeline():
         ti = get_current_context()["ti"]
         if ti.xcom_pull(task_ids="plan_sweep") is None:
             raise AirflowSkipException("no sweep was planned in this run")
-        spec, dataset = ti.xcom_pull(task_ids="validate_spec"), ti.xcom_pull(task_ids="resolve_dataset")
-        return close(_spec(spec), dataset, _run_key())
+        job_spec = _spec(ti.xcom_pull(task_ids="validate_spec"))
+        return close(job_spec, _dataset(job_spec, ti.xcom_pull(task_ids="resolve_dataset")), _run_key())
 
     @task
     @fail_permanently
@@ -333,7 +371,9 @@ def train_pipeline():
         """MLflow run and run config on the shared volume, for the pods to start from."""
         from trainyard.pipeline import plan_training
 
-        return plan_training(_spec(spec), dataset, data, _run_key(), tags=_run_tags())
+        job_spec = _spec(spec)
+        dataset = _dataset(job_spec, dataset)
+        return plan_training(job_spec, dataset, _prepared(job_spec, dataset), _run_key(), tags=_run_tags())
 
     @task(**AT_TRAINING_END)
     @fail_permanently
@@ -361,7 +401,8 @@ def train_pipeline():
         """Metrics on the val split, logged to the MLflow run."""
         from trainyard.pipeline import evaluate as run
 
-        return run(_job_spec(spec, trained), trained, data)
+        job_spec = _job_spec(spec, trained)
+        return run(job_spec, trained, _run_data(job_spec))
 
     @task
     @fail_permanently
@@ -371,7 +412,8 @@ def train_pipeline():
         from trainyard.evaluation.gate import GateFailed
         from trainyard.pipeline import gate as check
 
-        result = check(_job_spec(spec, trained), metrics, data, trained)
+        job_spec = _job_spec(spec, trained)
+        result = check(job_spec, metrics, _run_data(job_spec), trained)
         get_current_context()["ti"].xcom_push(key="gate_result", value=result)
         if not result["passed"] and not _spec(spec).replay_of:  # a replay measures; its verdict is recorded
             raise GateFailed(result["message"])
@@ -389,7 +431,8 @@ def train_pipeline():
         if _spec(spec).replay_of:
             raise AirflowSkipException(f"a replay of {_spec(spec).replay_of} exports and registers nothing")
 
-        return run(_job_spec(spec, trained), trained, data)
+        job_spec = _job_spec(spec, trained)
+        return run(job_spec, trained, _run_data(job_spec))
 
     @task(on_success_callback=[TeamNotifier(event="registered")])
     @fail_permanently
@@ -402,7 +445,12 @@ def train_pipeline():
         user = triggering_user() or "train_pipeline"
         # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it
         identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
-        return run(_job_spec(spec, trained), dataset, trained, exported, metrics, _run_key(), identity, user=user)
+        from trainyard.pipeline import own_run_files
+
+        job_spec = _job_spec(spec, trained)
+        lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on
+        files = own_run_files(job_spec, exported)
+        return run(job_spec, lineage, trained, files, metrics, _run_key(), identity, user=user)
 
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for
     # at run time. `Any` says both to mypy, which still checks each call's arguments by count and name.

@@ -141,6 +141,56 @@ def resolve_dataset(spec: JobSpec) -> dict:
     return {"store": store.kind, "repo": ds.repo, "ref": ds.ref, "commit": commit_id, "digest": digest, "files": files}
 
 
+def pinned_dataset(spec: JobSpec, dataset: dict) -> dict:
+    """A later task's copy of ``resolve_dataset``'s result (an XCom, which a user may write), held to the
+    job: the store and repository its spec names, at a commit id (not a branch), in a repository its team
+    may read. Returns it; NotAllowed naming what differs."""
+    from trainyard.data.store import COMMIT_RE
+    from trainyard.datasets import check_read
+    from trainyard.teams import NotAllowed
+
+    ds = spec.dataset
+    where = f"{dataset.get('store')}:{dataset.get('repo')}@{str(dataset.get('commit'))[:64]}"
+    if (dataset.get("store"), dataset.get("repo")) != (ds.store, ds.repo) or not COMMIT_RE.fullmatch(
+        str(dataset.get("commit"))
+    ):
+        raise NotAllowed(
+            f"the dataset this task was handed ({where}) is not the job's ({ds.store}:{ds.repo} at a commit id): "
+            "resolve_dataset's result was changed; trigger the job again"
+        )
+    check_read(_store(ds.store), ds.repo, [spec.resources.team], admin=False)
+    return dataset
+
+
+def own_run_files(spec: JobSpec, result: dict) -> dict:
+    """A step's result (``train``'s, ``export_onnx``'s: an XCom, which a user may write) held to the job:
+    every file it names (``run_dir``, ``*_path``, ``input_example``, ``artifacts``) inside the job's own runs
+    folder (``runs/<name>/``: a job name is its team's), and its MLflow run (``mlflow_run_id``) one of the
+    job's experiment. Returns it; NotAllowed naming what is not the job's."""
+    from trainyard.teams import NotAllowed
+
+    root = (paths.runs_root() / spec.name).resolve()
+    files = [v for k, v in result.items() if k in ("run_dir", "input_example") or k.endswith("_path")]
+    files += list((result.get("artifacts") or {}).values())
+    for file in (f for f in files if f):
+        if root not in Path(str(file)).resolve().parents:
+            raise NotAllowed(
+                f"{file} is not a file of job {spec.name!r} (its runs are under {root}): this task's input was "
+                "changed; trigger the job again"
+            )
+    if result.get("mlflow_run_id"):
+        from trainyard.tracking import mlflow_tracking as mt
+
+        c = mt.client()
+        experiment = c.get_experiment(c.get_run(str(result["mlflow_run_id"])).info.experiment_id).name
+        if experiment != spec.name:
+            raise NotAllowed(
+                f"MLflow run {result['mlflow_run_id']} is one of {experiment!r}, not of job {spec.name!r}: this "
+                "task's input was changed; trigger the job again"
+            )
+    return result
+
+
 def checkout(dataset: dict) -> Path:
     """The commit's files on local disk (immutable, so cached by commit id)."""
     dest = paths.cache_root() / "checkouts" / dataset["repo"] / dataset["commit"]

@@ -126,3 +126,27 @@ def test_teams_creating_one_repository_at_once_agree_on_one_owner(tmp_path):
     owners = {owner for _, owner in seen}
     assert len(owners) == 1 and owners <= set(teams)
     assert ownership.owner(LocalStore(tmp_path / "store"), "shared-name") == RepoOwner(owners.pop())
+
+
+def test_a_later_task_s_dataset_and_files_are_held_to_the_job_whatever_its_xcom_says(trainyard_home, digits_folder):
+    """Users may write XComs: a later task's copy of the pinned dataset must be the job's repository at a
+    commit id, and the files a step hands on must be the job's own."""
+    from trainyard import paths
+    from trainyard.data.stores import open_store
+
+    store = open_store("local")
+    upload(store, "pets", "main", digits_folder, "vision")
+    theirs = pipeline.resolve_dataset(_job("vision", "pets"))
+    mine = pipeline.resolve_dataset(_job("nlp", "digits", "sklearn_digits"))
+    job = _job("nlp", "digits", "sklearn_digits")
+    assert pipeline.pinned_dataset(job, mine) == mine
+    for forged in ({**mine, "repo": "pets", "commit": theirs["commit"]}, {**mine, "commit": "main"}):
+        with pytest.raises(NotAllowed, match="resolve_dataset's result was changed"):
+            pipeline.pinned_dataset(job, forged)
+    own = paths.run_dir(job.name, "train_pipeline.nlp/r1")
+    assert pipeline.own_run_files(job, {"run_dir": str(own), "model_path": str(own / "model.pt")})
+    other = paths.run_dir("vision-net", "train_pipeline.vision/r1")
+    with pytest.raises(NotAllowed, match="is not a file of job 'm-nlp'"):
+        pipeline.own_run_files(job, {"run_dir": str(own), "model_path": str(other / "model.pt")})
+    with pytest.raises(NotAllowed, match="is not a file of job"):
+        pipeline.own_run_files(job, {"artifacts": {"tokenizer": str(own / ".." / ".." / "x")}})
