@@ -70,6 +70,7 @@ def _get(url: str, path: str, user: str, **params) -> requests.Response:
 
 
 def test_a_team_s_experiments_runs_and_models_are_read_by_its_members_only(as_service):
+    from trainyard.errors import PermanentError
     from trainyard.registry import ownership
     from trainyard.teams import NotAllowed
     from trainyard.tracking import mlflow_auth
@@ -111,6 +112,20 @@ def test_a_team_s_experiments_runs_and_models_are_read_by_its_members_only(as_se
     assert reads("root", "vision") == {200}  # an Airflow admin is an MLflow admin
     assert listed("alice") == {"vision-net"} and listed("tina") == {"default-net"}
     assert requests.get(f"{url}/api/2.0/mlflow/experiments/search", timeout=30).status_code == 401  # no login
+
+    # tina makes vision's next experiment before its job does (MLflow lets any user make one, and gives its
+    # maker MANAGE): the job refuses it, unsealed; the sync takes tina's rights away and seals it
+    squat = {"name": "squat-net", "tags": [{"key": "trainyard.team", "value": "vision"}]}
+    squatting = requests.post(
+        f"{url}/api/2.0/mlflow/experiments/create", json=squat, auth=("tina", PASSWORDS["tina"]), timeout=30
+    )
+    assert squatting.ok, squatting.text
+    with pytest.raises(PermanentError, match="experiment 'squat-net' was not made by trainyard's service account"):
+        mt.ensure_run(c, "squat-net", "train_pipeline.vision/r3", "r3", "vision", {})
+    mlflow_auth.sync(c, teams, teams_of, logins)
+    squatted = mt.ensure_run(c, "squat-net", "train_pipeline.vision/r3", "r3", "vision", {})
+    assert _get(url, "runs/get", "tina", run_id=squatted).status_code == 403
+    assert _get(url, "runs/get", "alice", run_id=squatted).status_code == 200
 
     # alice leaves team vision, and vision's model is given to team default: MLflow follows at the next sync
     ownership.set_owner(c, "vision-net", "default", replace=True)

@@ -189,9 +189,11 @@ def _the_move_reads_its_approval_from_the_audit_trail(run: str, version: str) ->
     XCom they may, over REST): the move's check reads it there, and holds it to the version."""
     from trainyard.audit import AuditLog
     from trainyard.teams import NotAllowed
-    from trainyard_airflow.operators.approval import APPROVAL, approved_by
+    from trainyard_airflow.operators.approval import APPROVAL, APPROVAL_ASKED, approved_by
 
+    [asked] = [e for e in AuditLog().entries(APPROVAL_ASKED) if e["dag_run"] == run]  # before the approver saw it
     [approval] = [e for e in AuditLog().entries(APPROVAL) if e["dag_run"] == run]
+    assert (asked["version"], asked["actor"]) == (version, "dag_test")
     assert (approval["actor"], approval["version"], approval["requester"]) == ("cid", version, "dag_test")
     assert approved_by(NAME, "dag_test", run, version) == "cid"
     other = re.escape(f"version {version} of '{NAME}' was approved in {run}, not version 99")

@@ -64,7 +64,9 @@ def claim(client, name: str, team: str) -> str:
 
     try:
         client.create_registered_model(
-            name, tags={OWNER_TAG: team}, description=f"trained and registered by trainyard; owned by team {team}"
+            name,
+            tags=mlflow_auth.sealed("registered_model", name, team),
+            description=f"trained and registered by trainyard; owned by team {team}",
         )
         mlflow_auth.grant_team_read(team, model=name)  # its members read it in MLflow, where MLflow enforces it
     except MlflowException as err:
@@ -76,6 +78,8 @@ def claim(client, name: str, team: str) -> str:
     if not recorded:
         client.set_registered_model_tag(name, OWNER_TAG, found)  # inferred from its lineage: recorded now
         mlflow_auth.grant_team_read(found, model=name)
+    if found == team:  # the model a version goes into: made by trainyard, so nobody holds a maker's rights
+        mlflow_auth.check_sealed("registered_model", name, team, client.get_registered_model(name).tags or {})
     return found
 
 
@@ -85,8 +89,10 @@ def set_owner(client, name: str, team: str, *, replace: bool = False) -> str | N
     before = (client.get_registered_model(name).tags or {}).get(OWNER_TAG)
     if before and before != team and not replace:
         raise PermanentError(f"model {name!r} belongs to team {before!r}; pass --replace to give it to {team!r}")
-    client.set_registered_model_tag(name, OWNER_TAG, team)
     from trainyard.tracking import mlflow_auth
+
+    for key, value in mlflow_auth.sealed("registered_model", name, team).items():  # the owner, and its seal
+        client.set_registered_model_tag(name, key, value)
 
     mlflow_auth.grant_team_read(team, model=name)  # the team before reads it until `mlflow_auth.sync` runs
     return before

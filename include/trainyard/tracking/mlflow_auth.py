@@ -15,7 +15,12 @@ basic-auth``, as the cluster profile does):
   makes Airflow's admins MLflow admins, assigns each user the roles of the teams ``resources.yaml`` lists
   them in (and takes the others away), and makes the roles' grants what the owner tags say (granting
   what a failed grant missed, taking back a model given to another team): run it after a change of
-  ``members`` or owners (the cluster profile runs it at every ``up``).
+  ``members`` or owners (the cluster profile runs it at every ``up``);
+* MLflow gives whoever makes an experiment or a model MANAGE on it, and any logged-in user may make one
+  (with workspaces off): a user could make a team's next experiment or model before its job does. So what
+  trainyard makes bears a seal only its service account can compute (:func:`sealed`), and a job refuses an
+  experiment or model without it (:func:`check_sealed`); ``sync`` takes the users' own rights on every
+  team-owned one away and seals it.
 
 Where the tracking store is no such server (the local profile's SQLite store, read by whoever may read
 its file) nothing here does anything: :func:`enabled`.
@@ -23,6 +28,8 @@ its file) nothing here does anything: :func:`enabled`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +40,9 @@ from trainyard import paths
 # The team that owns an MLflow object: a run's and an experiment's (the team of the job that made them), a
 # registered model's (trainyard.registry.ownership): whose role may read it
 TEAM_TAG = "trainyard.team"
+# A seal only trainyard's service account can make (an HMAC keyed with its password): an experiment or a
+# model that bears it was made by trainyard, so no user holds a creator's rights on it
+SEAL_TAG = "trainyard.sealed"
 READ = "READ"
 WORKSPACE = "default"  # where MLflow keeps roles while workspaces are off
 ROLE_PREFIX = "trainyard-team-"
@@ -42,6 +52,38 @@ SERVICE_USER_ENV, SERVICE_PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRA
 def enabled() -> bool:
     """Whether the tracking store is a server this process logs into (the auth app's service account)."""
     return bool(os.environ.get(SERVICE_USER_ENV)) and paths.mlflow_tracking_uri().startswith(("http://", "https://"))
+
+
+def seal(kind: str, name: str, team: str) -> str | None:
+    """The seal of MLflow ``kind`` (``experiment``, ``registered_model``) ``name`` owned by ``team``; None
+    where the auth app is not in use (there is no creator's right to fear)."""
+    if not enabled():
+        return None
+    key = os.environ.get(SERVICE_PASSWORD_ENV, "").encode()
+    return hmac.new(key, f"{kind}\0{name}\0{team}".encode(), hashlib.sha256).hexdigest()
+
+
+def sealed(kind: str, name: str, team: str) -> dict[str, str]:
+    """The tags that make a new experiment or model ``team``'s (its seal with them, where one is made)."""
+    mark = seal(kind, name, team)
+    return {TEAM_TAG: team, **({SEAL_TAG: mark} if mark else {})}
+
+
+def check_sealed(kind: str, name: str, team: str, tags: Mapping[str, str]) -> None:
+    """Refuse to use an experiment or model that trainyard did not make, where the auth app is in use: a
+    user who made it holds MANAGE on it (MLflow gives its creator that), so the team's runs or versions in it
+    would be theirs to read and change."""
+    from trainyard.errors import PermanentError
+
+    mark = seal(kind, name, team)
+    if mark is not None and not hmac.compare_digest(str(tags.get(SEAL_TAG, "")), mark):
+        raise PermanentError(
+            f"the MLflow {kind.replace('_', ' ')} {name!r} was not made by trainyard's service account (a user made "
+            "it, or it is older than the tracking server's auth app), so its maker may hold rights on it that "
+            f"team {team!r} does not give: an MLflow admin deletes it, or runs `python -m "
+            "trainyard_airflow.mlflow_users`, which takes the users' own rights on trainyard's experiments and "
+            "models away and seals them"
+        )
 
 
 def role_name(team: str) -> str:
@@ -178,6 +220,22 @@ def sync(c, teams: list[str], teams_of: Mapping[str, list[str]], logins: Mapping
         owner = (model.tags or {}).get(TEAM_TAG)
         if owner in roles:
             wanted_grants.add((roles[owner], "registered_model", model.name))
+    for _, resource_type, resource in wanted_grants:  # no user keeps a maker's rights: only their teams' roles
+        for user, login in logins.items():
+            if not login.admin:
+                try:
+                    auth.revoke_user_permission(user, resource_type, resource)
+                except MlflowException as err:
+                    if getattr(err, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+                        raise
+    for exp in _every(c.search_experiments):
+        owner = (exp.tags or {}).get(TEAM_TAG)
+        if owner in roles and (exp.tags or {}).get(SEAL_TAG) != seal("experiment", exp.name, owner):
+            c.set_experiment_tag(exp.experiment_id, SEAL_TAG, seal("experiment", exp.name, owner))
+    for model in _every(c.search_registered_models):
+        owner = (model.tags or {}).get(TEAM_TAG)
+        if owner in roles and (model.tags or {}).get(SEAL_TAG) != seal("registered_model", model.name, owner):
+            c.set_registered_model_tag(model.name, SEAL_TAG, seal("registered_model", model.name, owner))
     for role_id in roles.values():  # a model given to another team: its team before reads it no longer
         for granted in auth.list_role_permissions(role_id):
             if (role_id, granted.resource_type, granted.resource_pattern) not in wanted_grants:

@@ -68,7 +68,9 @@ def experiment_id(c, name: str, team: str) -> str:
         root = paths.mlflow_artifact_root()
         try:
             made = c.create_experiment(
-                name, artifact_location=f"{root}/{name}" if root else None, tags={TEAM_TAG: team}
+                name,
+                artifact_location=f"{root}/{name}" if root else None,
+                tags=mlflow_auth.sealed("experiment", name, team),
             )
             mlflow_auth.grant_team_read(team, experiment_id=made)
             return made
@@ -76,6 +78,7 @@ def experiment_id(c, name: str, team: str) -> str:
             exp = c.get_experiment_by_name(name)
     owner = (exp.tags or {}).get(TEAM_TAG)
     if owner is None:  # made before owners were recorded: the first job since records its team
+        mlflow_auth.check_sealed("experiment", name, team, {})  # with the auth app: only after `sync`
         c.set_experiment_tag(exp.experiment_id, TEAM_TAG, team)
         mlflow_auth.grant_team_read(team, experiment_id=exp.experiment_id)
     elif owner != team:
@@ -83,6 +86,8 @@ def experiment_id(c, name: str, team: str) -> str:
             f"name: the MLflow experiment {name!r} belongs to team {owner!r}; a job of team {team!r} cannot log "
             "runs into it (job names are one namespace for every team): give the job another name"
         )
+    else:
+        mlflow_auth.check_sealed("experiment", name, team, exp.tags or {})
     return exp.experiment_id
 
 

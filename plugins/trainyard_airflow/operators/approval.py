@@ -31,6 +31,7 @@ class TeamApprovalOperator(ApprovalOperator):
     def execute(self, context: Any) -> Any:
         from airflow.sdk.execution_time.hitl import HITLUser
 
+        from trainyard.audit import AuditLog
         from trainyard.teams import NotAllowed
 
         verified = context["ti"].xcom_pull(task_ids=self.verify_task)
@@ -44,40 +45,62 @@ class TeamApprovalOperator(ApprovalOperator):
                 )
             self.assigned_users = [HITLUser(id=user, name=user) for user in approvers]
         self.log.info("approvers: %s", ", ".join(approvers) if approvers else f"anyone but {verified['requester']}")
+        # what the approver is shown (the subject, rendered before this), where no user writes: the audit
+        # trail; the approval is recorded against it, whatever verify's XCom says by then
+        dag_run = context["dag_run"]
+        AuditLog().append(
+            APPROVAL_ASKED,
+            dag_run.triggering_user_name or "scheduler",
+            model=context["params"]["model"],
+            alias=context["params"]["alias"],
+            version=str(verified["version"]),
+            dag_run=f"{dag_run.dag_id}/{dag_run.run_id}",
+        )
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         from trainyard.audit import AuditLog
+        from trainyard.teams import NotAllowed
         from trainyard_airflow.auth import check_approver
 
         answer = super().execute_complete(context, event)  # a Reject fails the task here
         approver = (answer.get("responded_by_user") or {}).get("name")
         params, dag_run = context["params"], context["dag_run"]
         check_approver(params["model"], dag_run.triggering_user_name, approver)
+        run = f"{dag_run.dag_id}/{dag_run.run_id}"
+        asked = _last(APPROVAL_ASKED, run)
+        if asked is None:
+            raise NotAllowed(f"no record of what was put to the approver in {run}; trigger the move again")
         # the approval where the move reads it: the audit trail, which no user writes (an XCom they may)
-        verified = context["ti"].xcom_pull(task_ids=self.verify_task)
         AuditLog().append(
             APPROVAL,
             str(approver),
-            model=params["model"],
-            alias=params["alias"],
-            version=str(verified["version"]),
+            model=asked["model"],
+            alias=asked["alias"],
+            version=asked["version"],
             requester=dag_run.triggering_user_name,
-            dag_run=f"{dag_run.dag_id}/{dag_run.run_id}",
+            dag_run=run,
         )
         return answer
 
 
-APPROVAL = "approval"  # the audit trail's entries of a given approval (TeamApprovalOperator, approval_of)
+# The audit trail's entries of an approval: what the approver was asked (the version, as they were shown
+# it), and the approval given (TeamApprovalOperator; read by approval_of)
+APPROVAL_ASKED, APPROVAL = "approval_asked", "approval"
+
+
+def _last(kind: str, dag_run: str) -> dict | None:
+    from trainyard.audit import AuditLog
+
+    found = [e for e in AuditLog().entries(kind) if e.get("dag_run") == dag_run]
+    return found[-1] if found else None
 
 
 def approval_of(dag_run: str) -> dict | None:
     """The approval given in run ``dag_run`` (``dag_id/run_id``), as the ``approve`` task recorded it from
-    the API server's answer: its audit entry (``actor``: who approved; ``version``: of what), or None."""
-    from trainyard.audit import AuditLog
-
-    found = [e for e in AuditLog().entries(APPROVAL) if e.get("dag_run") == dag_run]
-    return found[-1] if found else None
+    the API server's answer: its audit entry (``actor``: who approved; ``version``: what they were asked to
+    approve, recorded before they were asked), or None."""
+    return _last(APPROVAL, dag_run)
 
 
 def approved_by(model: str, requester: str | None, dag_run: str, version: str) -> str:
