@@ -35,8 +35,20 @@ class Acting:
             else f"user {self.user!r} (teams: {', '.join(self.teams) or 'none'})"
         )
 
-    def check_model(self, model: str, owner: str | None) -> None:
-        """Refuse reading registered model ``model`` of team ``owner`` unless this user may read that team's."""
+    def check_model(self, c, model: str) -> None:
+        """Refuse reading registered model ``model`` (client ``c``) unless this user may read its owning
+        team's work; one with no owner recorded or inferred, unless an admin (who names one)."""
+        from trainyard.registry.ownership import NoOwner, owner
+
+        try:
+            team = owner(c, model)
+        except NoOwner:
+            if self.admin:
+                return
+            raise
+        self._check_team(model, team)
+
+    def _check_team(self, model: str, owner: str | None) -> None:
         if not self.may_read(owner):
             raise NotAllowed(
                 f"model {model!r} belongs to team {owner!r}; {self.who()} may not read it: log in as a member of "

@@ -286,7 +286,7 @@ def cmd_show(args) -> int:
     from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, client
 
     c = client()
-    acting().check_model(args.model, owner_or_none(c, args.model))
+    acting().check_model(c, args.model)
     try:
         mv = c.get_model_version_by_alias(args.model, args.alias)
     except MlflowException as err:

@@ -81,7 +81,7 @@ def jobs_without_a_bundle(jobs: list) -> dict[str, str]:
     have = set(bundle_teams(Path(AIRFLOW_HOME)))
     return {
         job.name: (
-            f"job file {job.name!r}: team {job.spec.resources.team!r} has no DAG bundle yet, so no DAG is made of it "
+            f"job file {job.name!r}: team {job.spec.resources.team!r} has no DAG bundle yet, so no DAG is made of the "
             "file: run `make setup` (it renders each team's bundle and runs `airflow teams sync`) and restart "
             "Airflow (`make up`)"
         )

@@ -127,12 +127,19 @@ def test_a_team_s_experiments_runs_and_models_are_read_by_its_members_only(as_se
     assert _get(url, "runs/get", "tina", run_id=squatted).status_code == 403
     assert _get(url, "runs/get", "alice", run_id=squatted).status_code == 200
 
+    # root is no longer an Airflow user: no MLflow account either
+    mlflow_auth.sync(c, teams, teams_of, {u: login for u, login in logins.items() if u != "root"})
+    assert _get(url, "experiments/get", "root", experiment_id=made["vision"][0]).status_code == 401
+
     # alice leaves team vision, and vision's model is given to team default: MLflow follows at the next sync
     ownership.set_owner(c, "vision-net", "default", replace=True)
     mlflow_auth.sync(c, teams, {**teams_of, "alice": []}, logins)
     assert reads("alice", "vision") == {403}
     assert _get(url, "registered-models/get", "tina", name="vision-net").status_code == 200
-    with pytest.raises(NotAllowed):  # the policy check the first task makes, from the same tags
+    assert _get(url, "runs/get", "tina", run_id=made["vision"][1]).status_code == 200  # its runs go with it
+    assert mt.experiment_owner(c, "vision-net") == "default"
+    mt.ensure_run(c, "vision-net", "train_pipeline.default/r4", "r4", "default", {})  # team default's job now
+    with pytest.raises(NotAllowed):  # and no longer vision's: the policy check of a job's first task
         from trainyard.teams import check_owner
 
-        check_owner("vision-net", mt.experiment_owner(c, "vision-net"), "default", what="MLflow experiment")
+        check_owner("vision-net", mt.experiment_owner(c, "vision-net"), "vision", what="MLflow experiment")

@@ -132,8 +132,8 @@ def test_a_team_s_work_is_read_by_its_members_and_admins(team, user, admin, full
     assert me.may_read(team) is full
     if not full:
         with pytest.raises(teams.NotAllowed, match=f"model 'm' belongs to team {team!r}; .* may not read it"):
-            me.check_model("m", team)
-    me.check_model("m", None)  # no such model: the command says so
+            me._check_team("m", team)
+    me._check_team("m", None)  # no such model: the command says so
 
 
 def test_a_team_s_training_dag_runs_its_jobs_only():

@@ -73,14 +73,16 @@ def claim(store, repo: str, team: str, *, source: str | None = None, default_bra
     """Make sure ``repo`` exists and say whose it is: created as ``team``'s when there is none, or as every
     team's when it is made for the built-in ``source``. Of two creators at once, one creates it and the
     other finds it owned."""
+    raced = False  # another creator made it between our look and our creation
     if not store.repo_exists(repo):
         try:
             store.create_repo(repo, default_branch=default_branch, metadata=_metadata(team, source))
         except StoreError:
             if not store.repo_exists(repo):
                 raise
+            raced = True
     found = _recorded(store, repo)
-    if found is None and store.kind == "lakefs":  # made a moment ago, its owner not yet written: try again
+    if found is None and raced and store.kind == "lakefs":  # lakeFS: its maker writes the owner a moment later
         raise RetryableError(f"dataset repository {repo!r} has no owner recorded yet; it is being created")
     return found or _no_owner(store, repo)
 

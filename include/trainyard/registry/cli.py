@@ -97,9 +97,8 @@ def cmd_sign(args) -> int:
 def _check_readable(c, model: str) -> None:
     """Refuse reading ``model`` unless the command line's Airflow login may read its owning team's work."""
     from trainyard.acting import acting
-    from trainyard.registry.ownership import owner_or_none
 
-    acting().check_model(model, owner_or_none(c, model))
+    acting().check_model(c, model)
 
 
 def cmd_verify(args) -> int:
@@ -170,7 +169,7 @@ def cmd_owner(args) -> int:
             owner = ownership.owner(c, args.model)
             if owner is None:
                 raise NotFoundError(f"no registered model {args.model!r}")
-            acting().check_model(args.model, owner)
+            acting().check_model(c, args.model)
             print(owner)
             return 0
         me = acting(required=True)  # who names an owner: an Airflow admin, by the login, never a typed name

@@ -84,8 +84,9 @@ def claim(client, name: str, team: str) -> str:
 
 
 def set_owner(client, name: str, team: str, *, replace: bool = False) -> str | None:
-    """Record ``team`` as the owner of ``name`` (an admin's act); the owner before, if any. An owner already
-    recorded is changed only with ``replace``."""
+    """Record ``team`` as the owner of ``name`` (an admin's act), and of the experiment of the same name (its
+    runs: job and model names are one namespace); the owner before, if any. An owner already recorded is
+    changed only with ``replace``."""
     before = (client.get_registered_model(name).tags or {}).get(OWNER_TAG)
     if before and before != team and not replace:
         raise PermanentError(f"model {name!r} belongs to team {before!r}; pass --replace to give it to {team!r}")
@@ -95,6 +96,11 @@ def set_owner(client, name: str, team: str, *, replace: bool = False) -> str | N
         client.set_registered_model_tag(name, key, value)
 
     mlflow_auth.grant_team_read(team, model=name)  # the team before reads it until `mlflow_auth.sync` runs
+    experiment = client.get_experiment_by_name(name)  # the job name's runs go with it: one namespace
+    if experiment is not None:
+        for key, value in mlflow_auth.sealed("experiment", name, team).items():
+            client.set_experiment_tag(experiment.experiment_id, key, value)
+        mlflow_auth.grant_team_read(team, experiment_id=experiment.experiment_id)
     return before
 
 

@@ -51,8 +51,12 @@ def cmd_runs_list(args) -> int:
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.tracking.runs import best, find, table_rows
 
-    c = mt.client()
-    runs = find(c, _query(args, acting()))
+    c, me = mt.client(), acting()
+    if me.user is None:
+        print(
+            "trainyard: nobody is logged in, so no team's runs are shown: log in (AIRFLOW_API_TOKEN)", file=sys.stderr
+        )  # noqa: E501
+    runs = find(c, _query(args, me))
     if args.best:
         runs = [best(runs, args.best, args.lowest)]
     columns = args.columns.split(",") if args.columns else None

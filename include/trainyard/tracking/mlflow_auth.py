@@ -11,7 +11,8 @@ basic-auth``, as the cluster profile does):
   team that first registered it) are granted READ to the owning team's role as they are made
   (:func:`grant_team_read`, called by :func:`trainyard.tracking.mlflow_tracking.experiment_id` and
   :func:`trainyard.registry.ownership.claim`); their runs and versions follow them;
-* :func:`sync` gives every Airflow user an MLflow user with the same password (one login for both UIs),
+* :func:`sync` gives every Airflow user an MLflow user with the same password (one login for both UIs;
+  a user Airflow no longer has loses theirs),
   makes Airflow's admins MLflow admins, assigns each user the roles of the teams ``resources.yaml`` lists
   them in (and takes the others away), and makes the roles' grants what the owner tags say (granting
   what a failed grant missed, taking back a model given to another team): run it after a change of
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -193,8 +195,21 @@ def sync(c, teams: list[str], teams_of: Mapping[str, list[str]], logins: Mapping
     role by their owner tags (read with the MLflow client ``c``). Returns each user's teams, as set."""
     from mlflow.exceptions import MlflowException
 
+    from trainyard.files import atomic_write
+
+    service = os.environ.get(SERVICE_USER_ENV)
+    if service in logins:
+        raise ValueError(f"an Airflow user is named {service!r}, the tracking server's service account: rename it")
     auth = _client()
     roles = _role_ids(auth, teams)
+    synced = paths.home() / "mlflow" / "synced_users.json"  # who the last sync gave an account
+    for gone in sorted(set(json.loads(synced.read_text()) if synced.exists() else []) - set(logins)):
+        try:  # a user Airflow no longer has: no account, so no team's role
+            auth.delete_user(gone)
+        except MlflowException as err:
+            if getattr(err, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+                raise
+    atomic_write(synced, json.dumps(sorted(logins)).encode())
     for user, login in sorted(logins.items()):
         try:
             auth.create_user(user, login.password)

@@ -222,14 +222,17 @@ def test_cli(reg, capsys, monkeypatch, login_as):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(reg["home"] / "no-config"))
     assert run("keygen", "--if-missing")[0] == 0
     assert run("keygen")[0] == 1
-    rc, out = run("verify", NAME, reg["v1"])
-    assert rc == 0 and json.loads(out.out)["version"] == reg["v1"]
+    rc, out = run("verify", NAME, reg["v1"])  # a model no team owns yet: an admin's to read, and name an owner
+    assert rc == 1 and f"model {NAME!r} has no owning team recorded" in out.err
     # an alias moves through promote_model as the Airflow login's user, never as a name typed here
     rc, out = run("promote", NAME, reg["v1"], "--reason", "launch")
     assert rc == 1 and "no Airflow login" in out.err
     assert run("rollback", NAME)[0] == 1 and History().entries(NAME) == []
     _promote(reg, reg["v1"])
     _promote(reg, reg["v2"])
+    login_as("admin", "admin")
+    rc, out = run("verify", NAME, reg["v1"])
+    assert rc == 0 and json.loads(out.out)["version"] == reg["v1"]
     rc, out = run("history", NAME)
     assert out.out.count("ann: because") == 2
     rc, out = run("live-at", NAME, "2000-01-01")
@@ -238,6 +241,7 @@ def test_cli(reg, capsys, monkeypatch, login_as):
     assert rc == 0 and out.out.strip() == reg["v2"]
     rc, out = run("owner", NAME)
     assert rc == 1 and f"model {NAME!r} has no owning team recorded" in out.err
+    monkeypatch.delenv("AIRFLOW_API_TOKEN")
     rc, out = run("owner", NAME, "default")  # an admin's act: by the Airflow login, never a typed name
     assert rc == 1 and "no Airflow login" in out.err
     login_as("alice")
