@@ -449,11 +449,19 @@ def cmd_data_owner(args) -> int:
         print("(no such repository)" if found is None else found.describe())
         return 0
     from trainyard.acting import acting
+    from trainyard.audit import AuditLog
+    from trainyard.scheduling.resources import resources_in_force
 
     store, me = _store(args), acting(required=True)
     if not me.admin:
         raise PermanentError(f"only an Airflow admin names a dataset repository's owner; {me.user!r} is not one")
+    if args.team and args.team not in resources_in_force().teams:
+        raise PermanentError(f"team {args.team!r} is not in resources.yaml; add it there first")
     before = ownership.set_owner(store, args.repo, args.team or "", source=args.source, replace=args.replace)
+    AuditLog().append(
+        "dataset_owner", str(me.user), store=store.kind, repo=args.repo, team=args.team, source=args.source,
+        before=before.describe() if before else None,
+    )  # fmt: skip
     after = ownership.owner(store, args.repo)
     print(f"{args.repo}: {before.describe() if before else 'no owner'} -> {after.describe() if after else '?'}")
     return 0
