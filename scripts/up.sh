@@ -13,9 +13,16 @@ start() {  # start NAME COMMAND...: in the background, its output in $AIRFLOW_HO
   "$@" >"$AIRFLOW_HOME/$name.log" 2>&1 &
   pids+=($!)
 }
-# (no job runner: it serves GenAI features trainyard does not use)
-start mlflow-ui env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
-  mlflow ui --backend-store-uri "sqlite:///$TRAINYARD_HOME/mlflow/mlflow.db" --port "$MLFLOW_PORT"
+# The MLflow UI with MLflow's auth app: each Airflow user logs in with their Airflow password and reads
+# only their teams' experiments, runs and models (trainyard.tracking.mlflow_auth). The tasks write the
+# SQLite store directly; the service account's sync (below, every minute) tells the server who is in which
+# team and grants each team what it made. (No job runner: it serves GenAI features trainyard does not use.)
+mkdir -p "$TRAINYARD_HOME/mlflow"
+eval "$(python scripts/local_mlflow_auth.py)"  # MLFLOW_AUTH_* for the server, SERVICE_* for the sync
+start mlflow-ui env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false MLFLOW_AUTH_CONFIG_PATH="$MLFLOW_AUTH_CONFIG_PATH" \
+  MLFLOW_FLASK_SERVER_SECRET_KEY="$MLFLOW_FLASK_SERVER_SECRET_KEY" \
+  mlflow server --app-name basic-auth --backend-store-uri "sqlite:///$TRAINYARD_HOME/mlflow/mlflow.db" \
+  --port "$MLFLOW_PORT" --workers 1
 for component in api-server scheduler dag-processor triggerer; do
   start "$component" airflow "$component"
 done
@@ -30,9 +37,12 @@ for _ in $(seq 1 120); do
   curl -sf "http://localhost:8080/api/v2/monitor/health" >/dev/null 2>&1 && [ -s "$pw_file" ] && break
   sleep 1
 done
+start mlflow-users env MLFLOW_TRACKING_URI="http://localhost:$MLFLOW_PORT" \
+  MLFLOW_TRACKING_USERNAME="$SERVICE_USER" MLFLOW_TRACKING_PASSWORD="$SERVICE_PASSWORD" PYTHONPATH=plugins \
+  bash -c 'while :; do python -m trainyard_airflow.mlflow_users || true; sleep 60; done'
 echo "Airflow UI + REST API: http://localhost:8080   (users and generated passwords: $pw_file)"
 cat "$pw_file"; echo
-echo "MLflow UI:             http://localhost:$MLFLOW_PORT"
+echo "MLflow UI:             http://localhost:$MLFLOW_PORT   (the same users and passwords; a team's new work shows within a minute)"
 echo "TensorBoard:           tensorboard --logdir $TRAINYARD_HOME/tensorboard"
 echo "Logs: $AIRFLOW_HOME/*.log. Ctrl-C stops them all."
 status=0
