@@ -226,15 +226,15 @@ def sync(c, teams: list[str], teams_of: Mapping[str, list[str]], logins: Mapping
         for name, role_id in wanted.items():
             if name not in held:
                 auth.assign_role(user, role_id)
-    wanted_grants: set[tuple[int, str, str]] = set()  # (role, resource type, resource): what the tags say
-    for exp in _every(c.search_experiments):
-        owner = (exp.tags or {}).get(TEAM_TAG)
-        if owner in roles:
-            wanted_grants.add((roles[owner], "experiment", exp.experiment_id))
-    for model in _every(c.search_registered_models):
-        owner = (model.tags or {}).get(TEAM_TAG)
-        if owner in roles:
-            wanted_grants.add((roles[owner], "registered_model", model.name))
+    found = [("experiment", e.experiment_id, e.name, e.tags or {}) for e in _every(c.search_experiments)]
+    found += [("registered_model", m.name, m.name, m.tags or {}) for m in _every(c.search_registered_models)]
+    owned: list[tuple[str, str, str, str, Mapping[str, str]]] = []  # (type, resource, name, owner, tags)
+    for resource_type, resource, name, tags in found:
+        owner = tags.get(TEAM_TAG)
+        if owner is not None and owner in roles:
+            owned.append((resource_type, resource, name, owner, tags))
+    # (role, resource type, resource): what the owner tags say
+    wanted_grants = {(roles[owner], resource_type, resource) for resource_type, resource, _, owner, _ in owned}
     for _, resource_type, resource in wanted_grants:  # no user keeps a maker's rights: only their teams' roles
         for user, login in logins.items():
             if not login.admin:
@@ -243,14 +243,11 @@ def sync(c, teams: list[str], teams_of: Mapping[str, list[str]], logins: Mapping
                 except MlflowException as err:
                     if getattr(err, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
                         raise
-    for exp in _every(c.search_experiments):
-        owner = (exp.tags or {}).get(TEAM_TAG)
-        if owner in roles and (exp.tags or {}).get(SEAL_TAG) != seal("experiment", exp.name, owner):
-            c.set_experiment_tag(exp.experiment_id, SEAL_TAG, seal("experiment", exp.name, owner))
-    for model in _every(c.search_registered_models):
-        owner = (model.tags or {}).get(TEAM_TAG)
-        if owner in roles and (model.tags or {}).get(SEAL_TAG) != seal("registered_model", model.name, owner):
-            c.set_registered_model_tag(model.name, SEAL_TAG, seal("registered_model", model.name, owner))
+    for resource_type, resource, name, owner, tags in owned:  # sealed once nobody holds a maker's rights
+        mark = seal(resource_type, name, owner)
+        if mark is not None and tags.get(SEAL_TAG) != mark:
+            set_tag = c.set_experiment_tag if resource_type == "experiment" else c.set_registered_model_tag
+            set_tag(resource, SEAL_TAG, mark)
     for role_id in roles.values():  # a model given to another team: its team before reads it no longer
         for granted in auth.list_role_permissions(role_id):
             if (role_id, granted.resource_type, granted.resource_pattern) not in wanted_grants:
