@@ -22,7 +22,7 @@ def check_job_access(store, spec: JobSpec) -> None:
         return
     check_dataset_read(ds.repo, found.team, [team], public=found.public)
     if source:
-        check_dataset_write(ds.repo, found.team, team, public=found.public, repo_source=found.source, source=source)
+        _check_write(ds.repo, found, team, source)
 
 
 def check_upload(store, repo: str, team: str) -> None:
@@ -30,7 +30,7 @@ def check_upload(store, repo: str, team: str) -> None:
     check before the work of validating; :func:`upload` checks again as it commits)."""
     found = ownership.owner(store, repo)
     if found is not None:
-        check_dataset_write(repo, found.team, team, public=found.public, repo_source=found.source, source=None)
+        _check_write(repo, found, team)
 
 
 def upload(store, repo: str, branch: str, folder, team: str, *, metadata: dict | None = None, **kwargs) -> dict:
@@ -39,7 +39,7 @@ def upload(store, repo: str, branch: str, folder, team: str, *, metadata: dict |
     from trainyard.data.upload import upload_folder
 
     found = ownership.claim(store, repo, team, default_branch=branch)
-    check_dataset_write(repo, found.team, team, public=found.public, repo_source=found.source, source=None)
+    _check_write(repo, found, team)
     return upload_folder(store, repo, branch, folder, metadata={**(metadata or {}), "team": team}, **kwargs)
 
 
@@ -61,3 +61,9 @@ def check_tag(store, repo: str, teams: list[str], *, admin: bool) -> None:
             f"dataset repository {repo!r} holds the built-in source {found.source!r}, shared by every team: only an "
             "Airflow admin tags in it; tag a repository of your own team"
         )
+
+
+def _check_write(repo: str, found: RepoOwner, team: str, source: str | None = None) -> None:
+    """:func:`trainyard.teams.check_dataset_write` with the facts of ``found``: an upload (``source`` None)
+    or a built-in ``source``'s ingest by ``team``."""
+    check_dataset_write(repo, found.team, team, public=found.public, repo_source=found.source, source=source)
