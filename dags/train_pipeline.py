@@ -3,9 +3,14 @@
 
 One training job through the whole production line:
 
-`validate_spec` → `resolve_dataset` → `validate_data` → `prepare_data` → `choose_launcher` →
-`admit` → `train` (local) | `plan_kubernetes` → `train_kubernetes` → `collect_kubernetes` → `training_result` →
-`evaluate` → `gate` → `export_onnx` → `register`
+`validate_spec` → `resolve_dataset` → `validate_data` → `prepare_data` → `choose_launcher`, then one of
+three branches (the others are skipped):
+
+- one training here: `admit` → `train`;
+- on Kubernetes: `plan_kubernetes` → `train_kubernetes` → `collect_kubernetes`;
+- a sweep: `plan_sweep` → a `trial` per slot (`trial.admit` → `trial.train_trial`, mapped) → `close_sweep`;
+
+then `training_result` → `evaluate` → `gate` → `export_onnx` → `register`.
 
 The **JobSpec** is this DAG's Params (the trigger form) or the REST `conf`. It is validated once, by the
 first task; an invalid spec fails that task and nothing else runs. The training task (`train` or
@@ -249,7 +254,8 @@ def train_pipeline():
     @task
     @fail_permanently
     def prepare_data(spec: dict, dataset: dict, _validated: dict) -> dict:
-        """Hash-based train/val split written to LMDB, cached by (commit, split settings)."""
+        """Hash-based train/val(/test) split of the pinned commit, written as the recipe's records in LMDB or
+        TFRecord (dataset.format), cached by (commit, split settings, recipe variant)."""
         from trainyard.pipeline import prepare_data as prepare
         from trainyard_airflow.hooks.lakefs_hook import register_store
 
@@ -398,7 +404,8 @@ def train_pipeline():
     @task
     @fail_permanently
     def evaluate(spec: dict, trained: dict, data: dict) -> dict:
-        """Metrics on the val split, logged to the MLflow run."""
+        """The recipe's metrics on the val split (and the test split, if the spec keeps one), logged to the
+        MLflow run; a custom command's are the ones it reported."""
         from trainyard.pipeline import evaluate as run
 
         job_spec = _job_spec(spec, trained)

@@ -227,9 +227,9 @@ def test_ddp_over_nccl_on_all_gpus(train, prepared):
     run = train(world, **DDP)
     assert run.has(f"strategy=ddp world_size={world} backend=nccl device=cuda:0 precision=fp32"), run.log
     run.check_trained("ddp", world, prepared)
-    if world > 1:  # a world of one has no process group, so no communicator (see the module docstring)
-        expected = {(r, world, r) for r in range(world)}
-        assert run.communicators() == expected, f"NCCL communicators {sorted(run.communicators())}:\n{run.nccl}"
+    # a communicator per rank, on its own GPU; a world of one has no process group, so none (module docstring)
+    expected = {(r, world, r) for r in range(world)} if world > 1 else set()
+    assert run.communicators() == expected, f"NCCL communicators {sorted(run.communicators())}:\n{run.nccl}"
     events = EventAccumulator(str(run.out / "tb"), size_guidance={HISTOGRAMS: 0})  # 0: every histogram
     events.Reload()
     curve = [(e.step, e.value) for e in events.Scalars("train/loss")]

@@ -22,8 +22,8 @@ LIMIT_S = 600  # a hung collective fails the test instead of hanging the suite
 STEPS = 46  # 2 epochs of 23 steps: 1461 train samples / 2 ranks / batch 32
 # Measured on a 2-core x86 box (CPU, gloo): DeepSpeed ZeRO-0's and ZeRO-1's curves were bit-identical to
 # DDP's over all 46 steps (max |diff| 0.0). That is expected: with 2 ranks the average of a gradient is
-# (a + b) / 2, which fp32 computes exactly the same whatever the bucketing or partitioning. Horovod (not
-# yet measured here: its build was still running) averages the same way. The tolerance is not 0 so that a
+# (a + b) / 2, which fp32 computes exactly the same whatever the bucketing or partitioning; Horovod averages
+# the same way (its case below runs on every `make test`). The tolerance is not 0 so that a
 # legitimate reordering elsewhere (another CPU's kernels, a third rank) does not fail the gate; at 1e-4 on
 # a loss of order 1 it is still far below what a real difference (a lost momentum term, an unaveraged
 # gradient, another data order) does to the curve within a few steps.

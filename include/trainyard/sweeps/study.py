@@ -11,9 +11,10 @@ PostgreSQL advisory lock. Teams are the boundary: a sweep resumes or warm-starts
 studies.
 
 A journal has no heartbeat (nor does ask/tell in any storage): a trial whose training process is killed
-would stay RUNNING. The DAG tells Optuna instead: a retry of the trial's task fails the trial its earlier
-try left running (:func:`trainyard.sweeps.trials.begin`), and the sweep's last task (:func:`close`)
-fails every trial of its run still running, once all of them are done.
+would stay RUNNING. The DAG tells Optuna instead (:func:`fail_left_running`): a retry of the trial's task
+fails the trial its earlier try left running (:func:`trainyard.sweeps.trials.run_trial`), the sweep's last
+task (:func:`close`) fails every trial of its run still running once all of them are done, and a trial
+whose task has not said it runs (:data:`ALIVE_ATTR`) for :data:`STALE_AFTER_S` counts as dead.
 """
 
 from __future__ import annotations

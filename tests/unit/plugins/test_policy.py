@@ -70,10 +70,16 @@ def _pod(**changes):
     return pod
 
 
-def test_a_pod_as_trainyard_builds_it_passes_the_pod_policy():
+def test_a_pod_as_trainyard_builds_it_passes_the_pod_policy_unchanged():
+    from kubernetes.client import ApiClient
+
     from trainyard_airflow.policy import pod_mutation_hook
 
-    pod_mutation_hook(_pod())
+    pod = _pod()
+    before = ApiClient().sanitize_for_serialization(pod)
+    assert pod.metadata.labels["trainyard.io/team"] == "default"  # a team's pod: the hook checks it
+    assert pod_mutation_hook(pod) is None
+    assert ApiClient().sanitize_for_serialization(pod) == before
 
 
 @pytest.mark.parametrize(
@@ -99,16 +105,28 @@ def test_a_pod_changed_after_the_spec_check_is_refused_naming_what(changes, name
         pod_mutation_hook(_pod(**changes))
 
 
-def test_a_pod_that_is_not_trainyards_is_left_alone():
+def test_a_pod_that_is_not_trainyards_is_left_alone(monkeypatch):
+    """No team label: no check, nothing of resources.yaml read, the pod as it was, however far it is
+    from a team's policy."""
+    from kubernetes.client import ApiClient
     from kubernetes.client import models as k8s
 
+    from trainyard.scheduling import resources
     from trainyard_airflow.policy import pod_mutation_hook
 
+    def read(*args, **kwargs):
+        raise AssertionError("resources.yaml was read for a pod that is not trainyard's")
+
+    monkeypatch.setattr(resources, "resources_in_force", read)
     pod = k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(namespace="kube-system", labels={"app": "other"}),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="anything")]),
     )
+    before = ApiClient().sanitize_for_serialization(pod)
     pod_mutation_hook(pod)
+    assert ApiClient().sanitize_for_serialization(pod) == before
+    with pytest.raises(AssertionError, match="was read"):  # the same hook does read it for a team's pod
+        pod_mutation_hook(_pod())
 
 
 def test_a_typo_in_resources_yaml_fails_no_pod_the_last_good_file_holds(trainyard_home, tmp_path, monkeypatch):

@@ -1,7 +1,9 @@
 """Kubernetes launcher: a JobSpec becomes an Indexed Job (one pod per node) and a headless Service.
 
-Pure functions over the ``kubernetes`` client models; no Airflow, no cluster. The Airflow operators in
-``plugins/trainyard_airflow/operators/training.py`` create what these functions build.
+Builders over the ``kubernetes`` client models (no Airflow, no API call: the team's policy is read from
+resources.yaml), the pod policy every launcher and the cluster's pod hook apply, and the launcher that plans a
+try and reads its running time. The Airflow operators in ``plugins/trainyard_airflow/operators/training.py``
+create, watch and delete what these functions build.
 
 How the pods find each other: the Job is Indexed, so pod ``i`` gets the hostname ``<job>-<i>``; with
 ``subdomain`` = the headless Service, it resolves as ``<job>-<i>.<service>.<namespace>.svc.<domain>``.
@@ -287,7 +289,7 @@ def _env(s: JobSpec, run_key: str, config_path: str, attempt: int, data_dir: str
         platform.update(custom.platform_env(data_dir, run_dir, s.hyperparameters.model_dump(mode="json")))
     else:
         hints["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank ${rank}]:"  # torch's template, not a $(VAR)
-        # A fresh rendezvous store per restart round; see launchers/local.worker_env for the failure it avoids.
+        # A fresh rendezvous store per restart round; launchers/base.worker_env says what failure it avoids.
         platform["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         if s.distributed.strategy == "horovod":  # what is the same for every process; see the docstring
             platform.update(
