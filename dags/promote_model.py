@@ -71,6 +71,79 @@ def _trusted_keys():
     return trusted_keys(extra.get("verify_key") or extra.get("verify_key_path"))
 
 
+# -- the tasks; promote_model() below wires them with the approval between ------------------------------
+@task
+@fail_permanently
+def verify(params: dict | None = None) -> dict:
+    """Check that the requester may move the model's aliases, then re-hash every file of the version
+    and check the signed manifest; either failing fails the run."""
+    assert params is not None  # Airflow passes the run's params by name
+    from trainyard import teams
+    from trainyard.registry.versions import alias_holder, resolve_version, rollback_target, verify_version
+    from trainyard.tracking.mlflow_tracking import client
+    from trainyard_airflow.auth import admins, authorize_move
+
+    c, model, alias, requester = client(), params["model"], params["alias"], triggering_user()
+    config, owner = authorize_move(model, requester, TEAM)
+    if params["action"] == "rollback":
+        version = rollback_target(c, model, alias, params["version"])
+    else:
+        version = resolve_version(c, model, params["version"])
+    info = verify_version(c, model, version, _trusted_keys())
+    return {
+        **info,
+        "alias": alias,
+        "current": alias_holder(c, model, alias),
+        "owner": owner,
+        "requester": requester,
+        "approval": teams.needs_approval(config, owner, alias),
+        "approvers": teams.approvers(config, owner, str(requester), admins()),
+    }
+
+
+@task.branch
+@fail_permanently
+def needs_approval(verified: dict) -> str:
+    """`approve` if the owning team's policy asks for a second person on this alias, else `move_alias`."""
+    return "approve" if verified["approval"] else "move_alias"
+
+
+@task(trigger_rule="none_failed_min_one_success", on_success_callback=[TeamNotifier(event="promoted")])
+@fail_permanently
+def move_alias(verified: dict, params: dict | None = None) -> dict:
+    """Check the requester (and the approver) again, verify again, move the alias, append
+    who/when/from/to/why to the audit trail."""
+    assert params is not None  # Airflow passes the run's params by name
+    from trainyard import teams
+    from trainyard.registry.versions import promote
+    from trainyard.tracking.mlflow_tracking import client
+    from trainyard_airflow.auth import authorize_move
+    from trainyard_airflow.operators.approval import approved_by
+
+    ctx = get_current_context()
+    dag_run = ctx["dag_run"]
+    model, alias, requester = params["model"], params["alias"], triggering_user()
+    # the owner and the policy as they are now (it may have changed while the move waited), not as
+    # verify's XCom says: a user may write XComs
+    config, owner = authorize_move(model, requester, TEAM)
+    run_key = f"{dag_run.dag_id}/{dag_run.run_id}"
+    extra: dict[str, str | None] = {"dag_run": run_key, "team": owner}
+    if teams.needs_approval(config, owner, alias):
+        extra["approved_by"] = approved_by(model, requester, run_key, verified["version"])
+    return promote(
+        client(),
+        model,
+        verified["version"],
+        alias,
+        user=str(requester),
+        reason=params["reason"],
+        trusted=_trusted_keys(),
+        action=params["action"],
+        extra=extra,
+        expected_holder=verified["current"],
+    )
+
+
 @dag(
     dag_id=team_dag(PROMOTE_DAG, TEAM),
     schedule=None,
@@ -92,40 +165,6 @@ def _trusted_keys():
     },
 )
 def promote_model():
-    @task
-    @fail_permanently
-    def verify(params: dict | None = None) -> dict:
-        """Check that the requester may move the model's aliases, then re-hash every file of the version
-        and check the signed manifest; either failing fails the run."""
-        assert params is not None  # Airflow passes the run's params by name
-        from trainyard import teams
-        from trainyard.registry.versions import alias_holder, resolve_version, rollback_target, verify_version
-        from trainyard.tracking.mlflow_tracking import client
-        from trainyard_airflow.auth import admins, authorize_move
-
-        c, model, alias, requester = client(), params["model"], params["alias"], triggering_user()
-        config, owner = authorize_move(model, requester, TEAM)
-        if params["action"] == "rollback":
-            version = rollback_target(c, model, alias, params["version"])
-        else:
-            version = resolve_version(c, model, params["version"])
-        info = verify_version(c, model, version, _trusted_keys())
-        return {
-            **info,
-            "alias": alias,
-            "current": alias_holder(c, model, alias),
-            "owner": owner,
-            "requester": requester,
-            "approval": teams.needs_approval(config, owner, alias),
-            "approvers": teams.approvers(config, owner, str(requester), admins()),
-        }
-
-    @task.branch
-    @fail_permanently
-    def needs_approval(verified: dict) -> str:
-        """`approve` if the owning team's policy asks for a second person on this alias, else `move_alias`."""
-        return "approve" if verified["approval"] else "move_alias"
-
     approve = TeamApprovalOperator(
         task_id="approve",
         verify_task="verify",
@@ -147,41 +186,6 @@ def promote_model():
         fail_on_reject=True,
         retries=0,  # a retry would ask again; a new run is the way to ask again
     )
-
-    @task(trigger_rule="none_failed_min_one_success", on_success_callback=[TeamNotifier(event="promoted")])
-    @fail_permanently
-    def move_alias(verified: dict, params: dict | None = None) -> dict:
-        """Check the requester (and the approver) again, verify again, move the alias, append
-        who/when/from/to/why to the audit trail."""
-        assert params is not None  # Airflow passes the run's params by name
-        from trainyard import teams
-        from trainyard.registry.versions import promote
-        from trainyard.tracking.mlflow_tracking import client
-        from trainyard_airflow.auth import authorize_move
-        from trainyard_airflow.operators.approval import approved_by
-
-        ctx = get_current_context()
-        dag_run = ctx["dag_run"]
-        model, alias, requester = params["model"], params["alias"], triggering_user()
-        # the owner and the policy as they are now (it may have changed while the move waited), not as
-        # verify's XCom says: a user may write XComs
-        config, owner = authorize_move(model, requester, TEAM)
-        run_key = f"{dag_run.dag_id}/{dag_run.run_id}"
-        extra: dict[str, str | None] = {"dag_run": run_key, "team": owner}
-        if teams.needs_approval(config, owner, alias):
-            extra["approved_by"] = approved_by(model, requester, run_key, verified["version"])
-        return promote(
-            client(),
-            model,
-            verified["version"],
-            alias,
-            user=str(requester),
-            reason=params["reason"],
-            trusted=_trusted_keys(),
-            action=params["action"],
-            extra=extra,
-            expected_holder=verified["current"],
-        )
 
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for
     # at run time. `Any` says both to mypy, which still checks each call's arguments by count and name.

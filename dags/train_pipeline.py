@@ -207,6 +207,260 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
         raise AirflowRescheduleException(again) from None
 
 
+# -- the tasks, in the order they run; train_pipeline() below wires them ------------------------------
+@task
+@fail_permanently
+def validate_spec() -> dict:
+    """Validate the JobSpec; fails at once, naming every bad field."""
+    from trainyard.pipeline import check_ownership, check_worker
+    from trainyard.pipeline import validate_spec as check
+
+    spec = check(_raw_spec(), user=triggering_user(), pipeline_team=TEAM)
+    check_worker(spec)
+    check_ownership(spec)
+    return spec.model_dump(mode="json")
+
+
+@task
+@fail_permanently
+def resolve_dataset(spec: dict) -> dict:
+    """Ingest the built-in source if named, and pin the dataset ref to an immutable commit."""
+    from trainyard.pipeline import resolve_dataset as resolve
+    from trainyard_airflow.hooks.lakefs_hook import register_store
+
+    register_store()
+    return resolve(_spec(spec))
+
+
+@task
+@fail_permanently
+def validate_data(spec: dict, dataset: dict) -> dict:
+    """great-expectations suite over the pinned commit: bad data stops the run here."""
+    from trainyard.pipeline import validate_data as check
+    from trainyard_airflow.hooks.lakefs_hook import register_store
+
+    register_store()
+    job_spec = _spec(spec)
+    return check(job_spec, _dataset(job_spec, dataset), _run_key())
+
+
+@task
+@fail_permanently
+def prepare_data(spec: dict, dataset: dict, _validated: dict) -> dict:
+    """Hash-based train/val(/test) split of the pinned commit, written as the recipe's records in LMDB or
+    TFRecord (dataset.format), cached by (commit, split settings, recipe variant)."""
+    from trainyard.pipeline import prepare_data as prepare
+    from trainyard_airflow.hooks.lakefs_hook import register_store
+
+    register_store()
+    job_spec = _spec(spec)
+    return prepare(job_spec, _dataset(job_spec, dataset))
+
+
+@task.branch
+@fail_permanently
+def choose_launcher(spec: dict) -> str:
+    """A sweep's trials, or one training here (backends.launcher local) or on Kubernetes."""
+    job_spec = _spec(spec)
+    if job_spec.sweep is not None:
+        return "plan_sweep"
+    return "admit" if job_spec.backends.launcher == "local" else "plan_kubernetes"
+
+
+@task(pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute", **AT_TRAINING_END)
+@fail_permanently
+def train(spec: dict, dataset: dict, data: dict) -> dict:
+    """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
+    streamed here; a retry resumes from the newest checkpoint. Holds the job's admission while it runs
+    (a heartbeat renews it; released at the end)."""
+    from trainyard.pipeline import run_dir
+    from trainyard.pipeline import train as run
+    from trainyard.scheduling.admission import job_for
+    from trainyard.training.usage import wall_seconds
+
+    job_spec = _spec(spec)
+    dataset = _dataset(job_spec, dataset)
+    data = _prepared(job_spec, dataset)
+    job = job_for(job_spec.resources, _run_key(), triggering_user())
+    return _while_admitted(
+        job,
+        job_spec,
+        lambda lease: run(
+            job_spec,
+            dataset,
+            data,
+            _run_key(),
+            devices=lease.devices,
+            stop=lease.lost,
+            tags=_run_tags(),
+            waited_s=lease.waited_s,
+        ),
+        earlier_s=wall_seconds(run_dir(job_spec, _run_key())),
+    )
+
+
+@task
+@fail_permanently
+def plan_sweep(spec: dict) -> list[str]:
+    """Open the sweep's Optuna study, or resume it (a sweep of the same name ran before), seeded from
+    ``warm_start_from`` when new: one slot per trial this run adds."""
+    from trainyard.pipeline import plan_sweep as plan
+
+    return [f"{_run_key()}/slot-{i}" for i in plan(_spec(spec))]
+
+
+@task(pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute", **AT_TRAINING_END)
+@fail_permanently
+def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
+    """One trial: values from the study, trained like a job of its own (run directory, MLflow run),
+    stopped at an epoch's end when the pruner says so; told to the study as complete, pruned or failed.
+    A retry fails the trial its earlier try left running and trains a new one."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from trainyard.pipeline import train_trial as run
+    from trainyard.scheduling.admission import job_for
+    from trainyard.sweeps.study import GridSpent
+
+    job_spec = _spec(spec)
+    assert job_spec.sweep is not None
+    dataset = _dataset(job_spec, dataset)
+    data = _prepared(job_spec, dataset)
+    job = job_for(job_spec.resources, slot, triggering_user(), _run_key(), job_spec.sweep.parallelism)
+    number = int(slot.rsplit("-", 1)[1])
+    try:
+        return _while_admitted(
+            job,
+            job_spec,
+            lambda lease: run(
+                job_spec,
+                dataset,
+                data,
+                _run_key(),
+                number,
+                devices=lease.devices,
+                stop=lease.lost,
+                tags=_run_tags(),
+                waited_s=lease.waited_s,
+            ),
+        )
+    except GridSpent as err:  # another run of the sweep took the last points: nothing to train here
+        raise AirflowSkipException(str(err)) from None
+
+
+@task(trigger_rule="all_done")
+@fail_permanently
+def close_sweep() -> dict:
+    """Once every trial task is done, whatever its end (a trial that failed, was skipped or marked by
+    hand): trials left running are failed, the best trial of this data and spec is chosen (it goes on
+    to evaluate, gate, export and register) and the summary is logged to MLflow. Skipped where no
+    sweep was planned (not a sweep, or the run failed before its trials): its inputs are read here, as
+    an argument they would fail the task first."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from trainyard.pipeline import close_sweep as close
+
+    ti = get_current_context()["ti"]
+    if ti.xcom_pull(task_ids="plan_sweep") is None:
+        raise AirflowSkipException("no sweep was planned in this run")
+    job_spec = _spec(ti.xcom_pull(task_ids="validate_spec"))
+    return close(job_spec, _dataset(job_spec, ti.xcom_pull(task_ids="resolve_dataset")), _run_key())
+
+
+@task
+@fail_permanently
+def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
+    """MLflow run and run config on the shared volume, for the pods to start from."""
+    from trainyard.pipeline import plan_training
+
+    job_spec = _spec(spec)
+    dataset = _dataset(job_spec, dataset)
+    return plan_training(job_spec, dataset, _prepared(job_spec, dataset), _run_key(), tags=_run_tags())
+
+
+@task(**AT_TRAINING_END)
+@fail_permanently
+def collect_kubernetes(spec: dict, plan: dict) -> dict:
+    """Read what the pods left on the shared volume (result, GPU time of every try, cost)."""
+    from trainyard.pipeline import collect_training
+
+    return collect_training(_spec(spec), plan)
+
+
+@task(trigger_rule="none_failed_min_one_success")
+@fail_permanently
+def training_result() -> dict:
+    """The result of whichever branch ran (the others were skipped): a sweep's is its best trial's."""
+    ti = get_current_context()["ti"]
+    swept = ti.xcom_pull(task_ids="close_sweep")
+    if swept:
+        return swept["trained"]
+    if JobSpec.model_validate(ti.xcom_pull(task_ids="validate_spec")).sweep is not None:
+        raise PermanentError("the sweep's close_sweep task left no result: nothing to evaluate or register")
+    return ti.xcom_pull(task_ids="train") or ti.xcom_pull(task_ids="collect_kubernetes")
+
+
+@task
+@fail_permanently
+def evaluate(spec: dict, trained: dict, data: dict) -> dict:
+    """The recipe's metrics on the val split (and the test split, if the spec keeps one), logged to the
+    MLflow run; a custom command's are the ones it reported."""
+    from trainyard.pipeline import evaluate as run
+
+    job_spec = _job_spec(spec, trained)
+    return run(job_spec, trained, _run_data(job_spec))
+
+
+@task
+@fail_permanently
+def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
+    """Thresholds and champion/challenger rules from the spec; the full result goes to XCom and onto
+    the MLflow run (then the model version); a breach fails the run here."""
+    from trainyard.evaluation.gate import GateFailed
+    from trainyard.pipeline import gate as check
+
+    job_spec = _job_spec(spec, trained)
+    result = check(job_spec, metrics, _run_data(job_spec), trained)
+    get_current_context()["ti"].xcom_push(key="gate_result", value=result)
+    if not result["passed"] and not _spec(spec).replay_of:  # a replay measures; its verdict is recorded
+        raise GateFailed(result["message"])
+    return result
+
+
+@task
+@fail_permanently
+def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
+    """ONNX export; onnxruntime must match PyTorch on fixed inputs and on the recipe's val metric.
+    Skipped, with register, for a replay (``replay_of``): it only measures."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from trainyard.pipeline import export_onnx as run
+
+    if _spec(spec).replay_of:
+        raise AirflowSkipException(f"a replay of {_spec(spec).replay_of} exports and registers nothing")
+
+    job_spec = _job_spec(spec, trained)
+    return run(job_spec, trained, _run_data(job_spec))
+
+
+@task(on_success_callback=[TeamNotifier(event="registered")])
+@fail_permanently
+def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict) -> dict:
+    """MLflow model version (signature, input example, lineage tags), alias staging; once per run
+    (found again by the run key tag on a retry)."""
+    from trainyard.pipeline import register as run
+    from trainyard.spec import SPEC_DIGEST_TAG, spec_digest
+
+    user = triggering_user() or "train_pipeline"
+    # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it
+    identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
+    from trainyard.pipeline import own_run_files
+
+    job_spec = _job_spec(spec, trained)
+    lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on
+    files = own_run_files(job_spec, exported)
+    return run(job_spec, lineage, trained, files, metrics, _run_key(), identity, user=user)
+
+
 @dag(
     dag_id=training_dag(TEAM),
     schedule=None,
@@ -218,247 +472,6 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
     params=_params(),
 )
 def train_pipeline():
-    @task
-    @fail_permanently
-    def validate_spec() -> dict:
-        """Validate the JobSpec; fails at once, naming every bad field."""
-        from trainyard.pipeline import check_ownership, check_worker
-        from trainyard.pipeline import validate_spec as check
-
-        spec = check(_raw_spec(), user=triggering_user(), pipeline_team=TEAM)
-        check_worker(spec)
-        check_ownership(spec)
-        return spec.model_dump(mode="json")
-
-    @task
-    @fail_permanently
-    def resolve_dataset(spec: dict) -> dict:
-        """Ingest the built-in source if named, and pin the dataset ref to an immutable commit."""
-        from trainyard.pipeline import resolve_dataset as resolve
-        from trainyard_airflow.hooks.lakefs_hook import register_store
-
-        register_store()
-        return resolve(_spec(spec))
-
-    @task
-    @fail_permanently
-    def validate_data(spec: dict, dataset: dict) -> dict:
-        """great-expectations suite over the pinned commit: bad data stops the run here."""
-        from trainyard.pipeline import validate_data as check
-        from trainyard_airflow.hooks.lakefs_hook import register_store
-
-        register_store()
-        job_spec = _spec(spec)
-        return check(job_spec, _dataset(job_spec, dataset), _run_key())
-
-    @task
-    @fail_permanently
-    def prepare_data(spec: dict, dataset: dict, _validated: dict) -> dict:
-        """Hash-based train/val(/test) split of the pinned commit, written as the recipe's records in LMDB or
-        TFRecord (dataset.format), cached by (commit, split settings, recipe variant)."""
-        from trainyard.pipeline import prepare_data as prepare
-        from trainyard_airflow.hooks.lakefs_hook import register_store
-
-        register_store()
-        job_spec = _spec(spec)
-        return prepare(job_spec, _dataset(job_spec, dataset))
-
-    @task.branch
-    @fail_permanently
-    def choose_launcher(spec: dict) -> str:
-        """A sweep's trials, or one training here (backends.launcher local) or on Kubernetes."""
-        job_spec = _spec(spec)
-        if job_spec.sweep is not None:
-            return "plan_sweep"
-        return "admit" if job_spec.backends.launcher == "local" else "plan_kubernetes"
-
-    @task(
-        pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute", **AT_TRAINING_END
-    )
-    @fail_permanently
-    def train(spec: dict, dataset: dict, data: dict) -> dict:
-        """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
-        streamed here; a retry resumes from the newest checkpoint. Holds the job's admission while it runs
-        (a heartbeat renews it; released at the end)."""
-        from trainyard.pipeline import run_dir
-        from trainyard.pipeline import train as run
-        from trainyard.scheduling.admission import job_for
-        from trainyard.training.usage import wall_seconds
-
-        job_spec = _spec(spec)
-        dataset = _dataset(job_spec, dataset)
-        data = _prepared(job_spec, dataset)
-        job = job_for(job_spec.resources, _run_key(), triggering_user())
-        return _while_admitted(
-            job,
-            job_spec,
-            lambda lease: run(
-                job_spec,
-                dataset,
-                data,
-                _run_key(),
-                devices=lease.devices,
-                stop=lease.lost,
-                tags=_run_tags(),
-                waited_s=lease.waited_s,
-            ),
-            earlier_s=wall_seconds(run_dir(job_spec, _run_key())),
-        )
-
-    @task
-    @fail_permanently
-    def plan_sweep(spec: dict) -> list[str]:
-        """Open the sweep's Optuna study, or resume it (a sweep of the same name ran before), seeded from
-        ``warm_start_from`` when new: one slot per trial this run adds."""
-        from trainyard.pipeline import plan_sweep as plan
-
-        return [f"{_run_key()}/slot-{i}" for i in plan(_spec(spec))]
-
-    @task(
-        pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute", **AT_TRAINING_END
-    )
-    @fail_permanently
-    def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
-        """One trial: values from the study, trained like a job of its own (run directory, MLflow run),
-        stopped at an epoch's end when the pruner says so; told to the study as complete, pruned or failed.
-        A retry fails the trial its earlier try left running and trains a new one."""
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from trainyard.pipeline import train_trial as run
-        from trainyard.scheduling.admission import job_for
-        from trainyard.sweeps.study import GridSpent
-
-        job_spec = _spec(spec)
-        assert job_spec.sweep is not None
-        dataset = _dataset(job_spec, dataset)
-        data = _prepared(job_spec, dataset)
-        job = job_for(job_spec.resources, slot, triggering_user(), _run_key(), job_spec.sweep.parallelism)
-        number = int(slot.rsplit("-", 1)[1])
-        try:
-            return _while_admitted(
-                job,
-                job_spec,
-                lambda lease: run(
-                    job_spec,
-                    dataset,
-                    data,
-                    _run_key(),
-                    number,
-                    devices=lease.devices,
-                    stop=lease.lost,
-                    tags=_run_tags(),
-                    waited_s=lease.waited_s,
-                ),
-            )
-        except GridSpent as err:  # another run of the sweep took the last points: nothing to train here
-            raise AirflowSkipException(str(err)) from None
-
-    @task(trigger_rule="all_done")
-    @fail_permanently
-    def close_sweep() -> dict:
-        """Once every trial task is done, whatever its end (a trial that failed, was skipped or marked by
-        hand): trials left running are failed, the best trial of this data and spec is chosen (it goes on
-        to evaluate, gate, export and register) and the summary is logged to MLflow. Skipped where no
-        sweep was planned (not a sweep, or the run failed before its trials): its inputs are read here, as
-        an argument they would fail the task first."""
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from trainyard.pipeline import close_sweep as close
-
-        ti = get_current_context()["ti"]
-        if ti.xcom_pull(task_ids="plan_sweep") is None:
-            raise AirflowSkipException("no sweep was planned in this run")
-        job_spec = _spec(ti.xcom_pull(task_ids="validate_spec"))
-        return close(job_spec, _dataset(job_spec, ti.xcom_pull(task_ids="resolve_dataset")), _run_key())
-
-    @task
-    @fail_permanently
-    def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
-        """MLflow run and run config on the shared volume, for the pods to start from."""
-        from trainyard.pipeline import plan_training
-
-        job_spec = _spec(spec)
-        dataset = _dataset(job_spec, dataset)
-        return plan_training(job_spec, dataset, _prepared(job_spec, dataset), _run_key(), tags=_run_tags())
-
-    @task(**AT_TRAINING_END)
-    @fail_permanently
-    def collect_kubernetes(spec: dict, plan: dict) -> dict:
-        """Read what the pods left on the shared volume (result, GPU time of every try, cost)."""
-        from trainyard.pipeline import collect_training
-
-        return collect_training(_spec(spec), plan)
-
-    @task(trigger_rule="none_failed_min_one_success")
-    @fail_permanently
-    def training_result() -> dict:
-        """The result of whichever branch ran (the others were skipped): a sweep's is its best trial's."""
-        ti = get_current_context()["ti"]
-        swept = ti.xcom_pull(task_ids="close_sweep")
-        if swept:
-            return swept["trained"]
-        if JobSpec.model_validate(ti.xcom_pull(task_ids="validate_spec")).sweep is not None:
-            raise PermanentError("the sweep's close_sweep task left no result: nothing to evaluate or register")
-        return ti.xcom_pull(task_ids="train") or ti.xcom_pull(task_ids="collect_kubernetes")
-
-    @task
-    @fail_permanently
-    def evaluate(spec: dict, trained: dict, data: dict) -> dict:
-        """The recipe's metrics on the val split (and the test split, if the spec keeps one), logged to the
-        MLflow run; a custom command's are the ones it reported."""
-        from trainyard.pipeline import evaluate as run
-
-        job_spec = _job_spec(spec, trained)
-        return run(job_spec, trained, _run_data(job_spec))
-
-    @task
-    @fail_permanently
-    def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
-        """Thresholds and champion/challenger rules from the spec; the full result goes to XCom and onto
-        the MLflow run (then the model version); a breach fails the run here."""
-        from trainyard.evaluation.gate import GateFailed
-        from trainyard.pipeline import gate as check
-
-        job_spec = _job_spec(spec, trained)
-        result = check(job_spec, metrics, _run_data(job_spec), trained)
-        get_current_context()["ti"].xcom_push(key="gate_result", value=result)
-        if not result["passed"] and not _spec(spec).replay_of:  # a replay measures; its verdict is recorded
-            raise GateFailed(result["message"])
-        return result
-
-    @task
-    @fail_permanently
-    def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
-        """ONNX export; onnxruntime must match PyTorch on fixed inputs and on the recipe's val metric.
-        Skipped, with register, for a replay (``replay_of``): it only measures."""
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from trainyard.pipeline import export_onnx as run
-
-        if _spec(spec).replay_of:
-            raise AirflowSkipException(f"a replay of {_spec(spec).replay_of} exports and registers nothing")
-
-        job_spec = _job_spec(spec, trained)
-        return run(job_spec, trained, _run_data(job_spec))
-
-    @task(on_success_callback=[TeamNotifier(event="registered")])
-    @fail_permanently
-    def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict) -> dict:
-        """MLflow model version (signature, input example, lineage tags), alias staging; once per run
-        (found again by the run key tag on a retry)."""
-        from trainyard.pipeline import register as run
-        from trainyard.spec import SPEC_DIGEST_TAG, spec_digest
-
-        user = triggering_user() or "train_pipeline"
-        # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it
-        identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
-        from trainyard.pipeline import own_run_files
-
-        job_spec = _job_spec(spec, trained)
-        lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on
-        files = own_run_files(job_spec, exported)
-        return run(job_spec, lineage, trained, files, metrics, _run_key(), identity, user=user)
-
     # A task call returns an XComArg at parse time; the task it is passed to receives the JSON it stands for
     # at run time. `Any` says both to mypy, which still checks each call's arguments by count and name.
     spec: Any = validate_spec()
