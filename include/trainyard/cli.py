@@ -504,36 +504,39 @@ def _moment(text: str) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="trainyard",
-        description="trainyard: AI training on Apache Airflow",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
-    sub = parser.add_subparsers(dest="command", required=True)
+RESOURCES_HELP = "path to resources.yaml (default: $TRAINYARD_CONFIG_DIR/resources.yaml, else include/config's)"
 
+
+def _resources_option(p: argparse.ArgumentParser, **kwargs) -> None:
+    p.add_argument("--resources", help=RESOURCES_HELP, **kwargs)
+
+
+def add_pools_parser(sub) -> None:
     p = sub.add_parser("pools", help="the Airflow pools that resources.yaml defines ('sync' makes Airflow match)")
     p.add_argument("--format", choices=["airflow", "table"], default="table")
-    p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
+    _resources_option(p)
     p.set_defaults(func=cli_command(cmd_pools))
-    pools_sub = p.add_subparsers(dest="pools_command")
-    sync = pools_sub.add_parser("sync", help="create, resize and delete Airflow's GPU pools to match the file")
+    sync = p.add_subparsers(dest="pools_command").add_parser(
+        "sync", help="create, resize and delete Airflow's GPU pools to match the file"
+    )
     # SUPPRESS: `pools --resources F sync` and `pools sync --resources F` both keep F
-    sync.add_argument("--resources", default=argparse.SUPPRESS, help="path to resources.yaml")
+    _resources_option(sync, default=argparse.SUPPRESS)
     sync.add_argument("--dry-run", action="store_true", help="print the changes without making them")
     sync.set_defaults(func=cli_command(cmd_pools_sync))
 
+
+def add_cluster_parser(sub) -> None:
     cluster = sub.add_parser("cluster", help="the fleet on Kubernetes").add_subparsers(
         dest="cluster_command", required=True
     )
     p = cluster.add_parser(
         "manifests", help="namespaces, quotas, priority classes and Kueue queues from resources.yaml, for kubectl"
     )
-    p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
+    _resources_option(p)
     p.set_defaults(func=cli_command(cmd_cluster_manifests))
 
+
+def add_queue_parser(sub) -> None:
     p = sub.add_parser("queue", help="waiting and admitted jobs per GPU type, and why each waits")
     p.add_argument("--json", action="store_true", help="one JSON object per job instead of the table")
     p.set_defaults(func=cli_command(cmd_queue))
@@ -544,12 +547,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dag", help="the DAG of the run (default: the one whose queued job it is)")
     p.set_defaults(func=cli_command(cmd_queue_cancel))
 
+
+def add_report_parser(sub) -> None:
+    from trainyard.scheduling.utilisation import HANDOVER_S
+
     report = sub.add_parser("report", help="what the fleet was used for").add_subparsers(
         dest="report_command", required=True
     )
     p = report.add_parser("cost", help="GPU-hours and cost per team for a month, against its budget")
     p.add_argument("--month", help="YYYY-MM (default: this month, UTC)", type=_month)
-    p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
+    _resources_option(p)
     p.set_defaults(func=cli_command(cmd_report_cost))
     p = report.add_parser(
         "utilisation", help="GPU utilisation per pool and team, queue waits by job size, borrowing (from Airflow)"
@@ -558,8 +565,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", type=_moment, help="end of the window, ISO 8601 (default: now)")
     p.add_argument("--type", action="append", help="a GPU type in the fleet figure (repeat; default: every type)")
     p.add_argument("--png", help="also draw utilisation over time, stacked by team, into this PNG file")
-    from trainyard.scheduling.utilisation import HANDOVER_S
-
     p.add_argument(
         "--tolerance",
         type=float,
@@ -568,22 +573,26 @@ def build_parser() -> argparse.ArgumentParser:
         "before Airflow records the first's end) before it is a violation (default %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="the figures as JSON")
-    p.add_argument("--resources", help="path to resources.yaml (default: include/config/resources.yaml)")
+    _resources_option(p)
     p.set_defaults(func=cli_command(cmd_report_utilisation))
 
+
+def add_audit_parser(sub) -> None:
     audit = sub.add_parser("audit", help="the tamper-evident audit trail").add_subparsers(
         dest="audit_command", required=True
     )
-    p = audit.add_parser("verify", help="check that no entry was edited, removed or reordered")
+    trail = argparse.ArgumentParser(add_help=False)
+    trail.add_argument("--path", help="the trail (default: $TRAINYARD_HOME/audit/audit.jsonl)")
+    p = audit.add_parser("verify", parents=[trail], help="check that no entry was edited, removed or reordered")
     p.add_argument("--head", help="a head hash printed earlier: also catches entries cut off the end")
-    p.add_argument("--path", help="the trail (default: $TRAINYARD_HOME/audit/audit.jsonl)")
     p.set_defaults(func=cli_command(cmd_audit_verify))
-    p = audit.add_parser("log", help="the newest entries, as JSON lines")
+    p = audit.add_parser("log", parents=[trail], help="the newest entries, as JSON lines")
     p.add_argument("--kind", help="only entries of this kind (alias_move, ...)")
     p.add_argument("--last", type=int, default=50, help="how many (default 50)")
-    p.add_argument("--path", help="the trail (default: $TRAINYARD_HOME/audit/audit.jsonl)")
     p.set_defaults(func=cli_command(cmd_audit_log))
 
+
+def add_sandbox_parser(sub) -> None:
     sandbox = sub.add_parser("sandbox", help="the OS users custom commands run as locally").add_subparsers(
         dest="sandbox_command", required=True
     )
@@ -592,22 +601,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sandbox.add_parser("check", help="can custom commands run on this host, and if not, why")
     p.set_defaults(func=cli_command(cmd_sandbox_check))
 
+
+def add_validate_parser(sub) -> None:
     p = sub.add_parser("validate", help="validate a JobSpec YAML file and print it with defaults filled in")
     p.add_argument("job")
     p.set_defaults(func=cli_command(cmd_validate))
 
+
+def add_data_parser(sub) -> None:
     data = sub.add_parser("data", help="versioned datasets").add_subparsers(dest="data_command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", choices=["local", "lakefs"], default="local")
     common.add_argument("--repo", required=True)
+    at_ref = argparse.ArgumentParser(add_help=False)
+    at_ref.add_argument("--ref", default="main")
     p = data.add_parser("upload", parents=[common], help="validate a folder and commit it as a new version")
     p.add_argument("folder")
     p.add_argument("--branch", default="main")
-    p.add_argument(
-        "--kind",
-        default="auto",
-        choices=["auto", *KINDS],
-    )
+    p.add_argument("--kind", default="auto", choices=["auto", *KINDS])
     p.add_argument("--message", default="")
     p.add_argument("--team", help="the team the data is for (default: the Airflow login's one team)")
     p.set_defaults(func=cli_command(cmd_data_upload))
@@ -629,16 +640,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Label Studio only: what the labelling project produced",
     )
     p.set_defaults(func=cli_command(cmd_data_import))
-    p = data.add_parser("log", parents=[common], help="the history of a ref, newest first")
-    p.add_argument("--ref", default="main")
+    p = data.add_parser("log", parents=[common, at_ref], help="the history of a ref, newest first")
     p.add_argument("-n", "--max-count", type=int, metavar="N", help="at most N commits (default: all)")
     p.set_defaults(func=cli_command(cmd_data_log, _repo_hint))
-    p = data.add_parser("tag", parents=[common], help="tag a commit")
+    p = data.add_parser("tag", parents=[common, at_ref], help="tag a commit")
     p.add_argument("tag")
-    p.add_argument("--ref", default="main")
     p.set_defaults(func=cli_command(cmd_data_tag, _repo_hint))
-    p = data.add_parser("ls", parents=[common], help="files at a ref")
-    p.add_argument("--ref", default="main")
+    p = data.add_parser("ls", parents=[common, at_ref], help="files at a ref")
     p.add_argument("--prefix", default="")
     p.set_defaults(func=cli_command(cmd_data_ls, _repo_hint))
     p = data.add_parser(
@@ -650,19 +658,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replace", action="store_true", help="change an owner already recorded")
     p.set_defaults(func=cli_command(cmd_data_owner, _repo_hint))
 
+
+def add_show_parser(sub) -> None:
     p = sub.add_parser("show", help="where a registered model's results are")
     p.add_argument("model")
     p.add_argument("--alias", default="staging")
     p.set_defaults(func=cli_command(cmd_show))
 
+
+def add_runs_parser(sub) -> None:
+    """``trainyard runs``: finding and comparing runs in MLflow (:mod:`trainyard.tracking.cli`), and an
+    Airflow run's status, logs and cancel (:mod:`trainyard.submit_cli`)."""
+    from trainyard.submit_cli import add_run_commands
+    from trainyard.tracking.cli import add_tracking_commands
+
+    runs = sub.add_parser(
+        "runs", help="training runs: find, filter and compare them (MLflow); an Airflow run's status, logs, cancel"
+    ).add_subparsers(dest="runs_command", required=True)
+    add_run_commands(runs)
+    add_tracking_commands(runs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command group adds itself, as ``add_<group>_parser(subparsers)`` (those of a room of their own
+    live there: submit and replay in :mod:`trainyard.submit_cli`, models in :mod:`trainyard.registry.cli`)."""
     from trainyard.registry.cli import add_models_parser
     from trainyard.submit_cli import add_replay_parser, add_submit_parser
-    from trainyard.tracking.cli import add_runs_parser
 
-    add_submit_parser(sub)
-    add_replay_parser(sub)
-    add_models_parser(sub)
-    add_runs_parser(sub)
+    parser = argparse.ArgumentParser(
+        prog="trainyard",
+        description="trainyard: AI training on Apache Airflow",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
+    sub = parser.add_subparsers(dest="command", required=True)
+    groups = [add_pools_parser, add_cluster_parser, add_queue_parser, add_report_parser, add_audit_parser]
+    groups += [add_sandbox_parser, add_validate_parser, add_data_parser, add_show_parser, add_submit_parser]
+    groups += [add_replay_parser, add_models_parser, add_runs_parser]
+    for add in groups:
+        add(sub)
     return parser
 
 

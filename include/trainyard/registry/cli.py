@@ -239,15 +239,8 @@ def cmd_live_at(args) -> int:
     return 0
 
 
-def add_models_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``models`` and its subcommands on the top-level parser's subparsers."""
-    models = subparsers.add_parser("models", help="signed model versions, promotion, rollback, alias history")
-    sub = models.add_subparsers(dest="models_command", required=True)
-    key = argparse.ArgumentParser(add_help=False)
-    key.add_argument(
-        "--key", help="PEM file (default: $TRAINYARD_SIGNING_KEY / $TRAINYARD_VERIFY_KEY, else $TRAINYARD_HOME/keys/)"
-    )
-
+def _add_key_commands(sub) -> None:
+    """``keygen`` and ``keys list|rotate|distrust``: the signing key pair and the trusted verify keys."""
     p = sub.add_parser("keygen", help="create an Ed25519 key pair (never overwrites one)")
     p.add_argument("--dir", help="folder for signing_key.pem and verify_key.pem (default: $TRAINYARD_HOME/keys)")
     p.add_argument("--if-missing", action="store_true", help="succeed without change if a key pair exists")
@@ -266,22 +259,9 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dir", help="default: $TRAINYARD_HOME/keys")
     p.set_defaults(func=cli_command(cmd_keys_distrust))
 
-    p = sub.add_parser("sign", parents=[key], help="hash a version's files and sign the manifest")
-    p.add_argument("model")
-    p.add_argument("version")
-    p.add_argument(
-        "--replace",
-        action="store_true",
-        help="sign again a version signed by another key (after distrusting it; check the files first)",
-    )
-    p.set_defaults(func=cli_command(cmd_sign))
 
-    p = sub.add_parser("verify", parents=[key], help="re-hash a version's files and check its signature")
-    p.add_argument("model")
-    p.add_argument("version", nargs="?", default="", help="default: the version under --alias")
-    p.add_argument("--alias", default="staging")
-    p.set_defaults(func=cli_command(cmd_verify))
-
+def _add_move_commands(sub) -> None:
+    """``promote`` and ``rollback``: an alias moved by the promote_model DAG, as the Airflow login."""
     move = argparse.ArgumentParser(add_help=False)
     move.add_argument("--alias", choices=["staging", "production"], default="production")
     move.add_argument(
@@ -308,19 +288,48 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--reason", default="rollback", help="why (recorded in the alias history)")
     p.set_defaults(func=cli_command(cmd_rollback))
 
-    p = sub.add_parser("owner", help="the team that owns a model; with TEAM, name it (an admin's act, audited)")
+
+def add_models_parser(sub) -> None:
+    """Register ``models`` and its subcommands on the top-level parser's subparsers."""
+    models = sub.add_parser("models", help="signed model versions, promotion, rollback, alias history")
+    commands = models.add_subparsers(dest="models_command", required=True)
+    key = argparse.ArgumentParser(add_help=False)
+    key.add_argument(
+        "--key", help="PEM file (default: $TRAINYARD_SIGNING_KEY / $TRAINYARD_VERIFY_KEY, else $TRAINYARD_HOME/keys/)"
+    )
+
+    _add_key_commands(commands)
+    p = commands.add_parser("sign", parents=[key], help="hash a version's files and sign the manifest")
+    p.add_argument("model")
+    p.add_argument("version")
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="sign again a version signed by another key (after distrusting it; check the files first)",
+    )
+    p.set_defaults(func=cli_command(cmd_sign))
+
+    p = commands.add_parser("verify", parents=[key], help="re-hash a version's files and check its signature")
+    p.add_argument("model")
+    p.add_argument("version", nargs="?", default="", help="default: the version under --alias")
+    p.add_argument("--alias", default="staging")
+    p.set_defaults(func=cli_command(cmd_verify))
+
+    _add_move_commands(commands)
+
+    p = commands.add_parser("owner", help="the team that owns a model; with TEAM, name it (an admin's act, audited)")
     p.add_argument("model")
     p.add_argument("team", nargs="?")
     p.add_argument("--replace", action="store_true", help="give a model another team already owns to TEAM")
     p.set_defaults(func=cli_command(cmd_owner))
 
-    p = sub.add_parser("history", help="every recorded alias move of a model")
+    p = commands.add_parser("history", help="every recorded alias move of a model")
     p.add_argument("model")
     p.add_argument("--alias")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(func=cli_command(cmd_history))
 
-    p = sub.add_parser(
+    p = commands.add_parser(
         "card", help="a version's model card: lineage, validation, gate, champion, signature, approvals, cost"
     )
     p.add_argument("model")
@@ -328,9 +337,8 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default=".", help="folder for <model>-v<version>/card.md and card.json (default: .)")
     p.set_defaults(func=cli_command(cmd_card))
 
-    p = sub.add_parser("live-at", help="the version an alias pointed at, at a time (ISO; naive = UTC)")
+    p = commands.add_parser("live-at", help="the version an alias pointed at, at a time (ISO; naive = UTC)")
     p.add_argument("model")
     p.add_argument("when", help="e.g. 2026-03-01T12:00:00+00:00 (a bare date means 00:00 UTC)")
     p.add_argument("--alias", default="production")
     p.set_defaults(func=cli_command(cmd_live_at))
-    return models

@@ -106,13 +106,8 @@ def _tag(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def add_runs_parser(sub) -> None:
-    from trainyard.submit_cli import add_run_commands
-
-    runs = sub.add_parser(
-        "runs", help="training runs: find, filter and compare them (MLflow); an Airflow run's status, logs, cancel"
-    ).add_subparsers(dest="runs_command", required=True)
-    add_run_commands(runs)
+def add_tracking_commands(runs) -> None:
+    """``list`` and ``compare`` under ``trainyard runs``: runs found in MLflow by what they trained on and how."""
     filters = argparse.ArgumentParser(add_help=False)
     f = filters.add_argument_group("filters (all must hold)")
     f.add_argument("--job", help="the job's name (its MLflow experiment); default: every job")
