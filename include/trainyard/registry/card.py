@@ -133,9 +133,55 @@ def _verdict(passed: bool | None) -> str:
     return "not recorded" if passed is None else "passed" if passed else "failed"
 
 
+def _section(title: str, *body: str) -> list[str]:
+    return [f"## {title}", "", *body, ""]
+
+
+def _lineage(card: dict) -> list[str]:
+    lin, ds = card["lineage"], card["lineage"]["dataset"]
+    rows = [
+        ("dataset", f"{ds['store']}:{ds['repo']} @ {ds['commit']}"),
+        ("dataset digest", ds["digest"]),
+        ("code version", lin["code_version"]),
+        ("dependencies (sha256)", lin["dependencies_sha256"]),
+        ("spec (sha256)", lin["spec_sha256"]),
+        ("recipe", lin["recipe"]),
+        ("hyperparameters", json.dumps(lin["params"], sort_keys=True) if lin["params"] else None),
+        ("sweep", json.dumps(lin["sweep"], sort_keys=True) if lin["sweep"] else None),
+    ]
+    return _section("Lineage", *_table(("what", "value"), rows))
+
+
+def _gate(card: dict) -> list[str]:
+    rows = [
+        (c["metric"], c.get("value"), c.get("min"), c.get("max"), c.get("margin"), c["passed"])
+        for c in card["gate"]["checks"]
+    ]
+    return _section(
+        f"Gate: {_verdict(card['gate']['passed'])}",
+        *_table(("metric", "value", "min", "max", "margin", "passed"), rows),
+    )
+
+
+def _champion(card: dict) -> list[str]:
+    champion = card["champion"]
+    if not champion["checks"]:
+        return _section("Champion comparison", "No champion rules (or no production version to compare with).")
+    rows = [(c["metric"], c.get("value"), c.get("champion"), c.get("margin"), c["passed"]) for c in champion["checks"]]
+    return _section(
+        "Champion comparison",
+        f"Against production version {champion['version']}:",
+        "",
+        *_table(("metric", "challenger", "champion", "margin", "passed"), rows),
+    )
+
+
 def markdown(card: dict) -> str:
     """The card as one Markdown page."""
-    lin, ds = card["lineage"], card["lineage"]["dataset"]
+    sig = card["signature"]
+    signed = f"Manifest sha256 `{sig['manifest_sha256']}`, signed by key `{sig['key_id']}`." if sig["signed"] else None
+    approvals = [f"- {a['alias']}: approved by {a['approved_by']} at {a['at']}" for a in card["approvals"]]
+    moves = [tuple(e.values()) for e in card["alias_history"]]
     lines = [
         f"# Model card: {card['model']} version {card['version']}",
         "",
@@ -143,79 +189,21 @@ def markdown(card: dict) -> str:
         f"Aliases now: {', '.join(card['aliases']) or 'none'}. Registered by {card['registered_by'] or '-'} "
         f"from run `{card['run']['run_key'] or card['run']['mlflow_run_id']}`.",
         "",
-        "## Lineage",
-        "",
-        *_table(
-            ("what", "value"),
-            [
-                ("dataset", f"{ds['store']}:{ds['repo']} @ {ds['commit']}"),
-                ("dataset digest", ds["digest"]),
-                ("code version", lin["code_version"]),
-                ("dependencies (sha256)", lin["dependencies_sha256"]),
-                ("spec (sha256)", lin["spec_sha256"]),
-                ("recipe", lin["recipe"]),
-                ("hyperparameters", json.dumps(lin["params"], sort_keys=True) if lin["params"] else None),
-                ("sweep", json.dumps(lin["sweep"], sort_keys=True) if lin["sweep"] else None),
-            ],
+        *_lineage(card),
+        *_section(
+            "Data validation",
+            f"`{json.dumps(card['validation'], sort_keys=True)}`" if card["validation"] else "Not recorded.",
         ),
-        "",
-        "## Data validation",
-        "",
-        f"`{json.dumps(card['validation'], sort_keys=True)}`" if card["validation"] else "Not recorded.",
-        "",
-        f"## Metrics (measured by: {card['metrics_measured_by']})",
-        "",
-        *_table(("metric", "value"), sorted(card["metrics"].items())),
-        "",
-        f"## Gate: {_verdict(card['gate']['passed'])}",
-        "",
-        *_table(
-            ("metric", "value", "min", "max", "margin", "passed"),
-            [
-                (c["metric"], c.get("value"), c.get("min"), c.get("max"), c.get("margin"), c["passed"])
-                for c in card["gate"]["checks"]
-            ],
+        *_section(
+            f"Metrics (measured by: {card['metrics_measured_by']})",
+            *_table(("metric", "value"), sorted(card["metrics"].items())),
         ),
-        "",
-        "## Champion comparison",
-        "",
-    ]
-    champion = card["champion"]
-    if champion["checks"]:
-        lines += [f"Against production version {champion['version']}:", ""]
-        lines += _table(
-            ("metric", "challenger", "champion", "margin", "passed"),
-            [
-                (c["metric"], c.get("value"), c.get("champion"), c.get("margin"), c["passed"])
-                for c in champion["checks"]
-            ],
-        )
-    else:
-        lines.append("No champion rules (or no production version to compare with).")
-    sig = card["signature"]
-    lines += [
-        "",
-        "## Signature",
-        "",
-        f"Manifest sha256 `{sig['manifest_sha256']}`, signed by key `{sig['key_id']}`."
-        if sig["signed"]
-        else "Not signed.",
-        "",
-        "## Approvals",
-        "",
-        *([f"- {a['alias']}: approved by {a['approved_by']} at {a['at']}" for a in card["approvals"]] or ["None."]),
-        "",
-        "## Alias history",
-        "",
-        *_table(
-            ("at", "alias", "action", "from", "to", "by", "reason"),
-            [tuple(e.values()) for e in card["alias_history"]],
-        ),
-        "",
-        "## Cost",
-        "",
-        *_table(("what", "value"), list(card["cost"].items())),
-        "",
+        *_gate(card),
+        *_champion(card),
+        *_section("Signature", signed or "Not signed."),
+        *_section("Approvals", *(approvals or ["None."])),
+        *_section("Alias history", *_table(("at", "alias", "action", "from", "to", "by", "reason"), moves)),
+        *_section("Cost", *_table(("what", "value"), list(card["cost"].items()))),
     ]
     return "\n".join(lines)
 

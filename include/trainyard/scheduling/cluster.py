@@ -97,94 +97,101 @@ def _mig(config: ResourcesConfig, gpu_type: str) -> dict[str, int]:
     return config.gpu_types[gpu_type].mig_profiles
 
 
-def manifests(config: ResourcesConfig) -> list[dict]:
-    """Every object, in the order to apply them (namespaces and flavors before what names them)."""
-    objects: list[dict] = []
-    for team in config.teams:
-        objects.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": team_namespace(team), "labels": {TEAM_LABEL: team}},
-            }
-        )
-        hard = {
-            f"requests.{GPU}": str(sum(max_reach(config, team, t) for t in _gpu_types(config) if not _mig(config, t)))
-        }
-        for t in _gpu_types(config):
-            for p, n in _mig(config, t).items():
-                key = f"requests.{mig_resource(p)}"
-                hard[key] = str(int(hard.get(key, "0")) + max_reach(config, team, t) * n)
-        objects.append(
-            {
-                "apiVersion": "v1",
-                "kind": "ResourceQuota",
-                "metadata": {"name": "trainyard-gpus", "namespace": team_namespace(team)},
-                "spec": {"hard": hard},
-            }
-        )
-    for name, value in config.priority_classes.items():
-        objects.append(
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": priority_class_name(name)},
-                "value": value,
-                "globalDefault": False,
-                "preemptionPolicy": "PreemptLowerPriority",
-                "description": f"trainyard jobs of priority class {name} (resources.priority >= {value})",
-            }
-        )
+def _team_namespace(config: ResourcesConfig, team: str) -> list[dict]:
+    """A team's namespace, and its ResourceQuota: the most GPUs (and MIG slices) it can ever hold at once."""
+    hard = {f"requests.{GPU}": str(sum(max_reach(config, team, t) for t in _gpu_types(config) if not _mig(config, t)))}
     for t in _gpu_types(config):
-        labels = config.gpu_types[t].node_selector
-        objects.append(
-            {
-                "apiVersion": KUEUE_API,
-                "kind": "ResourceFlavor",
-                "metadata": {"name": t},
-                "spec": {"nodeLabels": dict(labels)} if labels else {},
-            }
-        )
-    objects.append(
+        for p, n in _mig(config, t).items():
+            key = f"requests.{mig_resource(p)}"
+            hard[key] = str(int(hard.get(key, "0")) + max_reach(config, team, t) * n)
+    namespace = team_namespace(team)
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {TEAM_LABEL: team}}},
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "trainyard-gpus", "namespace": namespace},
+            "spec": {"hard": hard},
+        },
+    ]
+
+
+def _priority_classes(config: ResourcesConfig) -> tuple[list[dict], list[dict]]:
+    """The pods' PriorityClasses (the kube-scheduler's order) and Kueue's WorkloadPriorityClasses (its queues')."""
+    pod_classes = [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": priority_class_name(name)},
+            "value": value,
+            "globalDefault": False,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "description": f"trainyard jobs of priority class {name} (resources.priority >= {value})",
+        }
+        for name, value in config.priority_classes.items()
+    ]
+    workload_classes = [
         {
             "apiVersion": KUEUE_API,
-            "kind": "Cohort",
-            "metadata": {"name": COHORT},
-            "spec": {"resourceGroups": _resource_groups(config, None)},
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": priority_class_name(name)},
+            "value": value,
+            "description": f"trainyard jobs of priority class {name}",
         }
-    )
-    for team in config.teams:
-        objects.append(
-            {
-                "apiVersion": KUEUE_API,
-                "kind": "ClusterQueue",
-                "metadata": {"name": f"trainyard-{team}"},
-                "spec": {
-                    "cohortName": COHORT,
-                    "namespaceSelector": {"matchLabels": {TEAM_LABEL: team}},
-                    "queueingStrategy": "BestEffortFIFO",
-                    "flavorFungibility": {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor"},
-                    "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"},
-                    "resourceGroups": _resource_groups(config, team),
-                },
-            }
-        )
-        objects.append(
-            {
-                "apiVersion": KUEUE_API,
-                "kind": "LocalQueue",
-                "metadata": {"name": LOCAL_QUEUE, "namespace": team_namespace(team)},
-                "spec": {"clusterQueue": f"trainyard-{team}"},
-            }
-        )
-    for name, value in config.priority_classes.items():
-        objects.append(
-            {
-                "apiVersion": KUEUE_API,
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": priority_class_name(name)},
-                "value": value,
-                "description": f"trainyard jobs of priority class {name}",
-            }
-        )
-    return objects
+        for name, value in config.priority_classes.items()
+    ]
+    return pod_classes, workload_classes
+
+
+def _team_queues(config: ResourcesConfig, team: str) -> list[dict]:
+    """A team's Kueue ClusterQueue in the fleet's cohort (its quota, what it may borrow and lend) and the
+    LocalQueue its jobs name."""
+    return [
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "ClusterQueue",
+            "metadata": {"name": f"trainyard-{team}"},
+            "spec": {
+                "cohortName": COHORT,
+                "namespaceSelector": {"matchLabels": {TEAM_LABEL: team}},
+                "queueingStrategy": "BestEffortFIFO",
+                "flavorFungibility": {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor"},
+                "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"},
+                "resourceGroups": _resource_groups(config, team),
+            },
+        },
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "LocalQueue",
+            "metadata": {"name": LOCAL_QUEUE, "namespace": team_namespace(team)},
+            "spec": {"clusterQueue": f"trainyard-{team}"},
+        },
+    ]
+
+
+def manifests(config: ResourcesConfig) -> list[dict]:
+    """Every object, in the order to apply them (namespaces and flavors before what names them)."""
+    pod_classes, workload_classes = _priority_classes(config)
+    flavors = [
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "ResourceFlavor",
+            "metadata": {"name": t},
+            "spec": {"nodeLabels": dict(labels)} if (labels := config.gpu_types[t].node_selector) else {},
+        }
+        for t in _gpu_types(config)
+    ]
+    cohort = {
+        "apiVersion": KUEUE_API,
+        "kind": "Cohort",
+        "metadata": {"name": COHORT},
+        "spec": {"resourceGroups": _resource_groups(config, None)},
+    }
+    return [
+        *(o for team in config.teams for o in _team_namespace(config, team)),
+        *pod_classes,
+        *flavors,
+        cohort,
+        *(o for team in config.teams for o in _team_queues(config, team)),
+        *workload_classes,
+    ]

@@ -221,6 +221,27 @@ def check_types(config: ResourcesConfig, gpu_types: Sequence[str] | None) -> lis
     return types
 
 
+def _team_borrowing(
+    config: ResourcesConfig, team: str, gpu_type: str, spans: list[tuple[float, float, int]], tolerance: float
+) -> tuple[float, list[str]]:
+    """Slot-seconds ``team`` held of ``gpu_type`` beyond its quota, and its borrowing limit's violations (a team
+    the file no longer has: no quota, no limits to hold it to)."""
+    steps = _steps(spans)
+    known = team in config.teams
+    quota = config.quota(team, gpu_type) if known else 0
+    borrowed, _, _, _ = _above(steps, quota)
+    limit = config.borrowing_limit(team, gpu_type) if known else None
+    if limit is None:
+        return borrowed, []
+    _, peak, first, stretch = _above(steps, quota + limit)
+    if first is None or stretch <= tolerance:
+        return borrowed, []
+    return borrowed, [
+        f"{gpu_type}: team {team} held {peak} slots, its quota {quota} + borrowing limit {limit} "
+        f"(for {stretch:.1f} s at most; first at {first:.0f})"
+    ]
+
+
 def report(
     config: ResourcesConfig,
     allocations: Sequence[Allocation],
@@ -256,21 +277,10 @@ def report(
                 f"first at {first:.0f})"
             )
     for (team_name, t), team_spans in sorted(spans.items()):
-        steps = _steps(team_spans)
-        quota = config.quota(team_name, t) if team_name in config.teams else 0
-        borrowed, _, _, _ = _above(steps, quota)
+        borrowed, over = _team_borrowing(config, team_name, t, team_spans, tolerance)
         pools[t].borrowed_s += borrowed
         teams[team_name]["borrowed_s"] += borrowed
-        if team_name not in config.teams:  # a team the file no longer has: no limits to hold it to
-            continue
-        limit = config.borrowing_limit(team_name, t)
-        if limit is not None:
-            _, peak, first, stretch = _above(steps, quota + limit)
-            if first is not None and stretch > tolerance:
-                violations.append(
-                    f"{t}: team {team_name} held {peak} slots, its quota {quota} + borrowing limit {limit} "
-                    f"(for {stretch:.1f} s at most; first at {first:.0f})"
-                )
+        violations += over
     for t in pools:
         violations += _lent_beyond_limits(
             config, t, {team: ss for (team, gt), ss in spans.items() if gt == t}, tolerance
@@ -278,11 +288,20 @@ def report(
     total = sum(p.allocated_s for p in pools.values())
     for team in teams.values():
         team["share"] = team["allocated_s"] / total if total else 0.0
+    waits, longest, waiting = _waits(allocations, set(pools), since, until)
+    return Report(since, until, pools, dict(sorted(teams.items())), waits, longest, waiting, violations)
+
+
+def _waits(
+    allocations: Sequence[Allocation], gpu_types: set[str], since: float, until: float
+) -> tuple[dict[str, Waits], tuple[str, int, float] | None, int]:
+    """Queue waits of the jobs first asked for in the window, by job size; the longest (run, slots,
+    seconds); how many still wait at its end (their wait so far counts)."""
     by_size: dict[str, list[float]] = defaultdict(list)
     longest: tuple[str, int, float] | None = None
     waiting = 0
     for a in allocations:
-        if not a.first_try or a.asked is None or a.gpu_type not in pools:
+        if not a.first_try or a.asked is None or a.gpu_type not in gpu_types:
             continue
         if a.asked > until:
             continue
@@ -301,7 +320,7 @@ def report(
         for _, _, name in SIZE_BUCKETS
         if (w := by_size.get(name))
     }
-    return Report(since, until, pools, dict(sorted(teams.items())), waits, longest, waiting, violations)
+    return waits, longest, waiting
 
 
 def timeline(
