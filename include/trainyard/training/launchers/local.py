@@ -283,6 +283,54 @@ def _stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+class _Watch:
+    """What ends or follows a child besides its own exit: ``after_exit`` once it has ended (an error it
+    raises is kept in ``failed``), ``stop`` once set, and the timer of ``timeout_s`` (``timed_out``)."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        timeout_s: float | None,
+        after_exit: Callable[[], None] | None,
+        stop: threading.Event | None,
+    ) -> None:
+        self.proc, self.after_exit, self.stop = proc, after_exit, stop
+        self.timed_out = threading.Event()
+        self.failed: list[BaseException] = []
+        self.watcher = threading.Thread(target=self._then, name="launch-after-exit", daemon=True)
+        if after_exit is not None:
+            self.watcher.start()
+        if stop is not None:
+            threading.Thread(target=self._stop_when_told, name="launch-stop", daemon=True).start()
+        self.timer = threading.Timer(timeout_s, self._expire) if timeout_s is not None else None
+        if self.timer is not None:
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _then(self) -> None:
+        self.proc.wait()
+        try:
+            self.after_exit()  # type: ignore[misc]
+        except BaseException as err:  # raised by run(), once the output is read
+            self.failed.append(err)
+
+    def _stop_when_told(self) -> None:
+        while self.proc.poll() is None:
+            if self.stop.wait(1.0):  # type: ignore[union-attr]
+                _stop(self.proc)
+                return
+
+    def _expire(self) -> None:
+        self.timed_out.set()
+        _stop(self.proc)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.watcher.is_alive():
+            self.watcher.join()  # what the child left is gone before the caller goes on (and gives the user back)
+
+
 def run(
     argv: list[str],
     *,
@@ -314,37 +362,7 @@ def run(
         bufsize=1,
         start_new_session=True,
     )
-    timed_out = threading.Event()
-    failed: list[BaseException] = []
-
-    def then() -> None:
-        proc.wait()
-        try:
-            after_exit()  # type: ignore[misc]
-        except BaseException as err:  # raised below, once the output is read
-            failed.append(err)
-
-    watcher = threading.Thread(target=then, name="launch-after-exit", daemon=True) if after_exit else None
-    if watcher is not None:
-        watcher.start()
-
-    def stop_when_told() -> None:
-        while proc.poll() is None:
-            if stop.wait(1.0):  # type: ignore[union-attr]
-                _stop(proc)
-                return
-
-    if stop is not None:
-        threading.Thread(target=stop_when_told, name="launch-stop", daemon=True).start()
-
-    def expire() -> None:
-        timed_out.set()
-        _stop(proc)
-
-    timer = threading.Timer(timeout_s, expire) if timeout_s is not None else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
+    watch = _Watch(proc, timeout_s, after_exit, stop)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -356,13 +374,10 @@ def run(
         _stop(proc)
         raise
     finally:
-        if timer is not None:
-            timer.cancel()
-        if watcher is not None:
-            watcher.join()  # what the child left is gone before the caller goes on (and gives the user back)
-    if failed:
-        raise failed[0]
-    if timed_out.is_set() and rc != 0:  # not a run that ended by itself as the time ran out
+        watch.close()
+    if watch.failed:
+        raise watch.failed[0]
+    if watch.timed_out.is_set() and rc != 0:  # not a run that ended by itself as the time ran out
         hours = (timeout_s or 0) / 3600
         raise MaxHoursReached(
             f"resources.max_hours: the workers were stopped after {hours:.3g} hour(s), what was left of the "
