@@ -186,22 +186,10 @@ def train(cfg: RunConfig, strategy: Strategy, recipe: Recipe | None = None) -> d
                 strategy.shutdown()
 
 
-def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe | None) -> dict:
-    from trainyard import recipes
-
-    spec, hp = cfg.spec, cfg.spec.hyperparameters
-    rank, world, device = strategy.rank, strategy.world, strategy.device
-    log = strategy.log
-    log_every = spec.tracking.log_every_steps
-    histogram_every = spec.tracking.histogram_every_steps
-
-    torch.manual_seed(hp.seed)
-    if recipe is None:
-        recipe = recipes.get(spec.recipe)
-    options = recipe.opts(spec)
-    dataset, val, meta = recipe.load(cfg)
-    sampler = ShardSampler(dataset, world, rank, hp.seed)
-    workers = spec.dataset.loader_workers
+def _loader(cfg: RunConfig, strategy: Strategy, dataset) -> tuple[ShardSampler, DataLoader]:
+    """This rank's shard of the training data, in already-made batches."""
+    hp, workers = cfg.spec.hyperparameters, cfg.spec.dataset.loader_workers
+    sampler = ShardSampler(dataset, strategy.world, strategy.rank, hp.seed)
     loader = DataLoader(
         dataset,
         batch_size=hp.batch_size,
@@ -212,9 +200,70 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
         persistent_workers=workers > 0,
         pin_memory=strategy.cuda,  # page-locked batches: the copy to the GPU does not stall the host
     )
+    return sampler, loader
+
+
+class _Steps:
+    """The hot part: an epoch's steps, with what they count (steps, samples, the last window's loss, the
+    training thread's time in checkpoint saves; the write itself is off it)."""
+
+    def __init__(self, cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe, step: int) -> None:
+        self.cfg, self.strategy, self.tracker, self.recipe = cfg, strategy, tracker, recipe
+        self.step, self.samples, self.last_loss = step, 0, float("nan")
+        self.stall, self.saves = 0.0, 0
+        self.window = Window()
+        self.fail_at = fail_once_at()
+
+    def epoch(self, loader: DataLoader, epoch: int, first: int, progress: Progress) -> None:
+        """The batches of ``epoch`` from the ``first`` on (a resumed run did those before)."""
+        strategy, tracker, recipe, window = self.strategy, self.tracker, self.recipe, self.window
+        device, world, per_epoch = strategy.device, strategy.world, len(loader)
+        log_every = self.cfg.spec.tracking.log_every_steps
+        histogram_every = self.cfg.spec.tracking.histogram_every_steps
+        for i, batch in enumerate(loader, start=first):
+            batch = to_device(batch, device, strategy.input_dtype)
+            with strategy.autocast():
+                loss = recipe.loss(strategy.forward, batch)
+            lr = strategy.lr()
+            log_point = (self.step + 1) % log_every == 0
+            norm = strategy.step(loss, want_norm=log_point)
+            self.step += 1
+            step = self.step
+            self.samples += len(batch[0]) * world
+            window.add(step, loss, lr, norm)
+            if tracker is not None and histogram_every and step % histogram_every == 0:
+                tracker.histograms(step, strategy.model)
+            end_of_epoch = i + 1 == per_epoch
+            if log_point or end_of_epoch:
+                if tracker is not None:
+                    tracker.log([step], progress.rates(step, self.samples))
+                losses = window.close(strategy, tracker, wait=end_of_epoch)
+                if losses is not None:
+                    self.last_loss = float(losses.mean())  # the epoch's last window, as the curves show it
+            if strategy.due(step, end_of_epoch):  # logged by the strategy once on disk
+                window.finish(tracker)  # every point up to the checkpoint's step goes before it exists
+                saved_t0 = time.perf_counter()
+                strategy.save({"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step)
+                self.stall, self.saves = self.stall + time.perf_counter() - saved_t0, self.saves + 1
+            if step == self.fail_at:
+                _crash(step, self.cfg.out_dir, strategy)
+
+
+def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe | None) -> dict:
+    from trainyard import recipes
+
+    spec, hp = cfg.spec, cfg.spec.hyperparameters
+    rank, world, log = strategy.rank, strategy.world, strategy.log
+
+    torch.manual_seed(hp.seed)
+    if recipe is None:
+        recipe = recipes.get(spec.recipe)
+    options = recipe.opts(spec)
+    dataset, val, meta = recipe.load(cfg)
+    sampler, loader = _loader(cfg, strategy, dataset)
     per_epoch = len(loader)
     total_steps = hp.epochs * per_epoch
-    strategy.prepare(recipe.build_model(meta, options).to(device), total_steps)
+    strategy.prepare(recipe.build_model(meta, options).to(strategy.device), total_steps)
 
     start_epoch, skip, step, resumed_from = 0, 0, 0, None
     loaded = strategy.load()
@@ -224,9 +273,8 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
         start_epoch, skip, step = resume_point(position, per_epoch, source, log)
         resumed_from = step
 
-    train_size = len(dataset)
     log(
-        f"strategy={strategy.name} world_size={world} {strategy.describe()} train={train_size} "
+        f"strategy={strategy.name} world_size={world} {strategy.describe()} train={len(dataset)} "
         f"epochs={hp.epochs} steps/epoch={per_epoch} start_step={step} recipe={recipe.name}"
     )
     if tracker is not None:
@@ -240,46 +288,18 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     gc.freeze()
     t0 = time.time()
     progress = Progress(total_steps, step)
-    fail_at = fail_once_at()
-    window = Window()
-    samples, last_loss = 0, float("nan")
+    steps = _Steps(cfg, strategy, tracker, recipe, step)
     pruned_at: int | None = None  # the epoch after which a sweep's pruner stopped this trial
-    stall, saves = 0.0, 0  # the training thread's time in checkpoint saves (the write itself is off it)
     loop_t0 = time.perf_counter()
     for epoch in range(start_epoch, hp.epochs):
         epoch_t0 = time.perf_counter()
         first = skip if epoch == start_epoch else 0  # the batches a resumed run did already
         sampler.set_epoch(epoch, skip_samples=first * hp.batch_size)
-        for i, batch in enumerate(loader, start=first):
-            batch = to_device(batch, device, strategy.input_dtype)
-            with strategy.autocast():
-                loss = recipe.loss(strategy.forward, batch)
-            lr = strategy.lr()
-            log_point = (step + 1) % log_every == 0
-            norm = strategy.step(loss, want_norm=log_point)
-            step += 1
-            samples += len(batch[0]) * world
-            window.add(step, loss, lr, norm)
-            if tracker is not None and histogram_every and step % histogram_every == 0:
-                tracker.histograms(step, strategy.model)
-            end_of_epoch = i + 1 == per_epoch
-            if log_point or end_of_epoch:
-                if tracker is not None:
-                    tracker.log([step], progress.rates(step, samples))
-                losses = window.close(strategy, tracker, wait=end_of_epoch)
-                if losses is not None:
-                    last_loss = float(losses.mean())  # the epoch's last window, as the curves show it
-            if strategy.due(step, end_of_epoch):  # logged by the strategy once on disk
-                window.finish(tracker)  # every point up to the checkpoint's step goes before it exists
-                saved_t0 = time.perf_counter()
-                strategy.save({"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step)
-                stall, saves = stall + time.perf_counter() - saved_t0, saves + 1
-            if step == fail_at:
-                _crash(step, cfg.out_dir, strategy)
+        steps.epoch(loader, epoch, first, progress)
         metrics = {}
         if rank == 0 or strategy.evaluate_on_every_rank:
-            metrics = recipe.val_metrics(strategy.model, val, device, strategy.input_dtype)
-        log(progress.line(epoch + 1, hp.epochs, step, samples, loss=last_loss, **metrics))
+            metrics = recipe.val_metrics(strategy.model, val, strategy.device, strategy.input_dtype)
+        log(progress.line(epoch + 1, hp.epochs, steps.step, steps.samples, loss=steps.last_loss, **metrics))
         if cfg.trial_objective is not None and trial_stopped(cfg, strategy, epoch + 1, metrics):
             log(f"sweep: the pruner stopped this trial after epoch {epoch + 1}; every worker ends here")
             pruned_at = epoch + 1
@@ -287,7 +307,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             # the epoch's wall time (steps, checkpoint, validation) as a curve: slow epochs show in the UI;
             # a resumed try's first epoch is only its rest
             timed = {} if first else {"epoch_seconds": time.perf_counter() - epoch_t0}
-            tracker.log([step], {**metrics, "epoch": epoch + 1, **timed, **device_use(strategy)})
+            tracker.log([steps.step], {**metrics, "epoch": epoch + 1, **timed, **device_use(strategy)})
         strategy.barrier()
         if pruned_at is not None:
             break
@@ -295,18 +315,18 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     loop_s = time.perf_counter() - loop_t0
     strategy.checkpoints_written()
     if pruned_at is not None:  # no model: the launching task ends the trial as pruned and removes its files
-        return {"pruned_at_epoch": pruned_at, "steps": step} if rank == 0 else {}
+        return {"pruned_at_epoch": pruned_at, "steps": steps.step} if rank == 0 else {}
     final = strategy.final_model(recipe, meta, options)
     result: dict = {}
     if rank == 0:
         # this try's epoch loop (steps and per-epoch validation)
         timing = {
-            "samples_per_second": round(samples / loop_s, 1) if samples else None,
+            "samples_per_second": round(steps.samples / loop_s, 1) if steps.samples else None,
             "loop_seconds": round(loop_s, 3),
-            "checkpoint_stall_seconds": round(stall, 4),  # bench/loop.py reports it as a share of a step
-            "checkpoints": saves,
+            "checkpoint_stall_seconds": round(steps.stall, 4),  # bench/loop.py reports it as a share of a step
+            "checkpoints": steps.saves,
         }
-        result = finish(final, cfg, recipe, val, meta, step, world, t0, resumed_from, timing)
+        result = finish(final, cfg, recipe, val, meta, steps.step, world, t0, resumed_from, timing)
         log(f"done: {json.dumps(result)}")
     return result
 
