@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainyard import recipes
 from trainyard.spec import JobSpec
@@ -243,6 +243,50 @@ def constraint_violations(spec: JobSpec, result: dict) -> dict[str, float]:
     return out
 
 
+def _ask(study: optuna.Study, spec: JobSpec, attrs: dict[str, str]) -> tuple[optuna.Trial, dict[str, Any]]:
+    """A new trial of the study, with ``attrs`` and its values drawn. One ask at a time per study: a trial's
+    values are drawn seeing every trial asked before it, running ones included (TPE's constant liar; a
+    grid's next point is chosen knowing every point taken)."""
+    import optuna
+
+    assert spec.sweep is not None
+    sweep = spec.sweep
+    with ask_lock(spec.resources.team, sweep.name):
+        if sweep.sampler == "grid":
+            queue_grid_point(study, sweep)
+        study.sampler = sampler(sweep, asked=len(study.get_trials(deepcopy=False)))
+        trial = study.ask()
+        for name, value in attrs.items():
+            trial.set_user_attr(name, value)
+        trial.set_user_attr(ALIVE_ATTR, time.time())
+        try:
+            return trial, {p.name: suggest(trial, p) for p in sweep.parameters}
+        except BaseException:
+            tell(study, trial, state=optuna.trial.TrialState.FAIL)
+            raise
+
+
+def _complete(study: optuna.Study, trial: optuna.Trial, spec: JobSpec, result: dict) -> float:
+    """Tell the study that ``trial`` completed with the objective ``result`` measured (and how far it missed
+    each constraint); SweepError if it measured no finite objective."""
+    assert spec.sweep is not None
+    objective = spec.sweep.objective
+    measured = {**result.get("final_metrics", {}), **result}  # a custom program's last reports too
+    value = measured.get(objective)
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        where = (
+            " (a custom program reports it in its metrics file, once per epoch: trainyard.training.custom)"
+            if spec.recipe == "custom"
+            else ""
+        )
+        raise SweepError(f"trial {trial.number} ended without a finite {objective} (got {value!r}){where}")
+    for key, violation in constraint_violations(spec, measured).items():
+        trial.set_constraint(key, violation)
+    trial.set_user_attr(TRAINED_ATTR, result)
+    tell(study, trial, float(value))
+    return value
+
+
 def run_trial(
     spec: JobSpec,
     sweep_run: str,
@@ -266,22 +310,7 @@ def run_trial(
     gone = fail_left_running(study, sweep_run, slot_key, why="its task's try ended without finishing it")
     if gone:
         log.warning("trial(s) %s, left running by an earlier try of this task, failed", gone)
-    # One ask at a time per study: a trial's values are drawn seeing every trial asked before it, running
-    # ones included (TPE's constant liar; a grid's next point is chosen knowing every point taken)
-    with ask_lock(spec.resources.team, sweep.name):
-        if sweep.sampler == "grid":
-            queue_grid_point(study, sweep)
-        study.sampler = sampler(sweep, asked=len(study.get_trials(deepcopy=False)))
-        trial = study.ask()
-        trial.set_user_attr(RUN_ATTR, sweep_run)
-        trial.set_user_attr(SLOT_ATTR, slot_key)
-        trial.set_user_attr(LINEAGE_ATTR, of_lineage)
-        trial.set_user_attr(ALIVE_ATTR, time.time())
-        try:
-            values = {p.name: suggest(trial, p) for p in sweep.parameters}
-        except BaseException:
-            tell(study, trial, state=optuna.trial.TrialState.FAIL)
-            raise
+    trial, values = _ask(study, spec, {RUN_ATTR: sweep_run, SLOT_ATTR: slot_key, LINEAGE_ATTR: of_lineage})
     try:
         trial_spec = with_values(spec, values).model_copy(update={"sweep": None})
         recipes.check_spec(trial_spec)  # values inside the ranges too (the first task checked their ends)
@@ -313,19 +342,7 @@ def run_trial(
                 "reported": watcher.reported,
                 **_where(result),
             }
-        measured = {**result.get("final_metrics", {}), **result}  # a custom program's last reports too
-        value = measured.get(sweep.objective)
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            where = (
-                " (a custom program reports it in its metrics file, once per epoch: trainyard.training.custom)"
-                if spec.recipe == "custom"
-                else ""
-            )
-            raise SweepError(f"trial {trial.number} ended without a finite {sweep.objective} (got {value!r}){where}")
-        for key, violation in constraint_violations(spec, measured).items():
-            trial.set_constraint(key, violation)
-        trial.set_user_attr(TRAINED_ATTR, result)
-        tell(study, trial, float(value))
+        value = _complete(study, trial, spec, result)
         _hparams(result, values, sweep.objective, "complete")
         return {"trial": trial.number, "state": "complete", "value": value, "params": values, **_where(result)}
     except BaseException as err:
