@@ -64,7 +64,8 @@ def in_process(conf: dict) -> None:
     dataset = timed("resolve_dataset", pipeline.resolve_dataset, spec)
     timed("validate_data", pipeline.validate_data, spec, dataset, key)
     data = timed("prepare_data", pipeline.prepare_data, spec, dataset)
-    from trainyard.scheduling.admission import default_ledger, hold, job_for
+    from trainyard.scheduling.admission.lease import hold
+    from trainyard.scheduling.admission.ledger import default_ledger, job_for
 
     ledger, job = default_ledger(), job_for(spec.resources, key)
     assert timed("admit", ledger.request, job).admitted

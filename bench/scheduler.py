@@ -26,7 +26,7 @@ Printed per scenario, from ``trainyard report utilisation`` over the submission 
 over the whole replay (waits, violations): utilisation (allocated slot-seconds / capacity), p50/p95 wait
 by job size, the largest job's wait, GPU-seconds borrowed, slots over capacity or over quota + borrowing
 limit (must be none), and the replay's makespan. Beside them, two columns computed in this process on the
-same trace, with no latency: **simulated**, trainyard's own admission policy (``admission.plan``), and the
+same trace, with no latency: **simulated**, trainyard's own admission policy (``admission.policy.plan``), and the
 **reference**, capacity alone (``capacity_reference``); every figure is also given as a ratio to the
 reference. ``--png DIR`` keeps each scenario's chart; ``--out`` writes the figures as JSON.
 
@@ -60,7 +60,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
-from trainyard.scheduling.admission import Entry, Job, plan  # noqa: E402
+from trainyard.scheduling.admission.policy import Entry, Job, plan  # noqa: E402
 from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
 from trainyard.scheduling.utilisation import SIZE_BUCKETS, Allocation  # noqa: E402
 from trainyard.scheduling.utilisation import report as utilisation_report  # noqa: E402
@@ -161,7 +161,7 @@ def replay_settings(config_dir: Path, *, beside_the_pipelines: bool = False) -> 
         "TRAINYARD_CONFIG_DIR": str(config_dir),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(replay_dags), os.environ.get("PYTHONPATH")])),
         "AIRFLOW__CORE__PARALLELISM": "8",
-        "AIRFLOW__TRAINYARD__PRELOAD_MODULES": "trainyard.scheduling.admission",
+        "AIRFLOW__TRAINYARD__PRELOAD_MODULES": "trainyard.scheduling.admission.lease",
     }
     if beside_the_pipelines:  # after the rendered ones (scripts/render_airflow_cfg.py)
         local = "airflow.dag_processing.bundles.local.LocalDagBundle"
@@ -400,7 +400,7 @@ def capacity_reference(config: ResourcesConfig, trace: list[TraceJob], types: li
 
 def policy_simulation(config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float) -> dict:
     """trainyard's admission policy on the trace in this process, with no latency: whenever a job arrives or
-    ends, :func:`trainyard.scheduling.admission.plan` (what the ledger applies) decides for every waiting
+    ends, :func:`trainyard.scheduling.admission.policy.plan` (what the ledger applies) decides for every waiting
     job. ``config``: the scenario's (its wait bound scaled with the replay's time). Its distance from the
     reference is what the policy costs (quotas, borrowing and lending limits, the wait bound's
     reservation); its distance from the replayed trainyard column is what Airflow's latencies cost."""
@@ -412,7 +412,7 @@ def policy_simulation(config: ResourcesConfig, trace: list[TraceJob], types: lis
         entries = [Entry(admission_job(j), j.at, None, 0, math.inf) for j in waiting]
         entries += [Entry(admission_job(j), j.at, started, 0, math.inf) for j, started in running]
         verdicts = plan(config, entries, now)
-        return [j for j in waiting if verdicts[j.name][0] is not None]
+        return [j for j in waiting if verdicts[j.name].admitted]
 
     return _simulate("simulated", config, trace, types, window, starts)
 

@@ -17,7 +17,7 @@ first task; an invalid spec fails that task and nothing else runs. The training 
 `train_kubernetes`) runs in the GPU pool of `resources.gpu_type` and holds `nodes x gpus_per_node` slots,
 all of the job's GPUs at once (set per run by the cluster policy in `plugins/airflow_local_settings.py`).
 Before a local training, `admit` waits until the admission ledger gives the job its GPUs within its team's
-quota and what it may borrow (`trainyard/scheduling/admission.py`).
+quota and what it may borrow (`trainyard/scheduling/admission/`).
 
 `recipe` picks what is trained: `digits_cnn` (small-image classification), `centernet_detector` (COCO
 detection, mAP), `transformer_translator` (parallel text, BLEU/chrF), `resnet_classifier` (a folder of
@@ -36,7 +36,7 @@ from typing import Any
 from airflow.sdk import Param, dag, get_current_context, task, task_group
 
 from trainyard.errors import PermanentError
-from trainyard.scheduling.admission import RUNS_IN_FLIGHT
+from trainyard.scheduling.admission.ledger import RUNS_IN_FLIGHT
 from trainyard.scheduling.resources import pool_name
 from trainyard.spec import JobSpec, param_schemas
 from trainyard.teams import training_dag
@@ -185,7 +185,8 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
     from airflow.sdk.exceptions import AirflowRescheduleException
 
     from trainyard import paths
-    from trainyard.scheduling.admission import NotAdmitted, default_ledger, hold, host_devices
+    from trainyard.scheduling.admission.lease import hold, host_devices
+    from trainyard.scheduling.admission.ledger import NotAdmitted, default_ledger
     from trainyard.scheduling.budgets import current_spend
 
     ledger = default_ledger()
@@ -275,7 +276,7 @@ def train(spec: dict, dataset: dict, data: dict) -> dict:
     (a heartbeat renews it; released at the end)."""
     from trainyard.pipeline import run_dir
     from trainyard.pipeline import train as run
-    from trainyard.scheduling.admission import job_for
+    from trainyard.scheduling.admission.ledger import job_for
     from trainyard.training.usage import wall_seconds
 
     job_spec = _spec(spec)
@@ -318,7 +319,7 @@ def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
     from airflow.sdk.exceptions import AirflowSkipException
 
     from trainyard.pipeline import train_trial as run
-    from trainyard.scheduling.admission import job_for
+    from trainyard.scheduling.admission.ledger import job_for
     from trainyard.sweeps.study import GridSpent
 
     job_spec = _spec(spec)
@@ -487,7 +488,7 @@ def train_pipeline():
             "Waits until the admission ledger gives the job its GPUs: its team's quota and what it may borrow, "
             "in order of priority and arrival, a large job passed by smaller ones for at most "
             "scheduling.max_wait_minutes. Deferred while it waits: no worker held or started "
-            "(trainyard/scheduling/admission.py)."
+            "(trainyard/scheduling/admission/)."
         ),
     )
     local = _linked(train(spec, dataset, data))

@@ -4,7 +4,7 @@ given time without a process or a GPU, so a fleet of 56 virtual slots fits on 2 
 ``HoldSlots`` runs where a training task runs (the ``gpu-*`` pool and ``pool_slots`` of the run's
 ``resources``, set by the cluster policy), checks that the job is admitted, writes the run's config and
 defers; the pools count deferred tasks, so its slots stay held. ``HoldTrigger`` renews the job's admission
-lease while it waits (as ``trainyard.scheduling.admission.hold`` does for a real training), then records the
+lease while it waits (as ``trainyard.scheduling.admission.lease.hold`` does for a real training), then records the
 try's GPU time as a training does (``usage.jsonl``, what ``trainyard report cost`` reads), hands the
 admission back and ends the task from the triggerer.
 """
@@ -32,14 +32,16 @@ class HoldTrigger(BaseTrigger):
         return f"{__name__}.{type(self).__name__}", {k: getattr(self, k) for k in fields}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from trainyard.scheduling.admission import HEARTBEAT_S, Job, default_ledger
+        from trainyard.scheduling.admission.lease import HEARTBEAT_S
+        from trainyard.scheduling.admission.ledger import default_ledger
+        from trainyard.scheduling.admission.policy import Job
         from trainyard.training.usage import record_try, tries
 
         ledger = await asyncio.to_thread(default_ledger)
         job = Job(**self.job)
         while (left := self.until - time.time()) > 0:
             await asyncio.sleep(min(left, HEARTBEAT_S))
-            if not await asyncio.to_thread(ledger.renew, job.id):  # as admission.hold does: ask again
+            if not await asyncio.to_thread(ledger.renew, job.id):  # as lease.hold does: ask again
                 self.log.warning("admission of %s ran out while holding; asking again", job.id)
                 await asyncio.to_thread(ledger.request, job)
         # a triggerer restarted after this point runs it again: record the try once
@@ -69,7 +71,7 @@ class HoldSlots(BaseOperator):
 
     def execute(self, context: Any) -> None:
         from trainyard import paths
-        from trainyard.scheduling.admission import NotAdmitted, default_ledger, job_for
+        from trainyard.scheduling.admission.ledger import NotAdmitted, default_ledger, job_for
         from trainyard.spec import Resources, safe_key
         from trainyard.training.run_config import RUN_CONFIG_FILE
 

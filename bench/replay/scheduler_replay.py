@@ -11,7 +11,7 @@ from __future__ import annotations
 from airflow.sdk import dag
 from replay_standin import HoldSlots
 
-from trainyard.scheduling.admission import RUNS_IN_FLIGHT
+from trainyard.scheduling.admission.ledger import RUNS_IN_FLIGHT
 from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 
 

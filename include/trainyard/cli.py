@@ -59,7 +59,7 @@ def cmd_report_cost(args) -> int:
     import time
 
     from trainyard import paths
-    from trainyard.scheduling.admission import existing_ledger
+    from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.budgets import month_of, team_months
     from trainyard.scheduling.resources import load_resources
 
@@ -89,7 +89,7 @@ def cmd_queue(args) -> int:
 
     from trainyard import paths
     from trainyard.acting import Acting, acting
-    from trainyard.scheduling.admission import existing_ledger
+    from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.budgets import current_spend
     from trainyard.teams import SEEN_BY_OTHERS
 
@@ -119,10 +119,11 @@ def cmd_queue(args) -> int:
                 "gpus": e.job.slots,
                 "priority": e.job.priority,
                 "waited_minutes": round(((e.admitted or now) - e.enqueued) / 60, 1),
-                "reason": reason,
+                "reason": verdict.message,
+                "why": verdict.reason.value if verdict.reason else None,  # what a program compares
             }
         )
-        for e, reason in rows
+        for e, verdict in rows
     ]
     if args.json:
         print(json.dumps(jobs, indent=2))
@@ -153,7 +154,7 @@ def cmd_queue_cancel(args) -> int:
     import os
 
     from trainyard.airflow_api import bearer_token, require_login
-    from trainyard.scheduling.admission import existing_ledger
+    from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.cancel import cancel_run
 
     login = require_login()  # Airflow says who you are, and marks the run failed

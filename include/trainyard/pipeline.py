@@ -109,7 +109,7 @@ def team_standing(fleet: ResourcesConfig, team: str, month: str | None = None) -
     admission ledger."""
     import time
 
-    from trainyard.scheduling.admission import existing_ledger
+    from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.budgets import month_of, team_months
 
     month = month or month_of(time.time())

@@ -265,7 +265,7 @@ def local_queue_place(job: str) -> str | None:
     import os
 
     from trainyard import paths
-    from trainyard.scheduling.admission import existing_ledger
+    from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.budgets import current_spend
 
     if not os.environ.get("TRAINYARD_HOME"):

@@ -124,7 +124,7 @@ def _api_with_the_dag(cluster):
 
 def _shared_ledger(cluster):
     """The cluster's fleet and the admission ledger every host shares (in its PostgreSQL)."""
-    from trainyard.scheduling.admission import Ledger
+    from trainyard.scheduling.admission.ledger import Ledger
 
     fleet = load_resources(cluster.settings["TRAINYARD_CONFIG_DIR"] + "/resources.yaml")
     return fleet, Ledger(cluster.database_url("trainyard"), fleet)
@@ -330,7 +330,8 @@ def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster
     module: the second workers the fixture added are not started again."""
     from mlflow.tracking import MlflowClient
 
-    from trainyard.scheduling.admission import WAITING_LEASE_S, Job
+    from trainyard.scheduling.admission.ledger import WAITING_LEASE_S
+    from trainyard.scheduling.admission.policy import Job
 
     api, headers = _api_with_the_dag(cluster)
     fleet, ledger = _shared_ledger(cluster)

@@ -89,7 +89,7 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     sweep_path = {"plan_sweep", "trial.admit", "trial.train_trial", "close_sweep"}
     assert {states[t] for t in kubernetes_path | sweep_path} == {"skipped"}, states
     assert {s for t, s in states.items() if t not in kubernetes_path | sweep_path} == {"success"}
-    from trainyard.scheduling.admission import default_ledger
+    from trainyard.scheduling.admission.ledger import default_ledger
 
     admitted = xcoms(dr)["admit"]
     assert admitted.startswith("admitted: 2 cpu slot(s) for team default"), admitted

@@ -196,7 +196,7 @@ def run_spent(config: ResourcesConfig, runs_root: Path, run_key: str) -> float:
 
 
 class Claim(Protocol):
-    """What a commitment is computed from: an admitted job (``admission.Job``) or a Kubernetes training's
+    """What a commitment is computed from: an admitted job (``admission.policy.Job``) or a Kubernetes training's
     :class:`Reservation`."""
 
     @property

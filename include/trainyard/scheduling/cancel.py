@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from trainyard.airflow_api import token_claims
 from trainyard.errors import CommandError, NotFoundError
-from trainyard.scheduling.admission import Ledger
+from trainyard.scheduling.admission.ledger import Ledger
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.teams import is_member
 

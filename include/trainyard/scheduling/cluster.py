@@ -10,7 +10,7 @@
   limit and lending limit per flavor, a LocalQueue in the team's namespace, and a WorkloadPriorityClass per
   priority class.
 
-On a cluster Kueue does what the admission ledger does locally (``admission.py``), with one difference:
+On a cluster Kueue does what the admission ledger does locally (``admission/policy.py``), with one difference:
 lent quota is taken back by preemption (``reclaimWithinCohort: Any``) instead of waiting for the borrowers
 to finish. ``flavorFungibility.whenCanBorrow: TryNextFlavor`` makes a team use its own quota of a later
 flavor before borrowing an earlier one.

@@ -1,7 +1,7 @@
 """The shared database, and where the admission ledger keeps its rows: a SQLite file on this host (the
 embedded default) or a PostgreSQL database every host reaches (``TRAINYARD_DATABASE_URL``, the cluster
 profile; the sweeps' studies live there too). One interface, two stores; the ledger's rules
-(:mod:`trainyard.scheduling.admission`) are the same SQL on both.
+(:mod:`trainyard.scheduling.admission.ledger`) are the same SQL on both.
 
 Both give the ledger what its decisions need:
 

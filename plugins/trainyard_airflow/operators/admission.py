@@ -4,7 +4,7 @@ One look on the worker; a job admitted at once (the usual case on an idle fleet,
 the default team) is done there. Otherwise the task defers to
 :class:`trainyard_airflow.triggers.admission.AdmissionTrigger`, which looks again from the triggerer and
 ends the task itself once the job is admitted: waiting jobs hold no worker and start no task process,
-where a reschedule-mode sensor started one per look. The task's XCom is the ledger's reason ("admitted:
+where a reschedule-mode sensor started one per look. The task's XCom is the verdict's message ("admitted:
 4 a100-80gb slot(s) for team vision, 2 of them borrowed").
 
 A job waits at most ``ADMISSION_TIMEOUT_S`` (the deferral's timeout); then its run fails, without a
@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 from airflow.sdk import BaseOperator
 
 from trainyard.errors import PermanentError
-from trainyard.scheduling.admission import ADMISSION_TIMEOUT_S
+from trainyard.scheduling.admission.ledger import ADMISSION_TIMEOUT_S
 from trainyard_airflow.errors import fail_permanently
 
 ADMISSION_TIMEOUT = timedelta(seconds=ADMISSION_TIMEOUT_S)
@@ -52,7 +52,7 @@ class AdmitOperator(BaseOperator):
         self.spec, self.run_key, self.group, self.pipeline_team = spec, run_key, group, pipeline_team
 
     def _job(self, context: Any) -> Any:
-        from trainyard.scheduling.admission import job_for
+        from trainyard.scheduling.admission.ledger import job_for
         from trainyard.spec import Resources
         from trainyard.teams import check_pipeline_team
 
@@ -64,16 +64,16 @@ class AdmitOperator(BaseOperator):
 
     @fail_permanently
     def execute(self, context: Any) -> str:
-        from trainyard.scheduling.admission import default_ledger, look
+        from trainyard.scheduling.admission.ledger import default_ledger, look
 
         job = self._job(context)
         ledger = default_ledger()
-        decision = look(ledger, job)
-        self.log.info("admission of %s: %s", job.id, decision.reason)
-        if decision.final:
-            raise PermanentError(f"job {job.id}: {decision.reason}")
-        if decision.admitted:
-            return decision.reason
+        verdict = look(ledger, job)
+        self.log.info("admission of %s: %s", job.id, verdict.message)
+        if verdict.final:
+            raise PermanentError(f"job {job.id}: {verdict.message}")
+        if verdict.admitted:
+            return verdict.message
         notice_s = ledger.config.scheduling.queue_wait_notice_minutes * 60
         now = time.time()
         self._wait(job, since=now, notice_at=now + notice_s if notice_s else None)
@@ -98,15 +98,15 @@ class AdmitOperator(BaseOperator):
         with ``end_from_trigger=False``, or ``dag.test()``, which runs the trigger in line and passes the
         ending event's state ("success") rather than its XCom."""
         if isinstance(event, dict) and event.get("waiting"):
-            from trainyard.scheduling.admission import default_ledger, look
+            from trainyard.scheduling.admission.ledger import default_ledger, look
 
             job = self._job(context)
-            decision = look(default_ledger(), job)  # renews its place first: the notice may take a while
-            if decision.final:
-                raise PermanentError(f"job {job.id}: {decision.reason}")
-            if decision.admitted:  # admitted meanwhile: nothing to tell
-                return decision.reason
-            self._tell_waiting(context, {**event, "reason": decision.reason})
+            verdict = look(default_ledger(), job)  # renews its place first: the notice may take a while
+            if verdict.final:
+                raise PermanentError(f"job {job.id}: {verdict.message}")
+            if verdict.admitted:  # admitted meanwhile: nothing to tell
+                return verdict.message
+            self._tell_waiting(context, {**event, "reason": verdict.message})
             self._wait(job, since=event["since"], notice_at=None)
         if isinstance(event, dict) and not event.get("admitted", True):  # cancelled while it waited
             raise PermanentError(event["reason"])

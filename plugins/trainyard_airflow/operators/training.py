@@ -114,7 +114,7 @@ class _TrainingRun:
     def _reserve(self) -> None:
         """Reserve the try's worst case against its team's budget before anything is created, or fail it
         naming what the team has left (:func:`trainyard.scheduling.budgets.reserve`)."""
-        from trainyard.scheduling.admission import existing_ledger
+        from trainyard.scheduling.admission.ledger import existing_ledger
         from trainyard.scheduling.budgets import reserve
         from trainyard.scheduling.resources import resources_in_force
 

@@ -1,6 +1,6 @@
 """Waiting for admission in the triggerer: a job that waits for its GPUs holds no worker and starts none.
 
-The trigger asks the admission ledger (``trainyard.scheduling.admission``) every
+The trigger asks the admission ledger (``trainyard.scheduling.admission.ledger``) every
 ``scheduling.admission_poll_seconds``; each look renews the job's place in the queue, as a look of the
 reschedule-mode sensor did, but it costs a ledger transaction in the triggerer instead of a task process
 on a worker. When the ledger admits the job, the trigger ends the task itself (``end_from_trigger``), so
@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
 
 if TYPE_CHECKING:
-    from trainyard.scheduling.admission import Job, Ledger
+    from trainyard.scheduling.admission.ledger import Ledger
+    from trainyard.scheduling.admission.policy import Job, Verdict
 
 POLL_BEFORE_LEDGER_S = 10.0  # how soon a trigger that could not open the ledger yet tries again
 WATCH_S = 0.2  # how often a triggerer's watch reads which jobs the ledger admitted
@@ -58,7 +59,7 @@ class _LedgerReader:
         self.conn: Any = None
 
     def admitted(self) -> set[str]:
-        from trainyard.scheduling.admission import default_ledger
+        from trainyard.scheduling.admission.ledger import default_ledger
 
         if self.ledger is None:
             self.ledger = default_ledger()
@@ -160,7 +161,7 @@ class AdmissionTrigger(BaseTrigger):
         return f"{__name__}.{type(self).__name__}", {**kwargs, "since": self.since, "notice_at": self.notice_at}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from trainyard.scheduling.admission import Job
+        from trainyard.scheduling.admission.policy import Job
 
         job = Job(**self.job)
         watch = AdmissionWatch.of(asyncio.get_running_loop())
@@ -175,11 +176,11 @@ class AdmissionTrigger(BaseTrigger):
         """Look until there is something to tell the task: admitted, cancelled, or still waiting at
         ``notice_at``; between looks, wait for the poll interval or the watch, whichever comes first."""
         from trainyard.errors import RetryableError
-        from trainyard.scheduling.admission import default_ledger, look
+        from trainyard.scheduling.admission.ledger import default_ledger, look
         from trainyard.scheduling.resources import ResourcesError, resources_in_force
 
         ledger = None
-        said = ""
+        said: Verdict | None = None
         while True:
             wake = watch.register(job.id)
             wake.clear()  # what the watch sees from here on wakes the wait after this look
@@ -189,30 +190,30 @@ class AdmissionTrigger(BaseTrigger):
                 # resources.yaml as it is now (a quota changed while the job waits applies to its next look);
                 # an edit that broke it is logged at every look, and the last good version stays in force
                 ledger.config = await asyncio.to_thread(resources_in_force, None, self.log.warning)
-                decision = await asyncio.to_thread(look, ledger, job)
+                verdict = await asyncio.to_thread(look, ledger, job)
             except (sqlite3.Error, OSError, ResourcesError, RetryableError) as err:
                 # the ledger locked or unreadable, no good resources.yaml to fall back on: look again later
                 self.log.warning("admission of %s: could not look (%s); looking again", job.id, err)
             else:
-                if decision.reason != said:
-                    self.log.info("admission of %s: %s", job.id, decision.reason)
-                    said = decision.reason
-                if decision.final:  # cancelled or inadmissible: the task ends failed (the reason is logged above)
+                if verdict != said:  # a new verdict (another reason, or new figures): logged once
+                    self.log.info("admission of %s: %s", job.id, verdict.message)
+                    said = verdict
+                if verdict.final:  # cancelled or inadmissible: the task ends failed (the reason is logged above)
                     if self.end_from_trigger:
                         yield TaskFailedEvent()
                     else:
-                        yield TriggerEvent({"admitted": False, "reason": decision.reason})
+                        yield TriggerEvent({"admitted": False, "reason": verdict.message})
                     return
-                if decision.admitted:
+                if verdict.admitted:
                     if self.end_from_trigger:
-                        yield TaskSuccessEvent(xcoms={"return_value": decision.reason})
+                        yield TaskSuccessEvent(xcoms={"return_value": verdict.message})
                     else:
-                        yield TriggerEvent({"admitted": True, "reason": decision.reason})
+                        yield TriggerEvent({"admitted": True, "reason": verdict.message})
                     return
                 if self.notice_at is not None and time.time() >= self.notice_at:
                     # the task tells the team and waits on (its worker's notifiers, connections and log)
                     yield TriggerEvent(
-                        {"admitted": False, "waiting": True, "reason": decision.reason, "since": self.since}
+                        {"admitted": False, "waiting": True, "reason": verdict.message, "since": self.since}
                     )
                     return
             poll = ledger.config.scheduling.admission_poll_seconds if ledger else POLL_BEFORE_LEDGER_S
@@ -223,7 +224,7 @@ class AdmissionTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """The task was marked failed or cleared while it waited: its place (and any slots it was just
         given) go back now rather than when its lease runs out."""
-        from trainyard.scheduling.admission import default_ledger
+        from trainyard.scheduling.admission.ledger import default_ledger
 
         ledger = await asyncio.to_thread(default_ledger)
         await asyncio.to_thread(ledger.withdraw, self.job["id"])

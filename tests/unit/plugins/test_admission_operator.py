@@ -11,7 +11,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
-from trainyard.scheduling.admission import Job, default_ledger
+from trainyard.scheduling.admission.ledger import default_ledger
+from trainyard.scheduling.admission.policy import Job
 from trainyard_airflow.operators.admission import ADMISSION_TIMEOUT, AdmitOperator
 from trainyard_airflow.triggers.admission import AdmissionTrigger, AdmissionWatch
 from webhook import webhook_receiver

@@ -9,8 +9,18 @@ import time
 
 import pytest
 
-from trainyard.scheduling import admission
-from trainyard.scheduling.admission import Job, Ledger, NotAdmitted, hold
+from trainyard.scheduling.admission.lease import AdmissionLost, hold
+from trainyard.scheduling.admission.ledger import (
+    ADMITTED_LEASE_S,
+    LEDGER_FILE,
+    RUNNING_LEASE_S,
+    WAITING_LEASE_S,
+    Ledger,
+    NoFreeDevices,
+    NotAdmitted,
+    default_ledger,
+)
+from trainyard.scheduling.admission.policy import Entry, Job, Standing, WaitReason, plan
 from trainyard.scheduling.resources import max_reach, parse_resources
 
 FLEET = """\
@@ -66,15 +76,18 @@ def test_quota_then_borrowing_within_the_limits(ledger):
     # vision may borrow 2 beyond its 4 (nlp lends all of its idle quota, research 1 of its 2)
     assert ledger.request(job("v2", "vision", 2)).admitted
     refused = ledger.request(job("v3", "vision", 1))
-    assert not refused.admitted and "may borrow at most 2" in refused.reason
+    assert not refused.admitted and "may borrow at most 2" in refused.message
+    assert refused.reason is WaitReason.BORROWING_LIMIT
     assert admitted(ledger) == {"v1": 0, "v2": 2}
     # lab has no quota: of research's idle 2 it may borrow the 1 research lends, not the other
     assert ledger.request(job("l1", "lab", 1)).admitted
     l2 = ledger.request(job("l2", "lab", 1))
-    assert not l2.admitted and "would borrow 1 slots, 0 are lendable now" in l2.reason
+    assert not l2.admitted and "would borrow 1 slots, 0 are lendable now" in l2.message
+    assert l2.reason is WaitReason.NOT_LENDABLE
     assert ledger.request(job("r1", "research", 1)).admitted  # what research kept for itself
     full = ledger.request(job("n1", "nlp", 1))
-    assert not full.admitted and "8 of 8 slots in use" in full.reason
+    assert not full.admitted and "8 of 8 slots in use" in full.message
+    assert full.reason is WaitReason.SLOTS_IN_USE
 
 
 def test_lent_quota_comes_back_as_borrowers_finish(ledger):
@@ -86,12 +99,14 @@ def test_lent_quota_comes_back_as_borrowers_finish(ledger):
     ledger.release("r1")  # one slot free: n1 needs 2, and while it waits for its own quota ...
     lab = ledger.request(job("l1", "lab", 1))
     assert (
-        not lab.admitted and "no borrowing while team nlp's job of 2 a100 slot(s) waits" in lab.reason
+        not lab.admitted and "no borrowing while team nlp's job of 2 a100 slot(s) waits" in lab.message
     )  # ... no one borrows the free slot
+    assert lab.reason is WaitReason.NO_BORROWING
     ledger.release("r2")
     assert ledger.request(job("l1", "lab", 1)).admitted is False  # n1 is first in line for the 2 free slots
     n1 = ledger.request(job("n1", "nlp", 2))  # but they are research's: it lends 1 and keeps 1 for itself
-    assert not n1.admitted and "the free slots are other teams' reserve" in n1.reason
+    assert not n1.admitted and "the free slots are other teams' reserve" in n1.message
+    assert n1.reason is WaitReason.QUOTA_LENT_OUT
     ledger.release("v2")
     assert ledger.request(job("n1", "nlp", 2)).admitted  # its next look: its quota came back as v2 finished
 
@@ -177,7 +192,8 @@ def test_a_job_that_cannot_delay_the_starving_one_still_starts(store, clock):
     clock.now += 6 * 60  # past the bound; 1 slot free, the reservation at minute 20
     assert not ledger.request(large).admitted
     too_long = ledger.request(limited("too-long", 1, 30))  # ends at minute 36: the large job could not start at 20
-    assert not too_long.admitted and "behind team vision's job of 6 a100 slot(s)" in too_long.reason
+    assert not too_long.admitted and "behind team vision's job of 6 a100 slot(s)" in too_long.message
+    assert too_long.reason is WaitReason.RESERVATION
     assert ledger.request(limited("fits-before", 1, 10)).admitted  # ends by minute 16
     ledger.release("long0")  # 1 slot free again; at minute 20: 3 + 1 free, 2 more than the large job needs
     assert ledger.request(limited("spare", 1, 60)).admitted  # a slot the large job will not need
@@ -188,12 +204,12 @@ def test_a_job_that_cannot_delay_the_starving_one_still_starts(store, clock):
 
 
 def _entries(now: float, running: list[tuple[str, str, int, float]], starving: tuple, arriving: tuple):
-    """Ledger rows for :func:`admission.plan`, each (name, team, slots, minutes of max_hours): the running
+    """Ledger rows for :func:`plan`, each (name, team, slots, minutes of max_hours): the running
     ones admitted now, ``starving`` arrived an hour ago (past the bound), ``arriving`` a moment ago."""
 
-    def row(job: tuple, enqueued: float, admitted: float | None) -> admission.Entry:
+    def row(job: tuple, enqueued: float, admitted: float | None) -> Entry:
         name, team, slots, minutes = job
-        return admission.Entry(Job(name, team, "a100", slots, 1, minutes / 60), enqueued, admitted, 0, now + 60)
+        return Entry(Job(name, team, "a100", slots, 1, minutes / 60), enqueued, admitted, 0, now + 60)
 
     return [*(row(j, now, now) for j in running), row(starving, now - 3600, None), row(arriving, now - 1, None)]
 
@@ -209,11 +225,11 @@ def test_no_job_passes_a_starving_one_that_a_team_limit_would_then_stop():
     running = [*((f"long{i}", "vision", 1, 60) for i in range(3)), *((f"short{i}", "nlp", 1, 20) for i in range(4))]
     starving = ("large", "vision", 3, 30)  # 3 + 3 is vision's most; its slots are free at minute 20
     now = 1_000_000.0
-    verdicts = admission.plan(fleet, _entries(now, running, starving, ("stays", "vision", 1, 60)), now)
-    assert verdicts["large"][0] is None and verdicts["stays"][0] is None, verdicts  # 3 + 1 + 3 > 6 at minute 20
-    assert "behind team vision's job of 3 a100 slot(s)" in verdicts["stays"][1]
-    verdicts = admission.plan(fleet, _entries(now, running, starving, ("ends-first", "vision", 1, 10)), now)
-    assert verdicts["ends-first"][0] is not None, verdicts  # gone by minute 20
+    verdicts = plan(fleet, _entries(now, running, starving, ("stays", "vision", 1, 60)), now)
+    assert not verdicts["large"].admitted and not verdicts["stays"].admitted, verdicts  # 3 + 1 + 3 > 6 at minute 20
+    assert "behind team vision's job of 3 a100 slot(s)" in verdicts["stays"].message
+    verdicts = plan(fleet, _entries(now, running, starving, ("ends-first", "vision", 1, 10)), now)
+    assert verdicts["ends-first"].admitted, verdicts  # gone by minute 20
 
 
 def test_no_borrower_passes_a_starving_one_that_the_lending_limits_hold_back():
@@ -226,9 +242,11 @@ def test_no_borrower_passes_a_starving_one_that_the_lending_limits_hold_back():
     )
     running = [("own", "vision", 2, 60), ("borrower", "ml", 2, 60)]  # 2 of nlp's 4 lendable slots lent
     now = 1_000_000.0
-    verdicts = admission.plan(fleet, _entries(now, running, ("large", "vision", 4, 30), ("more", "ml", 2, 5)), now)
-    assert verdicts["large"][0] is None and "lendable" in verdicts["large"][1], verdicts
-    assert verdicts["more"][0] is None and "behind team vision's job of 4 a100 slot(s)" in verdicts["more"][1], verdicts
+    verdicts = plan(fleet, _entries(now, running, ("large", "vision", 4, 30), ("more", "ml", 2, 5)), now)
+    assert not verdicts["large"].admitted and "lendable" in verdicts["large"].message, verdicts
+    assert not verdicts["more"].admitted and "behind team vision's job of 4 a100 slot(s)" in verdicts["more"].message, (
+        verdicts
+    )
 
 
 def test_a_killed_holder_frees_its_slots_when_its_lease_runs_out(ledger, clock):
@@ -237,7 +255,7 @@ def test_a_killed_holder_frees_its_slots_when_its_lease_runs_out(ledger, clock):
     assert ledger.request(job("c", "research", 2)).admitted
     assert not ledger.request(job("d", "vision", 2)).admitted
     ledger.renew("a")
-    clock.now += admission.ADMITTED_LEASE_S + 1  # no heartbeat from a, b or c since: their workers were killed
+    clock.now += ADMITTED_LEASE_S + 1  # no heartbeat from a, b or c since: their workers were killed
     assert ledger.request(job("d", "vision", 2)).admitted
     assert set(admitted(ledger)) == {"d"}
 
@@ -247,7 +265,7 @@ def test_a_waiting_job_whose_run_was_cancelled_leaves_the_queue(ledger, clock):
     assert ledger.request(job("b", "nlp", 2)).admitted
     assert ledger.request(job("c", "research", 2)).admitted
     assert not ledger.request(job("gone", "vision", 2, priority=9)).admitted
-    clock.now += admission.WAITING_LEASE_S + 1
+    clock.now += WAITING_LEASE_S + 1
     ledger.renew("a"), ledger.renew("b"), ledger.renew("c")
     assert "gone" not in {e.job.id for e in ledger.entries()}
 
@@ -260,11 +278,11 @@ def test_a_job_whose_team_or_gpu_type_left_resources_yaml_is_refused_not_told_to
     assert not ledger.request(job("big", "vision", 8)).admitted  # vision may hold 6: it waits, with a row
     ledger.config = parse_resources(FLEET.replace("  vision: {quota: {a100: 4}, borrowing_limit: {a100: 2}}\n", ""))
     said = ledger.request(job("big", "vision", 8))
-    assert said.inadmissible and said.final and not said.admitted
-    assert said.reason.startswith("inadmissible: team 'vision' is not in resources.yaml")
+    assert said.standing is Standing.INADMISSIBLE and said.final and not said.admitted
+    assert said.message.startswith("inadmissible: team 'vision' is not in resources.yaml")
     assert "big" not in {e.job.id for e in ledger.entries()}
     typo = ledger.request(Job("typo", "nlp", "a1OO", 1, 1, max_hours=1.0))
-    assert typo.inadmissible and "GPU type 'a1OO' is not in resources.yaml" in typo.reason
+    assert typo.standing is Standing.INADMISSIBLE and "GPU type 'a1OO' is not in resources.yaml" in typo.message
     with pytest.raises(PermanentError, match="inadmissible: team 'vision'"), hold(ledger, job("big", "vision", 2)):
         pass
 
@@ -287,7 +305,7 @@ def test_a_failed_try_keeps_its_admission_for_the_retry_and_a_permanent_failure_
     assert ledger.request(j).admitted
     with pytest.raises(RuntimeError), hold(ledger, j):
         raise RuntimeError("a worker crashed")  # Airflow retries the task
-    clock.now += admission.ADMITTED_LEASE_S - 60
+    clock.now += ADMITTED_LEASE_S - 60
     assert "a" in admitted(ledger)
     with pytest.raises(PermanentError), hold(ledger, j):  # the retry finds its admission ...
         raise PermanentError("max_hours reached")  # ... and fails for good
@@ -310,7 +328,7 @@ def test_a_job_keeps_its_place_when_it_missed_looks(ledger, clock):
     for name, team, slots in (("v", "vision", 4), ("n", "nlp", 2), ("r", "research", 2)):
         assert ledger.request(job(name, team, slots)).admitted
     assert not ledger.request(job("first", "vision", 4)).admitted
-    clock.now += admission.WAITING_LEASE_S + 1  # its admit task missed looks (a busy scheduler)
+    clock.now += WAITING_LEASE_S + 1  # its admit task missed looks (a busy scheduler)
     for name in ("v", "n", "r"):
         ledger.renew(name)
     assert not ledger.request(job("second", "vision", 4)).admitted
@@ -374,7 +392,7 @@ teams:
     ledger = Ledger(store("lend"), cfg)
     assert ledger.request(Job("b1", "b", "a100", 5, 1, 1.0)).admitted  # 2 borrowed: a's idle and c's 1
     refused = ledger.request(Job("a1", "a", "a100", 5, 1, 1.0))  # would borrow 1 more: only c's kept 2 are left
-    assert not refused.admitted and "0 are lendable" in refused.reason
+    assert not refused.admitted and "0 are lendable" in refused.message
     assert ledger.request(Job("c1", "c", "a100", 2, 1, 1.0)).admitted  # what c kept for itself is there
 
 
@@ -394,7 +412,9 @@ teams:
     ledger = Ledger(store("reserve"), cfg)
     assert ledger.request(Job("b1", "b", "a100", 4, 1, 1.0)).admitted  # borrows a's idle 2
     back = ledger.request(Job("a1", "a", "a100", 1, 1, 1.0))
-    assert not back.admitted and "team a's quota is lent out and the free slots are other teams' reserve" in back.reason
+    assert (
+        not back.admitted and "team a's quota is lent out and the free slots are other teams' reserve" in back.message
+    )
     assert ledger.request(Job("c1", "c", "a100", 2, 1, 1.0)).admitted  # c's reserve was kept for it
     ledger.release("b1")
     assert ledger.request(Job("a1", "a", "a100", 1, 1, 1.0)).admitted  # the borrower ended: a's quota is back
@@ -418,7 +438,7 @@ teams:
     )
     assert ledger.request(Job("r1", "r", "a100", 1, 1, 1.0)).admitted  # r's own reserve, no worse for anyone
     refused = ledger.request(Job("b2", "b", "a100", 1, 1, 1.0))
-    assert not refused.admitted and "0 are lendable" in refused.reason
+    assert not refused.admitted and "0 are lendable" in refused.message
 
 
 def test_a_budget_stops_admission_of_jobs_it_cannot_cover(store):
@@ -434,13 +454,13 @@ def test_a_budget_stops_admission_of_jobs_it_cannot_cover(store):
     spent = Spend({"vision": 4.0}, lambda run: 0.0)
     assert ledger.request(Job("v1", "vision", "a100", 2, 1, 2.0), spent).admitted  # 1.0 x 2 h x 2 = 4 of 6 left
     over = ledger.request(Job("v2", "vision", "a100", 2, 1, 1.5), spent)  # 3 more: only 2 left
-    assert not over.admitted and "team vision's budget: 2.00 left, the job may cost 3.00" in over.reason
+    assert not over.admitted and "team vision's budget: 2.00 left, the job may cost 3.00" in over.message
+    assert over.reason is WaitReason.BUDGET
     assert ledger.request(Job("v3", "vision", "a100", 1, 1, 2.0), spent).admitted  # 2 fits
 
 
 def test_each_job_gets_devices_of_its_own_until_it_is_done(ledger, clock):
     from trainyard.errors import PermanentError
-    from trainyard.scheduling.admission import NoFreeDevices
 
     host = ["0", "1", "2", "3", "MIG-5f8e"]
     a, b, c = job("a", "vision", 2), job("b", "nlp", 2), job("c", "research", 2)
@@ -453,7 +473,7 @@ def test_each_job_gets_devices_of_its_own_until_it_is_done(ledger, clock):
         ledger.claim_devices("c", 2, host)
     ledger.release("a")
     assert ledger.claim_devices("c", 2, host) == ["0", "1"]
-    clock.now += admission.ADMITTED_LEASE_S + 1  # b's worker was killed: no heartbeat
+    clock.now += ADMITTED_LEASE_S + 1  # b's worker was killed: no heartbeat
     # c's heartbeat comes late, past its lease, but before any decision dropped its row: c trains on, and
     # keeps its devices
     assert ledger.renew("c")
@@ -464,7 +484,7 @@ def test_each_job_gets_devices_of_its_own_until_it_is_done(ledger, clock):
     assert ledger.claim_devices("d", 4, host) == ["0", "1", "2", "3"]
     with pytest.raises(PermanentError, match="needs 6 device"):
         ledger.claim_devices("d", 6, host)
-    with pytest.raises(admission.NotAdmitted, match="not admitted"):
+    with pytest.raises(NotAdmitted, match="not admitted"):
         ledger.claim_devices("nobody", 1, host)
 
 
@@ -478,7 +498,7 @@ def test_worker_hosts_sharing_a_ledger_each_hand_out_their_own_devices(store, cl
         assert on_a.request(job(name, "vision", 2)).admitted
     assert on_a.claim_devices("x", 2, ["0", "1"]) == ["0", "1"]
     assert on_b.claim_devices("y", 2, ["0", "1"]) == ["0", "1"]  # b's own 0 and 1
-    with pytest.raises(admission.NoFreeDevices):
+    with pytest.raises(NoFreeDevices):
         on_a.claim_devices("y", 2, ["0", "1"])  # y's retry on host a: a's are held by x
     on_a.release("x")
     assert on_a.claim_devices("y", 2, ["0", "1", "2"]) == ["0", "1"]  # claimed anew on a
@@ -486,7 +506,7 @@ def test_worker_hosts_sharing_a_ledger_each_hand_out_their_own_devices(store, cl
 
 
 def test_a_job_s_workers_see_only_its_devices(monkeypatch):
-    from trainyard.scheduling.admission import host_devices
+    from trainyard.scheduling.admission.lease import host_devices
     from trainyard.training.launchers.local import this_host
 
     monkeypatch.setenv("TRAINYARD_GPU_DEVICES", "0, 1,MIG-ab")
@@ -512,7 +532,7 @@ def test_a_retryable_error_is_not_permanent_whatever_its_class_says():
     from trainyard.errors import PermanentError, RetryableError, is_permanent
 
     assert is_permanent(PermanentError("x")) and not is_permanent(RetryableError("x"))
-    assert not is_permanent(RuntimeError("x")) and not is_permanent(admission.AdmissionLost("x"))
+    assert not is_permanent(RuntimeError("x")) and not is_permanent(AdmissionLost("x"))
 
 
 class PausedHeartbeat:
@@ -553,7 +573,7 @@ def test_a_lapsed_lease_takes_its_own_row_back_while_the_slots_are_free(ledger, 
     with hold(ledger, j, available=["0", "1", "2", "3", "4"], heartbeat_s=0.05) as lease:
         assert lease.devices == ["0", "1", "2", "3"]
         heartbeat.pause()
-        clock.now += admission.RUNNING_LEASE_S + 1
+        clock.now += RUNNING_LEASE_S + 1
         assert ledger.request(job("small", "nlp", 2)).admitted  # this decision drops a's row
         assert "a" not in admitted(ledger)
         heartbeat.resume()
@@ -563,7 +583,7 @@ def test_a_lapsed_lease_takes_its_own_row_back_while_the_slots_are_free(ledger, 
         assert not lease.lost.is_set()
         assert admitted(ledger) == {"a": 0, "small": 0}
         assert {e.job.id: e.devices for e in ledger.entries()}["a"] == ("0", "1", "2", "3")
-        with pytest.raises(admission.NoFreeDevices):
+        with pytest.raises(NoFreeDevices):
             ledger.claim_devices("small", 2, ["0", "1", "2", "3", "4"])  # only "4" is free
 
 
@@ -574,11 +594,11 @@ def test_a_lapsed_lease_whose_slots_went_elsewhere_stops_the_training(ledger, cl
     j = job("a", "vision", 4)
     assert ledger.request(j).admitted
     with (
-        pytest.raises(admission.AdmissionLost, match="its workers were stopped"),
+        pytest.raises(AdmissionLost, match="its workers were stopped"),
         hold(ledger, j, heartbeat_s=0.05) as lease,
     ):
         heartbeat.pause()
-        clock.now += admission.RUNNING_LEASE_S + 1
+        clock.now += RUNNING_LEASE_S + 1
         for name, team, slots in (("v", "vision", 2), ("n", "nlp", 2), ("r", "research", 2), ("l", "lab", 1)):
             assert ledger.request(job(name, team, slots)).admitted
         heartbeat.resume()
@@ -592,7 +612,7 @@ def test_the_queue_needs_an_explicit_trainyard_home(monkeypatch):
     from trainyard.errors import PermanentError
 
     with pytest.raises(PermanentError, match="needs TRAINYARD_HOME set"):
-        admission.default_ledger()
+        default_ledger()
 
 
 def test_trainyard_queue_without_a_login_shows_jobs_only_as_team_gpus_and_priority(trainyard_home, capsys, monkeypatch):
@@ -607,8 +627,8 @@ def test_trainyard_queue_without_a_login_shows_jobs_only_as_team_gpus_and_priori
     monkeypatch.setenv("XDG_CONFIG_HOME", str(trainyard_home / "no-config"))
     assert main(["queue"]) == 0
     assert "no job is waiting or admitted" in capsys.readouterr().out
-    assert not (trainyard_home / admission.LEDGER_FILE).exists()  # a look creates nothing
-    ledger = admission.default_ledger()
+    assert not (trainyard_home / LEDGER_FILE).exists()  # a look creates nothing
+    ledger = default_ledger()
     assert ledger.request(Job("train_pipeline/first", "default", "cpu", 2, 5, 1.0, "alice")).admitted
     assert not ledger.request(Job("train_pipeline/second", "default", "cpu", 1, 7, 1.0, "bob")).admitted
     assert main(["queue", "--json"]) == 0
@@ -636,7 +656,7 @@ def test_a_retried_job_commits_what_its_run_has_not_spent_yet(store):
     assert ledger.request(job, spend).admitted
     assert ledger.request(Job("other", "nlp", "a100", 1, 1, 1.0), spend).admitted  # 10 - 5 - 3 = 2 left
     third = ledger.request(Job("third", "nlp", "a100", 1, 1, 1.5), spend)
-    assert not third.admitted and "team nlp's budget: 1.00 left, the job may cost 1.50" in third.reason
+    assert not third.admitted and "team nlp's budget: 1.00 left, the job may cost 1.50" in third.message
 
 
 def _token(claims: dict) -> str:
@@ -678,7 +698,7 @@ def test_a_cancelled_job_is_not_brought_back_by_its_own_tasks(ledger, clock):
     assert not ledger.request(job("w", "vision", 6)).admitted
     ledger.cancel("w", "cancelled by alice (trainyard queue cancel)")
     again = ledger.request(job("w", "vision", 6))
-    assert again.cancelled and not again.admitted and "by alice" in again.reason
+    assert again.standing is Standing.CANCELLED and not again.admitted and "by alice" in again.message
     assert "w" not in {e.job.id for e in ledger.entries()}
     ledger.cancel("a", "cancelled by alice (trainyard queue cancel)")
     assert not ledger.renew("a") and not ledger.reclaim(job("a", "vision", 4))
@@ -713,7 +733,8 @@ def test_a_sweep_never_holds_more_trials_than_its_parallelism(ledger):
     assert ledger.request(trial("a/slot-0")).admitted
     assert ledger.request(trial("a/slot-1")).admitted
     third = ledger.request(trial("a/slot-2"))
-    assert not third.admitted and "sweep sweep-a has 2 trial(s) running, its parallelism" in third.reason
+    assert not third.admitted and "sweep sweep-a has 2 trial(s) running, its parallelism" in third.message
+    assert third.reason is WaitReason.SWEEP_PARALLELISM
     assert ledger.request(job("v1", "vision", 1)).admitted  # the quota had room: another job takes it
     assert ledger.request(trial("b/slot-0", "sweep-b")).admitted
     ledger.release("a/slot-0")

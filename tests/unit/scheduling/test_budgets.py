@@ -9,7 +9,8 @@ import time
 import pytest
 
 from trainyard.scheduling import budgets
-from trainyard.scheduling.admission import Job, Ledger
+from trainyard.scheduling.admission.ledger import Ledger
+from trainyard.scheduling.admission.policy import Job
 from trainyard.scheduling.resources import parse_resources
 from trainyard.spec import SpecError, parse_spec
 from trainyard.training import usage

@@ -9,7 +9,9 @@ import time
 import psycopg2
 import pytest
 
-from trainyard.scheduling.admission import RUNNING_LEASE_S, Job, Ledger, hold
+from trainyard.scheduling.admission.lease import hold
+from trainyard.scheduling.admission.ledger import RUNNING_LEASE_S, Ledger
+from trainyard.scheduling.admission.policy import Job
 from trainyard.scheduling.ledger_db import DatabaseUnavailable, open_db
 from trainyard.scheduling.resources import parse_resources
 

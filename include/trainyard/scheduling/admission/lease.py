@@ -1,0 +1,170 @@
+"""A training's hold on its admission (:func:`hold`): its devices, a heartbeat that renews its lease in the
+ledger (:mod:`.ledger`) and takes it back if it ran out, and its release once the training can no longer
+run. Nothing leaks when a process dies: a lease that is not renewed runs out, and the next decision drops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainyard.errors import PermanentError, RetryableError, is_permanent
+from trainyard.scheduling.admission.ledger import ADMITTED_LEASE_S, Ledger, NotAdmitted
+from trainyard.scheduling.admission.policy import Job
+from trainyard.scheduling.ledger_db import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from trainyard.scheduling.budgets import Spend
+
+HEARTBEAT_S = 30.0  # a running training renews its lease this often (for ledger.RUNNING_LEASE_S)
+log = logging.getLogger(__name__)
+
+
+class AdmissionLost(RetryableError):
+    """The job's lease ran out while it trained and its slots went to another job: its training was
+    stopped (never two jobs on one GPU). A retry resumes from its newest checkpoint once admitted again."""
+
+
+def host_devices() -> list[str]:
+    """This host's GPUs as the allocator hands them out: ``TRAINYARD_GPU_DEVICES`` (a comma list of CUDA
+    indices or MIG UUIDs) when set, else every CUDA device torch sees."""
+    import os
+
+    listed = os.environ.get("TRAINYARD_GPU_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+@dataclass
+class Lease:
+    """What :func:`hold` gives the training: the devices it may use and the signal to stop."""
+
+    devices: list[str] | None  # this host's GPUs the job was given (CUDA_VISIBLE_DEVICES); None: a CPU job
+    lost: threading.Event  # set when the lease ran out and its slots could not be taken back: stop training
+    waited_s: float | None = None  # from the job's arrival in the queue to its admission
+
+
+def _admitted(ledger: Ledger, job: Job, spend: Spend | None) -> None:
+    """The job's admission, renewed; asked for again where it ran out (a retry long after its try)."""
+    if ledger.renew(job.id):
+        return
+    verdict = ledger.request(job, spend)
+    if verdict.final:  # taken out of the queue, or its team or type gone: no retry brings it back
+        raise PermanentError(f"job {job.id}: {verdict.message}")
+    if not verdict.admitted:
+        raise NotAdmitted(f"job {job.id} is not admitted any more: {verdict.message}")
+    ledger.renew(job.id)
+
+
+class _Heartbeat:
+    """A thread that renews the job's lease every ``every`` seconds; one that ran out is taken back
+    (:meth:`Ledger.reclaim`), and where its slots went to another job meanwhile, or it was cancelled,
+    ``lease.lost`` is set and the beats end."""
+
+    def __init__(self, ledger: Ledger, job: Job, lease: Lease, every: float) -> None:
+        self.ledger, self.job, self.lease, self.every = ledger, job, lease, every
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="trainyard-admission-heartbeat", daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        ledger, job = self.ledger, self.job
+        while not self.stop.wait(self.every):
+            try:
+                if ledger.renew(job.id):
+                    continue
+                if ledger.reclaim(job, tuple(self.lease.devices or ())):
+                    log.warning("admission of %s ran out while it trained; it took its slots back", job.id)
+                    continue
+                why = ledger.cancelled(job.id) or "its lease ran out while it trained and its slots went to another job"
+                log.error("admission of %s: %s; stopping its workers", job.id, why)
+                self.lease.lost.set()
+                return
+            except Exception as err:  # noqa: BLE001 - retried at the next beat; the thread must not die
+                log.warning("admission heartbeat of %s failed: %s: %s", job.id, type(err).__name__, err)
+
+    def end(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _lost(ledger: Ledger, job: Job) -> Exception:
+    """What a training whose lease was lost ends in: cancelled (no retry), or AdmissionLost."""
+    cancelled = ledger.cancelled(job.id)
+    if cancelled:
+        return PermanentError(f"job {job.id}: {cancelled}; its workers were stopped")
+    return AdmissionLost(
+        f"job {job.id}: its admission ran out while it trained and its slots went to another job, so its "
+        "workers were stopped; a retry waits for admission and resumes from the newest checkpoint"
+    )
+
+
+def _hand_back(ledger: Ledger, job: Job, for_good: bool) -> None:
+    """Release the admission (slots, devices, place), or keep it ``ADMITTED_LEASE_S`` for a retry."""
+    try:
+        if for_good:
+            ledger.release(job.id)
+        else:
+            ledger.renew(job.id, ADMITTED_LEASE_S)
+    except DatabaseUnavailable as err:  # the lease runs out by itself; the training's own outcome stands
+        log.warning("could not hand back the admission of %s: %s", job.id, err)
+
+
+@contextlib.contextmanager
+def hold(
+    ledger: Ledger,
+    job: Job,
+    *,
+    final_try: bool = False,
+    available: list[str] | None = None,
+    heartbeat_s: float = HEARTBEAT_S,
+    spend: Spend | None = None,
+) -> Iterator[Lease]:
+    """Around a job's training: its admission, renewed every ``heartbeat_s`` by a thread, and with
+    ``available`` (this host's GPUs) ``slots`` of them for the job (:meth:`Ledger.claim_devices`).
+
+    Released (slots, devices and place in the queue) once the training can no longer run: it succeeded,
+    failed for good (a permanent error, :func:`trainyard.errors.is_permanent`) or failed on its
+    ``final_try``. After another failure it is kept for ``ADMITTED_LEASE_S``, for the retry to find. An
+    admission that ran out before the training (a retry long after its try) is asked for again;
+    NotAdmitted if it cannot be had now (the task waits and tries again). A lease that runs out while the
+    job trains is taken back (:meth:`Ledger.reclaim`); where another job has its slots by then,
+    ``Lease.lost`` is set for the launcher to stop the workers, and the training ends in AdmissionLost."""
+    _admitted(ledger, job, spend)
+    try:
+        devices = None if available is None else ledger.claim_devices(job.id, job.slots, available)
+    except PermanentError:  # more devices than the host has: this job can never run here
+        ledger.release(job.id)
+        raise
+    entry = next((e for e in ledger.entries() if e.job.id == job.id), None)
+    waited = None if entry is None or entry.admitted is None else max(entry.admitted - entry.enqueued, 0.0)
+    lease = Lease(devices, threading.Event(), waited)
+    heartbeat = _Heartbeat(ledger, job, lease, heartbeat_s)
+    for_good = True
+    try:
+        yield lease
+        if lease.lost.is_set():  # workers that exit 0 when stopped leave a partial result: not a success
+            raise _lost(ledger, job)
+    except (AdmissionLost, PermanentError) as err:  # the lease lost after a clean body, or a cancel
+        for_good = final_try or is_permanent(err)
+        raise
+    except Exception as err:
+        for_good = final_try or is_permanent(err)
+        if lease.lost.is_set() and not is_permanent(err):
+            ending = _lost(ledger, job)
+            for_good = final_try or is_permanent(ending)
+            raise ending from err
+        raise
+    except BaseException:  # the task was terminated (marked failed, timed out): Airflow decides what comes next
+        for_good = final_try
+        raise
+    finally:
+        heartbeat.end()
+        _hand_back(ledger, job, for_good)

@@ -1,0 +1,361 @@
+"""The admission ledger: the entries of the queue in their store (a SQLite file of this host, or a PostgreSQL
+database every host reaches), each decision of the policy (:mod:`.policy`) applied in one transaction, and
+what a job's tasks ask of it (request, renew, reclaim, release, cancel, devices)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainyard.errors import PermanentError
+from trainyard.scheduling.admission.policy import (
+    Entry,
+    Job,
+    Standing,
+    Verdict,
+    WaitReason,
+    beyond_quota,
+    inadmissible,
+    plan,
+)
+from trainyard.scheduling.ledger_db import Connection, open_db, shared_database_url
+from trainyard.scheduling.resources import ResourcesConfig
+from trainyard.spec import Resources
+
+if TYPE_CHECKING:
+    from trainyard.scheduling.budgets import Spend
+
+WAITING_LEASE_S = 120.0  # a waiting job looks every admission_poll_seconds; one silent for 2 min is dropped
+ADMITTED_LEASE_S = 600.0  # from admission to the training task's first heartbeat (and between retries)
+RUNNING_LEASE_S = 180.0  # a running training's lease, renewed by its heartbeat (lease.HEARTBEAT_S)
+ADMISSION_TIMEOUT_S = 7 * 24 * 3600.0  # the longest a job waits for its GPUs before its run fails
+ARRIVAL_KEPT_S = ADMISSION_TIMEOUT_S + 24 * 3600.0  # a job's arrival outlives its longest wait
+# Runs of a training DAG in flight at once. A run that waits for GPUs holds no worker (its admit task is
+# deferred), so the queue the ledger orders can be long; runs past this wait in Airflow's own run queue,
+# in arrival order, before they reach the ledger.
+RUNS_IN_FLIGHT = 256
+LEDGER_FILE = "scheduling/admission.db"  # under TRAINYARD_HOME
+# A Job's fields as the admission table's columns, in the dataclass's order
+JOB_COLUMNS = 'id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_limit'
+
+
+def _job_row(job: Job) -> tuple:
+    return dataclasses.astuple(job)  # JOB_COLUMNS' order
+
+
+class NotAdmitted(RuntimeError):
+    """The job's reservation ran out before its training started, and it cannot be admitted again now."""
+
+
+class NoFreeDevices(NotAdmitted):
+    """The job is admitted, but fewer of this host's devices are free than it needs (for now)."""
+
+
+class Ledger:
+    """The admission state in its store (:mod:`trainyard.scheduling.ledger_db`): a SQLite file shared by the
+    task processes of this host, or a PostgreSQL database shared by every host."""
+
+    def __init__(
+        self,
+        where: str | Path,
+        config: ResourcesConfig,
+        clock: Callable[[], float] | None = None,
+        host: str | None = None,
+    ) -> None:
+        """``where``: a SQLite file's path or a ``postgresql://`` URL. ``clock``: the time leases are judged
+        by; default, the store's (this host's for SQLite, the database server's for PostgreSQL). ``host``:
+        the name of this worker host, whose devices it hands out (default: its hostname)."""
+        import socket
+
+        self.db, self.config, self.clock = open_db(where), config, clock
+        self.host = host or socket.gethostname()
+
+    def _now(self, conn: Connection) -> float:
+        return self.clock() if self.clock is not None else self.db.now(conn)
+
+    @staticmethod
+    def _entries(conn: Connection) -> list[Entry]:
+        rows = conn.execute(
+            f"SELECT {JOB_COLUMNS}, enqueued, admitted, borrowed, lease_until, devices, host FROM admission"
+        ).fetchall()
+        return [
+            Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else (), r[14]) for r in rows
+        ]
+
+    def _here(self, host: str) -> bool:
+        """Whether devices recorded for ``host`` are this host's: on a shared ledger every worker host
+        numbers its GPUs from 0, so only its own rows' devices can clash with what it hands out."""
+        return host in (self.host, "")
+
+    @staticmethod
+    def _drop_lapsed(conn: Connection, now: float) -> None:
+        """Rows whose lease ran out go before anything is handed out: their slots and devices are free."""
+        conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
+
+    def _decide(self, conn: Connection, now: float, spend: Spend | None) -> dict[str, Verdict]:
+        """Drop what ran out, admit what the plan admits. A job admitted on another's request keeps its
+        waiting lease: if its admit task is gone (a cancelled run), its slots come back within that."""
+        self._drop_lapsed(conn, now)
+        conn.execute("DELETE FROM arrivals WHERE enqueued < ?", (now - ARRIVAL_KEPT_S,))
+        conn.execute("DELETE FROM cancelled WHERE at < ?", (now - ARRIVAL_KEPT_S,))
+        config = self.config
+        entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
+        verdicts = plan(config, entries, now, spend)
+        for job_id, verdict in verdicts.items():
+            if verdict.admitted:
+                sql = "UPDATE admission SET admitted = ?, borrowed = ? WHERE id = ?"
+                conn.execute(sql, (now, verdict.borrowed, job_id))
+        return verdicts
+
+    def request(self, job: Job, spend: Spend | None = None) -> Verdict:
+        """Queue ``job`` or renew its place, and decide: whether it is admitted now, or why it waits. Its
+        arrival is its first request's, kept apart from the lease: a job that missed a look, or whose
+        training is retried, keeps its place. ``spend``: for the budget gate
+        (:func:`trainyard.scheduling.budgets.current_spend`); None leaves budgets out."""
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            gone = conn.execute("SELECT reason FROM cancelled WHERE id = ?", (job.id,)).fetchone()
+            if gone is not None:  # a look already under way when it was cancelled must not queue it again
+                return Verdict(Standing.CANCELLED, gone[0])
+            refused = inadmissible(self.config, job)
+            if refused is not None:  # never "waiting" for a team or type that is gone: say so, queue nothing
+                conn.execute("DELETE FROM admission WHERE id = ? AND admitted IS NULL", (job.id,))
+                return refused
+            conn.execute("INSERT INTO arrivals (id, enqueued) VALUES (?, ?) ON CONFLICT (id) DO NOTHING", (job.id, now))
+            (arrived,) = conn.execute("SELECT enqueued FROM arrivals WHERE id = ?", (job.id,)).fetchone()
+            conn.execute(
+                f"INSERT INTO admission ({JOB_COLUMNS}, enqueued, lease_until) VALUES ({', '.join('?' * 11)}) "
+                "ON CONFLICT (id) DO UPDATE SET lease_until = CASE WHEN excluded.lease_until > "
+                "admission.lease_until THEN excluded.lease_until ELSE admission.lease_until END",
+                (*_job_row(job), arrived, now + WAITING_LEASE_S),
+            )
+            verdicts = self._decide(conn, now, spend)
+            row = conn.execute("SELECT admitted, borrowed FROM admission WHERE id = ?", (job.id,)).fetchone()
+            if row[0] is not None:  # its training has until then to start and take over the lease
+                until = now + ADMITTED_LEASE_S
+                conn.execute(
+                    "UPDATE admission SET lease_until = CASE WHEN lease_until > ? THEN lease_until ELSE ? END "
+                    "WHERE id = ?",
+                    (until, until, job.id),
+                )
+        if row[0] is not None:  # admitted now, or before (on another job's look)
+            return Verdict.admit(job, row[1])
+        return verdicts.get(job.id) or Verdict.wait(WaitReason.UNKNOWN, "waiting")
+
+    def renew(self, job_id: str, lease_s: float = RUNNING_LEASE_S) -> bool:
+        """Extend an admitted job's lease; False if it is no longer admitted. A row whose lease ran out but
+        that no decision has dropped yet is renewed: nothing else can have its slots or devices."""
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            cur = conn.execute(
+                "UPDATE admission SET lease_until = ? WHERE id = ? AND admitted IS NOT NULL", (now + lease_s, job_id)
+            )
+            return cur.rowcount == 1
+
+    def reclaim(self, job: Job, devices: tuple[str, ...] = ()) -> bool:
+        """A job that trains but whose row was dropped (its heartbeat missed its lease: a lock held for
+        minutes, a paused VM, a clock step) takes it back, admitted, with ``devices``, if its type still
+        has the slots and no live job holds one of those devices; False if not (its slots went to another
+        job meanwhile, and its training must stop). Quotas and the budget are not asked again: it was
+        admitted within them and is running."""
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            self._drop_lapsed(conn, now)
+            if conn.execute("SELECT 1 FROM cancelled WHERE id = ?", (job.id,)).fetchone():
+                return False  # taken out of the queue: its training stops
+            if conn.execute("SELECT 1 FROM admission WHERE id = ? AND admitted IS NOT NULL", (job.id,)).fetchone():
+                conn.execute("UPDATE admission SET lease_until = ? WHERE id = ?", (now + RUNNING_LEASE_S, job.id))
+                return True
+            conn.execute("DELETE FROM admission WHERE id = ?", (job.id,))  # a waiting row of its own, if any
+            live = [e for e in self._entries(conn) if e.admitted is not None]
+            if job.gpu_type not in self.config.gpu_types or job.team not in self.config.teams:
+                return False
+            # counted from the rows themselves: one may be of a team this process's config does not know yet
+            of_type = [e.job for e in live if e.job.gpu_type == job.gpu_type]
+            if sum(j.slots for j in of_type) + job.slots > self.config.gpu_types[job.gpu_type].slots:
+                return False
+            if set(devices) & {d for e in live if self._here(e.host) for d in e.devices}:
+                return False
+            (arrived,) = conn.execute(
+                "SELECT coalesce(min(enqueued), ?) FROM arrivals WHERE id = ?", (now, job.id)
+            ).fetchone()
+            team_used = sum(j.slots for j in of_type if j.team == job.team)
+            borrowed = beyond_quota(team_used, job.slots, self.config.quota(job.team, job.gpu_type))
+            conn.execute(
+                f"INSERT INTO admission ({JOB_COLUMNS}, enqueued, admitted, borrowed, devices, host, lease_until) "
+                f"VALUES ({', '.join('?' * 15)})",
+                (*_job_row(job), arrived, now, borrowed, ",".join(devices), self.host, now + RUNNING_LEASE_S),
+            )
+            return True
+
+    def release(self, job_id: str) -> None:
+        """The job is done (its training ended for good, or it gave up waiting): its slots and its place
+        go; the next look of a waiting job takes them."""
+        with self.db.transaction() as conn:
+            conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
+            conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
+
+    def cancel(self, job_id: str, reason: str) -> None:
+        """Take the job out of the queue for good (``trainyard queue cancel``): its row, slots and place go,
+        and no later look or heartbeat of its tasks, already under way, can bring it back (its training, if
+        it runs, stops at its next heartbeat)."""
+        with self.db.transaction() as conn:
+            conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
+            conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
+            conn.execute(
+                "INSERT INTO cancelled (id, at, reason) VALUES (?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET at = excluded.at, reason = excluded.reason",
+                (job_id, self._now(conn), reason),
+            )
+
+    def cancelled(self, job_id: str) -> str | None:
+        """Why the job was taken out of the queue, or None if it was not."""
+        with self.db.connection() as conn:
+            row = conn.execute("SELECT reason FROM cancelled WHERE id = ?", (job_id,)).fetchone()
+        return row[0] if row else None
+
+    def withdraw(self, job_id: str) -> None:
+        """The job stopped waiting (its task was cancelled): its row and any slots it holds go now; its
+        arrival stays (it runs out by itself), so a job withdrawn by mistake that asks again keeps its place."""
+        with self.db.transaction() as conn:
+            conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
+
+    def claim_devices(self, job_id: str, count: int, available: list[str]) -> list[str]:
+        """``count`` of this host's devices (``available``: CUDA indices or MIG UUIDs) for an admitted job,
+        none of them held by another live job; the same ones again for a job that has them (a retry). They
+        go with the job's admission row, so they come back when it is released or its lease runs out.
+        NoFreeDevices when fewer are free (the task waits and tries again)."""
+        if count > len(available):
+            raise PermanentError(
+                f"job {job_id} needs {count} device(s) and this host has {len(available)} "
+                f"({available}); ask for fewer, or give this GPU type's pool no more slots than its host has"
+            )
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            # a row whose lease ran out is dropped, not merely passed over: its job can then only take its
+            # devices back through reclaim, which checks that nobody was handed them meanwhile
+            self._drop_lapsed(conn, now)
+            row = conn.execute(
+                "SELECT devices, host FROM admission WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?",
+                (job_id, now),
+            ).fetchone()
+            if row is None:
+                raise NotAdmitted(f"job {job_id} is not admitted: no devices for it")
+            if row[0] and self._here(row[1]):  # a retry on the same host: the same ones
+                return row[0].split(",")
+            # (a retry on another host claims this host's devices anew)
+            held = {
+                d
+                for (devices, host) in conn.execute(
+                    "SELECT devices, host FROM admission WHERE id != ? AND lease_until >= ? AND devices != ''",
+                    (job_id, now),
+                ).fetchall()
+                if self._here(host)
+                for d in devices.split(",")
+            }
+            free = [d for d in available if d not in held]
+            if len(free) < count:
+                raise NoFreeDevices(
+                    f"job {job_id} needs {count} device(s); this host has {len(available)}, "
+                    f"{len(free)} free ({sorted(held)} held by other jobs)"
+                )
+            conn.execute(
+                "UPDATE admission SET devices = ?, host = ? WHERE id = ?", (",".join(free[:count]), self.host, job_id)
+            )
+            return free[:count]
+
+    def entries(self) -> list[Entry]:
+        """Every live row (leases not run out), for reports and tests."""
+        with self.db.connection() as conn:
+            now = self._now(conn)
+            return [e for e in self._entries(conn) if e.lease_until >= now]
+
+    def admitted_ids(self, conn: Connection) -> set[str]:
+        """The jobs admitted now (leases not run out), read on ``conn``: a ``self.db.connection()`` that a
+        watcher keeps open (``trainyard_airflow.triggers.admission.AdmissionWatch``)."""
+        now = self._now(conn)
+        rows = conn.execute("SELECT id FROM admission WHERE admitted IS NOT NULL AND lease_until >= ?", (now,))
+        return {r[0] for r in rows.fetchall()}
+
+    def standing(self, spend: Spend | None = None) -> list[tuple[Entry, Verdict]]:
+        """Every live job with what the ledger says of it now, without changing anything: an admitted
+        job's share, or why a waiting one waits, the verdicts its ``admit`` task logs (the same
+        :func:`~trainyard.scheduling.admission.policy.plan`). Admitted jobs first, then the waiting, each
+        oldest first."""
+        with self.db.connection() as conn:
+            now = self._now(conn)
+            entries = [e for e in self._entries(conn) if e.lease_until >= now]
+        known = [e for e in entries if e.job.gpu_type in self.config.gpu_types and e.job.team in self.config.teams]
+        verdicts = plan(self.config, known, now, spend)
+        rows = []
+        for e in sorted(entries, key=lambda e: (e.admitted is None, e.enqueued)):
+            if e.admitted is not None:
+                rows.append((e, Verdict.admit(e.job, e.borrowed)))
+            elif e not in known:
+                rows.append((e, inadmissible(self.config, e.job) or Verdict.wait(WaitReason.UNKNOWN, "")))
+            elif verdicts[e.job.id].admitted:
+                rows.append((e, Verdict.wait(WaitReason.FITS_NOW, "fits now: admitted at its next look")))
+            else:
+                rows.append((e, verdicts[e.job.id]))
+        return rows
+
+
+def ledger_location() -> str | Path:
+    """Where this installation's ledger is: ``$TRAINYARD_DATABASE_URL`` (PostgreSQL, the cluster profile)
+    when set, else ``$TRAINYARD_HOME/scheduling/admission.db`` (SQLite, this host)."""
+    from trainyard import paths
+
+    return shared_database_url() or paths.home() / LEDGER_FILE
+
+
+def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
+    """This installation's ledger (:func:`ledger_location`) over the resources in force
+    (:func:`~trainyard.scheduling.resources.resources_in_force`). Refused without an explicit
+    TRAINYARD_HOME: the triggerer, the ``admit`` task and the training must share one ledger (and one runs
+    root, where the budget gate reads the spend), and a process that fell back to ``./var`` would queue
+    against an empty one and admit everything."""
+    import os
+
+    from trainyard.scheduling.resources import resources_in_force
+
+    if not os.environ.get("TRAINYARD_HOME"):
+        raise PermanentError(
+            "the admission queue needs TRAINYARD_HOME set, the same for every Airflow process "
+            "(scheduler, triggerer, workers): `make up` sets it; export it where you start Airflow yourself"
+        )
+    return Ledger(ledger_location(), config or resources_in_force())
+
+
+def existing_ledger(config: ResourcesConfig | None = None) -> Ledger | None:
+    """This installation's ledger, over ``config`` or the resources in force, if a job was ever queued in
+    it, else None: for reports and checks, which must not create a SQLite file (and work without
+    TRAINYARD_HOME). A PostgreSQL ledger is always there."""
+    from trainyard.scheduling.resources import resources_in_force
+
+    where = ledger_location()
+    if isinstance(where, Path) and not where.is_file():
+        return None
+    return Ledger(where, config or resources_in_force())
+
+
+def look(ledger: Ledger, job: Job) -> Verdict:
+    """One look of a waiting job: its request, with this month's spend of every team for the budget gate."""
+    from trainyard import paths
+    from trainyard.scheduling.budgets import current_spend, fill_journal
+
+    try:
+        fill_journal(ledger.config, paths.runs_root())  # once per installation: then a no-op
+    except OSError as err:  # the spend is read from the usage files meanwhile: the queue goes on
+        logging.getLogger(__name__).warning("could not fill the spend journal (%s); looking without it", err)
+    return ledger.request(job, current_spend(ledger.config, paths.runs_root()))
+
+
+def job_for(res: Resources, run_key: str, user: str | None = None, group: str = "", group_limit: int = 0) -> Job:
+    """The ledger's view of a run's JobSpec (its ``resources``), triggered by ``user``; a sweep's trial is
+    one of ``group``, of which at most ``group_limit`` are admitted at once."""
+    return Job(
+        run_key, res.team, res.gpu_type, res.total_gpus, res.priority, res.max_hours, user or "", group, group_limit
+    )

@@ -1,0 +1,329 @@
+"""The admission policy, pure: given the fleet (resources.yaml), the ledger's entries and the time, a
+verdict for every waiting job. No storage, no clock, no Airflow: the ledger (:mod:`.ledger`) applies it in
+one transaction, ``trainyard queue`` and the scheduler replay (``bench/scheduler.py``) read it as it is.
+
+A verdict is typed, as Kueue's workload conditions are: a :class:`Standing` (admitted, waiting,
+inadmissible, cancelled), for a waiting job a :class:`WaitReason` a program compares, and the message a
+person reads, written here once for the ``admit`` log, ``trainyard queue`` and the report.
+
+The rules (the package's docstring says why):
+
+* never more slots of a type admitted than it has; a team never above its quota plus what it may borrow;
+  borrowing only from what other teams lend of their idle quota and from slots in nobody's quota, and
+  what a team does not lend stays its own (``ResourcesConfig.lent``);
+* order among waiting jobs of a type: a job that waited ``scheduling.max_wait_minutes`` first; then jobs
+  within their team's quota before jobs that would borrow; then ``resources.priority``; then arrival;
+* backfill, except that behind a job within its quota that waits for slots no job may borrow, and a job
+  that has waited ``max_wait_minutes`` for slots holds a reservation (:func:`_reserved_start`,
+  :func:`_would_delay`: EASY backfill, as in Slurm);
+* with the teams' spend, a team's admitted jobs' commitments stay within its monthly budget's rest;
+* a sweep has at most ``sweep.parallelism`` trials admitted at once.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainyard.scheduling.resources import ResourcesConfig
+
+if TYPE_CHECKING:
+    from trainyard.scheduling.budgets import Spend
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str  # the run key: "<dag_id>/<run_id>"
+    team: str
+    gpu_type: str
+    slots: int
+    priority: int
+    max_hours: float  # resources.max_hours: its worst case counts against the team's budget while admitted
+    user: str = ""  # who triggered the run ("" for a schedule): shown by `trainyard queue`
+    group: str = ""  # a sweep's trials share one: its run key
+    group_limit: int = 0  # at most this many jobs of the group admitted at once (sweep.parallelism); 0: any
+
+
+@dataclass(frozen=True)
+class Entry:
+    job: Job
+    enqueued: float
+    admitted: float | None  # None while waiting
+    borrowed: int  # slots beyond the team's quota when it was admitted
+    lease_until: float
+    devices: tuple[str, ...] = ()  # the GPUs of ``host`` it was given (Ledger.claim_devices)
+    host: str = ""  # the worker host whose devices those are ("": a ledger of one host, from before hosts)
+
+
+class Standing(enum.StrEnum):
+    ADMITTED = "admitted"
+    WAITING = "waiting"
+    INADMISSIBLE = "inadmissible"  # its team or GPU type is not in the resources in force: it never starts
+    CANCELLED = "cancelled"  # taken out of the queue (trainyard queue cancel): it never starts
+
+
+class WaitReason(enum.StrEnum):
+    """Why a waiting job waits. ``fleet``: what holds it back is the type's slots (a job within its quota
+    that waits for them keeps borrowers back; one that waited past the bound holds a reservation)."""
+
+    SLOTS_IN_USE = "slots_in_use"  # the type has too few free slots
+    BORROWING_LIMIT = "borrowing_limit"  # its team would pass its quota plus what it may borrow
+    NOT_LENDABLE = "not_lendable"  # it would borrow more than the other teams lend now
+    QUOTA_LENT_OUT = "quota_lent_out"  # its own quota is lent out; the free slots are others' reserve
+    SWEEP_PARALLELISM = "sweep_parallelism"  # its sweep has sweep.parallelism trials admitted
+    NO_BORROWING = "no_borrowing"  # it would borrow, behind a job that waits for its team's own quota
+    RESERVATION = "reservation"  # it could delay a job that holds a reservation
+    BUDGET = "budget"  # its commitment does not fit in its team's monthly budget's rest
+    FITS_NOW = "fits_now"  # nothing holds it back: its next look admits it (trainyard queue only)
+    UNKNOWN = "unknown"  # no verdict of the policy for it (its row was gone by the decision)
+
+    @property
+    def fleet(self) -> bool:
+        return self in (WaitReason.SLOTS_IN_USE, WaitReason.NOT_LENDABLE, WaitReason.QUOTA_LENT_OUT)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the ledger says of a job: its standing, for a waiting one why (``reason``), for an admitted one
+    the slots it borrowed, and the ``message`` a person reads."""
+
+    standing: Standing
+    message: str
+    reason: WaitReason | None = None
+    borrowed: int = 0
+
+    @property
+    def admitted(self) -> bool:
+        return self.standing is Standing.ADMITTED
+
+    @property
+    def final(self) -> bool:
+        """Whether the job will never be admitted: its task ends failed, with the message."""
+        return self.standing in (Standing.CANCELLED, Standing.INADMISSIBLE)
+
+    @classmethod
+    def admit(cls, job: Job, borrowed: int) -> Verdict:
+        of_them = f", {borrowed} of them borrowed" if borrowed else ""
+        message = f"admitted: {job.slots} {job.gpu_type} slot(s) for team {job.team}{of_them}"
+        return cls(Standing.ADMITTED, message, borrowed=borrowed)
+
+    @classmethod
+    def wait(cls, reason: WaitReason, message: str) -> Verdict:
+        return cls(Standing.WAITING, message, reason)
+
+
+def inadmissible(config: ResourcesConfig, job: Job) -> Verdict | None:
+    """The verdict on a job ``config`` can never admit (its team or GPU type is not in it), or None."""
+    if job.team in config.teams and job.gpu_type in config.gpu_types:
+        return None
+    missing = [
+        f"{what} {name!r} is not in resources.yaml (it lists {sorted(listed)})"
+        for what, name, listed in (("team", job.team, config.teams), ("GPU type", job.gpu_type, config.gpu_types))
+        if name not in listed
+    ]
+    message = f"inadmissible: {'; '.join(missing)}; trigger the job again with one it lists, or add it back"
+    return Verdict(Standing.INADMISSIBLE, message)
+
+
+def beyond_quota(held: int, slots: int, quota: int) -> int:
+    """The slots of a new job of ``slots`` that its team, holding ``held``, would borrow: those beyond its
+    quota, not counting what it borrows already."""
+    return max(0, held + slots - max(quota, held))
+
+
+def _usage(config: ResourcesConfig, entries: list[Entry], gpu_type: str) -> dict[str, int]:
+    used = dict.fromkeys(config.teams, 0)
+    for e in entries:
+        if e.admitted is not None and e.job.gpu_type == gpu_type:
+            used[e.job.team] += e.job.slots
+    return used
+
+
+def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> int | Verdict:
+    """The slots ``job`` would borrow if it fits now, else the verdict that it waits."""
+    t, team = job.gpu_type, job.team
+    capacity = config.gpu_types[t].slots
+    in_use = sum(used.values())
+    quota = config.quota(team, t)
+    borrow = beyond_quota(used[team], job.slots, quota)
+    limit = config.borrowing_limit(team, t)
+    if borrow and limit is not None and max(0, used[team] - quota) + borrow > limit:
+        message = f"team {team} holds {used[team]} of quota {quota} and may borrow at most {limit}"
+        return Verdict.wait(WaitReason.BORROWING_LIMIT, message)
+    if in_use + job.slots > capacity:
+        message = f"{t}: {in_use} of {capacity} slots in use, the job needs {job.slots}"
+        return Verdict.wait(WaitReason.SLOTS_IN_USE, message)
+    borrowed, lendable = config.lent(t, {**used, team: used[team] + job.slots})
+    before = config.lent(t, used)
+    # A job may not make the fleet lend more than the lending limits allow; where it already does (limits
+    # lowered in the file since), a job that makes it no worse still starts.
+    if borrowed - lendable > max(0, before[0] - before[1]):
+        if borrow:  # what was lendable before this job
+            left = lendable - (borrowed - borrow)
+            message = f"{t}: the job would borrow {borrow} slots, {max(left, 0)} are lendable now"
+            return Verdict.wait(WaitReason.NOT_LENDABLE, message)
+        # A lender taking its quota back while borrowers hold it: the free slots are other teams' reserve
+        # (what they do not lend). It starts as the borrowers finish; nothing running is preempted.
+        message = (
+            f"{t}: team {team}'s quota is lent out and the free slots are other teams' reserve; "
+            "it starts as the borrowers finish"
+        )
+        return Verdict.wait(WaitReason.QUOTA_LENT_OUT, message)
+    return borrow
+
+
+def _reserved_start(free: int, running: list[tuple[float, int, str]], need: int, now: float) -> float:
+    """The time by which ``need`` slots are free at the latest, with ``free`` free now and ``running``
+    the (end by its max_hours, slots, team) of the jobs holding the rest; one past its end counts as
+    ending now."""
+    at = now
+    for end, slots, _ in sorted(running):
+        if free >= need:
+            break
+        free += slots
+        at = max(at, end)
+    return at
+
+
+def _would_delay(
+    config: ResourcesConfig,
+    starving: Job,
+    job: Job,
+    used: dict[str, int],
+    running: list[tuple[float, int, str]],
+    now: float,
+) -> bool:
+    """Whether admitting ``job`` now could keep ``starving`` from starting at its reserved start: the
+    time enough slots are free if every running job ends by its max_hours. With ``job`` admitted, the jobs
+    still running then (``job`` too, unless it ends by then) must leave the starving job room by every
+    rule of :func:`_room`: the slots, its team's borrowing limit, and what the others lend. A starving job
+    that a limit other than the slots holds back has no room at its reserved start either, so nothing
+    that borrows or is of its team passes it."""
+    capacity = config.gpu_types[starving.gpu_type].slots
+    reserved = _reserved_start(capacity - sum(used.values()), running, starving.slots, now)
+    then = dict.fromkeys(used, 0)
+    for end, slots, team in [*running, (now + job.max_hours * 3600, job.slots, job.team)]:
+        if reserved <= now or end > reserved:
+            then[team] += slots
+    return isinstance(_room(config, then, starving), Verdict)
+
+
+def _seen_by_all(job: Job) -> str:
+    """Another job named in a waiting job's reason, which that job's team reads (its admit log, ``trainyard
+    queue``): as its team and size, what anyone may see of it (``trainyard.teams.SEEN_BY_OTHERS``)."""
+    return f"team {job.team}'s job of {job.slots} {job.gpu_type} slot(s)"
+
+
+class _Commitments:
+    """What each team's admitted jobs may still cost, against its monthly budget's rest (with ``spend``;
+    without it, or for a team without a budget, nothing is counted)."""
+
+    def __init__(self, config: ResourcesConfig, spend: Spend | None, admitted: list[Job]) -> None:
+        self.config, self.spend = config, spend
+        self.committed = dict.fromkeys(config.teams, 0.0)
+        for job in admitted:
+            self.committed[job.team] += self.owed(job)
+
+    def owed(self, job: Job) -> float:
+        """The job's commitment where a budget gates its team (reading its run's usage file), else 0."""
+        from trainyard.scheduling.budgets import commitment
+
+        if self.spend is None or self.config.teams[job.team].monthly_budget is None:
+            return 0.0
+        return commitment(self.config, job, self.spend.of_run(job.id))
+
+    def refusal(self, job: Job, cost: float) -> Verdict | None:
+        budget = self.config.teams[job.team].monthly_budget
+        if self.spend is None or budget is None:
+            return None
+        spend, team = self.spend, job.team
+        left = budget - spend.this_month.get(team, 0.0) - spend.reserved.get(team, 0.0) - self.committed[team]
+        if cost <= left:
+            return None
+        message = f"team {team}'s budget: {max(left, 0):.2f} left, the job may cost {cost:.2f}"
+        return Verdict.wait(WaitReason.BUDGET, message)
+
+
+def plan(config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend | None = None) -> dict[str, Verdict]:
+    """Every waiting job's verdict now: job id -> admitted (with the slots it borrows) or waiting (and
+    why). ``spend``: with it, a job is admitted only while its commitment and those of its team's
+    admitted jobs and Kubernetes trainings (:func:`trainyard.scheduling.budgets.commitment`) fit in what
+    the team's monthly budget has left after this month's spend."""
+    commitments = _Commitments(config, spend, [e.job for e in entries if e.admitted is not None])
+    in_group: dict[str, int] = {}  # a sweep's admitted trials
+    for e in entries:
+        if e.admitted is not None:
+            in_group[e.job.group] = in_group.get(e.job.group, 0) + 1
+    verdicts: dict[str, Verdict] = {}
+    for gpu_type in config.gpu_types:
+        verdicts.update(_plan_type(config, entries, gpu_type, now, commitments, in_group))
+    return verdicts
+
+
+def _plan_type(
+    config: ResourcesConfig,
+    entries: list[Entry],
+    gpu_type: str,
+    now: float,
+    commitments: _Commitments,
+    in_group: dict[str, int],
+) -> dict[str, Verdict]:
+    """:func:`plan` for the waiting jobs of one GPU type, in their order."""
+    max_wait = config.scheduling.max_wait_minutes * 60
+    used = _usage(config, entries, gpu_type)
+    waiting = [e for e in entries if e.admitted is None and e.job.gpu_type == gpu_type]
+    running = [  # (when it ends at the latest, slots, team): what a reservation counts on
+        (e.admitted + e.job.max_hours * 3600, e.job.slots, e.job.team)
+        for e in entries
+        if e.admitted is not None and e.job.gpu_type == gpu_type
+    ]
+
+    def within(job: Job) -> bool:
+        return used[job.team] + job.slots <= config.quota(job.team, gpu_type)
+
+    def key(e: Entry) -> tuple:
+        return (now - e.enqueued < max_wait, not within(e.job), -e.job.priority, e.enqueued, e.job.id)
+
+    no_borrowing: Verdict | None = None
+    starving: Entry | None = None  # a job past the bound, waiting for slots: it holds a reservation
+    verdicts: dict[str, Verdict] = {}
+    for e in sorted(waiting, key=key):
+        job = e.job
+        if job.group and job.group_limit and in_group.get(job.group, 0) >= job.group_limit:
+            # the sweep's own cap: it holds nothing back for anyone else's job
+            message = f"sweep {job.group} has {job.group_limit} trial(s) running, its parallelism"
+            verdicts[job.id] = Verdict.wait(WaitReason.SWEEP_PARALLELISM, message)
+            continue
+        room = _room(config, used, job)
+        if isinstance(room, int) and room > 0 and no_borrowing is not None:
+            room = no_borrowing
+        if (
+            isinstance(room, int)
+            and starving is not None
+            and (room > 0 or job.team == starving.job.team)
+            and _would_delay(config, starving.job, job, used, running, now)
+        ):
+            # what it would take, the starving job needs; other teams still get their own quota
+            waited = (now - starving.enqueued) / 60
+            message = f"behind {_seen_by_all(starving.job)}, which has waited {waited:.0f} min"
+            room = Verdict.wait(WaitReason.RESERVATION, message)
+        cost = 0.0
+        if isinstance(room, int):
+            cost = commitments.owed(job)  # read only for a job that has the room
+            room = commitments.refusal(job, cost) or room
+        if isinstance(room, Verdict):
+            verdicts[job.id] = room
+            fleet = room.reason is not None and room.reason.fleet
+            if fleet and starving is None and now - e.enqueued >= max_wait:
+                starving = e
+            if fleet and within(job):
+                message = f"no borrowing while {_seen_by_all(job)} waits for its team's own quota"
+                no_borrowing = Verdict.wait(WaitReason.NO_BORROWING, message)
+            continue
+        verdicts[job.id] = Verdict.admit(job, room)
+        used[job.team] += job.slots
+        running.append((now + job.max_hours * 3600, job.slots, job.team))
+        in_group[job.group] = in_group.get(job.group, 0) + 1
+        commitments.committed[job.team] += cost
+    return verdicts
