@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard import recipes
 from trainyard.spec import JobSpec
-from trainyard.sweeps import handshake
 from trainyard.sweeps.study import (
     ALIVE_ATTR,
     ALIVE_EVERY_S,
@@ -43,6 +42,7 @@ from trainyard.sweeps.study import (
     with_values,
 )
 from trainyard.sweeps.summary import write_hparams
+from trainyard.training import handshake
 from trainyard.training.run_config import WorkerOutputError, open_untrusted
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def trial_key(sweep_run: str, number: int) -> str:
 
 class Watcher:
     """``with Watcher(trial, work_dir, lost) as w:`` while the trial's workers run: reads their reports
-    (:mod:`trainyard.sweeps.handshake`), reports each epoch's objective to the trial, asks the pruner and
+    (:mod:`trainyard.training.handshake`), reports each epoch's objective to the trial, asks the pruner and
     answers. ``w.halt`` is the event to stop the workers with: set when ``lost`` is (the job lost its
     admission), when a trial told to stop is still running ``grace_s`` later, or when the reports are
     malformed (``w.error``). ``w.pruned_at``: the epoch after which the pruner stopped the trial.

@@ -50,7 +50,7 @@ def platform_env(
     """The TRAINYARD_* variables of the contract above, for a run directory and the prepared data as the
     program sees them (this machine's paths locally, the shared volume's paths in a pod): the one
     definition both launchers use. ``trial``: the run is a sweep trial (the verdict file is named)."""
-    from trainyard.sweeps.handshake import VERDICT
+    from trainyard.training.handshake import VERDICT
 
     work = work_dir(run_dir)
     env = {

@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainyard.recipes.base import Recipe, to_device
-from trainyard.sweeps import handshake
+from trainyard.training import handshake
 from trainyard.training.common import atomic_save, resume_point
 from trainyard.training.data import ShardSampler, already_batched
 from trainyard.training.run_config import RunConfig

@@ -81,7 +81,7 @@ class RunConfig:
     # relays them (trainyard.training.metrics), so a sandboxed worker needs neither store
     metrics_file: str | None = None
     # A sweep trial: the val metric rank 0 reports at each epoch's end, then waits to hear whether the
-    # trial goes on (trainyard.sweeps.handshake); None for a job that is not a trial
+    # trial goes on (trainyard.training.handshake); None for a job that is not a trial
     trial_objective: str | None = None
     # Where rank 0 writes its TensorBoard histograms when it writes a metrics file (a local worker): the
     # launching task copies them beside the run's scalars (trainyard.training.metrics.copy_histograms)

@@ -15,7 +15,6 @@ import optuna
 import pytest
 
 from trainyard.spec import parse_spec
-from trainyard.sweeps import handshake
 from trainyard.sweeps.study import (
     FAILED_ATTR,
     TRAINED_ATTR,
@@ -28,6 +27,7 @@ from trainyard.sweeps.study import (
     warm_start,
 )
 from trainyard.sweeps.trials import run_trial
+from trainyard.training import handshake
 
 
 @pytest.fixture(autouse=True, params=["journal", "postgresql"])
