@@ -106,7 +106,7 @@ def ingest_dataset():
         from trainyard.data.stores import open_store
         from trainyard.data.upload import collect_folder, detect_kind, folder_digest, validate_folder
         from trainyard.datasets import check_upload
-        from trainyard.pipeline import DataValidationError
+        from trainyard.pipeline.data import DataValidationError
         from trainyard.spec import safe_key
         from trainyard_airflow.hooks.lakefs_hook import register_store
 

@@ -113,7 +113,7 @@ def _spec(xcom: dict) -> JobSpec:
 def _dataset(spec: JobSpec, xcom: dict) -> dict:
     """A task's dataset XCom, held to the job's spec (:func:`trainyard.pipeline.pinned_dataset`): a user may
     write XComs, and one naming another team's repository would hand its data to this job."""
-    from trainyard.pipeline import pinned_dataset
+    from trainyard.pipeline.data import pinned_dataset
     from trainyard_airflow.hooks.lakefs_hook import register_store
 
     register_store()
@@ -123,7 +123,7 @@ def _dataset(spec: JobSpec, xcom: dict) -> dict:
 def _prepared(spec: JobSpec, dataset: dict) -> dict:
     """The prepared data's manifest as ``prepare_data`` left it in the cache (a cache hit; built again where
     it is missing), not as an XCom says: one could point the training at another run's files."""
-    from trainyard.pipeline import prepare_data
+    from trainyard.pipeline.data import prepare_data
 
     return prepare_data(spec, dataset)
 
@@ -159,7 +159,7 @@ def _linked(task_output: Any) -> Any:
 def _job_spec(spec: dict, trained: dict) -> JobSpec:
     """The JobSpec of what was trained (a sweep's best trial has its own values: ``trial_spec``), once the
     training's result is held to it (:func:`trainyard.pipeline.own_run_files`: a user may write XComs)."""
-    from trainyard.pipeline import own_run_files
+    from trainyard.pipeline.records import own_run_files
 
     job_spec = _spec(trained.get("trial_spec") or spec)
     if job_spec.name != spec["name"]:
@@ -213,8 +213,8 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
 @fail_permanently
 def validate_spec() -> dict:
     """Validate the JobSpec; fails at once, naming every bad field."""
-    from trainyard.pipeline import check_ownership, check_worker
-    from trainyard.pipeline import validate_spec as check
+    from trainyard.pipeline.spec import check_ownership, check_worker
+    from trainyard.pipeline.spec import validate_spec as check
 
     spec = check(_raw_spec(), user=triggering_user(), pipeline_team=TEAM)
     check_worker(spec)
@@ -226,7 +226,7 @@ def validate_spec() -> dict:
 @fail_permanently
 def resolve_dataset(spec: dict) -> dict:
     """Ingest the built-in source if named, and pin the dataset ref to an immutable commit."""
-    from trainyard.pipeline import resolve_dataset as resolve
+    from trainyard.pipeline.data import resolve_dataset as resolve
     from trainyard_airflow.hooks.lakefs_hook import register_store
 
     register_store()
@@ -237,7 +237,7 @@ def resolve_dataset(spec: dict) -> dict:
 @fail_permanently
 def validate_data(spec: dict, dataset: dict) -> dict:
     """great-expectations suite over the pinned commit: bad data stops the run here."""
-    from trainyard.pipeline import validate_data as check
+    from trainyard.pipeline.data import validate_data as check
     from trainyard_airflow.hooks.lakefs_hook import register_store
 
     register_store()
@@ -250,7 +250,7 @@ def validate_data(spec: dict, dataset: dict) -> dict:
 def prepare_data(spec: dict, dataset: dict, _validated: dict) -> dict:
     """Hash-based train/val(/test) split of the pinned commit, written as the recipe's records in LMDB or
     TFRecord (dataset.format), cached by (commit, split settings, recipe variant)."""
-    from trainyard.pipeline import prepare_data as prepare
+    from trainyard.pipeline.data import prepare_data as prepare
     from trainyard_airflow.hooks.lakefs_hook import register_store
 
     register_store()
@@ -274,8 +274,8 @@ def train(spec: dict, dataset: dict, data: dict) -> dict:
     """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
     streamed here; a retry resumes from the newest checkpoint. Holds the job's admission while it runs
     (a heartbeat renews it; released at the end)."""
-    from trainyard.pipeline import run_dir
-    from trainyard.pipeline import train as run
+    from trainyard.pipeline.records import run_dir
+    from trainyard.pipeline.train import train as run
     from trainyard.scheduling.admission.ledger import job_for
     from trainyard.training.usage import wall_seconds
 
@@ -305,7 +305,7 @@ def train(spec: dict, dataset: dict, data: dict) -> dict:
 def plan_sweep(spec: dict) -> list[str]:
     """Open the sweep's Optuna study, or resume it (a sweep of the same name ran before), seeded from
     ``warm_start_from`` when new: one slot per trial this run adds."""
-    from trainyard.pipeline import plan_sweep as plan
+    from trainyard.pipeline.sweep import plan_sweep as plan
 
     return [f"{_run_key()}/slot-{i}" for i in plan(_spec(spec))]
 
@@ -318,7 +318,7 @@ def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
     A retry fails the trial its earlier try left running and trains a new one."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from trainyard.pipeline import train_trial as run
+    from trainyard.pipeline.sweep import train_trial as run
     from trainyard.scheduling.admission.ledger import job_for
     from trainyard.sweeps.study import GridSpent
 
@@ -358,7 +358,7 @@ def close_sweep() -> dict:
     an argument they would fail the task first."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from trainyard.pipeline import close_sweep as close
+    from trainyard.pipeline.sweep import close_sweep as close
 
     ti = get_current_context()["ti"]
     if ti.xcom_pull(task_ids="plan_sweep") is None:
@@ -371,7 +371,7 @@ def close_sweep() -> dict:
 @fail_permanently
 def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
     """MLflow run and run config on the shared volume, for the pods to start from."""
-    from trainyard.pipeline import plan_training
+    from trainyard.pipeline.train import plan_training
 
     job_spec = _spec(spec)
     dataset = _dataset(job_spec, dataset)
@@ -382,7 +382,7 @@ def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
 @fail_permanently
 def collect_kubernetes(spec: dict, plan: dict) -> dict:
     """Read what the pods left on the shared volume (result, GPU time of every try, cost)."""
-    from trainyard.pipeline import collect_training
+    from trainyard.pipeline.train import collect_training
 
     return collect_training(_spec(spec), plan)
 
@@ -405,7 +405,7 @@ def training_result() -> dict:
 def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     """The recipe's metrics on the val split (and the test split, if the spec keeps one), logged to the
     MLflow run; a custom command's are the ones it reported."""
-    from trainyard.pipeline import evaluate as run
+    from trainyard.pipeline.evaluate import evaluate as run
 
     job_spec = _job_spec(spec, trained)
     return run(job_spec, trained, _run_data(job_spec))
@@ -417,7 +417,7 @@ def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
     """Thresholds and champion/challenger rules from the spec; the full result goes to XCom and onto
     the MLflow run (then the model version); a breach fails the run here."""
     from trainyard.evaluation.gate import GateFailed
-    from trainyard.pipeline import gate as check
+    from trainyard.pipeline.evaluate import gate as check
 
     job_spec = _job_spec(spec, trained)
     result = check(job_spec, metrics, _run_data(job_spec), trained)
@@ -434,7 +434,7 @@ def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
     Skipped, with register, for a replay (``replay_of``): it only measures."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from trainyard.pipeline import export_onnx as run
+    from trainyard.pipeline.publish import export_onnx as run
 
     if _spec(spec).replay_of:
         raise AirflowSkipException(f"a replay of {_spec(spec).replay_of} exports and registers nothing")
@@ -448,13 +448,13 @@ def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
 def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict) -> dict:
     """MLflow model version (signature, input example, lineage tags), alias staging; once per run
     (found again by the run key tag on a retry)."""
-    from trainyard.pipeline import register as run
+    from trainyard.pipeline.publish import register as run
     from trainyard.spec import SPEC_DIGEST_TAG, spec_digest
 
     user = triggering_user() or "train_pipeline"
     # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it
     identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
-    from trainyard.pipeline import own_run_files
+    from trainyard.pipeline.records import own_run_files
 
     job_spec = _job_spec(spec, trained)
     lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on

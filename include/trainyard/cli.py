@@ -268,7 +268,7 @@ def cmd_pools(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from trainyard.pipeline import validate_spec
+    from trainyard.pipeline.spec import validate_spec
     from trainyard.spec import load_spec_file
 
     # a check writes nothing: no audit entry, no ledger (SpecError: cli_command reports it)

@@ -239,7 +239,7 @@ def plan_retraining(job: RetrainingJob, events: list[dict[str, Any]]) -> dict[st
     the head of ``dataset.ref`` now; and, in ``skip``, why it need not train at all (else None)."""
     from trainyard.data.stores import open_store
     from trainyard.datasets import check_job_access
-    from trainyard.pipeline import resolve_dataset
+    from trainyard.pipeline.data import resolve_dataset
 
     ds = job.spec.dataset
     named = commit_from_events(events, job)

@@ -13,7 +13,7 @@ from trainyard.errors import cli_command
 def cmd_submit(args) -> int:
     """Validate a JobSpec file here, trigger its team's training DAG with it; with --wait, follow it to its end."""
     from trainyard.airflow_api import api_client, require_login
-    from trainyard.pipeline import validate_spec
+    from trainyard.pipeline.spec import validate_spec
     from trainyard.spec import load_spec_file
     from trainyard.submit import find_training_dag, submit
 

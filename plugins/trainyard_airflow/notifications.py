@@ -166,8 +166,8 @@ class TeamNotifier(BaseNotifier):
         import time
 
         from trainyard import notifications, paths
-        from trainyard.pipeline import team_standing
-        from trainyard.scheduling.budgets import month_of
+        from trainyard.scheduling.admission.ledger import existing_ledger
+        from trainyard.scheduling.budgets import month_of, team_standing
         from trainyard.scheduling.resources import load_resources
 
         _, team = _job_and_team(context)
@@ -175,7 +175,7 @@ class TeamNotifier(BaseNotifier):
         if team not in fleet.teams or fleet.teams[team].monthly_budget is None:
             return None
         month = month_of(time.time())
-        standing = team_standing(fleet, team, month)
+        standing = team_standing(fleet, team, existing_ledger(fleet), month)
         budget = standing.budget or 0.0
         if standing.spent < notifications.BUDGET_WARNING_FRACTION * budget:
             return None

@@ -254,6 +254,14 @@ class TeamMonth:
         return None if self.budget is None else self.budget - self.spent - self.committed
 
 
+def team_standing(fleet: ResourcesConfig, team: str, ledger=None, month: str | None = None) -> TeamMonth:
+    """The team's spend and commitments this month (or ``month``), from this host's run records and, with
+    the admission ``ledger`` (``admission.ledger.existing_ledger``), its jobs in flight."""
+    from trainyard import paths
+
+    return team_months(fleet, month or month_of(time.time()), paths.runs_root(), ledger)[team]
+
+
 def team_months(config: ResourcesConfig, month: str, runs_root: Path, ledger=None) -> dict[str, TeamMonth]:
     """Each team's spend in ``month``; with the admission ``ledger``, the commitments of its jobs in flight."""
     month_spend = month_tries(config, runs_root, month)

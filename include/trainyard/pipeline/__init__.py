@@ -1,0 +1,74 @@
+"""The steps of train_pipeline as plain functions, a module per stage: a validated JobSpec and JSON-able
+records in, JSON-able records out.
+
+=========== ======================================================================================
+stage       steps
+=========== ======================================================================================
+spec        ``validate_spec``, ``check_worker``, ``check_ownership``
+data        ``resolve_dataset``, ``pinned_dataset``, ``validate_data``, ``prepare_data``
+train       ``plan_training``, ``launch_local``, ``collect_training``, ``train``
+sweep       ``plan_sweep``, ``train_trial``, ``close_sweep``
+evaluate    ``evaluate``, ``gate``
+publish     ``export_onnx``, ``register``
+records     ``run_dir``, ``own_run_files``: where a run keeps its files, and a result held to the job
+=========== ======================================================================================
+
+The DAG only wires these together (turning each spec XCom back into a JobSpec once) and imports each
+from its stage's module; tests and the CLI call them directly, also as ``trainyard.pipeline.<step>``.
+Every step reads pinned inputs (a dataset commit, a model file) and writes under a key derived from them,
+so re-running a step never duplicates anything.
+"""
+
+from trainyard.pipeline.data import (
+    DataValidationError,
+    checkout,
+    pinned_dataset,
+    prepare_data,
+    resolve_dataset,
+    validate_data,
+)
+from trainyard.pipeline.evaluate import evaluate, gate
+from trainyard.pipeline.publish import check_custom_onnx, export_onnx, register
+from trainyard.pipeline.records import own_run_files, run_dir
+from trainyard.pipeline.spec import check_ownership, check_worker, validate_spec
+from trainyard.pipeline.sweep import close_sweep, plan_sweep, train_trial
+from trainyard.pipeline.train import (
+    RESULT_FIELDS,
+    built_in_result,
+    collect_training,
+    in_pods,
+    launch_local,
+    plan_training,
+    start_tracking,
+    train,
+)
+
+__all__ = [
+    "RESULT_FIELDS",
+    "DataValidationError",
+    "built_in_result",
+    "check_custom_onnx",
+    "check_ownership",
+    "check_worker",
+    "checkout",
+    "close_sweep",
+    "collect_training",
+    "evaluate",
+    "export_onnx",
+    "gate",
+    "in_pods",
+    "launch_local",
+    "own_run_files",
+    "pinned_dataset",
+    "plan_sweep",
+    "plan_training",
+    "prepare_data",
+    "register",
+    "resolve_dataset",
+    "run_dir",
+    "start_tracking",
+    "train",
+    "train_trial",
+    "validate_data",
+    "validate_spec",
+]

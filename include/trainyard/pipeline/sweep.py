@@ -1,0 +1,103 @@
+"""Stage 3, a sweep's way: the study opened or resumed (:func:`plan_sweep`), a trial per mapped task trained
+like a job of its own (:func:`train_trial`), and the sweep's end, its best trial chosen (:func:`close_sweep`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from trainyard.pipeline.records import run_dir
+from trainyard.pipeline.train import log_validation, train
+from trainyard.spec import JobSpec
+
+if TYPE_CHECKING:
+    import threading
+
+log = logging.getLogger(__name__)
+
+
+def plan_sweep(spec: JobSpec) -> list[int]:
+    """Open (or resume) the sweep's study, seed a new one from ``warm_start_from``: the slots of this run,
+    one mapped training task each."""
+    import time
+
+    from trainyard.sweeps.study import SweepError, ask_lock, fail_left_running, grid_points_left, open_study, warm_start
+
+    assert spec.sweep is not None
+    study = open_study(spec)
+    stale = fail_left_running(study, None, why="its task stopped saying it runs", now=time.time())
+    if stale:
+        log.warning("sweep %s: trials %s were RUNNING with no task left running them: failed", spec.sweep.name, stale)
+    with ask_lock(spec.resources.team, spec.sweep.name):  # two runs of a new study seed it once
+        warm_start(spec, study)
+    trials = spec.sweep.trials
+    if spec.sweep.sampler == "grid":  # a resumed grid sweep trains the points it has not trained yet
+        left = grid_points_left(study, spec.sweep)
+        if left == 0:
+            raise SweepError(
+                f"sweep.name: every point of the grid of sweep {spec.sweep.name!r} has been taken (trained, "
+                "failed twice, or training in another run); resume it with another sampler (random or tpe), "
+                "widen its choices, or name a new sweep"
+            )
+        trials = min(trials, left)
+    log.info(
+        "sweep %s: %d trial(s) in the study so far; this run adds %d, %d at a time",
+        spec.sweep.name,
+        len(study.trials),
+        trials,
+        spec.sweep.parallelism,
+    )
+    return list(range(trials))
+
+
+def train_trial(
+    spec: JobSpec,
+    dataset: dict,
+    data: dict,
+    sweep_run: str,
+    slot: int,
+    on_line: Callable[[str], None] | None = None,
+    devices: list[str] | None = None,
+    stop: threading.Event | None = None,
+    tags: dict[str, str] | None = None,
+    waited_s: float | None = None,
+) -> dict:
+    """One trial of the sweep in ``spec`` on this machine, in slot ``slot`` of the run ``sweep_run``:
+    planned, launched and collected as a job of its own (:func:`trainyard.sweeps.trials.run_trial`), its
+    MLflow run tagged with ``tags`` and the trial's."""
+    from trainyard.sweeps.study import lineage
+    from trainyard.sweeps.trials import Watcher, run_trial
+
+    assert spec.sweep is not None
+    objective = spec.sweep.objective
+
+    def launch(trial_spec: JobSpec, key: str, trial_tags: dict[str, str], watcher: Watcher) -> dict:
+        return train(
+            trial_spec,
+            dataset,
+            data,
+            key,
+            on_line,
+            devices,
+            watcher.halt,
+            tags={**(tags or {}), **trial_tags},
+            waited_s=waited_s,
+            trial_objective=objective,
+            pruned=watcher.settle,
+        )
+
+    return run_trial(spec, sweep_run, slot, launch, lost=stop, of_lineage=lineage(spec, dataset))
+
+
+def close_sweep(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
+    """The sweep run's end: trials left running failed, the best trial on ``dataset`` chosen, the summary
+    logged. The data validation that gated this run (in the sweep run's directory, not the trials') goes
+    onto the best trial's MLflow run, which the model version and its card are made from."""
+    from trainyard.sweeps.study import close
+    from trainyard.tracking import mlflow_tracking as mt
+
+    best = close(spec, dataset, sweep_run)
+    log_validation(mt.client(), best["trained"]["mlflow_run_id"], run_dir(spec, sweep_run))
+    return best
