@@ -30,7 +30,7 @@ from trainyard.errors import PermanentError
 from trainyard.spec import JobSpec
 from trainyard.training import custom
 from trainyard.training.launchers.base import worker_env
-from trainyard.training.launchers.deepspeed import deepspeed_env
+from trainyard.training.launchers.deepspeed import with_accelerator
 from trainyard.training.launchers.horovod import horovodrun_argv
 from trainyard.training.launchers.sandbox import scrubbed_env
 
@@ -116,22 +116,19 @@ def local_command(
     """Argv and environment of one node's workers for ``spec`` on ``host``; ``trial``: a sweep trial's."""
     check_gpus(spec, host.cuda_devices)
     nproc = spec.resources.gpus_per_node
-    if spec.recipe == "custom":  # the user's program sees none of the worker's settings and secrets
-        env = worker_env(nproc, scrubbed_env(host.env), cores=host.cores, slots=host.workers_at_once(spec))
-        hyperparameters = spec.hyperparameters.model_dump(mode="json")
-        return Command(
-            custom_argv(spec, host.python),
-            {**env, **custom.platform_env(data_dir, run_dir, hyperparameters, trial=trial)},
-        )
-    kept = scrubbed_env(host.env, built_in=True)  # the trainer's settings, none of the task's secrets
+    built_in = spec.recipe != "custom"
+    # a built-in trainer keeps its settings, none of the task's secrets; a custom program not even those
+    kept = scrubbed_env(host.env, built_in=built_in)
     env = worker_env(nproc, kept, cores=host.cores, slots=host.workers_at_once(spec))
+    if not built_in:
+        hyperparameters = spec.hyperparameters.model_dump(mode="json")
+        platform = custom.platform_env(data_dir, run_dir, hyperparameters, trial=trial)
+        return Command(custom_argv(spec, host.python), {**env, **platform})
     strategy = spec.distributed.strategy
     if strategy in ("ddp", "deepspeed"):
         argv = torchrun_argv(nproc, config_path, max_restarts=spec.distributed.max_restarts, python=host.python)
         if strategy == "deepspeed":
-            env = deepspeed_env(
-                nproc, kept, cuda=host.cuda_devices > 0, cores=host.cores, slots=host.workers_at_once(spec)
-            )
+            env = with_accelerator(env, cuda=host.cuda_devices > 0)
     elif strategy == "horovod":
         argv = horovodrun_argv(nproc, config_path, python=host.python)
     else:  # the spec's Literal makes this unreachable unless a strategy is added without a launcher

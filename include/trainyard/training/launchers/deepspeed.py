@@ -27,17 +27,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def deepspeed_env(
-    nproc: int, base: Mapping[str, str], *, cuda: bool | None = None, cores: int | None = None, slots: int = 0
-) -> dict:
-    """The workers' environment: :func:`worker_env` (threads per worker), plus ``DS_ACCELERATOR=cpu``
-    when there is no CUDA GPU (an explicit DS_ACCELERATOR in ``base`` wins). ``cuda``/``cores`` default
-    to this machine's."""
-    env = worker_env(nproc, base, cores=this_host_cores() if cores is None else cores, slots=slots)
+def with_accelerator(env: dict[str, str], cuda: bool | None = None) -> dict[str, str]:
+    """``env`` with ``DS_ACCELERATOR=cpu`` where there is no CUDA GPU (an explicit DS_ACCELERATOR in it
+    wins); ``cuda`` defaults to this machine's."""
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
-    if not cuda:
-        env.setdefault("DS_ACCELERATOR", "cpu")
-    return env
+    return env if cuda else {"DS_ACCELERATOR": "cpu", **env}
+
+
+def deepspeed_env(
+    nproc: int, base: Mapping[str, str], *, cuda: bool | None = None, cores: int | None = None, slots: int = 0
+) -> dict:
+    """The workers' environment: :func:`worker_env` (threads per worker), :func:`with_accelerator`.
+    ``cuda``/``cores`` default to this machine's."""
+    return with_accelerator(
+        worker_env(nproc, base, cores=this_host_cores() if cores is None else cores, slots=slots), cuda
+    )
