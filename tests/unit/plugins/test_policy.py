@@ -57,10 +57,10 @@ def _pod(**changes):
     """A pod as trainyard builds it for a default-team job, with ``changes`` made after (another policy, a
     hand-built operator)."""
     from trainyard.spec import parse_spec
-    from trainyard.training.launchers.kubernetes import build_pod
+    from trainyard.training.launchers.kubernetes import PodRequest, build_pod
 
     spec = parse_spec({"backends": {"launcher": "kubernetes"}, "resources": {"gpus_per_node": 1}})
-    pod = build_pod(spec, "train_pipeline/manual__1", "/var/trainyard/runs/digits/r/run_config.json")
+    pod = build_pod(PodRequest(spec, "train_pipeline/manual__1", "/var/trainyard/runs/digits/r/run_config.json"))
     for path, value in changes.items():
         target = pod
         *parents, name = path.split(".")

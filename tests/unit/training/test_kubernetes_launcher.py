@@ -113,7 +113,7 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     gpu_over, gpu_name, gpu_selector = GPU_TYPES[gpu]
     strat_over, launcher_kind = STRATEGIES[strategy]
     spec = spec_for(gpu_over, strat_over, {"resources": {"nodes": nodes}})
-    job = K.build_job(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR)
+    job = K.build_job(K.PodRequest(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR))
     name = K.job_name(spec, RUN_KEY)
     labels = K.run_labels(spec, RUN_KEY)
 
@@ -207,14 +207,14 @@ def test_job_for_every_combination(nodes, strategy, gpu):
 @pytest.mark.parametrize("nodes, strategy, gpu", GRID)
 def test_every_manifest_is_valid_kubernetes(nodes, strategy, gpu, version):
     spec = spec_for(GPU_TYPES[gpu][0], STRATEGIES[strategy][0], {"resources": {"nodes": nodes}})
-    manifests = K.manifests(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR)
+    manifests = K.manifests(K.PodRequest(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR))
     assert [m["kind"] for m in manifests] == ["Service", "Job"]
     for manifest in manifests:
         kubernetes_validate.validate(manifest, version, strict=True)
 
 
 def test_the_validator_would_catch_a_mistake():
-    job = K.manifests(spec_for(), RUN_KEY, CONFIG)[1]
+    job = K.manifests(K.PodRequest(spec_for(), RUN_KEY, CONFIG))[1]
     job["spec"]["template"]["spec"]["containers"][0]["gpus"] = 2  # not a field
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(job, "1.33", strict=True)
@@ -303,7 +303,7 @@ def test_gpu_resource(name, overrides, expected):
 )
 def test_errors_name_the_field(name, overrides, field):
     with pytest.raises(SpecError, match=re.escape(field)):
-        K.build_job(spec_for(overrides), RUN_KEY, CONFIG, data_dir=DATA_DIR)
+        K.build_job(K.PodRequest(spec_for(overrides), RUN_KEY, CONFIG, data_dir=DATA_DIR))
 
 
 @pytest.mark.parametrize(
@@ -314,13 +314,13 @@ def test_cpu_and_memory_scale_with_gpus(cpu, memory, gpus, expected):
     spec = spec_for(
         {"resources": {"gpus_per_node": gpus}, "kubernetes": {"cpu_per_gpu": cpu, "memory_per_gpu": memory}}
     )
-    limits = K.build_job(spec, RUN_KEY, CONFIG).spec.template.spec.containers[0].resources.limits
+    limits = K.build_job(K.PodRequest(spec, RUN_KEY, CONFIG)).spec.template.spec.containers[0].resources.limits
     assert (limits["cpu"], limits["memory"]) == expected
 
 
 def test_single_node_pod():
     spec = spec_for({"resources": {"gpu_type": "a100-80gb", "gpus_per_node": 4}})
-    pod = K.build_pod(spec, RUN_KEY, CONFIG, attempt=2)
+    pod = K.build_pod(K.PodRequest(spec, RUN_KEY, CONFIG, attempt=2))
     assert pod.metadata.name == K.job_name(spec, RUN_KEY, attempt=2)
     assert pod.spec.subdomain is None and pod.spec.restart_policy == "Never"
     assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "4"
@@ -328,12 +328,12 @@ def test_single_node_pod():
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(k8s.ApiClient().sanitize_for_serialization(pod), version, strict=True)
     with pytest.raises(SpecError, match="resources.nodes"):
-        K.build_pod(spec_for({"resources": {"nodes": 2}}), RUN_KEY, CONFIG)
+        K.build_pod(K.PodRequest(spec_for({"resources": {"nodes": 2}}), RUN_KEY, CONFIG))
 
 
 def test_custom_data_dir_and_attempts_get_their_own_names():
     spec = spec_for(STRATEGIES["custom"][0], {"resources": {"nodes": 2}})
-    job = K.build_job(spec, RUN_KEY, CONFIG, attempt=2, data_dir="/var/trainyard/cache/prepared/abc")
+    job = K.build_job(K.PodRequest(spec, RUN_KEY, CONFIG, attempt=2, data_dir="/var/trainyard/cache/prepared/abc"))
     env = _env(job.spec.template.spec.containers[0])
     assert env["TRAINYARD_DATA_DIR"] == "/var/trainyard/cache/prepared/abc"
     assert env["MASTER_ADDR"].startswith(K.job_name(spec, RUN_KEY, attempt=2) + "-0.")
@@ -342,7 +342,7 @@ def test_custom_data_dir_and_attempts_get_their_own_names():
 
 def test_custom_needs_the_data_dir():
     with pytest.raises(ValueError, match="data_dir"):
-        K.build_job(spec_for(STRATEGIES["custom"][0]), RUN_KEY, CONFIG)
+        K.build_job(K.PodRequest(spec_for(STRATEGIES["custom"][0]), RUN_KEY, CONFIG))
 
 
 # -- the launcher seam's Kubernetes implementation: plan on a real shared-volume layout, collect ----------
@@ -527,7 +527,7 @@ def test_the_pods_stop_at_what_max_hours_has_left(worker_home):
 
     home, config = worker_home
     spec = spec_for({"resources": {"max_hours": 2}})
-    assert K.build_pod(spec, RUN_KEY, CONFIG).spec.active_deadline_seconds == 7200
+    assert K.build_pod(K.PodRequest(spec, RUN_KEY, CONFIG)).spec.active_deadline_seconds == 7200
     cfg, config_path = config(spec)
     launcher = K.KubernetesLauncher(RUN_KEY, 2, home)
     # a failed try
@@ -559,7 +559,7 @@ def test_with_kueue_trainings_queue_suspended_in_the_team_s_namespace():
         {"kubernetes": {"namespace": "trainyard-vision", "priority_class": None}},  # derived from the priority
     )
     check_spec(spec, fleet)
-    job = K.build_job(spec, RUN_KEY, CONFIG, resources=fleet)
+    job = K.build_job(K.PodRequest(spec, RUN_KEY, CONFIG, resources=fleet))
     assert job.spec.suspend is True
     assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "trainyard"
     assert job.metadata.labels["kueue.x-k8s.io/priority-class"] == "trainyard-high"
@@ -567,7 +567,7 @@ def test_with_kueue_trainings_queue_suspended_in_the_team_s_namespace():
     single = spec_for(
         {"resources": {"team": "vision", "gpu_type": "a100-80gb"}}, {"kubernetes": {"namespace": "trainyard-vision"}}
     )
-    pod = K.build_pod(single, RUN_KEY, CONFIG, resources=fleet)
+    pod = K.build_pod(K.PodRequest(single, RUN_KEY, CONFIG, resources=fleet))
     assert pod.metadata.labels["kueue.x-k8s.io/queue-name"] == "trainyard"
     api = k8s.ApiClient()
     for obj in (job, pod):
@@ -589,7 +589,9 @@ def test_with_kueue_trainings_queue_suspended_in_the_team_s_namespace():
 
 
 def test_without_kueue_nothing_is_suspended_or_labelled():
-    job = K.build_job(spec_for({"resources": {"nodes": 2}}, {"kubernetes": {"priority_class": None}}), RUN_KEY, CONFIG)
+    job = K.build_job(
+        K.PodRequest(spec_for({"resources": {"nodes": 2}}, {"kubernetes": {"priority_class": None}}), RUN_KEY, CONFIG)
+    )
     assert job.spec.suspend is None and "kueue.x-k8s.io/queue-name" not in job.metadata.labels
     assert job.spec.template.spec.priority_class_name is None  # no PriorityClass the cluster may not have
 

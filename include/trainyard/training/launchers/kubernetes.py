@@ -356,20 +356,32 @@ def run_mounts(config_path: str, data_dir: str | None = None, inputs: Iterable[s
     return mounts
 
 
-def pod_template(
-    spec: JobSpec,
-    run_key: str,
-    config_path: str,
-    *,
-    attempt: int = 1,
-    resources: ResourcesConfig | None = None,
-    data_dir: str | None = None,
-    inputs: Iterable[str] = (),
-) -> k8s.V1PodTemplateSpec:
+@dataclass(frozen=True)
+class PodRequest:
+    """What one try's pods are built from: the job, its run (``run_key``, ``attempt``), the run config and
+    the prepared data as the pods see them (``config_path``, ``data_dir``; ``inputs``: a recipe's input
+    files), and the fleet (``resources``; default: resources.yaml in force, read once per request)."""
+
+    spec: JobSpec
+    run_key: str
+    config_path: str
+    attempt: int = 1
+    resources: ResourcesConfig | None = None
+    data_dir: str | None = None
+    inputs: tuple[str, ...] = ()
+
+    def fleet(self) -> ResourcesConfig:
+        return self.resources or resources_in_force()
+
+    def name(self) -> str:
+        return job_name(self.spec, self.run_key, attempt=self.attempt)
+
+
+def pod_template(request: PodRequest, config: ResourcesConfig) -> k8s.V1PodTemplateSpec:
     """One node of the job: the trainer container with its run's part of the data PVC (:func:`run_mounts`;
     ``inputs``: a recipe's input files, pod paths) and a RAM-backed /dev/shm."""
+    spec, run_key, config_path, attempt = request.spec, request.run_key, request.config_path, request.attempt
     k = spec.kubernetes
-    config = resources or resources_in_force()  # read once for the node selector and the priority class
     ports = [k8s.V1ContainerPort(name="rendezvous", container_port=RDZV_PORT)]
     if spec.recipe != "custom" and spec.distributed.strategy == "horovod":
         ports.append(k8s.V1ContainerPort(name="hvd-rendezvous", container_port=HOROVOD_RDZV_PORT))
@@ -378,11 +390,11 @@ def pod_template(
         image=(spec.custom.image if spec.custom and spec.custom.image else None) or k.image,
         image_pull_policy=k.image_pull_policy,
         command=worker_command(spec, run_key, config_path, attempt=attempt),
-        env=_env(spec, run_key, config_path, attempt, data_dir),
+        env=_env(spec, run_key, config_path, attempt, request.data_dir),
         ports=ports,
         resources=_resources(spec),
         volume_mounts=[
-            *run_mounts(config_path, data_dir, inputs),
+            *run_mounts(config_path, request.data_dir, request.inputs),
             k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
         ],
     )
@@ -397,7 +409,7 @@ def pod_template(
         restart_policy="Never",
         # resources.max_hours; the launcher's plan lowers it to what the run's earlier tries left
         active_deadline_seconds=max(1, int(spec.resources.max_hours * 3600)),
-        subdomain=job_name(spec, run_key, attempt=attempt),
+        subdomain=request.name(),
         service_account_name=k.service_account,
         priority_class_name=k.priority_class or _queued_priority_class(spec, config),
         node_selector=node_selector(spec, config) or None,
@@ -431,27 +443,18 @@ def build_service(spec: JobSpec, run_key: str, *, attempt: int = 1) -> k8s.V1Ser
     )
 
 
-def build_job(
-    spec: JobSpec,
-    run_key: str,
-    config_path: str,
-    *,
-    attempt: int = 1,
-    resources: ResourcesConfig | None = None,
-    data_dir: str | None = None,
-    inputs: Iterable[str] = (),
-) -> k8s.V1Job:
+def build_job(request: PodRequest) -> k8s.V1Job:
     """An Indexed Job, one pod per node, all started together, never retried by the cluster; suspended and
     labelled with the team's queue when Kueue admits the trainings."""
-    resources = resources or resources_in_force()  # read once for the labels and the pod template
+    spec, resources = request.spec, request.fleet()  # read once for the labels and the pod template
     queued = queue_labels(spec, resources)
     return k8s.V1Job(
         api_version="batch/v1",
         kind="Job",
         metadata=k8s.V1ObjectMeta(
-            name=job_name(spec, run_key, attempt=attempt),
+            name=request.name(),
             namespace=spec.kubernetes.namespace,
-            labels={**run_labels(spec, run_key), **queued},
+            labels={**run_labels(spec, request.run_key), **queued},
         ),
         spec=k8s.V1JobSpec(
             suspend=True if queued else None,  # Kueue unsuspends it once the team's queue admits it
@@ -460,36 +463,24 @@ def build_job(
             parallelism=spec.resources.nodes,
             backoff_limit=0,  # retries are Airflow's: one place decides, and a retry resumes from a checkpoint
             ttl_seconds_after_finished=JOB_TTL_S,
-            template=pod_template(
-                spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir, inputs=inputs
-            ),
+            template=pod_template(request, resources),
         ),
     )
 
 
-def build_pod(
-    spec: JobSpec,
-    run_key: str,
-    config_path: str,
-    *,
-    attempt: int = 1,
-    resources: ResourcesConfig | None = None,
-    data_dir: str | None = None,
-    inputs: Iterable[str] = (),
-) -> k8s.V1Pod:
+def build_pod(request: PodRequest) -> k8s.V1Pod:
     """A single-node job as a bare Pod (no Job, no Service), for KubernetesPodOperator."""
+    spec = request.spec
     if spec.resources.nodes != 1:
         raise _bad("resources.nodes", f"a single pod runs one node; {spec.resources.nodes} nodes need build_job")
-    resources = resources or resources_in_force()  # read once for the labels and the pod template
-    template = pod_template(
-        spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir, inputs=inputs
-    )
+    resources = request.fleet()  # read once for the labels and the pod template
+    template = pod_template(request, resources)
     template.spec.subdomain = None
     return k8s.V1Pod(
         api_version="v1",
         kind="Pod",
         metadata=k8s.V1ObjectMeta(
-            name=job_name(spec, run_key, attempt=attempt),
+            name=request.name(),
             namespace=spec.kubernetes.namespace,
             # Kueue's pod integration gates a labelled pod until its queue admits it
             labels={**template.metadata.labels, **queue_labels(spec, resources)},
@@ -498,23 +489,11 @@ def build_pod(
     )
 
 
-def manifests(
-    spec: JobSpec,
-    run_key: str,
-    config_path: str,
-    *,
-    attempt: int = 1,
-    resources: ResourcesConfig | None = None,
-    data_dir: str | None = None,
-) -> list[dict]:
+def manifests(request: PodRequest) -> list[dict]:
     """The Service and the Job as plain dicts, in the order they are applied."""
     api = k8s.ApiClient()
-    return [
-        api.sanitize_for_serialization(build_service(spec, run_key, attempt=attempt)),
-        api.sanitize_for_serialization(
-            build_job(spec, run_key, config_path, attempt=attempt, resources=resources, data_dir=data_dir)
-        ),
-    ]
+    service = build_service(request.spec, request.run_key, attempt=request.attempt)
+    return [api.sanitize_for_serialization(service), api.sanitize_for_serialization(build_job(request))]
 
 
 # -- the launcher seam's Kubernetes implementation ------------------------------------------------------------
@@ -615,20 +594,11 @@ class KubernetesLauncher(Launcher):
         config = in_pod(pod_config, self.home)
         data_dir = in_pod(data["path"], self.home)
         inputs = [in_pod(p, self.home) for p in recipes.worker_inputs(spec)]
-        attempt, resources = self.attempt, self.resources
+        request = PodRequest(spec, self.run_key, config, self.attempt, self.resources, data_dir, tuple(inputs))
         if spec.resources.nodes == 1:
-            objects: Any = (
-                build_pod(
-                    spec, self.run_key, config, attempt=attempt, resources=resources, data_dir=data_dir, inputs=inputs
-                ),
-            )
+            objects: Any = (build_pod(request),)
         else:
-            objects = (
-                build_service(spec, self.run_key, attempt=attempt),
-                build_job(
-                    spec, self.run_key, config, attempt=attempt, resources=resources, data_dir=data_dir, inputs=inputs
-                ),
-            )
+            objects = (build_service(spec, self.run_key, attempt=self.attempt), build_job(request))
         deadline = max(1, int(time_left(spec, run_dir)))  # the pods stop at what max_hours has left
         for obj in objects:
             if isinstance(obj, k8s.V1Pod):
