@@ -158,15 +158,20 @@ class Airflow:
                 )
         self.wait(lambda: requests.get(f"{self.url}/api/v2/monitor/health", timeout=5).ok, 600, "API server")
 
-    def stop(self):
+    def stop(self, wait_s: float = 10):
+        """SIGTERM to every component's process group; what is still there after ``wait_s`` in all (a
+        throwaway installation: nothing to wait for) gets SIGKILL."""
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
         for p in self.procs:
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
     def logs(self) -> str:
         return "\n".join(f"--- {f.name}\n" + f.read_text()[-3000:] for f in sorted(self.home.glob("*.log")))

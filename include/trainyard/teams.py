@@ -230,6 +230,51 @@ def kubernetes_problems(
     return problems
 
 
+def pod_team(pod) -> str | None:
+    """The team label of a pod (a ``kubernetes`` client V1Pod); None: not trainyard's pod."""
+    from trainyard.scheduling.cluster import TEAM_LABEL
+
+    return ((pod.metadata and pod.metadata.labels) or {}).get(TEAM_LABEL)
+
+
+def pod_problems(pod, config: ResourcesConfig) -> list[str]:
+    """What the policy of the team a pod is labelled for (:func:`pod_team`) does not allow of the pod as it
+    will be created: its namespace, service account, images and priority class (after every mutation; the
+    environment is the JobSpec's check, as the platform's own variables are in the pod too)."""
+    from trainyard.scheduling import cluster
+
+    label = pod_team(pod)
+    teams = [t for t in config.teams if cluster.label_value(t) == label]
+    if len(teams) != 1:
+        found = "is no team" if not teams else f"matches several teams {teams}"
+        return [f"metadata.labels: {cluster.TEAM_LABEL}={label!r} {found} of resources.yaml ({sorted(config.teams)})"]
+    from kubernetes.client import V1PodSpec
+
+    spec = pod.spec or V1PodSpec(containers=[])
+    containers = [*(spec.init_containers or []), *(spec.containers or [])]
+    # the classes `trainyard cluster manifests` creates are named for the priority_classes entries
+    named = {cluster.priority_class_name(n): n for n in config.priority_classes}
+    return kubernetes_problems(
+        config,
+        teams[0],
+        namespace=pod.metadata.namespace or "default",
+        service_account=spec.service_account_name or spec.service_account,  # the API copies the old field over
+        images=[(f"containers.{c.name}.image", c.image or "") for c in containers],
+        env_names=[],
+        priority_class=named.get(spec.priority_class_name, spec.priority_class_name),
+    )
+
+
+def check_pod(pod, config: ResourcesConfig) -> None:
+    """SpecError naming what a team's pod may not have (:func:`pod_problems`); a pod of no team passes
+    unread: it is not trainyard's. The one check of the pod hook and of the training operators."""
+    if pod_team(pod) is None:
+        return
+    problems = pod_problems(pod, config)
+    if problems:
+        raise SpecError(spec_error_message(problems))
+
+
 def check_policy(spec: JobSpec, config: ResourcesConfig) -> None:
     """SpecError naming every field of ``spec`` that its team's policy does not allow."""
     problems = policy_problems(spec, config)

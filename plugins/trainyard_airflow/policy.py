@@ -60,16 +60,12 @@ def pod_mutation_hook(pod) -> None:
     after building theirs, and check the pod once more after every policy has run): a pod labelled for a
     team must keep to that team's policy, whoever built it; what it may not have is named (SpecError: the
     task fails, without a retry)."""
-    from trainyard.errors import spec_error_message
     from trainyard.scheduling.resources import resources_in_force
-    from trainyard.spec import SpecError
-    from trainyard.training.launchers.kubernetes import pod_policy_problems, team_label
+    from trainyard.teams import check_pod, pod_team
 
-    if team_label(pod) is None:  # not trainyard's pod: nothing of resources.yaml is read for it
+    if pod_team(pod) is None:  # not trainyard's pod: nothing of resources.yaml is read for it
         return
-    problems = pod_policy_problems(pod, resources_in_force())  # a typo in the file fails no pod: the last good
-    if problems:
-        raise SpecError(spec_error_message(problems))
+    check_pod(pod, resources_in_force())  # a typo in the file fails no pod: the last good one holds
 
 
 def training_queue() -> str | None:

@@ -23,6 +23,8 @@ its GPU quota of the type x the slices of that profile per GPU.
 
 from __future__ import annotations
 
+import re
+
 from trainyard.scheduling.resources import ResourcesConfig, max_reach, team_namespace, unassigned
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -31,7 +33,15 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GPU = "nvidia.com/gpu"
 COHORT = "trainyard"
 LOCAL_QUEUE = "trainyard"
-TEAM_LABEL = "trainyard.io/team"
+TEAM_LABEL = "trainyard.io/team"  # on a team's namespace and on every pod of its jobs
+
+
+def label_value(text: str) -> str:
+    """``text`` as a Kubernetes label value: lower case, starting and ending alphanumeric, at most 63
+    characters (trainyard's names allow a trailing '.', '-' or '_')."""
+    return re.sub(r"^[^a-z0-9]+|[^a-z0-9]+$", "", text.lower())[:63]
+
+
 CPU_TYPE = "cpu"  # the local CPU workers: no GPU to queue for
 
 

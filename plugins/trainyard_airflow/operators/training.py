@@ -66,11 +66,10 @@ def _mutate(pod: k8s.V1Pod) -> k8s.V1Pod:
     from airflow.settings import pod_mutation_hook
 
     from trainyard.scheduling.resources import resources_in_force
+    from trainyard.teams import check_pod
 
     pod_mutation_hook(pod)
-    problems = launcher.pod_policy_problems(pod, resources_in_force())
-    if problems:
-        raise SpecError(spec_error_message(problems))
+    check_pod(pod, resources_in_force())
     return pod
 
 

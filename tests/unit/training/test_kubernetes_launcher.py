@@ -552,6 +552,7 @@ scheduling: {kueue: true}
 
 def test_with_kueue_trainings_queue_suspended_in_the_team_s_namespace():
     from trainyard.scheduling.resources import check_spec, parse_resources
+    from trainyard.teams import pod_problems
 
     fleet = parse_resources(KUEUE_FLEET)
     spec = spec_for(
@@ -577,7 +578,7 @@ def test_with_kueue_trainings_queue_suspended_in_the_team_s_namespace():
     template = k8s.V1Pod(metadata=job.spec.template.metadata, spec=job.spec.template.spec)
     template.metadata.namespace = job.metadata.namespace
     for built in (pod, template):
-        assert [p.split(":")[0] for p in K.pod_policy_problems(built, fleet)] == ["kubernetes.service_account"]
+        assert [p.split(":")[0] for p in pod_problems(built, fleet)] == ["kubernetes.service_account"]
     elsewhere = spec_for(
         {"resources": {"team": "vision", "gpu_type": "a100-80gb"}}, {"kubernetes": {"namespace": "ml"}}
     )

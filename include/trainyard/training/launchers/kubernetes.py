@@ -55,9 +55,9 @@ from kubernetes import client as k8s
 
 from trainyard import recipes
 from trainyard.errors import PermanentError, spec_error_message
+from trainyard.scheduling.cluster import TEAM_LABEL, label_value
 from trainyard.scheduling.resources import ResourcesConfig, resources_in_force
 from trainyard.spec import JobSpec, SpecError
-from trainyard.teams import kubernetes_problems
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher, time_left
 from trainyard.training.run_config import RunConfig, work_dir
@@ -94,11 +94,6 @@ def _bad(field: str, msg: str) -> SpecError:
     return SpecError(spec_error_message([f"{field}: {msg}"]))
 
 
-def _label_value(text: str) -> str:
-    """Label values must start and end alphanumeric; NAME_RE allows a trailing '.', '-' or '_'."""
-    return re.sub(r"^[^a-z0-9]+|[^a-z0-9]+$", "", text.lower())[:63]
-
-
 def run_hash(run_key: str) -> str:
     """A label-safe, stable id for a run key (an Airflow run id holds ':' and '+', labels may not)."""
     return hashlib.sha256(run_key.encode()).hexdigest()[:16]
@@ -119,49 +114,15 @@ def job_name(spec: JobSpec, run_key: str, *, attempt: int = 1) -> str:
     return slug[: NAME_MAX - len(tail)].rstrip("-") + tail
 
 
-TEAM_LABEL = "trainyard.io/team"
-
-
 def run_labels(spec: JobSpec, run_key: str) -> dict[str, str]:
     """The identity of a run's objects: the Service selects by these, the operator finds by these."""
     return {
         "app.kubernetes.io/name": "trainyard",
-        "trainyard.io/job": _label_value(spec.name),
+        "trainyard.io/job": label_value(spec.name),
         "trainyard.io/run": run_hash(run_key),
-        TEAM_LABEL: _label_value(spec.resources.team),
-        "trainyard.io/gpu-type": _label_value(spec.resources.gpu_type),
+        TEAM_LABEL: label_value(spec.resources.team),
+        "trainyard.io/gpu-type": label_value(spec.resources.gpu_type),
     }
-
-
-def pod_policy_problems(pod: k8s.V1Pod, config: ResourcesConfig) -> list[str]:
-    """What the policy of the team a pod is labelled for does not allow of the pod as it will be created:
-    its namespace, service account, images and priority class (the cluster policy's check, after every
-    mutation; the environment is the JobSpec's check, as the platform's own variables are in the pod too).
-    Call it for pods with a :func:`team_label` only."""
-    from trainyard.scheduling import cluster
-
-    teams = [t for t in config.teams if _label_value(t) == team_label(pod)]
-    if len(teams) != 1:
-        found = "is no team" if not teams else f"matches several teams {teams}"
-        return [f"metadata.labels: {TEAM_LABEL}={team_label(pod)!r} {found} of resources.yaml ({sorted(config.teams)})"]
-    spec = pod.spec or k8s.V1PodSpec(containers=[])
-    containers = [*(spec.init_containers or []), *(spec.containers or [])]
-    # the classes `trainyard cluster manifests` creates are named for the priority_classes entries
-    named = {cluster.priority_class_name(n): n for n in config.priority_classes}
-    return kubernetes_problems(
-        config,
-        teams[0],
-        namespace=pod.metadata.namespace or "default",
-        service_account=spec.service_account_name or spec.service_account,  # the API copies the old field over
-        images=[(f"containers.{c.name}.image", c.image or "") for c in containers],
-        env_names=[],
-        priority_class=named.get(spec.priority_class_name, spec.priority_class_name),
-    )
-
-
-def team_label(pod: k8s.V1Pod) -> str | None:
-    """The team a pod is labelled for (None: not trainyard's pod)."""
-    return ((pod.metadata and pod.metadata.labels) or {}).get(TEAM_LABEL)
 
 
 def queue_labels(spec: JobSpec, resources: ResourcesConfig | None = None) -> dict[str, str]:
