@@ -31,7 +31,7 @@ metric signatures as tags), metrics and curves in MLflow and TensorBoard, the fi
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Param, dag, get_current_context, task, task_group
 
@@ -48,6 +48,9 @@ from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 from trainyard_airflow.policy import training_priority
 from trainyard_airflow.team_dags import bundle_team, makes_dags
+
+if TYPE_CHECKING:
+    from trainyard.pipeline.records import PinnedDataset
 
 # In Airflow's multi-team mode this file is read in every team's bundle and makes that team's own
 # train_pipeline.<team> there, for its jobs only; in the shared bundle it makes nothing (team_dags).
@@ -110,7 +113,7 @@ def _spec(xcom: dict) -> JobSpec:
     return spec
 
 
-def _dataset(spec: JobSpec, xcom: dict) -> dict:
+def _dataset(spec: JobSpec, xcom: dict) -> PinnedDataset:
     """A task's dataset XCom, held to the job's spec (:func:`trainyard.pipeline.pinned_dataset`): a user may
     write XComs, and one naming another team's repository would hand its data to this job."""
     from trainyard.pipeline.data import pinned_dataset
@@ -120,7 +123,7 @@ def _dataset(spec: JobSpec, xcom: dict) -> dict:
     return pinned_dataset(spec, xcom)
 
 
-def _prepared(spec: JobSpec, dataset: dict) -> dict:
+def _prepared(spec: JobSpec, dataset: PinnedDataset) -> dict:
     """The prepared data's manifest as ``prepare_data`` left it in the cache (a cache hit; built again where
     it is missing), not as an XCom says: one could point the training at another run's files."""
     from trainyard.pipeline.data import prepare_data
@@ -230,7 +233,7 @@ def resolve_dataset(spec: dict) -> dict:
     from trainyard_airflow.hooks.lakefs_hook import register_store
 
     register_store()
-    return resolve(_spec(spec))
+    return resolve(_spec(spec)).model_dump()  # the record as JSON only here, at the XCom
 
 
 @task
@@ -280,15 +283,15 @@ def train(spec: dict, dataset: dict, data: dict) -> dict:
     from trainyard.training.usage import wall_seconds
 
     job_spec = _spec(spec)
-    dataset = _dataset(job_spec, dataset)
-    data = _prepared(job_spec, dataset)
+    pinned = _dataset(job_spec, dataset)
+    data = _prepared(job_spec, pinned)
     job = job_for(job_spec.resources, _run_key(), triggering_user())
     return _while_admitted(
         job,
         job_spec,
         lambda lease: run(
             job_spec,
-            dataset,
+            pinned,
             data,
             _run_key(),
             devices=lease.devices,
@@ -324,8 +327,8 @@ def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
 
     job_spec = _spec(spec)
     assert job_spec.sweep is not None
-    dataset = _dataset(job_spec, dataset)
-    data = _prepared(job_spec, dataset)
+    pinned = _dataset(job_spec, dataset)
+    data = _prepared(job_spec, pinned)
     job = job_for(job_spec.resources, slot, triggering_user(), _run_key(), job_spec.sweep.parallelism)
     number = int(slot.rsplit("-", 1)[1])
     try:
@@ -334,7 +337,7 @@ def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
             job_spec,
             lambda lease: run(
                 job_spec,
-                dataset,
+                pinned,
                 data,
                 _run_key(),
                 number,
@@ -374,8 +377,8 @@ def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
     from trainyard.pipeline.train import plan_training
 
     job_spec = _spec(spec)
-    dataset = _dataset(job_spec, dataset)
-    return plan_training(job_spec, dataset, _prepared(job_spec, dataset), _run_key(), tags=_run_tags())
+    pinned = _dataset(job_spec, dataset)
+    return plan_training(job_spec, pinned, _prepared(job_spec, pinned), _run_key(), tags=_run_tags())
 
 
 @task(**AT_TRAINING_END)

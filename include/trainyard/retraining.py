@@ -244,7 +244,7 @@ def plan_retraining(job: RetrainingJob, events: list[dict[str, Any]]) -> dict[st
     ds = job.spec.dataset
     named = commit_from_events(events, job)
     if named is None:  # the head now (a built-in source is ingested first, as a training run would)
-        commit = resolve_dataset(job.spec)["commit"]
+        commit = resolve_dataset(job.spec).commit
     else:
         store = open_store(ds.store)
         check_job_access(store, job.spec)  # a repository of the job's team, or public, as for a training

@@ -59,7 +59,7 @@ def test_histograms_and_throughput_reach_tensorboard_and_mlflow(trainyard_home):
         assert png.format == "PNG" and png.size[1] > 600  # a panel per curve
     page = (report / "report.html").read_text()
     run = c.get_run(trained["mlflow_run_id"])
-    assert dataset["commit"] in page and run.data.tags["code_version"] in page
+    assert dataset.commit in page and run.data.tags["code_version"] in page
     assert f"{run.data.metrics['val_accuracy']:.6g}" in page and f"{run.data.metrics['run_cost']:.6g}" in page
     assert f"Gate {'passed' if verdict['passed'] else 'FAILED'}" in page and "<td>val_accuracy</td>" in page
     assert {"report/report.html", "report/curves.png"} <= {

@@ -152,12 +152,13 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     # A retry of register for the same DAG run creates no second version.
     x = xcoms(dr)
     spec = JobSpec.model_validate(x["validate_spec"])  # the XCom is JSON; the steps take the model
-    again = pipeline.register(spec, x["resolve_dataset"], x["train"], x["export_onnx"], x["evaluate"], run_key)
+    pinned = pipeline.pinned_dataset(spec, x["resolve_dataset"])  # the XCom, as the DAG's tasks read it
+    again = pipeline.register(spec, pinned, x["train"], x["export_onnx"], x["evaluate"], run_key)
     assert again == {**again, "version": int(mv.version), "created": False}
     assert len(c.search_model_versions("name = 'digits'")) == 1
 
     # prepare_data is cached by (commit, split settings).
-    assert pipeline.prepare_data(spec, x["resolve_dataset"])["cached"] is True
+    assert pipeline.prepare_data(spec, pinned)["cached"] is True
 
     # The cost is of the GPU time the launcher recorded for every try (one here).
     assert x["train"]["tries"] == 1 and x["train"]["gpu_seconds"] > 0

@@ -228,6 +228,7 @@ def test_a_kubernetes_replay_is_checked_in_its_pods_against_the_versions_trainer
     """Planning a replay of a version for Kubernetes: the worker's own packages are not compared (the
     pods train in their image); the run config hands the pods the set the version's trainer had."""
     from trainyard import paths, pipeline
+    from trainyard.pipeline.records import PinnedDataset
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training.run_config import RunConfig
 
@@ -238,7 +239,7 @@ def test_a_kubernetes_replay_is_checked_in_its_pods_against_the_versions_trainer
     image = ["numpy==2.0.0", "torch==2.13.0", "trainyard==9"]
     c.log_text(run_id, "\n".join(image) + "\n", environment.TRAINER_ARTIFACT)
     spec = parse_spec({"name": "pets", "replay_of": "pets:1", "backends": {"launcher": "kubernetes"}})
-    dataset = {"store": "local", "repo": "pets", "commit": "c" * 64, "digest": "d" * 64}
+    dataset = PinnedDataset(store="local", repo="pets", ref="main", commit="c" * 64, digest="d" * 64, files=1)
     plan = pipeline.plan_training(spec, dataset, {"path": str(trainyard_home)}, "train_pipeline/replay-k8s")
     assert RunConfig.load(plan["config_path"]).replay_dependencies == image
     assert replay.DIFFERENCES_TAG not in c.get_run(plan["mlflow_run_id"]).data.tags  # the pods say, at collect

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainyard import paths
 from trainyard.errors import PermanentError
-from trainyard.pipeline.records import run_dir
+from trainyard.pipeline.records import PinnedDataset, run_dir
 from trainyard.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def _store(kind: str):
     return open_store(kind)
 
 
-def resolve_dataset(spec: JobSpec) -> dict:
+def resolve_dataset(spec: JobSpec) -> PinnedDataset:
     """Ingest the built-in source if the spec names one, then pin the ref to an immutable commit id."""
     from trainyard.data.store import tree_digest
     from trainyard.datasets import check_job_access
@@ -46,34 +47,41 @@ def resolve_dataset(spec: JobSpec) -> dict:
     entries = store.list(ds.repo, commit_id)
     digest, files = tree_digest(entries), len(entries)
     log.info("dataset %s@%s pinned to commit %s (%d files, digest %s)", ds.repo, ds.ref, commit_id, files, digest[:12])
-    return {"store": store.kind, "repo": ds.repo, "ref": ds.ref, "commit": commit_id, "digest": digest, "files": files}
+    return PinnedDataset(store=store.kind, repo=ds.repo, ref=ds.ref, commit=commit_id, digest=digest, files=files)
 
 
-def pinned_dataset(spec: JobSpec, dataset: dict) -> dict:
+def pinned_dataset(spec: JobSpec, dataset: Mapping[str, Any] | PinnedDataset) -> PinnedDataset:
     """A later task's copy of ``resolve_dataset``'s result (an XCom, which a user may write), held to the
-    job: the store and repository its spec names, at a commit id (not a branch), in a repository its team
-    may read. Returns it; NotAllowed naming what differs."""
+    job: a pinned dataset, of the store and repository its spec names, at a commit id (not a branch), in a
+    repository its team may read. NotAllowed naming what differs."""
+    from pydantic import ValidationError
+
     from trainyard.data.store import COMMIT_RE
     from trainyard.datasets import check_read
     from trainyard.teams import NotAllowed
 
     ds = spec.dataset
-    where = f"{dataset.get('store')}:{dataset.get('repo')}@{str(dataset.get('commit'))[:64]}"
-    if (dataset.get("store"), dataset.get("repo")) != (ds.store, ds.repo) or not COMMIT_RE.fullmatch(
-        str(dataset.get("commit"))
-    ):
+    try:
+        pinned = dataset if isinstance(dataset, PinnedDataset) else PinnedDataset.model_validate(dataset)
+    except ValidationError as err:
         raise NotAllowed(
-            f"the dataset this task was handed ({where}) is not the job's ({ds.store}:{ds.repo} at a commit id): "
+            f"the dataset this task was handed is not a pinned dataset ({err.error_count()} field(s) wrong): "
             "resolve_dataset's result was changed; trigger the job again"
+        ) from None
+    if (pinned.store, pinned.repo) != (ds.store, ds.repo) or not COMMIT_RE.fullmatch(pinned.commit):
+        raise NotAllowed(
+            f"the dataset this task was handed ({pinned.store}:{pinned.repo}@{pinned.commit[:64]}) is not the "
+            f"job's ({ds.store}:{ds.repo} at a commit id): resolve_dataset's result was changed; trigger the "
+            "job again"
         )
     check_read(_store(ds.store), ds.repo, [spec.resources.team], admin=False)
-    return dataset
+    return pinned
 
 
-def checkout(dataset: dict) -> Path:
+def checkout(dataset: PinnedDataset) -> Path:
     """The commit's files on local disk (immutable, so cached by commit id)."""
-    dest = paths.cache_root() / "checkouts" / dataset["repo"] / dataset["commit"]
-    return _store(dataset["store"]).export(dataset["repo"], dataset["commit"], dest)
+    dest = paths.cache_root() / "checkouts" / dataset.repo / dataset.commit
+    return _store(dataset.store).export(dataset.repo, dataset.commit, dest)
 
 
 def _data_recipe(spec: JobSpec) -> Recipe:
@@ -83,7 +91,7 @@ def _data_recipe(spec: JobSpec) -> Recipe:
     return recipes.get("digits_cnn" if spec.recipe == "custom" else spec.recipe)
 
 
-def validate_data(spec: JobSpec, dataset: dict, run_key: str) -> dict:
+def validate_data(spec: JobSpec, dataset: PinnedDataset, run_key: str) -> dict:
     """The recipe's expectation suites over the pinned commit; Data Docs kept with the run."""
     report = _data_recipe(spec).validate(checkout(dataset), run_dir(spec, run_key) / "data_docs")
     out = run_dir(spec, run_key) / "validation.json"
@@ -91,13 +99,12 @@ def validate_data(spec: JobSpec, dataset: dict, run_key: str) -> dict:
     log.info("%s (report: %s, data docs: %s)", report.summary(), out, report.docs)
     if not report.success:
         raise DataValidationError(
-            f"dataset {dataset['repo']}@{dataset['commit'][:12]} failed validation, "
-            f"training skipped.\n{report.summary()}"
+            f"dataset {dataset.repo}@{dataset.commit[:12]} failed validation, training skipped.\n{report.summary()}"
         )
     return {"success": True, "report": str(out), "docs": report.docs, "checks": len(report.checks)}
 
 
-def prepare_data(spec: JobSpec, dataset: dict) -> dict:
+def prepare_data(spec: JobSpec, dataset: PinnedDataset) -> dict:
     """Hash split of the commit, written as the recipe's records in LMDB or TFRecord (cached)."""
     from trainyard.data.prepare import prepare_records
 
@@ -106,7 +113,7 @@ def prepare_data(spec: JobSpec, dataset: dict) -> dict:
     options = recipe.opts(spec)  # a custom job has none (validate_spec): the data recipe's defaults
     manifest = prepare_records(
         lambda: recipe.samples(checkout(dataset), options),
-        dataset["commit"],
+        dataset.commit,
         paths.cache_root() / "prepared",
         split.val_fraction,
         split.seed,

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from trainyard.export.onnx_export import ExportFailed
-from trainyard.pipeline.records import lineage_tags
+from trainyard.pipeline.records import PinnedDataset, lineage_tags
 from trainyard.pipeline.spec import check_ownership
 from trainyard.spec import JobSpec
 
@@ -70,7 +70,7 @@ def check_custom_onnx(trained: dict) -> dict:
 
 
 def _version_tags(
-    spec: JobSpec, dataset: dict, trained: dict, exported: dict, metrics: dict, run_tags: dict[str, str]
+    spec: JobSpec, dataset: PinnedDataset, trained: dict, exported: dict, metrics: dict, run_tags: dict[str, str]
 ) -> dict[str, str]:
     """A model version's tags: its lineage, recipe, team and hyperparameters, where its files are, its
     metrics, and what the gate decided and how the metrics were computed (copied from its run)."""
@@ -111,7 +111,7 @@ def _sign(c, info: dict, run_key: str, user: str) -> dict:
 
 def register(
     spec: JobSpec,
-    dataset: dict,
+    dataset: PinnedDataset,
     trained: dict,
     exported: dict,
     metrics: dict,

@@ -6,8 +6,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
 from trainyard import paths
 from trainyard.spec import JobSpec
+
+
+class PinnedDataset(BaseModel):
+    """The job's dataset ref pinned to an immutable commit (``resolve_dataset``'s result): what every later
+    step reads. JSON only at the XCom boundary, where a later task holds it to the job again
+    (:func:`trainyard.pipeline.data.pinned_dataset`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    store: str
+    repo: str
+    ref: str  # as the spec named it (a branch, a tag, a commit id)
+    commit: str  # the commit id it resolved to
+    digest: str  # of the commit's file list (trainyard.data.store.tree_digest)
+    files: int
 
 
 def run_dir(spec: JobSpec, run_key: str) -> Path:
@@ -44,14 +61,14 @@ def own_run_files(spec: JobSpec, result: dict) -> dict:
     return result
 
 
-def lineage_tags(dataset: dict) -> dict[str, str]:
+def lineage_tags(dataset: PinnedDataset) -> dict[str, str]:
     """What a run and its model version were made from, as MLflow tags: the pinned dataset and the code."""
     from trainyard.tracking import mlflow_tracking as mt
 
     return {
-        "dataset.store": dataset["store"],
-        "dataset.repo": dataset["repo"],
-        "dataset.commit": dataset["commit"],
-        "dataset.digest": dataset["digest"],
+        "dataset.store": dataset.store,
+        "dataset.repo": dataset.repo,
+        "dataset.commit": dataset.commit,
+        "dataset.digest": dataset.digest,
         "code_version": mt.code_version(),
     }

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from trainyard.pipeline.records import run_dir
+from trainyard.pipeline.records import PinnedDataset, run_dir
 from trainyard.pipeline.train import log_validation, train
 from trainyard.spec import JobSpec
 
@@ -54,7 +54,7 @@ def plan_sweep(spec: JobSpec) -> list[int]:
 
 def train_trial(
     spec: JobSpec,
-    dataset: dict,
+    dataset: PinnedDataset,
     data: dict,
     sweep_run: str,
     slot: int,
@@ -88,16 +88,16 @@ def train_trial(
             pruned=watcher.settle,
         )
 
-    return run_trial(spec, sweep_run, slot, launch, lost=stop, of_lineage=lineage(spec, dataset))
+    return run_trial(spec, sweep_run, slot, launch, lost=stop, of_lineage=lineage(spec, dataset.commit))
 
 
-def close_sweep(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
+def close_sweep(spec: JobSpec, dataset: PinnedDataset, sweep_run: str) -> dict:
     """The sweep run's end: trials left running failed, the best trial on ``dataset`` chosen, the summary
     logged. The data validation that gated this run (in the sweep run's directory, not the trials') goes
     onto the best trial's MLflow run, which the model version and its card are made from."""
     from trainyard.sweeps.study import close
     from trainyard.tracking import mlflow_tracking as mt
 
-    best = close(spec, dataset, sweep_run)
+    best = close(spec, dataset.commit, sweep_run)
     log_validation(mt.client(), best["trained"]["mlflow_run_id"], run_dir(spec, sweep_run))
     return best

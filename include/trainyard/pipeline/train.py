@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard import paths
-from trainyard.pipeline.records import lineage_tags, run_dir
+from trainyard.pipeline.records import PinnedDataset, lineage_tags, run_dir
 from trainyard.spec import JobSpec, safe_key
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def in_pods(spec: JobSpec) -> bool:
     return spec.backends.launcher == "kubernetes" and spec.recipe != "custom"
 
 
-def start_tracking(spec: JobSpec, dataset: dict, run_key: str, tags: dict[str, str] | None = None) -> str:
+def start_tracking(spec: JobSpec, dataset: PinnedDataset, run_key: str, tags: dict[str, str] | None = None) -> str:
     """The run's MLflow run, with what it needs to be replayed: the dataset commit, the code version, the
     digest of the installed dependencies (the list as an artifact) and the whole spec (an artifact)."""
     from trainyard import environment
@@ -87,7 +87,7 @@ def log_validation(c, run_id: str, rdir: Path) -> None:
 
 def plan_training(
     spec: JobSpec,
-    dataset: dict,
+    dataset: PinnedDataset,
     data: dict,
     run_key: str,
     tags: dict[str, str] | None = None,
@@ -291,7 +291,7 @@ def built_in_result(out_dir: Path) -> dict:
 
 def train(
     spec: JobSpec,
-    dataset: dict,
+    dataset: PinnedDataset,
     data: dict,
     run_key: str,
     on_line: Callable[[str], None] | None = None,

@@ -273,8 +273,8 @@ def with_values(spec: JobSpec, values: dict[str, Any]) -> JobSpec:
     return parse_spec(raw)
 
 
-def lineage(spec: JobSpec, dataset: dict) -> str:
-    """A digest of the dataset commit and the spec less the sweep and its values: trials of a resumed
+def lineage(spec: JobSpec, commit: str) -> str:
+    """A digest of the dataset ``commit`` and the spec less the sweep and its values: trials of a resumed
     study compete for "best" only with trials of the same lineage, so a model is never registered with
     data or settings it was not trained with."""
     import hashlib
@@ -284,7 +284,7 @@ def lineage(spec: JobSpec, dataset: dict) -> str:
     for p in sweep.parameters:
         section, key = p.field
         raw[section].pop(key, None)
-    text = json.dumps({"dataset": dataset.get("commit"), "spec": raw}, sort_keys=True)
+    text = json.dumps({"dataset": commit, "spec": raw}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -437,9 +437,10 @@ def fail_left_running(
     return failed
 
 
-def close(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
+def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
     """The end of a sweep run, once each of its trial tasks is done (succeeded or failed): its trials still
-    RUNNING are failed (their processes are gone), the study's best trial is chosen, and the summary goes
+    RUNNING are failed (their processes are gone), the study's best trial on the dataset ``commit`` is chosen,
+    and the summary goes
     to MLflow. Returns the best trial's ``{"trained", "trial", "value", ...}``: ``trained`` goes on to
     evaluate, gate, export and register, its ``trial_spec`` the JobSpec they use; SweepError if no trial
     finished within the constraints."""
@@ -461,7 +462,7 @@ def close(spec: JobSpec, dataset: dict, sweep_run: str) -> dict:
             states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
     tally = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     log.info("sweep %s, run %s: %s", study.study_name, sweep_run, tally)
-    of_lineage = lineage(spec, dataset)
+    of_lineage = lineage(spec, commit)
     best = best_trial(study, of_lineage)
     summary = log_summary(spec, study, sweep_run, best)
     if best is None:

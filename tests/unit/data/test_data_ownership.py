@@ -49,7 +49,7 @@ def test_a_job_reads_its_team_s_repositories_and_public_ones_only(trainyard_home
 
     store = open_store("local")
     upload(store, "pets", "main", digits_folder, "vision")
-    assert pipeline.resolve_dataset(_job("vision", "pets"))["repo"] == "pets"
+    assert pipeline.resolve_dataset(_job("vision", "pets")).repo == "pets"
     with pytest.raises(NotAllowed, match="repository 'pets' belongs to team 'vision'; team 'nlp' may not read it"):
         pipeline.resolve_dataset(_job("nlp", "pets"))
     # a built-in source makes a public repository: every team's default job trains on the one `digits`
@@ -139,8 +139,11 @@ def test_a_later_task_s_dataset_and_files_are_held_to_the_job_whatever_its_xcom_
     theirs = pipeline.resolve_dataset(_job("vision", "pets"))
     mine = pipeline.resolve_dataset(_job("nlp", "digits", "sklearn_digits"))
     job = _job("nlp", "digits", "sklearn_digits")
-    assert pipeline.pinned_dataset(job, mine) == mine
-    for forged in ({**mine, "repo": "pets", "commit": theirs["commit"]}, {**mine, "commit": "main"}):
+    xcom = mine.model_dump()  # as a later task is handed it
+    assert pipeline.pinned_dataset(job, xcom) == mine
+    forgeries = [{**xcom, "repo": "pets", "commit": theirs.commit}, {**xcom, "commit": "main"}]
+    forgeries += [{**xcom, "commit": None}, {**xcom, "path": "/etc"}, {"repo": "digits"}]  # not even a record
+    for forged in forgeries:
         with pytest.raises(NotAllowed, match="resolve_dataset's result was changed"):
             pipeline.pinned_dataset(job, forged)
     own = paths.run_dir(job.name, "train_pipeline.nlp/r1")

@@ -36,7 +36,7 @@ def test_own_coco_data_of_another_size(trainyard_home, tmp_path, fmt):
     assert up["kind"] == "coco_detection"
     spec = _spec("centernet_detector", "mycoco", fmt)
     ds = pipeline.resolve_dataset(spec)
-    assert ds["commit"] == up["commit"]
+    assert ds.commit == up["commit"]
     assert pipeline.validate_data(spec, ds, "run-1")["success"]
     docs = list(
         (trainyard_home / "runs" / "mycoco" / "run-1" / "data_docs").glob("*/gx/uncommitted/data_docs/*/index.html")
@@ -92,4 +92,4 @@ def test_bad_own_data_stops_before_training(trainyard_home, tmp_path):
     with pytest.raises(pipeline.DataValidationError, match="x_max"):
         pipeline.validate_data(spec, ds, "run-1")
     # nothing else ran: there is no prepared data for this commit
-    assert not list((trainyard_home / "cache" / "prepared").glob(f"{ds['commit'][:16]}*"))
+    assert not list((trainyard_home / "cache" / "prepared").glob(f"{ds.commit[:16]}*"))

@@ -45,7 +45,7 @@ def study_store(request, monkeypatch):
 
 
 RUN = "train_pipeline/manual__1"
-DATA = {"commit": "c" * 64}
+DATA = "c" * 64  # the dataset commit
 
 
 def spec(**sweep):
@@ -351,7 +351,7 @@ def test_the_end_fails_what_was_left_running_and_picks_the_best_within_the_const
 def test_a_resumed_sweep_on_other_data_never_picks_a_trial_of_the_old(trainyard_home):
     s = spec(pruner="none")
     run_trial(s, RUN, 0, worker([0.6, 0.8, 0.95]), of_lineage=lineage(s, DATA))
-    other = {"commit": "d" * 64}
+    other = "d" * 64
     run_trial(s, "train_pipeline/manual__2", 0, worker([0.6, 0.7, 0.9]), of_lineage=lineage(s, other))
     assert close(s, other, "train_pipeline/manual__2")["value"] == 0.9  # not the 0.95 trained on other data
     hp = s.hyperparameters
