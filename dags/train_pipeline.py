@@ -378,16 +378,19 @@ def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
 
     job_spec = _spec(spec)
     pinned = _dataset(job_spec, dataset)
-    return plan_training(job_spec, pinned, _prepared(job_spec, pinned), _run_key(), tags=_run_tags())
+    plan = plan_training(job_spec, pinned, _prepared(job_spec, pinned), _run_key(), tags=_run_tags())
+    return plan.model_dump()
 
 
 @task(**AT_TRAINING_END)
 @fail_permanently
 def collect_kubernetes(spec: dict, plan: dict) -> dict:
     """Read what the pods left on the shared volume (result, GPU time of every try, cost)."""
+    from trainyard.pipeline.records import held_plan
     from trainyard.pipeline.train import collect_training
 
-    return collect_training(_spec(spec), plan)
+    job_spec = _spec(spec)
+    return collect_training(job_spec, held_plan(job_spec, _run_key(), plan))  # the plan is an XCom: held to the run
 
 
 @task(trigger_rule="none_failed_min_one_success")

@@ -241,8 +241,8 @@ def test_a_kubernetes_replay_is_checked_in_its_pods_against_the_versions_trainer
     spec = parse_spec({"name": "pets", "replay_of": "pets:1", "backends": {"launcher": "kubernetes"}})
     dataset = PinnedDataset(store="local", repo="pets", ref="main", commit="c" * 64, digest="d" * 64, files=1)
     plan = pipeline.plan_training(spec, dataset, {"path": str(trainyard_home)}, "train_pipeline/replay-k8s")
-    assert RunConfig.load(plan["config_path"]).replay_dependencies == image
-    assert replay.DIFFERENCES_TAG not in c.get_run(plan["mlflow_run_id"]).data.tags  # the pods say, at collect
+    assert RunConfig.load(plan.config_path).replay_dependencies == image
+    assert replay.DIFFERENCES_TAG not in c.get_run(plan.mlflow_run_id).data.tags  # the pods say, at collect
 
 
 def test_how_a_run_is_checked_is_not_part_of_what_it_trains():

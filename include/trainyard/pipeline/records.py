@@ -4,7 +4,9 @@ check that a step's result (an XCom, which a user may write) names only the job'
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -25,6 +27,19 @@ class PinnedDataset(BaseModel):
     commit: str  # the commit id it resolved to
     digest: str  # of the commit's file list (trainyard.data.store.tree_digest)
     files: int
+
+
+class TrainingPlan(BaseModel):
+    """What a training starts from (``plan_training``'s result): the run config its workers read, the run's
+    directory, its MLflow run and TensorBoard directory. All but the MLflow run follow from the job and the
+    run key (:func:`held_plan`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config_path: str
+    run_dir: str
+    mlflow_run_id: str
+    tensorboard_dir: str
 
 
 def run_dir(spec: JobSpec, run_key: str) -> Path:
@@ -72,3 +87,42 @@ def lineage_tags(dataset: PinnedDataset) -> dict[str, str]:
         "dataset.digest": dataset.digest,
         "code_version": mt.code_version(),
     }
+
+
+def tensorboard_dir(spec: JobSpec, run_key: str) -> Path:
+    """Where the run ``run_key`` of the job writes its curves for TensorBoard."""
+    from trainyard.spec import safe_key
+
+    return paths.tensorboard_root() / spec.name / safe_key(run_key)
+
+
+def held_plan(spec: JobSpec, run_key: str, plan: Mapping[str, Any] | TrainingPlan) -> TrainingPlan:
+    """A later task's copy of ``plan_training``'s result (an XCom, which a user may write), held to the job's
+    run ``run_key``: its paths exactly the run's own, its MLflow run one of the job's experiment. NotAllowed
+    naming what is not."""
+    from pydantic import ValidationError
+
+    from trainyard.teams import NotAllowed
+    from trainyard.training.run_config import RUN_CONFIG_FILE
+
+    try:
+        held = plan if isinstance(plan, TrainingPlan) else TrainingPlan.model_validate(plan)
+    except ValidationError as err:
+        raise NotAllowed(
+            f"the training plan this task was handed is not one ({err.error_count()} field(s) wrong): this task's "
+            "input was changed; trigger the job again"
+        ) from None
+    rdir = run_dir(spec, run_key)
+    expected = {
+        "run_dir": rdir,
+        "config_path": rdir / RUN_CONFIG_FILE,
+        "tensorboard_dir": tensorboard_dir(spec, run_key),
+    }
+    for field, path in expected.items():
+        if Path(getattr(held, field)).resolve() != path.resolve():
+            raise NotAllowed(
+                f"{field} {getattr(held, field)} is not run {run_key}'s of job {spec.name!r} ({path}): this task's "
+                "input was changed; trigger the job again"
+            )
+    own_run_files(spec, {"mlflow_run_id": held.mlflow_run_id})
+    return held

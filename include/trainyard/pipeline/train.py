@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainyard import paths
-from trainyard.pipeline.records import PinnedDataset, lineage_tags, run_dir
+from trainyard.pipeline.records import PinnedDataset, TrainingPlan, lineage_tags, run_dir, tensorboard_dir
 from trainyard.spec import JobSpec, safe_key
 
 if TYPE_CHECKING:
@@ -92,37 +91,38 @@ def plan_training(
     run_key: str,
     tags: dict[str, str] | None = None,
     trial_objective: str | None = None,
-) -> dict:
+) -> TrainingPlan:
     """The MLflow run (with ``tags``) and the run config every launcher starts its workers with
     (idempotent). ``trial_objective``: a sweep trial's, reported by its workers at each epoch's end."""
     from trainyard.training.metrics import metrics_path
     from trainyard.training.run_config import RUN_CONFIG_FILE, RunConfig, work_dir
 
     out_dir = run_dir(spec, run_key)
+    plan = TrainingPlan(
+        config_path=str(out_dir / RUN_CONFIG_FILE),
+        run_dir=str(out_dir),
+        mlflow_run_id=start_tracking(spec, dataset, run_key, tags),
+        tensorboard_dir=str(tensorboard_dir(spec, run_key)),
+    )
     # The workers write in work/ only, and their metrics into a file there that the launcher relays: the
     # config they read names no tracking store (its URI may carry credentials)
     cfg = RunConfig(
         spec=spec,
         data=data,
         out_dir=work_dir(str(out_dir)),
-        mlflow_run_id=start_tracking(spec, dataset, run_key, tags),
-        tensorboard_dir=str(paths.tensorboard_root() / spec.name / safe_key(run_key)),
+        mlflow_run_id=plan.mlflow_run_id,
+        tensorboard_dir=plan.tensorboard_dir,
         metrics_file=str(metrics_path(out_dir)),
         trial_objective=trial_objective,
         histogram_dir=str(Path(work_dir(str(out_dir))) / "tensorboard"),
         replay_dependencies=_version_trainer_dependencies(spec) if spec.replay_of and in_pods(spec) else None,
     )
     Path(cfg.out_dir).mkdir(exist_ok=True)
-    cfg_path = cfg.dump(out_dir / RUN_CONFIG_FILE)
+    cfg.dump(Path(plan.config_path))
     from trainyard.tracking import mlflow_tracking as mt
 
-    mt.client().update_run(cfg.mlflow_run_id, status="RUNNING")  # a retry's run is running again
-    return {
-        "config_path": str(cfg_path),
-        "run_dir": str(out_dir),
-        "mlflow_run_id": cfg.mlflow_run_id,
-        "tensorboard_dir": cfg.tensorboard_dir,
-    }
+    mt.client().update_run(plan.mlflow_run_id, status="RUNNING")  # a retry's run is running again
+    return plan
 
 
 def _version_trainer_dependencies(spec: JobSpec) -> list[str]:
@@ -138,7 +138,7 @@ def _version_trainer_dependencies(spec: JobSpec) -> list[str]:
 def launch_local(
     spec: JobSpec,
     data: dict,
-    plan: dict,
+    plan: TrainingPlan,
     on_line: Callable[[str], None] | None = None,
     devices: list[str] | None = None,
     stop: threading.Event | None = None,
@@ -153,8 +153,8 @@ def launch_local(
     local.launch(
         spec,
         data,
-        run_dir=plan["run_dir"],
-        config_path=plan["config_path"],
+        run_dir=plan.run_dir,
+        config_path=plan.config_path,
         on_line=on_line or (lambda line: log.info("%s", line)),
         devices=devices,
         stop=stop,
@@ -162,7 +162,7 @@ def launch_local(
 
 
 def collect_training(
-    spec: JobSpec, plan: dict, result: bool = True, waited_s: float | None = None, stopped: bool = False
+    spec: JobSpec, plan: TrainingPlan, result: bool = True, waited_s: float | None = None, stopped: bool = False
 ) -> dict:
     """What the workers left: train_result.json (built-in recipes) or the custom metrics file, their
     metrics not relayed to MLflow yet; plus the GPU time of every try (the launchers' usage records: a retry
@@ -174,13 +174,13 @@ def collect_training(
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training import custom, metrics, usage
 
-    out_dir = Path(plan["run_dir"])
+    out_dir = Path(plan.run_dir)
     c = mt.client()
     relay_final = not stopped
-    metrics.relay(out_dir, c, plan["mlflow_run_id"], plan["tensorboard_dir"], on_line=log.info, final=relay_final)
-    metrics.copy_histograms(out_dir, plan["tensorboard_dir"])
+    metrics.relay(out_dir, c, plan.mlflow_run_id, plan.tensorboard_dir, on_line=log.info, final=relay_final)
+    metrics.copy_histograms(out_dir, plan.tensorboard_dir)
     if spec.recipe != "custom":  # a custom program's files say nothing the platform may record as its own
-        _record_trainer_environment(c, plan["mlflow_run_id"], out_dir)
+        _record_trainer_environment(c, plan.mlflow_run_id, out_dir)
     found = {} if not result else custom.collect(out_dir) if spec.recipe == "custom" else built_in_result(out_dir)
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
@@ -193,14 +193,14 @@ def collect_training(
         spec.resources.gpu_type,
         cost,
     )
-    c.log_metric(plan["mlflow_run_id"], "gpu_seconds", gpu_seconds)
-    c.log_metric(plan["mlflow_run_id"], "run_cost", cost)
+    c.log_metric(plan.mlflow_run_id, "gpu_seconds", gpu_seconds)
+    c.log_metric(plan.mlflow_run_id, "run_cost", cost)
     if waited_s is not None:
-        c.log_metric(plan["mlflow_run_id"], "queue_wait_seconds", waited_s)
-    c.set_terminated(plan["mlflow_run_id"], "FINISHED" if result else "KILLED")  # KILLED: stopped by a pruner
+        c.log_metric(plan.mlflow_run_id, "queue_wait_seconds", waited_s)
+    c.set_terminated(plan.mlflow_run_id, "FINISHED" if result else "KILLED")  # KILLED: stopped by a pruner
     return {
         **found,
-        **{k: plan[k] for k in ("mlflow_run_id", "run_dir", "tensorboard_dir")},
+        **plan.model_dump(include={"mlflow_run_id", "run_dir", "tensorboard_dir"}),
         "wall_seconds": round(usage.wall_seconds(out_dir), 3),
         "gpu_seconds": round(gpu_seconds, 3),
         "tries": len(tries),
@@ -325,7 +325,7 @@ def train(
 
 
 @contextlib.contextmanager
-def _failed_run_on_error(plan: dict) -> Iterator[None]:
+def _failed_run_on_error(plan: TrainingPlan) -> Iterator[None]:
     """The MLflow run of a training whose workers failed is marked FAILED (a retry marks it RUNNING)."""
     try:
         yield
@@ -333,5 +333,5 @@ def _failed_run_on_error(plan: dict) -> Iterator[None]:
         from trainyard.tracking import mlflow_tracking as mt
 
         with contextlib.suppress(Exception):  # the training's own error is the one to report
-            mt.client().set_terminated(plan["mlflow_run_id"], "FAILED")
+            mt.client().set_terminated(plan.mlflow_run_id, "FAILED")
         raise

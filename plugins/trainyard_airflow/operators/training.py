@@ -95,9 +95,24 @@ class _TrainingRun:
         return launcher.KubernetesLauncher(self.run_key, self._try, paths.home())
 
     def _plan(self, context: Context | None) -> launcher.KubernetesPlan:
+        self._check_config_path()
         cfg = RunConfig.load(self.config_path)
         plan = self._launcher(context).plan
         return plan(self.job_spec, cfg.data, run_dir=self._run_dir, config_path=self.config_path)
+
+    def _check_config_path(self) -> None:
+        """``config_path`` comes from plan_kubernetes's XCom, which a user may write: it must be this run's
+        own run config, or the pods would start from (and write beside) another run's."""
+        from trainyard.pipeline.records import run_dir
+        from trainyard.teams import NotAllowed
+        from trainyard.training.run_config import RUN_CONFIG_FILE
+
+        own = run_dir(self.job_spec, self.run_key) / RUN_CONFIG_FILE
+        if Path(self.config_path).resolve() != own.resolve():
+            raise NotAllowed(
+                f"config_path {self.config_path} is not run {self.run_key}'s run config ({own}): this task's "
+                "input was changed; trigger the job again"
+            )
 
     @property
     def _run_dir(self) -> str:

@@ -153,3 +153,26 @@ def test_a_later_task_s_dataset_and_files_are_held_to_the_job_whatever_its_xcom_
         pipeline.own_run_files(job, {"run_dir": str(own), "model_path": str(other / "model.pt")})
     with pytest.raises(NotAllowed, match="is not a file of job"):
         pipeline.own_run_files(job, {"artifacts": {"tokenizer": str(own / ".." / ".." / "x")}})
+
+
+def test_a_later_task_s_training_plan_is_its_run_s_own_whatever_its_xcom_says(trainyard_home, monkeypatch):
+    """collect_kubernetes reads plan_kubernetes's XCom: every path in it must be the run's own (one that
+    follows from the job and the run key), and its MLflow run one of the job's experiment."""
+    from trainyard import paths
+    from trainyard.pipeline.records import held_plan
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
+    job, other = _job("nlp", "digits", "sklearn_digits"), _job("vision", "digits", "sklearn_digits")
+    key = "train_pipeline.nlp/r1"
+    data = {"path": str(trainyard_home)}
+    plan = pipeline.plan_training(job, pipeline.resolve_dataset(job), data, key)
+    theirs = pipeline.plan_training(other, pipeline.resolve_dataset(other), data, "train_pipeline.vision/r1")
+    xcom = plan.model_dump()
+    assert held_plan(job, key, xcom) == plan
+    forgeries = [{**xcom, field: getattr(theirs, field)} for field in xcom]  # each field another run's
+    forgeries += [{**xcom, "tensorboard_dir": "/tmp/elsewhere"}, {**xcom, "env": {}}, {"run_dir": plan.run_dir}]
+    for forged in forgeries:
+        with pytest.raises(NotAllowed, match="trigger the job again"):
+            held_plan(job, key, forged)
+    with pytest.raises(NotAllowed):  # the same plan, held to another run of the job
+        held_plan(job, "train_pipeline.nlp/r2", xcom)

@@ -12,7 +12,7 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout, TaskDeferralTimeout, TaskDeferred
 from kube_fake import FakeKubernetes
 
-from trainyard.spec import parse_spec
+from trainyard.spec import parse_spec, safe_key
 from trainyard.training import usage
 from trainyard.training.launchers import kubernetes as K
 from trainyard.training.run_config import RunConfig
@@ -59,12 +59,16 @@ def run(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINYARD_HOME", str(home))
     prepared = home / "cache" / "prepared" / "abc"
     prepared.mkdir(parents=True)
-    run_dir = home / "runs" / "digits" / "run1"
+    run_dir = home / "runs" / "digits" / safe_key(RUN_KEY)  # where the pipeline puts the run's files
     run_dir.mkdir(parents=True)
 
-    def config(spec: dict) -> str:
-        cfg = RunConfig(spec=parse_spec(spec), data={"path": str(prepared)}, out_dir=str(run_dir))
-        return str(cfg.dump(run_dir / "run_config.json"))
+    def config(spec: dict, run_key: str = RUN_KEY) -> str:
+        """The run config where plan_kubernetes writes it: in the run's own directory (the operators hold
+        ``config_path`` to that)."""
+        folder = home / "runs" / parse_spec(spec).name / safe_key(run_key)
+        folder.mkdir(parents=True, exist_ok=True)
+        cfg = RunConfig(spec=parse_spec(spec), data={"path": str(prepared)}, out_dir=str(folder))
+        return str(cfg.dump(folder / "run_config.json"))
 
     return SimpleNamespace(home=home, run_dir=run_dir, config=config)
 
@@ -110,6 +114,18 @@ def test_spec_run_key_and_config_path_are_templated(cls):
     assert {"spec", "run_key", "config_path"} <= set(cls.template_fields)
 
 
+def test_a_config_path_other_than_the_run_s_own_is_refused(run, tmp_path):
+    """config_path comes from plan_kubernetes's XCom, which a user may write: the pods never start from (and
+    the launcher never writes beside) another run's run config."""
+    from trainyard.teams import NotAllowed
+    from trainyard_airflow.operators.training import training_operator
+
+    other = run.config({**SPEC, "name": "vision-net"})  # a real run config, of another job
+    op = training_operator(spec=SPEC, task_id="t", run_key=RUN_KEY, config_path=other, poll_interval=1)
+    with pytest.raises(NotAllowed, match="is not run .*'s run config"):
+        op.build_job_request_obj(context())
+
+
 def test_building_connects_to_nothing(run, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("tried to connect to Kubernetes")
@@ -135,7 +151,7 @@ def test_build_job_request_obj_carries_the_spec_and_the_pods_paths(run):
     assert c.resources.limits == c.resources.requests == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "4"}
     env = {e.name: e.value for e in c.env}
     assert env["WANDB_MODE"] == "offline"
-    assert env["TRAINYARD_RUN_CONFIG"] == "/var/trainyard/runs/digits/run1/" + K.POD_CONFIG
+    assert env["TRAINYARD_RUN_CONFIG"] == f"/var/trainyard/runs/digits/{safe_key(RUN_KEY)}/{K.POD_CONFIG}"
     assert c.command[-2:] == ["--config", env["TRAINYARD_RUN_CONFIG"]]
     labels = job.spec.template.metadata.labels
     assert labels["dag_id"] == "train_pipeline" and labels["try_number"] == "3"
@@ -516,7 +532,11 @@ def test_a_training_reserves_its_team_s_budget_and_one_that_no_longer_fits_creat
 
     def second() -> KubernetesTrainingLauncher:
         return KubernetesTrainingLauncher(
-            task_id="train_kubernetes", spec=spec, run_key=f"{RUN_KEY}-2", config_path=run.config(spec), poll_interval=0
+            task_id="train_kubernetes",
+            spec=spec,
+            run_key=f"{RUN_KEY}-2",
+            config_path=run.config(spec, f"{RUN_KEY}-2"),
+            poll_interval=0,
         )
 
     with pytest.raises(TaskDeferred):

@@ -35,6 +35,7 @@ def test_collect_training_costs_every_recorded_try(trainyard_home, tmp_path):
     import json
 
     from trainyard import pipeline
+    from trainyard.pipeline.records import TrainingPlan
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training import usage
 
@@ -46,7 +47,12 @@ def test_collect_training_costs_every_recorded_try(trainyard_home, tmp_path):
     (tmp_path / "work" / "model.pt").write_bytes(b"weights")
     usage.record_try(tmp_path, attempt=1, started=1000.0, ended=1600.0, gpus=2, where="local")  # failed try
     usage.record_try(tmp_path, attempt=2, started=2000.0, ended=2900.0, gpus=2, where="local")
-    plan = {"run_dir": str(tmp_path), "mlflow_run_id": run_id, "tensorboard_dir": str(tmp_path / "tb")}
+    plan = TrainingPlan(
+        config_path=str(tmp_path / "run_config.json"),
+        run_dir=str(tmp_path),
+        mlflow_run_id=run_id,
+        tensorboard_dir=str(tmp_path / "tb"),
+    )
 
     out = pipeline.collect_training(spec, plan)
 
