@@ -1,6 +1,7 @@
-"""Rank 0's metric sink, kept off the training step: the run's metrics file (a local worker: the launching
-task relays it to MLflow and TensorBoard, :mod:`trainyard.training.metrics`) or MLflow (``log_batch``) and
-TensorBoard themselves (a pod), written by a background thread.
+"""Rank 0's metric sink, kept off the training step, written by a background thread: the run's metrics file
+(every platform run, local or in pods: the launching or collecting task relays it to MLflow and
+TensorBoard, :mod:`trainyard.training.metrics`), or, for a run config that names no metrics file (a
+benchmark's), MLflow (``log_batch``) and TensorBoard themselves.
 
 The step only appends to a bounded queue (``put_nowait``: it never waits on SQLite, a tracking server or
 the disk). With a metrics file the thread only opens it; writing to MLflow / TensorBoard itself, it
