@@ -337,6 +337,10 @@ class PodRequest:
     def name(self) -> str:
         return job_name(self.spec, self.run_key, attempt=self.attempt)
 
+    def metadata(self, labels: dict[str, str]) -> k8s.V1ObjectMeta:
+        """The try's object name in the job's namespace, with ``labels``."""
+        return k8s.V1ObjectMeta(name=self.name(), namespace=self.spec.kubernetes.namespace, labels=labels)
+
 
 def pod_template(request: PodRequest, config: ResourcesConfig) -> k8s.V1PodTemplateSpec:
     """One node of the job: the trainer container with its run's part of the data PVC (:func:`run_mounts`;
@@ -412,11 +416,7 @@ def build_job(request: PodRequest) -> k8s.V1Job:
     return k8s.V1Job(
         api_version="batch/v1",
         kind="Job",
-        metadata=k8s.V1ObjectMeta(
-            name=request.name(),
-            namespace=spec.kubernetes.namespace,
-            labels={**run_labels(spec, request.run_key), **queued},
-        ),
+        metadata=request.metadata({**run_labels(spec, request.run_key), **queued}),
         spec=k8s.V1JobSpec(
             suspend=True if queued else None,  # Kueue unsuspends it once the team's queue admits it
             completion_mode="Indexed",
@@ -440,12 +440,8 @@ def build_pod(request: PodRequest) -> k8s.V1Pod:
     return k8s.V1Pod(
         api_version="v1",
         kind="Pod",
-        metadata=k8s.V1ObjectMeta(
-            name=request.name(),
-            namespace=spec.kubernetes.namespace,
-            # Kueue's pod integration gates a labelled pod until its queue admits it
-            labels={**template.metadata.labels, **queue_labels(spec, resources)},
-        ),
+        # Kueue's pod integration gates a labelled pod until its queue admits it
+        metadata=request.metadata({**template.metadata.labels, **queue_labels(spec, resources)}),
         spec=template.spec,
     )
 
