@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard import paths
 from trainyard.errors import PermanentError
-from trainyard.pipeline.records import PinnedDataset, run_dir
+from trainyard.pipeline.records import PinnedDataset, from_xcom, run_dir
 from trainyard.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -54,20 +54,12 @@ def pinned_dataset(spec: JobSpec, dataset: Mapping[str, Any] | PinnedDataset) ->
     """A later task's copy of ``resolve_dataset``'s result (an XCom, which a user may write), held to the
     job: a pinned dataset, of the store and repository its spec names, at a commit id (not a branch), in a
     repository its team may read. NotAllowed naming what differs."""
-    from pydantic import ValidationError
-
     from trainyard.data.store import COMMIT_RE
     from trainyard.datasets import check_read
     from trainyard.teams import NotAllowed
 
     ds = spec.dataset
-    try:
-        pinned = dataset if isinstance(dataset, PinnedDataset) else PinnedDataset.model_validate(dataset)
-    except ValidationError as err:
-        raise NotAllowed(
-            f"the dataset this task was handed is not a pinned dataset ({err.error_count()} field(s) wrong): "
-            "resolve_dataset's result was changed; trigger the job again"
-        ) from None
+    pinned = from_xcom(PinnedDataset, dataset, "resolve_dataset")
     if (pinned.store, pinned.repo) != (ds.store, ds.repo) or not COMMIT_RE.fullmatch(pinned.commit):
         raise NotAllowed(
             f"the dataset this task was handed ({pinned.store}:{pinned.repo}@{pinned.commit[:64]}) is not the "

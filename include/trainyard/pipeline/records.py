@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from trainyard import paths
 from trainyard.spec import JobSpec
+
+R = TypeVar("R", bound=BaseModel)  # a record's type
 
 
 class PinnedDataset(BaseModel):
@@ -40,6 +42,24 @@ class TrainingPlan(BaseModel):
     run_dir: str
     mlflow_run_id: str
     tensorboard_dir: str
+
+
+def from_xcom(model: type[R], value: Mapping[str, Any] | R, step: str) -> R:
+    """``value`` as the record ``model`` (an XCom a user may write: nothing but the record's own fields, each
+    of its type); NotAllowed, naming ``step`` whose result it claims to be, if it is not one."""
+    from pydantic import ValidationError
+
+    from trainyard.teams import NotAllowed
+
+    if isinstance(value, model):
+        return value
+    try:
+        return model.model_validate(value)
+    except ValidationError as err:
+        raise NotAllowed(
+            f"what this task was handed as {step}'s result is not a {model.__name__} ({err.error_count()} field(s) "
+            f"wrong): {step}'s result was changed; trigger the job again"
+        ) from None
 
 
 def run_dir(spec: JobSpec, run_key: str) -> Path:
@@ -100,18 +120,10 @@ def held_plan(spec: JobSpec, run_key: str, plan: Mapping[str, Any] | TrainingPla
     """A later task's copy of ``plan_training``'s result (an XCom, which a user may write), held to the job's
     run ``run_key``: its paths exactly the run's own, its MLflow run one of the job's experiment. NotAllowed
     naming what is not."""
-    from pydantic import ValidationError
-
     from trainyard.teams import NotAllowed
     from trainyard.training.run_config import RUN_CONFIG_FILE
 
-    try:
-        held = plan if isinstance(plan, TrainingPlan) else TrainingPlan.model_validate(plan)
-    except ValidationError as err:
-        raise NotAllowed(
-            f"the training plan this task was handed is not one ({err.error_count()} field(s) wrong): this task's "
-            "input was changed; trigger the job again"
-        ) from None
+    held = from_xcom(TrainingPlan, plan, "plan_kubernetes")
     rdir = run_dir(spec, run_key)
     expected = {
         "run_dir": rdir,
