@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     from datafiles import write_files
     from trainyard.data.classification import digits_files
-    from trainyard.data.prepare import prepare_classification
+    from trainyard.recipes.digits import prepare_classification
 
     with tempfile.TemporaryDirectory(prefix="bench-repro-") as tmp:
         root = Path(tmp)

@@ -143,7 +143,7 @@ def digits_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def prepared(digits_dir, tmp_path_factory):
     """The digits split 80/20 into LMDB: a prepared-data manifest the trainers read."""
-    from trainyard.data.prepare import prepare_classification
+    from trainyard.recipes.digits import prepare_classification
 
     return prepare_classification(digits_dir, "d" * 64, tmp_path_factory.mktemp("prepared"), 0.2, 0)
 

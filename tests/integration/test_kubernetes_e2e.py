@@ -37,7 +37,7 @@ def _required(name: str) -> str:
 @pytest.fixture
 def cluster_run(monkeypatch):
     from trainyard.data.classification import digits_files
-    from trainyard.data.prepare import prepare_classification
+    from trainyard.recipes.digits import prepare_classification
     from trainyard.spec import parse_spec
     from trainyard.training.run_config import RunConfig
 

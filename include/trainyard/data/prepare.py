@@ -107,26 +107,3 @@ def prepare_records(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dict(json.loads(manifest_path.read_text()), cached=False)
-
-
-def prepare_classification(
-    dataset_dir: str | Path,
-    commit: str,
-    cache_root: str | Path,
-    val_fraction: float,
-    seed: int,
-    fmt: str = "lmdb",
-    test_fraction: float = 0.0,
-) -> dict:
-    """``prepare_records`` for the image-classification layout: records (key, label, image)."""
-    from trainyard import recipes
-
-    return prepare_records(
-        lambda: recipes.get("digits_cnn").samples(Path(dataset_dir), {}),
-        commit,
-        cache_root,
-        val_fraction,
-        seed,
-        fmt,
-        test_fraction,
-    )

@@ -116,3 +116,11 @@ class DigitsCNN(Classifier[DigitsOptions]):
 
         x, y, _ = self._xy(data, "val")
         return classification_metrics(onnx_predict(onnx_path, x.numpy()), np.asarray(y))
+
+
+def prepare_classification(dataset_dir: str | Path, commit: str, cache_root: str | Path, *split, **options) -> dict:
+    """:func:`trainyard.data.prepare.prepare_records` (``split``, ``options``: its val_fraction, seed, fmt,
+    test_fraction) for a folder of the image-classification layout: records (key, label, image)."""
+    from trainyard.data.prepare import prepare_records
+
+    return prepare_records(lambda: DigitsCNN().samples(Path(dataset_dir), {}), commit, cache_root, *split, **options)

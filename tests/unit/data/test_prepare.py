@@ -3,7 +3,8 @@ import json
 import pytest
 
 from trainyard.data import formats
-from trainyard.data.prepare import LeakageError, check_leakage, prepare_classification
+from trainyard.data.prepare import LeakageError, check_leakage
+from trainyard.recipes.digits import prepare_classification
 
 
 def test_three_way_split_is_cached_and_disjoint(digits_dir, tmp_path):
