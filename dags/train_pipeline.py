@@ -104,12 +104,19 @@ def _params() -> dict[str, Param]:
 
 def _spec(xcom: dict) -> JobSpec:
     """A task's spec XCom (JSON, validated by the first task) back as the JobSpec, once per task; still a
-    job of this DAG's team (a user may write XComs: one of another team's would take its quota, budget,
-    policy and models)."""
-    from trainyard.teams import check_pipeline_team
+    job of this DAG's team, and the job the run's conf names (a user may write XComs: another team's team
+    would take its quota, budget, policy and models; another job's name, whose runs, files and MLflow
+    runs are its team's, would hand this run that job's files, which the later checks hold to the name)."""
+    from trainyard.teams import NotAllowed, check_pipeline_team
 
     spec = JobSpec.model_validate(xcom)
     check_pipeline_team(spec.resources.team, TEAM)
+    named = _raw_spec().get("name")
+    if spec.name != named:
+        raise NotAllowed(
+            f"the spec this task was handed names job {spec.name!r}, but the run is of job {named!r}: "
+            "validate_spec's result was changed; trigger the job again"
+        )
     return spec
 
 

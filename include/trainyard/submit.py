@@ -274,11 +274,11 @@ def local_queue_place(job: str) -> str | None:
     if ledger is None:
         return None
     rows = ledger.standing(current_spend(ledger.config, paths.runs_root()))
-    mine = next(((e, reason) for e, reason in rows if e.job.id == job), None)
+    mine = next(((e, verdict) for e, verdict in rows if e.job.id == job), None)
     if mine is None or mine[0].admitted is not None:
         return None
     waiting = [e for e, _ in rows if e.admitted is None and e.job.gpu_type == mine[0].job.gpu_type]
-    return f"waiting, {waiting.index(mine[0]) + 1} of {len(waiting)} for {mine[0].job.gpu_type}: {mine[1]}"
+    return f"waiting, {waiting.index(mine[0]) + 1} of {len(waiting)} for {mine[0].job.gpu_type}: {mine[1].message}"
 
 
 def cancel(client: Any, dag_id: str, run_id: str) -> None:

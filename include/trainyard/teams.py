@@ -266,10 +266,10 @@ def pod_problems(pod, config: ResourcesConfig) -> list[str]:
 
 
 def check_pod(pod, config: ResourcesConfig) -> None:
-    """SpecError naming what a team's pod may not have (:func:`pod_problems`); a pod of no team passes
-    unread: it is not trainyard's. The one check of the pod hook and of the training operators."""
-    if pod_team(pod) is None:
-        return
+    """SpecError naming what a team's pod may not have (:func:`pod_problems`), a pod labelled for no team
+    included: the training operators' check of their own pods after every cluster policy ran (one that
+    removed the team label must not take the pod past the check). The pod hook, which sees every operator's
+    pods, asks only of those with a team label (:func:`pod_team`)."""
     problems = pod_problems(pod, config)
     if problems:
         raise SpecError(spec_error_message(problems))

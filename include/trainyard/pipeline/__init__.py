@@ -10,7 +10,8 @@ train       ``plan_training``, ``launch_local``, ``collect_training``, ``train``
 sweep       ``plan_sweep``, ``train_trial``, ``close_sweep``
 evaluate    ``evaluate``, ``gate``
 publish     ``export_onnx``, ``register``
-records     ``run_dir``, ``own_run_files``: where a run keeps its files, and a result held to the job
+records     ``PinnedDataset``, ``TrainingPlan`` (typed, JSON only at the XCom: ``from_xcom``); ``run_dir``;
+            ``held_plan``, ``own_run_files``: what an XCom hands on, held to the job (and ``data.pinned_dataset``)
 =========== ======================================================================================
 
 The DAG only wires these together (turning each spec XCom back into a JobSpec once) and imports each

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from trainyard import paths
 from trainyard.spec import JobSpec
@@ -40,7 +40,7 @@ class TrainingPlan(BaseModel):
 
     config_path: str
     run_dir: str
-    mlflow_run_id: str
+    mlflow_run_id: str = Field(min_length=1)
     tensorboard_dir: str
 
 
@@ -136,5 +136,13 @@ def held_plan(spec: JobSpec, run_key: str, plan: Mapping[str, Any] | TrainingPla
                 f"{field} {getattr(held, field)} is not run {run_key}'s of job {spec.name!r} ({path}): this task's "
                 "input was changed; trigger the job again"
             )
-    own_run_files(spec, {"mlflow_run_id": held.mlflow_run_id})
+    own_run_files(spec, {"mlflow_run_id": held.mlflow_run_id})  # a run of the job's experiment ...
+    from trainyard.tracking import mlflow_tracking as mt
+
+    tagged = mt.client().get_run(held.mlflow_run_id).data.tags.get(mt.RUN_KEY_TAG)
+    if tagged != run_key:  # ... and this run key's
+        raise NotAllowed(
+            f"MLflow run {held.mlflow_run_id} is run {tagged}'s, not {run_key}'s: this task's input was changed; "
+            "trigger the job again"
+        )
     return held

@@ -77,13 +77,31 @@ class KubernetesTrainingLauncher(BaseOperator):
     # A permanent trainyard error (a retry that finds resources.max_hours used up by the try the cluster
     # stopped at its deadline: MaxHoursReached) fails the task at once, as in every task of the DAGs.
     def execute(self, context):
+        self._check_job(context)
         return fail_permanently(self.operator().execute)(context)
 
     def execute_complete(self, context, event, **kwargs):
+        self._check_job(context)
         return fail_permanently(self.operator().execute_complete)(context, event, **kwargs)
 
     def trigger_reentry(self, context, event):
+        self._check_job(context)
         return fail_permanently(self.operator().trigger_reentry)(context, event)
+
+    def _check_job(self, context: Any) -> None:
+        """``spec`` is validate_spec's XCom, rendered again at every resume, and a user may write XComs: it
+        must still be the job the run's params name (another job's name is another job's run directory,
+        files and MLflow runs)."""
+        from trainyard.spec import parse_spec
+        from trainyard.teams import NotAllowed
+
+        named = (context.get("params") or {}).get("name")
+        spec_name = parse_spec(self.spec).name
+        if spec_name != named:
+            raise NotAllowed(
+                f"the spec this task was handed names job {spec_name!r}, but the run is of job {named!r}: "
+                "validate_spec's result was changed; trigger the job again"
+            )
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context):
         try:

@@ -103,11 +103,10 @@ class _TrainingRun:
     def _check_config_path(self) -> None:
         """``config_path`` comes from plan_kubernetes's XCom, which a user may write: it must be this run's
         own run config, or the pods would start from (and write beside) another run's."""
-        from trainyard.pipeline.records import run_dir
         from trainyard.teams import NotAllowed
         from trainyard.training.run_config import RUN_CONFIG_FILE
 
-        own = run_dir(self.job_spec, self.run_key) / RUN_CONFIG_FILE
+        own = Path(self._run_dir) / RUN_CONFIG_FILE
         if Path(self.config_path).resolve() != own.resolve():
             raise NotAllowed(
                 f"config_path {self.config_path} is not run {self.run_key}'s run config ({own}): this task's "
@@ -116,7 +115,8 @@ class _TrainingRun:
 
     @property
     def _run_dir(self) -> str:
-        return str(Path(self.config_path).parent)  # the run config is written into the run's directory
+        """The run's directory, from the job and the run key (never from ``config_path``, an XCom's)."""
+        return str(paths.run_dir(self.job_spec.name, self.run_key))
 
     @property
     def _namespace(self) -> str:

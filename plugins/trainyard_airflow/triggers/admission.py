@@ -144,7 +144,7 @@ class AdmissionWatch:
 
 
 class AdmissionTrigger(BaseTrigger):
-    """Ask the ledger for ``job`` (the fields of ``trainyard.scheduling.admission.Job``) until it is admitted."""
+    """Ask the ledger for ``job`` (the fields of ``trainyard.scheduling.admission.policy.Job``) until it is admitted."""
 
     def __init__(
         self, job: dict[str, Any], end_from_trigger: bool = True, since: float = 0.0, notice_at: float | None = None

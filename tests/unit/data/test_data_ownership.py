@@ -176,3 +176,7 @@ def test_a_later_task_s_training_plan_is_its_run_s_own_whatever_its_xcom_says(tr
             held_plan(job, key, forged)
     with pytest.raises(NotAllowed):  # the same plan, held to another run of the job
         held_plan(job, "train_pipeline.nlp/r2", xcom)
+    again = pipeline.plan_training(job, pipeline.resolve_dataset(job), data, "train_pipeline.nlp/r2")
+    for forged in ({**xcom, "mlflow_run_id": again.mlflow_run_id}, {**xcom, "mlflow_run_id": ""}):
+        with pytest.raises(NotAllowed, match="trigger the job again"):  # another run of the job's, or none
+            held_plan(job, key, forged)

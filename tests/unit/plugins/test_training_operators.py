@@ -83,7 +83,10 @@ def context(try_number: int = 3) -> dict:
         start_date=datetime.now(tz=UTC),
         xcom_push=lambda key, value: pushed.__setitem__(key, value),
     )
-    return {"ti": ti, "run_id": "manual__2026-05-01T10:00:00+00:00", "dag": SimpleNamespace(), "pushed": pushed}
+    # params: the run's, as Airflow resolves them (the job these tests run is SPEC's, "digits")
+    params = {"name": SPEC["name"]}
+    run_id = "manual__2026-05-01T10:00:00+00:00"
+    return {"ti": ti, "run_id": run_id, "dag": SimpleNamespace(), "pushed": pushed, "params": params}
 
 
 def launcher(run, spec=SPEC, **kwargs) -> KubernetesTrainingLauncher:
@@ -163,6 +166,33 @@ def test_cluster_policy_applies(run, monkeypatch):
     monkeypatch.setattr("airflow.settings.pod_mutation_hook", lambda pod: pod.metadata.labels.update(policy="applied"))
     assert launcher(run).operator().build_job_request_obj().spec.template.metadata.labels["policy"] == "applied"
     assert launcher(run, SINGLE).operator().build_pod_request_obj().metadata.labels["policy"] == "applied"
+
+
+def test_a_cluster_policy_that_strips_the_team_label_takes_no_pod_past_the_team_s_check(run, monkeypatch):
+    """Policies of installed packages run after trainyard's own hook: one that removes the team label (and
+    moves the pod into kube-system) must not leave the pod unchecked; the operators check their own pods
+    whatever their labels say."""
+    from trainyard.spec import SpecError
+
+    def strip(pod):
+        pod.metadata.labels.pop("trainyard.io/team", None)
+        pod.metadata.namespace = "kube-system"
+
+    monkeypatch.setattr("airflow.settings.pod_mutation_hook", strip)
+    with pytest.raises(SpecError, match="trainyard.io/team=None is no team"):
+        launcher(run, SINGLE).operator().build_pod_request_obj()
+
+
+def test_a_spec_naming_another_job_than_the_run_s_is_refused_creating_nothing(run, cluster):
+    """``spec`` is validate_spec's XCom: one rewritten to name another job (whose run directory and MLflow
+    runs are another team's) is refused at execute and at every resume."""
+    from trainyard.teams import NotAllowed
+
+    op = launcher(run, {**SPEC, "name": "vision-net"})
+    for call in (lambda: op.execute(context()), lambda: op.execute_complete(context(), {"status": "success"})):
+        with pytest.raises(NotAllowed, match="names job 'vision-net', but the run is of job 'digits'"):
+            call()
+    assert nothing_left(cluster)
 
 
 def test_pod_operator_refuses_more_than_one_node(run):

@@ -17,8 +17,8 @@ it, so a large job can wait forever. The ledger here adds what pools lack, and n
   that (a) behind a job within its quota that waits for slots, no job may borrow (lent quota comes back as
   the borrowers finish; nothing running is preempted), and (b) a job that has waited
   ``max_wait_minutes`` for slots holds a reservation: the time by which enough slots are free for it if
-  every running job ends by its ``max_hours`` (:func:`_reserved_start`). No job that would borrow and no
-  job of its own team starts if it could keep it from starting then (:func:`_would_delay`): one that ends
+  every running job ends by its ``max_hours`` (``policy._reserved_start``). No job that would borrow and no
+  job of its own team starts if it could keep it from starting then (``policy._would_delay``): one that ends
   by then at the latest, or leaves it room then by every limit, still does (EASY backfill, as in Slurm);
   other teams keep their own quota. So it starts by its reservation at the latest, sooner as running jobs
   end early: the bound on how long a large job waits behind a stream of small ones, without the fleet
@@ -36,7 +36,7 @@ see one order: on a SQLite file of this host (the embedded default) or on a Post
 host reaches (``TRAINYARD_DATABASE_URL``, the cluster profile); :mod:`trainyard.scheduling.ledger_db`.
 
 Nothing leaks when a process dies: every row has a lease. A waiting job's lease is renewed by
-each look of its ``admit`` task (its trigger), an admitted job's by its training task (:func:`hold`, a heartbeat
+each look of its ``admit`` task (its trigger), an admitted job's by its training task (:func:`.lease.hold`, a heartbeat
 thread); a row whose lease ran out is dropped by the next decision, so a killed worker, a cancelled run or
 a crashed scheduler frees its slots within one lease. A job's arrival is kept apart from its lease, so a
 missed look or a retried training keeps its place in the queue. A SQLite file must be on a local disk

@@ -1,9 +1,9 @@
 """Kubernetes launcher: a JobSpec becomes an Indexed Job (one pod per node) and a headless Service.
 
-Builders over the ``kubernetes`` client models (no Airflow, no API call: the team's policy is read from
-resources.yaml), the pod policy every launcher and the cluster's pod hook apply, and the launcher that plans a
-try and reads its running time. The Airflow operators in ``plugins/trainyard_airflow/operators/training.py``
-create, watch and delete what these functions build.
+Builders over the ``kubernetes`` client models, from one :class:`PodRequest` (no Airflow, no API call;
+resources.yaml gives the node selector and the queue), and the launcher that plans a try and reads its
+running time. What a team's pods may have is :mod:`trainyard.teams`' (``check_pod``). The Airflow operators
+in ``plugins/trainyard_airflow/operators/training.py`` create, watch and delete what these functions build.
 
 How the pods find each other: the Job is Indexed, so pod ``i`` gets the hostname ``<job>-<i>``; with
 ``subdomain`` = the headless Service, it resolves as ``<job>-<i>.<service>.<namespace>.svc.<domain>``.
