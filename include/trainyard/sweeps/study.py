@@ -440,9 +440,9 @@ def fail_left_running(
 def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
     """The end of a sweep run, once each of its trial tasks is done (succeeded or failed): its trials still
     RUNNING are failed (their processes are gone), the study's best trial on the dataset ``commit`` is chosen,
-    and the summary goes to MLflow. Returns the best trial's ``{"trained", "trial", "value", ...}``: ``trained`` goes on to
-    evaluate, gate, export and register, its ``trial_spec`` the JobSpec they use; SweepError if no trial
-    finished within the constraints."""
+    and the summary goes to MLflow. Returns the best trial's ``{"trained", "trial", "value", ...}``:
+    ``trained`` goes on to evaluate, gate, export and register, its ``trial_spec`` the JobSpec they use;
+    SweepError if no trial finished within the constraints."""
     import time
 
     import optuna
