@@ -155,7 +155,7 @@ def hand_worker(data: dict, out: Path, epochs: int) -> None:
 
 def prepare(root: Path) -> dict:
     from trainyard.data.classification import digits_files
-    from trainyard.data.prepare import prepare_classification
+    from trainyard.recipes.digits import prepare_classification
 
     files = root / "digits"
     for rel, blob in digits_files().items():
