@@ -24,11 +24,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
 from trainyard_airflow.team_dags import IN_PROCESS_ENV, bundle_teams  # noqa: E402
 
-# The rendered config's scheduler looks for work every 0.2 s when idle (a short gap between one task and the
-# next); that costs it 11 % of a core while nothing runs, 3 % at Airflow's default of 1 s (measured: 6.7 and
-# 1.8 CPU-seconds a minute). The test suite keeps 2 cores busy for its whole length and asserts no latency,
-# so its Airflows use 1 s; the benchmarks keep the product's setting.
-QUIETER_FOR_TESTS = {"AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "1"}
+# The test suite keeps 2 cores busy for its whole length and asserts no latency, so its Airflows are made
+# quieter than the product's; the benchmarks keep the product's settings.
+# - The rendered config's scheduler looks for work every 0.2 s when idle (a short gap between one task and
+#   the next); that costs it 11 % of a core while nothing runs, 3 % at Airflow's default of 1 s (measured:
+#   6.7 and 1.8 CPU-seconds a minute).
+# - Its dag-processor parses every DAG file of every bundle again every 30 s (a new retraining job file
+#   becomes a DAG within that time): 21 files in multi-team mode with four teams, 35 % of a core for an
+#   idle Airflow, 10 % once they are parsed only at start (measured with every process polled, short-lived
+#   parsers included: 31.3 and 8.7 CPU-seconds in 90 s). A test that adds or edits a job file has the
+#   bundle parsed then (`airflow dags reserialize`, see Airflow.parse).
+QUIETER_FOR_TESTS = {
+    "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "1",
+    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
+    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "3600",
+}
 
 
 def _free_port() -> int:
@@ -129,6 +139,11 @@ class Airflow:
         (self.home / "pools.json").write_text(pools)
         self.run("airflow", "pools", "import", str(self.home / "pools.json"))
         self.run("trainyard", "models", "keygen", "--if-missing")  # registered versions are signed
+
+    def parse(self, bundle: str) -> None:
+        """Parse the DAG bundle ``bundle`` now and store its DAGs (what the dag-processor does for each file
+        every ``min_file_process_interval``), e.g. once a retraining job file was added or edited."""
+        self.run("airflow", "dags", "reserialize", "--bundle-name", bundle)
 
     def teams(self) -> list[str]:
         """The teams that own a DAG bundle (the rendered config's, scripts/render_airflow_cfg.py)."""
