@@ -807,14 +807,14 @@ def _a_team_s_data_is_its_own(airflow, folder: Path, job: dict) -> str:
     return airflow.trigger(DAG, {**job, "dataset": {"repo": "vision-pets", "source": "none"}}, tina)
 
 
-def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_trains_on(airflow, tmp_path):
-    """Two teams' users side by side under the real executor. alice's (team vision) training in vision's
+def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_works_on(airflow, tmp_path):
+    """Two teams' users side by side under the real executor. alice's (team vision) job in vision's
     own train_pipeline.vision: tina (team default) reads nothing of it (HTTP 403, absent from every list,
     `trainyard runs status` finds no such run, `trainyard queue` shows its team and GPUs only). alice's
     dataset, uploaded through vision's own ingest_dataset.vision, is not tina's to see, read, tag, upload to
     or train on. Team default's policy limits its jobs to 64 processes and 1 GiB a slot: tina's fork bomb and
     memory hog, custom commands, each fail their task with a message naming the limit and where it is set,
-    and alice's training is still running after both."""
+    and alice's job, which starts a process and takes memory every half second, is still running after both."""
     import yaml
 
     from trainyard.data.classification import digits_files
@@ -823,23 +823,30 @@ def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_tr
     resources = airflow.config_dir / "resources.yaml"
     good = resources.read_text()
     edited = yaml.safe_load(good)
+    edited["teams"]["vision"]["policy"]["custom_commands"] = True  # for alice's job below
+    resources.write_text(yaml.safe_dump(edited))
     edited["teams"]["default"]["policy"]["limits"] = {"cpus_per_slot": 1, "memory_gb_per_slot": 1, "processes": 64}
     one_cpu = {"gpus_per_node": 1, "gpu_type": "cpu"}
-    trains_on = airflow.trigger(
-        VISION_DAG,
-        {
-            "name": "trains-on",
-            "hyperparameters": {"epochs": 1000, "batch_size": 32, "seed": 1},
-            "resources": {**one_cpu, "team": "vision"},  # borrowing a CPU slot of team default's
-            "gates": [],
-        },
-        alice,
-    )
+    # alice's job starts a process and takes 64 MiB every half second, and fails as soon as either is refused
+    # (a training that long would keep a core busy for nothing)
+    keeps_working = [sys.executable, str(REPO / "tests" / "fixtures" / "custom_keeps_working.py")]
+    trains_on = None
     try:
+        trains_on = airflow.trigger(
+            VISION_DAG,
+            {
+                "name": "trains-on",
+                "recipe": "custom",
+                "custom": {"command": keeps_working},
+                "resources": {**one_cpu, "team": "vision"},  # borrowing a CPU slot of team default's
+                "gates": [],
+            },
+            alice,
+        )
         airflow.wait(
             lambda: airflow.task_instances(VISION_DAG, trains_on, alice)["train"]["state"] == "running",
             300,
-            "alice's training",
+            "alice's job",
         )
         _another_team_reads_nothing_of(airflow, VISION_DAG, trains_on, owner="alice", other="tina")
         not_theirs = _a_team_s_data_is_its_own(
@@ -877,17 +884,18 @@ def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_tr
         assert refused["state"] == "failed" and refused["try_number"] == 1, refused
         said = airflow.task_log(DAG, not_theirs, "resolve_dataset", tina)
         assert "repository 'vision-pets' belongs to team 'vision'; team 'default' may not read it" in said, said[-3000:]
-        assert airflow.task_instances(VISION_DAG, trains_on, alice)["train"]["state"] == "running"  # it trains on
+        assert airflow.task_instances(VISION_DAG, trains_on, alice)["train"]["state"] == "running"  # it works on
     finally:
         resources.write_text(good)
-        requests.patch(
-            f"{airflow.url}/api/v2/dags/{VISION_DAG}/dagRuns/{trains_on}",
-            headers=alice,
-            json={"state": "failed"},
-            timeout=30,
-        )
-        airflow.wait(
-            lambda: airflow.task_instances(VISION_DAG, trains_on, alice)["train"]["state"] != "running",
-            120,
-            "the training to stop",
-        )
+        if trains_on is not None:
+            requests.patch(
+                f"{airflow.url}/api/v2/dags/{VISION_DAG}/dagRuns/{trains_on}",
+                headers=alice,
+                json={"state": "failed"},
+                timeout=30,
+            )
+            airflow.wait(
+                lambda: airflow.task_instances(VISION_DAG, trains_on, alice)["train"]["state"] != "running",
+                120,
+                "alice's job to stop",
+            )
