@@ -97,7 +97,7 @@ def hand_worker(data: dict, out: Path, epochs: int) -> None:
     from torch.utils.data import DataLoader, TensorDataset
     from torch.utils.data.distributed import DistributedSampler
 
-    from trainyard.recipes.base import read_split
+    from trainyard.recipes.shared import read_split
     from trainyard.training.model import SmallCNN, to_input
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

@@ -41,13 +41,11 @@ import sys
 import time
 from pathlib import Path
 
+from trainyard.spec import MAX_HOURS_LIMIT
+from trainyard.tracking import mlflow_auth
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "include"))
-
-from trainyard.spec import MAX_HOURS_LIMIT  # noqa: E402
-from trainyard.tracking import mlflow_auth  # noqa: E402
-
-sys.path.insert(0, str(REPO / "plugins"))
+sys.path.insert(0, str(REPO / "plugins"))  # where Airflow finds trainyard_airflow (it is not installed)
 from trainyard_airflow.team_dags import IN_PROCESS_ENV, bundle_teams  # noqa: E402
 
 DEFAULT_PORTS = {"postgres": 5433, "redis": 6380, "mlflow": 5001, "api": 8081}

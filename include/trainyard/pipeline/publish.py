@@ -47,7 +47,7 @@ def check_custom_onnx(trained: dict) -> dict:
     import onnx
 
     from trainyard.export.onnx_export import onnx_session
-    from trainyard.recipes.base import save_input_example
+    from trainyard.recipes.shared import save_input_example
     from trainyard.training import custom
     from trainyard.training.run_config import work_dir
 
@@ -122,7 +122,7 @@ def register(
     """One signed MLflow model version per DAG run: ONNX model (signature, input example), PyTorch weights
     (and TorchScript) beside it, lineage, metrics, metric signatures and the gate result as tags. ``user``:
     who triggered the run, the actor of the staging move in the audit trail."""
-    from trainyard.recipes.base import load_input_example
+    from trainyard.recipes.shared import load_input_example
     from trainyard.registry.mlflow_registry import register_onnx
     from trainyard.registry.signing import trusted_keys
     from trainyard.registry.versions import promote

@@ -19,7 +19,8 @@ import torch
 from pydantic import Field
 
 from trainyard.evaluation.detection import DEFAULT_BACKEND, Backend
-from trainyard.recipes.base import Options, Recipe, companion_model, read_split, save_input_example, verify_export
+from trainyard.recipes.base import Options, Recipe
+from trainyard.recipes.shared import companion_model, read_split, save_input_example, verify_export
 
 if TYPE_CHECKING:
     from trainyard.training.centernet import CenterNet

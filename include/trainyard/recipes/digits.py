@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainyard.recipes.base import Classifier, Options, read_split, save_input_example, verify_export
+from trainyard.recipes.base import Options
+from trainyard.recipes.shared import Classifier, read_split, save_input_example, verify_export
 
 
 def digits_batch(batch, pixel_max: float) -> list[torch.Tensor]:

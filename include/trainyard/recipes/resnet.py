@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from trainyard.recipes.base import Classifier, Options, save_input_example, verify_export
+from trainyard.recipes.base import Options
+from trainyard.recipes.shared import Classifier, save_input_example, verify_export
 
 BATCH = 64
 
@@ -205,7 +206,7 @@ class ResNetClassifier(Classifier[ResNetOptions]):
         """A registered version's val metrics through its ONNX file, at the input size and on the classes
         of its own model.pt; a champion trained on other classes is not comparable."""
         from trainyard.evaluation.classification import classification_metrics
-        from trainyard.recipes.base import companion_model
+        from trainyard.recipes.shared import companion_model
 
         champion = companion_model(onnx_path)
         val = self._eval_split(champion, data, "val")

@@ -27,15 +27,9 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from trainyard.recipes.base import (
-    Options,
-    Recipe,
-    companion_model,
-    read_split,
-    save_input_example,
-    to_device,
-    verify_export,
-)
+from trainyard.recipes.base import Options, Recipe
+from trainyard.recipes.shared import companion_model, read_split, save_input_example, verify_export
+from trainyard.training.common import to_device
 
 BATCH = 256
 

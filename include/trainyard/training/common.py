@@ -195,3 +195,16 @@ def evaluate(model: torch.nn.Module, batches: Iterable[list[torch.Tensor]]) -> t
             count += len(y)
     model.train(was_training)
     return correct / max(count, 1), loss_sum / max(count, 1)
+
+
+def to_device(batch, device: torch.device, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Move a batch. The model's input (the first tensor) takes the training dtype (bf16 under DeepSpeed)
+    when it is floating; targets keep theirs: a bf16 Gaussian heatmap would round 0.998 to a false 1.0.
+    The copies to a GPU do not wait (from the pinned memory the training DataLoader hands out, they overlap
+    the work queued before them); the kernels that read the batch are queued after them on the stream."""
+    first, *rest = batch
+    if first.is_floating_point():
+        first = first.to(device, dtype, non_blocking=True)
+    else:
+        first = first.to(device, non_blocking=True)
+    return [first, *(t.to(device, non_blocking=True) for t in rest)]

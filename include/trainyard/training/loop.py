@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from trainyard.recipes.base import Recipe, to_device
+from trainyard.recipes.base import Recipe
 from trainyard.training import handshake
-from trainyard.training.common import atomic_save, resume_point
+from trainyard.training.common import atomic_save, resume_point, to_device
 from trainyard.training.data import ShardSampler, already_batched
 from trainyard.training.run_config import RunConfig
 from trainyard.training.strategies.base import Strategy
