@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -173,11 +172,9 @@ def train_under_limit(data: dict, out: Path, limit_mb: int, cache_mb: int) -> tu
 
 
 def run_child(data: dict, cache_mb: int, workers: int) -> dict:
-    argv = [sys.executable, __file__, "--child", json.dumps(data), str(cache_mb), str(workers)]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from child_process import child_result  # a sibling: tests load this file by its path alone
+
+    return child_result([__file__, "--child", json.dumps(data), str(cache_mb), str(workers)])
 
 
 def main() -> None:

@@ -18,11 +18,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from child_process import child_result
 
 
 def cases():
@@ -139,12 +139,8 @@ def main() -> None:
         return
     print(f"{'model':45} {'threads':>7} {'batch':>5} {'torch ms':>9} {'onnx ms':>9}  onnxruntime vs torch")
     for threads in args.threads:
-        argv = [sys.executable, __file__, "--child", "--iters", str(args.iters), "--batches", *map(str, args.batches)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-        if proc.returncode:
-            raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
-        for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+        argv = [__file__, "--child", "--iters", str(args.iters), "--batches", *map(str, args.batches)]
+        for r in child_result(argv, {**os.environ, "OMP_NUM_THREADS": str(threads)}):
             ratio = r["torch_ms"] / r["onnx_ms"]
             print(
                 f"{r['model']:45} {threads:>7} {r['batch']:>5} {r['torch_ms']:>9.3f} {r['onnx_ms']:>9.3f}  "

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import airflow_services
+from child_process import child_result
 
 DAG = "train_pipeline.default"  # team default's own (multi-team mode)
 CONF = {"hyperparameters": {"epochs": 3}, "resources": {"gpus_per_node": 1}}
@@ -122,16 +123,7 @@ def measure(af, conf: dict, runs: int, plain_home: Path) -> tuple[list[str], lis
     subprocess.run(keygen, env=env, check=True, capture_output=True)  # register signs, as in Airflow
     plain, sched, durations, gaps, run_ids = [], [], [], [], []
     for _ in range(runs):
-        proc = subprocess.run(
-            [sys.executable, __file__, "--in-process", json.dumps(conf)],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode:
-            raise SystemExit(f"in-process run failed:\n{proc.stderr[-4000:]}")
-        plain.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        plain.append(child_result([__file__, "--in-process", json.dumps(conf)], env))
         run_id, wall, took, run_gaps = scheduled_run(af, conf, headers, upstream)
         run_ids.append(run_id)
         sched.append(wall)

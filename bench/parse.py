@@ -14,9 +14,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from child_process import child_result
 
 DAGS = Path(__file__).resolve().parents[1] / "dags"
 
@@ -53,16 +54,7 @@ def main() -> None:
 
     env = {**os.environ, **IN_PROCESS_ENV}
     for path in sorted(DAGS.glob("*.py")):
-        proc = subprocess.run(
-            [sys.executable, __file__, "--child", str(path), "--reps", str(args.reps)],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=env,
-        )
-        if proc.returncode:
-            raise SystemExit(f"{path.name} failed:\n{proc.stderr[-3000:]}")
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        r = child_result([__file__, "--child", str(path), "--reps", str(args.reps)], env)
         print(f"{path.name:22} {r['tasks']:>5} {r['first_s'] * 1e3:>9.0f} ms {r['again_s'] * 1e3:>7.1f} ms", flush=True)
 
 

@@ -38,6 +38,7 @@ def cluster_profile() -> ModuleType:
 
 def orchestration_bench() -> ModuleType:
     airflow_services()
+    load("bench/child_process.py")
     return load("bench/orchestration.py")
 
 

@@ -26,36 +26,48 @@ def _trained(ti: Any) -> dict:
     return found if isinstance(found, dict) else {}
 
 
-class MlflowRunLink(BaseOperatorLink):
-    name = "MLflow run"
+class _TrainedRunLink(BaseOperatorLink):
+    """A link to what the task trained, in a UI served at ``$<url_env>`` (default ``default_url``): none
+    where the training's result has no ``field``."""
+
+    field: str
+    url_env: str
+    default_url: str
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        value = _trained(ti_key).get(self.field)
+        if not value:
+            return ""
+        return self.target(os.environ.get(self.url_env, self.default_url).rstrip("/"), value)
+
+    def target(self, base: str, value: str) -> str:
+        raise NotImplementedError
+
+
+class MlflowRunLink(_TrainedRunLink):
+    name = "MLflow run"
+    field, url_env, default_url = "mlflow_run_id", "TRAINYARD_MLFLOW_URL", "http://localhost:5000"
+
+    def target(self, base: str, value: str) -> str:
         from trainyard.tracking import mlflow_tracking as mt
 
-        run_id = _trained(ti_key).get("mlflow_run_id")
-        if not run_id:
-            return ""
-        base = os.environ.get("TRAINYARD_MLFLOW_URL", "http://localhost:5000").rstrip("/")
-        experiment = mt.client().get_run(run_id).info.experiment_id
-        return f"{base}/#/experiments/{experiment}/runs/{run_id}"
+        experiment = mt.client().get_run(value).info.experiment_id
+        return f"{base}/#/experiments/{experiment}/runs/{value}"
 
 
-class TensorBoardLink(BaseOperatorLink):
+class TensorBoardLink(_TrainedRunLink):
     name = "TensorBoard"
+    field, url_env, default_url = "tensorboard_dir", "TRAINYARD_TENSORBOARD_URL", "http://localhost:6006"
 
-    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+    def target(self, base: str, value: str) -> str:
         from pathlib import Path
 
         from trainyard import paths
 
-        board = _trained(ti_key).get("tensorboard_dir")
-        if not board:
-            return ""
-        base = os.environ.get("TRAINYARD_TENSORBOARD_URL", "http://localhost:6006").rstrip("/")
         try:
-            run = Path(board).relative_to(paths.tensorboard_root()).as_posix()
+            run = Path(value).relative_to(paths.tensorboard_root()).as_posix()
         except ValueError:
-            run = Path(board).name
+            run = Path(value).name
         return f"{base}/?runFilter={quote(run, safe='')}#timeseries"
 
 

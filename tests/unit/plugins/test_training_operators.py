@@ -453,6 +453,18 @@ def test_the_trigger_fails_pods_that_are_not_scheduled_in_time(run, cluster):
     assert "not scheduled" in event["message"]
 
 
+def _first_event(trigger) -> dict:
+    """The payload of the first event ``trigger`` yields (within 30 s)."""
+    import asyncio
+
+    async def first() -> dict:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(asyncio.wait_for(first(), 30))
+
+
 def test_a_job_running_past_its_expected_hours_tells_its_team_once_and_runs_on(run, cluster, caplog):
     """The trigger ends early with ``long_training`` once the scheduled pods have run the spec's expected
     hours; the operator tells the team and defers again without it, the Job untouched; a retry that finds
@@ -482,12 +494,7 @@ def test_a_job_running_past_its_expected_hours_tells_its_team_once_and_runs_on(r
             await asyncio.sleep(3600)
 
     trigger.__dict__["hook"] = Hook()
-
-    async def first_event():
-        async for event in trigger.run():
-            return event.payload
-
-    event = asyncio.run(asyncio.wait_for(first_event(), 30))
+    event = _first_event(trigger)
     assert (event["status"], event["name"], event["ran_s"]) == ("long_training", name, trigger.notice_after)
 
     with caplog.at_level(logging.INFO), pytest.raises(TaskDeferred) as again:
@@ -525,12 +532,7 @@ def test_a_single_node_pod_past_its_expected_hours_tells_its_team_once_and_runs_
         yield None  # never reached: an async generator that does not end
 
     trigger._wait_for_pod_start_within_deadline = lambda: still_running().__anext__()
-
-    async def first_event():
-        async for event in trigger.run():
-            return event.payload
-
-    event = asyncio.run(asyncio.wait_for(first_event(), 30))
+    event = _first_event(trigger)
     assert (event["status"], event["name"], event["ran_s"]) == ("long_training", name, trigger.notice_after)
 
     with caplog.at_level(logging.INFO), pytest.raises(TaskDeferred) as again:

@@ -3,12 +3,12 @@ leases that free what a dead process held, and one consistent order across concu
 test of the ledger's rules runs against both of its stores: a SQLite file (the embedded default) and a
 PostgreSQL database (the cluster profile; a real server this session starts)."""
 
-import multiprocessing
 import random
 import time
 
 import pytest
 
+from processes import in_processes
 from trainyard.scheduling.admission.lease import AdmissionLost, hold
 from trainyard.scheduling.admission.ledger import (
     ADMITTED_LEASE_S,
@@ -338,7 +338,7 @@ def test_a_job_keeps_its_place_when_it_missed_looks(ledger, clock):
     assert "first" in admitted(ledger)
 
 
-def _worker(path: str, fleet: str, seed: int, jobs: int, out) -> None:
+def _worker(path: str, fleet: str, seed: int, jobs: int) -> list[str]:
     cfg = parse_resources(fleet)
     ledger = Ledger(path, cfg)
     rng = random.Random(seed)
@@ -360,22 +360,13 @@ def _worker(path: str, fleet: str, seed: int, jobs: int, out) -> None:
             violations.append(f"{total} slots, {per_team}")
         time.sleep(rng.random() * 0.01)
         ledger.release(j.id)
-    out.put(violations or "done")
+    return violations
 
 
 def test_concurrent_processes_never_admit_past_capacity_or_quota(store):
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
     path = str(store("shared"))
     Ledger(path, parse_resources(FLEET))
-    procs = [ctx.Process(target=_worker, args=(path, FLEET, seed, 12, out)) for seed in range(4)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=600) for _ in procs]
-    for p in procs:
-        p.join(30)
-    assert results == ["done"] * 4
-    assert all(p.exitcode == 0 for p in procs)
+    assert in_processes(_worker, [(path, FLEET, seed, 12) for seed in range(4)], timeout=600) == [[]] * 4
 
 
 def test_a_lending_limit_holds_while_others_borrow(store):
