@@ -1,6 +1,6 @@
 """What training the same job twice gives: the digits recipe trained ``--runs`` times with one spec (seed,
 data, world size), through the local launcher and the one worker loop as every run trains, and each run's
-val metrics and final weights compared with the first run's. It fills the README's reproducibility table:
+val metrics and final weights compared with the first run's. It fills the reproducibility table of docs/jobs.md:
 bit-exact (every metric and every weight equal), or by how much they differ, which is what
 ``trainyard replay``'s tolerance must allow.
 

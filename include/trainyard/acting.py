@@ -6,7 +6,7 @@ Every command that reads or writes a team's runs, models or datasets asks here (
 ``show``, ``models card|history|live-at|verify|owner``, ``data``, ``queue``). Without a login a command
 acts as nobody: it reads what is every team's (a built-in source's public data, the queue's redacted view).
 This confines the command; it is not a boundary against a user who can read ``$TRAINYARD_HOME`` or the
-MLflow store directly (see the README's security table for what is).
+MLflow store directly (see the security table of docs/security.md for what is).
 """
 
 from __future__ import annotations

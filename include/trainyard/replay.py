@@ -22,7 +22,7 @@ DIFFERENCES_TAG = "replay.differences"  # on a replay's MLflow run: how its envi
 TAG_LIMIT = 5000  # characters of an MLflow tag value
 
 # What a replay must match, by where it trained: on CPU the same code, libraries, data and seed give the same
-# bits (measured: the README's reproducibility table); GPU kernels (cuDNN, atomics in reductions) may not.
+# bits (measured: the reproducibility table of docs/jobs.md); GPU kernels (cuDNN, atomics in reductions) may not.
 CPU_TOLERANCE = 0.0
 GPU_TOLERANCE = 5e-3
 

@@ -96,7 +96,7 @@ def test_the_export_parity_benchmark_runs_and_summarises(tmp_path):
 
 
 def test_two_cpu_trainings_of_one_spec_on_two_processes_are_bit_exact(tmp_path):
-    """bench/reproducibility.py (not part of `make bench`) at its smallest: the README's claim that CPU
+    """bench/reproducibility.py (not part of `make bench`) at its smallest: docs/jobs.md's claim that CPU
     training over gloo with 2 processes gives the same weights and metrics every time, which is what lets
     `trainyard replay` hold a CPU job to a tolerance of 0."""
     out = tmp_path / "repro.json"

@@ -66,7 +66,7 @@ class Recipe(Generic[OptionsT]):
     # what ``val_metrics`` reports after every epoch, as val_<name>: what a sweep's trials are judged by
     epoch_metrics: tuple[str, ...] = ()
     # the export gate's rtol when export.rtol is unset: between the recipe's faithful exports and its
-    # exports with one weight moved (bench/export_parity.py --runs 20, recorded in the README); the
+    # exports with one weight moved (bench/export_parity.py --runs 20, recorded in docs/jobs.md); the
     # translation recipe keeps this default, which is its own measured one
     export_rtol: float = DEFAULT_RTOL
 
