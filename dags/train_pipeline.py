@@ -185,10 +185,12 @@ def _run_data(job_spec: JobSpec) -> dict:
     return _prepared(job_spec, _dataset(job_spec, dataset))
 
 
-def _leased(lease: Any) -> dict[str, Any]:
-    """What a training takes from its admission's lease (its devices, the signal to stop, its wait in the
-    queue) and from its run (the MLflow run's tags)."""
-    return {"devices": lease.devices, "stop": lease.lost, "tags": _run_tags(), "waited_s": lease.waited_s}
+def _leased(lease: Any) -> Any:
+    """How a training runs on this worker (a LocalLaunch): as its admission's lease says (its devices, the
+    signal to stop, its wait in the queue), with its run's MLflow tags."""
+    from trainyard.pipeline.train import LocalLaunch
+
+    return LocalLaunch(devices=lease.devices, stop=lease.lost, waited_s=lease.waited_s, tags=_run_tags())
 
 
 def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) -> dict:
@@ -302,7 +304,7 @@ def train(spec: dict, dataset: dict, data: dict) -> dict:
     return _while_admitted(
         job,
         job_spec,
-        lambda lease: run(job_spec, pinned, data, _run_key(), **_leased(lease)),
+        lambda lease: run(job_spec, pinned, data, _run_key(), _leased(lease)),
         earlier_s=wall_seconds(run_dir(job_spec, _run_key())),
     )
 
@@ -339,7 +341,7 @@ def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
         return _while_admitted(
             job,
             job_spec,
-            lambda lease: run(job_spec, pinned, data, _run_key(), number, **_leased(lease)),
+            lambda lease: run(job_spec, pinned, data, _run_key(), number, _leased(lease)),
         )
     except GridSpent as err:  # another run of the sweep took the last points: nothing to train here
         raise AirflowSkipException(str(err)) from None

@@ -44,9 +44,15 @@ def _task_instances(af, headers, run_id):
     return af.task_instances(DAG, run_id, headers)
 
 
+def _post_run(af, headers, conf=None, dag_id=DAG) -> requests.Response:
+    """Airflow's answer to a trigger of ``dag_id`` with ``conf`` (none: the DAG's defaults)."""
+    body = {"logical_date": None} if conf is None else {"logical_date": None, "conf": conf}
+    return requests.post(f"{af.url}/api/v2/dags/{dag_id}/dagRuns", headers=headers, json=body, timeout=10)
+
+
 def test_auth_is_required(airflow):
     assert requests.get(f"{airflow.url}/api/v2/dags", timeout=10).status_code == 401
-    r = requests.post(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", json={"logical_date": None}, timeout=10)
+    r = _post_run(airflow, {})
     assert r.status_code == 401
 
 
@@ -86,20 +92,10 @@ def test_trigger_with_conf_runs_to_success(airflow, tmp_path):
 def test_invalid_conf_fails_at_the_first_task(airflow):
     headers = {"Authorization": f"Bearer {airflow.token('admin')}"}
     # what the JobSpec's schema forbids is refused by the Params (generated from it) before a run exists
-    r = requests.post(
-        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns",
-        headers=headers,
-        json={"logical_date": None, "conf": {"hyperparameters": {"epochs": -5}}},
-        timeout=10,
-    )
+    r = _post_run(airflow, headers, {"hyperparameters": {"epochs": -5}})
     assert r.status_code == 400 and "hyperparameters" in r.text and "minimum of 1" in r.text, r.text
     # a rule across fields is the first task's: the run fails there, naming the fields
-    r = requests.post(
-        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns",
-        headers=headers,
-        timeout=10,
-        json={"logical_date": None, "conf": {"split": {"val_fraction": 0.6, "test_fraction": 0.5}}},
-    )
+    r = _post_run(airflow, headers, {"split": {"val_fraction": 0.6, "test_fraction": 0.5}})
     assert r.status_code == 200, r.text
     run_id = r.json()["dag_run_id"]
     run = _wait_run(airflow, headers, run_id, seconds=300)
@@ -123,19 +119,9 @@ def test_a_user_outside_a_team_cannot_run_its_job(airflow):
     vision job in his team's DAG: its first task fails, naming the team's DAG, before anything runs."""
     headers = {"Authorization": f"Bearer {airflow.token('bob')}"}
     conf = {"resources": {"team": "vision", "gpus_per_node": 1}}
-    r = requests.post(
-        f"{airflow.url}/api/v2/dags/train_pipeline.vision/dagRuns",
-        headers=headers,
-        json={"logical_date": None, "conf": conf},
-        timeout=10,
-    )
+    r = _post_run(airflow, headers, conf, dag_id="train_pipeline.vision")
     assert r.status_code == 403, r.text
-    r = requests.post(
-        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns",
-        headers=headers,
-        json={"logical_date": None, "conf": conf},
-        timeout=10,
-    )
+    r = _post_run(airflow, headers, conf)
     assert r.status_code == 200, r.text
     run_id = r.json()["dag_run_id"]
     assert _wait_run(airflow, headers, run_id, seconds=300)["state"] == "failed"
@@ -151,7 +137,4 @@ def test_a_user_outside_a_team_cannot_run_its_job(airflow):
 
 def test_viewer_cannot_trigger(airflow):
     headers = {"Authorization": f"Bearer {airflow.token('ann')}"}
-    r = requests.post(
-        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns", headers=headers, json={"logical_date": None}, timeout=10
-    )
-    assert r.status_code == 403
+    assert _post_run(airflow, headers).status_code == 403

@@ -317,7 +317,7 @@ def test_a_built_in_trainers_workers_run_in_the_sandbox(trainyard_home, small_sp
                 and p.info["name"] != "bwrap"  # bubblewrap itself and its reaper (pid 1 of the job's namespace)
             }
 
-    trained = pipeline.train(spec, dataset, data, "sandboxed", on_line=on_line)
+    trained = pipeline.train(spec, dataset, data, "sandboxed", pipeline.LocalLaunch(on_line=on_line))
     assert len(seen["workers"]) >= 2 and set(seen["workers"].values()) == {seen["uid"]}, seen
     run_dir = Path(trained["run_dir"])
     assert RunConfig.load(run_dir / "run_config.json").tracking_uri is None

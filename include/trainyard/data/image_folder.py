@@ -35,6 +35,8 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".
 IMAGE_FORMATS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WEBP", "PPM", "MPO")
 MIN_SIDE = 8
 MAX_PIXELS = 50_000_000  # below Pillow's own bomb warning (89 MP): about 8660 x 5770
+# the columns of the files table that name a file's problem (empty where it has none): the suite expects null
+PROBLEMS = ("not_an_image", "undecodable", "too_small", "bomb", "same_content_in_another_class", "same_content_twice")
 
 
 @dataclass(frozen=True)
@@ -145,20 +147,7 @@ def profile_files(folder: ImageFolder):
     for key in folder.other_files:
         why = "outside any class folder" if "/" not in key else f"extension not one of {', '.join(IMAGE_EXTENSIONS)}"
         rows.append({"key": key, "label": -1, "not_an_image": f"{key}: {why}"})
-    columns = [
-        "key",
-        "label",
-        "width",
-        "height",
-        "sha256",
-        "not_an_image",
-        "undecodable",
-        "too_small",
-        "bomb",
-        "same_content_in_another_class",
-        "same_content_twice",
-    ]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=["key", "label", "width", "height", "sha256", *PROBLEMS])
 
 
 def profile_classes(folder: ImageFolder):

@@ -35,6 +35,7 @@ from trainyard.pipeline.spec import check_ownership, check_worker, validate_spec
 from trainyard.pipeline.sweep import close_sweep, plan_sweep, train_trial
 from trainyard.pipeline.train import (
     RESULT_FIELDS,
+    LocalLaunch,
     built_in_result,
     collect_training,
     in_pods,
@@ -47,6 +48,7 @@ from trainyard.pipeline.train import (
 __all__ = [
     "RESULT_FIELDS",
     "DataValidationError",
+    "LocalLaunch",
     "built_in_result",
     "check_custom_onnx",
     "check_ownership",

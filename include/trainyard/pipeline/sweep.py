@@ -5,15 +5,11 @@ like a job of its own (:func:`train_trial`), and the sweep's end, its best trial
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 from trainyard.pipeline.records import PinnedDataset, run_dir
-from trainyard.pipeline.train import log_validation, train
+from trainyard.pipeline.train import LocalLaunch, log_validation, train
 from trainyard.spec import JobSpec
-
-if TYPE_CHECKING:
-    import threading
 
 log = logging.getLogger(__name__)
 
@@ -53,42 +49,24 @@ def plan_sweep(spec: JobSpec) -> list[int]:
 
 
 def train_trial(
-    spec: JobSpec,
-    dataset: PinnedDataset,
-    data: dict,
-    sweep_run: str,
-    slot: int,
-    on_line: Callable[[str], None] | None = None,
-    devices: list[str] | None = None,
-    stop: threading.Event | None = None,
-    tags: dict[str, str] | None = None,
-    waited_s: float | None = None,
+    spec: JobSpec, dataset: PinnedDataset, data: dict, sweep_run: str, slot: int, local: LocalLaunch | None = None
 ) -> dict:
     """One trial of the sweep in ``spec`` on this machine, in slot ``slot`` of the run ``sweep_run``:
-    planned, launched and collected as a job of its own (:func:`trainyard.sweeps.trials.run_trial`), its
-    MLflow run tagged with ``tags`` and the trial's."""
+    planned, launched (as ``local`` says, its workers stopped by the trial's watcher) and collected as a job
+    of its own (:func:`trainyard.sweeps.trials.run_trial`), its MLflow run tagged with ``local``'s tags and
+    the trial's."""
     from trainyard.sweeps.study import lineage
     from trainyard.sweeps.trials import Watcher, run_trial
 
     assert spec.sweep is not None
     objective = spec.sweep.objective
+    local = local or LocalLaunch()
 
     def launch(trial_spec: JobSpec, key: str, trial_tags: dict[str, str], watcher: Watcher) -> dict:
-        return train(
-            trial_spec,
-            dataset,
-            data,
-            key,
-            on_line,
-            devices,
-            watcher.halt,
-            tags={**(tags or {}), **trial_tags},
-            waited_s=waited_s,
-            trial_objective=objective,
-            pruned=watcher.settle,
-        )
+        trial = replace(local, stop=watcher.halt, tags={**local.tags, **trial_tags})
+        return train(trial_spec, dataset, data, key, trial, trial_objective=objective, pruned=watcher.settle)
 
-    return run_trial(spec, sweep_run, slot, launch, lost=stop, of_lineage=lineage(spec, dataset.commit))
+    return run_trial(spec, sweep_run, slot, launch, lost=local.stop, of_lineage=lineage(spec, dataset.commit))
 
 
 def close_sweep(spec: JobSpec, dataset: PinnedDataset, sweep_run: str) -> dict:

@@ -9,7 +9,8 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,20 @@ if TYPE_CHECKING:
     import threading
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalLaunch:
+    """How a training runs on this machine, as its admission and its task say: where each output line goes
+    (the task log; default: this process's log), the GPUs the job was given (its CUDA_VISIBLE_DEVICES;
+    None leaves the environment's), the event that stops its workers (the job lost its admission), its
+    wait in the queue, and the tags of its MLflow run."""
+
+    on_line: Callable[[str], None] | None = None
+    devices: list[str] | None = None
+    stop: threading.Event | None = None
+    waited_s: float | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
 
 
 def in_pods(spec: JobSpec) -> bool:
@@ -135,29 +150,21 @@ def _version_trainer_dependencies(spec: JobSpec) -> list[str]:
     return replay.trainer_dependencies(replay.recorded(mt.client(), model, version))
 
 
-def launch_local(
-    spec: JobSpec,
-    data: dict,
-    plan: TrainingPlan,
-    on_line: Callable[[str], None] | None = None,
-    devices: list[str] | None = None,
-    stop: threading.Event | None = None,
-) -> None:
+def launch_local(spec: JobSpec, data: dict, plan: TrainingPlan, local: LocalLaunch | None = None) -> None:
     """The strategy's launcher (torchrun, horovodrun, deepspeed; or the custom command under torchrun) as a
-    subprocess; every output line goes to ``on_line`` (the task log). ``devices``: the GPUs the job was
-    given (its CUDA_VISIBLE_DEVICES), None to leave the environment's; ``stop``: set to stop the workers
-    (the job lost its admission). The launcher records this try's GPU time in the run's usage file, failed
-    tries included."""
-    from trainyard.training.launchers import local
+    subprocess, as ``local`` says (:class:`LocalLaunch`). The launcher records this try's GPU time in the
+    run's usage file, failed tries included."""
+    from trainyard.training.launchers import local as launcher
 
-    local.launch(
+    local = local or LocalLaunch()
+    launcher.launch(
         spec,
         data,
         run_dir=plan.run_dir,
         config_path=plan.config_path,
-        on_line=on_line or (lambda line: log.info("%s", line)),
-        devices=devices,
-        stop=stop,
+        on_line=local.on_line or (lambda line: log.info("%s", line)),
+        devices=local.devices,
+        stop=local.stop,
     )
 
 
@@ -294,25 +301,22 @@ def train(
     dataset: PinnedDataset,
     data: dict,
     run_key: str,
-    on_line: Callable[[str], None] | None = None,
-    devices: list[str] | None = None,
-    stop: threading.Event | None = None,
-    tags: dict[str, str] | None = None,
-    waited_s: float | None = None,
+    local: LocalLaunch | None = None,
     trial_objective: str | None = None,
     pruned: Callable[[], bool] = lambda: False,
 ) -> dict:
-    """Local training in one step: plan (the MLflow run with ``tags``), launch on this machine (on
-    ``devices`` if given; stopped once ``stop`` is set), collect (with ``waited_s``, its wait in the
-    queue). Resumes from the run's newest checkpoint, so a retry continues instead of starting over.
-    A sweep trial's workers report ``trial_objective`` each epoch; where ``pruned()``, asked once the
-    workers have ended, says the pruner stopped them, only their curves, time and cost are collected."""
+    """Local training in one step: plan (the MLflow run, with ``local``'s tags), launch on this machine as
+    ``local`` says, collect (with its wait in the queue). Resumes from the run's newest checkpoint, so a
+    retry continues instead of starting over. A sweep trial's workers report ``trial_objective`` each
+    epoch; where ``pruned()``, asked once the workers have ended, says the pruner stopped them, only their
+    curves, time and cost are collected."""
     from trainyard.training.launchers.local import WorkersStopped
 
-    plan = plan_training(spec, dataset, data, run_key, tags, trial_objective)
+    local = local or LocalLaunch()
+    plan = plan_training(spec, dataset, data, run_key, dict(local.tags), trial_objective)
     with _failed_run_on_error(plan):  # a collect that fails leaves no run RUNNING either
         try:
-            launch_local(spec, data, plan, on_line, devices, stop)
+            launch_local(spec, data, plan, local)
             stopped = False
         except WorkersStopped:
             if not pruned():
@@ -321,7 +325,7 @@ def train(
             log.info("sweep: the trial's workers were stopped after the pruner's word")
             stopped = True
         was_pruned = pruned()  # asked once the workers have ended: the answer holds from here on
-        return collect_training(spec, plan, result=not was_pruned, waited_s=waited_s, stopped=stopped)
+        return collect_training(spec, plan, result=not was_pruned, waited_s=local.waited_s, stopped=stopped)
 
 
 @contextlib.contextmanager
