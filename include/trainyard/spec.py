@@ -31,10 +31,12 @@ class SpecError(PermanentError, ValueError):
     callers that caught it as one.)"""
 
 
-def _repeated(names: Iterable[str]) -> list[str]:
-    """The names that occur more than once, sorted."""
+def _once_each(names: Iterable[str], rule: str) -> None:
+    """ValueError ``<rule>; repeated: [...]`` naming those of ``names`` that occur more than once."""
     seen = list(names)
-    return sorted({n for n in seen if seen.count(n) > 1})
+    dupes = sorted({n for n in seen if seen.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{rule}; repeated: {dupes}")
 
 
 class _Model(BaseModel):
@@ -464,9 +466,7 @@ class Sweep(_Model):
     @field_validator("parameters")
     @classmethod
     def _unique_parameters(cls, parameters: tuple[SearchParameter, ...]) -> tuple[SearchParameter, ...]:
-        dupes = _repeated(p.name for p in parameters)
-        if dupes:
-            raise ValueError(f"one entry per parameter; repeated: {dupes}")
+        _once_each((p.name for p in parameters), "one entry per parameter")
         for p in parameters:
             section, key = p.field
             if section == "hyperparameters" and key not in SWEEPABLE_HYPERPARAMETERS:
@@ -558,9 +558,7 @@ class JobSpec(_Model):
     @field_validator("gates")
     @classmethod
     def _unique_gates(cls, gates: tuple[Threshold, ...]) -> tuple[Threshold, ...]:
-        dupes = _repeated(g.metric for g in gates)
-        if dupes:
-            raise ValueError(f"one gate per metric; repeated: {dupes}")
+        _once_each((g.metric for g in gates), "one gate per metric")
         return gates
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from trainyard.data.store import Commit, ingest_files
+from trainyard.data.store import Commit, generator_metadata, ingest_files
 
 CATEGORIES = ("square", "circle", "triangle")
 
@@ -107,11 +107,5 @@ def generate(
 
 def ingest_shapes(store, repo: str, branch: str = "main", **kwargs) -> Commit:
     """Generate the shapes dataset into ``repo``/``branch``; identical bytes commit nothing new."""
-    return ingest_files(
-        store,
-        repo,
-        branch,
-        generate(**kwargs),
-        "ingest synthetic shapes (COCO)",
-        {"source": "trainyard.data.shapes", **{k: str(v) for k, v in kwargs.items()}},
-    )
+    metadata = generator_metadata(__name__, kwargs)
+    return ingest_files(store, repo, branch, generate(**kwargs), "ingest synthetic shapes (COCO)", metadata)

@@ -171,6 +171,11 @@ def ingest_files(
     return store.commit_files(repo, branch, files, message=message, metadata=metadata)
 
 
+def generator_metadata(module: str, params: Mapping[str, object]) -> dict[str, str]:
+    """A generated dataset's commit metadata: the module that generated it and the parameters it was given."""
+    return {"source": module, **{k: str(v) for k, v in params.items()}}
+
+
 def tree_digest(entries: Iterable[Entry]) -> str:
     """Digest of a tree's content (paths and blob hashes): the data's identity, independent of history."""
     return hashlib.sha256(_canonical(sorted((e.path, e.sha256) for e in entries))).hexdigest()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainyard.data.store import Commit, ingest_files
+from trainyard.data.store import Commit, generator_metadata, ingest_files
 
 DETERMINERS = ("the", "a")
 ADJECTIVES = ("big", "small", "red", "blue", "old", "young", "happy", "quiet", "fast", "green", "tall", "dark")
@@ -106,11 +106,5 @@ def generate(n_pairs: int = 4000, seed: int = 0) -> dict[str, bytes]:
 
 def ingest_synthetic_text(store, repo: str, branch: str = "main", **kwargs) -> Commit:
     """Generate the corpus into ``repo``/``branch``; identical bytes commit nothing new."""
-    return ingest_files(
-        store,
-        repo,
-        branch,
-        generate(**kwargs),
-        "ingest synthetic parallel text",
-        {"source": "trainyard.data.synthetic_text", **{k: str(v) for k, v in kwargs.items()}},
-    )
+    metadata = generator_metadata(__name__, kwargs)
+    return ingest_files(store, repo, branch, generate(**kwargs), "ingest synthetic parallel text", metadata)

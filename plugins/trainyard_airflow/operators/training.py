@@ -27,8 +27,9 @@ reference and the Job's TTL remove what is left) so they never hide the error th
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -186,6 +187,22 @@ class _TrainingRun:
             marker.unlink(missing_ok=True)
             self.log.exception("could not tell that the training runs longer than expected")
 
+    def abort(self, context: Context | None) -> None:
+        """Record this try's usage and delete what it created (each operator knows what that is)."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _aborted_on_failure(self, context: Context) -> Iterator[None]:
+        """A deferral passes through (the pods run on: the next step, or the trigger's on_kill, cleans up);
+        any other error aborts this try (its usage recorded, what it created deleted) and is raised again."""
+        try:
+            yield
+        except TaskDeferred:
+            raise
+        except BaseException:
+            self.abort(context)
+            raise
+
     def _delete(self, what: str, call: Callable[..., Any], **kwargs: Any) -> None:
         """Delete one object; already gone is fine, any other failure is logged (see the module docstring)."""
         try:
@@ -257,14 +274,9 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         self.parallelism = self.job_spec.resources.nodes  # checked before the Job is built
         self._try = _attempt(context)
         self._remove_earlier_attempts()
-        try:
+        with self._aborted_on_failure(context):
             self._reserve()
             result = super().execute(context)
-        except TaskDeferred:
-            raise  # the pods run on; execute_complete or the trigger's on_kill cleans up
-        except BaseException:
-            self.abort(context)
-            raise
         self._finish()
         return result
 
@@ -302,11 +314,8 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         if event.get("status") == "long_training":  # the Job runs on: tell the team, wait again
             self._tell_long_training(context, float(event.get("ran_s") or 0.0))
             self._defer(event["name"], event["namespace"], list(event["pod_names"]), notice_after=None)
-        try:
+        with self._aborted_on_failure(context):
             result = super().execute_complete(context, event, **kwargs)
-        except BaseException:
-            self.abort(context)
-            raise
         self._finish()
         return result
 
@@ -440,14 +449,9 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
 
     def execute(self, context: Context):
         self._try = _attempt(context)
-        try:
+        with self._aborted_on_failure(context):
             self._reserve()
             return super().execute(context)
-        except TaskDeferred:
-            raise  # the pod runs on; trigger_reentry or the trigger's on_kill cleans up
-        except BaseException:
-            self.abort(context)
-            raise
 
     def invoke_defer_method(self, last_log_time: Any = None, context: Context | None = None) -> None:
         """The provider's deferral, to :class:`TrainingPodTrigger` where the team is still to hear that the
@@ -472,13 +476,8 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
             self._tell_long_training(context, float(event.get("ran_s") or 0.0))
             self.pod = self.hook.get_pod(event["name"], event["namespace"])
             self.invoke_defer_method(last_log_time=event.get("last_log_time"), context=context)
-        try:
+        with self._aborted_on_failure(context):  # re-deferred: periodic logs, a transient trigger error
             return super().trigger_reentry(context, event)
-        except TaskDeferred:
-            raise  # re-deferred (periodic logs, a transient trigger error)
-        except BaseException:
-            self.abort(context)
-            raise
 
     def cleanup(
         self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod, xcom_result: dict | None = None, context: Context | None = None
