@@ -10,11 +10,15 @@ Optuna's RDB storage in that PostgreSQL database, a schema per team, and the one
 PostgreSQL advisory lock. Teams are the boundary: a sweep resumes or warm-starts only from its own team's
 studies.
 
-A journal has no heartbeat (nor does ask/tell in any storage): a trial whose training process is killed
-would stay RUNNING. The DAG tells Optuna instead (:func:`fail_left_running`): a retry of the trial's task
-fails the trial its earlier try left running (:func:`trainyard.sweeps.trials.run_trial`), the sweep's last
-task (:func:`close`) fails every trial of its run still running once all of them are done, and a trial
-whose task has not said it runs (:data:`ALIVE_ATTR`) for :data:`STALE_AFTER_S` counts as dead.
+Optuna's journal storage (the default here) has no heartbeat (Optuna 5.0: only its RDB storage does, and
+only ``study.optimize`` starts the thread that beats; ask/tell, which the trial tasks use, starts none), so
+a trial whose training process is killed would stay RUNNING. The DAG tells Optuna instead
+(:func:`fail_left_running`), one way for both storages: a retry of the trial's task fails the trial its
+earlier try left running (:func:`trainyard.sweeps.trials.run_trial`), the sweep's last task (:func:`close`)
+fails every trial of its run still running once all of them are done, and a trial whose task has not said
+it runs (:data:`ALIVE_ATTR`) for :data:`STALE_AFTER_S` counts as dead. Optuna's own heartbeat and
+``fail_stale_trials`` would serve the RDB storage alone, beside this for the journal;
+tests/unit/sweeps/test_study.py fails once Optuna's journal gets a heartbeat, to switch to it then.
 """
 
 from __future__ import annotations
