@@ -117,7 +117,9 @@ class Airflow:
         self.procs: list[subprocess.Popen] = []
 
     def run(self, *argv):
-        subprocess.run(argv, env=self.env, check=True, capture_output=True, text=True, cwd=REPO)
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, cwd=REPO, check=False)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(argv)} exited with {done.returncode}:\n{done.stderr[-3000:]}")
 
     def setup(self, users: str | None = None):
         """Config, database, pools and a signing key; ``users`` (``name:role,...``) replaces the simple auth

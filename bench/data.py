@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from child_process import child_result
+
 BATCH = 32
 
 
@@ -172,8 +174,6 @@ def train_under_limit(data: dict, out: Path, limit_mb: int, cache_mb: int) -> tu
 
 
 def run_child(data: dict, cache_mb: int, workers: int) -> dict:
-    from child_process import child_result  # a sibling: tests load this file by its path alone
-
     return child_result([__file__, "--child", json.dumps(data), str(cache_mb), str(workers)])
 
 

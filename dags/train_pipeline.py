@@ -51,6 +51,7 @@ from trainyard_airflow.team_dags import bundle_team, makes_dags
 
 if TYPE_CHECKING:
     from trainyard.pipeline.records import PinnedDataset
+    from trainyard.pipeline.train import LocalLaunch
 
 # In Airflow's multi-team mode this file is read in every team's bundle and makes that team's own
 # train_pipeline.<team> there, for its jobs only; in the shared bundle it makes nothing (team_dags).
@@ -185,7 +186,7 @@ def _run_data(job_spec: JobSpec) -> dict:
     return _prepared(job_spec, _dataset(job_spec, dataset))
 
 
-def _leased(lease: Any) -> Any:
+def _leased(lease: Any) -> LocalLaunch:
     """How a training runs on this worker (a LocalLaunch): as its admission's lease says (its devices, the
     signal to stop, its wait in the queue), with its run's MLflow tags."""
     from trainyard.pipeline.train import LocalLaunch

@@ -16,6 +16,8 @@ def load(relative: str, name: str | None = None) -> ModuleType:
     """The module of the file ``relative`` to the checkout, loaded on the first call (as ``name``, by
     default the file's stem)."""
     name = name or Path(relative).stem
+    if relative.startswith("bench/") and relative != "bench/child_process.py":
+        load("bench/child_process.py")  # the benchmarks' shared helper, imported by that name
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, REPO / relative)
         module = importlib.util.module_from_spec(spec)
@@ -38,7 +40,6 @@ def cluster_profile() -> ModuleType:
 
 def orchestration_bench() -> ModuleType:
     airflow_services()
-    load("bench/child_process.py")
     return load("bench/orchestration.py")
 
 

@@ -210,7 +210,7 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
     from mlflow.tracking import MlflowClient
 
     api, headers = _api_with_the_dag(cluster)
-    run_id = api.trigger(DAG, _digits_job("digits-cluster", epochs=30, min_accuracy=0.5), headers)
+    run_id = api.trigger(DAG, _digits_job("digits-cluster", epochs=40, min_accuracy=0.5), headers)
     run_dir = cluster.trainyard_home / "runs" / "digits-cluster"
 
     training_on: list[str] = []

@@ -14,7 +14,7 @@ import io
 
 import numpy as np
 
-from trainyard.data.store import Commit, ingest_files
+from trainyard.data.store import Commit, generator_metadata, ingest_files
 
 CLASSES = ("checks", "rings", "spots", "stripes")
 
@@ -77,6 +77,4 @@ def photo_files(per_class: int = 80, seed: int = 0) -> dict[str, bytes]:
 
 def ingest_photos(store, repo: str, branch: str = "main") -> Commit:
     """Ingest the synthetic photos into ``repo``/``branch`` (same bytes, same commit)."""
-    return ingest_files(
-        store, repo, branch, photo_files(), "ingest synthetic photos", {"source": "trainyard.data.photos"}
-    )
+    return ingest_files(store, repo, branch, photo_files(), "ingest synthetic photos", generator_metadata(__name__, {}))

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # handed on, never compared or hashed (it holds a list, a callable, an event)
 class LocalLaunch:
     """How a training runs on this machine, as its admission and its task say: where each output line goes
     (the task log; default: this process's log), the GPUs the job was given (its CUDA_VISIBLE_DEVICES;

@@ -58,11 +58,6 @@ def metric_drop(name: str, torch_value: float, onnx_value: float, tolerance: flo
     return None
 
 
-def flat(outputs) -> np.ndarray:
-    """Several output arrays as one flat float64 vector, for one parity figure over all of them."""
-    return np.concatenate([np.asarray(o, dtype=np.float64).ravel() for o in outputs])
-
-
 def save_input_example(out_dir: Path, feeds: dict[str, np.ndarray]) -> str:
     """The registered model's input example (one row per ONNX input), kept with the run as .npz."""
     path = Path(out_dir) / "input_example.npz"

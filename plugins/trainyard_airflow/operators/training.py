@@ -194,7 +194,9 @@ class _TrainingRun:
     @contextlib.contextmanager
     def _aborted_on_failure(self, context: Context) -> Iterator[None]:
         """A deferral passes through (the pods run on: the next step, or the trigger's on_kill, cleans up);
-        any other error aborts this try (its usage recorded, what it created deleted) and is raised again."""
+        any other error aborts this try (its usage recorded, what it created deleted) and is raised again.
+        (The provider's KubernetesJobOperator.execute_complete never defers; where it would, its pods would
+        run on as after execute's deferral.)"""
         try:
             yield
         except TaskDeferred:
@@ -476,7 +478,7 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
             self._tell_long_training(context, float(event.get("ran_s") or 0.0))
             self.pod = self.hook.get_pod(event["name"], event["namespace"])
             self.invoke_defer_method(last_log_time=event.get("last_log_time"), context=context)
-        with self._aborted_on_failure(context):  # re-deferred: periodic logs, a transient trigger error
+        with self._aborted_on_failure(context):  # a re-deferral (periodic logs, a trigger error) passes
             return super().trigger_reentry(context, event)
 
     def cleanup(

@@ -2,7 +2,7 @@
 default, has no heartbeat. Once an Optuna release gives it one, this fails: use Optuna's then."""
 
 from optuna.storages import JournalStorage, RDBStorage
-from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages._heartbeat import BaseHeartbeat  # private: an ImportError here asks the same question
 
 
 def test_only_optunas_database_storage_has_a_heartbeat():

@@ -1,0 +1,38 @@
+"""The Airflow UI's links from a training task to its MLflow run and its TensorBoard curves
+(trainyard_airflow.links): read from the task's own result, else training_result's; none without one."""
+
+from types import SimpleNamespace
+
+from trainyard_airflow.links import MlflowRunLink, TensorBoardLink
+
+
+def _ti(own: dict | None, training_result: dict | None = None):
+    def xcom_pull(task_ids, map_indexes=-1):
+        return own if task_ids == "train" else training_result
+
+    return SimpleNamespace(task_id="train", map_index=-1, xcom_pull=xcom_pull)
+
+
+def test_the_links_go_to_the_trained_run_and_its_curves(trainyard_home, monkeypatch):
+    from trainyard import paths
+    from trainyard.tracking import mlflow_tracking as mt
+
+    monkeypatch.setenv("TRAINYARD_MLFLOW_URL", "http://mlflow.example:5000/")
+    c = mt.client()
+    experiment = mt.experiment_id(c, "digits", "default")
+    run = c.create_run(experiment).info.run_id
+    board = paths.tensorboard_root() / "digits" / "r 1"
+    trained = {"mlflow_run_id": run, "tensorboard_dir": str(board)}
+
+    mlflow_link = MlflowRunLink().get_link(None, ti_key=_ti(trained))
+    assert mlflow_link == f"http://mlflow.example:5000/#/experiments/{experiment}/runs/{run}"
+    board_link = TensorBoardLink().get_link(None, ti_key=_ti(trained))
+    assert board_link == "http://localhost:6006/?runFilter=digits%2Fr%201#timeseries"
+    # a later task (evaluate) links through training_result's
+    assert MlflowRunLink().get_link(None, ti_key=_ti(None, trained)) == mlflow_link
+
+
+def test_no_training_result_no_link():
+    for ti in (_ti(None), _ti({"mlflow_run_id": ""}, {"tensorboard_dir": ""})):
+        assert MlflowRunLink().get_link(None, ti_key=ti) == ""
+        assert TensorBoardLink().get_link(None, ti_key=ti) == ""
