@@ -176,19 +176,36 @@ class Airflow:
         self.wait(lambda: requests.get(f"{self.url}/api/v2/monitor/health", timeout=5).ok, 600, "API server")
 
     def stop(self, wait_s: float = 10):
-        """SIGTERM to every component's process group; what is still there after ``wait_s`` in all (a
-        throwaway installation: nothing to wait for) gets SIGKILL."""
-        for p in self.procs:
+        """SIGTERM to every process of every component's session (its own, and what it started in process
+        groups of their own: the task processes the executor forks, which a group's signal would leave
+        running their trainings); what is still there after ``wait_s`` in all (a throwaway installation:
+        nothing to wait for) gets SIGKILL."""
+        sessions = {p.pid for p in self.procs}
+
+        def left() -> list[int]:
+            found = []
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    with contextlib.suppress(OSError):  # ended meanwhile
+                        zombie = (entry / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
+                        if not zombie and os.getsid(int(entry.name)) in sessions:
+                            found.append(int(entry.name))
+            return found
+
+        for pid in left():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait_s
         for p in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in left():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
 
     def logs(self) -> str:
         return "\n".join(f"--- {f.name}\n" + f.read_text()[-3000:] for f in sorted(self.home.glob("*.log")))

@@ -124,6 +124,13 @@ def _socket_inodes(pid: int) -> set[str]:
     return found
 
 
+def _processes_of(path: str) -> list[int]:
+    """The processes whose command line names ``path`` (a run's directory: its workers, its launcher)."""
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if path in " ".join(p.info["cmdline"] or [])]
+
+
 def _ancestors(pid: int) -> list[int]:
     chain = []
     while pid > 1:
@@ -894,8 +901,9 @@ def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_wo
                 json={"state": "failed"},
                 timeout=30,
             )
+            # marked failed, its task is killed at its next heartbeat, and its processes with it
             airflow.wait(
-                lambda: airflow.task_instances(VISION_DAG, trains_on, alice)["train"]["state"] != "running",
+                lambda: not _processes_of(str(airflow.trainyard_home / "runs" / "trains-on")),
                 120,
                 "alice's job to stop",
             )
