@@ -153,15 +153,15 @@ def prepared(digits_dir, tmp_path_factory):
 # puts the few-test integration files last), as each worker becomes free: with a long file last, one worker
 # runs it alone while the other idles (seen: the scheduler replay's file alone for its last 4 minutes). Order
 # by the figures `make test`'s --durations prints; a file not listed keeps its place after these.
-LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-04), setup included
-    "tests/integration/test_under_the_executor.py",  # ~705: one Airflow, four runs and a sweep through it
-    "tests/integration/test_cluster_profile.py",  # ~330: the profile up, a worker killed, a replay, a restart
-    "tests/integration/test_recipe_pipelines.py",  # ~170
-    "tests/integration/test_rest_api.py",  # ~120, the orchestration benchmark's smoke included
-    "tests/integration/test_benchmarks.py",  # ~90, the export-parity smoke included
-    "tests/integration/test_train_pipeline_dag.py",  # ~80
-    "tests/integration/test_resume.py",  # ~70
-    "tests/integration/test_custom_sweep.py",  # ~60
+LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-06), setup included
+    "tests/integration/test_under_the_executor.py",  # ~870: one Airflow, two teams, the queue, a sweep, retraining
+    "tests/integration/test_cluster_profile.py",  # ~700: the profile up, a sweep, a worker killed, a replay, a restart
+    "tests/integration/test_recipe_pipelines.py",  # ~200
+    "tests/integration/test_benchmarks.py",  # ~140, the export-parity smoke included
+    "tests/integration/test_rest_api.py",  # ~130, the orchestration benchmark's smoke included
+    "tests/integration/test_train_pipeline_dag.py",  # ~110
+    "tests/integration/test_resume.py",  # ~60
+    "tests/integration/test_custom_sweep.py",  # ~50
     "tests/integration/test_streaming_memory.py",
 )
 
