@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,13 +39,13 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from kubernetes.client import models as k8s
-from kubernetes.client.rest import ApiException
 
 from trainyard import paths
 from trainyard.errors import spec_error_message
 from trainyard.spec import JobSpec, SpecError, parse_spec
 from trainyard.training.launchers import kubernetes as launcher
 from trainyard.training.run_config import RunConfig
+from trainyard_airflow.hooks.training_hook import TrainingHook
 from trainyard_airflow.triggers.training_job import TrainingJobTrigger, TrainingPodTrigger
 
 if TYPE_CHECKING:
@@ -81,7 +82,10 @@ class _TrainingRun:
     run_key: str
     config_path: str
     log: Any
-    client: Any
+    kubernetes_conn_id: str | None  # the provider operator's, as its own hook takes them
+    in_cluster: bool | None
+    config_file: str | None
+    cluster_context: str | None
     _pods: Callable[[], list[k8s.V1Pod]]  # each operator knows how its pods are found
     _try: int | None = None  # the Airflow try number, once execute or a resume method has it
 
@@ -205,16 +209,24 @@ class _TrainingRun:
             self.abort(context)
             raise
 
-    def _delete(self, what: str, call: Callable[..., Any], **kwargs: Any) -> None:
-        """Delete one object; already gone is fine, any other failure is logged (see the module docstring)."""
+    @cached_property
+    def hook(self) -> TrainingHook:
+        """The provider's hook, with the training's other objects (hooks/training_hook.py)."""
+        return TrainingHook(
+            conn_id=self.kubernetes_conn_id,
+            in_cluster=self.in_cluster,
+            config_file=self.config_file,
+            cluster_context=self.cluster_context,
+        )
+
+    def _delete(self, kind: str, name: str) -> None:
+        """Delete one object of this try; already gone is fine, any other failure is logged (see the module
+        docstring)."""
         try:
-            call(**kwargs)
-            self.log.info("deleted %s %s", what, kwargs["name"])
-        except ApiException as err:
-            if err.status != 404:
-                self.log.warning("could not delete %s %s (its owner or TTL will): %s", what, kwargs["name"], err)
+            if self.hook.delete(kind, name, self._namespace):
+                self.log.info("deleted %s %s", kind, name)
         except Exception as err:  # logged only: it must not replace the error that made the try fail
-            self.log.warning("could not delete %s %s (its owner or TTL will): %s", what, kwargs["name"], err)
+            self.log.warning("could not delete %s %s (its owner or TTL will): %s", kind, name, err)
 
 
 class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
@@ -331,24 +343,15 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
                 return  # killed before execute began: nothing was created
             self._try = _attempt(context)
         self._record_usage()
-        name, namespace = self._name(), self._namespace
-        self._delete(
-            "Job",
-            self.job_client.delete_namespaced_job,
-            name=name,
-            namespace=namespace,
-            propagation_policy="Background",
-        )
-        self._delete("Service", self.client.delete_namespaced_service, name=name, namespace=namespace)
+        self._delete("Job", self._name())
+        self._delete("Service", self._name())
 
     def _finish(self) -> None:
         self._record_usage()
-        self._delete("Service", self.client.delete_namespaced_service, name=self._name(), namespace=self._namespace)
+        self._delete("Service", self._name())
 
     def _pods(self) -> list[k8s.V1Pod]:
-        return self.client.list_namespaced_pod(
-            namespace=self._namespace, label_selector=f"{JOB_NAME_LABEL}={self._name()}"
-        ).items
+        return self.hook.list_pods(self._namespace, f"{JOB_NAME_LABEL}={self._name()}")
 
     def create_job(self, job_request_obj: k8s.V1Job) -> k8s.V1Job:
         job = self.hook.create_job(job=job_request_obj)
@@ -358,7 +361,7 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         ]
         # Created after the Job (the owner needs a uid): pod 0 hosts the rendezvous without DNS and the
         # other pods retry the lookup, so the pods may start first.
-        self.client.create_namespaced_service(namespace=job.metadata.namespace, body=service)
+        self.hook.create_service(service, job.metadata.namespace)
         self.log.info(
             "created Job %s and headless Service %s in %s",
             job.metadata.name,
@@ -379,9 +382,7 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         )
         deadline = time.monotonic() + self.startup_timeout_seconds
         while True:
-            pods = self.client.list_namespaced_pod(
-                namespace=pod_request_obj.metadata.namespace, label_selector=selector
-            ).items
+            pods = self.hook.list_pods(pod_request_obj.metadata.namespace, selector)
             if len(pods) >= self.parallelism or time.monotonic() >= deadline:
                 break
             time.sleep(self.startup_check_interval_seconds)
@@ -401,16 +402,10 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         this run left (found by the run's labels, never by name) are deleted first."""
         selector = ",".join(f"{k}={v}" for k, v in launcher.run_labels(self.job_spec, self.run_key).items())
         ours = self._name()
-        for job in self.job_client.list_namespaced_job(namespace=self._namespace, label_selector=selector).items:
+        for job in self.hook.list_jobs(self._namespace, selector):
             if job.metadata.name != ours:
                 self.log.warning("deleting Job %s, left by an earlier try of this run", job.metadata.name)
-                self._delete(
-                    "Job",
-                    self.job_client.delete_namespaced_job,
-                    name=job.metadata.name,
-                    namespace=self._namespace,
-                    propagation_policy="Background",
-                )
+                self._delete("Job", job.metadata.name)
 
 
 class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
@@ -499,18 +494,14 @@ class KubernetesTrainingPodOperator(_TrainingRun, KubernetesPodOperator):
                 return
             self._try = _attempt(context)
         self._record_usage()
-        self._delete("Pod", self.client.delete_namespaced_pod, name=self._name(), namespace=self._namespace)
+        self._delete("Pod", self._name())
 
     def _pods(self) -> list[k8s.V1Pod]:
         final = getattr(self, "_final_pod", None)
         if final is not None:
             return [final]
-        try:
-            return [self.client.read_namespaced_pod(name=self._name(), namespace=self._namespace)]
-        except ApiException as err:
-            if err.status == 404:
-                return []
-            raise
+        pod = self.hook.read_pod(self._name(), self._namespace)
+        return [pod] if pod is not None else []
 
 
 def training_operator(
