@@ -196,9 +196,6 @@ class Airflow:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait_s
-        for p in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
         while left() and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in left():

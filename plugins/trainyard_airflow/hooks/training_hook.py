@@ -20,9 +20,9 @@ class TrainingHook(KubernetesHook):
         return self.core_v1_client.list_namespaced_pod(namespace=namespace, label_selector=label_selector).items
 
     def read_pod(self, name: str, namespace: str) -> k8s.V1Pod | None:
-        """The pod, or None where it is gone."""
+        """The pod (the provider's :meth:`get_pod`), or None where it is gone."""
         try:
-            return self.core_v1_client.read_namespaced_pod(name=name, namespace=namespace)
+            return self.get_pod(name, namespace)
         except ApiException as err:
             if err.status == 404:
                 return None
