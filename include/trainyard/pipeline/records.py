@@ -46,7 +46,8 @@ class TrainingPlan(BaseModel):
 
 def from_xcom(model: type[R], value: Mapping[str, Any] | R, step: str) -> R:
     """``value`` as the record ``model`` (an XCom a user may write: nothing but the record's own fields, each
-    of its type); NotAllowed, naming ``step`` whose result it claims to be, if it is not one."""
+    of its type); NotAllowed, naming ``step`` whose result it claims to be and the fields that are wrong (not
+    their values), if it is not one."""
     from pydantic import ValidationError
 
     from trainyard.teams import NotAllowed
@@ -56,9 +57,12 @@ def from_xcom(model: type[R], value: Mapping[str, Any] | R, step: str) -> R:
     try:
         return model.model_validate(value)
     except ValidationError as err:
+        wrong = sorted({".".join(map(str, e["loc"]))[:64] or "the value itself" for e in err.errors()})
+        article = "an" if model.__name__[0] in "AEIOU" else "a"
+        named = ", ".join(wrong[:5]) + (", ..." if len(wrong) > 5 else "")
         raise NotAllowed(
-            f"what this task was handed as {step}'s result is not a {model.__name__} ({err.error_count()} field(s) "
-            f"wrong): {step}'s result was changed; trigger the job again"
+            f"what this task was handed as {step}'s result is not {article} {model.__name__} ({err.error_count()} "
+            f"field(s) wrong: {named}): {step}'s result was changed; trigger the job again"
         ) from None
 
 

@@ -146,6 +146,8 @@ def test_a_later_task_s_dataset_and_files_are_held_to_the_job_whatever_its_xcom_
     for forged in forgeries:
         with pytest.raises(NotAllowed, match="resolve_dataset's result was changed"):
             pipeline.pinned_dataset(job, forged)
+    with pytest.raises(NotAllowed, match=r"not a PinnedDataset \(2 field\(s\) wrong: commit, path\)"):
+        pipeline.pinned_dataset(job, {**xcom, "commit": None, "path": "/etc"})  # named, their values not
     own = paths.run_dir(job.name, "train_pipeline.nlp/r1")
     assert pipeline.own_run_files(job, {"run_dir": str(own), "model_path": str(own / "model.pt")})
     other = paths.run_dir("vision-net", "train_pipeline.vision/r1")
