@@ -26,8 +26,11 @@ into memory and a background thread writes, fsyncs, renames and prunes it (keepi
 hand loop wrote none, and trainyard's checkpoint was charged to it alone; the report gives the ratio
 without either side's save too. The hand loop reads its batches as most people write it (a
 ``TensorDataset``: 32 items fetched and stacked a batch), trainyard reads a batch in one go. The first
-epoch of each run is the warm-up, not measured. Between a line and the pause a side runs on for a fraction
-of a millisecond that no side is charged; it is the same for all.
+epoch of each run is the warm-up, not measured. The thread that reads a side's output pauses it as it reads
+the line: between the line and the pause a side runs on for a fraction of a millisecond that no side is
+charged, the same for all. On a machine busy enough to keep that thread waiting a whole epoch, the side's
+next line comes before its resume (a negative epoch, once seen beside the test suite): the repetition is
+run again, at most three times.
 Timers of wall time keep running while a side is paused, and trainyard has two: its relay passes every
 5 s, so here it passes every 15 s (trainyard runs a third of the time); the worker's tracker thread wakes
 every 5 s of wall time, so here up to three times as often per epoch as in production, a bias against
@@ -191,8 +194,9 @@ class Job:
     in a session of its own), as found at the first pause; these commands start none after their first
     epoch (the digits JobSpec's loader has no worker processes)."""
 
-    def __init__(self, argv: list[str], env: dict, marker: re.Pattern) -> None:
+    def __init__(self, argv: list[str], env: dict, marker: re.Pattern, pause_at_marks: bool = False) -> None:
         self.marker = marker
+        self.pause_at_marks = pause_at_marks  # each marker line pauses the command as it is read
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             argv,
@@ -215,6 +219,8 @@ class Job:
         for line in self.proc.stdout:
             if self.marker.search(line):
                 at = time.perf_counter()
+                if self.pause_at_marks:
+                    self.send(signal.SIGSTOP)
                 self.marked.append(line)  # before its time is handed out: whoever reads the time finds it
                 self.marks.put(at)
             self.tail.append(line)
@@ -321,20 +327,18 @@ def torchrun(nproc: int, tail: list[str]) -> Job:
     from trainyard.training.launchers.local import worker_env
 
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc_per_node={nproc}"]
-    return Job([*argv, *tail], worker_env(nproc, dict(os.environ)), EPOCH_LINE)
+    return Job([*argv, *tail], worker_env(nproc, dict(os.environ)), EPOCH_LINE, pause_at_marks=True)
 
 
-def start(
-    side: str, root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str], histogram_every: int
-) -> Side:
-    """Start one side's command (the tracked side's relay first, as the local launcher enters it); the
-    tracked side writes histograms every ``histogram_every`` steps, as a local run does (0: none)."""
+def start(side: str, out: Path, nproc: int, epochs: int, mlflow: tuple[str, str], histogram_every: int) -> Side:
+    """Start one side's command, writing into ``out`` (the tracked side's relay first, as the local launcher
+    enters it); the tracked side writes histograms every ``histogram_every`` steps, as a local run does (0:
+    none)."""
     from trainyard.spec import parse_spec
     from trainyard.training.metrics import metrics_path
     from trainyard.training.run_config import RunConfig, work_dir
 
-    out = root / f"{side}-{nproc}-{rep}"
-    out.mkdir()
+    root = out.parent
     if side == "hand":
         argv = [SCRIPT, "--hand-worker", str(root / "data.json"), str(out / "result.json"), str(epochs)]
         return Side(torchrun(nproc, argv), out / "result.json")
@@ -371,11 +375,16 @@ def start(
     )
 
 
+class RanPastPause(Exception):
+    """A side's epoch line came before its resume: it trained on while it should have been paused."""
+
+
 def repetition(
-    root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str], histogram_every: int
+    root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str], histogram_every: int, attempt: int = 0
 ) -> dict[str, Side]:
     """One run of each side, their epochs in turns; the sides' order rotates with the repetition and the
-    round, so that each side goes first, second and third in turn."""
+    round, so that each side goes first, second and third in turn. RanPastPause where a side was not
+    paused in time (``attempt``: the how-manyth try of this repetition, for its folders)."""
 
     def rotated(k: int) -> list[str]:
         return [*SIDES[k % 3 :], *SIDES[: k % 3]]
@@ -383,7 +392,9 @@ def repetition(
     sides: dict[str, Side] = {}
     try:
         for name in rotated(rep):  # each starts alone: the sides before it are paused
-            side = sides[name] = start(name, root, nproc, rep, epochs, mlflow, histogram_every)
+            out = root / f"{name}-{nproc}-{rep}-{attempt}"
+            out.mkdir()
+            side = sides[name] = start(name, out, nproc, epochs, mlflow, histogram_every)
             side.first_s = side.job.next_mark() - side.job.started
             side.pause()
         for round_ in range(1, epochs):
@@ -391,8 +402,13 @@ def repetition(
                 side = sides[name]
                 resumed = time.perf_counter()
                 side.resume()
-                side.epochs_s.append(side.job.next_mark() - resumed)
+                came = side.job.next_mark()
                 side.pause()
+                if came < resumed:
+                    raise RanPastPause(
+                        f"{name}'s epoch {round_ + 1} line came {resumed - came:.3f} s before its resume"
+                    )
+                side.epochs_s.append(came - resumed)
         for name in rotated(rep):  # each ends alone
             side = sides[name]
             resumed = time.perf_counter()
@@ -517,8 +533,26 @@ def main() -> None:
         (root / "data.json").write_text(json.dumps(prepare(root)))
         mlflow = mlflow_run(root)
         for nproc in args.procs:
-            runs = [repetition(root, nproc, rep, args.epochs, mlflow, args.histogram_every) for rep in range(args.reps)]
+            runs = [measured(root, nproc, rep, args.epochs, mlflow, args.histogram_every) for rep in range(args.reps)]
             print(report(nproc, args.epochs, runs), flush=True)
+
+
+TRIES = 3  # of a repetition where a side ran past its pause
+
+
+def measured(
+    root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str], histogram_every: int
+) -> dict[str, Side]:
+    """The repetition ``rep``, run again where a side ran past its pause (at most ``TRIES`` times)."""
+    for attempt in range(TRIES):
+        try:
+            return repetition(root, nproc, rep, epochs, mlflow, histogram_every, attempt)
+        except RanPastPause as err:
+            print(f"repetition {rep + 1}, {nproc} process(es): {err} (a busy machine); run again", file=sys.stderr)
+    raise SystemExit(
+        f"repetition {rep + 1}: a side ran past its pause in each of {TRIES} tries; a machine this busy "
+        "cannot time epochs"
+    )
 
 
 if __name__ == "__main__":
