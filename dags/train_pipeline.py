@@ -50,7 +50,7 @@ from trainyard_airflow.policy import training_priority
 from trainyard_airflow.team_dags import bundle_team, makes_dags
 
 if TYPE_CHECKING:
-    from trainyard.pipeline.records import PinnedDataset
+    from trainyard.pipeline.records import PinnedDataset, TrainingResult
     from trainyard.pipeline.train import LocalLaunch
 
 # In Airflow's multi-team mode this file is read in every team's bundle and makes that team's own
@@ -167,16 +167,17 @@ def _linked(task_output: Any) -> Any:
     return task_output
 
 
-def _job_spec(spec: dict, trained: dict) -> JobSpec:
-    """The JobSpec of what was trained (a sweep's best trial has its own values: ``trial_spec``), once the
-    training's result is held to it (:func:`trainyard.pipeline.own_run_files`: a user may write XComs)."""
-    from trainyard.pipeline.records import own_run_files
+def _job_spec(spec: dict, trained: dict) -> tuple[JobSpec, TrainingResult]:
+    """The JobSpec of what was trained (a sweep's best trial has its own values: ``trial_spec``) and the
+    training's result (``training_result``'s XCom) as its record, held to it
+    (:func:`trainyard.pipeline.records.held_training`: a user may write XComs)."""
+    from trainyard.pipeline.records import TrainingResult, from_xcom, held_training
 
-    job_spec = _spec(trained.get("trial_spec") or spec)
+    record = from_xcom(TrainingResult, trained, "training_result")
+    job_spec = _spec(record.trial_spec or spec)
     if job_spec.name != spec["name"]:
         raise PermanentError(f"the trained trial's spec names job {job_spec.name!r}, not {spec['name']!r}")
-    own_run_files(job_spec, trained)
-    return job_spec
+    return job_spec, held_training(job_spec, record)
 
 
 def _run_data(job_spec: JobSpec) -> dict:
@@ -305,7 +306,7 @@ def train(spec: dict, dataset: dict, data: dict) -> dict:
     return _while_admitted(
         job,
         job_spec,
-        lambda lease: run(job_spec, pinned, data, _run_key(), _leased(lease)),
+        lambda lease: run(job_spec, pinned, data, _run_key(), _leased(lease)).model_dump(mode="json"),
         earlier_s=wall_seconds(run_dir(job_spec, _run_key())),
     )
 
@@ -364,7 +365,8 @@ def close_sweep() -> dict:
     if ti.xcom_pull(task_ids="plan_sweep") is None:
         raise AirflowSkipException("no sweep was planned in this run")
     job_spec = _spec(ti.xcom_pull(task_ids="validate_spec"))
-    return close(job_spec, _dataset(job_spec, ti.xcom_pull(task_ids="resolve_dataset")), _run_key())
+    best = close(job_spec, _dataset(job_spec, ti.xcom_pull(task_ids="resolve_dataset")), _run_key())
+    return {**best, "trained": best["trained"].model_dump(mode="json")}  # the record as JSON only here
 
 
 @task
@@ -387,20 +389,26 @@ def collect_kubernetes(spec: dict, plan: dict) -> dict:
     from trainyard.pipeline.train import collect_training
 
     job_spec = _spec(spec)
-    return collect_training(job_spec, held_plan(job_spec, _run_key(), plan))  # the plan is an XCom: held to the run
+    held = held_plan(job_spec, _run_key(), plan)  # the plan is an XCom: held to the run
+    return collect_training(job_spec, held).model_dump(mode="json")
 
 
 @task(trigger_rule="none_failed_min_one_success")
 @fail_permanently
 def training_result() -> dict:
-    """The result of whichever branch ran (the others were skipped): a sweep's is its best trial's."""
+    """The result of whichever branch ran (the others were skipped), a TrainingResult as JSON: a sweep's is
+    its best trial's."""
+    from trainyard.pipeline.records import TrainingResult, from_xcom
+
     ti = get_current_context()["ti"]
     swept = ti.xcom_pull(task_ids="close_sweep")
     if swept:
-        return swept["trained"]
+        return from_xcom(TrainingResult, swept["trained"], "close_sweep").model_dump(mode="json")
     if JobSpec.model_validate(ti.xcom_pull(task_ids="validate_spec")).sweep is not None:
         raise PermanentError("the sweep's close_sweep task left no result: nothing to evaluate or register")
-    return ti.xcom_pull(task_ids="train") or ti.xcom_pull(task_ids="collect_kubernetes")
+    local = ti.xcom_pull(task_ids="train")
+    step, trained = ("train", local) if local else ("collect_kubernetes", ti.xcom_pull(task_ids="collect_kubernetes"))
+    return from_xcom(TrainingResult, trained, step).model_dump(mode="json")
 
 
 @task
@@ -410,8 +418,8 @@ def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     MLflow run; a custom command's are the ones it reported."""
     from trainyard.pipeline.evaluate import evaluate as run
 
-    job_spec = _job_spec(spec, trained)
-    return run(job_spec, trained, _run_data(job_spec))
+    job_spec, held = _job_spec(spec, trained)
+    return run(job_spec, held, _run_data(job_spec))
 
 
 @task
@@ -422,8 +430,8 @@ def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
     from trainyard.evaluation.gate import GateFailed
     from trainyard.pipeline.evaluate import gate as check
 
-    job_spec = _job_spec(spec, trained)
-    result = check(job_spec, metrics, _run_data(job_spec), trained)
+    job_spec, held = _job_spec(spec, trained)
+    result = check(job_spec, metrics, _run_data(job_spec), held)
     get_current_context()["ti"].xcom_push(key="gate_result", value=result)
     if not result["passed"] and not _spec(spec).replay_of:  # a replay measures; its verdict is recorded
         raise GateFailed(result["message"])
@@ -442,8 +450,8 @@ def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
     if _spec(spec).replay_of:
         raise AirflowSkipException(f"a replay of {_spec(spec).replay_of} exports and registers nothing")
 
-    job_spec = _job_spec(spec, trained)
-    return run(job_spec, trained, _run_data(job_spec))
+    job_spec, held = _job_spec(spec, trained)
+    return run(job_spec, held, _run_data(job_spec)).model_dump(mode="json")
 
 
 @task(on_success_callback=[TeamNotifier(event="registered")])
@@ -457,12 +465,11 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
     user = triggering_user() or "train_pipeline"
     # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it
     identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
-    from trainyard.pipeline.records import own_run_files
+    from trainyard.pipeline.records import held_export
 
-    job_spec = _job_spec(spec, trained)
+    job_spec, held = _job_spec(spec, trained)
     lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on
-    files = own_run_files(job_spec, exported)
-    return run(job_spec, lineage, trained, files, metrics, _run_key(), identity, user=user)
+    return run(job_spec, lineage, held, held_export(job_spec, exported), metrics, _run_key(), identity, user=user)
 
 
 @dag(

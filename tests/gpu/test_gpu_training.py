@@ -305,13 +305,23 @@ def test_gpu_trained_model_passes_the_onnx_export_gate(train, prepared, gpus, di
     from trainyard import pipeline
 
     run = train(all_gpus() if gpus == "all" else gpus, **distributed)
-    out = pipeline.export_onnx(run.spec, {**run.result, "run_dir": str(run.out)}, prepared)
-    parity = out["parity"]
-    assert parity["passed"] and parity["mismatched"] == 0 and parity["total"] > 0, parity
+    trained = pipeline.TrainingResult(  # what collect_training would make of the run: the model is what matters
+        mlflow_run_id="gpu-test",
+        run_dir=str(run.out),
+        tensorboard_dir=str(run.out / "tb"),
+        wall_seconds=0.0,
+        gpu_seconds=0.0,
+        tries=1,
+        cost=0.0,
+        model_path=run.result["model_path"],
+    )
+    out = pipeline.export_onnx(run.spec, trained, prepared)
+    parity = out.parity
+    assert parity and parity["passed"] and parity["mismatched"] == 0 and parity["total"] > 0, parity
     assert parity["max_scaled_diff"] <= parity["rtol"], parity
-    assert out["val_accuracy_onnx"] == out["val_accuracy_torch"] > MIN_ACCURACY, out
-    assert abs(out["val_accuracy_torch"] - run.result["val_accuracy"]) <= CROSS_DEVICE_ACCURACY, (out, run.result)
-    assert Path(out["onnx_path"]).is_file()
+    assert out.metric == "val_accuracy" and out.metric_onnx == out.metric_torch > MIN_ACCURACY, out
+    assert abs(out.metric_torch - run.result["val_accuracy"]) <= CROSS_DEVICE_ACCURACY, (out, run.result)
+    assert Path(out.onnx_path).is_file()
 
 
 def test_bf16_forward_runs_in_bf16_on_the_workers_gpu(tmp_path, monkeypatch):

@@ -25,18 +25,18 @@ def test_histograms_and_throughput_reach_tensorboard_and_mlflow(trainyard_home):
     data = pipeline.prepare_data(spec, dataset)
     trained = pipeline.train(spec, dataset, data, "test/curves")
 
-    events = EventAccumulator(trained["tensorboard_dir"], size_guidance={HISTOGRAMS: 0})
+    events = EventAccumulator(trained.tensorboard_dir, size_guidance={HISTOGRAMS: 0})
     events.Reload()
     tags = events.Tags()["histograms"]
     assert "weights/head.3.weight" in tags and "gradients/head.3.weight" in tags, tags
     steps = [h.step for h in events.Histograms("gradients/head.3.weight")]
     # every 20th step, but one set in flight: a set asked for while the last is still being written is skipped
-    assert steps[0] == 20 and len(steps) >= 2 and set(steps) <= set(range(20, trained["steps"] + 1, 20)), steps
+    assert steps[0] == 20 and len(steps) >= 2 and set(steps) <= set(range(20, trained.steps + 1, 20)), steps
     first = events.Histograms("weights/head.3.weight")[0].histogram_value
     assert first.num == 10 * 64 and first.min < 0 < first.max  # every weight of the layer, binned
 
     c = mt.client()
-    run = c.get_run(trained["mlflow_run_id"])
+    run = c.get_run(trained.mlflow_run_id)
     assert run.info.status == "FINISHED"  # MLflow shows the run ended
     # the trainer's own packages recorded beside the worker's: here (one virtual environment) the same set
     from trainyard import environment
@@ -44,9 +44,9 @@ def test_histograms_and_throughput_reach_tensorboard_and_mlflow(trainyard_home):
     assert run.data.tags[environment.TRAINER_TAG] == run.data.tags[environment.DEPENDENCIES_TAG]
     listed = mt.read_artifact(c, run.info.run_id, environment.TRAINER_ARTIFACT)
     assert listed is not None and "torch==" in listed
-    history = c.get_metric_history(trained["mlflow_run_id"], "samples_per_second")
+    history = c.get_metric_history(trained.mlflow_run_id, "samples_per_second")
     assert history and all(m.value > 0 for m in history)
-    eta = sorted(c.get_metric_history(trained["mlflow_run_id"], "eta_seconds"), key=lambda m: m.step)
+    eta = sorted(c.get_metric_history(trained.mlflow_run_id, "eta_seconds"), key=lambda m: m.step)
     assert eta[-1].value == 0 and eta[0].value > 0
 
     # the run's report, stored once the gate has decided: its curves and one page of its facts
@@ -58,10 +58,10 @@ def test_histograms_and_throughput_reach_tensorboard_and_mlflow(trainyard_home):
     with Image.open(report / "curves.png") as png:
         assert png.format == "PNG" and png.size[1] > 600  # a panel per curve
     page = (report / "report.html").read_text()
-    run = c.get_run(trained["mlflow_run_id"])
+    run = c.get_run(trained.mlflow_run_id)
     assert dataset.commit in page and run.data.tags["code_version"] in page
     assert f"{run.data.metrics['val_accuracy']:.6g}" in page and f"{run.data.metrics['run_cost']:.6g}" in page
     assert f"Gate {'passed' if verdict['passed'] else 'FAILED'}" in page and "<td>val_accuracy</td>" in page
     assert {"report/report.html", "report/curves.png"} <= {
-        a.path for a in c.list_artifacts(trained["mlflow_run_id"], "report")
+        a.path for a in c.list_artifacts(trained.mlflow_run_id, "report")
     }

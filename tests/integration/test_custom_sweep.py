@@ -95,12 +95,12 @@ def test_a_custom_programs_sweep_prunes_a_loser_it_is_told_about_and_exports_the
     best = pipeline.close_sweep(spec, dataset, "train_pipeline/manual__obeys")
     assert best["trial"] == 0 and best["value"] == study.trials[0].value
     trained = best["trained"]
-    assert trained["final_metrics"]["val_accuracy"] == best["value"] and Path(trained["onnx_path"]).is_file()
-    trial_spec = JobSpec.model_validate(trained["trial_spec"])  # as the DAG's evaluate and export read it
+    assert trained.final_metrics["val_accuracy"] == best["value"] and Path(trained.onnx_path).is_file()
+    trial_spec = JobSpec.model_validate(trained.trial_spec)  # as the DAG's evaluate and export read it
     assert trial_spec.hyperparameters.learning_rate == GOOD_LR and trial_spec.sweep is None
     assert pipeline.evaluate(trial_spec, trained, data)["val_accuracy"] == best["value"]
     exported = pipeline.export_onnx(trial_spec, trained, data)
-    assert Path(exported["onnx_path"]).is_file()
+    assert Path(exported.onnx_path).is_file()
 
 
 def test_a_custom_program_deaf_to_the_pruner_is_stopped_and_its_trial_pruned(trainyard_home, monkeypatch):

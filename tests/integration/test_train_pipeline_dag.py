@@ -153,7 +153,8 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     x = xcoms(dr)
     spec = JobSpec.model_validate(x["validate_spec"])  # the XCom is JSON; the steps take the model
     pinned = pipeline.pinned_dataset(spec, x["resolve_dataset"])  # the XCom, as the DAG's tasks read it
-    again = pipeline.register(spec, pinned, x["train"], x["export_onnx"], x["evaluate"], run_key)
+    trained, exported = pipeline.held_training(spec, x["train"]), pipeline.held_export(spec, x["export_onnx"])
+    again = pipeline.register(spec, pinned, trained, exported, x["evaluate"], run_key)
     assert again == {**again, "version": int(mv.version), "created": False}
     assert len(c.search_model_versions("name = 'digits'")) == 1
 
@@ -319,15 +320,15 @@ def test_a_built_in_trainers_workers_run_in_the_sandbox(trainyard_home, small_sp
 
     trained = pipeline.train(spec, dataset, data, "sandboxed", pipeline.LocalLaunch(on_line=on_line))
     assert len(seen["workers"]) >= 2 and set(seen["workers"].values()) == {seen["uid"]}, seen
-    run_dir = Path(trained["run_dir"])
+    run_dir = Path(trained.run_dir)
     assert RunConfig.load(run_dir / "run_config.json").tracking_uri is None
-    assert Path(trained["model_path"]) == run_dir / "work" / "model.pt"
+    assert trained.model_path and Path(trained.model_path) == run_dir / "work" / "model.pt"
     assert all(p.lstat().st_uid == os.getuid() for p in (run_dir / "work").rglob("*"))  # the platform's again
-    losses = client().get_metric_history(trained["mlflow_run_id"], "train_loss")
-    assert losses and max(m.step for m in losses) == trained["steps"]
-    events = EventAccumulator(trained["tensorboard_dir"])
+    losses = client().get_metric_history(trained.mlflow_run_id, "train_loss")
+    assert losses and max(m.step for m in losses) == trained.steps
+    events = EventAccumulator(trained.tensorboard_dir)
     events.Reload()
-    assert events.Scalars("train/loss")[-1].step == trained["steps"]
+    assert events.Scalars("train/loss")[-1].step == trained.steps
 
 
 def test_kubernetes_launcher_branch_without_a_cluster(dag, trainyard_home, monkeypatch):

@@ -10,8 +10,9 @@ train       ``plan_training``, ``launch_local``, ``collect_training``, ``train``
 sweep       ``plan_sweep``, ``train_trial``, ``close_sweep``
 evaluate    ``evaluate``, ``gate``
 publish     ``export_onnx``, ``register``
-records     ``PinnedDataset``, ``TrainingPlan`` (typed, JSON only at the XCom: ``from_xcom``); ``run_dir``;
-            ``held_plan``, ``own_run_files``: what an XCom hands on, held to the job (and ``data.pinned_dataset``)
+records     ``PinnedDataset``, ``TrainingPlan``, ``TrainingResult``, ``ExportedModel`` (typed, JSON only at
+            the XCom: ``from_xcom``); ``run_dir``; ``held_plan``, ``held_training``, ``held_export``: what an
+            XCom hands on, held to the job (and ``data.pinned_dataset``)
 =========== ======================================================================================
 
 The DAG only wires these together (turning each spec XCom back into a JobSpec once) and imports each
@@ -30,7 +31,13 @@ from trainyard.pipeline.data import (
 )
 from trainyard.pipeline.evaluate import evaluate, gate
 from trainyard.pipeline.publish import check_custom_onnx, export_onnx, register
-from trainyard.pipeline.records import own_run_files, run_dir
+from trainyard.pipeline.records import (
+    ExportedModel,
+    TrainingResult,
+    held_export,
+    held_training,
+    run_dir,
+)
 from trainyard.pipeline.spec import check_ownership, check_worker, validate_spec
 from trainyard.pipeline.sweep import close_sweep, plan_sweep, train_trial
 from trainyard.pipeline.train import (
@@ -48,7 +55,9 @@ from trainyard.pipeline.train import (
 __all__ = [
     "RESULT_FIELDS",
     "DataValidationError",
+    "ExportedModel",
     "LocalLaunch",
+    "TrainingResult",
     "built_in_result",
     "check_custom_onnx",
     "check_ownership",
@@ -59,9 +68,10 @@ __all__ = [
     "evaluate",
     "export_onnx",
     "gate",
+    "held_export",
+    "held_training",
     "in_pods",
     "launch_local",
-    "own_run_files",
     "pinned_dataset",
     "plan_sweep",
     "plan_training",

@@ -6,35 +6,37 @@ from __future__ import annotations
 
 import logging
 
+from trainyard.pipeline.records import TrainingResult
 from trainyard.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 
-def evaluate(spec: JobSpec, trained: dict, data: dict) -> dict:
+def evaluate(spec: JobSpec, trained: TrainingResult, data: dict) -> dict:
     """The recipe's metrics on the val (and test) split, logged to the MLflow run; metric signatures
     (BLEU tokenizer, COCO evaluator) become run tags ``eval.*``."""
     from trainyard import recipes
     from trainyard.tracking import mlflow_tracking as mt
 
     if spec.recipe == "custom":  # the program measured itself; the gate reads its last reports
-        log.info("evaluation (reported by the custom command): %s", trained["final_metrics"])
-        return trained["final_metrics"]
+        log.info("evaluation (reported by the custom command): %s", trained.final_metrics)
+        return dict(trained.final_metrics)
     recipe = recipes.get(spec.recipe)
     options = recipe.opts(spec)
-    metrics, info = recipe.evaluate(trained["model_path"], data, "val", options)
+    assert trained.model_path, "a built-in recipe's training leaves its model.pt (built_in_result)"
+    metrics, info = recipe.evaluate(trained.model_path, data, "val", options)
     if "test" in data:
-        metrics.update(recipe.evaluate(trained["model_path"], data, "test", options)[0])
+        metrics.update(recipe.evaluate(trained.model_path, data, "test", options)[0])
     c = mt.client()
     for k, v in metrics.items():
-        c.log_metric(trained["mlflow_run_id"], f"eval_{k}", v)
+        c.log_metric(trained.mlflow_run_id, f"eval_{k}", v)
     for k, tag in info.items():
-        c.set_tag(trained["mlflow_run_id"], f"eval.{k}", tag)
+        c.set_tag(trained.mlflow_run_id, f"eval.{k}", tag)
     log.info("evaluation: %s %s", metrics, info)
     return metrics
 
 
-def gate(spec: JobSpec, metrics: dict, data: dict | None = None, trained: dict | None = None) -> dict:
+def gate(spec: JobSpec, metrics: dict, data: dict | None = None, trained: TrainingResult | None = None) -> dict:
     """Thresholds and champion/challenger rules; the full result (every metric, bound, margin) is returned
     for XCom and, with ``trained``, stored on its MLflow run (tags ``gate.*`` + gate_result.json) with the
     run's report (:mod:`trainyard.tracking.report`: curves PNG and one HTML page, pass or fail). The
@@ -47,13 +49,13 @@ def gate(spec: JobSpec, metrics: dict, data: dict | None = None, trained: dict |
     result = combined_gate(metrics, spec.gates, champion, spec.champion)
     if champion is not None:
         result["champion_version"] = int(champion["_version"])
-    if trained and trained.get("mlflow_run_id"):
+    if trained is not None:
         from trainyard.tracking import mlflow_tracking as mt
         from trainyard.tracking import report
 
-        record_gate(trained["mlflow_run_id"], trained["run_dir"], result)
+        record_gate(trained.mlflow_run_id, trained.run_dir, result)
         try:
-            report.write(mt.client(), trained["mlflow_run_id"], trained["run_dir"], result)  # passed or not
+            report.write(mt.client(), trained.mlflow_run_id, trained.run_dir, result)  # passed or not
         except Exception:  # noqa: BLE001 - the report is a view of the run; the gate's verdict stands
             log.warning("could not write the run's report", exc_info=True)
     return result

@@ -9,14 +9,14 @@ import logging
 from pathlib import Path
 
 from trainyard.export.onnx_export import ExportFailed
-from trainyard.pipeline.records import PinnedDataset, lineage_tags
+from trainyard.pipeline.records import ExportedModel, PinnedDataset, TrainingResult, lineage_tags
 from trainyard.pipeline.spec import check_ownership
 from trainyard.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 
-def export_onnx(spec: JobSpec, trained: dict, data: dict) -> dict:
+def export_onnx(spec: JobSpec, trained: TrainingResult, data: dict) -> ExportedModel:
     """ONNX export of the trained model, held to parity with PyTorch and to its metric re-computed with
     onnxruntime (see the recipe); with ``export.torchscript``, a TorchScript file too."""
     from trainyard import recipes
@@ -24,23 +24,38 @@ def export_onnx(spec: JobSpec, trained: dict, data: dict) -> dict:
     if spec.recipe == "custom":
         return check_custom_onnx(trained)
     recipe = recipes.get(spec.recipe)
-    out = recipe.export(trained["model_path"], data, Path(trained["run_dir"]), spec.export, recipe.opts(spec))
-    p = out["parity"]
-    m = out["metric"]
+    assert trained.model_path, "a built-in recipe's training leaves its model.pt (built_in_result)"
+    out = exported_model(recipe.export(trained.model_path, data, Path(trained.run_dir), spec.export, recipe.opts(spec)))
+    p = out.parity or {}
     log.info(
         "ONNX parity on %d outputs: max |diff| %.3g, mismatched %d; %s torch %.4f onnx %.4f%s",
         p["total"],
         p["max_abs_diff"],
         p["mismatched"],
-        m,
-        out[f"{m}_torch"],
-        out[f"{m}_onnx"],
-        f"; TorchScript {out['torchscript_path']}" if out.get("torchscript_path") else "",
+        out.metric,
+        out.metric_torch,
+        out.metric_onnx,
+        f"; TorchScript {out.torchscript_path}" if out.torchscript_path else "",
     )
     return out
 
 
-def check_custom_onnx(trained: dict) -> dict:
+def exported_model(verdict: dict) -> ExportedModel:
+    """A recipe's export verdict (``Recipe.export``: :func:`trainyard.recipes.shared.verify_export`'s dict,
+    its metric under ``<metric>_torch`` and ``<metric>_onnx``) as the record; the keys it does not name
+    are the recipe's own figures (``details``)."""
+    m = verdict["metric"]
+    named = {"onnx_path", "input_example", "torchscript_path", "artifacts", "parity", "torchscript_parity"}
+    return ExportedModel(
+        **{k: v for k, v in verdict.items() if k in named},
+        metric=m,
+        metric_torch=verdict[f"{m}_torch"],
+        metric_onnx=verdict[f"{m}_onnx"],
+        details={k: v for k, v in verdict.items() if k not in named | {"metric", f"{m}_torch", f"{m}_onnx"}},
+    )
+
+
+def check_custom_onnx(trained: TrainingResult) -> ExportedModel:
     """A custom command's model.onnx: valid ONNX that onnxruntime runs to finite outputs. (Parity with a
     framework model is the program's own business: the platform has no reference model for it.)"""
     import numpy as np
@@ -51,26 +66,30 @@ def check_custom_onnx(trained: dict) -> dict:
     from trainyard.training import custom
     from trainyard.training.run_config import work_dir
 
-    if not trained.get("onnx_path"):
-        raise ExportFailed(f"the custom command wrote no model.onnx into {work_dir(trained['run_dir'])}")
-    custom.check_external_data(Path(trained["onnx_path"]))
-    onnx.checker.check_model(trained["onnx_path"], full_check=True)
-    session = onnx_session(trained["onnx_path"])
+    if not trained.onnx_path:
+        raise ExportFailed(f"the custom command wrote no model.onnx into {work_dir(trained.run_dir)}")
+    custom.check_external_data(Path(trained.onnx_path))
+    onnx.checker.check_model(trained.onnx_path, full_check=True)
+    session = onnx_session(trained.onnx_path)
     inp = session.get_inputs()[0]
     shape = [d if isinstance(d, int) else 1 for d in inp.shape]
     example = np.zeros(shape, dtype=np.float32)
     out = session.run(None, {inp.name: example})[0]
     if not np.isfinite(out).all():
-        raise ExportFailed(f"{trained['onnx_path']} gives non-finite outputs on a zero input")
-    return {
-        "onnx_path": trained["onnx_path"],
-        "parity": None,
-        "input_example": save_input_example(Path(trained["run_dir"]), {inp.name: example}),
-    }
+        raise ExportFailed(f"{trained.onnx_path} gives non-finite outputs on a zero input")
+    return ExportedModel(
+        onnx_path=trained.onnx_path,
+        input_example=save_input_example(Path(trained.run_dir), {inp.name: example}),
+    )
 
 
 def _version_tags(
-    spec: JobSpec, dataset: PinnedDataset, trained: dict, exported: dict, metrics: dict, run_tags: dict[str, str]
+    spec: JobSpec,
+    dataset: PinnedDataset,
+    trained: TrainingResult,
+    exported: ExportedModel,
+    metrics: dict,
+    run_tags: dict[str, str],
 ) -> dict[str, str]:
     """A model version's tags: its lineage, recipe, team and hyperparameters, where its files are, its
     metrics, and what the gate decided and how the metrics were computed (copied from its run)."""
@@ -79,8 +98,8 @@ def _version_tags(
         "recipe": spec.recipe,
         "team": spec.resources.team,  # whom a move of its aliases is told to
         "params": json.dumps(spec.hyperparameters.model_dump(mode="json"), sort_keys=True),
-        "onnx_path": exported["onnx_path"],
-        "run_dir": trained["run_dir"],
+        "onnx_path": exported.onnx_path,
+        "run_dir": trained.run_dir,
         **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()},
         **{k: v for k, v in run_tags.items() if k.startswith(("gate.", "eval.", "sweep.", "dependencies."))},
     }
@@ -112,8 +131,8 @@ def _sign(c, info: dict, run_key: str, user: str) -> dict:
 def register(
     spec: JobSpec,
     dataset: PinnedDataset,
-    trained: dict,
-    exported: dict,
+    trained: TrainingResult,
+    exported: ExportedModel,
     metrics: dict,
     run_key: str,
     extra_tags: dict[str, str] | None = None,
@@ -130,20 +149,20 @@ def register(
 
     c = mt.client()
     check_ownership(spec, c, claim=True)  # before anything is logged: a refused registration leaves nothing behind
-    run_tags = c.get_run(trained["mlflow_run_id"]).data.tags
+    run_tags = c.get_run(trained.mlflow_run_id).data.tags
     tags = {**_version_tags(spec, dataset, trained, exported, metrics, run_tags), **(extra_tags or {})}
-    artifacts = {"pytorch": trained["model_path"]} if trained.get("model_path") else {}
-    if exported.get("torchscript_path"):
-        artifacts["torchscript"] = exported["torchscript_path"]
-    artifacts.update(exported.get("artifacts", {}))  # a recipe's files for the ONNX graph (a tokenizer)
+    artifacts: dict[str, str | Path] = {"pytorch": trained.model_path} if trained.model_path else {}
+    if exported.torchscript_path:
+        artifacts["torchscript"] = exported.torchscript_path
+    artifacts.update(exported.artifacts)  # a recipe's files for the ONNX graph (a tokenizer)
     info = register_onnx(
         c,
         model_name=spec.name,
-        run_id=trained["mlflow_run_id"],
+        run_id=trained.mlflow_run_id,
         run_key=run_key,
-        onnx_path=exported["onnx_path"],
+        onnx_path=exported.onnx_path,
         extra_artifacts=artifacts,
-        input_example=load_input_example(exported["input_example"]),
+        input_example=load_input_example(exported.input_example),
         tags=tags,
         alias=None,  # set below, after signing, through the recorded (verified) alias move
     )

@@ -1,17 +1,21 @@
 """What the steps hand on, and where a run keeps its files: the run directory of a job's run, and the
-check that a step's result (an XCom, which a user may write) names only the job's own files and MLflow run.
+checks that a step's result (an XCom, which a user may write) is its record, naming only the job's own files
+and MLflow run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainyard import paths
 from trainyard.spec import JobSpec
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 R = TypeVar("R", bound=BaseModel)  # a record's type
 
@@ -44,6 +48,74 @@ class TrainingPlan(BaseModel):
     tensorboard_dir: str
 
 
+class TrainingResult(BaseModel):
+    """What a training left (``collect_training``'s result): its MLflow run and files, its time and cost
+    over every try, its model (a built-in recipe's weights, a custom command's ONNX file) and the last value
+    of each metric its workers reported; a built-in trainer's loop adds its own record. JSON only at the
+    XCom boundary and in a sweep trial's Optuna attributes, where a later step holds it to the job
+    (:func:`held_training`). A trial its pruner stopped left no model and no metrics."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mlflow_run_id: str = Field(min_length=1)
+    run_dir: str
+    tensorboard_dir: str
+    wall_seconds: float
+    gpu_seconds: float  # of every try (a retry adds to it), queue time not in it
+    tries: int
+    cost: float
+    model_path: str | None = None  # a built-in recipe's weights (work/model.pt)
+    onnx_path: str | None = None  # a custom command's model (work/model.onnx), where it wrote one
+    steps: int | None = None
+    # the last value of each metric the workers reported: a built-in recipe's val_*, a custom program's own
+    final_metrics: dict[str, float] = {}
+    # the built-in loop's record (trainyard.training.loop.finish; pipeline.train.RESULT_FIELDS): None for a
+    # custom command
+    recipe: str | None = None
+    epochs: int | None = None
+    world_size: int | None = None
+    strategy: str | None = None
+    train_seconds: float | None = None
+    resumed_from_step: int | None = None
+    samples_per_second: float | None = None
+    loop_seconds: float | None = None
+    checkpoint_stall_seconds: float | None = None
+    checkpoints: int | None = None
+    # a sweep's best trial (sweeps.study.close): the JobSpec it was trained with (as JSON), its study, its number
+    trial_spec: dict[str, Any] | None = None
+    sweep: str | None = None
+    sweep_trial: int | None = None
+
+    def files(self) -> list[str]:
+        """The files it names: each must be the job's (:func:`held_training`)."""
+        return [f for f in (self.run_dir, self.model_path, self.onnx_path) if f]
+
+
+class ExportedModel(BaseModel):
+    """The model as exported (``export_onnx``'s result): the ONNX file and its input example, the
+    TorchScript file and a recipe's extra files (a tokenizer) registered beside it, and how the export was
+    held to PyTorch: parity on fixed inputs and the recipe's metric re-computed with onnxruntime. A custom
+    command's has neither (the platform has no reference model for it). JSON only at the XCom boundary,
+    where ``register`` holds it to the job (:func:`held_export`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    onnx_path: str
+    input_example: str  # an .npz, one row per ONNX input
+    torchscript_path: str | None = None
+    artifacts: dict[str, str] = {}  # registered beside the ONNX graph, by name
+    parity: dict[str, Any] | None = None  # trainyard.export.onnx_export.Parity.to_dict()
+    torchscript_parity: dict[str, Any] | None = None
+    metric: str | None = None  # the recipe's metric, computed with PyTorch and with onnxruntime
+    metric_torch: float | None = None
+    metric_onnx: float | None = None
+    details: dict[str, int | float] = {}  # a recipe's own figures (the translator's decode_mismatches)
+
+    def files(self) -> list[str]:
+        """The files it names: each must be the job's (:func:`held_export`)."""
+        return [f for f in (self.onnx_path, self.input_example, self.torchscript_path, *self.artifacts.values()) if f]
+
+
 def from_xcom(model: type[R], value: Mapping[str, Any] | R, step: str) -> R:
     """``value`` as the record ``model`` (an XCom a user may write: nothing but the record's own fields, each
     of its type); NotAllowed, naming ``step`` whose result it claims to be and the fields that are wrong (not
@@ -71,33 +143,52 @@ def run_dir(spec: JobSpec, run_key: str) -> Path:
     return paths.run_dir(spec.name, run_key)
 
 
-def own_run_files(spec: JobSpec, result: dict) -> dict:
-    """A step's result (``train``'s, ``export_onnx``'s: an XCom, which a user may write) held to the job:
-    every file it names (``run_dir``, ``*_path``, ``input_example``, ``artifacts``) inside the job's own runs
-    folder (``runs/<name>/``: a job name is its team's), and its MLflow run (``mlflow_run_id``) one of the
-    job's experiment. Returns it; NotAllowed naming what is not the job's."""
+def _job_files(spec: JobSpec, files: list[str]) -> None:
+    """NotAllowed naming the first of ``files`` outside the job's own runs folder (``runs/<name>/``: a job
+    name is its team's)."""
     from trainyard.teams import NotAllowed
 
     root = (paths.runs_root() / spec.name).resolve()
-    files = [v for k, v in result.items() if k in ("run_dir", "input_example") or k.endswith("_path")]
-    files += list((result.get("artifacts") or {}).values())
-    for file in (f for f in files if f):
-        if root not in Path(str(file)).resolve().parents:
+    for file in files:
+        if root not in Path(file).resolve().parents:
             raise NotAllowed(
                 f"{file} is not a file of job {spec.name!r} (its runs are under {root}): this task's input was "
                 "changed; trigger the job again"
             )
-    if result.get("mlflow_run_id"):
-        from trainyard.tracking import mlflow_tracking as mt
 
-        c = mt.client()
-        experiment = c.get_experiment(c.get_run(str(result["mlflow_run_id"])).info.experiment_id).name
-        if experiment != spec.name:
-            raise NotAllowed(
-                f"MLflow run {result['mlflow_run_id']} is one of {experiment!r}, not of job {spec.name!r}: this "
-                "task's input was changed; trigger the job again"
-            )
-    return result
+
+def _job_run(spec: JobSpec, run_id: str) -> Run:
+    """The MLflow run ``run_id``, read once; NotAllowed if it is not one of the job's experiment."""
+    from trainyard.teams import NotAllowed
+    from trainyard.tracking import mlflow_tracking as mt
+
+    c = mt.client()
+    run = c.get_run(run_id)
+    experiment = c.get_experiment(run.info.experiment_id).name
+    if experiment != spec.name:
+        raise NotAllowed(
+            f"MLflow run {run_id} is one of {experiment!r}, not of job {spec.name!r}: this task's input was "
+            "changed; trigger the job again"
+        )
+    return run
+
+
+def held_training(spec: JobSpec, value: Mapping[str, Any] | TrainingResult) -> TrainingResult:
+    """A later task's copy of the training's result (``training_result``'s XCom, which a user may write)
+    as the record, held to the job: every file it names inside the job's runs folder, its MLflow run one of
+    the job's experiment. NotAllowed naming what is not."""
+    held = from_xcom(TrainingResult, value, "training_result")
+    _job_files(spec, held.files())
+    _job_run(spec, held.mlflow_run_id)
+    return held
+
+
+def held_export(spec: JobSpec, value: Mapping[str, Any] | ExportedModel) -> ExportedModel:
+    """``register``'s copy of ``export_onnx``'s result (an XCom, which a user may write) as the record,
+    every file it names inside the job's runs folder. NotAllowed naming what is not."""
+    held = from_xcom(ExportedModel, value, "export_onnx")
+    _job_files(spec, held.files())
+    return held
 
 
 def lineage_tags(dataset: PinnedDataset) -> dict[str, str]:
@@ -140,10 +231,10 @@ def held_plan(spec: JobSpec, run_key: str, plan: Mapping[str, Any] | TrainingPla
                 f"{field} {getattr(held, field)} is not run {run_key}'s of job {spec.name!r} ({path}): this task's "
                 "input was changed; trigger the job again"
             )
-    own_run_files(spec, {"mlflow_run_id": held.mlflow_run_id})  # a run of the job's experiment ...
     from trainyard.tracking import mlflow_tracking as mt
 
-    tagged = mt.client().get_run(held.mlflow_run_id).data.tags.get(mt.RUN_KEY_TAG)
+    run = _job_run(spec, held.mlflow_run_id)  # a run of the job's experiment ...
+    tagged = run.data.tags.get(mt.RUN_KEY_TAG)
     if tagged != run_key:  # ... and this run key's
         raise NotAllowed(
             f"MLflow run {held.mlflow_run_id} is run {tagged}'s, not {run_key}'s: this task's input was changed; "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from trainyard.pipeline.records import PinnedDataset, run_dir
+from trainyard.pipeline.records import PinnedDataset, TrainingResult, run_dir
 from trainyard.pipeline.train import LocalLaunch, log_validation, train
 from trainyard.spec import JobSpec
 
@@ -62,7 +62,7 @@ def train_trial(
     objective = spec.sweep.objective
     local = local or LocalLaunch()
 
-    def launch(trial_spec: JobSpec, key: str, trial_tags: dict[str, str], watcher: Watcher) -> dict:
+    def launch(trial_spec: JobSpec, key: str, trial_tags: dict[str, str], watcher: Watcher) -> TrainingResult:
         trial = replace(local, stop=watcher.halt, tags={**local.tags, **trial_tags})
         return train(trial_spec, dataset, data, key, trial, trial_objective=objective, pruned=watcher.settle)
 
@@ -77,5 +77,5 @@ def close_sweep(spec: JobSpec, dataset: PinnedDataset, sweep_run: str) -> dict:
     from trainyard.tracking import mlflow_tracking as mt
 
     best = close(spec, dataset.commit, sweep_run)
-    log_validation(mt.client(), best["trained"]["mlflow_run_id"], run_dir(spec, sweep_run))
+    log_validation(mt.client(), best["trained"].mlflow_run_id, run_dir(spec, sweep_run))
     return best

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainyard.pipeline.records import PinnedDataset, TrainingPlan, lineage_tags, run_dir, tensorboard_dir
+from trainyard.pipeline.records import (
+    PinnedDataset,
+    TrainingPlan,
+    TrainingResult,
+    lineage_tags,
+    run_dir,
+    tensorboard_dir,
+)
 from trainyard.spec import JobSpec, safe_key
 
 if TYPE_CHECKING:
@@ -170,13 +177,13 @@ def launch_local(spec: JobSpec, data: dict, plan: TrainingPlan, local: LocalLaun
 
 def collect_training(
     spec: JobSpec, plan: TrainingPlan, result: bool = True, waited_s: float | None = None, stopped: bool = False
-) -> dict:
-    """What the workers left: train_result.json (built-in recipes) or the custom metrics file, their
-    metrics not relayed to MLflow yet; plus the GPU time of every try (the launchers' usage records: a retry
-    adds to it, queue time is not in it) and its cost. ``result=False``: the curves, time and cost only
-    (a sweep trial its pruner stopped left no model). ``waited_s``: the job's wait in the queue, logged
-    as ``queue_wait_seconds``. ``stopped``: the workers were killed, so a last line without its newline
-    was cut off, not finished."""
+) -> TrainingResult:
+    """What the workers left, as a :class:`TrainingResult`: train_result.json (built-in recipes) or the
+    custom metrics file, their metrics not relayed to MLflow yet; plus the GPU time of every try (the
+    launchers' usage records: a retry adds to it, queue time is not in it) and its cost. ``result=False``:
+    the curves, time and cost only (a sweep trial its pruner stopped left no model). ``waited_s``: the
+    job's wait in the queue, logged as ``queue_wait_seconds``. ``stopped``: the workers were killed, so a
+    last line without its newline was cut off, not finished."""
     from trainyard.scheduling.resources import resources_in_force, run_cost
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training import custom, metrics, usage
@@ -192,6 +199,14 @@ def collect_training(
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
     cost = run_cost(resources_in_force(), spec.resources.gpu_type, gpu_seconds)
+    record = _result_record(  # before the run is marked finished: workers' values of the wrong type fail it
+        found,
+        **plan.model_dump(include={"mlflow_run_id", "run_dir", "tensorboard_dir"}),
+        wall_seconds=round(usage.wall_seconds(out_dir), 3),
+        gpu_seconds=round(gpu_seconds, 3),
+        tries=len(tries),
+        cost=cost,
+    )
     log.info(
         "GPU time %.1f GPU-seconds over %d tr%s on %s: cost %.4f",
         gpu_seconds,
@@ -205,14 +220,28 @@ def collect_training(
     if waited_s is not None:
         c.log_metric(plan.mlflow_run_id, "queue_wait_seconds", waited_s)
     c.set_terminated(plan.mlflow_run_id, "FINISHED" if result else "KILLED")  # KILLED: stopped by a pruner
-    return {
-        **found,
-        **plan.model_dump(include={"mlflow_run_id", "run_dir", "tensorboard_dir"}),
-        "wall_seconds": round(usage.wall_seconds(out_dir), 3),
-        "gpu_seconds": round(gpu_seconds, 3),
-        "tries": len(tries),
-        "cost": cost,
-    }
+    return record
+
+
+def _result_record(found: dict, **platform) -> TrainingResult:
+    """The record of what the workers left (``found``: :func:`built_in_result`'s or ``custom.collect``'s,
+    already held to their shapes; empty for a pruned trial) and of what the platform measured: a built-in
+    recipe's val_* metrics and a custom program's final metrics both become ``final_metrics``. A value of
+    the workers' of the wrong type is a WorkerOutputError."""
+    from pydantic import ValidationError
+
+    from trainyard.training.run_config import WorkerOutputError
+
+    fields = {k: v for k, v in found.items() if not k.startswith("val_") and k != "final_metrics"}
+    metrics = {k: v for k, v in found.items() if k.startswith("val_")} | dict(found.get("final_metrics") or {})
+    try:
+        return TrainingResult(**fields, final_metrics=metrics, **platform)
+    except ValidationError as err:
+        wrong = sorted({".".join(map(str, e["loc"]))[:80] for e in err.errors()})
+        raise WorkerOutputError(
+            f"{platform['run_dir']}: the workers' result does not fit the training's record: {', '.join(wrong[:10])} "
+            "of the wrong type"
+        ) from None
 
 
 TRAINER_RECORD_LIMIT = 1 << 20  # bytes of the trainer's dependency list read: a few hundred lines
@@ -304,7 +333,7 @@ def train(
     local: LocalLaunch | None = None,
     trial_objective: str | None = None,
     pruned: Callable[[], bool] = lambda: False,
-) -> dict:
+) -> TrainingResult:
     """Local training in one step: plan (the MLflow run, with ``local``'s tags), launch on this machine as
     ``local`` says, collect (with its wait in the queue). Resumes from the run's newest checkpoint, so a
     retry continues instead of starting over. A sweep trial's workers report ``trial_objective`` each

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard import paths
 from trainyard.errors import PermanentError
+from trainyard.pipeline.records import TrainingResult
 from trainyard.spec import NOT_TRAINED, JobSpec, SearchParameter, Sweep
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ JOURNAL = "studies.journal"
 RUN_ATTR = "sweep_run"  # the Airflow run ("<dag_id>/<run_id>") whose task ran the trial
 SLOT_ATTR = "slot"  # its mapped task: "<run>#<map index>"
 SPEC_ATTR = "spec"  # the trial's JobSpec (the sweep's, with the trial's values), as JSON
-TRAINED_ATTR = "trained"  # what its training left (model path, MLflow run, metrics)
+TRAINED_ATTR = "trained"  # what its training left, a TrainingResult as JSON (:func:`trained_of`)
 FAILED_ATTR = "failed_because"
 LINEAGE_ATTR = "lineage"  # what the trial trained on and how, less its values (:func:`lineage`)
 ALIVE_ATTR = "alive_at"  # when its training task last said it runs (epoch seconds)
@@ -311,7 +312,7 @@ def best_trial(study: optuna.Study, of_lineage: str) -> optuna.trial.FrozenTrial
         and math.isfinite(t.value)
         and all(v <= 0 for v in t.constraints.values())
         and TRAINED_ATTR in t.user_attrs
-        and Path(_model_of(t.user_attrs[TRAINED_ATTR])).is_file()
+        and Path(_model_of(trained_of(t))).is_file()
     ]
     if not done:
         return None
@@ -319,9 +320,20 @@ def best_trial(study: optuna.Study, of_lineage: str) -> optuna.trial.FrozenTrial
     return pick(done, key=lambda t: float(t.value or 0.0))
 
 
-def _model_of(trained: dict) -> str:
+def _model_of(trained: TrainingResult) -> str:
     """The model file a trial left: a built-in recipe's model.pt, a custom program's model.onnx."""
-    return trained.get("model_path") or trained.get("onnx_path") or ""
+    return trained.model_path or trained.onnx_path or ""
+
+
+def trained_of(trial: optuna.trial.FrozenTrial) -> TrainingResult:
+    """What a finished trial's training left (its ``TRAINED_ATTR``, stored by its task as JSON), as the
+    record. One stored before the record had its built-in recipe's val_* metrics beside the other fields:
+    they are its final metrics."""
+    stored = dict(trial.user_attrs[TRAINED_ATTR])
+    earlier = {k: stored.pop(k) for k in [k for k in stored if k.startswith("val_")]}
+    if earlier:
+        stored["final_metrics"] = {**earlier, **stored.get("final_metrics", {})}
+    return TrainingResult.model_validate(stored)  # the platform's own file (the study's journal), not an XCom
 
 
 def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = None, state=None) -> None:
@@ -445,7 +457,8 @@ def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
     """The end of a sweep run, once each of its trial tasks is done (succeeded or failed): its trials still
     RUNNING are failed (their processes are gone), the study's best trial on the dataset ``commit`` is chosen,
     and the summary goes to MLflow. Returns the best trial's ``{"trained", "trial", "value", ...}``:
-    ``trained`` goes on to evaluate, gate, export and register, its ``trial_spec`` the JobSpec they use;
+    ``trained`` (its TrainingResult) goes on to evaluate, gate, export and register, its ``trial_spec`` the
+    JobSpec they use;
     SweepError if no trial finished within the constraints."""
     import time
 
@@ -474,7 +487,7 @@ def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
             if t.user_attrs.get(LINEAGE_ATTR) == of_lineage
             and TRAINED_ATTR in t.user_attrs
-            and not Path(_model_of(t.user_attrs[TRAINED_ATTR])).is_file()
+            and not Path(_model_of(trained_of(t))).is_file()
         ]
         why = f"; trials {gone} finished, but their model files are gone from their run directories" if gone else ""
         raise SweepError(
@@ -482,13 +495,15 @@ def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
             f"{spec.sweep.objective if spec.sweep else ''} within the constraints ({states}){why}; nothing to register"
         )
     log.info("best trial: #%d, %s = %s, %s", best.number, study.user_attrs.get("objective"), best.value, best.params)
-    return {
-        "trained": {
-            **best.user_attrs[TRAINED_ATTR],
+    trained = trained_of(best).model_copy(
+        update={
             "sweep": study.study_name,
             "sweep_trial": best.number,
             "trial_spec": best.user_attrs[SPEC_ATTR],  # the sweep's spec with the best trial's values
-        },
+        }
+    )
+    return {
+        "trained": trained,
         "trial": best.number,
         "value": best.value,
         "params": best.params,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainyard import recipes
+from trainyard.pipeline.records import TrainingResult
 from trainyard.spec import JobSpec
 from trainyard.sweeps.study import (
     ALIVE_ATTR,
@@ -266,12 +267,13 @@ def _ask(study: optuna.Study, spec: JobSpec, attrs: dict[str, str]) -> tuple[opt
             raise
 
 
-def _complete(study: optuna.Study, trial: optuna.Trial, spec: JobSpec, result: dict) -> float:
+def _complete(study: optuna.Study, trial: optuna.Trial, spec: JobSpec, result: TrainingResult) -> float:
     """Tell the study that ``trial`` completed with the objective ``result`` measured (and how far it missed
     each constraint); SweepError if it measured no finite objective."""
     assert spec.sweep is not None
     objective = spec.sweep.objective
-    measured = {**result.get("final_metrics", {}), **result}  # a custom program's last reports too
+    # the last reports (a built-in recipe's val_* metrics, a custom program's own) and the loop's figures
+    measured = {**result.final_metrics, **result.model_dump(exclude={"final_metrics"}, exclude_none=True)}
     value = measured.get(objective)
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         where = (
@@ -282,7 +284,7 @@ def _complete(study: optuna.Study, trial: optuna.Trial, spec: JobSpec, result: d
         raise SweepError(f"trial {trial.number} ended without a finite {objective} (got {value!r}){where}")
     for key, violation in constraint_violations(spec, measured).items():
         trial.set_constraint(key, violation)
-    trial.set_user_attr(TRAINED_ATTR, result)
+    trial.set_user_attr(TRAINED_ATTR, result.model_dump(mode="json"))  # read back by study.trained_of
     tell(study, trial, float(value))
     return value
 
@@ -291,7 +293,7 @@ def run_trial(
     spec: JobSpec,
     sweep_run: str,
     slot: int,
-    train: Callable[[JobSpec, str, dict[str, str], Watcher], dict],
+    train: Callable[[JobSpec, str, dict[str, str], Watcher], TrainingResult],
     lost: threading.Event | None = None,
     of_lineage: str = "",
 ) -> dict:
@@ -353,17 +355,17 @@ def run_trial(
         raise
 
 
-def _where(result: dict) -> dict:
+def _where(result: TrainingResult) -> dict:
     """Where the trial's run is (its MLflow run, TensorBoard directory): the task's links read them."""
-    return {k: result[k] for k in ("mlflow_run_id", "tensorboard_dir") if result.get(k)}
+    return result.model_dump(include={"mlflow_run_id", "tensorboard_dir"})
 
 
-def _hparams(result: dict, values: dict, objective: str, state: str) -> None:
+def _hparams(result: TrainingResult, values: dict, objective: str, state: str) -> None:
     """The trial in TensorBoard's HParams view; a failure to write it is logged, the trial stands."""
-    if not result.get("tensorboard_dir"):
+    if not result.tensorboard_dir:
         return
     try:
-        write_hparams(result["tensorboard_dir"], values, objective, state)
+        write_hparams(result.tensorboard_dir, values, objective, state)
     except Exception:  # noqa: BLE001 - a view, not the trial's outcome
         log.warning("could not write the trial's hparams for TensorBoard", exc_info=True)
 

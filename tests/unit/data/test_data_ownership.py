@@ -149,12 +149,13 @@ def test_a_later_task_s_dataset_and_files_are_held_to_the_job_whatever_its_xcom_
     with pytest.raises(NotAllowed, match=r"not a PinnedDataset \(2 field\(s\) wrong: commit, path\)"):
         pipeline.pinned_dataset(job, {**xcom, "commit": None, "path": "/etc"})  # named, their values not
     own = paths.run_dir(job.name, "train_pipeline.nlp/r1")
-    assert pipeline.own_run_files(job, {"run_dir": str(own), "model_path": str(own / "model.pt")})
+    exported = {"onnx_path": str(own / "model.onnx"), "input_example": str(own / "input_example.npz")}
+    assert pipeline.held_export(job, exported).onnx_path == exported["onnx_path"]
     other = paths.run_dir("vision-net", "train_pipeline.vision/r1")
     with pytest.raises(NotAllowed, match="is not a file of job 'm-nlp'"):
-        pipeline.own_run_files(job, {"run_dir": str(own), "model_path": str(other / "model.pt")})
+        pipeline.held_export(job, {**exported, "torchscript_path": str(other / "model.torchscript.pt")})
     with pytest.raises(NotAllowed, match="is not a file of job"):
-        pipeline.own_run_files(job, {"artifacts": {"tokenizer": str(own / ".." / ".." / "x")}})
+        pipeline.held_export(job, {**exported, "artifacts": {"tokenizer": str(own / ".." / ".." / "x")}})
 
 
 def test_a_later_task_s_training_plan_is_its_run_s_own_whatever_its_xcom_says(trainyard_home, monkeypatch):
@@ -182,3 +183,148 @@ def test_a_later_task_s_training_plan_is_its_run_s_own_whatever_its_xcom_says(tr
     for forged in ({**xcom, "mlflow_run_id": again.mlflow_run_id}, {**xcom, "mlflow_run_id": ""}):
         with pytest.raises(NotAllowed, match="trigger the job again"):  # another run of the job's, or none
             held_plan(job, key, forged)
+
+
+def _training(mlflow_run_id: str, run_dir: str, **fields):
+    """A built-in training's result in ``run_dir``, every field set, as collect_training makes it."""
+    from trainyard.pipeline.records import TrainingResult
+
+    work = f"{run_dir}/work"
+    return TrainingResult(
+        **{
+            "mlflow_run_id": mlflow_run_id,
+            "run_dir": run_dir,
+            "tensorboard_dir": f"{run_dir}/tensorboard",
+            "wall_seconds": 12.5,
+            "gpu_seconds": 25.0,
+            "tries": 2,
+            "cost": 0.0069,
+            "model_path": f"{work}/model.pt",
+            "steps": 92,
+            "final_metrics": {"val_accuracy": 0.93, "val_loss": 0.21},
+            "recipe": "digits_cnn",
+            "epochs": 4,
+            "world_size": 2,
+            "strategy": "ddp",
+            "train_seconds": 11.2,
+            "resumed_from_step": 30,
+            "samples_per_second": 1234.5,
+            "loop_seconds": 9.8,
+            "checkpoint_stall_seconds": 0.01,
+            "checkpoints": 4,
+            **fields,
+        },
+    )
+
+
+def test_a_training_result_and_an_export_go_through_json_as_they_were(tmp_path):
+    """Both records are JSON only at the XCom (the training's also in a sweep trial's attributes): what goes
+    out as JSON comes back the same record, a built-in recipe's metrics and a custom program's in one field,
+    a diverged training's NaN included."""
+    import json
+    import math
+
+    from trainyard.pipeline.records import ExportedModel, TrainingResult
+    from trainyard.spec import JobSpec
+
+    built_in = _training("a1b2", str(tmp_path), trial_spec=JobSpec().model_dump(mode="json"), sweep="lr", sweep_trial=3)
+    custom = TrainingResult(
+        mlflow_run_id="c3d4",
+        run_dir=str(tmp_path),
+        tensorboard_dir="tb",
+        wall_seconds=3.0,
+        gpu_seconds=6.0,
+        tries=1,
+        cost=0.0,
+        onnx_path=str(tmp_path / "work" / "model.onnx"),
+        steps=200,
+        final_metrics={"val_accuracy": 0.9, "workers": 2.0},
+    )
+    exported = ExportedModel(
+        onnx_path=str(tmp_path / "model.onnx"),
+        input_example=str(tmp_path / "input_example.npz"),
+        torchscript_path=str(tmp_path / "model.torchscript.pt"),
+        artifacts={"tokenizer": str(tmp_path / "tokenizer")},
+        parity={"passed": True, "mismatched": 0, "total": 320},
+        torchscript_parity={"passed": True},
+        metric="val_bleu",
+        metric_torch=31.5,
+        metric_onnx=31.5,
+        details={"decode_mismatches": 0, "decoded_sentences": 64},
+    )
+    for record in (built_in, custom, exported, ExportedModel(onnx_path="m.onnx", input_example="x.npz")):
+        assert type(record).model_validate(json.loads(json.dumps(record.model_dump(mode="json")))) == record
+    assert custom.model_path is None and custom.recipe is None  # a custom command's has no loop record
+    diverged = built_in.model_copy(update={"final_metrics": {"val_loss": math.nan}})
+    back = TrainingResult.model_validate(json.loads(json.dumps(diverged.model_dump(mode="json"))))
+    assert math.isnan(back.final_metrics["val_loss"])
+
+
+def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_their_xcoms_say(
+    trainyard_home, monkeypatch
+):
+    """evaluate, gate, export_onnx and register read training_result's XCom, register export_onnx's: each
+    must be its record (nothing but its fields), every file it names the job's own and its MLflow run one
+    of the job's experiment; a refusal names what is wrong."""
+    import json
+
+    from trainyard import paths
+    from trainyard.pipeline.records import ExportedModel, held_export, held_training
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
+    job, other = _job("nlp", "digits", "sklearn_digits"), _job("vision", "digits", "sklearn_digits")
+    data = {"path": str(trainyard_home)}
+    plan = pipeline.plan_training(job, pipeline.resolve_dataset(job), data, "train_pipeline.nlp/r1")
+    theirs = pipeline.plan_training(other, pipeline.resolve_dataset(other), data, "train_pipeline.vision/r1")
+    trained = _training(plan.mlflow_run_id, plan.run_dir, tensorboard_dir=plan.tensorboard_dir)
+    xcom = json.loads(json.dumps(trained.model_dump(mode="json")))  # as a later task is handed it
+    assert held_training(job, xcom) == trained
+    assert held_training(job, trained) == trained  # a record already: held all the same
+    forgeries = {
+        "val_accuracy": {**xcom, "val_accuracy": 0.99},  # a field the record has not (a metric belongs in one)
+        "tries": {**xcom, "tries": "many"},
+        "final_metrics.val_accuracy": {**xcom, "final_metrics": {"val_accuracy": "high"}},
+        "mlflow_run_id": {k: v for k, v in xcom.items() if k != "mlflow_run_id"},
+    }
+    for wrong, forged in forgeries.items():
+        with pytest.raises(
+            NotAllowed, match=rf"training_result's result is not a TrainingResult \(1 field\(s\) wrong: {wrong}\)"
+        ):
+            held_training(job, forged)
+    elsewhere = {
+        "model_path": f"{theirs.run_dir}/work/model.pt",  # another job's model
+        "run_dir": f"{plan.run_dir}/../../../vision-net/r1",  # out of the job's runs by ..
+        "onnx_path": "/etc/passwd",
+    }
+    for field, path in elsewhere.items():
+        with pytest.raises(NotAllowed, match=f"{path} is not a file of job 'm-nlp'"):
+            held_training(job, {**xcom, field: path})
+    with pytest.raises(NotAllowed, match=f"MLflow run {theirs.mlflow_run_id} is one of 'm-vision', not of job 'm-nlp'"):
+        held_training(job, {**xcom, "mlflow_run_id": theirs.mlflow_run_id})
+
+    own = plan.run_dir
+    exported = ExportedModel(
+        onnx_path=f"{own}/model.onnx",
+        input_example=f"{own}/input_example.npz",
+        torchscript_path=f"{own}/model.torchscript.pt",
+        artifacts={"tokenizer": f"{own}/tokenizer.model"},
+        metric="val_accuracy",
+        metric_torch=0.9,
+        metric_onnx=0.9,
+    )
+    ex_xcom = json.loads(json.dumps(exported.model_dump(mode="json")))
+    assert held_export(job, ex_xcom) == exported
+    with pytest.raises(
+        NotAllowed, match=r"export_onnx's result is not an ExportedModel \(1 field\(s\) wrong: val_accuracy_onnx\)"
+    ):
+        held_export(job, {**ex_xcom, "val_accuracy_onnx": 0.9})  # the recipe's own form, not the record's
+    with pytest.raises(NotAllowed, match=r"1 field\(s\) wrong: onnx_path\)"):
+        held_export(job, {k: v for k, v in ex_xcom.items() if k != "onnx_path"})
+    for field, path in (
+        ("torchscript_path", f"{theirs.run_dir}/model.torchscript.pt"),
+        ("input_example", "/tmp/x.npz"),
+    ):
+        with pytest.raises(NotAllowed, match=f"{path} is not a file of job 'm-nlp'"):
+            held_export(job, {**ex_xcom, field: path})
+    with pytest.raises(NotAllowed, match="is not a file of job 'm-nlp'"):
+        held_export(job, {**ex_xcom, "artifacts": {"tokenizer": f"{theirs.run_dir}/tokenizer.model"}})

@@ -71,6 +71,24 @@ def test_faithful_export_passes_with_torchscript(case, tmp_path):
     (tmp_path / "pytorch").mkdir()
     (tmp_path / "pytorch" / "model.pt").write_bytes(model_path.read_bytes())
     assert recipe.onnx_metrics(out["onnx_path"], data, options)[metric] == out[f"{metric}_onnx"]
+    # as export_onnx hands it on: the record, its metric under fixed names, a recipe's own figures beside it
+    from trainyard.pipeline.publish import exported_model
+
+    record = exported_model(out)
+    assert (record.metric, record.metric_torch, record.metric_onnx) == (
+        metric,
+        out[f"{metric}_torch"],
+        out[f"{metric}_onnx"],
+    )
+    assert (record.onnx_path, record.torchscript_path, record.parity) == (
+        out["onnx_path"],
+        out["torchscript_path"],
+        out["parity"],
+    )
+    assert record.artifacts == out.get("artifacts", {}) and set(record.artifacts) == (
+        {"tokenizer"} if "artifacts" in out else set()
+    )
+    assert record.details == {k: out[k] for k in ("decode_mismatches", "decoded_sentences") if k in out}
 
 
 def test_broken_export_is_rejected(case, tmp_path, monkeypatch):

@@ -43,7 +43,7 @@ def test_collect_training_costs_every_recorded_try(trainyard_home, tmp_path):
     c = mt.client()
     run_id = c.create_run(mt.experiment_id(c, "cost", "default")).info.run_id
     (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "train_result.json").write_text(json.dumps({"steps": 10}))
+    (tmp_path / "work" / "train_result.json").write_text(json.dumps({"steps": 10, "val_accuracy": 0.75}))
     (tmp_path / "work" / "model.pt").write_bytes(b"weights")
     usage.record_try(tmp_path, attempt=1, started=1000.0, ended=1600.0, gpus=2, where="local")  # failed try
     usage.record_try(tmp_path, attempt=2, started=2000.0, ended=2900.0, gpus=2, where="local")
@@ -57,10 +57,20 @@ def test_collect_training_costs_every_recorded_try(trainyard_home, tmp_path):
     out = pipeline.collect_training(spec, plan)
 
     price = load_resources().gpu_types["h100-80gb"].price_per_hour
-    assert out["gpu_seconds"] == pytest.approx(2 * 600 + 2 * 900)
-    assert out["cost"] == pytest.approx(price * (2 * 600 + 2 * 900) / 3600)
-    assert out["tries"] == 2
-    assert c.get_run(run_id).data.metrics["run_cost"] == pytest.approx(out["cost"])
+    assert out.gpu_seconds == pytest.approx(2 * 600 + 2 * 900)
+    assert out.cost == pytest.approx(price * (2 * 600 + 2 * 900) / 3600)
+    assert out.tries == 2
+    assert c.get_run(run_id).data.metrics["run_cost"] == pytest.approx(out.cost)
+    # the record of it: the loop's fields, the model where the platform expects it, the val_* metrics in one field
+    assert (out.steps, out.model_path) == (10, str(tmp_path / "work" / "model.pt"))
+    assert out.final_metrics == {"val_accuracy": 0.75}
+    from trainyard.training.run_config import WorkerOutputError
+
+    (tmp_path / "work" / "train_result.json").write_text(json.dumps({"steps": "ten", "val_accuracy": 0.75}))
+    with pytest.raises(
+        WorkerOutputError, match="does not fit the training's record: steps of"
+    ):  # plain, but not its type
+        pipeline.collect_training(spec, plan)
 
 
 def test_a_broken_edit_leaves_the_last_good_resources_in_force(trainyard_home, tmp_path):

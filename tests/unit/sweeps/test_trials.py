@@ -68,26 +68,29 @@ def worker(curve, checkpoint=True):
     """What a trial's rank 0 does, as the train callable: per epoch, report and obey the answer."""
 
     def train(trial_spec, key, tags, watcher):
-        from trainyard.pipeline import run_dir
+        from trainyard.pipeline import TrainingResult, run_dir
 
         work = run_dir(trial_spec, key) / "work"
         work.mkdir(parents=True, exist_ok=True)
         if checkpoint:
             (work / "checkpoints").mkdir(exist_ok=True)
-        board = str(work.parent / "tensorboard")
+        ran = {
+            "mlflow_run_id": f"run-of-{key}",
+            "run_dir": str(work.parent),
+            "tensorboard_dir": str(work.parent / "tensorboard"),
+            "wall_seconds": 1.0,
+            "gpu_seconds": 1.0,
+            "tries": 1,
+            "cost": 0.0,
+        }
         for epoch, value in enumerate(curve, start=1):
             handshake.report(work, epoch, value)
             if handshake.wait_verdict(work, epoch, timeout_s=30):
-                return {"tensorboard_dir": board}
+                return TrainingResult(**ran)  # pruned: the curves, time and cost only
         model = work / "model.pt"
         model.write_bytes(b"weights")
-        return {
-            "val_accuracy": curve[-1],
-            "val_loss": 1 - curve[-1],
-            "model_path": str(model),
-            "run_dir": str(work),
-            "tensorboard_dir": board,
-        }
+        metrics = {"val_accuracy": curve[-1], "val_loss": 1 - curve[-1]}
+        return TrainingResult(**ran, model_path=str(model), steps=len(curve), final_metrics=metrics)
 
     return train
 
@@ -338,8 +341,13 @@ def test_the_end_fails_what_was_left_running_and_picks_the_best_within_the_const
     best = close(s, DATA, RUN)
     assert best["trial"] == 1 and best["value"] == 0.8 and best["states"] == {"complete": 2, "fail": 1}
     assert (
-        best["trained"]["trial_spec"]["hyperparameters"]["learning_rate"]
+        best["trained"].trial_spec["hyperparameters"]["learning_rate"]
         == best["params"]["hyperparameters.learning_rate"]
+    )
+    assert (best["trained"].sweep, best["trained"].sweep_trial, best["trained"].final_metrics["val_accuracy"]) == (
+        "lr",
+        1,
+        0.8,
     )
     c = MlflowClient(paths.mlflow_tracking_uri())
     run = c.get_run(best["summary_run_id"])
@@ -381,6 +389,22 @@ def test_no_finished_trial_is_an_error_naming_the_states(trainyard_home):
     Path(open_study(s).trials[-1].user_attrs[TRAINED_ATTR]["model_path"]).unlink()  # removed by hand
     with pytest.raises(SweepError, match=rf"trials \[{done['trial']}\] finished, but their model files are gone"):
         close(s, DATA, RUN)
+
+
+def test_a_trial_s_training_result_is_kept_in_the_study_as_its_record(trainyard_home):
+    """The trial's TrainingResult goes into the study as JSON and comes back the same record; one stored
+    before the record, a built-in recipe's val_* metrics beside its other fields, is read as one too."""
+    from trainyard.sweeps.study import trained_of
+
+    s = spec()
+    run_trial(s, RUN, 0, worker([0.6, 0.8, 0.9]))
+    (done,) = open_study(s).trials
+    trained = trained_of(done)
+    assert trained.final_metrics == {"val_accuracy": 0.9, "val_loss": pytest.approx(0.1)}
+    assert Path(trained.model_path).is_file() and trained.steps == 3
+    stored = done.user_attrs[TRAINED_ATTR]
+    earlier = {**{k: v for k, v in stored.items() if k != "final_metrics"}, **stored["final_metrics"]}
+    assert trained_of(optuna.trial.create_trial(value=0.9, user_attrs={TRAINED_ATTR: earlier})) == trained
 
 
 def _trial(prune_below: float = -1.0):
