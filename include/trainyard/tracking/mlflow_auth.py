@@ -92,9 +92,19 @@ def role_name(team: str) -> str:
     return f"{ROLE_PREFIX}{team}"
 
 
+# How long a server process remembers a login it verified (MLflow's ``auth_cache_ttl_seconds``, off by
+# default). Each check of a password against its scrypt hash costs the server 0.32 CPU-seconds: 100
+# ``experiments/search`` requests of one login to a one-worker server took 31.9 CPU-s, 1.0 with the cache
+# (2026-12-06, 2 cores); a pipeline's tasks, their metric relays and registrations send hundreds. A password
+# change, an admin flag or a deletion through the API (trainyard's sync) drops the login on the worker that
+# made it at once; another worker of the server may accept the old login for up to this long.
+LOGIN_CACHE_S = 60
+
+
 def write_config(path: Path, database_uri: str, service_user: str, service_password: str) -> Path:
     """The auth app's configuration (``MLFLOW_AUTH_CONFIG_PATH``): nobody reads what they were not given;
-    the service account is its admin. Written readable by its owner only (it holds the admin's password)."""
+    the service account is its admin; a verified login is remembered for ``LOGIN_CACHE_S``. Written readable
+    by its owner only (it holds the admin's password)."""
     from trainyard.files import atomic_write
 
     text = (
@@ -105,6 +115,7 @@ def write_config(path: Path, database_uri: str, service_user: str, service_passw
         f"admin_password = {service_password}\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
         "grant_default_workspace_access = false\n"
+        f"auth_cache_ttl_seconds = {LOGIN_CACHE_S}\n"
     )
     atomic_write(path, text.encode())  # mode 0600
     return path
