@@ -146,6 +146,8 @@ class Cluster:
             "AIRFLOW__CELERY__BROKER_URL": f"redis://:{self.secret('redis')}@127.0.0.1:{self.ports['redis']}/0",
             "AIRFLOW__CELERY__RESULT_BACKEND": self.database_url("airflow", "db+postgresql+psycopg2"),
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
+            # the workers import the heavy libraries once, before forking their pool (trainyard_airflow.celery_config)
+            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "trainyard_airflow.celery_config.CELERY_CONFIG",
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "cpu",
             "AIRFLOW__TRAINYARD__TRAINING_QUEUE": "gpu",
             "AIRFLOW__API__HOST": "127.0.0.1",

@@ -15,6 +15,9 @@ then import it themselves, as with the plain LocalExecutor. Where processes are 
 (macOS; forkserver, Python 3.14's default on Linux), nothing is preloaded, as nothing would be inherited,
 and the scheduler log says so. Imports only: nothing is run, and no thread is started (torch starts its
 thread pools at the first operation, in the task).
+
+The CeleryExecutor's workers do the same (:mod:`trainyard_airflow.celery_config`): each worker imports them
+when it starts, before it forks its pool, whose processes fork the task processes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ DEFAULT_PRELOAD = (
     "airflow.providers.cncf.kubernetes.operators.job",
     "torch",
     "mlflow",
+    "mlflow.store.tracking.sqlalchemy_store",  # a local store's first client: its models and migrations
+    "mlflow.store.model_registry.sqlalchemy_store",
     "sklearn.metrics",
     "great_expectations",
     "onnx",
@@ -44,22 +49,28 @@ def preload_modules() -> list[str]:
     return [m.strip() for m in raw.split(",") if m.strip()]
 
 
+def preload(log) -> None:
+    """Import ``preload_modules()`` in this process (one that forks the task processes later), logging to
+    ``log`` what it loaded and what it skipped: a module that fails to import is left to the tasks."""
+    t0 = time.monotonic()
+    loaded, failed = [], []
+    for name in preload_modules():
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except Exception as err:  # noqa: BLE001 - a task importing it itself is the fallback
+            failed.append(f"{name} ({type(err).__name__}: {err})")
+    log.info("preloaded %s for the tasks in %.1f s", ", ".join(loaded) or "nothing", time.monotonic() - t0)
+    if failed:
+        log.warning("could not preload %s; tasks will import them themselves", "; ".join(failed))
+
+
 class PreloadingLocalExecutor(LocalExecutor):
     """LocalExecutor + ``[trainyard] preload_modules`` imported before its workers are forked."""
 
     def start(self) -> None:
         if self.is_mp_using_fork:
-            t0 = time.monotonic()
-            loaded, failed = [], []
-            for name in preload_modules():
-                try:
-                    importlib.import_module(name)
-                    loaded.append(name)
-                except Exception as err:  # noqa: BLE001 - a task importing it itself is the fallback
-                    failed.append(f"{name} ({type(err).__name__}: {err})")
-            self.log.info("preloaded %s for the tasks in %.1f s", ", ".join(loaded) or "nothing", time.monotonic() - t0)
-            if failed:
-                self.log.warning("could not preload %s; tasks will import them themselves", "; ".join(failed))
+            preload(self.log)
         elif preload_modules():
             self.log.warning("workers are not forked here: [trainyard] preload_modules has no effect")
         super().start()

@@ -34,3 +34,19 @@ def test_the_list_comes_from_the_config(monkeypatch):
     assert executors.preload_modules() == []
     monkeypatch.delenv("AIRFLOW__TRAINYARD__PRELOAD_MODULES")
     assert executors.preload_modules() == list(executors.DEFAULT_PRELOAD)  # the rendered config sets none
+
+
+def test_a_celery_worker_preloads_them_when_it_starts(monkeypatch):
+    """At Celery's worker_init, before the worker forks its pool (the cluster profile's CeleryExecutor)."""
+    from celery.signals import worker_init
+
+    from trainyard_airflow import celery_config
+
+    monkeypatch.setattr(executors, "preload_modules", lambda: ["colorsys"])
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    assert "colorsys" not in sys.modules  # reading the configuration (as the scheduler does) imports nothing
+    worker_init.send(sender=None)
+    assert "colorsys" in sys.modules
+    from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
+
+    assert celery_config.CELERY_CONFIG == DEFAULT_CELERY_CONFIG  # Airflow's own settings, unchanged
