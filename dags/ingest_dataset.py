@@ -97,7 +97,8 @@ def _head(params: dict) -> str | None:
     },
 )
 def ingest_dataset():
-    @task
+    # one XCom per task, its record (multiple_outputs=False: see train_pipeline.py)
+    @task(multiple_outputs=False)
     @fail_permanently
     def check_upload(params: dict | None = None) -> dict:
         """Refuse traversal, outside symlinks and empty folders; run the data kind's suite."""
@@ -128,7 +129,7 @@ def ingest_dataset():
             "validation": report.summary(),
         }
 
-    @task(outlets=[DATASET_COMMITS])
+    @task(multiple_outputs=False, outlets=[DATASET_COMMITS])
     @fail_permanently
     def commit_upload(checked: dict, params: dict | None = None, outlet_events=None) -> dict:
         """Commit exactly the validated bytes (same digest) and announce the new commit."""

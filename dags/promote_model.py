@@ -72,7 +72,8 @@ def _trusted_keys():
 
 
 # -- the tasks; promote_model() below wires them with the approval between ------------------------------
-@task
+# one XCom per task, its record (multiple_outputs=False: see train_pipeline.py)
+@task(multiple_outputs=False)
 @fail_permanently
 def verify(params: dict | None = None) -> dict:
     """Check that the requester may move the model's aliases, then re-hash every file of the version
@@ -108,7 +109,11 @@ def needs_approval(verified: dict) -> str:
     return "approve" if verified["approval"] else "move_alias"
 
 
-@task(trigger_rule="none_failed_min_one_success", on_success_callback=[TeamNotifier(event="promoted")])
+@task(
+    multiple_outputs=False,
+    trigger_rule="none_failed_min_one_success",
+    on_success_callback=[TeamNotifier(event="promoted")],
+)
 @fail_permanently
 def move_alias(verified: dict, params: dict | None = None) -> dict:
     """Check the requester (and the approver) again, verify again, move the alias, append

@@ -229,7 +229,10 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
 
 
 # -- the tasks, in the order they run; train_pipeline() below wires them ------------------------------
-@task
+# Each returns one record, its XCom return_value. multiple_outputs=False: Airflow also unrolls a task annotated
+# `-> dict` into an XCom per key (multiple_outputs inferred), one Execution API call and row each that nobody
+# reads: 129 of a digits run's 280 calls (the api-server's log of a run under the executor, 2026-12-06).
+@task(multiple_outputs=False)
 @fail_permanently
 def validate_spec() -> dict:
     """Validate the JobSpec; fails at once, naming every bad field."""
@@ -242,7 +245,7 @@ def validate_spec() -> dict:
     return spec.model_dump(mode="json")
 
 
-@task
+@task(multiple_outputs=False)
 @fail_permanently
 def resolve_dataset(spec: dict) -> dict:
     """Ingest the built-in source if named, and pin the dataset ref to an immutable commit."""
@@ -253,7 +256,7 @@ def resolve_dataset(spec: dict) -> dict:
     return resolve(_spec(spec)).model_dump()  # the record as JSON only here, at the XCom
 
 
-@task
+@task(multiple_outputs=False)
 @fail_permanently
 def validate_data(spec: dict, dataset: dict) -> dict:
     """great-expectations suite over the pinned commit: bad data stops the run here."""
@@ -265,7 +268,7 @@ def validate_data(spec: dict, dataset: dict) -> dict:
     return check(job_spec, _dataset(job_spec, dataset), _run_key())
 
 
-@task
+@task(multiple_outputs=False)
 @fail_permanently
 def prepare_data(spec: dict, dataset: dict, _validated: dict) -> dict:
     """Hash-based train/val(/test) split of the pinned commit, written as the recipe's records in LMDB or
@@ -288,7 +291,14 @@ def choose_launcher(spec: dict) -> str:
     return "admit" if job_spec.backends.launcher == "local" else "plan_kubernetes"
 
 
-@task(pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute", **AT_TRAINING_END)
+@task(
+    multiple_outputs=False,
+    pool=GPU_POOL,
+    pool_slots=GPU_SLOTS,
+    priority_weight=TRAINING_WEIGHT,
+    weight_rule="absolute",
+    **AT_TRAINING_END,
+)
 @fail_permanently
 def train(spec: dict, dataset: dict, data: dict) -> dict:
     """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
@@ -321,7 +331,14 @@ def plan_sweep(spec: dict) -> list[str]:
     return [f"{_run_key()}/slot-{i}" for i in plan(_spec(spec))]
 
 
-@task(pool=GPU_POOL, pool_slots=GPU_SLOTS, priority_weight=TRAINING_WEIGHT, weight_rule="absolute", **AT_TRAINING_END)
+@task(
+    multiple_outputs=False,
+    pool=GPU_POOL,
+    pool_slots=GPU_SLOTS,
+    priority_weight=TRAINING_WEIGHT,
+    weight_rule="absolute",
+    **AT_TRAINING_END,
+)
 @fail_permanently
 def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
     """One trial: values from the study, trained like a job of its own (run directory, MLflow run),
@@ -349,7 +366,7 @@ def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
         raise AirflowSkipException(str(err)) from None
 
 
-@task(trigger_rule="all_done")
+@task(multiple_outputs=False, trigger_rule="all_done")
 @fail_permanently
 def close_sweep() -> dict:
     """Once every trial task is done, whatever its end (a trial that failed, was skipped or marked by
@@ -369,7 +386,7 @@ def close_sweep() -> dict:
     return {**best, "trained": best["trained"].model_dump(mode="json")}  # the record as JSON only here
 
 
-@task
+@task(multiple_outputs=False)
 @fail_permanently
 def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
     """MLflow run and run config on the shared volume, for the pods to start from."""
@@ -381,7 +398,7 @@ def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
     return plan.model_dump()
 
 
-@task(**AT_TRAINING_END)
+@task(multiple_outputs=False, **AT_TRAINING_END)
 @fail_permanently
 def collect_kubernetes(spec: dict, plan: dict) -> dict:
     """Read what the pods left on the shared volume (result, GPU time of every try, cost)."""
@@ -393,7 +410,7 @@ def collect_kubernetes(spec: dict, plan: dict) -> dict:
     return collect_training(job_spec, held).model_dump(mode="json")
 
 
-@task(trigger_rule="none_failed_min_one_success")
+@task(multiple_outputs=False, trigger_rule="none_failed_min_one_success")
 @fail_permanently
 def training_result() -> dict:
     """The result of whichever branch ran (the others were skipped), a TrainingResult as JSON: a sweep's is
@@ -411,7 +428,7 @@ def training_result() -> dict:
     return from_xcom(TrainingResult, trained, step).model_dump(mode="json")
 
 
-@task
+@task(multiple_outputs=False)
 @fail_permanently
 def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     """The recipe's metrics on the val split (and the test split, if the spec keeps one), logged to the
@@ -422,7 +439,7 @@ def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     return run(job_spec, held, _run_data(job_spec))
 
 
-@task
+@task(multiple_outputs=False)
 @fail_permanently
 def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
     """Thresholds and champion/challenger rules from the spec; the full result goes to XCom and onto
@@ -438,7 +455,7 @@ def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
     return result
 
 
-@task
+@task(multiple_outputs=False)
 @fail_permanently
 def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
     """ONNX export; onnxruntime must match PyTorch on fixed inputs and on the recipe's val metric.
@@ -454,7 +471,7 @@ def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
     return run(job_spec, held, _run_data(job_spec)).model_dump(mode="json")
 
 
-@task(on_success_callback=[TeamNotifier(event="registered")])
+@task(multiple_outputs=False, on_success_callback=[TeamNotifier(event="registered")])
 @fail_permanently
 def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: dict) -> dict:
     """MLflow model version (signature, input example, lineage tags), alias staging; once per run

@@ -2,14 +2,14 @@
 
 Every Airflow task runs in a process forked from a LocalExecutor worker, which is forked from the
 scheduler, and each task of train_pipeline imported torch, MLflow, scikit-learn, great-expectations,
-onnxruntime and the Kubernetes provider (the DAG file's) again: about 5 s of imports across a run's tasks
-on 2 cores, for steps that take 0.01-0.1 s of work (``bench/orchestration.py`` shows each task against the
-same step in one process). This executor imports them once in the scheduler, before the workers are
-forked, so the workers and every task they fork share the loaded modules copy-on-write.
+onnxruntime, the ONNX exporter, matplotlib and the Kubernetes provider (the DAG file's) again: about 5 s of
+imports across a run's tasks on 2 cores, for steps that take 0.01-0.1 s of work (``bench/orchestration.py``
+shows each task against the same step in one process). This executor imports them once in the scheduler,
+before the workers are forked, so the workers and every task they fork share the loaded modules copy-on-write.
 
 ``[trainyard] preload_modules`` (comma-separated; empty turns it off) names them; the default is
 ``DEFAULT_PRELOAD``, third-party libraries only. The cost: the scheduler starts a few seconds later and
-holds them (about 500 MB, shared with the workers and tasks), and an upgrade of one of them needs a
+holds them (about 800 MB, shared with the workers and tasks), and an upgrade of one of them needs a
 scheduler restart (as any upgrade does). A module that fails to import is logged and skipped: the tasks
 then import it themselves, as with the plain LocalExecutor. Where processes are spawned rather than forked
 (macOS; forkserver, Python 3.14's default on Linux), nothing is preloaded, as nothing would be inherited,
@@ -40,6 +40,11 @@ DEFAULT_PRELOAD = (
     "great_expectations",
     "onnx",
     "onnxruntime",
+    # the ONNX export's TorchDynamo exporter: 1.7 CPU-s of imports in every export_onnx (torch 2.13)
+    "torch._dynamo",
+    "torch.onnx._internal.exporter._core",
+    "onnxscript",
+    "matplotlib.pyplot",  # the run report's curves, drawn at the gate
     "lmdb",
 )
 
