@@ -161,14 +161,16 @@ def replay_settings(config_dir: Path, *, beside_the_pipelines: bool = False) -> 
         "TRAINYARD_CONFIG_DIR": str(config_dir),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(replay_dags), os.environ.get("PYTHONPATH")])),
         "AIRFLOW__CORE__PARALLELISM": "8",
-        "AIRFLOW__TRAINYARD__PRELOAD_MODULES": "trainyard.scheduling.admission.lease",
     }
     if beside_the_pipelines:  # after the rendered ones (scripts/render_airflow_cfg.py)
+        # the pipelines' tasks start with the default preloaded libraries (the replay's need none of them)
         local = "airflow.dag_processing.bundles.local.LocalDagBundle"
         bundles = [{"name": "scheduler-replay", "classpath": local, "kwargs": {"path": str(replay_dags)}}]
         settings["TRAINYARD_EXTRA_DAG_BUNDLES"] = json.dumps(bundles)
     else:
         settings["AIRFLOW__CORE__DAGS_FOLDER"] = str(replay_dags)
+        # what the replay's tasks import, instead of the pipelines' heavy libraries (a lighter scheduler)
+        settings["AIRFLOW__TRAINYARD__PRELOAD_MODULES"] = "trainyard.scheduling.admission.lease"
     return settings
 
 
