@@ -61,7 +61,7 @@ def _job_dag(job: RetrainingJob) -> Any:
     def retrain() -> None:
         # its team hears when the job cannot start (a refused event, an unreachable store); a training that
         # fails is told by train_pipeline's own tasks
-        @task(multiple_outputs=False, on_failure_callback=[TeamNotifier(event="failure", team=job.spec.resources.team)])
+        @task(multiple_outputs=True, on_failure_callback=[TeamNotifier(event="failure", team=job.spec.resources.team)])
         @fail_permanently
         def pin_commit() -> dict:
             """The dataset commit this run trains on; skipped when that commit and spec are already registered."""
@@ -80,7 +80,7 @@ def _job_dag(job: RetrainingJob) -> Any:
                 raise AirflowSkipException(plan["skip"])
             return plan
 
-        plan: Any = pin_commit()
+        plan: Any = pin_commit()  # its conf is read by key (multiple_outputs)
         TriggerDagRunOperator(
             task_id="train",
             trigger_dag_id=training_dag(TEAM),

@@ -231,7 +231,8 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
 # -- the tasks, in the order they run; train_pipeline() below wires them ------------------------------
 # Each returns one record, its XCom return_value. multiple_outputs=False: Airflow also unrolls a task annotated
 # `-> dict` into an XCom per key (multiple_outputs inferred), one Execution API call and row each that nobody
-# reads: 129 of a digits run's 280 calls (the api-server's log of a run under the executor, 2026-12-06).
+# reads: 129 of a digits run's 280 calls (the api-server's log of a run under the executor, 2026-12-06). A
+# task whose result is read by key says multiple_outputs=True.
 @task(multiple_outputs=False)
 @fail_permanently
 def validate_spec() -> dict:
@@ -386,7 +387,7 @@ def close_sweep() -> dict:
     return {**best, "trained": best["trained"].model_dump(mode="json")}  # the record as JSON only here
 
 
-@task(multiple_outputs=False)
+@task(multiple_outputs=True)  # its config_path is read by key (train_kubernetes's argument), its whole by collect
 @fail_permanently
 def plan_kubernetes(spec: dict, dataset: dict, data: dict) -> dict:
     """MLflow run and run config on the shared volume, for the pods to start from."""
