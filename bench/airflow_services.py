@@ -164,7 +164,8 @@ class Airflow:
         }
         if triggerer:
             components["triggerer"] = ["triggerer"]
-            served = self.teams() if teams is None else [t for t in self.teams() if t in set(teams)]
+            wanted = None if teams is None else set(teams)
+            served = [t for t in self.teams() if wanted is None or t in wanted]
             for team in served:  # the shared triggerer serves the triggers' logs (one server per port)
                 components[f"triggerer-{team}"] = ["triggerer", "--team-name", team, "--skip-serve-logs"]
         for name, command in components.items():

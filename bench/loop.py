@@ -533,14 +533,17 @@ def main() -> None:
         (root / "data.json").write_text(json.dumps(prepare(root)))
         mlflow = mlflow_run(root)
         for nproc in args.procs:
-            runs = [measured(root, nproc, rep, args.epochs, mlflow, args.histogram_every) for rep in range(args.reps)]
+            runs = [
+                repetition_retried(root, nproc, rep, args.epochs, mlflow, args.histogram_every)
+                for rep in range(args.reps)
+            ]
             print(report(nproc, args.epochs, runs), flush=True)
 
 
 TRIES = 3  # of a repetition where a side ran past its pause
 
 
-def measured(
+def repetition_retried(
     root: Path, nproc: int, rep: int, epochs: int, mlflow: tuple[str, str], histogram_every: int
 ) -> dict[str, Side]:
     """The repetition ``rep``, run again where a side ran past its pause (at most ``TRIES`` times)."""

@@ -167,7 +167,7 @@ def _linked(task_output: Any) -> Any:
     return task_output
 
 
-def _job_spec(spec: dict, trained: dict) -> tuple[JobSpec, TrainingResult]:
+def _trained_job(spec: dict, trained: dict) -> tuple[JobSpec, TrainingResult]:
     """The JobSpec of what was trained (a sweep's best trial has its own values: ``trial_spec``) and the
     training's result (``training_result``'s XCom) as its record, held to it
     (:func:`trainyard.pipeline.records.held_training`: a user may write XComs)."""
@@ -231,8 +231,7 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
 # -- the tasks, in the order they run; train_pipeline() below wires them ------------------------------
 # Each returns one record, its XCom return_value. multiple_outputs=False: Airflow also unrolls a task annotated
 # `-> dict` into an XCom per key (multiple_outputs inferred), one Execution API call and row each that nobody
-# reads: 129 of a digits run's 280 calls (the api-server's log of a run under the executor, 2026-12-06). A
-# task whose result is read by key says multiple_outputs=True.
+# reads (docs/performance.md counts them). A task whose result is read by key says multiple_outputs=True.
 @task(multiple_outputs=False)
 @fail_permanently
 def validate_spec() -> dict:
@@ -436,7 +435,7 @@ def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     MLflow run; a custom command's are the ones it reported."""
     from trainyard.pipeline.evaluate import evaluate as run
 
-    job_spec, held = _job_spec(spec, trained)
+    job_spec, held = _trained_job(spec, trained)
     return run(job_spec, held, _run_data(job_spec))
 
 
@@ -448,7 +447,7 @@ def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
     from trainyard.evaluation.gate import GateFailed
     from trainyard.pipeline.evaluate import gate as check
 
-    job_spec, held = _job_spec(spec, trained)
+    job_spec, held = _trained_job(spec, trained)
     result = check(job_spec, metrics, _run_data(job_spec), held)
     get_current_context()["ti"].xcom_push(key="gate_result", value=result)
     if not result["passed"] and not _spec(spec).replay_of:  # a replay measures; its verdict is recorded
@@ -468,7 +467,7 @@ def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
     if _spec(spec).replay_of:
         raise AirflowSkipException(f"a replay of {_spec(spec).replay_of} exports and registers nothing")
 
-    job_spec, held = _job_spec(spec, trained)
+    job_spec, held = _trained_job(spec, trained)
     return run(job_spec, held, _run_data(job_spec)).model_dump(mode="json")
 
 
@@ -485,7 +484,7 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
     identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
     from trainyard.pipeline.records import held_export
 
-    job_spec, held = _job_spec(spec, trained)
+    job_spec, held = _trained_job(spec, trained)
     lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on
     return run(job_spec, lineage, held, held_export(job_spec, exported), metrics, _run_key(), identity, user=user)
 

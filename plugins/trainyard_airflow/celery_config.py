@@ -14,8 +14,10 @@ import logging
 from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 from celery.signals import worker_init
 
-# Airflow's own settings, unchanged (read from the same [celery] options); what this module adds is the hook.
-CELERY_CONFIG = dict(DEFAULT_CELERY_CONFIG)
+# Airflow's own settings object itself, not a copy: Airflow builds a team's settings from its own [celery]
+# options and applies a configured object on top of them unless it is this one. What this module adds is
+# the hook.
+CELERY_CONFIG = DEFAULT_CELERY_CONFIG
 
 
 @worker_init.connect

@@ -40,7 +40,7 @@ DEFAULT_PRELOAD = (
     "great_expectations",
     "onnx",
     "onnxruntime",
-    # the ONNX export's TorchDynamo exporter: 1.7 CPU-s of imports in every export_onnx (torch 2.13)
+    # the ONNX export's TorchDynamo exporter, imported by every export_onnx (docs/performance.md)
     "torch._dynamo",
     "torch.onnx._internal.exporter._core",
     "onnxscript",

@@ -45,7 +45,13 @@ from airflow.dag_processing.dagbag import DagBag
 t1 = time.process_time()
 bag = DagBag(dag_folder=sys.argv[1])
 seconds = time.process_time() - t1
+from airflow.sdk.definitions.xcom_arg import XComArg
+def keyed(task):  # the XComs a task's arguments read, other than a return value: [task, from, key, unrolled]
+    refs = (r for f in task.template_fields for r in XComArg.iter_xcom_references(getattr(task, f, None)))
+    return [[task.task_id, op.task_id, key, bool(getattr(op, "multiple_outputs", False))]
+            for op, key in refs if key != "return_value"]
 dags = {d: {"owners": [t.owner for t in dag.tasks], "tags": sorted(dag.tags), "doc": bool(dag.doc_md),
+            "keyed": [k for t in dag.tasks for k in keyed(t)],
             "retries": {t.task_id: t.retries for t in dag.tasks},
             "pools": {t.task_id: [t.pool, t.pool_slots] for t in dag.tasks},
             "error_mapping": {t.task_id: getattr(t.python_callable, "maps_permanent_errors", False)
@@ -163,6 +169,18 @@ def test_top_level_imports_are_light():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
                 assert mod.startswith(allowed), f"{path.name}: top-level import of {mod}"
+
+
+def test_a_result_read_by_key_is_unrolled_by_its_task(parsed):
+    """A task that reads one key of another's result (``plan["config_path"]``) finds it only where that
+    task unrolls its result into an XCom per key (multiple_outputs=True); the others keep one XCom."""
+    _, info = parsed
+    for dag_id, dag in info["dags"].items():
+        missing = [(reader, source, key) for reader, source, key, unrolled in dag["keyed"] if not unrolled]
+        assert missing == [], f"{dag_id}: read by key from a task with multiple_outputs=False: {missing}"
+    if "train_pipeline" in str(parsed[0]):  # the Kubernetes branch reads its plan's config_path by key
+        (dag,) = info["dags"].values()
+        assert ["train_kubernetes", "plan_kubernetes", "config_path", True] in dag["keyed"], dag["keyed"]
 
 
 def test_every_task_maps_permanent_errors_in_one_place(parsed):

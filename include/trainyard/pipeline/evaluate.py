@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from trainyard.errors import PermanentError
 from trainyard.pipeline.records import TrainingResult
 from trainyard.spec import JobSpec
 
@@ -23,7 +24,8 @@ def evaluate(spec: JobSpec, trained: TrainingResult, data: dict) -> dict:
         return dict(trained.final_metrics)
     recipe = recipes.get(spec.recipe)
     options = recipe.opts(spec)
-    assert trained.model_path, "a built-in recipe's training leaves its model.pt (built_in_result)"
+    if not trained.model_path:  # a built-in recipe's training leaves its model.pt (built_in_result)
+        raise PermanentError(f"the training of run {trained.run_dir} left no model.pt: nothing to evaluate")
     metrics, info = recipe.evaluate(trained.model_path, data, "val", options)
     if "test" in data:
         metrics.update(recipe.evaluate(trained.model_path, data, "test", options)[0])

@@ -52,8 +52,10 @@ class TrainingResult(BaseModel):
     """What a training left (``collect_training``'s result): its MLflow run and files, its time and cost
     over every try, its model (a built-in recipe's weights, a custom command's ONNX file) and the last value
     of each metric its workers reported; a built-in trainer's loop adds its own record. JSON only at the
-    XCom boundary and in a sweep trial's Optuna attributes, where a later step holds it to the job
-    (:func:`held_training`). A trial its pruner stopped left no model and no metrics."""
+    XCom boundary, where a later step holds it to the job (:func:`held_training`), and in a sweep trial's
+    Optuna attributes (the platform's own store: :func:`trainyard.sweeps.study.trained_of`). A trial its
+    pruner stopped left no model and no metrics. Its ``tensorboard_dir`` is not held: only the UI's links
+    and a trial's hparams read it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -312,7 +312,7 @@ def best_trial(study: optuna.Study, of_lineage: str) -> optuna.trial.FrozenTrial
         and math.isfinite(t.value)
         and all(v <= 0 for v in t.constraints.values())
         and TRAINED_ATTR in t.user_attrs
-        and Path(_model_of(trained_of(t))).is_file()
+        and _has_model(t)
     ]
     if not done:
         return None
@@ -320,9 +320,19 @@ def best_trial(study: optuna.Study, of_lineage: str) -> optuna.trial.FrozenTrial
     return pick(done, key=lambda t: float(t.value or 0.0))
 
 
-def _model_of(trained: TrainingResult) -> str:
-    """The model file a trial left: a built-in recipe's model.pt, a custom program's model.onnx."""
-    return trained.model_path or trained.onnx_path or ""
+def _has_model(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the model file a finished trial left (a built-in recipe's model.pt, a custom program's
+    model.onnx) is still there. A trial whose stored record is not one (another shape, from an older
+    trainyard) has none that can be registered: logged, not fatal to the sweep."""
+    from pydantic import ValidationError
+
+    try:
+        trained = trained_of(trial)
+    except ValidationError as err:
+        log.warning("trial %d: its stored training result is not a TrainingResult (%s); passed over", trial.number, err)
+        return False
+    model = trained.model_path or trained.onnx_path
+    return model is not None and Path(model).is_file()
 
 
 def trained_of(trial: optuna.trial.FrozenTrial) -> TrainingResult:
@@ -485,11 +495,9 @@ def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
         gone = [
             t.number
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.user_attrs.get(LINEAGE_ATTR) == of_lineage
-            and TRAINED_ATTR in t.user_attrs
-            and not Path(_model_of(trained_of(t))).is_file()
+            if t.user_attrs.get(LINEAGE_ATTR) == of_lineage and TRAINED_ATTR in t.user_attrs and not _has_model(t)
         ]
-        why = f"; trials {gone} finished, but their model files are gone from their run directories" if gone else ""
+        why = f"; trials {gone} finished, but left no model file that is still there" if gone else ""
         raise SweepError(
             f"sweep {study.study_name}: no trial on this data and spec finished with a finite "
             f"{spec.sweep.objective if spec.sweep else ''} within the constraints ({states}){why}; nothing to register"

@@ -387,7 +387,25 @@ def test_no_finished_trial_is_an_error_naming_the_states(trainyard_home):
         close(spec(name="other"), DATA, RUN)
     done = run_trial(s, RUN, 1, worker([0.6, 0.8, 0.9]), of_lineage=lineage(s, DATA))
     Path(open_study(s).trials[-1].user_attrs[TRAINED_ATTR]["model_path"]).unlink()  # removed by hand
-    with pytest.raises(SweepError, match=rf"trials \[{done['trial']}\] finished, but their model files are gone"):
+    with pytest.raises(
+        SweepError, match=rf"trials \[{done['trial']}\] finished, but left no model file that is still there"
+    ):
+        close(s, DATA, RUN)
+
+
+def test_a_finished_trial_whose_stored_result_is_not_a_record_is_passed_over(trainyard_home):
+    """A trial stored in another shape (an older trainyard's, or edited in the study) has no model to
+    register: close names it instead of failing the sweep on a validation error."""
+    from trainyard.sweeps.study import LINEAGE_ATTR
+
+    s = spec()
+    study = open_study(s)
+    odd = optuna.trial.create_trial(
+        value=0.9, user_attrs={LINEAGE_ATTR: lineage(s, DATA), TRAINED_ATTR: {"model": "x"}}
+    )
+    study.add_trial(odd)
+    number = open_study(s).trials[-1].number
+    with pytest.raises(SweepError, match=rf"trials \[{number}\] finished, but left no model file that is still there"):
         close(s, DATA, RUN)
 
 
