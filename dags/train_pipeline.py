@@ -72,6 +72,16 @@ AT_TRAINING_END: dict[str, Any] = {
     "on_retry_callback": [TRAINING_ENDED],
     "on_failure_callback": [FAILED, TRAINING_ENDED],
 }
+# A training task (a job's, a sweep trial's): all of the job's GPUs from its pool, at its priority (set per run
+# by the cluster policy), one XCom (its record), and the team told at its end.
+ON_GPUS: dict[str, Any] = {
+    "multiple_outputs": False,
+    "pool": GPU_POOL,
+    "pool_slots": GPU_SLOTS,
+    "priority_weight": TRAINING_WEIGHT,
+    "weight_rule": "absolute",
+    **AT_TRAINING_END,
+}
 default_args = {
     "owner": "trainyard",
     "retries": 1,
@@ -291,14 +301,7 @@ def choose_launcher(spec: dict) -> str:
     return "admit" if job_spec.backends.launcher == "local" else "plan_kubernetes"
 
 
-@task(
-    multiple_outputs=False,
-    pool=GPU_POOL,
-    pool_slots=GPU_SLOTS,
-    priority_weight=TRAINING_WEIGHT,
-    weight_rule="absolute",
-    **AT_TRAINING_END,
-)
+@task(**ON_GPUS)
 @fail_permanently
 def train(spec: dict, dataset: dict, data: dict) -> dict:
     """Workers of the spec's strategy on this machine (torchrun for ddp and deepspeed, horovodrun); output
@@ -331,14 +334,7 @@ def plan_sweep(spec: dict) -> list[str]:
     return [f"{_run_key()}/slot-{i}" for i in plan(_spec(spec))]
 
 
-@task(
-    multiple_outputs=False,
-    pool=GPU_POOL,
-    pool_slots=GPU_SLOTS,
-    priority_weight=TRAINING_WEIGHT,
-    weight_rule="absolute",
-    **AT_TRAINING_END,
-)
+@task(**ON_GPUS)
 @fail_permanently
 def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
     """One trial: values from the study, trained like a job of its own (run directory, MLflow run),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 
-from trainyard.errors import PermanentError
 from trainyard.pipeline.records import TrainingResult
 from trainyard.spec import JobSpec
 
@@ -24,11 +23,10 @@ def evaluate(spec: JobSpec, trained: TrainingResult, data: dict) -> dict:
         return dict(trained.final_metrics)
     recipe = recipes.get(spec.recipe)
     options = recipe.opts(spec)
-    if not trained.model_path:  # a built-in recipe's training leaves its model.pt (built_in_result)
-        raise PermanentError(f"the training of run {trained.run_dir} left no model.pt: nothing to evaluate")
-    metrics, info = recipe.evaluate(trained.model_path, data, "val", options)
+    weights = trained.weights()
+    metrics, info = recipe.evaluate(weights, data, "val", options)
     if "test" in data:
-        metrics.update(recipe.evaluate(trained.model_path, data, "test", options)[0])
+        metrics.update(recipe.evaluate(weights, data, "test", options)[0])
     c = mt.client()
     for k, v in metrics.items():
         c.log_metric(trained.mlflow_run_id, f"eval_{k}", v)

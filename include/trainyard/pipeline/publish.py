@@ -8,7 +8,6 @@ import json
 import logging
 from pathlib import Path
 
-from trainyard.errors import PermanentError
 from trainyard.export.onnx_export import ExportFailed
 from trainyard.pipeline.records import ExportedModel, PinnedDataset, TrainingResult, lineage_tags
 from trainyard.pipeline.spec import check_ownership
@@ -25,9 +24,7 @@ def export_onnx(spec: JobSpec, trained: TrainingResult, data: dict) -> ExportedM
     if spec.recipe == "custom":
         return check_custom_onnx(trained)
     recipe = recipes.get(spec.recipe)
-    if not trained.model_path:  # a built-in recipe's training leaves its model.pt (built_in_result)
-        raise PermanentError(f"the training of run {trained.run_dir} left no model.pt: nothing to export")
-    out = exported_model(recipe.export(trained.model_path, data, Path(trained.run_dir), spec.export, recipe.opts(spec)))
+    out = exported_model(recipe.export(trained.weights(), data, Path(trained.run_dir), spec.export, recipe.opts(spec)))
     p = out.parity
     if p is None:  # every built-in recipe's export holds the graph to PyTorch
         raise ExportFailed(f"{spec.recipe}'s export reported no parity with PyTorch")

@@ -92,6 +92,28 @@ class TrainingResult(BaseModel):
         """The files it names: each must be the job's (:func:`held_training`)."""
         return [f for f in (self.run_dir, self.model_path, self.onnx_path) if f]
 
+    def model_file(self) -> str | None:
+        """The model it left: a built-in recipe's weights, a custom command's ONNX file (None: a pruned trial's)."""
+        return self.model_path or self.onnx_path
+
+    def weights(self) -> str:
+        """A built-in recipe's model.pt, which its training always leaves (:func:`trainyard.pipeline.train.
+        built_in_result`); PermanentError where this result names none."""
+        if not self.model_path:
+            from trainyard.errors import PermanentError
+
+            raise PermanentError(f"the training of run {self.run_dir} left no model.pt")
+        return self.model_path
+
+
+def metrics_folded(reported: Mapping[str, Any]) -> dict[str, Any]:
+    """A training's result as the workers' records give it, a built-in recipe's val_* metrics beside the
+    other fields, with those metrics in ``final_metrics`` (a custom program's own are there already; a name
+    in both keeps its ``final_metrics`` value): the fields of a :class:`TrainingResult`."""
+    fields = {k: v for k, v in reported.items() if not k.startswith("val_")}
+    metrics = {k: v for k, v in reported.items() if k.startswith("val_")}
+    return {**fields, "final_metrics": {**metrics, **(reported.get("final_metrics") or {})}}
+
 
 class ExportedModel(BaseModel):
     """The model as exported (``export_onnx``'s result): the ONNX file and its input example, the

@@ -19,6 +19,7 @@ from trainyard.pipeline.records import (
     TrainingPlan,
     TrainingResult,
     lineage_tags,
+    metrics_folded,
     run_dir,
     tensorboard_dir,
 )
@@ -232,10 +233,8 @@ def _result_record(found: dict, **platform) -> TrainingResult:
 
     from trainyard.training.run_config import WorkerOutputError
 
-    fields = {k: v for k, v in found.items() if not k.startswith("val_") and k != "final_metrics"}
-    metrics = {k: v for k, v in found.items() if k.startswith("val_")} | dict(found.get("final_metrics") or {})
     try:
-        return TrainingResult(**fields, final_metrics=metrics, **platform)
+        return TrainingResult(**metrics_folded(found), **platform)
     except ValidationError as err:
         wrong = sorted({".".join(map(str, e["loc"]))[:80] for e in err.errors()})
         raise WorkerOutputError(

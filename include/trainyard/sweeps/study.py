@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard import paths
 from trainyard.errors import PermanentError
-from trainyard.pipeline.records import TrainingResult
+from trainyard.pipeline.records import TrainingResult, metrics_folded
 from trainyard.spec import NOT_TRAINED, JobSpec, SearchParameter, Sweep
 
 if TYPE_CHECKING:
@@ -331,7 +331,7 @@ def _has_model(trial: optuna.trial.FrozenTrial) -> bool:
     except ValidationError as err:
         log.warning("trial %d: its stored training result is not a TrainingResult (%s); passed over", trial.number, err)
         return False
-    model = trained.model_path or trained.onnx_path
+    model = trained.model_file()
     return model is not None and Path(model).is_file()
 
 
@@ -339,10 +339,7 @@ def trained_of(trial: optuna.trial.FrozenTrial) -> TrainingResult:
     """What a finished trial's training left (its ``TRAINED_ATTR``, stored by its task as JSON), as the
     record. One stored before the record had its built-in recipe's val_* metrics beside the other fields:
     they are its final metrics."""
-    stored = dict(trial.user_attrs[TRAINED_ATTR])
-    earlier = {k: stored.pop(k) for k in [k for k in stored if k.startswith("val_")]}
-    if earlier:
-        stored["final_metrics"] = {**earlier, **stored.get("final_metrics", {})}
+    stored = metrics_folded(trial.user_attrs[TRAINED_ATTR])
     return TrainingResult.model_validate(stored)  # the platform's own file (the study's journal), not an XCom
 
 
