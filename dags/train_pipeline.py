@@ -178,16 +178,12 @@ def _linked(task_output: Any) -> Any:
 
 
 def _trained_job(spec: dict, trained: dict) -> tuple[JobSpec, TrainingResult]:
-    """The JobSpec of what was trained (a sweep's best trial has its own values: ``trial_spec``) and the
-    training's result (``training_result``'s XCom) as its record, held to it
-    (:func:`trainyard.pipeline.records.held_training`: a user may write XComs)."""
-    from trainyard.pipeline.records import TrainingResult, from_xcom, held_training
+    """The JobSpec of what was trained and the training's result (``training_result``'s XCom), held to the
+    job: a user may write XComs (:func:`trainyard.pipeline.trained_job`; a sweep's best trial is read from
+    its study)."""
+    from trainyard.pipeline.sweep import trained_job
 
-    record = from_xcom(TrainingResult, trained, "training_result")
-    job_spec = _spec(record.trial_spec or spec)
-    if job_spec.name != spec["name"]:
-        raise PermanentError(f"the trained trial's spec names job {job_spec.name!r}, not {spec['name']!r}")
-    return job_spec, held_training(job_spec, record)
+    return trained_job(_spec(spec), trained)
 
 
 def _run_data(job_spec: JobSpec) -> dict:

@@ -86,7 +86,6 @@ def _check_pruned(trials, study_spec):
 
 def test_a_custom_programs_sweep_prunes_a_loser_it_is_told_about_and_exports_the_best(trainyard_home):
     from trainyard import pipeline
-    from trainyard.spec import JobSpec
 
     spec = _sweep_spec("obeys")
     dataset, data, trials = _sweep(spec, "train_pipeline/manual__obeys")
@@ -96,10 +95,10 @@ def test_a_custom_programs_sweep_prunes_a_loser_it_is_told_about_and_exports_the
     assert best["trial"] == 0 and best["value"] == study.trials[0].value
     trained = best["trained"]
     assert trained.final_metrics["val_accuracy"] == best["value"] and Path(trained.onnx_path).is_file()
-    trial_spec = JobSpec.model_validate(trained.trial_spec)  # as the DAG's evaluate and export read it
-    assert trial_spec.hyperparameters.learning_rate == GOOD_LR and trial_spec.sweep is None
-    assert pipeline.evaluate(trial_spec, trained, data)["val_accuracy"] == best["value"]
-    exported = pipeline.export_onnx(trial_spec, trained, data)
+    trial_spec, held = pipeline.trained_job(spec, trained.model_dump(mode="json"))  # as the DAG's later steps do
+    assert trial_spec.hyperparameters.learning_rate == GOOD_LR and trial_spec.sweep is None and held == trained
+    assert pipeline.evaluate(trial_spec, held, data)["val_accuracy"] == best["value"]
+    exported = pipeline.export_onnx(trial_spec, held, data)
     assert Path(exported.onnx_path).is_file()
 
 

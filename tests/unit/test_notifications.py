@@ -96,14 +96,23 @@ def test_a_bad_target_is_refused_naming_it(entry, problem):
         parse_resources(text, "resources.yaml")
 
 
-def test_a_training_past_its_expected_hours_is_told_once_and_a_quick_one_never(tmp_path):
+def _teller(error: Exception | None = None):
+    """A notice to give: it records the seconds it is told and sets an event, then raises ``error`` if
+    given. Returns ``(the seconds told, the event, the notice)``."""
     told: list[float] = []
     fired = threading.Event()
 
     def tell(seconds: float) -> None:
         told.append(seconds)
         fired.set()
+        if error is not None:
+            raise error
 
+    return told, fired, tell
+
+
+def test_a_training_past_its_expected_hours_is_told_once_and_a_quick_one_never(tmp_path):
+    told, fired, tell = _teller()
     marker = tmp_path / "long_training" / "r1"
     with notifications.watch_training_time(0.1 / 3600, 0.0, marker, tell):
         assert fired.wait(30)  # the training runs on past 0.1 s
@@ -120,14 +129,7 @@ def test_a_training_past_its_expected_hours_is_told_once_and_a_quick_one_never(t
 
 
 def test_a_notice_that_fails_costs_the_training_nothing_and_a_retry_tells_instead(tmp_path):
-    tries: list[float] = []
-    attempted = threading.Event()
-
-    def broken(seconds: float) -> None:
-        tries.append(seconds)
-        attempted.set()
-        raise ConnectionError("webhook down")
-
+    tries, attempted, broken = _teller(ConnectionError("webhook down"))
     marker = tmp_path / "m"
     with notifications.watch_training_time(0.05 / 3600, 0.0, marker, broken):
         assert attempted.wait(30)

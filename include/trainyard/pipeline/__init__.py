@@ -7,7 +7,7 @@ stage       steps
 spec        ``validate_spec``, ``check_worker``, ``check_ownership``
 data        ``resolve_dataset``, ``pinned_dataset``, ``validate_data``, ``prepare_data``
 train       ``plan_training``, ``launch_local``, ``collect_training``, ``train``
-sweep       ``plan_sweep``, ``train_trial``, ``close_sweep``
+sweep       ``plan_sweep``, ``train_trial``, ``close_sweep``, ``trained_job``
 evaluate    ``evaluate``, ``gate``
 publish     ``export_onnx``, ``register``
 records     ``PinnedDataset``, ``TrainingPlan``, ``TrainingResult``, ``ExportedModel`` (typed, JSON only at
@@ -39,7 +39,7 @@ from trainyard.pipeline.records import (
     run_dir,
 )
 from trainyard.pipeline.spec import check_ownership, check_worker, validate_spec
-from trainyard.pipeline.sweep import close_sweep, plan_sweep, train_trial
+from trainyard.pipeline.sweep import close_sweep, plan_sweep, train_trial, trained_job
 from trainyard.pipeline.train import (
     RESULT_FIELDS,
     LocalLaunch,
@@ -82,6 +82,7 @@ __all__ = [
     "start_tracking",
     "train",
     "train_trial",
+    "trained_job",
     "validate_data",
     "validate_spec",
 ]

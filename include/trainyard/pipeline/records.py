@@ -83,8 +83,7 @@ class TrainingResult(BaseModel):
     loop_seconds: float | None = None
     checkpoint_stall_seconds: float | None = None
     checkpoints: int | None = None
-    # a sweep's best trial (sweeps.study.close): the JobSpec it was trained with (as JSON), its study, its number
-    trial_spec: dict[str, Any] | None = None
+    # a sweep's best trial (sweeps.study.close): its study and its number (sweeps.study.finished_trial)
     sweep: str | None = None
     sweep_trial: int | None = None
 

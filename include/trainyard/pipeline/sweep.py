@@ -5,9 +5,11 @@ like a job of its own (:func:`train_trial`), and the sweep's end, its best trial
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
-from trainyard.pipeline.records import PinnedDataset, TrainingResult, run_dir
+from trainyard.pipeline.records import PinnedDataset, TrainingResult, from_xcom, held_training, run_dir
 from trainyard.pipeline.train import LocalLaunch, log_validation, train
 from trainyard.spec import JobSpec
 
@@ -79,3 +81,16 @@ def close_sweep(spec: JobSpec, dataset: PinnedDataset, sweep_run: str) -> dict:
     best = close(spec, dataset.commit, sweep_run)
     log_validation(mt.client(), best["trained"].mlflow_run_id, run_dir(spec, sweep_run))
     return best
+
+
+def trained_job(spec: JobSpec, value: Mapping[str, Any] | TrainingResult) -> tuple[JobSpec, TrainingResult]:
+    """What a run trained, for the steps after training: the JobSpec it trained with and the training's result
+    (``training_result``'s XCom, which a user may write) held to the job (:func:`held_training`). A sweep
+    run's is its best trial, as the study keeps it (:func:`trainyard.sweeps.study.finished_trial`): the
+    trial's own values, read by the number the XCom gives, not from the XCom."""
+    record = from_xcom(TrainingResult, value, "training_result")
+    if spec.sweep is not None:
+        from trainyard.sweeps.study import finished_trial
+
+        spec, record = finished_trial(spec, record.sweep_trial)
+    return spec, held_training(spec, record)

@@ -343,6 +343,30 @@ def trained_of(trial: optuna.trial.FrozenTrial) -> TrainingResult:
     return TrainingResult.model_validate(stored)  # the platform's own file (the study's journal), not an XCom
 
 
+def finished_trial(spec: JobSpec, number: int | None) -> tuple[JobSpec, TrainingResult]:
+    """Trial ``number`` of the job's sweep as its study keeps it (the platform's own store, which no user
+    writes): the JobSpec it trained with (the sweep's, with the trial's values) and what its training left,
+    marked with its sweep and number. What a sweep run's evaluate, gate, export and register use: the
+    ``training_result`` XCom they are handed, which a user may write, gives only the number. NotAllowed
+    where the study has no such finished trial."""
+    import optuna
+
+    from trainyard.teams import NotAllowed
+
+    sweep = _sweep(spec)
+    study = optuna.load_study(study_name=sweep.name, storage=storage(spec.resources.team))
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    found = [t for t in done if t.number == number and SPEC_ATTR in t.user_attrs and TRAINED_ATTR in t.user_attrs]
+    if not found:
+        raise NotAllowed(
+            f"sweep {sweep.name!r} of team {spec.resources.team} has no finished trial #{number}: this task's "
+            "input was changed; trigger the job again"
+        )
+    (trial,) = found
+    trained = trained_of(trial).model_copy(update={"sweep": sweep.name, "sweep_trial": trial.number})
+    return JobSpec.model_validate(trial.user_attrs[SPEC_ATTR]), trained
+
+
 def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = None, state=None) -> None:
     """``study.tell``; a trial already told (by another look at a trial left running) stays as told."""
     study.tell(trial, value, state=state, skip_if_finished=True)
@@ -464,8 +488,8 @@ def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
     """The end of a sweep run, once each of its trial tasks is done (succeeded or failed): its trials still
     RUNNING are failed (their processes are gone), the study's best trial on the dataset ``commit`` is chosen,
     and the summary goes to MLflow. Returns the best trial's ``{"trained", "trial", "value", ...}``:
-    ``trained`` (its TrainingResult) goes on to evaluate, gate, export and register, its ``trial_spec`` the
-    JobSpec they use;
+    ``trained`` (its TrainingResult, marked with its sweep and number) goes on to evaluate, gate, export and
+    register, which read the trial again by that number (:func:`finished_trial`);
     SweepError if no trial finished within the constraints."""
     import time
 
@@ -500,15 +524,8 @@ def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
             f"{spec.sweep.objective if spec.sweep else ''} within the constraints ({states}){why}; nothing to register"
         )
     log.info("best trial: #%d, %s = %s, %s", best.number, study.user_attrs.get("objective"), best.value, best.params)
-    trained = trained_of(best).model_copy(
-        update={
-            "sweep": study.study_name,
-            "sweep_trial": best.number,
-            "trial_spec": best.user_attrs[SPEC_ATTR],  # the sweep's spec with the best trial's values
-        }
-    )
     return {
-        "trained": trained,
+        "trained": trained_of(best).model_copy(update={"sweep": study.study_name, "sweep_trial": best.number}),
         "trial": best.number,
         "value": best.value,
         "params": best.params,

@@ -225,9 +225,8 @@ def test_a_training_result_and_an_export_go_through_json_as_they_were(tmp_path):
     import math
 
     from trainyard.pipeline.records import ExportedModel, TrainingResult
-    from trainyard.spec import JobSpec
 
-    built_in = _training("a1b2", str(tmp_path), trial_spec=JobSpec().model_dump(mode="json"), sweep="lr", sweep_trial=3)
+    built_in = _training("a1b2", str(tmp_path), sweep="lr", sweep_trial=3)
     custom = TrainingResult(
         mlflow_run_id="c3d4",
         run_dir=str(tmp_path),
