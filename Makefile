@@ -26,8 +26,10 @@ demo: setup
 # Lint first: a finding fails the run before pytest starts (mypy about 5 s: `make setup` has filled its cache
 # with the installed packages, scripts/warm_mypy_cache.py; a minute without that).
 # The suite runs in TEST_WORKERS pytest-xdist processes, a test file per worker at a time (module fixtures
-# stay shared); each worker has its own copy of the Airflow database (tests/conftest.py).
-TEST_WORKERS ?= 2
+# stay shared); each worker has its own copy of the Airflow database (tests/conftest.py). Three on 2 cores:
+# much of an integration test is waiting (for a scheduler loop, a trigger's look, a process to start), which
+# a third worker fills; both cores were 85 % busy with two workers, 95 % with three (/proc/stat every 5 s).
+TEST_WORKERS ?= 3
 test: setup lint
 	@set -o pipefail; python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 

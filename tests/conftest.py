@@ -148,20 +148,24 @@ def prepared(digits_dir, tmp_path_factory):
     return prepare_classification(digits_dir, "d" * 64, tmp_path_factory.mktemp("prepared"), 0.2, 0)
 
 
-# The longest files first. `make test` hands whole files to its two xdist workers (--dist loadfile) in
-# collection order (--no-loadscope-reorder: xdist would otherwise order files by their number of tests, which
-# puts the few-test integration files last), as each worker becomes free: with a long file last, one worker
-# runs it alone while the other idles (seen: the scheduler replay's file alone for its last 4 minutes). Order
-# by the figures `make test`'s --durations prints; a file not listed keeps its place after these.
-LONGEST_FIRST = (  # seconds of each in a `make test` on 2 cores (2026-12-06), setup included
-    "tests/integration/test_under_the_executor.py",  # ~870: one Airflow, two teams, the queue, a sweep, retraining
-    "tests/integration/test_cluster_profile.py",  # ~700: the profile up, a sweep, a worker killed, a replay, a restart
-    "tests/integration/test_recipe_pipelines.py",  # ~200
-    "tests/integration/test_benchmarks.py",  # ~140, the export-parity smoke included
-    "tests/integration/test_rest_api.py",  # ~130, the orchestration benchmark's smoke included
-    "tests/integration/test_train_pipeline_dag.py",  # ~110
-    "tests/integration/test_resume.py",  # ~60
-    "tests/integration/test_custom_sweep.py",  # ~50
+# The longest files first. `make test` hands whole files to its xdist workers (--dist loadfile) in collection
+# order (--no-loadscope-reorder: xdist would otherwise order files by their number of tests, which puts the
+# few-test integration files last), as each worker becomes free: with a long file last, one worker runs it
+# alone while the others idle (seen: the scheduler replay's file alone for its last 4 minutes). Order by the
+# figures `make test`'s --durations prints; a file not listed keeps its place after these.
+LONGEST_FIRST = (  # seconds of each in a `make test` with 3 workers on 2 cores (2026-12-06), setup included
+    "tests/integration/test_cluster_profile.py",  # ~570: the profile up, a sweep, a worker killed, a replay, a restart
+    "tests/integration/test_rest_api.py",  # ~550: an Airflow; triggers and refusals, a sweep, retraining
+    "tests/integration/test_under_the_executor.py",  # ~550: an Airflow, two teams; the sandbox, the queue, ownership
+    "tests/integration/test_recipe_pipelines.py",  # ~350
+    "tests/integration/test_benchmarks.py",  # ~280, the export-parity smoke included
+    "tests/integration/test_train_pipeline_dag.py",  # ~120
+    "tests/integration/test_resume.py",  # ~90
+    "tests/unit/sweeps/test_trials.py",  # ~80
+    "tests/integration/test_promote_model_dag.py",  # ~70
+    "tests/integration/test_custom_sweep.py",  # ~60
+    "tests/integration/test_strategy_golden.py",  # ~50
+    "tests/integration/test_deepspeed_training.py",  # ~50
     "tests/integration/test_streaming_memory.py",
 )
 
