@@ -1,7 +1,8 @@
 """A real Airflow for tests and benchmarks: api-server, scheduler and dag-processor as processes of this
 checkout, with their own AIRFLOW_HOME (config rendered by scripts/render_airflow_cfg.py: the preloading
 LocalExecutor, SQLite), pools from resources.yaml and a signing key; and the REST calls to trigger a run
-and wait for it. Used by tests/integration/test_rest_api.py and bench/orchestration.py."""
+and wait for it. Used by tests/integration/test_under_the_executor.py, test_rest_api.py, the cluster
+profile's tests, bench/orchestration.py and bench/scheduler.py."""
 
 from __future__ import annotations
 

@@ -178,12 +178,12 @@ def _linked(task_output: Any) -> Any:
 
 
 def _trained_job(spec: dict, trained: dict) -> tuple[JobSpec, TrainingResult]:
-    """The JobSpec of what was trained and the training's result (``training_result``'s XCom), held to the
-    job: a user may write XComs (:func:`trainyard.pipeline.trained_job`; a sweep's best trial is read from
+    """The JobSpec of what was trained and the training's result (``training_result``'s XCom), held to this
+    run: a user may write XComs (:func:`trainyard.pipeline.trained_job`; a sweep's best trial is read from
     its study)."""
     from trainyard.pipeline.sweep import trained_job
 
-    return trained_job(_spec(spec), trained)
+    return trained_job(_spec(spec), _run_key(), trained)
 
 
 def _run_data(job_spec: JobSpec) -> dict:
@@ -478,7 +478,7 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
 
     job_spec, held = _trained_job(spec, trained)
     lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on
-    return run(job_spec, lineage, held, held_export(job_spec, exported), metrics, _run_key(), identity, user=user)
+    return run(job_spec, lineage, held, held_export(job_spec, held, exported), metrics, _run_key(), identity, user=user)
 
 
 @dag(

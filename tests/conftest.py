@@ -38,7 +38,7 @@ os.environ.update(IN_PROCESS_ENV)
 
 
 def _airflow_db_per_xdist_worker() -> None:
-    """`make test` runs the suite in two pytest-xdist workers; SQLite takes one writer at a time, so each
+    """`make test` runs the suite in pytest-xdist workers (three); SQLite takes one writer at a time, so each
     worker gets its own copy of the migrated Airflow database (pools included). This runs when pytest
     loads this file, before any test imports Airflow, which reads the setting once."""
     worker, home = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("AIRFLOW_HOME")
@@ -154,18 +154,18 @@ def prepared(digits_dir, tmp_path_factory):
 # alone while the others idle (seen: the scheduler replay's file alone for its last 4 minutes). Order by the
 # figures `make test`'s --durations prints; a file not listed keeps its place after these.
 LONGEST_FIRST = (  # seconds of each in a `make test` with 3 workers on 2 cores (2026-12-06), setup included
-    "tests/integration/test_cluster_profile.py",  # ~570: the profile up, a sweep, a worker killed, a replay, a restart
-    "tests/integration/test_rest_api.py",  # ~550: an Airflow; triggers and refusals, a sweep, retraining
-    "tests/integration/test_under_the_executor.py",  # ~550: an Airflow, two teams; the sandbox, the queue, ownership
-    "tests/integration/test_recipe_pipelines.py",  # ~350
+    "tests/integration/test_under_the_executor.py",  # ~990: one Airflow, two teams, the queue, a sweep, retraining
+    "tests/integration/test_cluster_profile.py",  # ~580: the profile up, a sweep, a worker killed, a replay, a restart
+    "tests/integration/test_recipe_pipelines.py",  # ~360
     "tests/integration/test_benchmarks.py",  # ~280, the export-parity smoke included
-    "tests/integration/test_train_pipeline_dag.py",  # ~120
-    "tests/integration/test_resume.py",  # ~90
-    "tests/unit/sweeps/test_trials.py",  # ~80
+    "tests/integration/test_rest_api.py",  # ~200, the orchestration benchmark's smoke included
+    "tests/integration/test_train_pipeline_dag.py",  # ~130
+    "tests/integration/test_resume.py",  # ~75
+    "tests/unit/sweeps/test_trials.py",  # ~85
     "tests/integration/test_promote_model_dag.py",  # ~70
     "tests/integration/test_custom_sweep.py",  # ~60
-    "tests/integration/test_strategy_golden.py",  # ~50
-    "tests/integration/test_deepspeed_training.py",  # ~50
+    "tests/integration/test_strategy_golden.py",  # ~55
+    "tests/integration/test_deepspeed_training.py",  # ~45
     "tests/integration/test_streaming_memory.py",
 )
 

@@ -95,7 +95,8 @@ def test_a_custom_programs_sweep_prunes_a_loser_it_is_told_about_and_exports_the
     assert best["trial"] == 0 and best["value"] == study.trials[0].value
     trained = best["trained"]
     assert trained.final_metrics["val_accuracy"] == best["value"] and Path(trained.onnx_path).is_file()
-    trial_spec, held = pipeline.trained_job(spec, trained.model_dump(mode="json"))  # as the DAG's later steps do
+    # as the DAG's later steps read it: the trial again, from the study, by its number
+    trial_spec, held = pipeline.trained_job(spec, "train_pipeline/manual__obeys", trained.model_dump(mode="json"))
     assert trial_spec.hyperparameters.learning_rate == GOOD_LR and trial_spec.sweep is None and held == trained
     assert pipeline.evaluate(trial_spec, held, data)["val_accuracy"] == best["value"]
     exported = pipeline.export_onnx(trial_spec, held, data)

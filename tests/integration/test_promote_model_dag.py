@@ -13,13 +13,17 @@ NAME = "digits"
 
 @pytest.fixture(scope="module")
 def dag():
+    return load_dag("promote_model")
+
+
+@pytest.fixture
+def answered(dag, monkeypatch):
+    """For a test whose _Responder answers the approval: dag.test() waits for it with no limit of its own, so
+    an answer that never comes (a responder that failed) ends the wait as the product's would, only sooner,
+    and the test fails on the responder's error."""
     from datetime import timedelta
 
-    loaded = load_dag("promote_model")
-    # dag.test() waits for an approval with no limit of its own: an answer that never comes (a _Responder
-    # that failed) ends the wait as the product's would, only sooner, and the test fails on the responder
-    loaded.get_task("approve").response_timeout = timedelta(minutes=3)
-    return loaded
+    monkeypatch.setattr(dag.get_task("approve"), "response_timeout", timedelta(minutes=3))
 
 
 @pytest.fixture
@@ -170,7 +174,7 @@ class _Responder:
 
 
 @pytest.mark.parametrize("option", ["Approve", "Reject"])
-def test_with_approval(dag, staged, option):
+def test_with_approval(dag, staged, answered, option):
     from trainyard.registry.versions import History, alias_holder
 
     conf = {"model": NAME, "version": "", "alias": "production", "reason": "launch"}  # approval: by default
@@ -211,7 +215,7 @@ def _the_move_reads_its_approval_from_the_audit_trail(run: str, version: str) ->
         approved_by(NAME, "dag_test", "promote_model/another-run", version)  # a run nobody approved
 
 
-def test_the_requester_cannot_approve_their_own_move(dag, staged):
+def test_the_requester_cannot_approve_their_own_move(dag, staged, answered):
     from trainyard.registry.versions import History, alias_holder
 
     conf = {"model": NAME, "version": "", "alias": "production", "reason": "launch"}

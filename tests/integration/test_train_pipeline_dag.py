@@ -153,7 +153,8 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     x = xcoms(dr)
     spec = JobSpec.model_validate(x["validate_spec"])  # the XCom is JSON; the steps take the model
     pinned = pipeline.pinned_dataset(spec, x["resolve_dataset"])  # the XCom, as the DAG's tasks read it
-    trained, exported = pipeline.held_training(spec, x["train"]), pipeline.held_export(spec, x["export_onnx"])
+    trained = pipeline.held_training(spec, run_key, x["train"])
+    exported = pipeline.held_export(spec, trained, x["export_onnx"])
     again = pipeline.register(spec, pinned, trained, exported, x["evaluate"], run_key)
     assert again == {**again, "version": int(mv.version), "created": False}
     assert len(c.search_model_versions("name = 'digits'")) == 1

@@ -1,49 +1,79 @@
-"""The sandbox, the queue and team ownership under Airflow's real executor (tests/integration/
-executor_airflow.py: api-server, scheduler, dag-processor and triggerers as processes, LocalExecutor, a task
-supervisor whose request socket is every task process's stdin, admission waits deferred in the triggerer).
+"""The sandbox and the queue under Airflow's real executor: api-server, scheduler, dag-processor and
+triggerer as processes, LocalExecutor, a task supervisor whose request socket is every task process's
+stdin, admission waits deferred in the triggerer.
 
 A trigger-only user's custom command looks for a way back to that supervisor (stdin, every inherited
 descriptor) and asks it for a Variable and a Connection with Airflow's own frames; a built-in trainer's
 workers are looked at from outside while they train. ``dag.test()`` runs the supervisor in-process, so
 only a test through the executor can see what a child of a task holds. Then the queue: a run that fails
 before training never queues, and a job waiting in the triggerer behind one that fails on its last try
-starts within one look, through an edit that broke resources.yaml meanwhile; ``trainyard queue`` says why a
-job waits. Then what belongs to a team: its models (who moves or approves), its runs, logs and data, and
-the limits a job's processes are held to. Sweeps, retraining and the REST API's own checks are in
-test_rest_api.py, against an Airflow of their own, so that the two files run side by side.
+starts within one look, through an edit that broke resources.yaml meanwhile. Then a sweep's trials as
+mapped tasks, and a retraining job file whose DAG the scheduler starts on new data, and only on new data.
 """
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import requests
-from dag_helpers import staged_version
-from executor_airflow import (
-    DAG,
-    REPO,
-    SECRET_CONNECTION,
-    SECRET_PASSWORD,
-    SECRET_VALUE,
-    SECRET_VARIABLE,
-    VISION_DAG,
-    VISION_INGEST,
-    started,
-    trainyard,
-)
+from dag_helpers import grid_order, staged_version
 
+import checkout
 from datafiles import write_files
+from webhook import webhook_receiver
+
+REPO = Path(__file__).resolve().parents[2]
+airflow_services = checkout.airflow_services()
 
 pytestmark = pytest.mark.integration
+# Each team triggers its own training DAG (Airflow's multi-team mode): tina's are team default's
+DAG, VISION_DAG = "train_pipeline.default", "train_pipeline.vision"
+INGEST, VISION_INGEST = "ingest_dataset.default", "ingest_dataset.vision"  # each team's own uploads
+SECRET_VARIABLE, SECRET_VALUE = "warehouse_token", "s3cr3t-variable-value"
+SECRET_CONNECTION, SECRET_PASSWORD = "warehouse_db", "s3cr3t-connection-password"
 
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory):
-    yield from started(tmp_path_factory)
+    from trainyard.training.launchers.sandbox import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason and os.geteuid() == 0:
+        pytest.fail(f"the sandbox is missing on a root machine: {reason}")
+    if reason:
+        pytest.skip(f"no custom-command sandbox here: {reason}")
+    trainyard_home = tmp_path_factory.mktemp("trainyard_home")
+    af = airflow_services.Airflow(tmp_path_factory.mktemp("airflow_home"), trainyard_home)
+    # a config folder of its own: a test edits its resources.yaml as an operator would
+    af.config_dir = tmp_path_factory.mktemp("config") / "config"
+    shutil.copytree(REPO / "include" / "config", af.config_dir)
+    af.env["TRAINYARD_CONFIG_DIR"] = str(af.config_dir)
+    af.env.update(airflow_services.QUIETER_FOR_TESTS)
+    af.jobs_dir = tmp_path_factory.mktemp("jobs")  # retraining job files, read by the dag-processor
+    af.env["TRAINYARD_JOBS_DIR"] = str(af.jobs_dir)
+    # a folder on the tasks' sys.path: a package put there later is installed as far as they can tell
+    af.site = tmp_path_factory.mktemp("worker_site")
+    af.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(af.site), os.environ.get("PYTHONPATH")]))
+    # tina may trigger runs and nothing more, in team default only; alice is of team vision (resources.yaml)
+    af.setup(users="admin:admin,tina:user,alice:user")
+    af.run("airflow", "variables", "set", SECRET_VARIABLE, SECRET_VALUE)
+    af.run(
+        "airflow", "connections", "add", SECRET_CONNECTION, "--conn-uri",
+        f"postgresql://reader:{SECRET_PASSWORD}@db.internal:5432/warehouse",
+    )  # fmt: skip
+    af.start(teams=("default", "vision"))  # tina's and alice's: the other teams' triggerers would idle
+    headers = af.headers("admin")
+    af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 600, "the DAG")
+    af.trainyard_home = trainyard_home
+    yield af
+    af.stop()
 
 
 def test_a_custom_command_gets_nothing_from_the_supervisor(airflow):
@@ -226,6 +256,15 @@ def test_the_queue_keeps_moving_through_failures_and_a_broken_edit(airflow):
     assert "gpu_types.cpu.count" in log and "the queue keeps the last good version" in log, log[-3000:]
 
 
+def _trainyard(
+    airflow, *argv: str, token: str | None = None, env: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    env = {**airflow.env, "AIRFLOW_API_URL": airflow.url, **(env or {})}
+    if token:
+        env["AIRFLOW_API_TOKEN"] = token
+    return subprocess.run(["trainyard", *argv], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
 def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
     """What users ask first when a job does not start: `trainyard queue` says who holds the slots and why
     the job waits, in the admit task's words, to the team's members (another team's user sees team, GPUs
@@ -251,13 +290,13 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
             300,
             "the second job to wait for admission",
         )
-        shown = trainyard(airflow, "queue", "--json", token=airflow.token("tina"))
+        shown = _trainyard(airflow, "queue", "--json", token=airflow.token("tina"))
         assert shown.returncode == 0, shown.stderr
         jobs = {j["run"]: j for j in json.loads(shown.stdout)}
         # nobody logged in sees how much of the fleet a job asks for, not what or whose (another team's member
         # neither: the fork bomb test shows it)
         nobody = {"AIRFLOW_API_TOKEN": "", "XDG_CONFIG_HOME": str(airflow.trainyard_home / "no-login")}
-        others = trainyard(airflow, "queue", "--json", env=nobody)
+        others = _trainyard(airflow, "queue", "--json", env=nobody)
         assert others.returncode == 0, others.stderr
         assert (
             {"gpu_type": "cpu", "state": "waiting", "team": "default", "gpus": 2, "priority": 1}
@@ -272,14 +311,367 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
         log = airflow.task_log(DAG, waiting, "admit", headers)
         assert second["reason"] in log  # the same words
 
-        done = trainyard(airflow, "queue", "cancel", waiting, token=airflow.token("tina"))
+        done = _trainyard(airflow, "queue", "cancel", waiting, token=airflow.token("tina"))
         assert done.returncode == 0, done.stderr
         assert airflow.wait_run(DAG, waiting, headers, 120)["state"] == "failed"
-        left = {j["run"] for j in json.loads(trainyard(airflow, "queue", "--json", token=airflow.token("tina")).stdout)}
+        left = {
+            j["run"] for j in json.loads(_trainyard(airflow, "queue", "--json", token=airflow.token("tina")).stdout)
+        }
         assert f"{DAG}/{waiting}" not in left and f"{DAG}/{holder}" in left
     finally:  # clean-up: the module's next test (if any) gets the slots back
-        trainyard(airflow, "queue", "cancel", holder, token=airflow.token("admin"))
+        _trainyard(airflow, "queue", "cancel", holder, token=airflow.token("admin"))
         airflow.wait_run(DAG, holder, headers, 120)
+
+
+# A sweep whose order is known: the grid's first two points (trained side by side) are good learning rates,
+# so every bad one starts after a good trial completed and the median pruner must stop it at epoch 1.
+GOOD, BAD = (0.05, 0.1, 0.03), (2e-05, 1e-05, 3e-05)
+SWEEP = {
+    "name": "digits-lr",
+    "trials": 6,
+    "parallelism": 2,
+    "sampler": "grid",
+    "seed": 5,
+    "pruner": "median",
+    "startup_trials": 1,
+    "warmup_epochs": 1,
+    "parameters": [{"name": "hyperparameters.learning_rate", "type": "categorical", "choices": [*GOOD, *BAD]}],
+}
+
+
+def _sweep_study(airflow, name: str):
+    import optuna
+
+    path = airflow.trainyard_home / "sweeps" / "default" / "studies.journal"
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(str(path))))
+
+
+def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_resumes(airflow):
+    """Six trials of the digits recipe, two at a time through the queue, each a mapped task of the real
+    scheduler: the pruner stops the bad learning rates at their first reporting point, a trial whose worker
+    is SIGKILLed ends FAIL (its task's retry trains a new trial), the best is registered with its values;
+    triggered again under its name, the sweep adds trials to the same study."""
+    import optuna
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    from trainyard.sweeps.study import FAILED_ATTR
+
+    assert set(grid_order([*GOOD, *BAD], SWEEP["seed"], 2)) <= set(GOOD)  # the premise of the pruning
+    headers = airflow.headers("tina")
+    spec = {
+        "name": "sweep-digits",
+        "hyperparameters": {"epochs": 6, "batch_size": 16, "seed": 5},
+        "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
+        "distributed": {"max_restarts": 0},  # a killed worker fails the try (torchrun would restart it)
+        "gates": [{"metric": "val_accuracy", "min": 0.8}],
+        "sweep": SWEEP,
+    }
+    run_id = airflow.trigger(DAG, spec, headers)
+    runs = airflow.trainyard_home / "runs" / "sweep-digits"
+    killed: dict = {}
+    stop = threading.Event()
+
+    def kill_one_good_trial() -> None:
+        """The first good trial after the first two, once it has reported its first epoch: SIGKILL its worker."""
+        while not stop.wait(0.02) and not killed:
+            for reports in runs.glob("*_trial-*/work/trial_reports.jsonl"):
+                number = int(reports.parent.parent.name.rsplit("-", 1)[1])
+                config = json.loads((reports.parent.parent / "run_config.json").read_text())
+                if number < 2 or config["spec"]["hyperparameters"]["learning_rate"] not in GOOD:
+                    continue
+                if not reports.read_text().strip():
+                    continue
+                for p in psutil.process_iter(["cmdline"]):
+                    cmdline = " ".join(p.info["cmdline"] or [])
+                    worker = "trainyard.training.entry" in cmdline and "torch.distributed.run" not in cmdline
+                    if worker and str(reports.parent.parent) in cmdline:
+                        p.kill()
+                        killed.update(trial=number, pid=p.pid)
+                        return
+
+    watcher = threading.Thread(target=kill_one_good_trial, daemon=True)
+    watcher.start()
+    try:
+        run = airflow.wait_run(DAG, run_id, headers, 900)
+    finally:
+        stop.set()
+        watcher.join()
+    assert run["state"] == "success", airflow.failure_report(DAG, run_id, headers)
+    assert killed, "no good trial after the first two was seen training"
+
+    study = _sweep_study(airflow, "digits-lr")
+    trials = study.get_trials(deepcopy=False)
+    # a trial that failed says why (the end of its error), for a failure of this test to explain itself
+    states = {
+        t.number: (t.state, t.user_attrs.get(FAILED_ATTR, "")[-1500:])
+        if t.state == optuna.trial.TrialState.FAIL and t.number != killed.get("trial")
+        else t.state
+        for t in trials
+    }
+    assert trials[killed["trial"]].state == optuna.trial.TrialState.FAIL, states
+    assert optuna.trial.TrialState.RUNNING not in [t.state for t in trials], states
+    pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
+    bad = [t for t in trials if t.params["hyperparameters.learning_rate"] in BAD]
+    assert len(bad) >= 3 and all(t.state == optuna.trial.TrialState.PRUNED for t in bad), states
+    # the bad ones stopped at the first reporting point; a good one may be stopped later, when it falls below
+    # the median of the completed trials at some epoch (the pruner's rule, not a fault)
+    assert all(max(t.intermediate_values) == 1 for t in bad), {t.number: t.intermediate_values for t in bad}
+    for t in pruned:  # their checkpoints were removed with them
+        work = next(runs.glob(f"*_trial-{t.number}")) / "work"
+        assert not (work / "checkpoints").exists() and not (work / "model.pt").exists()
+    # every slot ended: the killed one's retry trained a new trial (7 trials for 6 slots)
+    assert len(trials) == 7 and sum(t.state == optuna.trial.TrialState.FAIL for t in trials) == 1, states
+    tis = airflow.task_instances(DAG, run_id, headers)
+    slots = [ti for key, ti in tis.items() if key.startswith("trial.train_trial[")]
+    assert len(slots) == 6 and {ti["state"] for ti in slots} == {"success"}
+    assert sorted(ti["try_number"] for ti in slots) == [1, 1, 1, 1, 1, 2]
+
+    best = study.best_trial
+    c = MlflowClient(f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
+    version = c.get_model_version_by_alias("sweep-digits", "staging")
+    assert version.tags["sweep.trial"] == str(best.number), version.tags
+    assert json.loads(version.tags["params"])["learning_rate"] == best.params["hyperparameters.learning_rate"]
+    # the data validation that gated the sweep run is on the version's run (the trial's), for its card
+    assert "data_validation/validation.json" in {a.path for a in c.list_artifacts(version.run_id, "data_validation")}
+    # MLflow shows how each trial's run ended: finished, stopped by the pruner (KILLED), or failed
+    experiment = c.get_experiment_by_name("sweep-digits").experiment_id
+    status = {
+        int(r.data.tags["sweep.trial"]): r.info.status
+        for r in c.search_runs([experiment], "tags.`sweep.name` = 'digits-lr'", max_results=100)
+        if "sweep.trial" in r.data.tags
+    }
+    expected = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+    assert status == {n: expected[s.name] for n, s in states.items()}, (status, states)
+    summary = c.search_runs([c.get_experiment_by_name("sweep-digits").experiment_id], "tags.`sweep.summary` = 'true'")
+    assert len(summary) == 1 and summary[0].data.params["best.hyperparameters.learning_rate"] == str(
+        best.params["hyperparameters.learning_rate"]
+    )
+    assert {"sweep/parallel_coordinates.png", "sweep/trials.csv"} <= {
+        a.path for a in c.list_artifacts(summary[0].info.run_id, "sweep")
+    }
+
+    # the UI's links from the evaluation and from each trial to its MLflow run and its curves
+    def links(task_id: str, map_index: int = -1) -> dict:
+        url = f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/links"
+        return requests.get(url, headers=headers, params={"map_index": map_index}, timeout=10).json()["extra_links"]
+
+    evaluated = links("evaluate")
+    assert evaluated["MLflow run"].endswith(f"/runs/{version.run_id}"), evaluated
+    assert evaluated["TensorBoard"].startswith("http://localhost:6006/?runFilter=sweep-digits%2F"), evaluated
+    assert links("trial.train_trial", 0)["MLflow run"].startswith("http://localhost:5000/#/experiments/")
+
+    # the trials' runs, found by a numeric condition that a comparison of the params as text gets wrong
+    listed = _trainyard(
+        airflow, "runs", "list", "--job", "sweep-digits", "--user", "tina", "--tag", "sweep.name=digits-lr",
+        "--where", "hyperparameters.learning_rate < 0.001", "--format", "json", token=airflow.token("tina"),
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    found = json.loads(listed.stdout)
+    assert len(found) == len(bad) and {float(r["hyperparameters.learning_rate"]) for r in found} <= set(BAD)
+    png = airflow.trainyard_home / "sweep-curves.png"
+    compared = _trainyard(
+        airflow, "runs", "compare", "--job", "sweep-digits", "--tag", "sweep.name=digits-lr",
+        "--curves", "val_accuracy,train_loss", "--png", str(png), token=airflow.token("tina"),
+    )  # fmt: skip
+    assert compared.returncode == 0 and "* hyperparameters.learning_rate" in compared.stdout, compared.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # every point of the grid is trained: the study goes on with another sampler
+    again = airflow.trigger(DAG, {**spec, "sweep": {**SWEEP, "sampler": "random", "trials": 1}}, headers)
+    assert airflow.wait_run(DAG, again, headers, 600)["state"] == "success", airflow.failure_report(DAG, again, headers)
+    resumed = _sweep_study(airflow, "digits-lr").get_trials(deepcopy=False)
+    assert len(resumed) == 8 and [t.number for t in resumed[:7]] == [t.number for t in trials]
+
+
+def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its_team_hears(airflow, tmp_path):
+    """A job file with ``retrain_on: new_commits`` becomes a DAG. An upload through ``ingest_dataset.default`` starts
+    exactly one retraining run on its commit, an identical upload none (no commit, no event); an event posted
+    over REST for data and a spec already registered starts a run that trains nothing and says why. The job
+    file is edited (a gate no model passes); ``trainyard data upload`` of new data starts a run on that commit
+    which the gate stops before export (every check on its MLflow run). The team's webhook (an Airflow http
+    connection, named in resources.yaml) receives exactly the new staging version, the edited job's training
+    running past its expected hours, and the gate's failure, with its table. Then the version's model card,
+    its replay (refused in a changed environment, bit for bit otherwise) and a submitted run that fails."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from trainyard.data.classification import digits_files
+    from trainyard.retraining import dataset_uri
+    from trainyard.spec import SPEC_DIGEST_TAG
+
+    headers = airflow.headers("admin")  # asset events need the op role
+    api = f"{airflow.url}/api/v2"
+    job = {
+        "retrain_on": "new_commits",
+        "name": "pets",
+        "dataset": {"repo": "pets", "ref": "main", "source": "none"},
+        "hyperparameters": {"epochs": 1, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
+        "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
+        "gates": [{"metric": "val_accuracy", "min": 0.3}],
+    }
+    job_file = airflow.jobs_dir / "pets.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    airflow.parse("team-default")  # the test's Airflow parses its files only at start (QUIETER_FOR_TESTS)
+    dag_id = "retrain_pets"
+
+    def dag() -> dict:
+        return requests.get(f"{api}/dags/{dag_id}", headers=headers, timeout=10).json()
+
+    airflow.wait(lambda: "dag_id" in dag(), 300, "the job's DAG")
+
+    def runs() -> list[dict]:
+        r = requests.get(f"{api}/dags/{dag_id}/dagRuns", headers=headers, params={"order_by": "id"}, timeout=10)
+        return r.json()["dag_runs"]
+
+    def retrained(count: int, state: str = "success") -> dict:
+        """The count-th run of the job's DAG, once it ended in ``state`` (as did the training run it
+        started), and that training run's conf."""
+        airflow.wait(lambda: len(runs()) >= count, 300, f"retraining run {count}")
+        run = runs()[count - 1]
+        ended = airflow.wait_run(dag_id, run["dag_run_id"], headers, 600)
+        assert ended["state"] == state, airflow.failure_report(dag_id, run["dag_run_id"], headers)
+        training = f"{dag_id}__{run['dag_run_id']}"
+        r = requests.get(f"{api}/dags/{DAG}/dagRuns/{training}", headers=headers, timeout=10)
+        assert r.json()["state"] == state, airflow.failure_report(DAG, training, headers)
+        return {"conf": r.json()["conf"], "run": training}
+
+    def upload(folder: Path) -> dict:
+        run_id = airflow.trigger(INGEST, {"folder": str(folder), "repo": "pets"}, headers)
+        assert airflow.wait_run(INGEST, run_id, headers, 300)["state"] == "success"
+        url = f"{api}/dags/{INGEST}/dagRuns/{run_id}/taskInstances/commit_upload/xcomEntries/return_value"
+        return requests.get(url, headers=headers, timeout=10).json()["value"]
+
+    def events(asset_id: int) -> int:
+        r = requests.get(f"{api}/assets/events", headers=headers, params={"asset_id": asset_id}, timeout=10)
+        return r.json()["total_entries"]
+
+    resources = airflow.config_dir / "resources.yaml"
+    before = resources.read_text()
+    with webhook_receiver() as (port, received):
+        airflow.run(
+            "airflow", "connections", "add", "team_webhook", "--conn-type", "http",
+            "--conn-host", "127.0.0.1", "--conn-port", str(port), "--conn-schema", "http",
+        )  # fmt: skip
+        fleet = yaml.safe_load(before)
+        fleet["teams"]["default"]["notify"] = ["team_webhook"]
+        resources.write_text(yaml.safe_dump(fleet))
+        try:
+            files = digits_files()
+            first = upload(write_files(tmp_path / "v1", files))
+            assert first["new_commit"]
+            assert retrained(1)["conf"]["dataset"]["ref"] == first["commit"]
+
+            uri = dataset_uri("local", "pets", "main")
+            r = requests.get(f"{api}/assets", headers=headers, params={"uri_pattern": uri}, timeout=10)
+            (asset,) = r.json()["assets"]
+            assert events(asset["id"]) == 1
+            same = upload(write_files(tmp_path / "v1-again", files))
+            assert (same["commit"], same["new_commit"]) == (first["commit"], False)
+            assert events(asset["id"]) == 1 and len(runs()) == 1  # no commit, no event: nothing can start a run
+
+            client = MlflowClient(f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
+            (version,) = client.search_model_versions("name = 'pets'")
+            assert version.tags["dataset.commit"] == first["commit"] and len(version.tags[SPEC_DIGEST_TAG]) == 64
+
+            # an event posted over REST (as a lakeFS hook or a data pipeline would) for the commit just trained:
+            # the run it starts trains nothing and names the version that holds that commit and spec
+            event = {"asset_id": asset["id"], "extra": {"commit": first["commit"]}}
+            assert requests.post(f"{api}/assets/events", headers=headers, json=event, timeout=10).status_code == 200
+            airflow.wait(lambda: len(runs()) == 2, 300, "the run of the REST event")
+            skipped = runs()[1]["dag_run_id"]
+            assert airflow.wait_run(dag_id, skipped, headers, 300)["state"] == "success"
+            states = {t: ti["state"] for t, ti in airflow.task_instances(dag_id, skipped, headers).items()}
+            assert states == {"pin_commit": "skipped", "train": "skipped"}, states
+            log = airflow.task_log(dag_id, skipped, "pin_commit", headers)
+            assert f"pets version 1 was trained on commit {first['commit'][:12]}" in log
+
+            # the job file edited: once the DAG is parsed again, new data from the command line (its event
+            # posted with Airflow's REST client) trains under the new gate, which stops it
+            edited = time.time()
+            impossible = [{"metric": "val_accuracy", "max": -1.0}, {"metric": "val_macro_f1", "min": 0.9999}]
+            # and a training expected to take 0.36 s: its team hears, from the training task, that it takes longer
+            quick = {**job["resources"], "expected_hours": 0.0001}
+            job_file.write_text(yaml.safe_dump({**job, "gates": impossible, "resources": quick}))
+            airflow.parse("team-default")
+            airflow.wait(
+                lambda: datetime.fromisoformat(dag()["last_parsed_time"]).timestamp() > edited, 300, "a new parse"
+            )
+            changed = {**files, "images/digits-00007.npy": files["images/digits-00008.npy"]}
+            cli = _trainyard(airflow, "data", "upload", str(write_files(tmp_path / "v2", changed)), "--repo", "pets",
+                             "--team", "default", token=airflow.token("admin"))  # fmt: skip
+            assert cli.returncode == 0, cli.stderr
+            second = cli.stdout.strip()
+            assert f"announced commit {second[:12]} on {asset['uri']}" in cli.stderr
+            gated = retrained(3, "failed")
+            assert gated["conf"]["dataset"]["ref"] == second
+            states = {t: ti["state"] for t, ti in airflow.task_instances(DAG, gated["run"], headers).items()}
+            assert (states["train"], states["gate"]) == ("success", "failed")
+            assert (states["export_onnx"], states["register"]) == ("upstream_failed", "upstream_failed")
+            # the verdict, with every check, is on the MLflow run: why this run has no model version
+            (run,) = client.search_runs(
+                [client.get_experiment_by_name("pets").experiment_id],
+                f"tags.`trainyard.run_key` = '{DAG}/{gated['run']}'",
+            )
+            assert run.data.tags["gate.passed"] == "false"
+            assert run.data.tags["gate.threshold.val_macro_f1"].startswith("FAIL: value=")
+            assert len(client.search_model_versions("name = 'pets'")) == 1
+        finally:
+            resources.write_text(before)
+    assert [n["kind"] for n in received] == ["new_version", "long_training", "gate_failed"], received
+    staged, long, blocked = received
+    assert (long["run"], long["expected_hours"], long["team"]) == (f"{DAG}/{gated['run']}", 0.0001, "default")
+    assert (staged["model"], staged["version"], staged["alias"], staged["team"]) == ("pets", "1", "staging", "default")
+    assert (blocked["job"], blocked["run"], blocked["team"]) == ("pets", f"{DAG}/{gated['run']}", "default")
+    assert [c["metric"] for c in blocked["gate"]["checks"] if not c["passed"]] == ["val_accuracy", "val_macro_f1"]
+    assert "val_accuracy" in blocked["text"] and "FAILED by" in blocked["text"]
+
+    # the model card of the version, stored with its run at registration
+    card = _trainyard(
+        airflow, "models", "card", "pets", "1", "--out", str(tmp_path / "cards"), token=airflow.token("tina")
+    )
+    assert card.returncode == 0, card.stderr
+    written = json.loads((tmp_path / "cards" / "pets-v1" / "card.json").read_text())
+    assert written["lineage"]["dataset"]["commit"] == first["commit"] and written["aliases"] == ["staging"]
+    assert written["owner"] == "default"  # the team whose job first registered it
+    assert written["lineage"]["spec"]["dataset"]["ref"] == first["commit"] and written["gate"]["passed"] is True
+    assert written["signature"]["signed"] and written["cost"]["queue_wait_seconds"] is not None
+
+    # replayed on a worker where one more package is installed than when it trained: its training task
+    # refuses, naming it (the environment the command is typed in does not count)
+    probe = airflow.site / "trainyard_replay_probe-1.0.dist-info"
+    probe.mkdir()
+    (probe / "METADATA").write_text("Metadata-Version: 2.1\nName: trainyard-replay-probe\nVersion: 1.0\n")
+    token = airflow.token("tina")
+    try:
+        refused = _trainyard(airflow, "replay", "pets", "1", "--poll", "2", token=token, timeout=600)
+    finally:
+        shutil.rmtree(probe)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "dependency trainyard-replay-probe: not recorded -> 1.0" in refused.stderr, refused.stderr
+    assert "train: failed" in refused.stderr, refused.stderr
+    # here, as it trained: the same metrics, bit for bit (CPU), and nothing registered
+    replayed = _trainyard(airflow, "replay", "pets", "1", "--poll", "2", token=token, timeout=600)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert "replay of pets version 1: reproduced" in replayed.stdout and "tolerance: 0 (absolute)" in replayed.stdout
+    replay_run = replayed.stdout.splitlines()[0]
+    assert "train: success" in replayed.stderr and f"run {DAG}/{replay_run}: success" in replayed.stderr
+    states = {t: ti["state"] for t, ti in airflow.task_instances(DAG, replay_run, headers).items()}
+    assert (states["gate"], states["export_onnx"], states["register"]) == ("success", "skipped", "skipped")
+    assert len(client.search_model_versions("name = 'pets'")) == 1
+
+    # submitted from a job file and followed: a run that fails exits non-zero, naming where it failed
+    broken = tmp_path / "broken.yaml"
+    spec = {k: v for k, v in job.items() if k != "retrain_on"}  # a JobSpec file, not a job file
+    broken.write_text(yaml.safe_dump({**spec, "name": "no-data", "dataset": {"repo": "nowhere", "source": "none"}}))
+    followed = _trainyard(airflow, "submit", str(broken), "--wait", "--poll", "2", token=token, timeout=300)
+    assert followed.returncode == 1, followed.stdout + followed.stderr
+    assert "resolve_dataset: failed" in followed.stderr and ": failed (failed: resolve_dataset)" in followed.stderr
+    status = _trainyard(airflow, "runs", "status", followed.stdout.strip(), "--json", token=token)
+    assert json.loads(status.stdout)["tasks"]["resolve_dataset"]["state"] == "failed"
 
 
 def _vision_model(airflow, monkeypatch, tmp_path, name: str) -> str:
@@ -333,13 +725,13 @@ def test_a_model_belongs_to_its_team_and_only_its_promoters_move_or_approve(airf
     assert "user 'tina' may not move aliases of model 'vision-net'" in airflow.task_log(
         TINA_PROMOTE, run, "verify", tina
     )
-    back = trainyard(
+    back = _trainyard(
         airflow, "models", "rollback", name, "--alias", "staging", "--poll", "1", token=airflow.token("tina")
     )
     assert back.returncode == 1 and "may not use team 'vision''s promote_model.vision" in back.stderr, back.stderr
 
     # alice asks for production as her login; the team's policy makes it wait for another person
-    asked = trainyard(
+    asked = _trainyard(
         airflow, "models", "promote", name, version, "--reason", "launch", "--no-wait", token=airflow.token("alice")
     )
     assert asked.returncode == 0, asked.stderr
@@ -390,12 +782,12 @@ def _another_team_reads_nothing_of(airflow, dag_id: str, run_id: str, *, owner: 
         f"{api}/dags/{dag_id}/dagRuns", headers=airflow.headers(other), json={"logical_date": None}, timeout=30
     )
     assert refused.status_code == 403, refused.text
-    theirs = trainyard(airflow, "runs", "status", run_id, "--json", token=airflow.token(owner))
+    theirs = _trainyard(airflow, "runs", "status", run_id, "--json", token=airflow.token(owner))
     assert theirs.returncode == 0 and json.loads(theirs.stdout)["dag"] == dag_id, theirs.stderr
-    mine = trainyard(airflow, "runs", "status", run_id, token=airflow.token(other))
+    mine = _trainyard(airflow, "runs", "status", run_id, token=airflow.token(other))
     assert mine.returncode == 1 and "no training run" in mine.stderr, mine.stderr
     # the queue shows the other team's job as team, GPUs and priority only
-    queued = json.loads(trainyard(airflow, "queue", "--json", token=airflow.token(other)).stdout)
+    queued = json.loads(_trainyard(airflow, "queue", "--json", token=airflow.token(other)).stdout)
     assert [{k: j[k] for k in ("team", "gpus")} for j in queued if "run" not in j] == [{"team": "vision", "gpus": 1}]
 
 
@@ -415,9 +807,9 @@ def _a_team_s_data_is_its_own(airflow, folder: Path, job: dict) -> str:
         f"{api}/dags/{VISION_INGEST}/dagRuns", headers=tina, json={"logical_date": None}, timeout=30
     )
     assert refused.status_code == 403, refused.text
-    assert trainyard(airflow, "data", "log", "--repo", "vision-pets", token=airflow.token("alice")).returncode == 0
+    assert _trainyard(airflow, "data", "log", "--repo", "vision-pets", token=airflow.token("alice")).returncode == 0
     for command in (["log"], ["ls"], ["tag", "mine"], ["upload", str(folder), "--team", "default"]):
-        said = trainyard(airflow, "data", *command, "--repo", "vision-pets", token=airflow.token("tina"))
+        said = _trainyard(airflow, "data", *command, "--repo", "vision-pets", token=airflow.token("tina"))
         assert said.returncode == 1 and "'vision-pets' belongs to team 'vision'" in said.stderr, (command, said.stderr)
     return airflow.trigger(DAG, {**job, "dataset": {"repo": "vision-pets", "source": "none"}}, tina)
 

@@ -12,7 +12,7 @@ evaluate    ``evaluate``, ``gate``
 publish     ``export_onnx``, ``register``
 records     ``PinnedDataset``, ``TrainingPlan``, ``TrainingResult``, ``ExportedModel`` (typed, JSON only at
             the XCom: ``from_xcom``); ``run_dir``; ``held_plan``, ``held_training``, ``held_export``: what an
-            XCom hands on, held to the job (and ``data.pinned_dataset``)
+            XCom hands on, held to the job and its run (and ``data.pinned_dataset``)
 =========== ======================================================================================
 
 The DAG only wires these together (turning each spec XCom back into a JobSpec once) and imports each

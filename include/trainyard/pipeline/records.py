@@ -52,7 +52,7 @@ class TrainingResult(BaseModel):
     """What a training left (``collect_training``'s result): its MLflow run and files, its time and cost
     over every try, its model (a built-in recipe's weights, a custom command's ONNX file) and the last value
     of each metric its workers reported; a built-in trainer's loop adds its own record. JSON only at the
-    XCom boundary, where a later step holds it to the job (:func:`held_training`), and in a sweep trial's
+    XCom boundary, where a later step holds it to its run (:func:`held_training`), and in a sweep trial's
     Optuna attributes (the platform's own store: :func:`trainyard.sweeps.study.trained_of`). A trial its
     pruner stopped left no model and no metrics. Its ``tensorboard_dir`` is not held: only the UI's links
     and a trial's hparams read it."""
@@ -88,7 +88,7 @@ class TrainingResult(BaseModel):
     sweep_trial: int | None = None
 
     def files(self) -> list[str]:
-        """The files it names: each must be the job's (:func:`held_training`)."""
+        """The files it names: each must be its run's (:func:`held_training`)."""
         return [f for f in (self.run_dir, self.model_path, self.onnx_path) if f]
 
     def model_file(self) -> str | None:
@@ -119,7 +119,7 @@ class ExportedModel(BaseModel):
     TorchScript file and a recipe's extra files (a tokenizer) registered beside it, and how the export was
     held to PyTorch: parity on fixed inputs and the recipe's metric re-computed with onnxruntime. A custom
     command's has neither (the platform has no reference model for it). JSON only at the XCom boundary,
-    where ``register`` holds it to the job (:func:`held_export`)."""
+    where ``register`` holds it to the training it exported (:func:`held_export`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -135,7 +135,7 @@ class ExportedModel(BaseModel):
     details: dict[str, int | float] = {}  # a recipe's own figures (the translator's decode_mismatches)
 
     def files(self) -> list[str]:
-        """The files it names: each must be the job's (:func:`held_export`)."""
+        """The files it names: each must be the exported training's (:func:`held_export`)."""
         return [f for f in (self.onnx_path, self.input_example, self.torchscript_path, *self.artifacts.values()) if f]
 
 
@@ -196,21 +196,53 @@ def _job_run(spec: JobSpec, run_id: str) -> Run:
     return run
 
 
-def held_training(spec: JobSpec, value: Mapping[str, Any] | TrainingResult) -> TrainingResult:
+def held_training(spec: JobSpec, run_key: str, value: Mapping[str, Any] | TrainingResult) -> TrainingResult:
     """A later task's copy of the training's result (``training_result``'s XCom, which a user may write)
-    as the record, held to the job: every file it names inside the job's runs folder, its MLflow run one of
-    the job's experiment. NotAllowed naming what is not."""
+    as the record, held to the job's run ``run_key``: its run directory exactly the run's own, its model the
+    one its workers leave there (``work/model.pt``, a custom command's ``work/model.onnx``: not another
+    run's, whose lineage is another, nor a link its program left elsewhere in ``work/``), its MLflow run the
+    run's. A sweep run's best trial is read from its study instead (:func:`trainyard.pipeline.trained_job`).
+    NotAllowed naming what is not. Its metrics are taken as they are."""
+    from trainyard.teams import NotAllowed
+    from trainyard.tracking import mlflow_tracking as mt
+    from trainyard.training.run_config import work_dir
+
     held = from_xcom(TrainingResult, value, "training_result")
-    _job_files(spec, held.files())
-    _job_run(spec, held.mlflow_run_id)
+    _job_files(spec, held.files())  # the job's, first: a refusal then names the job
+    own = run_dir(spec, run_key).resolve()
+    work = Path(work_dir(str(own)))
+    expected = {"run_dir": own, "model_path": work / "model.pt", "onnx_path": work / "model.onnx"}
+    for field, path in expected.items():
+        given = getattr(held, field)
+        if given is not None and Path(given).resolve() != path:
+            raise NotAllowed(
+                f"{field} {given} is not run {run_key}'s of job {spec.name!r} ({path}): this task's input was "
+                "changed; trigger the job again"
+            )
+    tagged = _job_run(spec, held.mlflow_run_id).data.tags.get(mt.RUN_KEY_TAG)
+    if tagged != run_key:
+        raise NotAllowed(
+            f"MLflow run {held.mlflow_run_id} is run {tagged}'s, not {run_key}'s: this task's input was changed; "
+            "trigger the job again"
+        )
     return held
 
 
-def held_export(spec: JobSpec, value: Mapping[str, Any] | ExportedModel) -> ExportedModel:
+def held_export(spec: JobSpec, trained: TrainingResult, value: Mapping[str, Any] | ExportedModel) -> ExportedModel:
     """``register``'s copy of ``export_onnx``'s result (an XCom, which a user may write) as the record,
-    every file it names inside the job's runs folder. NotAllowed naming what is not."""
+    every file it names inside the directory of the training it exported (``trained``, held already).
+    NotAllowed naming what is not."""
+    from trainyard.teams import NotAllowed
+
     held = from_xcom(ExportedModel, value, "export_onnx")
     _job_files(spec, held.files())
+    own = Path(trained.run_dir).resolve()
+    for file in held.files():
+        if own not in Path(file).resolve().parents:
+            raise NotAllowed(
+                f"{file} is not a file of the training it exported ({own}): this task's input was changed; "
+                "trigger the job again"
+            )
     return held
 
 

@@ -1,5 +1,7 @@
 """Stage 3, a sweep's way: the study opened or resumed (:func:`plan_sweep`), a trial per mapped task trained
 like a job of its own (:func:`train_trial`), and the sweep's end, its best trial chosen (:func:`close_sweep`).
+Then, for every run, what it trained as the later steps take it (:func:`trained_job`): a sweep's chosen
+trial, or a training's result held to its run.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from trainyard.pipeline.records import PinnedDataset, TrainingResult, from_xcom, held_training, run_dir
+from trainyard.pipeline.records import PinnedDataset, TrainingResult, held_training, run_dir
 from trainyard.pipeline.train import LocalLaunch, log_validation, train
 from trainyard.spec import JobSpec
 
@@ -83,14 +85,16 @@ def close_sweep(spec: JobSpec, dataset: PinnedDataset, sweep_run: str) -> dict:
     return best
 
 
-def trained_job(spec: JobSpec, value: Mapping[str, Any] | TrainingResult) -> tuple[JobSpec, TrainingResult]:
-    """What a run trained, for the steps after training: the JobSpec it trained with and the training's result
-    (``training_result``'s XCom, which a user may write) held to the job (:func:`held_training`). A sweep
-    run's is its best trial, as the study keeps it (:func:`trainyard.sweeps.study.finished_trial`): the
-    trial's own values, read by the number the XCom gives, not from the XCom."""
-    record = from_xcom(TrainingResult, value, "training_result")
-    if spec.sweep is not None:
-        from trainyard.sweeps.study import finished_trial
+def trained_job(
+    spec: JobSpec, run_key: str, value: Mapping[str, Any] | TrainingResult
+) -> tuple[JobSpec, TrainingResult]:
+    """What the run ``run_key`` trained, for the steps after training: the JobSpec it trained with and the
+    training's result (``training_result``'s XCom, which a user may write) held to the run
+    (:func:`held_training`). A sweep run's is the trial its ``close_sweep`` chose, as the study keeps it
+    (:func:`trainyard.sweeps.study.finished_trial`): the trial's own values and files (an earlier run of the
+    sweep may have trained it), nothing of them from the XCom."""
+    if spec.sweep is None:
+        return spec, held_training(spec, run_key, value)
+    from trainyard.sweeps.study import finished_trial
 
-        spec, record = finished_trial(spec, record.sweep_trial)
-    return spec, held_training(spec, record)
+    return finished_trial(spec, run_key)

@@ -51,6 +51,8 @@ TRAINED_ATTR = "trained"  # what its training left, a TrainingResult as JSON (:f
 FAILED_ATTR = "failed_because"
 LINEAGE_ATTR = "lineage"  # what the trial trained on and how, less its values (:func:`lineage`)
 ALIVE_ATTR = "alive_at"  # when its training task last said it runs (epoch seconds)
+# the study's: the trial close() chose for a sweep run (by its run key), read by finished_trial
+CHOSEN_ATTR_PREFIX = "chosen:"
 WARM_START_ATTR = "warm_started_from"  # a trial copied from an earlier sweep ("<sweep>#<number>")
 ALIVE_EVERY_S = 60.0  # how often a trial's task says so ...
 STALE_AFTER_S = 15 * 60.0  # ... and how long without it before a RUNNING trial counts as dead
@@ -343,28 +345,28 @@ def trained_of(trial: optuna.trial.FrozenTrial) -> TrainingResult:
     return TrainingResult.model_validate(stored)  # the platform's own file (the study's journal), not an XCom
 
 
-def finished_trial(spec: JobSpec, number: int | None) -> tuple[JobSpec, TrainingResult]:
-    """Trial ``number`` of the job's sweep as its study keeps it (the platform's own store, which no user
-    writes): the JobSpec it trained with (the sweep's, with the trial's values) and what its training left,
-    marked with its sweep and number. What a sweep run's evaluate, gate, export and register use: the
-    ``training_result`` XCom they are handed, which a user may write, gives only the number. NotAllowed
-    where the study has no such finished trial."""
+def finished_trial(spec: JobSpec, sweep_run: str) -> tuple[JobSpec, TrainingResult]:
+    """The trial that :func:`close` chose for the sweep run ``sweep_run``, as the study keeps it (the
+    platform's own store, which no user writes): the JobSpec it trained with (the sweep's, with the trial's
+    values) and what its training left, marked with its sweep and number. What a sweep run's evaluate, gate,
+    export and register use, not the ``training_result`` XCom they are handed, which a user may write.
+    NotAllowed where that run chose none (its close_sweep did not succeed, or the job is another)."""
     import optuna
 
     from trainyard.teams import NotAllowed
 
     sweep = _sweep(spec)
     study = optuna.load_study(study_name=sweep.name, storage=storage(spec.resources.team))
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    found = [t for t in done if t.number == number and SPEC_ATTR in t.user_attrs and TRAINED_ATTR in t.user_attrs]
-    if not found:
+    number = study.user_attrs.get(CHOSEN_ATTR_PREFIX + sweep_run)
+    found = [t for t in study.get_trials(deepcopy=False) if t.number == number] if number is not None else []
+    trial_spec = JobSpec.model_validate(found[0].user_attrs[SPEC_ATTR]) if found else None
+    if trial_spec is None or trial_spec.name != spec.name:
         raise NotAllowed(
-            f"sweep {sweep.name!r} of team {spec.resources.team} has no finished trial #{number}: this task's "
-            "input was changed; trigger the job again"
+            f"sweep {sweep.name!r} of team {spec.resources.team} chose no trial of job {spec.name!r} in run "
+            f"{sweep_run}: this task's input was changed, or its close_sweep did not succeed; trigger the job again"
         )
     (trial,) = found
-    trained = trained_of(trial).model_copy(update={"sweep": sweep.name, "sweep_trial": trial.number})
-    return JobSpec.model_validate(trial.user_attrs[SPEC_ATTR]), trained
+    return trial_spec, trained_of(trial).model_copy(update={"sweep": sweep.name, "sweep_trial": trial.number})
 
 
 def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = None, state=None) -> None:
@@ -489,7 +491,7 @@ def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
     RUNNING are failed (their processes are gone), the study's best trial on the dataset ``commit`` is chosen,
     and the summary goes to MLflow. Returns the best trial's ``{"trained", "trial", "value", ...}``:
     ``trained`` (its TrainingResult, marked with its sweep and number) goes on to evaluate, gate, export and
-    register, which read the trial again by that number (:func:`finished_trial`);
+    register, which read the trial again from the study, where the choice is recorded (:func:`finished_trial`);
     SweepError if no trial finished within the constraints."""
     import time
 
@@ -524,6 +526,7 @@ def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
             f"{spec.sweep.objective if spec.sweep else ''} within the constraints ({states}){why}; nothing to register"
         )
     log.info("best trial: #%d, %s = %s, %s", best.number, study.user_attrs.get("objective"), best.value, best.params)
+    study.set_user_attr(CHOSEN_ATTR_PREFIX + sweep_run, best.number)  # what the run's later steps read
     return {
         "trained": trained_of(best).model_copy(update={"sweep": study.study_name, "sweep_trial": best.number}),
         "trial": best.number,

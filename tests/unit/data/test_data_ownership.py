@@ -14,6 +14,8 @@ from trainyard.data.store import LocalStore
 from trainyard.datasets import check_read, check_tag, check_upload, upload
 from trainyard.teams import NotAllowed
 
+RUN = "train_pipeline.nlp/r1"  # the run whose later tasks are handed the XComs below
+
 
 @pytest.fixture
 def store(tmp_path):
@@ -149,13 +151,14 @@ def test_a_later_task_s_dataset_and_files_are_held_to_the_job_whatever_its_xcom_
     with pytest.raises(NotAllowed, match=r"not a PinnedDataset \(2 field\(s\) wrong: commit, path\)"):
         pipeline.pinned_dataset(job, {**xcom, "commit": None, "path": "/etc"})  # named, their values not
     own = paths.run_dir(job.name, "train_pipeline.nlp/r1")
+    trained = _training("a1b2", str(own))
     exported = {"onnx_path": str(own / "model.onnx"), "input_example": str(own / "input_example.npz")}
-    assert pipeline.held_export(job, exported).onnx_path == exported["onnx_path"]
+    assert pipeline.held_export(job, trained, exported).onnx_path == exported["onnx_path"]
     other = paths.run_dir("vision-net", "train_pipeline.vision/r1")
     with pytest.raises(NotAllowed, match="is not a file of job 'm-nlp'"):
-        pipeline.held_export(job, {**exported, "torchscript_path": str(other / "model.torchscript.pt")})
+        pipeline.held_export(job, trained, {**exported, "torchscript_path": str(other / "model.torchscript.pt")})
     with pytest.raises(NotAllowed, match="is not a file of job"):
-        pipeline.held_export(job, {**exported, "artifacts": {"tokenizer": str(own / ".." / ".." / "x")}})
+        pipeline.held_export(job, trained, {**exported, "artifacts": {"tokenizer": str(own / ".." / ".." / "x")}})
 
 
 def test_a_later_task_s_training_plan_is_its_run_s_own_whatever_its_xcom_says(trainyard_home, monkeypatch):
@@ -273,12 +276,12 @@ def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_th
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
     job, other = _job("nlp", "digits", "sklearn_digits"), _job("vision", "digits", "sklearn_digits")
     data = {"path": str(trainyard_home)}
-    plan = pipeline.plan_training(job, pipeline.resolve_dataset(job), data, "train_pipeline.nlp/r1")
+    plan = pipeline.plan_training(job, pipeline.resolve_dataset(job), data, RUN)
     theirs = pipeline.plan_training(other, pipeline.resolve_dataset(other), data, "train_pipeline.vision/r1")
     trained = _training(plan.mlflow_run_id, plan.run_dir, tensorboard_dir=plan.tensorboard_dir)
     xcom = json.loads(json.dumps(trained.model_dump(mode="json")))  # as a later task is handed it
-    assert held_training(job, xcom) == trained
-    assert held_training(job, trained) == trained  # a record already: held all the same
+    assert held_training(job, RUN, xcom) == trained
+    assert held_training(job, RUN, trained) == trained  # a record already: held all the same
     forgeries = {
         "val_accuracy": {**xcom, "val_accuracy": 0.99},  # a field the record has not (a metric belongs in one)
         "tries": {**xcom, "tries": "many"},
@@ -289,7 +292,7 @@ def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_th
         with pytest.raises(
             NotAllowed, match=rf"training_result's result is not a TrainingResult \(1 field\(s\) wrong: {wrong}\)"
         ):
-            held_training(job, forged)
+            held_training(job, RUN, forged)
     elsewhere = {
         "model_path": f"{theirs.run_dir}/work/model.pt",  # another job's model
         "run_dir": f"{plan.run_dir}/../../../vision-net/r1",  # out of the job's runs by ..
@@ -297,9 +300,23 @@ def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_th
     }
     for field, path in elsewhere.items():
         with pytest.raises(NotAllowed, match=f"{path} is not a file of job 'm-nlp'"):
-            held_training(job, {**xcom, field: path})
+            held_training(job, RUN, {**xcom, field: path})
     with pytest.raises(NotAllowed, match=f"MLflow run {theirs.mlflow_run_id} is one of 'm-vision', not of job 'm-nlp'"):
-        held_training(job, {**xcom, "mlflow_run_id": theirs.mlflow_run_id})
+        held_training(job, RUN, {**xcom, "mlflow_run_id": theirs.mlflow_run_id})
+    # another run of the same job: its model, or its MLflow run, has another lineage
+    earlier = pipeline.plan_training(job, pipeline.resolve_dataset(job), data, "train_pipeline.nlp/r0")
+    for field, path in (
+        ("model_path", f"{earlier.run_dir}/work/model.pt"),
+        ("run_dir", earlier.run_dir),
+        ("run_dir", f"{plan.run_dir}/work"),  # inside the run, where its program may have left links
+        ("onnx_path", f"{plan.run_dir}/work/elsewhere.onnx"),
+    ):
+        with pytest.raises(NotAllowed, match=f"{field} {path} is not run {RUN}'s of job 'm-nlp'"):
+            held_training(job, RUN, {**xcom, field: path})
+    with pytest.raises(
+        NotAllowed, match=f"MLflow run {earlier.mlflow_run_id} is run train_pipeline.nlp/r0's, not {RUN}'s"
+    ):
+        held_training(job, RUN, {**xcom, "mlflow_run_id": earlier.mlflow_run_id})
 
     own = plan.run_dir
     exported = ExportedModel(
@@ -312,18 +329,21 @@ def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_th
         metric_onnx=0.9,
     )
     ex_xcom = json.loads(json.dumps(exported.model_dump(mode="json")))
-    assert held_export(job, ex_xcom) == exported
+    assert held_export(job, trained, ex_xcom) == exported
     with pytest.raises(
         NotAllowed, match=r"export_onnx's result is not an ExportedModel \(1 field\(s\) wrong: val_accuracy_onnx\)"
     ):
-        held_export(job, {**ex_xcom, "val_accuracy_onnx": 0.9})  # the recipe's own form, not the record's
+        held_export(job, trained, {**ex_xcom, "val_accuracy_onnx": 0.9})  # the recipe's own form, not the record's
     with pytest.raises(NotAllowed, match=r"1 field\(s\) wrong: onnx_path\)"):
-        held_export(job, {k: v for k, v in ex_xcom.items() if k != "onnx_path"})
+        held_export(job, trained, {k: v for k, v in ex_xcom.items() if k != "onnx_path"})
     for field, path in (
         ("torchscript_path", f"{theirs.run_dir}/model.torchscript.pt"),
         ("input_example", "/tmp/x.npz"),
     ):
         with pytest.raises(NotAllowed, match=f"{path} is not a file of job 'm-nlp'"):
-            held_export(job, {**ex_xcom, field: path})
+            held_export(job, trained, {**ex_xcom, field: path})
     with pytest.raises(NotAllowed, match="is not a file of job 'm-nlp'"):
-        held_export(job, {**ex_xcom, "artifacts": {"tokenizer": f"{theirs.run_dir}/tokenizer.model"}})
+        held_export(job, trained, {**ex_xcom, "artifacts": {"tokenizer": f"{theirs.run_dir}/tokenizer.model"}})
+    another_run = f"{earlier.run_dir}/model.onnx"  # the same job's, but not the training this run exported
+    with pytest.raises(NotAllowed, match=f"{another_run} is not a file of the training it exported"):
+        held_export(job, trained, {**ex_xcom, "onnx_path": another_run})

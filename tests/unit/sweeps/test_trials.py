@@ -342,13 +342,14 @@ def test_the_end_fails_what_was_left_running_and_picks_the_best_within_the_const
     open_study(s).ask().set_user_attr("sweep_run", RUN)  # a trial whose task process is gone
     best = close(s, DATA, RUN)
     assert best["trial"] == 1 and best["value"] == 0.8 and best["states"] == {"complete": 2, "fail": 1}
-    # the later steps read the best trial again by its number, from the study: its spec and result
-    trial_spec, trained = finished_trial(s, best["trained"].sweep_trial)
+    # the later steps read the trial close chose for this run from the study (no XCom): its spec and result
+    trial_spec, trained = finished_trial(s, RUN)
     assert trial_spec.hyperparameters.learning_rate == best["params"]["hyperparameters.learning_rate"]
     assert trained == best["trained"] and trial_spec.sweep is None
-    for changed in (2, 7, None):  # a number changed in the XCom: the trial still running, none, no number
-        with pytest.raises(NotAllowed, match=f"sweep 'lr' of team default has no finished trial #{changed}"):
-            finished_trial(s, changed)
+    another_job = parse_spec({**s.model_dump(mode="json"), "name": "other"})  # the same team's study of that name
+    for job, run in ((s, "train_pipeline/another-run"), (another_job, RUN)):
+        with pytest.raises(NotAllowed, match=f"sweep 'lr' of team default chose no trial of job '{job.name}' in run"):
+            finished_trial(job, run)
     assert (best["trained"].sweep, best["trained"].sweep_trial, best["trained"].final_metrics["val_accuracy"]) == (
         "lr",
         1,
