@@ -69,6 +69,9 @@ class TrainingResult(BaseModel):
     model_path: str | None = None  # a built-in recipe's weights (work/model.pt)
     onnx_path: str | None = None  # a custom command's model (work/model.onnx), where it wrote one
     steps: int | None = None
+    # a sweep's best trial (sweeps.study.close): its study and its number (sweeps.study.finished_trial)
+    sweep: str | None = None
+    sweep_trial: int | None = None
     # the last value of each metric the workers reported: a built-in recipe's val_*, a custom program's own
     final_metrics: dict[str, float] = {}
     # the built-in loop's record (trainyard.training.loop.finish; pipeline.train.RESULT_FIELDS): None for a
@@ -83,9 +86,6 @@ class TrainingResult(BaseModel):
     loop_seconds: float | None = None
     checkpoint_stall_seconds: float | None = None
     checkpoints: int | None = None
-    # a sweep's best trial (sweeps.study.close): its study and its number (sweeps.study.finished_trial)
-    sweep: str | None = None
-    sweep_trial: int | None = None
 
     def files(self) -> list[str]:
         """The files it names: each must be its run's (:func:`held_training`)."""
