@@ -166,18 +166,41 @@ def run_dir(spec: JobSpec, run_key: str) -> Path:
     return paths.run_dir(spec.name, run_key)
 
 
+def _files_under(root: Path, files: list[str], whose: str) -> None:
+    """NotAllowed naming the first of ``files`` not below ``root`` (links resolved), as ``whose`` file."""
+    from trainyard.teams import NotAllowed
+
+    for file in files:
+        if root not in Path(file).resolve().parents:
+            raise NotAllowed(f"{file} is not a file of {whose}: this task's input was changed; trigger the job again")
+
+
 def _job_files(spec: JobSpec, files: list[str]) -> None:
     """NotAllowed naming the first of ``files`` outside the job's own runs folder (``runs/<name>/``: a job
     name is its team's)."""
-    from trainyard.teams import NotAllowed
-
     root = (paths.runs_root() / spec.name).resolve()
-    for file in files:
-        if root not in Path(file).resolve().parents:
+    _files_under(root, files, f"job {spec.name!r} (its runs are under {root})")
+
+
+def _held_to_run(spec: JobSpec, run_key: str, held: TrainingPlan | TrainingResult, own: Mapping[str, Path]) -> None:
+    """NotAllowed unless each field of ``held`` named in ``own`` (and set) is that path, the run ``run_key``'s,
+    and its MLflow run is one of the job's experiment tagged with that run key."""
+    from trainyard.teams import NotAllowed
+    from trainyard.tracking import mlflow_tracking as mt
+
+    for field, path in own.items():
+        given = getattr(held, field)
+        if given is not None and Path(given).resolve() != path.resolve():
             raise NotAllowed(
-                f"{file} is not a file of job {spec.name!r} (its runs are under {root}): this task's input was "
+                f"{field} {given} is not run {run_key}'s of job {spec.name!r} ({path}): this task's input was "
                 "changed; trigger the job again"
             )
+    tagged = _job_run(spec, held.mlflow_run_id).data.tags.get(mt.RUN_KEY_TAG)  # a run of the job's experiment ...
+    if tagged != run_key:  # ... and this run key's
+        raise NotAllowed(
+            f"MLflow run {held.mlflow_run_id} is run {tagged}'s, not {run_key}'s: this task's input was changed; "
+            "trigger the job again"
+        )
 
 
 def _job_run(spec: JobSpec, run_id: str) -> Run:
@@ -203,28 +226,15 @@ def held_training(spec: JobSpec, run_key: str, value: Mapping[str, Any] | Traini
     run's, whose lineage is another, nor a link its program left elsewhere in ``work/``), its MLflow run the
     run's. A sweep run's best trial is read from its study instead (:func:`trainyard.pipeline.trained_job`).
     NotAllowed naming what is not. Its metrics are taken as they are."""
-    from trainyard.teams import NotAllowed
-    from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training.run_config import work_dir
 
     held = from_xcom(TrainingResult, value, "training_result")
     _job_files(spec, held.files())  # the job's, first: a refusal then names the job
-    own = run_dir(spec, run_key).resolve()
+    own = run_dir(spec, run_key)
     work = Path(work_dir(str(own)))
-    expected = {"run_dir": own, "model_path": work / "model.pt", "onnx_path": work / "model.onnx"}
-    for field, path in expected.items():
-        given = getattr(held, field)
-        if given is not None and Path(given).resolve() != path:
-            raise NotAllowed(
-                f"{field} {given} is not run {run_key}'s of job {spec.name!r} ({path}): this task's input was "
-                "changed; trigger the job again"
-            )
-    tagged = _job_run(spec, held.mlflow_run_id).data.tags.get(mt.RUN_KEY_TAG)
-    if tagged != run_key:
-        raise NotAllowed(
-            f"MLflow run {held.mlflow_run_id} is run {tagged}'s, not {run_key}'s: this task's input was changed; "
-            "trigger the job again"
-        )
+    _held_to_run(
+        spec, run_key, held, {"run_dir": own, "model_path": work / "model.pt", "onnx_path": work / "model.onnx"}
+    )
     return held
 
 
@@ -232,17 +242,10 @@ def held_export(spec: JobSpec, trained: TrainingResult, value: Mapping[str, Any]
     """``register``'s copy of ``export_onnx``'s result (an XCom, which a user may write) as the record,
     every file it names inside the directory of the training it exported (``trained``, held already).
     NotAllowed naming what is not."""
-    from trainyard.teams import NotAllowed
-
     held = from_xcom(ExportedModel, value, "export_onnx")
     _job_files(spec, held.files())
     own = Path(trained.run_dir).resolve()
-    for file in held.files():
-        if own not in Path(file).resolve().parents:
-            raise NotAllowed(
-                f"{file} is not a file of the training it exported ({own}): this task's input was changed; "
-                "trigger the job again"
-            )
+    _files_under(own, held.files(), f"the training it exported ({own})")
     return held
 
 
@@ -270,29 +273,10 @@ def held_plan(spec: JobSpec, run_key: str, plan: Mapping[str, Any] | TrainingPla
     """A later task's copy of ``plan_training``'s result (an XCom, which a user may write), held to the job's
     run ``run_key``: its paths exactly the run's own, its MLflow run one of the job's experiment. NotAllowed
     naming what is not."""
-    from trainyard.teams import NotAllowed
     from trainyard.training.run_config import RUN_CONFIG_FILE
 
     held = from_xcom(TrainingPlan, plan, "plan_kubernetes")
     rdir = run_dir(spec, run_key)
-    expected = {
-        "run_dir": rdir,
-        "config_path": rdir / RUN_CONFIG_FILE,
-        "tensorboard_dir": tensorboard_dir(spec, run_key),
-    }
-    for field, path in expected.items():
-        if Path(getattr(held, field)).resolve() != path.resolve():
-            raise NotAllowed(
-                f"{field} {getattr(held, field)} is not run {run_key}'s of job {spec.name!r} ({path}): this task's "
-                "input was changed; trigger the job again"
-            )
-    from trainyard.tracking import mlflow_tracking as mt
-
-    run = _job_run(spec, held.mlflow_run_id)  # a run of the job's experiment ...
-    tagged = run.data.tags.get(mt.RUN_KEY_TAG)
-    if tagged != run_key:  # ... and this run key's
-        raise NotAllowed(
-            f"MLflow run {held.mlflow_run_id} is run {tagged}'s, not {run_key}'s: this task's input was changed; "
-            "trigger the job again"
-        )
+    own = {"run_dir": rdir, "config_path": rdir / RUN_CONFIG_FILE, "tensorboard_dir": tensorboard_dir(spec, run_key)}
+    _held_to_run(spec, run_key, held, own)
     return held

@@ -345,6 +345,11 @@ def trained_of(trial: optuna.trial.FrozenTrial) -> TrainingResult:
     return TrainingResult.model_validate(stored)  # the platform's own file (the study's journal), not an XCom
 
 
+def _chosen(trial: optuna.trial.FrozenTrial, sweep_name: str) -> TrainingResult:
+    """What the trial a sweep run chose left (:func:`trained_of`), marked with its sweep and number."""
+    return trained_of(trial).model_copy(update={"sweep": sweep_name, "sweep_trial": trial.number})
+
+
 def finished_trial(spec: JobSpec, sweep_run: str) -> tuple[JobSpec, TrainingResult]:
     """The trial that :func:`close` chose for the sweep run ``sweep_run``, as the study keeps it (the
     platform's own store, which no user writes): the JobSpec it trained with (the sweep's, with the trial's
@@ -365,8 +370,7 @@ def finished_trial(spec: JobSpec, sweep_run: str) -> tuple[JobSpec, TrainingResu
             f"sweep {sweep.name!r} of team {spec.resources.team} chose no trial of job {spec.name!r} in run "
             f"{sweep_run}: this task's input was changed, or its close_sweep did not succeed; trigger the job again"
         )
-    (trial,) = found
-    return trial_spec, trained_of(trial).model_copy(update={"sweep": sweep.name, "sweep_trial": trial.number})
+    return trial_spec, _chosen(found[0], sweep.name)
 
 
 def tell(study: optuna.Study, trial: optuna.Trial | int, value: float | None = None, state=None) -> None:
@@ -528,7 +532,7 @@ def close(spec: JobSpec, commit: str, sweep_run: str) -> dict:
     log.info("best trial: #%d, %s = %s, %s", best.number, study.user_attrs.get("objective"), best.value, best.params)
     study.set_user_attr(CHOSEN_ATTR_PREFIX + sweep_run, best.number)  # what the run's later steps read
     return {
-        "trained": trained_of(best).model_copy(update={"sweep": study.study_name, "sweep_trial": best.number}),
+        "trained": _chosen(best, study.study_name),
         "trial": best.number,
         "value": best.value,
         "params": best.params,
