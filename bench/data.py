@@ -165,7 +165,7 @@ def train_under_limit(data: dict, out: Path, limit_mb: int, cache_mb: int) -> tu
     config = RunConfig(spec=spec, data=data, out_dir=str(out)).dump(out / "run.json")
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=1"]
     argv += ["-m", "trainyard.training.entry", "--config", str(config)]
-    for f in (data["train"], data["val"]):
+    for f in (data.train, data.val):
         evict(Path(f))
     proc, peak = memory_cgroup.run(argv, limit_mb, env=worker_env(1, dict(os.environ)), capture_output=True, text=True)
     result = out / "train_result.json"

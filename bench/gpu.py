@@ -205,7 +205,7 @@ def run_trainyard(size: Size, args: argparse.Namespace, device: torch.device, ou
             "resources": {"gpus_per_node": 1, "gpu_type": "cpu" if device.type == "cpu" else "h100-80gb"},
         }
     )
-    cfg = RunConfig(spec=spec, data={}, out_dir=str(out), tensorboard_dir=str(out / "tb"))
+    cfg = RunConfig(spec=spec, out_dir=str(out), tensorboard_dir=str(out / "tb"))
     train(cfg, strategies.for_run(cfg), trainyard_recipe(size, rows, clock))
     return {"steps": clock.timed_steps(), "seconds": clock.t1 - clock.t0}
 

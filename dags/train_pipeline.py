@@ -50,7 +50,7 @@ from trainyard_airflow.policy import training_priority
 from trainyard_airflow.team_dags import bundle_team, makes_dags
 
 if TYPE_CHECKING:
-    from trainyard.pipeline.records import PinnedDataset, TrainingResult
+    from trainyard.pipeline.records import PinnedDataset, PreparedData, TrainingResult
     from trainyard.pipeline.train import LocalLaunch
 
 # In Airflow's multi-team mode this file is read in every team's bundle and makes that team's own
@@ -141,7 +141,7 @@ def _dataset(spec: JobSpec, xcom: dict) -> PinnedDataset:
     return pinned_dataset(spec, xcom)
 
 
-def _prepared(spec: JobSpec, dataset: PinnedDataset) -> dict:
+def _prepared(spec: JobSpec, dataset: PinnedDataset) -> PreparedData:
     """The prepared data's manifest as ``prepare_data`` left it in the cache (a cache hit; built again where
     it is missing), not as an XCom says: one could point the training at another run's files."""
     from trainyard.pipeline.data import prepare_data
@@ -186,7 +186,7 @@ def _trained_job(spec: dict, trained: dict) -> tuple[JobSpec, TrainingResult]:
     return trained_job(_spec(spec), _run_key(), trained)
 
 
-def _run_data(job_spec: JobSpec) -> dict:
+def _run_data(job_spec: JobSpec) -> PreparedData:
     """The run's prepared data (:func:`_prepared`), from its pinned dataset (:func:`_dataset`): for the
     steps after training, which are handed no dataset."""
     dataset = get_current_context()["ti"].xcom_pull(task_ids="resolve_dataset")
@@ -284,7 +284,7 @@ def prepare_data(spec: dict, dataset: dict, _validated: dict) -> dict:
 
     register_store()
     job_spec = _spec(spec)
-    return prepare(job_spec, _dataset(job_spec, dataset))
+    return prepare(job_spec, _dataset(job_spec, dataset)).model_dump(mode="json")  # the record as JSON only here
 
 
 @task.branch
@@ -310,12 +310,12 @@ def train(spec: dict, dataset: dict, data: dict) -> dict:
 
     job_spec = _spec(spec)
     pinned = _dataset(job_spec, dataset)
-    data = _prepared(job_spec, pinned)
+    prepared = _prepared(job_spec, pinned)  # from the cache, not from the XCom ``data``
     job = job_for(job_spec.resources, _run_key(), triggering_user())
     return _while_admitted(
         job,
         job_spec,
-        lambda lease: run(job_spec, pinned, data, _run_key(), _leased(lease)).model_dump(mode="json"),
+        lambda lease: run(job_spec, pinned, prepared, _run_key(), _leased(lease)).model_dump(mode="json"),
         earlier_s=wall_seconds(run_dir(job_spec, _run_key())),
     )
 
@@ -345,14 +345,14 @@ def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
     job_spec = _spec(spec)
     assert job_spec.sweep is not None
     pinned = _dataset(job_spec, dataset)
-    data = _prepared(job_spec, pinned)
+    prepared = _prepared(job_spec, pinned)  # from the cache, not from the XCom ``data``
     job = job_for(job_spec.resources, slot, triggering_user(), _run_key(), job_spec.sweep.parallelism)
     number = int(slot.rsplit("-", 1)[1])
     try:
         return _while_admitted(
             job,
             job_spec,
-            lambda lease: run(job_spec, pinned, data, _run_key(), number, _leased(lease)),
+            lambda lease: run(job_spec, pinned, prepared, _run_key(), number, _leased(lease)),
         )
     except GridSpent as err:  # another run of the sweep took the last points: nothing to train here
         raise AirflowSkipException(str(err)) from None

@@ -1,6 +1,9 @@
-"""Test helper: write a {relative path: bytes} mapping (a dataset's files) into a folder."""
+"""Test helpers: write a {relative path: bytes} mapping (a dataset's files) into a folder; the record of data
+prepared in a folder, for a test that reads only its paths."""
 
 from pathlib import Path
+
+from trainyard.data.prepare import PreparedData
 
 
 def write_files(folder: Path, files: dict[str, bytes]) -> Path:
@@ -8,3 +11,20 @@ def write_files(folder: Path, files: dict[str, bytes]) -> Path:
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_bytes(data)
     return folder
+
+
+def prepared_in(folder: Path | str, counts: dict[str, int] | None = None) -> PreparedData:
+    """A :class:`PreparedData` whose split files are ``folder``'s ``train.lmdb`` and ``val.lmdb`` (as
+    ``prepare_records`` names them; the files themselves are the test's to write, if it reads them)."""
+    folder = Path(folder)
+    return PreparedData(
+        commit="c" * 64,
+        format="lmdb",
+        val_fraction=0.2,
+        test_fraction=0.0,
+        seed=0,
+        counts=counts or {"train": 8, "val": 2},
+        path=str(folder),
+        train=str(folder / "train.lmdb"),
+        val=str(folder / "val.lmdb"),
+    )

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainyard.data.prepare import PreparedData
 from trainyard.spec import JobSpec, Tracking
 from trainyard.training.loop import window_ends
 
@@ -95,13 +96,13 @@ class Run:
         """(rank, nranks, cudaDev) of every NCCL communicator the workers created."""
         return {tuple(int(g) for g in m.groups()) for m in NCCL_COMM.finditer(self.nccl)}
 
-    def check_trained(self, strategy: str, world: int, prepared: dict) -> None:
+    def check_trained(self, strategy: str, world: int, prepared: PreparedData) -> None:
         """train_result.json, the usage record and the model file of a complete run on ``world`` GPUs."""
         from trainyard.recipes import load_model
         from trainyard.training import usage
 
         r = self.result
-        per_rank = math.ceil(prepared["counts"]["train"] / world)  # DistributedSampler pads to equal shards
+        per_rank = math.ceil(prepared.counts["train"] / world)  # DistributedSampler pads to equal shards
         steps = EPOCHS * math.ceil(per_rank / self.spec.hyperparameters.batch_size)
         assert (r["strategy"], r["world_size"], r["epochs"], r["steps"]) == (strategy, world, EPOCHS, steps), r
         assert r["val_accuracy"] > MIN_ACCURACY, r
@@ -338,7 +339,7 @@ def test_bf16_forward_runs_in_bf16_on_the_workers_gpu(tmp_path, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)  # a world of one, as a single worker sees it
     spec = parse_spec({"distributed": {"strategy": "ddp", "precision": "bf16"}, "resources": {"gpus_per_node": 1}})
-    strategy = DDPStrategy(RunConfig(spec=spec, data={}, out_dir=str(tmp_path)))
+    strategy = DDPStrategy(RunConfig(spec=spec, out_dir=str(tmp_path)))
     strategy.init()
     try:
         assert (strategy.device, strategy.backend) == (torch.device("cuda", 0), "nccl")

@@ -58,7 +58,7 @@ def _train(config_path: str, lines: list[str] | None = None, **env) -> list[str]
 
     cfg = RunConfig.load(config_path)
     host = dataclasses.replace(this_host(), env={**os.environ, **env})
-    command = local_command(cfg.spec, host, config_path=config_path, data_dir=cfg.data["path"], run_dir=cfg.out_dir)
+    command = local_command(cfg.spec, host, config_path=config_path, data_dir=cfg.data.path, run_dir=cfg.out_dir)
     return _run(command.argv, command.env, lines)
 
 

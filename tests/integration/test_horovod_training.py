@@ -50,7 +50,7 @@ def _train(config_path: str, **env) -> list[str]:
     _require_horovod()
     cfg = RunConfig.load(config_path)
     host = dataclasses.replace(this_host(), env={**os.environ, **env})
-    command = local_command(cfg.spec, host, config_path=config_path, data_dir=cfg.data["path"], run_dir=cfg.out_dir)
+    command = local_command(cfg.spec, host, config_path=config_path, data_dir=cfg.data.path, run_dir=cfg.out_dir)
     lines: list[str] = []
     run(command.argv, env=command.env, on_line=lines.append)
     return lines

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from dag_helpers import load_dag, task_states, xcoms
 
+from trainyard.data.prepare import PreparedData
+
 pytestmark = pytest.mark.integration
 
 SHAPES = {
@@ -104,7 +106,7 @@ def test_detection_recipe_end_to_end(dag, trainyard_home, monkeypatch):
 
     # pycocotools and faster-coco-eval on the trained model's own val detections: the same AP
     recipe = recipes.get("centernet_detector")
-    xv, targets, meta = recipe._tensors(x["prepare_data"], "val")
+    xv, targets, meta = recipe._tensors(PreparedData.model_validate(x["prepare_data"]), "val")
     heads = torch_heads(recipes.load_model(x["train"]["model_path"]), xv)
     gt, found = ground_truth(targets, meta), detections(heads, targets, meta, top_k=50)
     a, b = coco_map(gt, found, backend="pycocotools"), coco_map(gt, found, backend="faster_coco_eval")
@@ -115,10 +117,10 @@ def test_detection_recipe_end_to_end(dag, trainyard_home, monkeypatch):
     # champion/challenger: the registered version, re-measured through its ONNX file, ties with itself
     c.set_registered_model_alias("shapes", "production", mv.version)
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_map", "margin": 0.0}]})
-    tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
+    tie = pipeline.gate(spec, x["evaluate"], PreparedData.model_validate(x["prepare_data"]))
     assert tie["passed"] and tie["champion_version"] == int(mv.version)
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_map", "margin": 0.05}]})
-    assert not pipeline.gate(spec, x["evaluate"], x["prepare_data"])["passed"]
+    assert not pipeline.gate(spec, x["evaluate"], PreparedData.model_validate(x["prepare_data"]))["passed"]
 
 
 def test_translation_recipe_end_to_end(dag, trainyard_home, tmp_path, monkeypatch):
@@ -155,7 +157,7 @@ def test_translation_recipe_end_to_end(dag, trainyard_home, tmp_path, monkeypatc
     # champion = this version (ONNX decoding + its vocabularies from pytorch/model.pt): a tie passes
     c.set_registered_model_alias("translation", "production", mv.version)
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_bleu", "margin": 0.0}]})
-    tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
+    tie = pipeline.gate(spec, x["evaluate"], PreparedData.model_validate(x["prepare_data"]))
     assert tie["passed"], tie["message"]
     duel = [r for r in tie["checks"] if r["kind"] == "champion"][0]
     assert duel["champion"] == pytest.approx(x["evaluate"]["val_bleu"])
@@ -210,5 +212,5 @@ def test_resnet_recipe_end_to_end_on_an_image_folder(dag, trainyard_home, monkey
     assert [tuple(i["tensor-spec"]["shape"]) for i in sig.inputs.to_dict()] == [(-1, 3, 48, 48)]
     c.set_registered_model_alias("photos", "production", mv.version)
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.0}]})
-    tie = pipeline.gate(spec, ev, x["prepare_data"])
+    tie = pipeline.gate(spec, ev, PreparedData.model_validate(x["prepare_data"]))
     assert tie["passed"], tie["message"]

@@ -56,7 +56,7 @@ def _curve(tmp_path, prepared, name: str, distributed: dict) -> list[tuple[int, 
     cfg = RunConfig(spec=spec, data=prepared, out_dir=str(out), tensorboard_dir=str(out / "tb"))
     config = cfg.dump(out / "run_config.json")
     host = dataclasses.replace(this_host(), env=dict(os.environ))
-    command = local_command(spec, host, config_path=str(config), data_dir=prepared["path"], run_dir=str(out))
+    command = local_command(spec, host, config_path=str(config), data_dir=prepared.path, run_dir=str(out))
     lines: list[str] = []
     run(["timeout", "-k", "10", str(LIMIT_S), *command.argv], env=command.env, on_line=lines.append)
     events = EventAccumulator(str(out / "tb"))

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from dag_helpers import load_dag, task_states, xcoms
 
+from trainyard.data.prepare import PreparedData
+
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,7 +162,7 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     assert len(c.search_model_versions("name = 'digits'")) == 1
 
     # prepare_data is cached by (commit, split settings).
-    assert pipeline.prepare_data(spec, pinned)["cached"] is True
+    assert pipeline.prepare_data(spec, pinned).cached is True
 
     # The cost is of the GPU time the launcher recorded for every try (one here).
     assert x["train"]["tries"] == 1 and x["train"]["gpu_seconds"] > 0
@@ -191,12 +193,12 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
     downloads.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(downloads))
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.0}]})
-    tie = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
+    tie = pipeline.gate(spec, x["evaluate"], PreparedData.model_validate(x["prepare_data"]))
     assert tie["passed"] and tie["champion_version"] == int(mv.version)
     duel = [r for r in tie["checks"] if r["kind"] == "champion"][0]
     assert duel["champion"] == pytest.approx(x["evaluate"]["val_accuracy"])  # same model, same data
     spec = JobSpec.model_validate({**x["validate_spec"], "champion": [{"metric": "val_accuracy", "margin": 0.05}]})
-    lost = pipeline.gate(spec, x["evaluate"], x["prepare_data"])
+    lost = pipeline.gate(spec, x["evaluate"], PreparedData.model_validate(x["prepare_data"]))
     assert not lost["passed"] and "val_accuracy" in lost["message"]
     assert list(downloads.glob("champion-*")) == []  # the production model's downloaded copy went with each gate
 

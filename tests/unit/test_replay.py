@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from datafiles import prepared_in
 from trainyard import environment, replay
 from trainyard.errors import CommandError
 from trainyard.spec import SpecError, parse_spec
@@ -205,7 +206,7 @@ def test_a_replays_trainer_in_a_pod_compares_its_own_packages_with_the_versions(
 
     def cfg(expected, exact=True):
         spec = parse_spec({"replay_of": "pets:1", "replay_exact": exact, "backends": {"launcher": "kubernetes"}})
-        return RunConfig(spec=spec, data={}, out_dir=str(tmp_path), replay_dependencies=expected)
+        return RunConfig(spec=spec, out_dir=str(tmp_path), replay_dependencies=expected)
 
     check_environment(cfg(None), DEPS, first=False)
     assert not (tmp_path / environment.TRAINER_FILE).exists()
@@ -240,7 +241,7 @@ def test_a_kubernetes_replay_is_checked_in_its_pods_against_the_versions_trainer
     c.log_text(run_id, "\n".join(image) + "\n", environment.TRAINER_ARTIFACT)
     spec = parse_spec({"name": "pets", "replay_of": "pets:1", "backends": {"launcher": "kubernetes"}})
     dataset = PinnedDataset(store="local", repo="pets", ref="main", commit="c" * 64, digest="d" * 64, files=1)
-    plan = pipeline.plan_training(spec, dataset, {"path": str(trainyard_home)}, "train_pipeline/replay-k8s")
+    plan = pipeline.plan_training(spec, dataset, prepared_in(trainyard_home), "train_pipeline/replay-k8s")
     assert RunConfig.load(plan.config_path).replay_dependencies == image
     assert replay.DIFFERENCES_TAG not in c.get_run(plan.mlflow_run_id).data.tags  # the pods say, at collect
 

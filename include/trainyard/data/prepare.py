@@ -9,9 +9,43 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
 from trainyard.data import formats
 from trainyard.data.split import split_keys
 from trainyard.data.store import publish_dir
+
+
+class PreparedData(BaseModel):
+    """A dataset commit split and written as records (``prepare_data``'s result, :func:`prepare_records`):
+    its ``manifest.json`` in the cache, what a recipe's training, evaluation and export read. JSON only in
+    that file, at the XCom boundary and in a training's run config; a later task of the pipeline reads it
+    again from the cache, never from the XCom (``dags/train_pipeline.py``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    commit: str
+    format: str  # a trainyard.data.formats name: lmdb, tfrecord
+    val_fraction: float
+    test_fraction: float
+    seed: int
+    variant: str = ""  # what else shaped the records (a recipe and its input size)
+    counts: dict[str, int]  # records per split
+    path: str  # the folder of the split files
+    train: str  # each split's file
+    val: str
+    test: str | None = None  # only with a test_fraction
+    classes: list[str] | None = None  # a classification dataset's labels, in their index order
+    num_classes: int | None = None
+    cached: bool = False  # found in the cache (not built by this call)
+
+    def split(self, name: str) -> str:
+        """The file of the split ``name`` (train, val, test); ValueError naming the splits it has if absent."""
+        found = {"train": self.train, "val": self.val, "test": self.test}.get(name)
+        if found is None:
+            have = ", ".join(k for k in ("train", "val", "test") if k in self.counts)
+            raise ValueError(f"the prepared data of commit {self.commit[:12]} has no split {name!r} (it has {have})")
+        return found
 
 
 class LeakageError(ValueError):
@@ -52,7 +86,7 @@ def prepare_records(
     fmt: str = "lmdb",
     test_fraction: float = 0.0,
     variant: str = "",
-) -> dict:
+) -> PreparedData:
     """Split the dataset's keys by hash and write each split's ``record(key)`` tuples in ``fmt``; return the
     prepared dataset's manifest, building it only if the cache has none. ``samples()`` gives (keys, record,
     meta) and is only called on a cache miss (reading a dataset is the slow part). ``variant`` names
@@ -68,7 +102,7 @@ def prepare_records(
     out = cache_root / key
     manifest_path = out / "manifest.json"
     if manifest_path.exists():
-        return dict(json.loads(manifest_path.read_text()), cached=True)
+        return PreparedData.model_validate_json(manifest_path.read_text()).model_copy(update={"cached": True})
 
     keys, record, meta = samples()
     splits = split_keys(keys, val_fraction, seed, test_fraction)
@@ -88,22 +122,25 @@ def prepare_records(
         for name, ks in splits.items():
             files[name] = formats.filename(name, fmt)
             counts[name] = formats.write(fmt, tmp / files[name], (record(k) for k in sorted(ks)), meta)
-        manifest = {
-            "commit": commit,
-            "format": fmt,
-            "val_fraction": val_fraction,
-            "test_fraction": test_fraction,
-            "seed": seed,
-            "variant": variant,
-            "counts": counts,
-            "path": str(out),
-            **{k: meta[k] for k in ("classes",) if k in meta},
-            **({"num_classes": len(meta["classes"])} if "classes" in meta else {}),
-            **{name: str(out / f) for name, f in files.items()},
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        classes = meta.get("classes")
+        manifest = PreparedData(
+            commit=commit,
+            format=fmt,
+            val_fraction=val_fraction,
+            test_fraction=test_fraction,
+            seed=seed,
+            variant=variant,
+            counts=counts,
+            path=str(out),
+            classes=classes,
+            num_classes=None if classes is None else len(classes),
+            train=str(out / files["train"]),
+            val=str(out / files["val"]),
+            test=str(out / files["test"]) if "test" in files else None,
+        )
+        (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=1, exclude={"cached"}, exclude_none=True))
         publish_dir(tmp, out)  # a concurrent preparer that finished first is success: its copy is equal
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dict(json.loads(manifest_path.read_text()), cached=False)
+    return PreparedData.model_validate_json(manifest_path.read_text())

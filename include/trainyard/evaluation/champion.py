@@ -26,9 +26,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainyard.evaluation.gate import Check, GateResult, evaluate_gate
 from trainyard.spec import ChampionRule, JobSpec, Threshold
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def message(result: dict) -> str:
     return GateResult(result["passed"], tuple(checks)).message()
 
 
-def production_metrics(spec: JobSpec, data: dict) -> dict | None:
+def production_metrics(spec: JobSpec, data: PreparedData) -> dict | None:
     """The ``production`` version's metrics on this run's eval data (its registered ONNX model, run with
     onnxruntime), or None when the model has no production version yet."""
     import tempfile

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard import paths
 from trainyard.errors import PermanentError
-from trainyard.pipeline.records import PinnedDataset, from_xcom, run_dir
+from trainyard.pipeline.records import PinnedDataset, PreparedData, from_xcom, run_dir
 from trainyard.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def validate_data(spec: JobSpec, dataset: PinnedDataset, run_key: str) -> dict:
     return {"success": True, "report": str(out), "docs": report.docs, "checks": len(report.checks)}
 
 
-def prepare_data(spec: JobSpec, dataset: PinnedDataset) -> dict:
+def prepare_data(spec: JobSpec, dataset: PinnedDataset) -> PreparedData:
     """Hash split of the commit, written as the recipe's records in LMDB or TFRecord (cached)."""
     from trainyard.data.prepare import prepare_records
 
@@ -113,7 +113,5 @@ def prepare_data(spec: JobSpec, dataset: PinnedDataset) -> dict:
         test_fraction=split.test_fraction,
         variant=recipe.variant(options),
     )
-    log.info(
-        "prepared %s (%s): %s", manifest["path"], "cache hit" if manifest["cached"] else "built", manifest["counts"]
-    )
+    log.info("prepared %s (%s): %s", manifest.path, "cache hit" if manifest.cached else "built", manifest.counts)
     return manifest

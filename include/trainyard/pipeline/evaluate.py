@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 
-from trainyard.pipeline.records import TrainingResult
+from trainyard.pipeline.records import PreparedData, TrainingResult
 from trainyard.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 
-def evaluate(spec: JobSpec, trained: TrainingResult, data: dict) -> dict:
+def evaluate(spec: JobSpec, trained: TrainingResult, data: PreparedData) -> dict:
     """The recipe's metrics on the val (and test) split, logged to the MLflow run; metric signatures
     (BLEU tokenizer, COCO evaluator) become run tags ``eval.*``."""
     from trainyard import recipes
@@ -25,7 +25,7 @@ def evaluate(spec: JobSpec, trained: TrainingResult, data: dict) -> dict:
     options = recipe.opts(spec)
     weights = trained.weights()
     metrics, info = recipe.evaluate(weights, data, "val", options)
-    if "test" in data:
+    if data.test is not None:
         metrics.update(recipe.evaluate(weights, data, "test", options)[0])
     c = mt.client()
     for k, v in metrics.items():
@@ -36,7 +36,7 @@ def evaluate(spec: JobSpec, trained: TrainingResult, data: dict) -> dict:
     return metrics
 
 
-def gate(spec: JobSpec, metrics: dict, data: dict | None = None, trained: TrainingResult | None = None) -> dict:
+def gate(spec: JobSpec, metrics: dict, data: PreparedData | None = None, trained: TrainingResult | None = None) -> dict:
     """Thresholds and champion/challenger rules; the full result (every metric, bound, margin) is returned
     for XCom and, with ``trained``, stored on its MLflow run (tags ``gate.*`` + gate_result.json) with the
     run's report (:mod:`trainyard.tracking.report`: curves PNG and one HTML page, pass or fail). The

@@ -9,14 +9,14 @@ import logging
 from pathlib import Path
 
 from trainyard.export.onnx_export import ExportFailed
-from trainyard.pipeline.records import ExportedModel, PinnedDataset, TrainingResult, lineage_tags
+from trainyard.pipeline.records import ExportedModel, PinnedDataset, PreparedData, TrainingResult, lineage_tags
 from trainyard.pipeline.spec import check_ownership
 from trainyard.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 
-def export_onnx(spec: JobSpec, trained: TrainingResult, data: dict) -> ExportedModel:
+def export_onnx(spec: JobSpec, trained: TrainingResult, data: PreparedData) -> ExportedModel:
     """ONNX export of the trained model, held to parity with PyTorch and to its metric re-computed with
     onnxruntime (see the recipe); with ``export.torchscript``, a TorchScript file too."""
     from trainyard import recipes

@@ -1,6 +1,7 @@
 """What the steps hand on, and where a run keeps its files: the run directory of a job's run, and the
 checks that a step's result (an XCom, which a user may write) is its record, naming only the job's own files
-and MLflow run.
+and MLflow run. The prepared data's record is made where the data is prepared, below the recipes that read
+it (:class:`trainyard.data.prepare.PreparedData`), and named here with the others.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainyard import paths
+from trainyard.data.prepare import PreparedData as PreparedData  # re-exported: the records in one place
 from trainyard.spec import JobSpec
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from trainyard.pipeline.records import PinnedDataset, TrainingResult, held_training, run_dir
+from trainyard.pipeline.records import PinnedDataset, PreparedData, TrainingResult, held_training, run_dir
 from trainyard.pipeline.train import LocalLaunch, log_validation, train
 from trainyard.spec import JobSpec
 
@@ -53,7 +53,12 @@ def plan_sweep(spec: JobSpec) -> list[int]:
 
 
 def train_trial(
-    spec: JobSpec, dataset: PinnedDataset, data: dict, sweep_run: str, slot: int, local: LocalLaunch | None = None
+    spec: JobSpec,
+    dataset: PinnedDataset,
+    data: PreparedData,
+    sweep_run: str,
+    slot: int,
+    local: LocalLaunch | None = None,
 ) -> dict:
     """One trial of the sweep in ``spec`` on this machine, in slot ``slot`` of the run ``sweep_run``:
     planned, launched (as ``local`` says, its workers stopped by the trial's watcher) and collected as a job

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from trainyard.pipeline.records import (
     PinnedDataset,
+    PreparedData,
     TrainingPlan,
     TrainingResult,
     lineage_tags,
@@ -110,7 +111,7 @@ def log_validation(c, run_id: str, rdir: Path) -> None:
 def plan_training(
     spec: JobSpec,
     dataset: PinnedDataset,
-    data: dict,
+    data: PreparedData,
     run_key: str,
     tags: dict[str, str] | None = None,
     trial_objective: str | None = None,
@@ -158,7 +159,7 @@ def _version_trainer_dependencies(spec: JobSpec) -> list[str]:
     return replay.trainer_dependencies(replay.recorded(mt.client(), model, version))
 
 
-def launch_local(spec: JobSpec, data: dict, plan: TrainingPlan, local: LocalLaunch | None = None) -> None:
+def launch_local(spec: JobSpec, data: PreparedData, plan: TrainingPlan, local: LocalLaunch | None = None) -> None:
     """The strategy's launcher (torchrun, horovodrun, deepspeed; or the custom command under torchrun) as a
     subprocess, as ``local`` says (:class:`LocalLaunch`). The launcher records this try's GPU time in the
     run's usage file, failed tries included."""
@@ -327,7 +328,7 @@ def built_in_result(out_dir: Path) -> dict:
 def train(
     spec: JobSpec,
     dataset: PinnedDataset,
-    data: dict,
+    data: PreparedData,
     run_key: str,
     local: LocalLaunch | None = None,
     trial_objective: str | None = None,

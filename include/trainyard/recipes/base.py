@@ -16,6 +16,7 @@ from trainyard.export.onnx_export import DEFAULT_RTOL
 from trainyard.spec import ExportSpec, JobSpec, SpecError
 
 if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
     from trainyard.training.data import RecordDataset
     from trainyard.training.run_config import RunConfig
 
@@ -148,15 +149,15 @@ class Recipe(Generic[OptionsT]):
 
     # -- evaluation and export (tasks) ---------------------------------------------------------------------
     def evaluate(
-        self, model_path: str, data: dict, split: str, options: OptionsT
+        self, model_path: str, data: PreparedData, split: str, options: OptionsT
     ) -> tuple[dict[str, float], dict[str, str]]:
         """(metrics prefixed with ``split``, info such as metric signatures) of a model file on a split."""
         raise NotImplementedError
 
-    def export(self, model_path: str, data: dict, out_dir: Path, export: ExportSpec, options: OptionsT) -> dict:
+    def export(self, model_path: str, data: PreparedData, out_dir: Path, export: ExportSpec, options: OptionsT) -> dict:
         """ONNX file + parity + the metric re-computed with onnxruntime; raises ExportFailed."""
         raise NotImplementedError
 
-    def onnx_metrics(self, onnx_path: Path, data: dict, options: OptionsT) -> dict[str, float]:
+    def onnx_metrics(self, onnx_path: Path, data: PreparedData, options: OptionsT) -> dict[str, float]:
         """The val metrics of an ONNX model of this recipe (for champion/challenger)."""
         raise NotImplementedError

@@ -23,6 +23,7 @@ from trainyard.recipes.base import Options, Recipe
 from trainyard.recipes.shared import companion_model, read_split, save_input_example, verify_export
 
 if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
     from trainyard.training.centernet import CenterNet
 
 BATCH = 128
@@ -212,7 +213,7 @@ class CenterNetDetector(Recipe[DetectionOptions]):
 
     # -- training ------------------------------------------------------------------------------------------
     @staticmethod
-    def _tensors(data: dict, split: str):
+    def _tensors(data: PreparedData, split: str):
         """(images as one float tensor, targets, meta) of a split, for evaluation and export."""
         _, _, images, meta, targets = read_split(data, split)
         x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).float().div_(255.0)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from trainyard.recipes.base import Options
 from trainyard.recipes.shared import Classifier, read_split, save_input_example, verify_export
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 
 def digits_batch(batch, pixel_max: float) -> list[torch.Tensor]:
@@ -50,7 +54,7 @@ class DigitsCNN(Classifier[DigitsOptions]):
 
     # -- training ------------------------------------------------------------------------------------------
     @staticmethod
-    def _xy(data: dict, split: str):
+    def _xy(data: PreparedData, split: str):
         """(inputs, labels, meta) of a whole split, for the task-side evaluation and export."""
         from trainyard.training.model import to_input
 
@@ -81,7 +85,7 @@ class DigitsCNN(Classifier[DigitsOptions]):
     def evaluate(self, model_path, data, split, options):
         from trainyard.evaluation.classification import evaluate_model
 
-        return evaluate_model(model_path, data["format"], data[split], prefix=split), {}
+        return evaluate_model(model_path, data.format, data.split(split), prefix=split), {}
 
     def export(self, model_path, data, out_dir, export, options):
         from trainyard.evaluation.classification import classification_metrics, predict
@@ -119,7 +123,9 @@ class DigitsCNN(Classifier[DigitsOptions]):
         return classification_metrics(onnx_predict(onnx_path, x.numpy()), np.asarray(y))
 
 
-def prepare_classification(dataset_dir: str | Path, commit: str, cache_root: str | Path, *split, **options) -> dict:
+def prepare_classification(
+    dataset_dir: str | Path, commit: str, cache_root: str | Path, *split, **options
+) -> PreparedData:
     """:func:`trainyard.data.prepare.prepare_records` (``split``, ``options``: its val_fraction, seed, fmt,
     test_fraction) for a folder of the image-classification layout: records (key, label, image)."""
     from trainyard.data.prepare import prepare_records

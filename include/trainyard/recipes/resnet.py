@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from pydantic import Field, field_validator
 
 from trainyard.recipes.base import Options
 from trainyard.recipes.shared import Classifier, save_input_example, verify_export
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 BATCH = 64
 
@@ -125,7 +128,7 @@ class ResNetClassifier(Classifier[ResNetOptions]):
 
     # -- training ------------------------------------------------------------------------------------------
     @staticmethod
-    def _split(data: dict, split: str, options: ResNetOptions, train: bool, cache_mb: int = 0):
+    def _split(data: PreparedData, split: str, options: ResNetOptions, train: bool, cache_mb: int = 0):
         from trainyard.training.data import RecordDataset, load_split
         from trainyard.training.resnet import image_batch
 
@@ -162,7 +165,7 @@ class ResNetClassifier(Classifier[ResNetOptions]):
         return model.eval()
 
     # -- evaluation and export -----------------------------------------------------------------------------
-    def _eval_split(self, model, data: dict, split: str):
+    def _eval_split(self, model, data: PreparedData, split: str):
         options = ResNetOptions(image_size=model.config["image_size"])  # the size the model was trained at
         return self._split(data, split, options, train=False)
 

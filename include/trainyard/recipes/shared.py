@@ -5,6 +5,7 @@ interface itself is :class:`trainyard.recipes.base.Recipe`."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -12,6 +13,9 @@ import torch
 from trainyard.recipes.base import OptionsT, Recipe
 from trainyard.spec import ExportSpec
 from trainyard.training.common import evaluate, to_device
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 
 class Classifier(Recipe[OptionsT]):
@@ -33,11 +37,11 @@ class Classifier(Recipe[OptionsT]):
         return {"val_accuracy": acc, "val_loss": loss}
 
 
-def read_split(data: dict, split: str):
+def read_split(data: PreparedData, split: str):
     """(keys, labels, arrays, meta, targets) of a prepared split."""
     from trainyard.data import formats
 
-    return formats.read_with_targets(data["format"], data[split])
+    return formats.read_with_targets(data.format, data.split(split))
 
 
 def companion_model(onnx_path) -> torch.nn.Module:

@@ -21,7 +21,7 @@ import functools
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from pydantic import Field, field_validator, model_validator
 from trainyard.recipes.base import Options, Recipe
 from trainyard.recipes.shared import companion_model, read_split, save_input_example, verify_export
 from trainyard.training.common import to_device
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 BATCH = 256
 
@@ -116,7 +119,7 @@ class TransformerTranslator(Recipe[TranslationOptions]):
 
     # -- training ------------------------------------------------------------------------------------------
     @staticmethod
-    def pairs(data: dict, split: str) -> tuple[list[str], list[str]]:
+    def pairs(data: PreparedData, split: str) -> tuple[list[str], list[str]]:
         targets = read_split(data, split)[4]
         return [t["source"] for t in targets], [t["target"] for t in targets]
 
@@ -129,7 +132,7 @@ class TransformerTranslator(Recipe[TranslationOptions]):
         train, val = load_split(cfg.data, "train", cache_mb), load_split(cfg.data, "val", cache_mb)
         # learned once per run from the whole train split (the first rank; the others read its file)
         seed = cfg.spec.hyperparameters.seed
-        digest = hashlib.sha256(str(cfg.data.get("train", cfg.data.get("path", ""))).encode()).hexdigest()[:12]
+        digest = hashlib.sha256(cfg.data.train.encode()).hexdigest()[:12]
 
         def vocab(side: str):
             cache = Path(cfg.out_dir) / "vocab" / f"{side}-{opts.tokenizer}-{opts.max_vocab}-{seed}-{digest}"

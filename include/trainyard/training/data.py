@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence, Sized
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset, Sampler
@@ -18,13 +19,19 @@ from torch.utils.data import Dataset, Sampler
 from trainyard.data import formats
 from trainyard.data.records import InMemory, Reader, RecordBatch, batches
 
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
+
 Collate = Callable[[RecordBatch], list[torch.Tensor]]
 
 
-def load_split(data: dict, split: str, memory_cache_mb: int) -> Reader:
-    """The split's records, in memory when its file is at most ``memory_cache_mb`` MB, else from the file."""
-    reader = formats.open_records(data["format"], data[split])
-    if formats.size_bytes(data[split]) <= memory_cache_mb * (1 << 20):
+def load_split(data: PreparedData | None, split: str, memory_cache_mb: int) -> Reader:
+    """The split's records, in memory when its file is at most ``memory_cache_mb`` MB, else from the file;
+    ValueError where the run config names no prepared data (``data``: its ``data``)."""
+    if data is None:
+        raise ValueError("the run config names no prepared data: a built-in recipe trains on a prepare_data result")
+    reader = formats.open_records(data.format, data.split(split))
+    if formats.size_bytes(data.split(split)) <= memory_cache_mb * (1 << 20):
         return InMemory(reader)
     return reader
 

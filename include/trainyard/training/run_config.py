@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainyard.data.prepare import PreparedData
 from trainyard.errors import PermanentError
 from trainyard.spec import JobSpec
 
@@ -72,8 +73,9 @@ def output_file(run_dir: str | Path, name: str) -> Path | None:
 @dataclass(frozen=True)
 class RunConfig:
     spec: JobSpec
-    data: dict  # the prepared-data manifest written by prepare_data
     out_dir: str
+    # the prepared data's record (prepare_data's); None: a recipe that makes its own (bench/gpu.py's)
+    data: PreparedData | None = None
     tracking_uri: str | None = None
     mlflow_run_id: str | None = None
     tensorboard_dir: str | None = None
@@ -97,7 +99,7 @@ class RunConfig:
     def to_json(self) -> dict:
         return {
             "spec": self.spec.model_dump(mode="json"),
-            "data": self.data,
+            "data": None if self.data is None else self.data.model_dump(mode="json"),
             "out_dir": self.out_dir,
             "tracking_uri": self.tracking_uri,
             "mlflow_run_id": self.mlflow_run_id,
@@ -121,5 +123,6 @@ class RunConfig:
         """The config in ``path``; a field this version does not know (a newer platform's) is ignored."""
         raw = json.loads(Path(path).read_text())
         known = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: v for k, v in raw.items() if k in known and k != "spec"}
-        return cls(**fields, spec=JobSpec.model_validate(raw["spec"]))
+        fields = {k: v for k, v in raw.items() if k in known and k not in ("spec", "data")}
+        data = None if raw.get("data") is None else PreparedData.model_validate(raw["data"])
+        return cls(**fields, spec=JobSpec.model_validate(raw["spec"]), data=data)

@@ -41,7 +41,7 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from kubernetes.client import models as k8s
 
 from trainyard import paths
-from trainyard.errors import spec_error_message
+from trainyard.errors import PermanentError, spec_error_message
 from trainyard.spec import JobSpec, SpecError, parse_spec
 from trainyard.training.launchers import kubernetes as launcher
 from trainyard.training.run_config import RunConfig
@@ -102,6 +102,8 @@ class _TrainingRun:
     def _plan(self, context: Context | None) -> launcher.KubernetesPlan:
         self._check_config_path()
         cfg = RunConfig.load(self.config_path)
+        if cfg.data is None:  # plan_kubernetes always writes it
+            raise PermanentError(f"{self.config_path} names no prepared data: plan_kubernetes did not write it")
         plan = self._launcher(context).plan
         return plan(self.job_spec, cfg.data, run_dir=self._run_dir, config_path=self.config_path)
 

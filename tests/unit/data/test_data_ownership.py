@@ -5,7 +5,7 @@ import multiprocessing
 
 import pytest
 
-from datafiles import write_files
+from datafiles import prepared_in, write_files
 from trainyard import pipeline
 from trainyard.data import ownership
 from trainyard.data.classification import digits_files
@@ -170,7 +170,7 @@ def test_a_later_task_s_training_plan_is_its_run_s_own_whatever_its_xcom_says(tr
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
     job, other = _job("nlp", "digits", "sklearn_digits"), _job("vision", "digits", "sklearn_digits")
     key = "train_pipeline.nlp/r1"
-    data = {"path": str(trainyard_home)}
+    data = prepared_in(trainyard_home)
     plan = pipeline.plan_training(job, pipeline.resolve_dataset(job), data, key)
     theirs = pipeline.plan_training(other, pipeline.resolve_dataset(other), data, "train_pipeline.vision/r1")
     xcom = plan.model_dump()
@@ -275,7 +275,7 @@ def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_th
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
     job, other = _job("nlp", "digits", "sklearn_digits"), _job("vision", "digits", "sklearn_digits")
-    data = {"path": str(trainyard_home)}
+    data = prepared_in(trainyard_home)
     plan = pipeline.plan_training(job, pipeline.resolve_dataset(job), data, RUN)
     theirs = pipeline.plan_training(other, pipeline.resolve_dataset(other), data, "train_pipeline.vision/r1")
     trained = _training(plan.mlflow_run_id, plan.run_dir, tensorboard_dir=plan.tensorboard_dir)

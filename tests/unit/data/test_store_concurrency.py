@@ -182,6 +182,6 @@ def test_concurrent_prepares_of_one_split_all_succeed(tmp_path):
     check_leakage({"train": ["a"], "val": ["b"]})  # great-expectations imported before the fork, as above
     out = _run_together(_prepare_worker, lambda i: (tmp_path / "prepared",), n=4)
     assert all(status == "ok" for status, _ in out.values()), out
-    manifests = [{k: v for k, v in m.items() if k != "cached"} for _, m in out.values()]
+    manifests = [m.model_dump(exclude={"cached"}) for _, m in out.values()]
     assert all(m == manifests[0] for m in manifests)
     assert [p.name for p in (tmp_path / "prepared").iterdir()] == [manifests[0]["path"].rsplit("/", 1)[1]]

@@ -12,6 +12,7 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout, TaskDeferralTimeout, TaskDeferred
 from kube_fake import FakeKubernetes
 
+from datafiles import prepared_in
 from trainyard.spec import parse_spec, safe_key
 from trainyard.training import usage
 from trainyard.training.launchers import kubernetes as K
@@ -67,7 +68,7 @@ def run(tmp_path, monkeypatch):
         ``config_path`` to that)."""
         folder = home / "runs" / parse_spec(spec).name / safe_key(run_key)
         folder.mkdir(parents=True, exist_ok=True)
-        cfg = RunConfig(spec=parse_spec(spec), data={"path": str(prepared)}, out_dir=str(folder))
+        cfg = RunConfig(spec=parse_spec(spec), data=prepared_in(prepared), out_dir=str(folder))
         return str(cfg.dump(folder / "run_config.json"))
 
     return SimpleNamespace(home=home, run_dir=run_dir, config=config)

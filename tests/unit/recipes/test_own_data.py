@@ -43,19 +43,19 @@ def test_own_coco_data_of_another_size(trainyard_home, tmp_path, fmt):
     )
     assert len(docs) == 2  # Data Docs of the box suite and of the image suite
     data = pipeline.prepare_data(spec, ds)
-    assert sum(data["counts"].values()) == 30
-    keys, _, images, meta = formats.read(fmt, data["train"])
+    assert sum(data.counts.values()) == 30
+    keys, _, images, meta = formats.read(fmt, data.train)
     assert images.shape[1:] == (64, 64, 3) and meta["image_size"] == 64
     coco = json.loads((folder / "annotations.json").read_text())
     by_image = {}
     for a in coco["annotations"]:
         by_image.setdefault(a["image_id"], []).append(a["bbox"])
-    for key, target in zip(keys, formats.read_with_targets(fmt, data["train"])[4], strict=True):
+    for key, target in zip(keys, formats.read_with_targets(fmt, data.train)[4], strict=True):
         assert key == f"image-{target['image_id']}" and (target["width"], target["height"]) == (48, 48)
         assert target["boxes"] == by_image.get(target["image_id"], [])
     # another input size is another prepared copy, never a stale cache hit
     bigger = _spec("centernet_detector", "mycoco", fmt, recipe_options={"image_size": 96})
-    assert pipeline.prepare_data(bigger, ds)["path"] != data["path"]
+    assert pipeline.prepare_data(bigger, ds).path != data.path
 
 
 def test_own_jsonl_parallel_text(trainyard_home, tmp_path):
@@ -68,7 +68,7 @@ def test_own_jsonl_parallel_text(trainyard_home, tmp_path):
     ds = pipeline.resolve_dataset(spec)
     assert pipeline.validate_data(spec, ds, "run-1")["success"]
     data = pipeline.prepare_data(spec, ds)
-    targets = formats.read_with_targets("lmdb", data["val"])[4] + formats.read_with_targets("lmdb", data["train"])[4]
+    targets = formats.read_with_targets("lmdb", data.val)[4] + formats.read_with_targets("lmdb", data.train)[4]
     assert sorted(t["target"] for t in targets) == sorted(r["target"] for r in rows)
 
 

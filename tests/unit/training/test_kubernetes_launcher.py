@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 from kubernetes import client as k8s
 
+from datafiles import prepared_in
 from trainyard import TRAINER_IMAGE
 from trainyard.spec import JobSpec, SpecError, parse_spec
 from trainyard.training import custom
@@ -359,13 +360,7 @@ def worker_home(tmp_path):
     prepared = home / "cache" / "prepared" / "abc"
     prepared.mkdir(parents=True)
     (prepared / "manifest.json").write_text("{}")
-    data = {
-        "path": str(prepared),
-        "train": str(prepared / "train.lmdb"),
-        "val": str(prepared / "val.lmdb"),
-        "counts": {"train": 8, "val": 2},
-        "commit": "c" * 64,
-    }
+    data = prepared_in(prepared)
     run_dir = home / "runs" / "digits" / "run1"
     run_dir.mkdir(parents=True)
 
@@ -403,12 +398,13 @@ def test_plan_gives_the_pods_the_shared_volumes_paths(worker_home, nodes, strate
     assert pod_config.out_dir == "/var/trainyard/runs/digits/run1/work"
     # every trainer reports through the metrics file in work/, relayed at collect: no tracking store named
     assert pod_config.metrics_file == "/var/trainyard/runs/digits/run1/work/metrics.jsonl"
-    assert pod_config.data == {
-        **cfg.data,
-        "path": "/var/trainyard/cache/prepared/abc",
-        "train": "/var/trainyard/cache/prepared/abc/train.lmdb",
-        "val": "/var/trainyard/cache/prepared/abc/val.lmdb",
-    }
+    assert pod_config.data == cfg.data.model_copy(
+        update={
+            "path": "/var/trainyard/cache/prepared/abc",
+            "train": "/var/trainyard/cache/prepared/abc/train.lmdb",
+            "val": "/var/trainyard/cache/prepared/abc/val.lmdb",
+        }
+    )
     assert pod_config.tracking_uri is None
     assert pod_config.tensorboard_dir == "/var/trainyard/tensorboard/digits"
     assert pod_config.spec == cfg.spec and pod_config.mlflow_run_id == "r1"
@@ -437,7 +433,7 @@ def test_plan_gives_the_pods_the_shared_volumes_paths(worker_home, nodes, strate
 def test_plan_refuses_data_outside_the_shared_volume(worker_home, tmp_path):
     home, config = worker_home
     cfg, config_path = config(spec_for(STRATEGIES["custom"][0]))
-    elsewhere = {**cfg.data, "path": str(tmp_path / "not-shared")}
+    elsewhere = cfg.data.model_copy(update={"path": str(tmp_path / "not-shared")})
     with pytest.raises(K.PermanentError, match="not under TRAINYARD_HOME"):
         run_dir = _run_dir(config_path)
         K.KubernetesLauncher(RUN_KEY, 1, home).plan(cfg.spec, elsewhere, run_dir=run_dir, config_path=config_path)

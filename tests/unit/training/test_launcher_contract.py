@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
+from datafiles import prepared_in
 from trainyard.spec import JobSpec, parse_spec
 from trainyard.training import custom, usage
 from trainyard.training.launchers.base import Interval, Launcher
@@ -61,8 +62,9 @@ def _run(case: Case, raw: dict):
     data_dir.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = case.spec(raw)
-    config = RunConfig(spec=spec, data={"path": str(data_dir)}, out_dir=str(run_dir)).dump(run_dir / "run_config.json")
-    return spec, {"path": str(data_dir)}, data_dir, run_dir, str(config)
+    data = prepared_in(data_dir)
+    config = RunConfig(spec=spec, data=data, out_dir=str(run_dir)).dump(run_dir / "run_config.json")
+    return spec, data, data_dir, run_dir, str(config)
 
 
 def test_a_plan_is_a_function_of_its_inputs(case):

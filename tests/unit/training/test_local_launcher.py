@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from datafiles import prepared_in
 from trainyard.errors import PermanentError
 from trainyard.spec import parse_spec
 from trainyard.training import usage
@@ -217,7 +218,7 @@ def _custom(tmp_path: Path, code: str):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (tmp_path / "prepared").mkdir()
-    return spec, {"path": str(tmp_path / "prepared")}, run_dir
+    return spec, prepared_in(tmp_path / "prepared"), run_dir
 
 
 def test_no_worker_gets_the_tasks_secrets():
@@ -262,7 +263,7 @@ def test_launch_runs_the_command_with_the_platform_env_and_records_the_try(tmp_p
     local.launch(spec, data, run_dir=str(run_dir), config_path=str(run_dir / "run_config.json"), on_line=lines.append)
     (env_line,) = [line for line in lines if "TRAINYARD_DATA_DIR" in line]
     env = json.loads(env_line[env_line.index("{") :])
-    assert env["TRAINYARD_DATA_DIR"] == data["path"] and env["TRAINYARD_OUTPUT_DIR"] == str(run_dir / "work")
+    assert env["TRAINYARD_DATA_DIR"] == data.path and env["TRAINYARD_OUTPUT_DIR"] == str(run_dir / "work")
     (record,) = usage.tries(run_dir)
     assert (record["attempt"], record["gpus"], record["where"]) == (1, 1, "local")
     assert 0 < record["ended"] - record["started"] < 120
@@ -310,13 +311,13 @@ def test_a_run_once_sandboxed_is_not_resumed_outside_the_sandbox(tmp_path, monke
 
     monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "no sandbox users")
     spec = parse_spec({})
-    config = RunConfig(spec=spec, data={"path": DATA}, out_dir=str(tmp_path / "work")).dump(tmp_path / "run.json")
+    config = RunConfig(spec=spec, data=prepared_in(DATA), out_dir=str(tmp_path / "work")).dump(tmp_path / "run.json")
     launcher = local.LocalLauncher(Host(0, 2, {}, "/p"))
-    plan = launcher.plan(spec, {"path": DATA}, run_dir=str(tmp_path), config_path=str(config))
+    plan = launcher.plan(spec, prepared_in(DATA), run_dir=str(tmp_path), config_path=str(config))
     assert not plan.sandboxed and plan.unsandboxed_because == "no sandbox users"
     (tmp_path / local.SANDBOXED_MARK).touch()
     with pytest.raises(sandbox.SandboxError, match="resumed only inside one; this host cannot sandbox now"):
-        launcher.plan(spec, {"path": DATA}, run_dir=str(tmp_path), config_path=str(config))
+        launcher.plan(spec, prepared_in(DATA), run_dir=str(tmp_path), config_path=str(config))
 
 
 def test_the_workers_are_stopped_when_the_job_loses_its_admission():

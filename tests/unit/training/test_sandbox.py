@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from datafiles import prepared_in
 from trainyard.training.launchers import sandbox
 from trainyard.training.launchers.local import run
 
@@ -243,7 +244,7 @@ def test_a_custom_command_is_refused_where_there_is_no_sandbox(monkeypatch, trai
     with pytest.raises(sandbox.SandboxUnavailable, match="does not run as root"):
         check_worker(spec)  # the DAG's first task, on the worker
     with pytest.raises(sandbox.SandboxUnavailable, match="does not run as root"):
-        LocalLauncher().plan(spec, {"path": "/d"}, run_dir=str(trainyard_home / "r"), config_path="c.json")
+        LocalLauncher().plan(spec, prepared_in("/d"), run_dir=str(trainyard_home / "r"), config_path="c.json")
     check_worker(validate_spec({**raw, "backends": {"launcher": "kubernetes"}}))
 
 

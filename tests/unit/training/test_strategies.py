@@ -14,7 +14,7 @@ from trainyard.training.strategies.base import cuda_device
     "name, cls", [("ddp", "DDPStrategy"), ("horovod", "HorovodStrategy"), ("deepspeed", "DeepSpeedStrategy")]
 )
 def test_the_spec_picks_the_strategy(tmp_path, name, cls):
-    cfg = RunConfig(spec=parse_spec({"distributed": {"strategy": name}}), data={}, out_dir=str(tmp_path))
+    cfg = RunConfig(spec=parse_spec({"distributed": {"strategy": name}}), out_dir=str(tmp_path))
     strategy = strategies.for_run(cfg)  # constructing imports no framework and starts nothing
     assert type(strategy).__name__ == cls and strategy.name == name
     assert strategy.ckpts.dir == tmp_path / "checkpoints"
@@ -32,7 +32,7 @@ def test_a_world_of_one_has_no_process_group(tmp_path, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # torchrun --nproc_per_node=1 sets it
-    strategy = strategies.for_run(RunConfig(spec=parse_spec({}), data={}, out_dir=str(tmp_path)))
+    strategy = strategies.for_run(RunConfig(spec=parse_spec({}), out_dir=str(tmp_path)))
     strategy.init()
     strategy.prepare(torch.nn.Linear(2, 1), total_steps=4)
     assert not dist.is_initialized() and strategy.forward is strategy.model

@@ -22,7 +22,7 @@ def mlflow_run(tmp_path_factory):
 
 
 def _cfg(tmp_path, **kw) -> RunConfig:
-    return RunConfig(spec=JobSpec(), data={}, out_dir=str(tmp_path), **kw)
+    return RunConfig(spec=JobSpec(), out_dir=str(tmp_path), **kw)
 
 
 def test_windows_of_tensors_reach_mlflow_and_tensorboard(tmp_path, mlflow_run):
@@ -76,7 +76,7 @@ def test_histograms_due_while_the_thread_bins_earlier_ones_are_skipped_and_said_
     monkeypatch.setattr(tracking.Tracker, "_run", lambda self: (release.wait(), stuck_run(self)))
     spec = parse_spec({"tracking": {"histogram_every_steps": 1}})
     board = tmp_path / "tb"
-    tracker = Tracker(RunConfig(spec=spec, data={}, out_dir=str(tmp_path), tensorboard_dir=str(board)))
+    tracker = Tracker(RunConfig(spec=spec, out_dir=str(tmp_path), tensorboard_dir=str(board)))
     model = torch.nn.Linear(3, 2)
     for step in range(1, 6):
         tracker.histograms(step, model)

@@ -21,11 +21,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainyard.errors import PermanentError
 from trainyard.spec import JobSpec
 from trainyard.training import usage
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Launcher(ABC):
     where: ClassVar[str]
 
     @abstractmethod
-    def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> Any:
+    def plan(self, spec: JobSpec, data: PreparedData, *, run_dir: str, config_path: str) -> Any:
         """What will run. No side effect but idempotent files the workers read."""
 
     @abstractmethod

@@ -49,7 +49,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import client as k8s
 
@@ -61,6 +61,9 @@ from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher, time_left
 from trainyard.training.run_config import RunConfig, work_dir
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 TRAINER_UID = 50000  # the user the trainer image runs as (Dockerfile ARG TRAINER_UID)
 TRAINYARD_HOME = "/var/trainyard"  # the data PVC's mount point in every pod
@@ -489,9 +492,11 @@ def pod_run_config(cfg: RunConfig, home: str | Path) -> RunConfig:
     Every trainer, built-in or custom, reports through the metrics file in ``work/``, which the platform
     relays to MLflow and TensorBoard when the pods end (``collect_kubernetes``): a pod mounts neither
     store (:func:`run_mounts`), and the config names no tracking URI."""
-    raw = {k: v for k, v in cfg.to_json().items() if k != "spec"}
+    raw = {k: v for k, v in cfg.to_json().items() if k not in ("spec", "data")}
     raw.update(tracking_uri=None)
-    return RunConfig(spec=cfg.spec, **_rewrite(raw, Path(home).resolve()))
+    home = Path(home).resolve()
+    data = None if cfg.data is None else type(cfg.data).model_validate(_rewrite(cfg.data.model_dump(mode="json"), home))
+    return RunConfig(spec=cfg.spec, data=data, **_rewrite(raw, home))
 
 
 def running_interval(pods: Iterable[k8s.V1Pod], *, now: float | None = None) -> Interval | None:
@@ -537,7 +542,7 @@ class KubernetesLauncher(Launcher):
     ) -> None:
         self.run_key, self.attempt, self.home, self.resources = run_key, attempt, Path(home), resources
 
-    def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> KubernetesPlan:
+    def plan(self, spec: JobSpec, data: PreparedData, *, run_dir: str, config_path: str) -> KubernetesPlan:
         """Writes the pods' run config next to ``config_path`` (idempotent) and builds the objects; SpecError
         if the team's policy does not allow the namespace, service account, image or env (checked again
         here, where the pods are made)."""
@@ -549,7 +554,7 @@ class KubernetesLauncher(Launcher):
         cfg.dump(pod_config)
         Path(work_dir(run_dir)).mkdir(exist_ok=True)  # where the workers write (on the shared volume)
         config = in_pod(pod_config, self.home)
-        data_dir = in_pod(data["path"], self.home)
+        data_dir = in_pod(data.path, self.home)
         inputs = [in_pod(p, self.home) for p in recipes.worker_inputs(spec)]
         request = PodRequest(spec, self.run_key, config, self.attempt, self.resources, data_dir, tuple(inputs))
         if spec.resources.nodes == 1:

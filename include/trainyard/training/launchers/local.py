@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainyard import paths
 from trainyard.errors import RetryableError
@@ -40,6 +41,9 @@ from trainyard.training.launchers.base import (
 from trainyard.training.launchers.command import Command, Host, local_command, torchrun_argv
 from trainyard.training.metrics import LiveRelay
 from trainyard.training.run_config import RunConfig, work_dir
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 __all__ = [
     "LaunchError",
@@ -120,7 +124,7 @@ class LocalLauncher(Launcher):
         self.host = host
         self.workers_started: float | None = None  # once a sandbox user is had: the try's GPU time starts
 
-    def plan(self, spec: JobSpec, data: dict, *, run_dir: str, config_path: str) -> LocalPlan:
+    def plan(self, spec: JobSpec, data: PreparedData, *, run_dir: str, config_path: str) -> LocalPlan:
         """MaxHoursReached if the run's earlier tries used all of ``resources.max_hours``; SpecError if its
         team's policy does not allow it (checked again here, where the command is started).
 
@@ -135,7 +139,7 @@ class LocalLauncher(Launcher):
         check_policy(spec, resources)
         if spec.recipe == "custom":
             sandbox.require()
-            why, readable = None, [data["path"]]
+            why, readable = None, [data.path]
         else:
             why = sandbox.unavailable_reason()
             if why and (Path(run_dir) / SANDBOXED_MARK).exists():
@@ -144,14 +148,14 @@ class LocalLauncher(Launcher):
                     f"written by a sandbox user, and they are resumed only inside one; this host cannot sandbox "
                     f"now: {why}"
                 )
-            readable = [data["path"], config_path, *map(str, recipes.worker_inputs(spec))]
+            readable = [data.path, config_path, *map(str, recipes.worker_inputs(spec))]
         left = time_left(spec, run_dir)
         cfg = RunConfig.load(config_path) if Path(config_path).is_file() else None
         command = local_command(
             spec,
             self.host or this_host(),
             config_path=config_path,
-            data_dir=data["path"],
+            data_dir=data.path,
             run_dir=run_dir,
             trial=cfg is not None and cfg.trial_objective is not None,
         )
@@ -231,7 +235,7 @@ class LocalLauncher(Launcher):
 
 def launch(
     spec: JobSpec,
-    data: dict,
+    data: PreparedData,
     *,
     run_dir: str,
     config_path: str,
