@@ -123,20 +123,20 @@ def prepare_records(
             files[name] = formats.filename(name, fmt)
             counts[name] = formats.write(fmt, tmp / files[name], (record(k) for k in sorted(ks)), meta)
         classes = meta.get("classes")
-        manifest = PreparedData(
-            commit=commit,
-            format=fmt,
-            val_fraction=val_fraction,
-            test_fraction=test_fraction,
-            seed=seed,
-            variant=variant,
-            counts=counts,
-            path=str(out),
-            classes=classes,
-            num_classes=None if classes is None else len(classes),
-            train=str(out / files["train"]),
-            val=str(out / files["val"]),
-            test=str(out / files["test"]) if "test" in files else None,
+        manifest = PreparedData.model_validate(
+            {
+                "commit": commit,
+                "format": fmt,
+                "val_fraction": val_fraction,
+                "test_fraction": test_fraction,
+                "seed": seed,
+                "variant": variant,
+                "counts": counts,
+                "path": str(out),
+                "classes": classes,
+                "num_classes": None if classes is None else len(classes),
+                **{name: str(out / f) for name, f in files.items()},  # train, val and test where there is one
+            }
         )
         (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=1, exclude={"cached"}, exclude_none=True))
         publish_dir(tmp, out)  # a concurrent preparer that finished first is success: its copy is equal
