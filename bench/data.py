@@ -30,6 +30,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 from child_process import child_result
 
@@ -77,17 +81,36 @@ def write_split(path: Path, fmt: str, samples: int) -> None:
     formats.write(fmt, path, records, meta)
 
 
+def split_files(fmt: str, train: Path, val: Path, samples: dict[str, int]) -> PreparedData:
+    """The record of a train and a val split that write_split wrote (``samples``: each one's count), as the
+    trainer's data path reads a prepared commit's."""
+    from trainyard.data.prepare import PreparedData
+
+    return PreparedData(
+        commit="b" * 64,
+        format=fmt,
+        val_fraction=samples["val"] / (samples["train"] + samples["val"]),
+        test_fraction=0.0,
+        seed=0,
+        counts=samples,
+        path=str(train.parent),
+        train=str(train),
+        val=str(val),
+    )
+
+
 def child(data_json: str, cache_mb: int, workers: int) -> None:
     """One epoch of rank 0 of 2 through the trainer's data path; prints JSON."""
     import torch
     from torch.utils.data import DataLoader
 
     from trainyard import recipes
+    from trainyard.data.prepare import PreparedData
     from trainyard.spec import parse_spec
     from trainyard.training.data import ShardSampler, already_batched
     from trainyard.training.run_config import RunConfig
 
-    data = json.loads(data_json)
+    data = PreparedData.model_validate_json(data_json)
     spec = parse_spec({"dataset": {"memory_cache_mb": cache_mb, "loader_workers": workers}})
     base = anon_kb()
     with PeakMemory() as peak:
@@ -149,7 +172,9 @@ def evict(path: Path) -> None:
             os.close(fd)
 
 
-def train_under_limit(data: dict, out: Path, limit_mb: int, cache_mb: int) -> tuple[int, float, float | None, str]:
+def train_under_limit(
+    data: PreparedData, out: Path, limit_mb: int, cache_mb: int
+) -> tuple[int, float, float | None, str]:
     """One epoch of the digits recipe through the real worker (torchrun, 1 process) in a memory cgroup of
     ``limit_mb``; (exit code, the cgroup's peak MB, samples/s or None when it did not finish, its log)."""
     import memory_cgroup
@@ -173,8 +198,8 @@ def train_under_limit(data: dict, out: Path, limit_mb: int, cache_mb: int) -> tu
     return proc.returncode, peak / (1 << 20), speed, proc.stdout + proc.stderr
 
 
-def run_child(data: dict, cache_mb: int, workers: int) -> dict:
-    return child_result([__file__, "--child", json.dumps(data), str(cache_mb), str(workers)])
+def run_child(data: PreparedData, cache_mb: int, workers: int) -> dict:
+    return child_result([__file__, "--child", data.model_dump_json(), str(cache_mb), str(workers)])
 
 
 def main() -> None:
@@ -207,7 +232,7 @@ def main() -> None:
             for scale in args.scales:
                 path = Path(tmp) / formats.filename(f"train-{scale}", fmt)
                 write_split(path, fmt, args.samples * scale)
-                data = {"format": fmt, "train": str(path), "val": str(val)}
+                data = split_files(fmt, path, val, {"train": args.samples * scale, "val": 500})
                 size_mb = formats.size_bytes(path) / (1 << 20)
                 streamed = {w: run_child(data, 0, w) for w in args.workers}
                 held = run_child(data, int(size_mb) + 1, 0)
@@ -238,9 +263,10 @@ def train_limited(limit_mb: int, tmp: Path) -> None:
     probe = tmp / "probe.lmdb"
     write_split(probe, "lmdb", 4096)
     per_sample = formats.size_bytes(probe) / 4096
-    write_split(tmp / "limited.lmdb", "lmdb", int(limit_mb * 1.25 * (1 << 20) / per_sample))
-    write_split(tmp / "limited-val.lmdb", "lmdb", 500)
-    data = {"format": "lmdb", "train": str(tmp / "limited.lmdb"), "val": str(tmp / "limited-val.lmdb")}
+    limited = int(limit_mb * 1.25 * (1 << 20) / per_sample)
+    data = split_files("lmdb", tmp / "limited.lmdb", tmp / "limited-val.lmdb", {"train": limited, "val": 500})
+    write_split(Path(data.train), "lmdb", limited)
+    write_split(Path(data.val), "lmdb", 500)
     size_mb = formats.size_bytes(tmp / "limited.lmdb") / (1 << 20)
     print(f"training one epoch of a {size_mb:.0f} MB split in a {limit_mb} MB memory cgroup (torchrun + 1 worker):")
     for cache_mb in (0, int(size_mb) + 1):

@@ -31,7 +31,7 @@ import torch
 
 from trainyard import recipes
 from trainyard.data import classification, photos, shapes, synthetic_text
-from trainyard.data.prepare import prepare_records
+from trainyard.data.prepare import PreparedData, prepare_records
 from trainyard.export import onnx_export
 from trainyard.export.onnx_export import ExportFailed, one_weight_perturbed
 from trainyard.spec import ExportSpec, JobSpec
@@ -50,7 +50,7 @@ DATASETS = {
 OPTIONS = {"resnet_classifier": {"depth": 10, "width": 16, "image_size": 32}}
 
 
-def prepared(name: str, root: Path) -> tuple[object, JobSpec, dict]:
+def prepared(name: str, root: Path) -> tuple[object, JobSpec, PreparedData]:
     recipe = recipes.get(name)
     spec = JobSpec(recipe=name, recipe_options=OPTIONS.get(name, {}), gates=())
     options = recipe.opts(spec)
@@ -63,7 +63,7 @@ def prepared(name: str, root: Path) -> tuple[object, JobSpec, dict]:
     return recipe, spec, data
 
 
-def train(recipe, spec: JobSpec, data: dict, seed: int, steps: int, out: Path) -> Path:
+def train(recipe, spec: JobSpec, data: PreparedData, seed: int, steps: int, out: Path) -> Path:
     torch.manual_seed(seed)
     cfg = RunConfig(spec=spec, data=data, out_dir=str(out))
     dataset, _, meta = recipe.load(cfg)
@@ -87,7 +87,7 @@ def train(recipe, spec: JobSpec, data: dict, seed: int, steps: int, out: Path) -
     return path
 
 
-def verdict(recipe, spec: JobSpec, model_path: Path, data: dict, out: Path, fraction: float | None) -> dict:
+def verdict(recipe, spec: JobSpec, model_path: Path, data: PreparedData, out: Path, fraction: float | None) -> dict:
     """recipe.export's record and whether the gate passed; with ``fraction``, through an exporter that
     writes the model with one weight perturbed."""
     real = onnx_export.export

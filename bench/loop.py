@@ -78,6 +78,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 GOAL = 0.97  # trainyard's samples/s against the hand loop's (issue 10)
 SIDES = ("hand", "tracked", "untracked")
@@ -88,7 +92,7 @@ CHECKPOINT_MS = re.compile(r"\bcheckpoint_ms ([\d.]+)")  # the hand loop's save,
 BLOCK = 8  # rounds per block of the bootstrap: about 6 s, longer than most bursts of interference
 
 
-def hand_worker(data: dict, out: Path, epochs: int) -> None:
+def hand_worker(data: PreparedData, out: Path, epochs: int) -> None:
     """What someone would write by hand for the same job: DataLoader + DistributedSampler, DDP, SGD, cosine;
     after each epoch, rank 0 saves a checkpoint (``torch.save`` of model, optimizer and schedule, over one
     file, no fsync) and computes the validation accuracy and loss, as the JobSpec's defaults ask of
@@ -156,7 +160,7 @@ def hand_worker(data: dict, out: Path, epochs: int) -> None:
         dist.destroy_process_group()
 
 
-def prepare(root: Path) -> dict:
+def prepare(root: Path) -> PreparedData:
     from trainyard.data.classification import digits_files
     from trainyard.recipes.digits import prepare_classification
 
@@ -354,7 +358,9 @@ def start(side: str, out: Path, nproc: int, epochs: int, mlflow: tuple[str, str]
     tracked = side == "tracked"
     metrics_file = str(metrics_path(out)) if tracked else None
     histogram_dir = str(work / "tensorboard") if tracked else None  # as plan_training sets it
-    data = json.loads((root / "data.json").read_text())
+    from trainyard.data.prepare import PreparedData
+
+    data = PreparedData.model_validate_json((root / "data.json").read_text())
     config = RunConfig(
         spec=spec, data=data, out_dir=str(work), metrics_file=metrics_file, histogram_dir=histogram_dir
     ).dump(out / "run.json")
@@ -519,7 +525,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.hand_worker:
         data, out, epochs = args.hand_worker
-        hand_worker(json.loads(Path(data).read_text()), Path(out), int(epochs))
+        from trainyard.data.prepare import PreparedData
+
+        hand_worker(PreparedData.model_validate_json(Path(data).read_text()), Path(out), int(epochs))
         return
     if args.relay:
         relay_worker(*args.relay)
@@ -530,7 +538,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         root = Path(tmp)
-        (root / "data.json").write_text(json.dumps(prepare(root)))
+        (root / "data.json").write_text(prepare(root).model_dump_json())
         mlflow = mlflow_run(root)
         for nproc in args.procs:
             runs = [

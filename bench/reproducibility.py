@@ -25,8 +25,10 @@ sys.path.insert(0, str(REPO / "tests"))  # datafiles: the digits written as an i
 
 import torch  # noqa: E402
 
+from trainyard.data.prepare import PreparedData  # noqa: E402
 
-def train_once(prepared: dict, out: Path, procs: int, precision: str, epochs: int) -> tuple[dict, dict]:
+
+def train_once(prepared: PreparedData, out: Path, procs: int, precision: str, epochs: int) -> tuple[dict, dict]:
     """One training in the pipeline's run layout; (its result record, its final weights)."""
     from trainyard import pipeline
     from trainyard.spec import parse_spec

@@ -33,7 +33,7 @@ def test_a_split_bigger_than_the_limit_streams_and_the_held_one_is_killed(tmp_pa
     bench.write_split(val, "lmdb", 200)
     size_mb = formats.size_bytes(train) / (1 << 20)
     assert size_mb > 1.15 * LIMIT_MB
-    data = json.dumps({"format": "lmdb", "train": str(train), "val": str(val)})
+    data = bench.split_files("lmdb", train, val, {"train": 240_000, "val": 200}).model_dump_json()
 
     def epoch(cache_mb: int):
         for path in (train, val):

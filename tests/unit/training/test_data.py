@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from datafiles import prepared_in
 from trainyard.data import formats
 from trainyard.data.records import InMemory
 from trainyard.training.data import RecordDataset, ShardSampler, already_batched, load_split
@@ -15,7 +16,7 @@ def _split(tmp_path, fmt, n=50):
     path = tmp_path / formats.filename("train", fmt)
     records = [(f"k{i:03d}", i, np.full((2, 3), i, np.uint8), {"i": i}) for i in range(n)]
     formats.write(fmt, path, records, {"kind": "test"})
-    return {"format": fmt, "train": str(path)}
+    return prepared_in(tmp_path, {"train": n, "val": 0}, fmt)
 
 
 def _collate(batch):
