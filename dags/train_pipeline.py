@@ -438,9 +438,10 @@ def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
     the MLflow run (then the model version); a breach fails the run here."""
     from trainyard.evaluation.gate import GateFailed
     from trainyard.pipeline.evaluate import gate as check
+    from trainyard.pipeline.records import held_evaluation
 
     job_spec, held = _trained_job(spec, trained)
-    result = check(job_spec, metrics, _run_data(job_spec), held)
+    result = check(job_spec, held_evaluation(held, metrics), _run_data(job_spec), held)
     get_current_context()["ti"].xcom_push(key="gate_result", value=result)
     if not result["passed"] and not _spec(spec).replay_of:  # a replay measures; its verdict is recorded
         raise GateFailed(result["message"])
@@ -474,11 +475,12 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
     user = triggering_user() or "train_pipeline"
     # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it
     identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
-    from trainyard.pipeline.records import held_export
+    from trainyard.pipeline.records import held_evaluation, held_export
 
     job_spec, held = _trained_job(spec, trained)
     lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on
-    return run(job_spec, lineage, held, held_export(job_spec, held, exported), metrics, _run_key(), identity, user=user)
+    exported_model, measured = held_export(job_spec, held, exported), held_evaluation(held, metrics)
+    return run(job_spec, lineage, held, exported_model, measured, _run_key(), identity, user=user)
 
 
 @dag(

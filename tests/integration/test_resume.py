@@ -31,7 +31,7 @@ def _config(tmp_path, prepared, name) -> str:
     out = tmp_path / name
     out.mkdir()
     cfg = out / "run.json"
-    cfg.write_text(json.dumps({"spec": spec, "data": prepared, "out_dir": str(out)}))
+    cfg.write_text(json.dumps({"spec": spec, "data": prepared.model_dump(mode="json"), "out_dir": str(out)}))
     return str(cfg)
 
 

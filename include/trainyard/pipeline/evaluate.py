@@ -5,8 +5,9 @@ champion rules that decide whether the model goes on to export and registration.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
-from trainyard.pipeline.records import PreparedData, TrainingResult
+from trainyard.pipeline.records import PreparedData, TrainingResult, record_evaluation
 from trainyard.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -14,13 +15,18 @@ log = logging.getLogger(__name__)
 
 def evaluate(spec: JobSpec, trained: TrainingResult, data: PreparedData) -> dict:
     """The recipe's metrics on the val (and test) split, logged to the MLflow run; metric signatures
-    (BLEU tokenizer, COCO evaluator) become run tags ``eval.*``."""
+    (BLEU tokenizer, COCO evaluator) become run tags ``eval.*``. A custom command's are the last values it
+    reported, read again from its metrics file (not from the training's XCom). Either is recorded in the
+    run directory for the gate and the registration (:func:`trainyard.pipeline.records.held_evaluation`)."""
     from trainyard import recipes
     from trainyard.tracking import mlflow_tracking as mt
+    from trainyard.training import custom
 
     if spec.recipe == "custom":  # the program measured itself; the gate reads its last reports
-        log.info("evaluation (reported by the custom command): %s", trained.final_metrics)
-        return dict(trained.final_metrics)
+        reported = custom.collect(Path(trained.run_dir))["final_metrics"]
+        log.info("evaluation (reported by the custom command): %s", reported)
+        record_evaluation(trained, reported)
+        return reported
     recipe = recipes.get(spec.recipe)
     options = recipe.opts(spec)
     weights = trained.weights()
@@ -33,6 +39,7 @@ def evaluate(spec: JobSpec, trained: TrainingResult, data: PreparedData) -> dict
     for k, tag in info.items():
         c.set_tag(trained.mlflow_run_id, f"eval.{k}", tag)
     log.info("evaluation: %s %s", metrics, info)
+    record_evaluation(trained, metrics)
     return metrics
 
 

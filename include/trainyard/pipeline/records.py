@@ -227,7 +227,8 @@ def held_training(spec: JobSpec, run_key: str, value: Mapping[str, Any] | Traini
     one its workers leave there (``work/model.pt``, a custom command's ``work/model.onnx``: not another
     run's, whose lineage is another, nor a link its program left elsewhere in ``work/``), its MLflow run the
     run's. A sweep run's best trial is read from its study instead (:func:`trainyard.pipeline.trained_job`).
-    NotAllowed naming what is not. Its metrics are taken as they are."""
+    NotAllowed naming what is not. Its metrics are not read after it: ``evaluate`` measures (a custom
+    command's it reads again from its metrics file) and records them (:func:`held_evaluation`)."""
     from trainyard.training.run_config import work_dir
 
     held = from_xcom(TrainingResult, value, "training_result")
@@ -249,6 +250,50 @@ def held_export(spec: JobSpec, trained: TrainingResult, value: Mapping[str, Any]
     own = Path(trained.run_dir).resolve()
     _files_under(own, held.files(), f"the training it exported ({own})")
     return held
+
+
+EVALUATION_FILE = "evaluation.json"  # in the run directory: the metrics ``evaluate`` measured, as it wrote them
+
+
+def record_evaluation(trained: TrainingResult, metrics: Mapping[str, float]) -> None:
+    """``evaluate``'s metrics in the evaluated training's run directory (the platform's: its workers write in
+    ``work/`` only), where :func:`held_evaluation` reads them for the gate and the registration."""
+    import json
+
+    from trainyard.files import atomic_write
+
+    atomic_write(Path(trained.run_dir) / EVALUATION_FILE, json.dumps(dict(metrics), sort_keys=True).encode())
+
+
+def held_evaluation(trained: TrainingResult, value: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics ``evaluate`` recorded for the training ``trained`` (held already), which a later task
+    gates on and registers: not its XCom, which a member of the team may write. NotAllowed where that XCom
+    (``value``) says otherwise, PermanentError where ``evaluate`` recorded nothing for this training."""
+    import json
+
+    from trainyard.errors import PermanentError
+    from trainyard.teams import NotAllowed
+
+    path = Path(trained.run_dir) / EVALUATION_FILE
+    try:
+        recorded = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PermanentError(
+            f"evaluate recorded no metrics for the training in {trained.run_dir} ({EVALUATION_FILE} is missing): "
+            "clear evaluate so that it runs again"
+        ) from None
+    if not isinstance(value, Mapping):
+        raise NotAllowed(
+            "what this task was handed as evaluate's result is not a mapping of metrics: trigger the job again"
+        )
+    if json.loads(json.dumps(dict(value), sort_keys=True)) != recorded:
+        changed = sorted(k for k in {*value, *recorded} if value.get(k) != recorded.get(k))
+        named = ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else "")
+        raise NotAllowed(
+            f"what this task was handed as evaluate's result is not what evaluate recorded for this run "
+            f"({named} differ): evaluate's result was changed; trigger the job again"
+        )
+    return recorded
 
 
 def lineage_tags(dataset: PinnedDataset) -> dict[str, str]:

@@ -2,6 +2,7 @@
 source's public data. Checked at a job's data step, at an upload and by the ``trainyard data`` commands."""
 
 import multiprocessing
+from pathlib import Path
 
 import pytest
 
@@ -267,11 +268,19 @@ def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_th
 ):
     """evaluate, gate, export_onnx and register read training_result's XCom, register export_onnx's: each
     must be its record (nothing but its fields), every file it names the job's own and its MLflow run one
-    of the job's experiment; a refusal names what is wrong."""
+    of the job's experiment; gate and register gate on and register the metrics evaluate recorded, not its
+    XCom (a custom program's read again from its metrics file); a refusal names what is wrong."""
     import json
 
     from trainyard import paths
-    from trainyard.pipeline.records import ExportedModel, held_export, held_training
+    from trainyard.errors import PermanentError
+    from trainyard.pipeline.records import (
+        ExportedModel,
+        held_evaluation,
+        held_export,
+        held_training,
+        record_evaluation,
+    )
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
     job, other = _job("nlp", "digits", "sklearn_digits"), _job("vision", "digits", "sklearn_digits")
@@ -347,3 +356,28 @@ def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_th
     another_run = f"{earlier.run_dir}/model.onnx"  # the same job's, but not the training this run exported
     with pytest.raises(NotAllowed, match=f"{another_run} is not a file of the training it exported"):
         held_export(job, trained, {**ex_xcom, "onnx_path": another_run})
+
+    # gate and register read the metrics evaluate recorded in the run directory, not its XCom
+    with pytest.raises(PermanentError, match="evaluate recorded no metrics for the training in"):
+        held_evaluation(trained, {"val_accuracy": 0.9})
+    record_evaluation(trained, {"val_accuracy": 0.75, "val_loss": 0.5})
+    assert held_evaluation(trained, json.loads(json.dumps({"val_accuracy": 0.75, "val_loss": 0.5}))) == {
+        "val_accuracy": 0.75,
+        "val_loss": 0.5,
+    }
+    for forged, named in (
+        ({"val_accuracy": 0.99, "val_loss": 0.5}, "val_accuracy differ"),  # a gate it would not pass, passed
+        ({"val_accuracy": 0.75}, "val_loss differ"),  # a metric dropped
+        ({"val_accuracy": 0.75, "val_loss": 0.5, "val_map": 1.0}, "val_map differ"),  # one added
+    ):
+        with pytest.raises(NotAllowed, match=f"not what evaluate recorded for this run \\({named}\\)"):
+            held_evaluation(trained, forged)
+    with pytest.raises(NotAllowed, match="not a mapping of metrics"):
+        held_evaluation(trained, [0.75, 0.5])
+    # a custom program's metrics are read again from its own file, whatever training_result says of them
+    work = Path(plan.run_dir) / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "metrics.jsonl").write_text('{"step": 1, "score": 0.5}\n{"step": 2, "score": 0.25}\n')
+    claimed = trained.model_copy(update={"final_metrics": {"score": 0.99}})
+    assert pipeline.evaluate(job.model_copy(update={"recipe": "custom"}), claimed, data) == {"score": 0.25}
+    assert held_evaluation(trained, {"score": 0.25}) == {"score": 0.25}
