@@ -50,6 +50,8 @@ from trainyard_airflow.policy import training_priority
 from trainyard_airflow.team_dags import bundle_team, makes_dags
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from trainyard.pipeline.records import PinnedDataset, PreparedData, TrainingResult
     from trainyard.pipeline.train import LocalLaunch
 
@@ -177,20 +179,27 @@ def _linked(task_output: Any) -> Any:
     return task_output
 
 
-def _trained_job(spec: dict, trained: dict) -> tuple[JobSpec, TrainingResult]:
-    """The JobSpec of what was trained and the training's result (``training_result``'s XCom), held to this
-    run: a user may write XComs (:func:`trainyard.pipeline.trained_job`; a sweep's best trial is read from
-    its study)."""
+def _trained_job(spec: dict, trained: dict) -> tuple[JobSpec, TrainingResult, PreparedData]:
+    """What this run trained, for the steps after training: the training's result (``training_result``'s
+    XCom) held to this run (:func:`trainyard.pipeline.trained_job`; a sweep's best trial is read from its
+    study), and the JobSpec it trained with and the data it trained on, from its run config
+    (:func:`trainyard.pipeline.records.trained_with`): a user may write XComs."""
+    from trainyard.pipeline.records import trained_with
     from trainyard.pipeline.sweep import trained_job
 
-    return trained_job(_spec(spec), _run_key(), trained)
+    _, held = trained_job(_spec(spec), _run_key(), trained)
+    job_spec, data = trained_with(held)
+    return job_spec, held, data
 
 
-def _run_data(job_spec: JobSpec) -> PreparedData:
-    """The run's prepared data (:func:`_prepared`), from its pinned dataset (:func:`_dataset`): for the
-    steps after training, which are handed no dataset."""
-    dataset = get_current_context()["ti"].xcom_pull(task_ids="resolve_dataset")
-    return _prepared(job_spec, _dataset(job_spec, dataset))
+def _evaluated_here(job_spec: JobSpec) -> Path:
+    """This run's own directory, where ``evaluate`` records what it measured (a sweep's chosen trial may be
+    an earlier run's)."""
+    from trainyard.pipeline.records import run_dir
+
+    folder = run_dir(job_spec, _run_key())
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _leased(lease: Any) -> LocalLaunch:
@@ -424,11 +433,15 @@ def training_result() -> dict:
 @fail_permanently
 def evaluate(spec: dict, trained: dict, data: dict) -> dict:
     """The recipe's metrics on the val split (and the test split, if the spec keeps one), logged to the
-    MLflow run; a custom command's are the ones it reported."""
+    MLflow run and recorded in the run's directory for the gate and the registration; a custom command's
+    are the ones it reported."""
     from trainyard.pipeline.evaluate import evaluate as run
+    from trainyard.pipeline.records import record_evaluation
 
-    job_spec, held = _trained_job(spec, trained)
-    return run(job_spec, held, _run_data(job_spec))
+    job_spec, held, prepared = _trained_job(spec, trained)
+    metrics = run(job_spec, held, prepared)
+    record_evaluation(_evaluated_here(job_spec), held, metrics)
+    return metrics
 
 
 @task(multiple_outputs=False)
@@ -438,12 +451,14 @@ def gate(spec: dict, metrics: dict, data: dict, trained: dict) -> dict:
     the MLflow run (then the model version); a breach fails the run here."""
     from trainyard.evaluation.gate import GateFailed
     from trainyard.pipeline.evaluate import gate as check
-    from trainyard.pipeline.records import held_evaluation
+    from trainyard.pipeline.records import held_evaluation, record_verdict
 
-    job_spec, held = _trained_job(spec, trained)
-    result = check(job_spec, held_evaluation(held, metrics), _run_data(job_spec), held)
+    job_spec, held, prepared = _trained_job(spec, trained)
+    here = _evaluated_here(job_spec)
+    result = check(job_spec, held_evaluation(here, held, metrics), prepared, held)
+    record_verdict(here, result["passed"])
     get_current_context()["ti"].xcom_push(key="gate_result", value=result)
-    if not result["passed"] and not _spec(spec).replay_of:  # a replay measures; its verdict is recorded
+    if not result["passed"] and not job_spec.replay_of:  # a replay measures; its verdict is recorded
         raise GateFailed(result["message"])
     return result
 
@@ -457,11 +472,10 @@ def export_onnx(spec: dict, trained: dict, data: dict, _gate: dict) -> dict:
 
     from trainyard.pipeline.publish import export_onnx as run
 
-    if _spec(spec).replay_of:
-        raise AirflowSkipException(f"a replay of {_spec(spec).replay_of} exports and registers nothing")
-
-    job_spec, held = _trained_job(spec, trained)
-    return run(job_spec, held, _run_data(job_spec)).model_dump(mode="json")
+    job_spec, held, prepared = _trained_job(spec, trained)
+    if job_spec.replay_of:
+        raise AirflowSkipException(f"a replay of {job_spec.replay_of} exports and registers nothing")
+    return run(job_spec, held, prepared).model_dump(mode="json")
 
 
 @task(multiple_outputs=False, on_success_callback=[TeamNotifier(event="registered")])
@@ -476,11 +490,19 @@ def register(spec: dict, dataset: dict, trained: dict, exported: dict, metrics: 
     # the run's own spec (not a sweep's trial spec): a retraining job compares its next spec with it
     identity = {SPEC_DIGEST_TAG: spec_digest(_spec(spec))}
     from trainyard.pipeline.records import held_evaluation, held_export
+    from trainyard.teams import NotAllowed
 
-    job_spec, held = _trained_job(spec, trained)
-    lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on
-    exported_model, measured = held_export(job_spec, held, exported), held_evaluation(held, metrics)
-    return run(job_spec, lineage, held, exported_model, measured, _run_key(), identity, user=user)
+    job_spec, held, prepared = _trained_job(spec, trained)
+    lineage = _dataset(job_spec, dataset)  # what the version's lineage says it was trained on ...
+    if lineage.commit != prepared.commit:  # ... which must be what it trained on
+        raise NotAllowed(
+            f"resolve_dataset's commit {lineage.commit[:12]} is not the commit {prepared.commit[:12]} this run trained "
+            "on: resolve_dataset's result was changed; trigger the job again"
+        )
+    measured = held_evaluation(_evaluated_here(job_spec), held, metrics, passed_gate=True)
+    return run(
+        job_spec, lineage, held, held_export(job_spec, held, exported), measured, _run_key(), identity, user=user
+    )
 
 
 @dag(

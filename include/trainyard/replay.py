@@ -79,7 +79,7 @@ def recorded(c, model: str, version: str) -> Recorded:
         dependencies=deps.split() if deps is not None else None,
         dependencies_sha256=tags.get(DEPENDENCIES_TAG),
         metrics={m: float(logged.get(f"eval_{m}", tags[f"metric.{m}"])) for m in names},
-        rounded=frozenset(m for m in names if f"eval_{m}" not in logged),  # a custom program's, say
+        rounded=frozenset(m for m in names if f"eval_{m}" not in logged),  # registered before eval_* was logged
         trainer_dependencies=trainer.split() if trainer is not None else None,
     )
 
@@ -131,16 +131,30 @@ def check_environment(c, replay_of: str, exact: bool, code_version: str, depende
     return text if len(text) <= TAG_LIMIT else text[: TAG_LIMIT - 20] + "\n... (more)"
 
 
-def differences_of_run(c, experiment: str, run_key: str) -> list[str]:
-    """What the replay run ``run_key`` recorded of its environment's differences (none, or no such run)."""
+def _run_of(c, experiment: str, run_key: str):
+    """The MLflow run of the pipeline run ``run_key`` in ``experiment``, None if there is none."""
     from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG, quote
 
     found = c.get_experiment_by_name(experiment)
     if found is None:
-        return []
+        return None
     runs = c.search_runs([found.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = {quote(run_key)}", max_results=1)
-    text = runs[0].data.tags.get(DIFFERENCES_TAG, "none") if runs else "none"
+    return runs[0] if runs else None
+
+
+def differences_of_run(c, experiment: str, run_key: str) -> list[str]:
+    """What the replay run ``run_key`` recorded of its environment's differences (none, or no such run)."""
+    run = _run_of(c, experiment, run_key)
+    text = run.data.tags.get(DIFFERENCES_TAG, "none") if run else "none"
     return [] if text == "none" else text.splitlines()
+
+
+def evaluated(c, experiment: str, run_key: str) -> dict[str, float]:
+    """The metrics ``evaluate`` logged on the MLflow run of the replay run ``run_key`` (``eval_<metric>``:
+    the platform's record, not the task's XCom); none if it did not evaluate."""
+    run = _run_of(c, experiment, run_key)
+    logged = run.data.metrics if run else {}
+    return {name.removeprefix("eval_"): value for name, value in logged.items() if name.startswith("eval_")}
 
 
 def replay_conf(rec: Recorded, exact: bool = True) -> dict[str, Any]:

@@ -246,19 +246,6 @@ def submit(
     return run_id, follow(client, dag_id, run_id, poll_s=poll_s, queue_place=local_queue_place, streamed=streamed)
 
 
-def task_result(client: Any, dag_id: str, run_id: str, task_id: str) -> Any:
-    """A task's return value (its XCom), or None when it left none."""
-    import airflow_client.client as af
-
-    try:
-        entry = af.XComApi(client).get_xcom_entry(
-            dag_id=dag_id, task_id=task_id, dag_run_id=run_id, xcom_key="return_value", deserialize=True
-        )
-    except _api_errors():
-        return None
-    return getattr(entry.actual_instance, "value", None)  # the JSON (deserialize) or its text form
-
-
 def local_queue_place(job: str) -> str | None:
     """Where ``job`` stands in this host's admission queue (the embedded profile: the ledger is a file of
     ``TRAINYARD_HOME``), in the words ``trainyard queue`` uses; None when it is not waiting there."""

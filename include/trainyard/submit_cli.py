@@ -32,7 +32,7 @@ def cmd_replay(args) -> int:
     from trainyard.airflow_api import api_client, require_login
     from trainyard.errors import CommandError
     from trainyard.spec import JobSpec
-    from trainyard.submit import find_training_dag, submit, task_result
+    from trainyard.submit import find_training_dag, submit
     from trainyard.tracking import mlflow_tracking as mt
 
     c = mt.client()
@@ -44,7 +44,8 @@ def cmd_replay(args) -> int:
         conf = replay.replay_conf(rec, exact=not args.allow_different)
         dag_id = find_training_dag(client, JobSpec.model_validate(rec.spec).resources.team)
         run_id, state = submit(client, login.url, conf, dag_id, True, args.poll)
-        metrics = task_result(client, dag_id, run_id, "evaluate")  # also when a later task failed
+    # what evaluate logged on the run's MLflow run (also when a later task failed), not its XCom
+    metrics = replay.evaluated(c, rec.spec.get("name", ""), f"{dag_id}/{run_id}")
     for line in replay.differences_of_run(c, rec.spec.get("name", ""), f"{dag_id}/{run_id}"):
         print(f"differs (allowed): {line}", file=sys.stderr)
     if not metrics:

@@ -22,7 +22,9 @@ class PreparedData(BaseModel):
     that file, at the XCom boundary and in a training's run config; a later task of the pipeline reads it
     again from the cache, never from the XCom (``dags/train_pipeline.py``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # a field it does not know is a newer platform's (a manifest or run config it wrote): read past it. Never
+    # read from an XCom (the later tasks read it from the cache or the training's run config)
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     commit: str
     format: str  # a trainyard.data.formats name: lmdb, tfrecord

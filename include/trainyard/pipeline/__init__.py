@@ -10,9 +10,10 @@ train       ``plan_training``, ``launch_local``, ``collect_training``, ``train``
 sweep       ``plan_sweep``, ``train_trial``, ``close_sweep``, ``trained_job``
 evaluate    ``evaluate``, ``gate``
 publish     ``export_onnx``, ``register``
-records     ``PinnedDataset``, ``TrainingPlan``, ``TrainingResult``, ``ExportedModel`` (typed, JSON only at
-            the XCom: ``from_xcom``); ``run_dir``; ``held_plan``, ``held_training``, ``held_export``: what an
-            XCom hands on, held to the job and its run (and ``data.pinned_dataset``)
+records     ``PinnedDataset``, ``PreparedData``, ``TrainingPlan``, ``TrainingResult``, ``ExportedModel`` (typed,
+            JSON only at the XCom: ``from_xcom``); ``run_dir``; ``held_plan``, ``held_training``,
+            ``held_export``, ``held_evaluation``: what an XCom hands on, held to the job and its run (and
+            ``data.pinned_dataset``); ``trained_with``: the spec and data a training trained with
 =========== ======================================================================================
 
 The DAG only wires these together (turning each spec XCom back into a JobSpec once) and imports each

@@ -7,39 +7,40 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from trainyard.pipeline.records import PreparedData, TrainingResult, record_evaluation
+from trainyard.pipeline.records import PreparedData, TrainingResult
 from trainyard.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 
 def evaluate(spec: JobSpec, trained: TrainingResult, data: PreparedData) -> dict:
-    """The recipe's metrics on the val (and test) split, logged to the MLflow run; metric signatures
-    (BLEU tokenizer, COCO evaluator) become run tags ``eval.*``. A custom command's are the last values it
-    reported, read again from its metrics file (not from the training's XCom). Either is recorded in the
-    run directory for the gate and the registration (:func:`trainyard.pipeline.records.held_evaluation`)."""
+    """The recipe's metrics on the val (and test) split; a custom command's are the last values it
+    reported, read again from its metrics file (not from the training's XCom). Logged to the MLflow run as
+    ``eval_<metric>`` (what ``trainyard replay`` compares); metric signatures (BLEU tokenizer, COCO
+    evaluator) become run tags ``eval.*``. The DAG records them for the gate and the registration
+    (:func:`trainyard.pipeline.records.record_evaluation`)."""
     from trainyard import recipes
     from trainyard.tracking import mlflow_tracking as mt
     from trainyard.training import custom
 
+    info: dict[str, str] = {}
     if spec.recipe == "custom":  # the program measured itself; the gate reads its last reports
-        reported = custom.collect(Path(trained.run_dir))["final_metrics"]
-        log.info("evaluation (reported by the custom command): %s", reported)
-        record_evaluation(trained, reported)
-        return reported
-    recipe = recipes.get(spec.recipe)
-    options = recipe.opts(spec)
-    weights = trained.weights()
-    metrics, info = recipe.evaluate(weights, data, "val", options)
-    if data.test is not None:
-        metrics.update(recipe.evaluate(weights, data, "test", options)[0])
+        metrics = custom.collect(Path(trained.run_dir))["final_metrics"]
+    else:
+        recipe = recipes.get(spec.recipe)
+        options = recipe.opts(spec)
+        weights = trained.weights()
+        metrics, info = recipe.evaluate(weights, data, "val", options)
+        if data.test is not None:
+            metrics.update(recipe.evaluate(weights, data, "test", options)[0])
     c = mt.client()
     for k, v in metrics.items():
         c.log_metric(trained.mlflow_run_id, f"eval_{k}", v)
     for k, tag in info.items():
         c.set_tag(trained.mlflow_run_id, f"eval.{k}", tag)
-    log.info("evaluation: %s %s", metrics, info)
-    record_evaluation(trained, metrics)
+    log.info(
+        "evaluation%s: %s %s", " (reported by the custom command)" if spec.recipe == "custom" else "", metrics, info
+    )
     return metrics
 
 

@@ -252,48 +252,107 @@ def held_export(spec: JobSpec, trained: TrainingResult, value: Mapping[str, Any]
     return held
 
 
-EVALUATION_FILE = "evaluation.json"  # in the run directory: the metrics ``evaluate`` measured, as it wrote them
+EVALUATION_FILE = "evaluation.json"  # in the run's directory: what evaluate measured, and the gate's verdict on it
 
 
-def record_evaluation(trained: TrainingResult, metrics: Mapping[str, float]) -> None:
-    """``evaluate``'s metrics in the evaluated training's run directory (the platform's: its workers write in
-    ``work/`` only), where :func:`held_evaluation` reads them for the gate and the registration."""
+def trained_with(trained: TrainingResult) -> tuple[JobSpec, PreparedData]:
+    """The JobSpec the training ``trained`` (held already) trained with and the prepared data it trained on,
+    from the run config ``plan_training`` wrote in its run directory (its workers only read it): what the
+    steps after training evaluate, gate, export and register by, not the spec and dataset XComs, which a
+    member of the team may write (a split whose val rows are train rows, another commit)."""
+    from trainyard.errors import PermanentError
+    from trainyard.training.run_config import RUN_CONFIG_FILE, RunConfig
+
+    cfg = RunConfig.load(Path(trained.run_dir) / RUN_CONFIG_FILE)
+    if cfg.data is None:  # plan_training always writes it
+        raise PermanentError(f"{trained.run_dir}/{RUN_CONFIG_FILE} names no prepared data: train the job again")
+    return cfg.spec, cfg.data
+
+
+def _model_digest(trained: TrainingResult) -> str | None:
+    import hashlib
+
+    model = trained.model_file()
+    if model is None:
+        return None
+    with open(model, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def record_evaluation(run_key_dir: Path, trained: TrainingResult, metrics: Mapping[str, float]) -> None:
+    """``evaluate``'s metrics, with the model they measured (its MLflow run, its file's SHA-256), in the
+    evaluating run's directory ``run_key_dir`` (:func:`run_dir`: the platform's; its workers write in
+    ``work/`` only, a sweep's trials in their own), where :func:`held_evaluation` reads them for the gate
+    and the registration. A gate's verdict on them is added by :func:`record_verdict`."""
     import json
 
     from trainyard.files import atomic_write
 
-    atomic_write(Path(trained.run_dir) / EVALUATION_FILE, json.dumps(dict(metrics), sort_keys=True).encode())
+    record = {"metrics": dict(metrics), "mlflow_run_id": trained.mlflow_run_id, "model_sha256": _model_digest(trained)}
+    atomic_write(run_key_dir / EVALUATION_FILE, json.dumps(record, sort_keys=True).encode())
 
 
-def held_evaluation(trained: TrainingResult, value: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics ``evaluate`` recorded for the training ``trained`` (held already), which a later task
-    gates on and registers: not its XCom, which a member of the team may write. NotAllowed where that XCom
-    (``value``) says otherwise, PermanentError where ``evaluate`` recorded nothing for this training."""
+def _recorded(run_key_dir: Path) -> dict[str, Any]:
     import json
 
     from trainyard.errors import PermanentError
-    from trainyard.teams import NotAllowed
 
-    path = Path(trained.run_dir) / EVALUATION_FILE
     try:
-        recorded = json.loads(path.read_text())
+        return json.loads((run_key_dir / EVALUATION_FILE).read_text())
     except FileNotFoundError:
         raise PermanentError(
-            f"evaluate recorded no metrics for the training in {trained.run_dir} ({EVALUATION_FILE} is missing): "
-            "clear evaluate so that it runs again"
+            f"evaluate recorded no metrics for this run ({run_key_dir / EVALUATION_FILE} is missing): clear "
+            "evaluate so that it runs again"
         ) from None
+
+
+def record_verdict(run_key_dir: Path, passed: bool) -> None:
+    """The gate's verdict on the metrics :func:`record_evaluation` recorded (which it judged: read with
+    :func:`held_evaluation`), beside them: ``register`` registers only what the gate passed."""
+    import json
+
+    from trainyard.files import atomic_write
+
+    record = {**_recorded(run_key_dir), "gate_passed": passed}
+    atomic_write(run_key_dir / EVALUATION_FILE, json.dumps(record, sort_keys=True).encode())
+
+
+def held_evaluation(
+    run_key_dir: Path, trained: TrainingResult, value: Any, *, passed_gate: bool = False
+) -> dict[str, float]:
+    """The metrics ``evaluate`` recorded in the run's directory ``run_key_dir`` for the training
+    ``trained`` (held already), which a later task gates on and registers: not its XCom ``value``, which a
+    member of the team may write. NotAllowed where that XCom says otherwise, or the model is not the one
+    measured (a training run again since); ``passed_gate``: also where the gate did not pass them (its
+    state set by hand). PermanentError where ``evaluate`` recorded nothing."""
+    import json
+
+    from trainyard.teams import NotAllowed
+
+    recorded = _recorded(run_key_dir)
+    if (recorded.get("mlflow_run_id"), recorded.get("model_sha256")) != (trained.mlflow_run_id, _model_digest(trained)):
+        raise NotAllowed(
+            f"evaluate measured another model than the training in {trained.run_dir} has now: clear evaluate so "
+            "that it measures this one"
+        )
+    metrics = recorded["metrics"]
     if not isinstance(value, Mapping):
         raise NotAllowed(
             "what this task was handed as evaluate's result is not a mapping of metrics: trigger the job again"
         )
-    if json.loads(json.dumps(dict(value), sort_keys=True)) != recorded:
-        changed = sorted(k for k in {*value, *recorded} if value.get(k) != recorded.get(k))
+    if json.loads(json.dumps(dict(value), sort_keys=True)) != metrics:
+        changed = sorted(str(k)[:64] for k in {*value, *metrics} if value.get(k) != metrics.get(k))
         named = ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else "")
         raise NotAllowed(
             f"what this task was handed as evaluate's result is not what evaluate recorded for this run "
             f"({named} differ): evaluate's result was changed; trigger the job again"
         )
-    return recorded
+    if passed_gate and recorded.get("gate_passed") is not True:
+        raise NotAllowed(
+            "the gate has not passed the metrics evaluate recorded for this run (its task's state was set, or "
+            "evaluate ran again after it): clear gate so that it judges them"
+        )
+    return metrics
 
 
 def lineage_tags(dataset: PinnedDataset) -> dict[str, str]:

@@ -20,10 +20,13 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trainyard.data.prepare import PreparedData
 from trainyard.errors import PermanentError
 from trainyard.spec import JobSpec
+
+if TYPE_CHECKING:
+    from trainyard.data.prepare import PreparedData
 
 RUN_CONFIG_FILE = "run_config.json"  # in the run's directory: what its workers start from
 WORK_DIR = "work"  # in the run's directory: all its workers may write (the platform's files are beside it)
@@ -124,5 +127,7 @@ class RunConfig:
         raw = json.loads(Path(path).read_text())
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in raw.items() if k in known and k not in ("spec", "data")}
+        from trainyard.data.prepare import PreparedData
+
         data = None if raw.get("data") is None else PreparedData.model_validate(raw["data"])
         return cls(**fields, spec=JobSpec.model_validate(raw["spec"]), data=data)

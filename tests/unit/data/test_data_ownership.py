@@ -280,6 +280,8 @@ def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_th
         held_export,
         held_training,
         record_evaluation,
+        record_verdict,
+        trained_with,
     )
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_tracking_uri())
@@ -357,27 +359,45 @@ def test_a_later_task_s_training_result_and_export_are_the_job_s_own_whatever_th
     with pytest.raises(NotAllowed, match=f"{another_run} is not a file of the training it exported"):
         held_export(job, trained, {**ex_xcom, "onnx_path": another_run})
 
-    # gate and register read the metrics evaluate recorded in the run directory, not its XCom
-    with pytest.raises(PermanentError, match="evaluate recorded no metrics for the training in"):
-        held_evaluation(trained, {"val_accuracy": 0.9})
-    record_evaluation(trained, {"val_accuracy": 0.75, "val_loss": 0.5})
-    assert held_evaluation(trained, json.loads(json.dumps({"val_accuracy": 0.75, "val_loss": 0.5}))) == {
-        "val_accuracy": 0.75,
-        "val_loss": 0.5,
-    }
+    # gate and register read the metrics evaluate recorded in the run's directory, not its XCom, and only
+    # for the model it measured; register only what the gate passed
+    here = Path(plan.run_dir)
+    model = Path(trained.model_path)
+    model.parent.mkdir(parents=True, exist_ok=True)
+    model.write_bytes(b"the weights evaluate measured")
+    with pytest.raises(PermanentError, match="evaluate recorded no metrics for this run"):
+        held_evaluation(here, trained, {"val_accuracy": 0.9})
+    measured = {"val_accuracy": 0.75, "val_loss": 0.5}
+    record_evaluation(here, trained, measured)
+    assert held_evaluation(here, trained, json.loads(json.dumps(measured))) == measured
     for forged, named in (
         ({"val_accuracy": 0.99, "val_loss": 0.5}, "val_accuracy differ"),  # a gate it would not pass, passed
         ({"val_accuracy": 0.75}, "val_loss differ"),  # a metric dropped
-        ({"val_accuracy": 0.75, "val_loss": 0.5, "val_map": 1.0}, "val_map differ"),  # one added
+        ({**measured, "val_map": 1.0}, "val_map differ"),  # one added
     ):
         with pytest.raises(NotAllowed, match=f"not what evaluate recorded for this run \\({named}\\)"):
-            held_evaluation(trained, forged)
+            held_evaluation(here, trained, forged)
     with pytest.raises(NotAllowed, match="not a mapping of metrics"):
-        held_evaluation(trained, [0.75, 0.5])
+        held_evaluation(here, trained, [0.75, 0.5])
+    with pytest.raises(NotAllowed, match="the gate has not passed the metrics evaluate recorded"):
+        held_evaluation(here, trained, measured, passed_gate=True)  # gate's state set by hand
+    record_verdict(here, False)
+    with pytest.raises(NotAllowed, match="the gate has not passed"):
+        held_evaluation(here, trained, measured, passed_gate=True)
+    record_verdict(here, True)
+    assert held_evaluation(here, trained, measured, passed_gate=True) == measured
+    model.write_bytes(b"weights trained again since")  # train cleared and run again, evaluate not
+    with pytest.raises(NotAllowed, match="evaluate measured another model than the training in"):
+        held_evaluation(here, trained, measured)
+    record_evaluation(here, trained, measured)  # evaluate again: a verdict is needed again
+    with pytest.raises(NotAllowed, match="the gate has not passed"):
+        held_evaluation(here, trained, measured, passed_gate=True)
+
     # a custom program's metrics are read again from its own file, whatever training_result says of them
     work = Path(plan.run_dir) / "work"
-    work.mkdir(parents=True, exist_ok=True)
     (work / "metrics.jsonl").write_text('{"step": 1, "score": 0.5}\n{"step": 2, "score": 0.25}\n')
     claimed = trained.model_copy(update={"final_metrics": {"score": 0.99}})
     assert pipeline.evaluate(job.model_copy(update={"recipe": "custom"}), claimed, data) == {"score": 0.25}
-    assert held_evaluation(trained, {"score": 0.25}) == {"score": 0.25}
+
+    # and the later steps take the spec and the data from the run config the training started from
+    assert trained_with(trained) == (job, data)

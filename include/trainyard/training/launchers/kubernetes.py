@@ -49,11 +49,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kubernetes import client as k8s
 
 from trainyard import recipes
+from trainyard.data.prepare import PreparedData
 from trainyard.errors import PermanentError, spec_error_message
 from trainyard.scheduling.cluster import TEAM_LABEL, label_value
 from trainyard.scheduling.resources import ResourcesConfig, resources_in_force
@@ -61,9 +62,6 @@ from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher, time_left
 from trainyard.training.run_config import RunConfig, work_dir
-
-if TYPE_CHECKING:
-    from trainyard.data.prepare import PreparedData
 
 TRAINER_UID = 50000  # the user the trainer image runs as (Dockerfile ARG TRAINER_UID)
 TRAINYARD_HOME = "/var/trainyard"  # the data PVC's mount point in every pod
@@ -495,7 +493,7 @@ def pod_run_config(cfg: RunConfig, home: str | Path) -> RunConfig:
     raw = {k: v for k, v in cfg.to_json().items() if k not in ("spec", "data")}
     raw.update(tracking_uri=None)
     home = Path(home).resolve()
-    data = None if cfg.data is None else type(cfg.data).model_validate(_rewrite(cfg.data.model_dump(mode="json"), home))
+    data = None if cfg.data is None else PreparedData.model_validate(_rewrite(cfg.data.model_dump(mode="json"), home))
     return RunConfig(spec=cfg.spec, data=data, **_rewrite(raw, home))
 
 
