@@ -10,7 +10,7 @@ from datafiles import write_files
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
 
-# `make test` runs TEST_WORKERS (2) pytest processes side by side on a 2-core machine. Each of them, and
+# `make test` runs TEST_WORKERS (3) pytest processes side by side on a 2-core machine. Each of them, and
 # every training worker it starts (the launchers keep a set OMP_NUM_THREADS), computes on one thread:
 # with torch's default of a thread per core the processes' threads spin-wait for cores the others hold
 # (what that costs: trainyard.training.launchers.base.worker_env).
@@ -168,6 +168,13 @@ LONGEST_FIRST = (  # seconds of each in a `make test` with 3 workers on 2 cores 
     "tests/integration/test_deepspeed_training.py",  # ~45
     "tests/integration/test_streaming_memory.py",
 )
+
+
+def pytest_configure(config):
+    if os.environ.get("TEST_CPU_DIR"):  # each test's CPU, its processes' included: tests/cpu_per_test.py
+        import cpu_per_test
+
+        config.pluginmanager.register(cpu_per_test, "cpu_per_test")
 
 
 def pytest_collection_modifyitems(items):
