@@ -284,11 +284,15 @@ def record_evaluation(run_key_dir: Path, trained: TrainingResult, metrics: Mappi
     evaluating run's directory ``run_key_dir`` (:func:`run_dir`: the platform's; its workers write in
     ``work/`` only, a sweep's trials in their own), where :func:`held_evaluation` reads them for the gate
     and the registration. A gate's verdict on them is added by :func:`record_verdict`."""
+    record = {"metrics": dict(metrics), "mlflow_run_id": trained.mlflow_run_id, "model_sha256": _model_digest(trained)}
+    _write_evaluation(run_key_dir, record)
+
+
+def _write_evaluation(run_key_dir: Path, record: Mapping[str, Any]) -> None:
     import json
 
     from trainyard.files import atomic_write
 
-    record = {"metrics": dict(metrics), "mlflow_run_id": trained.mlflow_run_id, "model_sha256": _model_digest(trained)}
     atomic_write(run_key_dir / EVALUATION_FILE, json.dumps(record, sort_keys=True).encode())
 
 
@@ -309,12 +313,7 @@ def _recorded(run_key_dir: Path) -> dict[str, Any]:
 def record_verdict(run_key_dir: Path, passed: bool) -> None:
     """The gate's verdict on the metrics :func:`record_evaluation` recorded (which it judged: read with
     :func:`held_evaluation`), beside them: ``register`` registers only what the gate passed."""
-    import json
-
-    from trainyard.files import atomic_write
-
-    record = {**_recorded(run_key_dir), "gate_passed": passed}
-    atomic_write(run_key_dir / EVALUATION_FILE, json.dumps(record, sort_keys=True).encode())
+    _write_evaluation(run_key_dir, {**_recorded(run_key_dir), "gate_passed": passed})
 
 
 def held_evaluation(

@@ -30,8 +30,9 @@ def load_split(data: PreparedData | None, split: str, memory_cache_mb: int) -> R
     ValueError where the run config names no prepared data (``data``: its ``data``)."""
     if data is None:
         raise ValueError("the run config names no prepared data: a built-in recipe trains on a prepare_data result")
-    reader = formats.open_records(data.format, data.split(split))
-    if formats.size_bytes(data.split(split)) <= memory_cache_mb * (1 << 20):
+    path = data.split(split)
+    reader = formats.open_records(data.format, path)
+    if formats.size_bytes(path) <= memory_cache_mb * (1 << 20):
         return InMemory(reader)
     return reader
 
