@@ -154,11 +154,11 @@ def prepared(digits_dir, tmp_path_factory):
 # alone while the others idle (seen: the scheduler replay's file alone for its last 4 minutes). Order by the
 # figures `make test`'s --durations prints; a file not listed keeps its place after these.
 LONGEST_FIRST = (  # seconds of each in a `make test` with 3 workers on 2 cores (2026-12-06), setup included
-    "tests/integration/test_under_the_executor.py",  # ~990: one Airflow, two teams, the queue, a sweep, retraining
+    "tests/integration/test_under_the_executor.py",  # ~800: one Airflow, two teams, the sandbox, a sweep, retraining
     "tests/integration/test_cluster_profile.py",  # ~580: the profile up, a sweep, a worker killed, a replay, a restart
+    "tests/integration/test_rest_api.py",  # ~380: the orchestration benchmark's smoke and the queue included
     "tests/integration/test_recipe_pipelines.py",  # ~360
     "tests/integration/test_benchmarks.py",  # ~280, the export-parity smoke included
-    "tests/integration/test_rest_api.py",  # ~200, the orchestration benchmark's smoke included
     "tests/integration/test_train_pipeline_dag.py",  # ~130
     "tests/integration/test_resume.py",  # ~75
     "tests/unit/sweeps/test_trials.py",  # ~85

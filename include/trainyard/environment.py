@@ -24,7 +24,11 @@ def _normal(name: str) -> str:
 
 def installed() -> list[str]:
     """Every installed distribution as ``name==version`` (names normalised), sorted; one line each."""
-    found = {_normal(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    found = {}
+    for dist in metadata.distributions():
+        fields = dist.metadata  # each access (``.version`` too) reads and parses the METADATA file again
+        if fields["Name"]:
+            found[_normal(fields["Name"])] = fields["Version"]
     return [f"{name}=={version}" for name, version in sorted(found.items())]
 
 

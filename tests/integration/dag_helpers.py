@@ -62,3 +62,45 @@ def staged_version(name: str, team: str, folder, user: str = "ann"):
     versions.sign_version(c, name, version, signing.load_private_key())
     versions.promote(c, name, version, "staging", user=user, reason="registered", trusted=signing.trusted_keys())
     return c, str(version)
+
+
+def require_the_sandbox() -> None:
+    """Skip a test whose jobs run custom commands where the host has no custom-command sandbox; fail it on
+    a root machine, where the sandbox must be."""
+    import os
+
+    from trainyard.training.launchers.sandbox import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason and os.geteuid() == 0:
+        pytest.fail(f"the sandbox is missing on a root machine: {reason}")
+    if reason:
+        pytest.skip(f"no custom-command sandbox here: {reason}")
+
+
+def airflow_with_its_config(tmp_path_factory, airflow_services):
+    """An Airflow of ``airflow_services`` (not yet set up) with a config folder of its own (a test edits its
+    resources.yaml as an operator would) and the quieter test settings."""
+    import shutil
+    from pathlib import Path
+
+    af = airflow_services.Airflow(tmp_path_factory.mktemp("airflow_home"), tmp_path_factory.mktemp("trainyard_home"))
+    af.trainyard_home = Path(af.env["TRAINYARD_HOME"])
+    af.config_dir = tmp_path_factory.mktemp("config") / "config"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "include" / "config", af.config_dir)
+    af.env["TRAINYARD_CONFIG_DIR"] = str(af.config_dir)
+    af.env.update(airflow_services.QUIETER_FOR_TESTS)
+    return af
+
+
+def trainyard_cli(airflow, *argv: str, token: str | None = None, env: dict | None = None, timeout: float = 120):
+    """``trainyard *argv`` against ``airflow`` as the user ``token`` names (none: nobody logged in unless
+    ``env`` says otherwise): the finished process, its output captured as text."""
+    import subprocess
+    from pathlib import Path
+
+    env = {**airflow.env, "AIRFLOW_API_URL": airflow.url, **(env or {})}
+    if token:
+        env["AIRFLOW_API_TOKEN"] = token
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.run(["trainyard", *argv], env=env, capture_output=True, text=True, timeout=timeout, cwd=repo)

@@ -1,18 +1,24 @@
-"""The Airflow REST API for real: api-server, scheduler and dag-processor as processes, LocalExecutor.
+"""The Airflow REST API for real, and the queue behind it: api-server, scheduler, dag-processor and team
+default's triggerer as processes, LocalExecutor.
 
 Trigger train_pipeline with a conf and wait for success; trigger it with a conf its Params refuse (400)
 and with one only the JobSpec refuses and see the first task fail naming the fields; no token -> 401; a
-viewer cannot trigger (403); a user may trigger but not run the job of a team they are not in.
+viewer cannot trigger (403); a user may trigger but not run the job of a team they are not in. Then the
+queue: a run that fails before training never queues, and a job waiting in the triggerer behind one that
+fails on its last try starts within one look, through an edit that broke resources.yaml meanwhile;
+`trainyard queue` says why a job waits, and its user cancels it.
 """
 
 import json
 import re
 import shutil
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import requests
+from dag_helpers import airflow_with_its_config, require_the_sandbox, trainyard_cli
 
 import checkout
 
@@ -26,11 +32,10 @@ airflow_services = checkout.airflow_services()
 def airflow(tmp_path_factory):
     if not shutil.which("airflow", path=str(Path(sys.executable).parent)):
         pytest.fail("airflow is not installed in this environment: run the suite with `make test`")
-    home = tmp_path_factory.mktemp("airflow_home")
-    af = airflow_services.Airflow(home, tmp_path_factory.mktemp("trainyard_home"))
-    af.env.update(airflow_services.QUIETER_FOR_TESTS)
-    # Airflow-level users for these tests: admin, a viewer, and bob, who may trigger (op) and is in team nlp
-    af.setup(users="admin:admin,ann:viewer,bob:op")
+    af = airflow_with_its_config(tmp_path_factory, airflow_services)
+    # Airflow-level users for these tests: admin, a viewer, bob, who may trigger (op) and is in team nlp, and
+    # tina, who may trigger runs and nothing more, in team default only (resources.yaml)
+    af.setup(users="admin:admin,ann:viewer,bob:op,tina:user")
     af.start(teams=("default",))  # every run here is team default's (vision's is refused before it runs)
     yield af
     af.stop()
@@ -138,3 +143,131 @@ def test_a_user_outside_a_team_cannot_run_its_job(airflow):
 def test_viewer_cannot_trigger(airflow):
     headers = {"Authorization": f"Bearer {airflow.token('ann')}"}
     assert _post_run(airflow, headers).status_code == 403
+
+
+def _ended(ti: dict) -> datetime:
+    return datetime.fromisoformat(ti["end_date"])
+
+
+def test_the_queue_keeps_moving_through_failures_and_a_broken_edit(airflow):
+    """Both jobs want the fleet's two cpu slots. A run whose dataset ref does not resolve fails there and
+    never asks for them. A custom command that fails on both of its tries holds them while it runs; the
+    job behind it waits deferred in the triggerer, through a typo in resources.yaml (the last good file
+    stays in force, the triggerer's log says what is wrong), and is admitted within one look of the final
+    failure, not after the lease kept for a retry that will not come."""
+    require_the_sandbox()
+    headers = airflow.headers("tina")
+    gpus = {"gpus_per_node": 2, "gpu_type": "cpu"}
+    bad_ref = airflow.trigger(
+        DAG, {"name": "bad-ref", "dataset": {"ref": "no-such-branch"}, "resources": gpus}, headers
+    )
+    assert airflow.wait_run(DAG, bad_ref, headers, 300)["state"] == "failed"
+    tis = airflow.task_instances(DAG, bad_ref, headers)
+    assert tis["resolve_dataset"]["state"] == "failed"
+    assert tis["admit"]["state"] == "upstream_failed" and tis["train"]["state"] == "upstream_failed"
+
+    fails = airflow.trigger(
+        DAG,
+        # each try runs 20 s, long enough for the next job to reach admit and wait behind it
+        {"name": "fails", "recipe": "custom",
+         "custom": {"command": [sys.executable, "-c", "import time; time.sleep(20); raise SystemExit(3)"]},
+         "resources": gpus},
+        headers,
+    )  # fmt: skip
+    airflow.wait(
+        lambda: airflow.task_instances(DAG, fails, headers)["train"]["state"] in ("running", "up_for_retry", "failed"),
+        300,
+        "the failing job's training",
+    )
+    waits = airflow.trigger(
+        DAG,
+        {
+            "name": "waits",
+            "hyperparameters": {"epochs": 2, "batch_size": 32, "seed": 1},
+            "resources": gpus,
+            "gates": [],
+        },
+        headers,
+    )
+    resources = airflow.config_dir / "resources.yaml"
+    good = resources.read_text()
+    try:
+        airflow.wait(
+            lambda: airflow.task_instances(DAG, waits, headers)["admit"]["state"] == "deferred",
+            300,
+            "the second job to wait for admission in the triggerer",
+        )
+        resources.write_text(good.replace("count: 2", "count: two", 1))  # an operator's typo
+        assert airflow.wait_run(DAG, fails, headers, 300)["state"] == "failed"
+        failed = airflow.task_instances(DAG, fails, headers)["train"]
+        assert failed["try_number"] == 2  # its retry ran, and failed too: the final try
+        assert airflow.wait_run(DAG, waits, headers, 300)["state"] == "success", airflow.failure_report(
+            DAG, waits, headers
+        )
+    finally:
+        resources.write_text(good)
+    admitted = airflow.task_instances(DAG, waits, headers)["admit"]
+    poll_s = 10  # scheduling.admission_poll_seconds, its default
+    # within one look and the scheduler's own latency; kept for a retry, it would have been 600 s
+    assert (_ended(admitted) - _ended(failed)).total_seconds() < poll_s + 30, (admitted, failed)
+    log = airflow.task_log(DAG, waits, "admit", headers)  # the trigger's lines are in its task's log
+    assert "gpu_types.cpu.count" in log and "the queue keeps the last good version" in log, log[-3000:]
+
+
+def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
+    """What users ask first when a job does not start: `trainyard queue` says who holds the slots and why
+    the job waits, in the admit task's words, to the team's members (another team's user sees team, GPUs
+    and priority); `trainyard queue cancel` ends the waiting run through Airflow's API (as the user the
+    token names) and frees its place at once."""
+    require_the_sandbox()
+    headers = airflow.headers("tina")
+    gpus = {"gpus_per_node": 2, "gpu_type": "cpu"}
+    holder = airflow.trigger(
+        DAG,
+        {"name": "holder", "recipe": "custom", "resources": gpus,
+         "custom": {"command": [sys.executable, "-c", "import time; time.sleep(3600)"]}},
+        headers,
+    )  # fmt: skip
+    try:
+        airflow.wait(
+            lambda: airflow.task_instances(DAG, holder, headers)["train"]["state"] == "running",
+            300,
+            "the first job to hold the slots",
+        )
+        waiting = airflow.trigger(DAG, {"name": "waiting", "resources": gpus, "gates": []}, headers)
+        airflow.wait(
+            lambda: airflow.task_instances(DAG, waiting, headers)["admit"]["state"] == "deferred",
+            300,
+            "the second job to wait for admission",
+        )
+        shown = trainyard_cli(airflow, "queue", "--json", token=airflow.token("tina"))
+        assert shown.returncode == 0, shown.stderr
+        jobs = {j["run"]: j for j in json.loads(shown.stdout)}
+        # nobody logged in sees how much of the fleet a job asks for, not what or whose (another team's member
+        # neither: the fork bomb test shows it)
+        nobody = {"AIRFLOW_API_TOKEN": "", "XDG_CONFIG_HOME": str(airflow.trainyard_home / "no-login")}
+        others = trainyard_cli(airflow, "queue", "--json", env=nobody)
+        assert others.returncode == 0, others.stderr
+        assert (
+            {"gpu_type": "cpu", "state": "waiting", "team": "default", "gpus": 2, "priority": 1}
+            in json.loads(others.stdout)
+            and "tina" not in others.stdout
+            and waiting not in others.stdout
+        ), others.stdout
+        first, second = jobs[f"{DAG}/{holder}"], jobs[f"{DAG}/{waiting}"]
+        assert (first["state"], first["user"], first["gpus"]) == ("admitted", "tina", 2)
+        assert (second["state"], second["user"]) == ("waiting", "tina")
+        assert second["reason"] == "cpu: 2 of 2 slots in use, the job needs 2"
+        log = airflow.task_log(DAG, waiting, "admit", headers)
+        assert second["reason"] in log  # the same words
+
+        done = trainyard_cli(airflow, "queue", "cancel", waiting, token=airflow.token("tina"))
+        assert done.returncode == 0, done.stderr
+        assert airflow.wait_run(DAG, waiting, headers, 120)["state"] == "failed"
+        left = {
+            j["run"] for j in json.loads(trainyard_cli(airflow, "queue", "--json", token=airflow.token("tina")).stdout)
+        }
+        assert f"{DAG}/{waiting}" not in left and f"{DAG}/{holder}" in left
+    finally:  # clean-up: the module's next test (if any) gets the slots back
+        trainyard_cli(airflow, "queue", "cancel", holder, token=airflow.token("admin"))
+        airflow.wait_run(DAG, holder, headers, 120)

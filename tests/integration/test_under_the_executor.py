@@ -1,20 +1,18 @@
-"""The sandbox and the queue under Airflow's real executor: api-server, scheduler, dag-processor and
-triggerer as processes, LocalExecutor, a task supervisor whose request socket is every task process's
-stdin, admission waits deferred in the triggerer.
+"""The sandbox, sweeps, retraining and team ownership under Airflow's real executor: api-server, scheduler,
+dag-processor and triggerers as processes, LocalExecutor, a task supervisor whose request socket is every
+task process's stdin, admission waits deferred in the triggerer.
 
 A trigger-only user's custom command looks for a way back to that supervisor (stdin, every inherited
 descriptor) and asks it for a Variable and a Connection with Airflow's own frames; a built-in trainer's
 workers are looked at from outside while they train. ``dag.test()`` runs the supervisor in-process, so
-only a test through the executor can see what a child of a task holds. Then the queue: a run that fails
-before training never queues, and a job waiting in the triggerer behind one that fails on its last try
-starts within one look, through an edit that broke resources.yaml meanwhile. Then a sweep's trials as
-mapped tasks, and a retraining job file whose DAG the scheduler starts on new data, and only on new data.
+only a test through the executor can see what a child of a task holds. Then a sweep's trials as mapped
+tasks, a retraining job file whose DAG the scheduler starts on new data, and only on new data, and what
+belongs to a team. (The queue's own tests run on test_rest_api.py's Airflow: two Airflows, two workers.)
 """
 
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from dag_helpers import grid_order, staged_version
+from dag_helpers import airflow_with_its_config, grid_order, require_the_sandbox, staged_version, trainyard_cli
 
 import checkout
 from datafiles import write_files
@@ -42,20 +40,8 @@ SECRET_CONNECTION, SECRET_PASSWORD = "warehouse_db", "s3cr3t-connection-password
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory):
-    from trainyard.training.launchers.sandbox import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason and os.geteuid() == 0:
-        pytest.fail(f"the sandbox is missing on a root machine: {reason}")
-    if reason:
-        pytest.skip(f"no custom-command sandbox here: {reason}")
-    trainyard_home = tmp_path_factory.mktemp("trainyard_home")
-    af = airflow_services.Airflow(tmp_path_factory.mktemp("airflow_home"), trainyard_home)
-    # a config folder of its own: a test edits its resources.yaml as an operator would
-    af.config_dir = tmp_path_factory.mktemp("config") / "config"
-    shutil.copytree(REPO / "include" / "config", af.config_dir)
-    af.env["TRAINYARD_CONFIG_DIR"] = str(af.config_dir)
-    af.env.update(airflow_services.QUIETER_FOR_TESTS)
+    require_the_sandbox()
+    af = airflow_with_its_config(tmp_path_factory, airflow_services)
     af.jobs_dir = tmp_path_factory.mktemp("jobs")  # retraining job files, read by the dag-processor
     af.env["TRAINYARD_JOBS_DIR"] = str(af.jobs_dir)
     # a folder on the tasks' sys.path: a package put there later is installed as far as they can tell
@@ -71,7 +57,6 @@ def airflow(tmp_path_factory):
     af.start(teams=("default", "vision"))  # tina's and alice's: the other teams' triggerers would idle
     headers = af.headers("admin")
     af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 600, "the DAG")
-    af.trainyard_home = trainyard_home
     yield af
     af.stop()
 
@@ -186,141 +171,6 @@ def test_a_built_in_trainers_workers_hold_no_descriptor_of_the_supervisor(airflo
         assert found["fds"]["0"] == "/dev/null", (pid, found)
         assert found["ancestors_sockets"], found  # the task process's own channel is there to compare with
         assert not set(found["fds"].values()) & found["ancestors_sockets"], (pid, found)
-
-
-def _ended(ti: dict) -> datetime:
-    return datetime.fromisoformat(ti["end_date"])
-
-
-def test_the_queue_keeps_moving_through_failures_and_a_broken_edit(airflow):
-    """Both jobs want the fleet's two cpu slots. A run whose dataset ref does not resolve fails there and
-    never asks for them. A custom command that fails on both of its tries holds them while it runs; the
-    job behind it waits deferred in the triggerer, through a typo in resources.yaml (the last good file
-    stays in force, the triggerer's log says what is wrong), and is admitted within one look of the final
-    failure, not after the lease kept for a retry that will not come."""
-    headers = airflow.headers("tina")
-    gpus = {"gpus_per_node": 2, "gpu_type": "cpu"}
-    bad_ref = airflow.trigger(
-        DAG, {"name": "bad-ref", "dataset": {"ref": "no-such-branch"}, "resources": gpus}, headers
-    )
-    assert airflow.wait_run(DAG, bad_ref, headers, 300)["state"] == "failed"
-    tis = airflow.task_instances(DAG, bad_ref, headers)
-    assert tis["resolve_dataset"]["state"] == "failed"
-    assert tis["admit"]["state"] == "upstream_failed" and tis["train"]["state"] == "upstream_failed"
-
-    fails = airflow.trigger(
-        DAG,
-        # each try runs 20 s, long enough for the next job to reach admit and wait behind it
-        {"name": "fails", "recipe": "custom",
-         "custom": {"command": [sys.executable, "-c", "import time; time.sleep(20); raise SystemExit(3)"]},
-         "resources": gpus},
-        headers,
-    )  # fmt: skip
-    airflow.wait(
-        lambda: airflow.task_instances(DAG, fails, headers)["train"]["state"] in ("running", "up_for_retry", "failed"),
-        300,
-        "the failing job's training",
-    )
-    waits = airflow.trigger(
-        DAG,
-        {
-            "name": "waits",
-            "hyperparameters": {"epochs": 2, "batch_size": 32, "seed": 1},
-            "resources": gpus,
-            "gates": [],
-        },
-        headers,
-    )
-    resources = airflow.config_dir / "resources.yaml"
-    good = resources.read_text()
-    try:
-        airflow.wait(
-            lambda: airflow.task_instances(DAG, waits, headers)["admit"]["state"] == "deferred",
-            300,
-            "the second job to wait for admission in the triggerer",
-        )
-        resources.write_text(good.replace("count: 2", "count: two", 1))  # an operator's typo
-        assert airflow.wait_run(DAG, fails, headers, 300)["state"] == "failed"
-        failed = airflow.task_instances(DAG, fails, headers)["train"]
-        assert failed["try_number"] == 2  # its retry ran, and failed too: the final try
-        assert airflow.wait_run(DAG, waits, headers, 300)["state"] == "success", airflow.failure_report(
-            DAG, waits, headers
-        )
-    finally:
-        resources.write_text(good)
-    admitted = airflow.task_instances(DAG, waits, headers)["admit"]
-    poll_s = 10  # scheduling.admission_poll_seconds, its default
-    # within one look and the scheduler's own latency; kept for a retry, it would have been 600 s
-    assert (_ended(admitted) - _ended(failed)).total_seconds() < poll_s + 30, (admitted, failed)
-    log = airflow.task_log(DAG, waits, "admit", headers)  # the trigger's lines are in its task's log
-    assert "gpu_types.cpu.count" in log and "the queue keeps the last good version" in log, log[-3000:]
-
-
-def _trainyard(
-    airflow, *argv: str, token: str | None = None, env: dict | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    env = {**airflow.env, "AIRFLOW_API_URL": airflow.url, **(env or {})}
-    if token:
-        env["AIRFLOW_API_TOKEN"] = token
-    return subprocess.run(["trainyard", *argv], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-
-
-def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
-    """What users ask first when a job does not start: `trainyard queue` says who holds the slots and why
-    the job waits, in the admit task's words, to the team's members (another team's user sees team, GPUs
-    and priority); `trainyard queue cancel` ends the waiting run through Airflow's API (as the user the
-    token names) and frees its place at once."""
-    headers = airflow.headers("tina")
-    gpus = {"gpus_per_node": 2, "gpu_type": "cpu"}
-    holder = airflow.trigger(
-        DAG,
-        {"name": "holder", "recipe": "custom", "resources": gpus,
-         "custom": {"command": [sys.executable, "-c", "import time; time.sleep(3600)"]}},
-        headers,
-    )  # fmt: skip
-    try:
-        airflow.wait(
-            lambda: airflow.task_instances(DAG, holder, headers)["train"]["state"] == "running",
-            300,
-            "the first job to hold the slots",
-        )
-        waiting = airflow.trigger(DAG, {"name": "waiting", "resources": gpus, "gates": []}, headers)
-        airflow.wait(
-            lambda: airflow.task_instances(DAG, waiting, headers)["admit"]["state"] == "deferred",
-            300,
-            "the second job to wait for admission",
-        )
-        shown = _trainyard(airflow, "queue", "--json", token=airflow.token("tina"))
-        assert shown.returncode == 0, shown.stderr
-        jobs = {j["run"]: j for j in json.loads(shown.stdout)}
-        # nobody logged in sees how much of the fleet a job asks for, not what or whose (another team's member
-        # neither: the fork bomb test shows it)
-        nobody = {"AIRFLOW_API_TOKEN": "", "XDG_CONFIG_HOME": str(airflow.trainyard_home / "no-login")}
-        others = _trainyard(airflow, "queue", "--json", env=nobody)
-        assert others.returncode == 0, others.stderr
-        assert (
-            {"gpu_type": "cpu", "state": "waiting", "team": "default", "gpus": 2, "priority": 1}
-            in json.loads(others.stdout)
-            and "tina" not in others.stdout
-            and waiting not in others.stdout
-        ), others.stdout
-        first, second = jobs[f"{DAG}/{holder}"], jobs[f"{DAG}/{waiting}"]
-        assert (first["state"], first["user"], first["gpus"]) == ("admitted", "tina", 2)
-        assert (second["state"], second["user"]) == ("waiting", "tina")
-        assert second["reason"] == "cpu: 2 of 2 slots in use, the job needs 2"
-        log = airflow.task_log(DAG, waiting, "admit", headers)
-        assert second["reason"] in log  # the same words
-
-        done = _trainyard(airflow, "queue", "cancel", waiting, token=airflow.token("tina"))
-        assert done.returncode == 0, done.stderr
-        assert airflow.wait_run(DAG, waiting, headers, 120)["state"] == "failed"
-        left = {
-            j["run"] for j in json.loads(_trainyard(airflow, "queue", "--json", token=airflow.token("tina")).stdout)
-        }
-        assert f"{DAG}/{waiting}" not in left and f"{DAG}/{holder}" in left
-    finally:  # clean-up: the module's next test (if any) gets the slots back
-        _trainyard(airflow, "queue", "cancel", holder, token=airflow.token("admin"))
-        airflow.wait_run(DAG, holder, headers, 120)
 
 
 # A sweep whose order is known: the grid's first two points (trained side by side) are good learning rates,
@@ -465,7 +315,7 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     assert links("trial.train_trial", 0)["MLflow run"].startswith("http://localhost:5000/#/experiments/")
 
     # the trials' runs, found by a numeric condition that a comparison of the params as text gets wrong
-    listed = _trainyard(
+    listed = trainyard_cli(
         airflow, "runs", "list", "--job", "sweep-digits", "--user", "tina", "--tag", "sweep.name=digits-lr",
         "--where", "hyperparameters.learning_rate < 0.001", "--format", "json", token=airflow.token("tina"),
     )  # fmt: skip
@@ -473,7 +323,7 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     found = json.loads(listed.stdout)
     assert len(found) == len(bad) and {float(r["hyperparameters.learning_rate"]) for r in found} <= set(BAD)
     png = airflow.trainyard_home / "sweep-curves.png"
-    compared = _trainyard(
+    compared = trainyard_cli(
         airflow, "runs", "compare", "--job", "sweep-digits", "--tag", "sweep.name=digits-lr",
         "--curves", "val_accuracy,train_loss", "--png", str(png), token=airflow.token("tina"),
     )  # fmt: skip
@@ -601,7 +451,7 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
                 lambda: datetime.fromisoformat(dag()["last_parsed_time"]).timestamp() > edited, 300, "a new parse"
             )
             changed = {**files, "images/digits-00007.npy": files["images/digits-00008.npy"]}
-            cli = _trainyard(airflow, "data", "upload", str(write_files(tmp_path / "v2", changed)), "--repo", "pets",
+            cli = trainyard_cli(airflow, "data", "upload", str(write_files(tmp_path / "v2", changed)), "--repo", "pets",
                              "--team", "default", token=airflow.token("admin"))  # fmt: skip
             assert cli.returncode == 0, cli.stderr
             second = cli.stdout.strip()
@@ -630,7 +480,7 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     assert "val_accuracy" in blocked["text"] and "FAILED by" in blocked["text"]
 
     # the model card of the version, stored with its run at registration
-    card = _trainyard(
+    card = trainyard_cli(
         airflow, "models", "card", "pets", "1", "--out", str(tmp_path / "cards"), token=airflow.token("tina")
     )
     assert card.returncode == 0, card.stderr
@@ -647,14 +497,14 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     (probe / "METADATA").write_text("Metadata-Version: 2.1\nName: trainyard-replay-probe\nVersion: 1.0\n")
     token = airflow.token("tina")
     try:
-        refused = _trainyard(airflow, "replay", "pets", "1", "--poll", "2", token=token, timeout=600)
+        refused = trainyard_cli(airflow, "replay", "pets", "1", "--poll", "2", token=token, timeout=600)
     finally:
         shutil.rmtree(probe)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "dependency trainyard-replay-probe: not recorded -> 1.0" in refused.stderr, refused.stderr
     assert "train: failed" in refused.stderr, refused.stderr
     # here, as it trained: the same metrics, bit for bit (CPU), and nothing registered
-    replayed = _trainyard(airflow, "replay", "pets", "1", "--poll", "2", token=token, timeout=600)
+    replayed = trainyard_cli(airflow, "replay", "pets", "1", "--poll", "2", token=token, timeout=600)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     assert "replay of pets version 1: reproduced" in replayed.stdout and "tolerance: 0 (absolute)" in replayed.stdout
     replay_run = replayed.stdout.splitlines()[0]
@@ -667,10 +517,10 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     broken = tmp_path / "broken.yaml"
     spec = {k: v for k, v in job.items() if k != "retrain_on"}  # a JobSpec file, not a job file
     broken.write_text(yaml.safe_dump({**spec, "name": "no-data", "dataset": {"repo": "nowhere", "source": "none"}}))
-    followed = _trainyard(airflow, "submit", str(broken), "--wait", "--poll", "2", token=token, timeout=300)
+    followed = trainyard_cli(airflow, "submit", str(broken), "--wait", "--poll", "2", token=token, timeout=300)
     assert followed.returncode == 1, followed.stdout + followed.stderr
     assert "resolve_dataset: failed" in followed.stderr and ": failed (failed: resolve_dataset)" in followed.stderr
-    status = _trainyard(airflow, "runs", "status", followed.stdout.strip(), "--json", token=token)
+    status = trainyard_cli(airflow, "runs", "status", followed.stdout.strip(), "--json", token=token)
     assert json.loads(status.stdout)["tasks"]["resolve_dataset"]["state"] == "failed"
 
 
@@ -725,13 +575,13 @@ def test_a_model_belongs_to_its_team_and_only_its_promoters_move_or_approve(airf
     assert "user 'tina' may not move aliases of model 'vision-net'" in airflow.task_log(
         TINA_PROMOTE, run, "verify", tina
     )
-    back = _trainyard(
+    back = trainyard_cli(
         airflow, "models", "rollback", name, "--alias", "staging", "--poll", "1", token=airflow.token("tina")
     )
     assert back.returncode == 1 and "may not use team 'vision''s promote_model.vision" in back.stderr, back.stderr
 
     # alice asks for production as her login; the team's policy makes it wait for another person
-    asked = _trainyard(
+    asked = trainyard_cli(
         airflow, "models", "promote", name, version, "--reason", "launch", "--no-wait", token=airflow.token("alice")
     )
     assert asked.returncode == 0, asked.stderr
@@ -782,12 +632,12 @@ def _another_team_reads_nothing_of(airflow, dag_id: str, run_id: str, *, owner: 
         f"{api}/dags/{dag_id}/dagRuns", headers=airflow.headers(other), json={"logical_date": None}, timeout=30
     )
     assert refused.status_code == 403, refused.text
-    theirs = _trainyard(airflow, "runs", "status", run_id, "--json", token=airflow.token(owner))
+    theirs = trainyard_cli(airflow, "runs", "status", run_id, "--json", token=airflow.token(owner))
     assert theirs.returncode == 0 and json.loads(theirs.stdout)["dag"] == dag_id, theirs.stderr
-    mine = _trainyard(airflow, "runs", "status", run_id, token=airflow.token(other))
+    mine = trainyard_cli(airflow, "runs", "status", run_id, token=airflow.token(other))
     assert mine.returncode == 1 and "no training run" in mine.stderr, mine.stderr
     # the queue shows the other team's job as team, GPUs and priority only
-    queued = json.loads(_trainyard(airflow, "queue", "--json", token=airflow.token(other)).stdout)
+    queued = json.loads(trainyard_cli(airflow, "queue", "--json", token=airflow.token(other)).stdout)
     assert [{k: j[k] for k in ("team", "gpus")} for j in queued if "run" not in j] == [{"team": "vision", "gpus": 1}]
 
 
@@ -807,9 +657,9 @@ def _a_team_s_data_is_its_own(airflow, folder: Path, job: dict) -> str:
         f"{api}/dags/{VISION_INGEST}/dagRuns", headers=tina, json={"logical_date": None}, timeout=30
     )
     assert refused.status_code == 403, refused.text
-    assert _trainyard(airflow, "data", "log", "--repo", "vision-pets", token=airflow.token("alice")).returncode == 0
+    assert trainyard_cli(airflow, "data", "log", "--repo", "vision-pets", token=airflow.token("alice")).returncode == 0
     for command in (["log"], ["ls"], ["tag", "mine"], ["upload", str(folder), "--team", "default"]):
-        said = _trainyard(airflow, "data", *command, "--repo", "vision-pets", token=airflow.token("tina"))
+        said = trainyard_cli(airflow, "data", *command, "--repo", "vision-pets", token=airflow.token("tina"))
         assert said.returncode == 1 and "'vision-pets' belongs to team 'vision'" in said.stderr, (command, said.stderr)
     return airflow.trigger(DAG, {**job, "dataset": {"repo": "vision-pets", "source": "none"}}, tina)
 
