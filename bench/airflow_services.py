@@ -294,6 +294,24 @@ class Airflow:
         lines.append(self.logs())
         return "\n".join(lines)
 
+    def error_lines(self, dag_id: str, run_id: str, headers: dict) -> dict[str, list[str]]:
+        """The lines each successful task of the run logged as ERROR (its last try's log): what Airflow's
+        log view shows in red, and where a library writing to stderr lands."""
+        found = {}
+        for name, ti in self.task_instances(dag_id, run_id, headers).items():
+            if ti["state"] != "success":
+                continue
+            r = requests.get(
+                f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/{ti['try_number']}",
+                headers={**headers, "Accept": "application/json"},
+                params={"map_index": ti["map_index"]},
+                timeout=30,
+            )
+            r.raise_for_status()
+            lines = [e for e in r.json()["content"] if isinstance(e, dict) and e.get("level") == "error"]
+            found[name] = [str(e.get("event"))[:300] for e in lines]
+        return found
+
     def task_instances(self, dag_id: str, run_id: str, headers: dict) -> dict:
         """The run's task instances by task id; a mapped one's as ``task_id[map_index]``."""
         r = requests.get(

@@ -251,21 +251,12 @@ def local_queue_place(job: str) -> str | None:
     ``TRAINYARD_HOME``), in the words ``trainyard queue`` uses; None when it is not waiting there."""
     import os
 
-    from trainyard import paths
-    from trainyard.scheduling.admission.ledger import existing_ledger
-    from trainyard.scheduling.budgets import current_spend
+    from trainyard.scheduling.admission.ledger import existing_ledger, place_in_queue
 
     if not os.environ.get("TRAINYARD_HOME"):
         return None
     ledger = existing_ledger()
-    if ledger is None:
-        return None
-    rows = ledger.standing(current_spend(ledger.config, paths.runs_root()))
-    mine = next(((e, verdict) for e, verdict in rows if e.job.id == job), None)
-    if mine is None or mine[0].admitted is not None:
-        return None
-    waiting = [e for e, _ in rows if e.admitted is None and e.job.gpu_type == mine[0].job.gpu_type]
-    return f"waiting, {waiting.index(mine[0]) + 1} of {len(waiting)} for {mine[0].job.gpu_type}: {mine[1].message}"
+    return None if ledger is None else place_in_queue(ledger, job)
 
 
 def cancel(client: Any, dag_id: str, run_id: str) -> None:

@@ -16,6 +16,9 @@ from trainyard.tracking.mlflow_auth import TEAM_TAG
 # The one name of a run's identity (its run key: "<dag_id>/<run_id>" for an Airflow run), on the MLflow run
 # and on the model version registered from it; retries find both by it.
 RUN_KEY_TAG = "trainyard.run_key"
+# The view MLflow's UI opens an experiment in (MLflow 3 opens one without it in its GenAI view: traces,
+# token usage): trainyard's experiments train models
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
 _CREATED: set[str] = set()  # SQLite stores this process has seen created
@@ -70,7 +73,7 @@ def experiment_id(c, name: str, team: str) -> str:
             made = c.create_experiment(
                 name,
                 artifact_location=f"{root}/{name}" if root else None,
-                tags=mlflow_auth.sealed("experiment", name, team),
+                tags={**mlflow_auth.sealed("experiment", name, team), EXPERIMENT_KIND_TAG: MODEL_TRAINING},
             )
             mlflow_auth.grant_team_read(team, experiment_id=made)
             return made

@@ -64,12 +64,12 @@ class AdmitOperator(BaseOperator):
 
     @fail_permanently
     def execute(self, context: Any) -> str:
-        from trainyard.scheduling.admission.ledger import default_ledger, look
+        from trainyard.scheduling.admission.ledger import default_ledger, look, verdict_in_words
 
         job = self._job(context)
         ledger = default_ledger()
         verdict = look(ledger, job)
-        self.log.info("admission of %s: %s", job.id, verdict.message)
+        self.log.info("admission of %s: %s", job.id, verdict_in_words(ledger, job.id, verdict))
         if verdict.final:
             raise PermanentError(f"job {job.id}: {verdict.message}")
         if verdict.admitted:

@@ -5,7 +5,8 @@ The trigger asks the admission ledger (``trainyard.scheduling.admission.ledger``
 reschedule-mode sensor did, but it costs a ledger transaction in the triggerer instead of a task process
 on a worker. When the ledger admits the job, the trigger ends the task itself (``end_from_trigger``), so
 the admission is not followed by a worker start either; the reason it got ("admitted: 2 a100-80gb slot(s)
-...") is the task's XCom, and every change of the reason it waits for goes to the task log.
+...") is the task's XCom. The task log says why the job waits and its place in the queue ("waiting, 2 of 3
+for a100: ..."), at every change of the reason and every ``STILL_WAITING_LOG_S`` while it stays the same.
 
 Between looks a trigger does not sleep blind: one watch per triggerer process (:class:`AdmissionWatch`)
 reads the ledger's admitted jobs every ``WATCH_S`` (one read for all its triggers, on one connection) and
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 POLL_BEFORE_LEDGER_S = 10.0  # how soon a trigger that could not open the ledger yet tries again
 WATCH_S = 0.2  # how often a triggerer's watch reads which jobs the ledger admitted
+STILL_WAITING_LOG_S = 300.0  # a waiting job's unchanged reason, said again this often (with its place)
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +178,12 @@ class AdmissionTrigger(BaseTrigger):
         """Look until there is something to tell the task: admitted, cancelled, or still waiting at
         ``notice_at``; between looks, wait for the poll interval or the watch, whichever comes first."""
         from trainyard.errors import RetryableError
-        from trainyard.scheduling.admission.ledger import default_ledger, look
+        from trainyard.scheduling.admission.ledger import default_ledger, look, verdict_in_words
         from trainyard.scheduling.resources import ResourcesError, resources_in_force
 
         ledger = None
         said: Verdict | None = None
+        said_at = 0.0
         while True:
             wake = watch.register(job.id)
             wake.clear()  # what the watch sees from here on wakes the wait after this look
@@ -191,13 +194,16 @@ class AdmissionTrigger(BaseTrigger):
                 # an edit that broke it is logged at every look, and the last good version stays in force
                 ledger.config = await asyncio.to_thread(resources_in_force, None, self.log.warning)
                 verdict = await asyncio.to_thread(look, ledger, job)
+                # a new verdict (another reason, or new figures), or the same one for a while: said with the
+                # job's place in the queue
+                if verdict != said or time.monotonic() - said_at >= STILL_WAITING_LOG_S:
+                    words = await asyncio.to_thread(verdict_in_words, ledger, job.id, verdict, self.since)
+                    self.log.info("admission of %s: %s", job.id, words)
+                    said, said_at = verdict, time.monotonic()
             except (sqlite3.Error, OSError, ResourcesError, RetryableError) as err:
                 # the ledger locked or unreadable, no good resources.yaml to fall back on: look again later
                 self.log.warning("admission of %s: could not look (%s); looking again", job.id, err)
             else:
-                if verdict != said:  # a new verdict (another reason, or new figures): logged once
-                    self.log.info("admission of %s: %s", job.id, verdict.message)
-                    said = verdict
                 if verdict.final:  # cancelled or inadmissible: the task ends failed (the reason is logged above)
                     if self.end_from_trigger:
                         yield TaskFailedEvent()

@@ -38,6 +38,8 @@ def test_recorded_on_the_run(trainyard_home, tmp_path):
     run = c.get_run(run_id)
     assert run.data.tags["gate.passed"] == "false" and run.data.tags["gate.threshold.val_map"].startswith("FAIL")
     assert [a.path for a in c.list_artifacts(run_id, "gate")] == ["gate/gate_result.json"]
+    # the experiment opens in MLflow's model-training view, not its GenAI one
+    assert c.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_an_oversized_result_stays_valid_json():

@@ -169,3 +169,31 @@ def test_a_spec_of_another_team_than_its_dag_s_is_refused_before_it_queues(fleet
     with pytest.raises(AirflowFailException, match="resources.team: 'vision' is not the team of train_pipeline.nlp"):
         op.execute({})
     assert fleet.entries() == []
+
+
+def test_a_waiting_job_s_log_says_its_place_and_says_it_again_while_it_waits(fleet, monkeypatch):
+    """What the task log of a waiting ``admit`` says: why, its place among the jobs waiting for its GPU
+    type, how long it has waited; said again every STILL_WAITING_LOG_S though nothing changed."""
+    from structlog.testing import capture_logs
+
+    from trainyard_airflow.triggers import admission
+
+    monkeypatch.setattr(admission, "STILL_WAITING_LOG_S", 0.2)
+    assert fleet.request(Job("train_pipeline/r1", "vision", "a100", 2, 1, 1.0)).admitted
+    assert not fleet.request(Job("train_pipeline/r2", "vision", "a100", 1, 1, 1.0)).admitted  # waits first
+    job = Job("train_pipeline/r3", "vision", "a100", 2, 1, 1.0)
+
+    async def watch_it_wait() -> None:
+        trigger = AdmissionTrigger(dataclasses.asdict(job), since=time.time() - 600)
+        waiting = asyncio.ensure_future(trigger.run().__anext__())
+        await asyncio.sleep(0.7)  # a look every 0.05 s, each with the same verdict
+        assert not waiting.done()
+        waiting.cancel()
+
+    with capture_logs() as logs:
+        asyncio.run(watch_it_wait())
+    said = [e["event"] % e.get("positional_args", ()) for e in logs]
+    said = [line for line in said if line.startswith(f"admission of {job.id}:")]
+    why = "a100: 2 of 2 slots in use, the job needs 2"
+    assert said[0] == f"admission of {job.id}: waiting, 2 of 2 for a100: {why} (waiting 10 min)", said
+    assert 2 <= len(said) <= 5 and len(set(said)) == 1, said

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -351,6 +352,30 @@ def look(ledger: Ledger, job: Job) -> Verdict:
     except OSError as err:  # the spend is read from the usage files meanwhile: the queue goes on
         logging.getLogger(__name__).warning("could not fill the spend journal (%s); looking without it", err)
     return ledger.request(job, current_spend(ledger.config, paths.runs_root()))
+
+
+def place_in_queue(ledger: Ledger, job_id: str) -> str | None:
+    """Where the waiting job ``job_id`` stands, in the words ``trainyard queue`` and the ``admit`` task's log
+    use: "waiting, 2 of 3 for a100: <why>" (the jobs of its GPU type that wait, oldest first); None when it
+    is not waiting (admitted, or not in the ledger)."""
+    from trainyard import paths
+    from trainyard.scheduling.budgets import current_spend
+
+    rows = ledger.standing(current_spend(ledger.config, paths.runs_root()))
+    mine = next(((e, verdict) for e, verdict in rows if e.job.id == job_id), None)
+    if mine is None or mine[0].admitted is not None:
+        return None
+    waiting = [e for e, _ in rows if e.admitted is None and e.job.gpu_type == mine[0].job.gpu_type]
+    return f"waiting, {waiting.index(mine[0]) + 1} of {len(waiting)} for {mine[0].job.gpu_type}: {mine[1].message}"
+
+
+def verdict_in_words(ledger: Ledger, job_id: str, verdict: Verdict, since: float | None = None) -> str:
+    """A look's verdict as the ``admit`` task logs it: a waiting job's place in its queue, with how long it
+    has waited since ``since`` (epoch seconds), else the verdict's message."""
+    if verdict.standing is not Standing.WAITING:
+        return verdict.message
+    said = place_in_queue(ledger, job_id) or f"waiting: {verdict.message}"
+    return f"{said} (waiting {(time.time() - since) / 60:.0f} min)" if since else said
 
 
 def job_for(res: Resources, run_key: str, user: str | None = None, group: str = "", group_limit: int = 0) -> Job:
