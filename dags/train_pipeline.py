@@ -204,10 +204,18 @@ def _evaluated_here(job_spec: JobSpec) -> Path:
 
 def _leased(lease: Any) -> LocalLaunch:
     """How a training runs on this worker (a LocalLaunch): as its admission's lease says (its devices, the
-    signal to stop, its wait in the queue), with its run's MLflow tags."""
+    signal to stop, its wait in the queue), with its run's MLflow tags; its links shown once it starts."""
     from trainyard.pipeline.train import LocalLaunch
+    from trainyard_airflow.links import push_while_training
 
-    return LocalLaunch(devices=lease.devices, stop=lease.lost, waited_s=lease.waited_s, tags=_run_tags())
+    ti = get_current_context()["ti"]
+    return LocalLaunch(
+        devices=lease.devices,
+        stop=lease.lost,
+        waited_s=lease.waited_s,
+        tags=_run_tags(),
+        on_plan=lambda plan: push_while_training(ti, plan),
+    )
 
 
 def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) -> dict:

@@ -43,7 +43,7 @@ start mlflow-users env MLFLOW_TRACKING_URI="http://localhost:$MLFLOW_PORT" \
 echo "Airflow UI + REST API: http://localhost:8080   (users and generated passwords: $pw_file)"
 cat "$pw_file"; echo
 echo "MLflow UI:             http://localhost:$MLFLOW_PORT   (the same users and passwords; a team's new work shows within a minute)"
-echo "TensorBoard:           tensorboard --logdir $TRAINYARD_HOME/tensorboard"
+echo "TensorBoard:           tensorboard --logdir $TRAINYARD_HOME/tensorboard   (no login: every team's curves; the tasks link it where TRAINYARD_TENSORBOARD_URL says)"
 echo "Logs: $AIRFLOW_HOME/*.log. Ctrl-C stops them all."
 status=0
 wait -n "${pids[@]}" || status=$?

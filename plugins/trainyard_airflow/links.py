@@ -1,11 +1,14 @@
 """Extra links of the training and evaluation tasks in the Airflow UI: the run in MLflow and its curves in
-TensorBoard.
+TensorBoard, from the moment the training starts.
 
-Airflow 3 computes a task's links on the worker as the task ends and keeps each as an XCom, which the UI
-shows: :meth:`get_link` reads the MLflow run of what the task trained from the task's own result, or from
-``training_result`` for the tasks after it. Where the UIs are served is configuration:
-``TRAINYARD_MLFLOW_URL`` (default http://localhost:5000, ``mlflow ui``) and ``TRAINYARD_TENSORBOARD_URL``
-(default http://localhost:6006, ``tensorboard --logdir $TRAINYARD_HOME/tensorboard``)."""
+Airflow 3 computes a task's links on the worker as the task ends and keeps each as an XCom (its
+``xcom_key``), which the UI shows: :meth:`get_link` reads the MLflow run of what the task trained from the
+task's own result, or from ``training_result`` for the tasks after it. A training task pushes the same
+XComs as soon as its MLflow run exists (:func:`push_while_training`), so the links are there while it
+trains, not only once it has ended. Where the UIs are served is configuration: ``TRAINYARD_MLFLOW_URL``
+(default http://localhost:5000, ``mlflow ui``) and ``TRAINYARD_TENSORBOARD_URL`` (unset: no TensorBoard
+link, as nothing serves it; ``tensorboard --logdir $TRAINYARD_HOME/tensorboard`` serves it at
+http://localhost:6006)."""
 
 from __future__ import annotations
 
@@ -35,10 +38,12 @@ class _TrainedRunLink(BaseOperatorLink):
     default_url: str
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        value = _trained(ti_key).get(self.field)
-        if not value:
-            return ""
-        return self.target(os.environ.get(self.url_env, self.default_url).rstrip("/"), value)
+        return self.url(_trained(ti_key).get(self.field))
+
+    def url(self, value: str | None) -> str:
+        """The link to ``value`` (the training's ``field``): none without a value or a UI to show it in."""
+        base = os.environ.get(self.url_env, self.default_url).rstrip("/")
+        return self.target(base, value) if value and base else ""
 
     def target(self, base: str, value: str) -> str:
         raise NotImplementedError
@@ -57,7 +62,7 @@ class MlflowRunLink(_TrainedRunLink):
 
 class TensorBoardLink(_TrainedRunLink):
     name = "TensorBoard"
-    field, url_env, default_url = "tensorboard_dir", "TRAINYARD_TENSORBOARD_URL", "http://localhost:6006"
+    field, url_env, default_url = "tensorboard_dir", "TRAINYARD_TENSORBOARD_URL", ""
 
     def target(self, base: str, value: str) -> str:
         from pathlib import Path
@@ -72,3 +77,12 @@ class TensorBoardLink(_TrainedRunLink):
 
 
 LINKS = (MlflowRunLink(), TensorBoardLink())
+
+
+def push_while_training(ti: Any, training: Any) -> None:
+    """The links to a training that has just started (``training``: its plan, with ``mlflow_run_id`` and
+    ``tensorboard_dir``), as the XComs the UI reads them from; the task's end writes them again."""
+    for link in LINKS:
+        url = link.url(getattr(training, link.field, None))
+        if url:
+            ti.xcom_push(key=link.xcom_key, value=url)

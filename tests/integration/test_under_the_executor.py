@@ -42,6 +42,7 @@ SECRET_CONNECTION, SECRET_PASSWORD = "warehouse_db", "s3cr3t-connection-password
 def airflow(tmp_path_factory):
     require_the_sandbox()
     af = airflow_with_its_config(tmp_path_factory, airflow_services)
+    af.env["TRAINYARD_TENSORBOARD_URL"] = "http://localhost:6006"  # as where an operator serves TensorBoard
     af.jobs_dir = tmp_path_factory.mktemp("jobs")  # retraining job files, read by the dag-processor
     af.env["TRAINYARD_JOBS_DIR"] = str(af.jobs_dir)
     # a folder on the tasks' sys.path: a package put there later is installed as far as they can tell
@@ -127,13 +128,26 @@ def _ancestors(pid: int) -> list[int]:
 
 def test_a_built_in_trainers_workers_hold_no_descriptor_of_the_supervisor(airflow):
     """Looked at from outside while they train: each worker's stdin is /dev/null, and none of its
-    descriptors is a socket that an ancestor (the task process, its supervisor, the executor) holds."""
+    descriptors is a socket that an ancestor (the task process, its supervisor, the executor) holds. And
+    the train task links its MLflow run and its curves while it trains, not only once it has ended."""
     import psutil
 
     headers = airflow.headers("tina")
     home = str(airflow.trainyard_home)
     seen: dict[int, dict] = {}
+    links_while_training: dict[str, str | None] = {}
     stop = threading.Event()
+    run_id = airflow.trigger(
+        DAG,
+        {
+            "name": "built-in-probe",
+            "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
+            "resources": {"gpus_per_node": 2, "gpu_type": "cpu"},
+            "gates": [],  # what is looked at here is the workers, not the model
+        },
+        headers,
+    )
+    links = f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/train/links"
 
     def watch() -> None:
         while not stop.wait(0.2) and len(seen) < 2:
@@ -147,19 +161,11 @@ def test_a_built_in_trainers_workers_hold_no_descriptor_of_the_supervisor(airflo
                 except (OSError, StopIteration):
                     continue  # it ended meanwhile
                 seen[p.pid] = {"fds": fds, "ancestors_sockets": above}
+                if not links_while_training:  # a worker is training: so is the task
+                    links_while_training.update(requests.get(links, headers=headers, timeout=10).json()["extra_links"])
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    run_id = airflow.trigger(
-        DAG,
-        {
-            "name": "built-in-probe",
-            "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
-            "resources": {"gpus_per_node": 2, "gpu_type": "cpu"},
-            "gates": [],  # what is looked at here is the workers, not the model
-        },
-        headers,
-    )
     try:
         run = airflow.wait_run(DAG, run_id, headers)
     finally:
@@ -171,6 +177,10 @@ def test_a_built_in_trainers_workers_hold_no_descriptor_of_the_supervisor(airflo
         assert found["fds"]["0"] == "/dev/null", (pid, found)
         assert found["ancestors_sockets"], found  # the task process's own channel is there to compare with
         assert not set(found["fds"].values()) & found["ancestors_sockets"], (pid, found)
+    assert (links_while_training["MLflow run"] or "").startswith("http://localhost:5000/#/experiments/"), (
+        links_while_training
+    )
+    assert (links_while_training["TensorBoard"] or "").startswith("http://localhost:6006/?runFilter=built-in-probe%2F")
 
 
 # A sweep whose order is known: the grid's first two points (trained side by side) are good learning rates,

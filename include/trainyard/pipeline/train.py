@@ -37,13 +37,15 @@ class LocalLaunch:
     """How a training runs on this machine, as its admission and its task say: where each output line goes
     (the task log; default: this process's log), the GPUs the job was given (its CUDA_VISIBLE_DEVICES;
     None leaves the environment's), the event that stops its workers (the job lost its admission), its
-    wait in the queue, and the tags of its MLflow run."""
+    wait in the queue, the tags of its MLflow run, and who is told of its plan before its workers start
+    (the task, which links its MLflow run)."""
 
     on_line: Callable[[str], None] | None = None
     devices: list[str] | None = None
     stop: threading.Event | None = None
     waited_s: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    on_plan: Callable[[TrainingPlan], None] | None = None
 
 
 def in_pods(spec: JobSpec) -> bool:
@@ -343,6 +345,8 @@ def train(
 
     local = local or LocalLaunch()
     plan = plan_training(spec, dataset, data, run_key, dict(local.tags), trial_objective)
+    if local.on_plan:
+        local.on_plan(plan)
     with _failed_run_on_error(plan):  # a collect that fails leaves no run RUNNING either
         try:
             launch_local(spec, data, plan, local)

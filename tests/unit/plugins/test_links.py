@@ -18,6 +18,7 @@ def test_the_links_go_to_the_trained_run_and_its_curves(trainyard_home, monkeypa
     from trainyard.tracking import mlflow_tracking as mt
 
     monkeypatch.setenv("TRAINYARD_MLFLOW_URL", "http://mlflow.example:5000/")
+    monkeypatch.delenv("TRAINYARD_TENSORBOARD_URL", raising=False)
     c = mt.client()
     experiment = mt.experiment_id(c, "digits", "default")
     run = c.create_run(experiment).info.run_id
@@ -26,6 +27,8 @@ def test_the_links_go_to_the_trained_run_and_its_curves(trainyard_home, monkeypa
 
     mlflow_link = MlflowRunLink().get_link(None, ti_key=_ti(trained))
     assert mlflow_link == f"http://mlflow.example:5000/#/experiments/{experiment}/runs/{run}"
+    assert TensorBoardLink().get_link(None, ti_key=_ti(trained)) == ""  # nothing serves TensorBoard: no link
+    monkeypatch.setenv("TRAINYARD_TENSORBOARD_URL", "http://localhost:6006")  # an operator serves it there
     board_link = TensorBoardLink().get_link(None, ti_key=_ti(trained))
     assert board_link == "http://localhost:6006/?runFilter=digits%2Fr%201#timeseries"
     # a later task (evaluate) links through training_result's
@@ -36,3 +39,21 @@ def test_no_training_result_no_link():
     for ti in (_ti(None), _ti({"mlflow_run_id": ""}, {"tensorboard_dir": ""})):
         assert MlflowRunLink().get_link(None, ti_key=ti) == ""
         assert TensorBoardLink().get_link(None, ti_key=ti) == ""
+
+
+def test_a_training_pushes_its_links_as_it_starts(trainyard_home, monkeypatch):
+    """The XComs the UI reads a task's links from, pushed by the training task once its MLflow run exists."""
+    from trainyard_airflow.links import push_while_training
+
+    monkeypatch.setenv("TRAINYARD_MLFLOW_URL", "http://mlflow.example:5000")
+    monkeypatch.delenv("TRAINYARD_TENSORBOARD_URL", raising=False)
+    from trainyard.tracking import mlflow_tracking as mt
+
+    c = mt.client()
+    experiment = mt.experiment_id(c, "digits", "default")
+    run = c.create_run(experiment).info.run_id
+    pushed = {}
+    ti = SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value}))
+    push_while_training(ti, SimpleNamespace(mlflow_run_id=run, tensorboard_dir="/tb/digits/r1"))
+    # the key Airflow keeps the MLflow link under; no TensorBoard link where nothing serves it
+    assert pushed == {"_link_MlflowRunLink": f"http://mlflow.example:5000/#/experiments/{experiment}/runs/{run}"}
