@@ -86,6 +86,7 @@ def _job_dag(job: RetrainingJob) -> Any:
             trigger_dag_id=training_dag(TEAM),
             trigger_run_id="{{ dag.dag_id }}__{{ run_id }}",
             conf=plan["conf"],
+            note=f"{job.spec.headline()}, retraining on new data",
             wait_for_completion=True,
             deferrable=True,
             poke_interval=15,

@@ -555,6 +555,15 @@ class JobSpec(_Model):
         ),
     )
 
+    def headline(self) -> str:
+        """What a run of this job is called where runs are listed (the note of its Airflow run): "digits:
+        digits_cnn on 2 x a100, team vision", and a sweep's or a replay's mark."""
+        res = self.resources
+        words = f"{self.name}: {self.recipe} on {res.total_gpus} x {res.gpu_type}, team {res.team}"
+        if self.sweep is not None:
+            words += f", sweep of {self.sweep.trials} trials"
+        return words + (f", replay of {self.replay_of}" if self.replay_of else "")
+
     @field_validator("gates")
     @classmethod
     def _unique_gates(cls, gates: tuple[Threshold, ...]) -> tuple[Threshold, ...]:

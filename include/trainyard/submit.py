@@ -95,12 +95,14 @@ def find_run_dag(client: Any, run_id: str) -> str:
     )
 
 
-def trigger(client: Any, conf: dict, dag_id: str) -> str:
-    """Start a run of ``dag_id`` with ``conf``; its run id."""
+def trigger(client: Any, conf: dict, dag_id: str, note: str | None = None) -> str:
+    """Start a run of ``dag_id`` with ``conf`` (``note``: the run's note, what Airflow's pages list it by);
+    its run id."""
     import airflow_client.client as af
 
+    body = af.TriggerDAGRunPostBody(logical_date=None, conf=conf, note=note)
     try:
-        run = af.DagRunApi(client).trigger_dag_run(dag_id, af.TriggerDAGRunPostBody(logical_date=None, conf=conf))
+        run = af.DagRunApi(client).trigger_dag_run(dag_id, body)
     except _api_errors() as err:
         raise _refused(err, f"could not trigger {dag_id}") from None
     return str(run.dag_run_id)
@@ -234,11 +236,12 @@ def submit(
     wait: bool,
     poll_s: float,
     streamed: tuple[str, ...] = STREAMED,
+    note: str | None = None,
 ) -> tuple[str, str | None]:
-    """Trigger a run with ``conf`` (printing its id on stdout, its page on stderr) and, with ``wait``,
-    follow it to its end, with the ``streamed`` tasks' logs: (run id, final state or None). ``trainyard
-    submit``, ``trainyard replay`` and ``trainyard models promote|rollback``."""
-    run_id = trigger(client, conf, dag_id)
+    """Trigger a run with ``conf`` and ``note`` (printing its id on stdout, its page on stderr) and, with
+    ``wait``, follow it to its end, with the ``streamed`` tasks' logs: (run id, final state or None).
+    ``trainyard submit``, ``trainyard replay`` and ``trainyard models promote|rollback``."""
+    run_id = trigger(client, conf, dag_id, note)
     print(f"triggered {dag_id} run {run_id} ({login_url}/dags/{dag_id}/runs/{run_id})", file=sys.stderr)
     print(run_id, flush=True)
     if not wait:

@@ -22,7 +22,8 @@ def cmd_submit(args) -> int:
     login = require_login()
     with api_client(login) as client:
         dag_id = args.dag or find_training_dag(client, spec.resources.team)
-        _, state = submit(client, login.url, spec.model_dump(mode="json"), dag_id, args.wait, args.poll)
+        conf = spec.model_dump(mode="json")
+        _, state = submit(client, login.url, conf, dag_id, args.wait, args.poll, note=spec.headline())
     return 1 if args.wait and state != "success" else 0
 
 
@@ -42,8 +43,9 @@ def cmd_replay(args) -> int:
     with api_client(login) as client:
         # the training task compares its own environment with the version's (trainyard.replay)
         conf = replay.replay_conf(rec, exact=not args.allow_different)
-        dag_id = find_training_dag(client, JobSpec.model_validate(rec.spec).resources.team)
-        run_id, state = submit(client, login.url, conf, dag_id, True, args.poll)
+        spec = JobSpec.model_validate(conf)
+        dag_id = find_training_dag(client, spec.resources.team)
+        run_id, state = submit(client, login.url, conf, dag_id, True, args.poll, note=spec.headline())
     # what evaluate logged on the run's MLflow run (also when a later task failed), not its XCom
     metrics = replay.evaluated(c, rec.spec.get("name", ""), f"{dag_id}/{run_id}")
     for line in replay.differences_of_run(c, rec.spec.get("name", ""), f"{dag_id}/{run_id}"):

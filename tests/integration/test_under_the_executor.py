@@ -397,7 +397,7 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
         training = f"{dag_id}__{run['dag_run_id']}"
         r = requests.get(f"{api}/dags/{DAG}/dagRuns/{training}", headers=headers, timeout=10)
         assert r.json()["state"] == state, airflow.failure_report(DAG, training, headers)
-        return {"conf": r.json()["conf"], "run": training}
+        return {"conf": r.json()["conf"], "run": training, "note": r.json()["note"]}
 
     def upload(folder: Path) -> dict:
         run_id = airflow.trigger(INGEST, {"folder": str(folder), "repo": "pets"}, headers)
@@ -423,7 +423,10 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
             files = digits_files()
             first = upload(write_files(tmp_path / "v1", files))
             assert first["new_commit"]
-            assert retrained(1)["conf"]["dataset"]["ref"] == first["commit"]
+            training = retrained(1)
+            assert training["conf"]["dataset"]["ref"] == first["commit"]
+            # what Airflow's pages list the training run by
+            assert training["note"] == "pets: digits_cnn on 1 x cpu, team default, retraining on new data"
 
             uri = dataset_uri("local", "pets", "main")
             r = requests.get(f"{api}/assets", headers=headers, params={"uri_pattern": uri}, timeout=10)
@@ -521,6 +524,8 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     assert "train: success" in replayed.stderr and f"run {DAG}/{replay_run}: success" in replayed.stderr
     states = {t: ti["state"] for t, ti in airflow.task_instances(DAG, replay_run, headers).items()}
     assert (states["gate"], states["export_onnx"], states["register"]) == ("success", "skipped", "skipped")
+    replay_note = requests.get(f"{api}/dags/{DAG}/dagRuns/{replay_run}", headers=headers, timeout=10).json()["note"]
+    assert replay_note == "pets: digits_cnn on 1 x cpu, team default, replay of pets:1", replay_note
     assert len(client.search_model_versions("name = 'pets'")) == 1
 
     # submitted from a job file and followed: a run that fails exits non-zero, naming where it failed

@@ -124,3 +124,21 @@ def test_one_checkpoint_interval():
 def test_custom_command_starts_with_the_program_not_an_option(first):
     with pytest.raises(SpecError, match=r"custom\.command.*program to run"):
         parse_spec({"recipe": "custom", "custom": {"command": [first, "train.py"]}})
+
+
+def test_a_run_is_listed_by_its_job_s_name_recipe_gpus_and_team():
+    spec = parse_spec(
+        {
+            "name": "pets",
+            "resources": {"team": "vision", "gpu_type": "a100", "nodes": 2, "gpus_per_node": 4},
+            "backends": {"launcher": "kubernetes"},
+        }
+    )
+    assert spec.headline() == "pets: digits_cnn on 8 x a100, team vision"
+    sweep = {
+        "name": "lr",
+        "trials": 6,
+        "parameters": [{"name": "hyperparameters.learning_rate", "type": "float", "low": 0.01, "high": 0.1}],
+    }
+    assert parse_spec({"sweep": sweep}).headline() == "digits: digits_cnn on 2 x cpu, team default, sweep of 6 trials"
+    assert parse_spec({"replay_of": "digits:3"}).headline().endswith(", replay of digits:3")
