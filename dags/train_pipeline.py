@@ -102,11 +102,13 @@ class _Shared(dict):
 
 
 def _params() -> dict[str, Param]:
-    """One Param per JobSpec field, its schema (nested fields, descriptions, enums, bounds) from the model."""
+    """One Param per JobSpec field, its schema (nested fields, descriptions, enums, bounds) from the model.
+    A section's description is its ``description_md`` (its fields, one line each) alone: the trigger form
+    shows ``description_md`` only where a Param has no ``description``."""
     return {
         name: Param(
             _Shared(DEFAULT[name]) if isinstance(DEFAULT[name], dict) else DEFAULT[name],
-            description=schema.get("description"),
+            description=None if "description_md" in schema else schema.get("description"),
             schema=_Shared(
                 {**{k: v for k, v in schema.items() if k not in ("default", "title", "description")}, "title": name}
             ),

@@ -229,3 +229,8 @@ def test_params_survive_serialization_and_validate_a_conf():
         dag.params.deep_merge({"hyperparameters": {"epochs": 0}}).validate()
     with pytest.raises(ParamValidationError, match="'epoch' was unexpected"):
         dag.params.deep_merge({"hyperparameters": {"epoch": 3}}).validate()
+    # the form shows a section's field list (description_md) only where the Param has no description
+    hyperparameters = dag.params.get_param("hyperparameters")
+    assert hyperparameters.description is None
+    assert "- `epochs` (integer, >= 1" in hyperparameters.schema["description_md"]
+    assert dag.params.get_param("name").description  # a plain field keeps its one line
