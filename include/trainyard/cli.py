@@ -85,13 +85,10 @@ def cmd_queue(args) -> int:
     not start."""
     import json
     import os
-    import time
 
-    from trainyard import paths
     from trainyard.acting import Acting, acting
     from trainyard.scheduling.admission.ledger import existing_ledger
-    from trainyard.scheduling.budgets import current_spend
-    from trainyard.teams import SEEN_BY_OTHERS
+    from trainyard.scheduling.fleet_view import live_queue
 
     if not os.environ.get("TRAINYARD_HOME"):
         raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
@@ -100,31 +97,7 @@ def cmd_queue(args) -> int:
     except CommandError as err:
         print(f"trainyard: {err}; showing the queue as to someone not logged in", file=sys.stderr)
         me = Acting()
-    ledger = existing_ledger()  # None where nothing was ever queued: a look creates nothing
-    rows = ledger.standing(current_spend(ledger.config, paths.runs_root())) if ledger else []
-    now = time.time()
-
-    def shown(job: dict) -> dict:
-        """The job in full to its team's members and admins; to anyone else team, GPUs and priority."""
-        return job if me.may_read(job["team"]) else {k: job[k] for k in SEEN_BY_OTHERS}
-
-    jobs = [
-        shown(
-            {
-                "run": e.job.id,
-                "gpu_type": e.job.gpu_type,
-                "state": "waiting" if e.admitted is None else "admitted",
-                "team": e.job.team,
-                "user": e.job.user,
-                "gpus": e.job.slots,
-                "priority": e.job.priority,
-                "waited_minutes": round(((e.admitted or now) - e.enqueued) / 60, 1),
-                "reason": verdict.message,
-                "why": verdict.reason.value if verdict.reason else None,  # what a program compares
-            }
-        )
-        for e, verdict in rows
-    ]
+    jobs = live_queue(existing_ledger(), me)  # no ledger where nothing was ever queued: a look creates none
     if args.json:
         print(json.dumps(jobs, indent=2))
         return 0

@@ -264,6 +264,23 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
         assert second["reason"] == "cpu: 2 of 2 slots in use, the job needs 2"
         log = airflow.task_log(DAG, waiting, "admit", headers)
         assert second["reason"] in log  # the same words
+        assert f"waiting, 1 of 1 for cpu: {second['reason']}" in log  # with its place in the queue
+
+        # the Fleet page of the Airflow UI says the same, behind Airflow's login, as each user may see it
+        fleet = f"{airflow.url}/trainyard/fleet"
+        assert requests.get(f"{fleet}.json", timeout=10).status_code == 401
+        view = requests.get(f"{fleet}.json", headers=headers, timeout=10).json()
+        (cpu,) = [t for t in view["gpu_types"] if t["gpu_type"] == "cpu"]
+        assert (cpu["slots"], cpu["in_use"], cpu["free"]) == (2, 2, 0), cpu
+        assert [j["run"] for j in cpu["holders"]] == [f"{DAG}/{holder}"]
+        assert [(j["run"], j["reason"]) for j in cpu["waiting"]] == [(f"{DAG}/{waiting}", second["reason"])]
+        teams = {t["team"]: t for t in view["teams"]}
+        assert "spent" in teams["default"] and "spent" not in teams["vision"]  # tina's team's money only
+        page = requests.get(fleet, headers=headers, timeout=10)
+        assert page.ok and "cpu: 2 of 2 slots in use, 0 free" in page.text and second["reason"] in page.text
+        plugins = requests.get(f"{airflow.url}/api/v2/plugins", headers=headers, timeout=10).json()["plugins"]
+        views = [v for p in plugins for v in p["external_views"]]
+        assert {"name": "Fleet", "href": "/trainyard/fleet"}.items() <= views[0].items(), views  # in the UI's menu
 
         done = trainyard_cli(airflow, "queue", "cancel", waiting, token=airflow.token("tina"))
         assert done.returncode == 0, done.stderr

@@ -1,0 +1,94 @@
+"""The fleet and its queue as a reader sees them: what ``trainyard queue`` prints and the Fleet page of the
+Airflow UI shows (``trainyard_airflow.pages``), from one place.
+
+A job is shown in full (its run, user, wait and reason) to its team's members and admins; to anyone else
+as its team, GPUs, priority and state only (:data:`trainyard.teams.SEEN_BY_OTHERS`). Teams' quotas and
+limits are the inventory's (resources.yaml, which every user may read); a team's spend and budget only
+to its members and admins.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainyard.acting import Acting
+    from trainyard.scheduling.admission.ledger import Ledger
+    from trainyard.scheduling.admission.policy import Entry, Verdict
+    from trainyard.scheduling.resources import ResourcesConfig
+
+
+def queue_jobs(rows: list[tuple[Entry, Verdict]], reader: Acting, now: float | None = None) -> list[dict[str, Any]]:
+    """The ledger's live jobs (``Ledger.standing``'s rows: admitted first, then the waiting, each oldest
+    first) as ``reader`` may see them."""
+    from trainyard.teams import SEEN_BY_OTHERS
+
+    now = time.time() if now is None else now
+    jobs = []
+    for e, verdict in rows:
+        job = {
+            "run": e.job.id,
+            "gpu_type": e.job.gpu_type,
+            "state": "waiting" if e.admitted is None else "admitted",
+            "team": e.job.team,
+            "user": e.job.user,
+            "gpus": e.job.slots,
+            "priority": e.job.priority,
+            "waited_minutes": round(((e.admitted or now) - e.enqueued) / 60, 1),
+            "reason": verdict.message,
+            "why": verdict.reason.value if verdict.reason else None,  # what a program compares
+        }
+        jobs.append(job if reader.may_read(e.job.team) else {k: job[k] for k in SEEN_BY_OTHERS})
+    return jobs
+
+
+def live_queue(ledger: Ledger | None, reader: Acting) -> list[dict[str, Any]]:
+    """This installation's queue (``ledger``: None where nothing was ever queued) as ``reader`` sees it."""
+    from trainyard import paths
+    from trainyard.scheduling.budgets import current_spend
+
+    if ledger is None:
+        return []
+    return queue_jobs(ledger.standing(current_spend(ledger.config, paths.runs_root())), reader)
+
+
+def fleet(config: ResourcesConfig, ledger: Ledger | None, reader: Acting) -> dict[str, Any]:
+    """Per GPU type its slots, the slots admitted jobs hold, who holds them and who waits, and why; per team
+    its quota and limits, and, where ``reader`` may read the team, this month's spend against its budget."""
+    from trainyard import paths
+    from trainyard.scheduling.budgets import month_of, team_months
+
+    jobs = live_queue(ledger, reader)
+    types = []
+    for name, gpu in config.gpu_types.items():
+        held = [j for j in jobs if j["gpu_type"] == name and j["state"] == "admitted"]
+        in_use = sum(j["gpus"] for j in held)
+        types.append(
+            {
+                "gpu_type": name,
+                "slots": gpu.slots,
+                "in_use": in_use,
+                "free": max(gpu.slots - in_use, 0),
+                "price_per_hour": gpu.price_per_hour,
+                "holders": held,
+                "waiting": [j for j in jobs if j["gpu_type"] == name and j["state"] == "waiting"],
+            }
+        )
+    months = team_months(config, month_of(time.time()), paths.runs_root(), ledger)
+    teams = []
+    for name, team in config.teams.items():
+        row: dict[str, Any] = {
+            "team": name,
+            "quota": team.quota,
+            "borrowing_limit": team.borrowing_limit,
+            "lending_limit": team.lending_limit,
+        }
+        if reader.may_read(name):
+            month = months[name]
+            row.update(
+                month=month.month, spent=round(month.spent, 2), committed=round(month.committed, 2),
+                budget=month.budget, left=None if month.left is None else round(month.left, 2),
+            )  # fmt: skip
+        teams.append(row)
+    return {"gpu_types": types, "teams": teams}

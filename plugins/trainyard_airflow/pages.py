@@ -1,0 +1,97 @@
+"""The Fleet page in the Airflow UI: each GPU type's slots, who holds them, who waits and why, and each
+team's quota, limits and budget. Served by Airflow's api-server (the plugin's FastAPI app, under
+``/trainyard``), behind Airflow's own login, and shown in its navigation (``external_views``).
+
+It reads what ``trainyard queue`` and ``trainyard budget`` read, through the same code
+(:mod:`trainyard.scheduling.fleet_view`): the ledger of this installation and its run records, as the
+logged-in user may see them (another team's job as its team, GPUs and priority only; another team's
+spend not at all). ``/trainyard/fleet.json`` is the same as JSON, for scripts.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from airflow.api_fastapi.core_api.security import GetUserDep
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
+
+app = FastAPI(title="trainyard pages", docs_url=None, redoc_url=None, openapi_url=None)
+STYLE = (
+    "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1em}"
+    "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}"
+)
+
+
+def _fleet(user: Any) -> dict[str, Any]:
+    """The fleet as ``user`` (Airflow's, from the request's token) may see it: their teams are those the
+    members lists of resources.yaml give them, as for every other read; an admin's are every team."""
+    from trainyard.acting import Acting
+    from trainyard.scheduling.admission.ledger import existing_ledger
+    from trainyard.scheduling.fleet_view import fleet
+    from trainyard.scheduling.resources import resources_in_force
+    from trainyard.teams import teams_of
+
+    config = resources_in_force()
+    name = user.get_name()
+    reader = Acting(name, tuple(teams_of(config, name)), getattr(user, "role", None) == "admin")
+    return fleet(config, existing_ledger(config), reader)
+
+
+@app.get("/fleet.json")
+def fleet_json(user: GetUserDep) -> dict[str, Any]:
+    return _fleet(user)
+
+
+@app.get("/fleet", response_class=HTMLResponse)
+def fleet_page(user: GetUserDep) -> str:
+    return render(_fleet(user))
+
+
+def _cells(values: list[Any], tag: str = "td") -> str:
+    return "<tr>" + "".join(f"<{tag}>{escape('' if v is None else str(v))}</{tag}>" for v in values) + "</tr>"
+
+
+def _job_rows(jobs: list[dict[str, Any]]) -> str:
+    rows = []
+    for j in jobs:
+        if "run" in j:
+            rows.append(
+                _cells(
+                    [j["team"], j["user"] or "-", j["gpus"], j["priority"], j["waited_minutes"], j["run"], j["reason"]]
+                )
+            )
+        else:  # another team's job: what everyone may see of it
+            rows.append(_cells([j["team"], "-", j["gpus"], j["priority"], "-", "-", "(another team's job)"]))
+    return "".join(rows)
+
+
+def render(view: dict[str, Any]) -> str:
+    """The Fleet page's HTML (every value escaped): a table per GPU type, then the teams."""
+    header = ["team", "user", "GPUs", "priority", "waited (min)", "run", "why"]
+    parts = ["<h1>Fleet</h1>"]
+    for t in view["gpu_types"]:
+        parts.append(
+            f"<h2>{escape(t['gpu_type'])}: {t['in_use']} of {t['slots']} slots in use, {t['free']} free "
+            f"({t['price_per_hour']:g} an hour a slot)</h2>"
+        )
+        for title, jobs in (("holding", t["holders"]), ("waiting", t["waiting"])):
+            if jobs:
+                parts.append(f"<h3>{title}</h3><table>{_cells(header, 'th')}{_job_rows(jobs)}</table>")
+        if not t["holders"] and not t["waiting"]:
+            parts.append("<p>no job holds or waits for it</p>")
+    parts.append("<h2>Teams</h2><table>")
+    parts.append(_cells(["team", "quota", "may borrow", "may lend", "spent", "committed", "budget", "left"], "th"))
+    for team in view["teams"]:
+        limits = [
+            ", ".join(f"{k}: {v}" for k, v in team[f].items()) or "-"
+            for f in ("quota", "borrowing_limit", "lending_limit")
+        ]
+        money = [
+            team.get(k, "(not your team)" if k == "spent" else "") for k in ("spent", "committed", "budget", "left")
+        ]
+        parts.append(_cells([team["team"], *limits, *money]))
+    parts.append("</table>")
+    head = f"<head><title>Fleet</title><style>{STYLE}</style></head>"
+    return f"<!doctype html><html>{head}<body>{''.join(parts)}</body></html>"

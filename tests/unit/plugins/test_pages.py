@@ -1,0 +1,82 @@
+"""The Fleet page's HTML (trainyard_airflow.pages.render): what a user chose (a run id, a reason naming a
+job) is text on the page, never markup."""
+
+from trainyard_airflow.pages import render
+
+
+def test_the_fleet_page_escapes_what_users_chose():
+    job = {
+        "run": "train_pipeline.default/<script>alert(1)</script>",
+        "gpu_type": "a100",
+        "state": "waiting",
+        "team": "vision",
+        "user": "tina",
+        "gpus": 2,
+        "priority": 1,
+        "waited_minutes": 3.0,
+        "reason": "behind <b>x</b>",
+    }
+    other = {"gpu_type": "a100", "state": "admitted", "team": "nlp", "gpus": 4, "priority": 5}
+    view = {
+        "gpu_types": [
+            {
+                "gpu_type": "a100",
+                "slots": 4,
+                "in_use": 4,
+                "free": 0,
+                "price_per_hour": 2.5,
+                "holders": [other],
+                "waiting": [job],
+            }
+        ],
+        "teams": [
+            {
+                "team": "vision",
+                "quota": {"a100": 2},
+                "borrowing_limit": {},
+                "lending_limit": {},
+                "spent": 1.5,
+                "committed": 0.0,
+                "budget": None,
+                "left": None,
+            },
+            {"team": "nlp", "quota": {"a100": 2}, "borrowing_limit": {"a100": 1}, "lending_limit": {}},
+        ],
+    }
+    page = render(view)
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "behind &lt;b&gt;x&lt;/b&gt;" in page
+    assert "a100: 4 of 4 slots in use, 0 free (2.5 an hour a slot)" in page
+    assert "(another team&#x27;s job)" in page and "(not your team)" in page
+
+
+def test_the_fleet_shows_a_team_its_own_jobs_and_money_and_others_only_what_everyone_sees(tmp_path, monkeypatch):
+    """The view behind the page and `trainyard queue` (trainyard.scheduling.fleet_view), on a real ledger."""
+    from trainyard.acting import Acting
+    from trainyard.scheduling.admission.ledger import default_ledger
+    from trainyard.scheduling.admission.policy import Job
+    from trainyard.scheduling.fleet_view import fleet
+
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "resources.yaml").write_text(
+        "gpu_types:\n  a100: {count: 4, price_per_hour: 2.0}\n"
+        "teams:\n  vision: {quota: {a100: 2}, monthly_budget: 100}\n  nlp: {quota: {a100: 2}}\n"
+    )
+    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    ledger = default_ledger()
+    assert ledger.request(Job("train_pipeline.nlp/r1", "nlp", "a100", 4, 1, 1.0, "nina")).admitted
+    assert not ledger.request(Job("train_pipeline.vision/r2", "vision", "a100", 2, 1, 1.0, "tina")).admitted
+
+    view = fleet(ledger.config, ledger, Acting("tina", ("vision",)))
+    (a100,) = view["gpu_types"]
+    assert (a100["slots"], a100["in_use"], a100["free"]) == (4, 4, 0)
+    assert a100["holders"] == [{"gpu_type": "a100", "state": "admitted", "team": "nlp", "gpus": 4, "priority": 1}]
+    (mine,) = a100["waiting"]
+    assert mine["run"] == "train_pipeline.vision/r2" and mine["user"] == "tina" and mine["why"] == "slots_in_use"
+    teams = {t["team"]: t for t in view["teams"]}
+    assert teams["vision"]["budget"] == 100 and teams["vision"]["left"] is not None
+    assert "spent" not in teams["nlp"] and teams["nlp"]["quota"] == {"a100": 2}  # the inventory is everyone's
+    admin = fleet(ledger.config, ledger, Acting("root", (), admin=True))
+    assert admin["gpu_types"][0]["holders"][0]["user"] == "nina"
