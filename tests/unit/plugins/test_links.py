@@ -3,6 +3,8 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from trainyard_airflow.links import MlflowRunLink, TensorBoardLink
 
 
@@ -13,15 +15,23 @@ def _ti(own: dict | None, training_result: dict | None = None):
     return SimpleNamespace(task_id="train", map_index=-1, xcom_pull=xcom_pull)
 
 
-def test_the_links_go_to_the_trained_run_and_its_curves(trainyard_home, monkeypatch):
-    from trainyard import paths
+@pytest.fixture
+def mlflow_run(trainyard_home, monkeypatch) -> tuple[str, str]:
+    """(experiment id, run id) of a run in team default's experiment ``digits``, with MLflow's UI served at
+    http://mlflow.example:5000 and TensorBoard nowhere."""
     from trainyard.tracking import mlflow_tracking as mt
 
     monkeypatch.setenv("TRAINYARD_MLFLOW_URL", "http://mlflow.example:5000/")
     monkeypatch.delenv("TRAINYARD_TENSORBOARD_URL", raising=False)
     c = mt.client()
     experiment = mt.experiment_id(c, "digits", "default")
-    run = c.create_run(experiment).info.run_id
+    return experiment, c.create_run(experiment).info.run_id
+
+
+def test_the_links_go_to_the_trained_run_and_its_curves(mlflow_run, monkeypatch):
+    from trainyard import paths
+
+    experiment, run = mlflow_run
     board = paths.tensorboard_root() / "digits" / "r 1"
     trained = {"mlflow_run_id": run, "tensorboard_dir": str(board)}
 
@@ -41,17 +51,11 @@ def test_no_training_result_no_link():
         assert TensorBoardLink().get_link(None, ti_key=ti) == ""
 
 
-def test_a_training_pushes_its_links_as_it_starts(trainyard_home, monkeypatch):
+def test_a_training_pushes_its_links_as_it_starts(mlflow_run):
     """The XComs the UI reads a task's links from, pushed by the training task once its MLflow run exists."""
     from trainyard_airflow.links import push_while_training
 
-    monkeypatch.setenv("TRAINYARD_MLFLOW_URL", "http://mlflow.example:5000")
-    monkeypatch.delenv("TRAINYARD_TENSORBOARD_URL", raising=False)
-    from trainyard.tracking import mlflow_tracking as mt
-
-    c = mt.client()
-    experiment = mt.experiment_id(c, "digits", "default")
-    run = c.create_run(experiment).info.run_id
+    experiment, run = mlflow_run
     pushed = {}
     ti = SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value}))
     push_while_training(ti, SimpleNamespace(mlflow_run_id=run, tensorboard_dir="/tb/digits/r1"))
