@@ -169,8 +169,10 @@ class Airflow:
                 components["triggerer"] = ["triggerer"]
             wanted = None if teams is None else set(teams)
             served = [t for t in self.teams() if wanted is None or t in wanted]
-            for team in served:  # the first triggerer serves the triggers' logs (one server per port)
-                quiet = ["--skip-serve-logs"] if len(components) > 3 else []
+            if wanted is not None and set(served) != wanted:
+                raise ValueError(f"no DAG bundle for team(s) {sorted(wanted - set(served))}: no triggerer for them")
+            for i, team in enumerate(served):  # one triggerer serves the triggers' logs (one server per port)
+                quiet = ["--skip-serve-logs"] if teams is None or i > 0 else []
                 components[f"triggerer-{team}"] = ["triggerer", "--team-name", team, *quiet]
         for name, command in components.items():
             argv = ["airflow", *command]
@@ -308,8 +310,9 @@ class Airflow:
                 timeout=30,
             )
             r.raise_for_status()
-            lines = [e for e in r.json()["content"] if isinstance(e, dict) and e.get("level") == "error"]
-            found[name] = [str(e.get("event"))[:300] for e in lines]
+            entries = [e for e in r.json()["content"] if isinstance(e, dict) and "level" in e]
+            assert entries, f"{name}'s log has no line with a level: {r.text[:500]}"  # else nothing is checked
+            found[name] = [str(e.get("event"))[:300] for e in entries if e["level"] == "error"]
         return found
 
     def task_instances(self, dag_id: str, run_id: str, headers: dict) -> dict:

@@ -2,16 +2,28 @@
 TensorBoard), which the UI resolves by class (``trainyard_airflow.links``), and the Fleet page
 (``trainyard_airflow.pages``: served by the api-server under ``/trainyard``, in the UI's navigation)."""
 
+import sys
+
 from airflow.plugins_manager import AirflowPlugin
 
 from trainyard_airflow.links import MlflowRunLink, TensorBoardLink
-from trainyard_airflow.pages import app as pages
+
+
+def _pages() -> list[dict]:
+    """The Fleet page's app where FastAPI apps are served: in the api-server, which imports FastAPI before it
+    loads the plugins. Every other process that loads plugins (a task, a triggerer, a worker) would import
+    FastAPI for nothing (0.12 CPU-s each)."""
+    if "fastapi" not in sys.modules:
+        return []
+    from trainyard_airflow.pages import app
+
+    return [{"app": app, "url_prefix": "/trainyard", "name": "trainyard pages"}]
 
 
 class TrainyardPlugin(AirflowPlugin):
     name = "trainyard"
     operator_extra_links = [MlflowRunLink(), TensorBoardLink()]
-    fastapi_apps = [{"app": pages, "url_prefix": "/trainyard", "name": "trainyard pages"}]
+    fastapi_apps = _pages()
     external_views = [
         {"name": "Fleet", "href": "/trainyard/fleet", "destination": "nav", "url_route": "fleet", "category": "browse"}
     ]

@@ -38,7 +38,15 @@ class _TrainedRunLink(BaseOperatorLink):
     default_url: str
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        return self.url(_trained(ti_key).get(self.field))
+        """The link as the task ends: to what it trained; for a training that failed (no result), the one
+        it pushed as it started (:func:`push_while_training`), which its end would otherwise blank out."""
+        url = self.url(_trained(ti_key).get(self.field))
+        if url:
+            return url
+        pushed = ti_key.xcom_pull(
+            task_ids=ti_key.task_id, key=self.xcom_key, map_indexes=getattr(ti_key, "map_index", -1)
+        )
+        return pushed if isinstance(pushed, str) else ""
 
     def url(self, value: str | None) -> str:
         """The link to ``value`` (the training's ``field``): none without a value or a UI to show it in."""
@@ -81,8 +89,15 @@ LINKS = (MlflowRunLink(), TensorBoardLink())
 
 def push_while_training(ti: Any, training: Any) -> None:
     """The links to a training that has just started (``training``: its plan, with ``mlflow_run_id`` and
-    ``tensorboard_dir``), as the XComs the UI reads them from; the task's end writes them again."""
+    ``tensorboard_dir``), as the XComs the UI reads them from; the task's end writes them again. A link that
+    cannot be made (MLflow unreachable for a moment) is logged and left to the task's end: never the
+    training's failure."""
+    import logging
+
     for link in LINKS:
-        url = link.url(getattr(training, link.field, None))
-        if url:
-            ti.xcom_push(key=link.xcom_key, value=url)
+        try:
+            url = link.url(getattr(training, link.field, None))
+            if url:
+                ti.xcom_push(key=link.xcom_key, value=url)
+        except Exception as err:  # noqa: BLE001 - a link is a convenience; the training goes on
+            logging.getLogger(__name__).warning("could not show the %s link yet: %s", link.name, err)

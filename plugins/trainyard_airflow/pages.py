@@ -2,26 +2,41 @@
 team's quota, limits and budget. Served by Airflow's api-server (the plugin's FastAPI app, under
 ``/trainyard``), behind Airflow's own login, and shown in its navigation (``external_views``).
 
-It reads what ``trainyard queue`` and ``trainyard budget`` read, through the same code
-(:mod:`trainyard.scheduling.fleet_view`): the ledger of this installation and its run records, as the
-logged-in user may see them (another team's job as its team, GPUs and priority only; another team's
-spend not at all). ``/trainyard/fleet.json`` is the same as JSON, for scripts.
+It reads what ``trainyard queue`` reads, through the same code (:mod:`trainyard.scheduling.fleet_view`), and each
+team's month as ``trainyard report cost`` counts it: the ledger of this installation and its run records, as the
+logged-in user may see them (another team's job as its team, GPUs and priority only; another team's spend not at
+all). ``/trainyard/fleet.json`` is the same as JSON, for scripts.
 """
 
 from __future__ import annotations
 
 from html import escape
-from typing import Any
+from typing import Annotated, Any
 
-from airflow.api_fastapi.core_api.security import GetUserDep
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 app = FastAPI(title="trainyard pages", docs_url=None, redoc_url=None, openapi_url=None)
 STYLE = (
     "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1em}"
     "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}"
 )
+
+
+BearerToken = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
+
+
+async def _user(request: Request, bearer: BearerToken) -> Any:
+    """The request's Airflow user, as Airflow's own routes find it (a bearer token, else the UI's cookie;
+    401 without either): ``airflow.api_fastapi.core_api.security.get_user``, imported here because it
+    weighs 0.66 CPU-s and only the api-server serves these routes."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    return await get_user(request=request, _oauth_token=None, bearer_credentials=bearer)
+
+
+AirflowUser = Annotated[Any, Depends(_user)]
 
 
 def _fleet(user: Any) -> dict[str, Any]:
@@ -35,17 +50,18 @@ def _fleet(user: Any) -> dict[str, Any]:
 
     config = resources_in_force()
     name = user.get_name()
-    reader = Acting(name, tuple(teams_of(config, name)), getattr(user, "role", None) == "admin")
+    admin = str(getattr(user, "role", "") or "").lower() == "admin"  # as trainyard.airflow_api reads a role
+    reader = Acting(name, tuple(teams_of(config, name)), admin)
     return fleet(config, existing_ledger(config), reader)
 
 
 @app.get("/fleet.json")
-def fleet_json(user: GetUserDep) -> dict[str, Any]:
+def fleet_json(user: AirflowUser) -> dict[str, Any]:
     return _fleet(user)
 
 
 @app.get("/fleet", response_class=HTMLResponse)
-def fleet_page(user: GetUserDep) -> str:
+def fleet_page(user: AirflowUser) -> str:
     return render(_fleet(user))
 
 

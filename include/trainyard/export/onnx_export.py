@@ -105,18 +105,23 @@ def _quiet_exporter():
     """The exporter's graph passes log every rewrite at INFO (hundreds of lines per model); a task log
     needs the verdict, not those. Its op registry warns once per torchvision op that torchvision is not
     installed: expected (its wheels do not load with the pinned torch, and no recipe uses its ops), and
-    written to stderr, where Airflow shows it as an ERROR line."""
-    quieter = {"onnx_ir": logging.WARNING, "onnxscript": logging.WARNING, "torch.onnx": logging.WARNING}
-    quieter["torch.onnx._internal.exporter._registration"] = logging.ERROR
-    loggers = {logging.getLogger(name): level for name, level in quieter.items()}
-    before = {lg: lg.level for lg in loggers}
-    for lg, level in loggers.items():
-        lg.setLevel(level)
+    written to stderr, where Airflow shows it as an ERROR line; that notice alone is dropped."""
+    loggers = [logging.getLogger(n) for n in ("onnx_ir", "onnxscript", "torch.onnx")]
+    levels = [lg.level for lg in loggers]
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    registry.addFilter(_no_torchvision_notice)
     try:
         yield
     finally:
-        for lg, level in before.items():
+        registry.removeFilter(_no_torchvision_notice)
+        for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
+
+
+def _no_torchvision_notice(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("torchvision is not installed")
 
 
 def export(

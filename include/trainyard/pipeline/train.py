@@ -345,9 +345,9 @@ def train(
 
     local = local or LocalLaunch()
     plan = plan_training(spec, dataset, data, run_key, dict(local.tags), trial_objective)
-    if local.on_plan:
-        local.on_plan(plan)
     with _failed_run_on_error(plan):  # a collect that fails leaves no run RUNNING either
+        if local.on_plan:
+            local.on_plan(plan)
         try:
             launch_local(spec, data, plan, local)
             stopped = False

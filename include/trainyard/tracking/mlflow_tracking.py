@@ -91,6 +91,8 @@ def experiment_id(c, name: str, team: str) -> str:
         )
     else:
         mlflow_auth.check_sealed("experiment", name, team, exp.tags or {})
+    if (exp.tags or {}).get(EXPERIMENT_KIND_TAG) is None:  # made before the kind was recorded
+        c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
     return exp.experiment_id
 
 

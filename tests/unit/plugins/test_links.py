@@ -8,11 +8,20 @@ import pytest
 from trainyard_airflow.links import MlflowRunLink, TensorBoardLink
 
 
-def _ti(own: dict | None, training_result: dict | None = None):
-    def xcom_pull(task_ids, map_indexes=-1):
+def _ti(own: dict | None, training_result: dict | None = None, pushed: dict | None = None):
+    """A ``train`` task instance as a link sees it: its result ``own``, ``training_result``'s, and the link
+    XComs it ``pushed`` (key -> value)."""
+
+    def xcom_pull(task_ids, map_indexes=-1, key="return_value"):
+        if key != "return_value":
+            return (pushed or {}).get(key) if task_ids == "train" else None
         return own if task_ids == "train" else training_result
 
-    return SimpleNamespace(task_id="train", map_index=-1, xcom_pull=xcom_pull)
+    def xcom_push(key, value):
+        pushed_here[key] = value
+
+    pushed_here = pushed if pushed is not None else {}
+    return SimpleNamespace(task_id="train", map_index=-1, xcom_pull=xcom_pull, xcom_push=xcom_push)
 
 
 @pytest.fixture
@@ -56,8 +65,13 @@ def test_a_training_pushes_its_links_as_it_starts(mlflow_run):
     from trainyard_airflow.links import push_while_training
 
     experiment, run = mlflow_run
-    pushed = {}
-    ti = SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value}))
+    pushed: dict = {}
+    ti = _ti(None, pushed=pushed)
     push_while_training(ti, SimpleNamespace(mlflow_run_id=run, tensorboard_dir="/tb/digits/r1"))
     # the key Airflow keeps the MLflow link under; no TensorBoard link where nothing serves it
-    assert pushed == {"_link_MlflowRunLink": f"http://mlflow.example:5000/#/experiments/{experiment}/runs/{run}"}
+    link = f"http://mlflow.example:5000/#/experiments/{experiment}/runs/{run}"
+    assert pushed == {"_link_MlflowRunLink": link}
+    # the training failed (no result): its end keeps the link it showed while it trained
+    assert MlflowRunLink().get_link(None, ti_key=ti) == link and TensorBoardLink().get_link(None, ti_key=ti) == ""
+    # MLflow unreachable as it starts: no link yet, and the training goes on
+    push_while_training(_ti(None), SimpleNamespace(mlflow_run_id="no-such-run", tensorboard_dir=""))

@@ -284,15 +284,16 @@ class Ledger:
     def standing(self, spend: Spend | None = None) -> list[tuple[Entry, Verdict]]:
         """Every live job with what the ledger says of it now, without changing anything: an admitted
         job's share, or why a waiting one waits, the verdicts its ``admit`` task logs (the same
-        :func:`~trainyard.scheduling.admission.policy.plan`). Admitted jobs first, then the waiting, each
-        oldest first."""
+        :func:`~trainyard.scheduling.admission.policy.plan`). Admitted jobs first, oldest first, then the
+        waiting in the order the policy looks at them (their places in the queue)."""
         with self.db.connection() as conn:
             now = self._now(conn)
             entries = [e for e in self._entries(conn) if e.lease_until >= now]
         known = [e for e in entries if e.job.gpu_type in self.config.gpu_types and e.job.team in self.config.teams]
         verdicts = plan(self.config, known, now, spend)
+        place = {job_id: i for i, job_id in enumerate(verdicts)}
         rows = []
-        for e in sorted(entries, key=lambda e: (e.admitted is None, e.enqueued)):
+        for e in sorted(entries, key=lambda e: (e.admitted is None, place.get(e.job.id, len(place)), e.enqueued)):
             if e.admitted is not None:
                 rows.append((e, Verdict.admit(e.job, e.borrowed)))
             elif e not in known:
@@ -356,8 +357,8 @@ def look(ledger: Ledger, job: Job) -> Verdict:
 
 def place_in_queue(ledger: Ledger, job_id: str) -> str | None:
     """Where the waiting job ``job_id`` stands, in the words ``trainyard queue`` and the ``admit`` task's log
-    use: "waiting, 2 of 3 for a100: <why>" (the jobs of its GPU type that wait, oldest first); None when it
-    is not waiting (admitted, or not in the ledger)."""
+    use: "waiting, 2 of 3 for a100: <why>" (the jobs of its GPU type that wait, in the order the policy looks
+    at them); None when it is not waiting (admitted, or not in the ledger)."""
     from trainyard import paths
     from trainyard.scheduling.budgets import current_spend
 
@@ -374,7 +375,10 @@ def verdict_in_words(ledger: Ledger, job_id: str, verdict: Verdict, since: float
     has waited since ``since`` (epoch seconds), else the verdict's message."""
     if verdict.standing is not Standing.WAITING:
         return verdict.message
-    said = place_in_queue(ledger, job_id) or f"waiting: {verdict.message}"
+    try:
+        said = place_in_queue(ledger, job_id) or f"waiting: {verdict.message}"
+    except Exception as err:  # noqa: BLE001 - a second read for a log line's detail never fails the look
+        said = f"waiting: {verdict.message} (its place unknown: {err})"
     return f"{said} (waiting {(time.time() - since) / 60:.0f} min)" if since else said
 
 

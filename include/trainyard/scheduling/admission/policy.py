@@ -246,10 +246,12 @@ class _Commitments:
 
 
 def plan(config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend | None = None) -> dict[str, Verdict]:
-    """Every waiting job's verdict now: job id -> admitted (with the slots it borrows) or waiting (and
-    why). ``spend``: with it, a job is admitted only while its commitment and those of its team's
-    admitted jobs and Kubernetes trainings (:func:`trainyard.scheduling.budgets.commitment`) fit in what
-    the team's monthly budget has left after this month's spend."""
+    """Every waiting job's verdict now: job id -> admitted (with the slots it borrows) or waiting (and why), per GPU
+    type in the order the jobs are looked at (past the bound on waiting first, then within quota, then by priority,
+    then by arrival): a waiting job's place in its queue. ``spend``: with it, a job is admitted only while its
+    commitment and those of its team's admitted jobs and Kubernetes trainings
+    (:func:`trainyard.scheduling.budgets.commitment`) fit in what the team's monthly budget has left after this
+    month's spend."""
     commitments = _Commitments(config, spend, [e.job for e in entries if e.admitted is not None])
     in_group: dict[str, int] = {}  # a sweep's admitted trials
     for e in entries:
