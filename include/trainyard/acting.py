@@ -28,6 +28,15 @@ class Acting:
         """Whether this user may read the work of ``team`` (None: work of no team, everyone's)."""
         return team is None or self.admin or team in self.teams
 
+    @classmethod
+    def of(cls, user: str, role: str) -> Acting:
+        """An Airflow user of ``role``: their teams are those the members lists of the resources in force
+        give them; an admin's (the role ``admin``, in any case) every team."""
+        from trainyard.scheduling.resources import resources_in_force
+        from trainyard.teams import teams_of
+
+        return cls(user, tuple(teams_of(resources_in_force(), user)), role.lower() == "admin")
+
     def who(self) -> str:
         return (
             "nobody logged in"
@@ -60,11 +69,9 @@ def acting(*, required: bool = False) -> Acting:
     """Who the command line's Airflow login is: nobody without one (CommandError where ``required``, saying
     how to give one); CommandError where the API server refuses it."""
     from trainyard.airflow_api import find_login, require_login, whoami
-    from trainyard.scheduling.resources import resources_in_force
-    from trainyard.teams import teams_of
 
     login = require_login() if required else find_login()
     if login is None:
         return Acting()
     caller = whoami(login)
-    return Acting(caller.user, tuple(teams_of(resources_in_force(), caller.user)), caller.is_admin)
+    return Acting.of(caller.user, caller.role)

@@ -163,10 +163,6 @@ class Caller:
     user: str
     role: str
 
-    @property
-    def is_admin(self) -> bool:
-        return self.role == "admin"
-
 
 def whoami(login: AirflowLogin) -> Caller:
     """The user of ``login``, verified by the API server (``GET /ui/auth/me`` answers only a token it

@@ -40,18 +40,15 @@ AirflowUser = Annotated[Any, Depends(_user)]
 
 
 def _fleet(user: Any) -> dict[str, Any]:
-    """The fleet as ``user`` (Airflow's, from the request's token) may see it: their teams are those the
-    members lists of resources.yaml give them, as for every other read; an admin's are every team."""
+    """The fleet as ``user`` (Airflow's, from the request's token) may see it, read as every command reads
+    it (:meth:`trainyard.acting.Acting.of`)."""
     from trainyard.acting import Acting
     from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.fleet_view import fleet
     from trainyard.scheduling.resources import resources_in_force
-    from trainyard.teams import teams_of
 
     config = resources_in_force()
-    name = user.get_name()
-    admin = str(getattr(user, "role", "") or "").lower() == "admin"  # as trainyard.airflow_api reads a role
-    reader = Acting(name, tuple(teams_of(config, name)), admin)
+    reader = Acting.of(user.get_name(), str(getattr(user, "role", "") or ""))
     return fleet(config, existing_ledger(config), reader)
 
 
