@@ -59,9 +59,10 @@ def in_process(conf: dict) -> None:
         return out
 
     from trainyard import pipeline
+    from trainyard.form import spec_input
 
     key = f"bench/{os.getpid()}"
-    spec = timed("validate_spec", pipeline.validate_spec, conf)
+    spec = timed("validate_spec", pipeline.validate_spec, spec_input(conf))
     dataset = timed("resolve_dataset", pipeline.resolve_dataset, spec)
     timed("validate_data", pipeline.validate_data, spec, dataset, key)
     data = timed("prepare_data", pipeline.prepare_data, spec, dataset)

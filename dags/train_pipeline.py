@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Param, dag, get_current_context, task, task_group
 
 from trainyard.errors import PermanentError
+from trainyard.form import form_fields, run_input
 from trainyard.scheduling.admission.ledger import RUNS_IN_FLIGHT
 from trainyard.scheduling.resources import pool_name
-from trainyard.spec import JobSpec, param_schemas
+from trainyard.spec import JobSpec
 from trainyard.teams import training_dag
 from trainyard_airflow.auth import triggering_user
 from trainyard_airflow.errors import fail_permanently
@@ -102,18 +103,20 @@ class _Shared(dict):
 
 
 def _params() -> dict[str, Param]:
-    """One Param per JobSpec field, its schema (nested fields, descriptions, enums, bounds) from the model.
-    A section's description is its ``description_md`` (its fields, one line each) alone: the trigger form
-    shows ``description_md`` only where a Param has no ``description``."""
+    """The trigger form: a typed input per JobSpec field, in its section (:func:`trainyard.form.form_fields`),
+    the GPU types and teams to choose from as resources.yaml has them now (free text if it does not parse:
+    admission then names what is wrong)."""
+    from trainyard.scheduling.resources import ResourcesError, load_resources
+
+    try:
+        config = load_resources()
+    except (ResourcesError, OSError):
+        config = None
     return {
         name: Param(
-            _Shared(DEFAULT[name]) if isinstance(DEFAULT[name], dict) else DEFAULT[name],
-            description=None if "description_md" in schema else schema.get("description"),
-            schema=_Shared(
-                {**{k: v for k, v in schema.items() if k not in ("default", "title", "description")}, "title": name}
-            ),
+            _Shared(f.default) if isinstance(f.default, dict) else f.default, f.description, schema=_Shared(f.schema)
         )
-        for name, schema in param_schemas().items()
+        for name, f in form_fields(DEFAULT, config, TEAM).items()
     }
 
 
@@ -166,13 +169,9 @@ def _run_tags() -> dict[str, str]:
 
 
 def _raw_spec() -> dict:
-    """The JobSpec defaults (= the Params) overlaid with the run's conf: the trigger form sends every
-    field as conf, a REST call sends what it overrides (in a team's own DAG, ``resources`` without a team
-    are that team's). Unknown keys stay, so the spec can refuse them."""
-    raw = {**DEFAULT, **(get_current_context()["dag_run"].conf or {})}
-    if TEAM and isinstance(raw.get("resources"), dict) and "team" not in raw["resources"]:
-        raw["resources"] = {**raw["resources"], "team": TEAM}
-    return raw
+    """The run's JobSpec input (:func:`trainyard.form.run_input`): the trigger form sends every field by its
+    path, a REST call the sections it overrides as objects."""
+    return run_input(get_current_context()["dag_run"].conf, TEAM)
 
 
 def _linked(task_output: Any) -> Any:

@@ -1,11 +1,13 @@
 """trainyard's Airflow plugin: the extra links of its training and evaluation tasks (MLflow run,
-TensorBoard), which the UI resolves by class (``trainyard_airflow.links``), and the Fleet page
-(``trainyard_airflow.pages``: served by the api-server under ``/trainyard``, in the UI's navigation)."""
+TensorBoard), which the UI resolves by class (``trainyard_airflow.links``), the Fleet page
+(``trainyard_airflow.pages``: served by the api-server under ``/trainyard``, in the UI's navigation), and
+a note on every training run saying which job it is (``trainyard_airflow.run_notes``, in the scheduler)."""
 
 import sys
 
 from airflow.plugins_manager import AirflowPlugin
 
+from trainyard_airflow import run_notes
 from trainyard_airflow.links import MlflowRunLink, TensorBoardLink
 
 
@@ -24,6 +26,7 @@ class TrainyardPlugin(AirflowPlugin):
     name = "trainyard"
     operator_extra_links = [MlflowRunLink(), TensorBoardLink()]
     fastapi_apps = _pages()
+    listeners = [run_notes]
     external_views = [
         {"name": "Fleet", "href": "/trainyard/fleet", "destination": "nav", "url_route": "fleet", "category": "browse"}
     ]

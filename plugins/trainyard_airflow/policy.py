@@ -43,14 +43,16 @@ def reservation(conf: dict | None) -> tuple[str, int, int] | None:
     """(pool, pool_slots, priority_weight) for a run's conf, or None to keep the DAG's own values."""
     from pydantic import ValidationError
 
+    from trainyard.form import ConfError, spec_input
     from trainyard.scheduling.resources import pool_name
     from trainyard.spec import Resources
 
-    if not isinstance(conf, dict) or not isinstance(conf.get("resources"), dict):
-        return None
     try:
-        res = Resources.model_validate(conf["resources"])
-    except ValidationError:
+        resources = spec_input(conf).get("resources") if isinstance(conf, dict) else None
+        if not isinstance(resources, dict):
+            return None
+        res = Resources.model_validate(resources)
+    except (ConfError, ValidationError):
         return None
     return pool_name(res.gpu_type), res.total_gpus, training_priority(res.priority)
 

@@ -216,21 +216,26 @@ def test_permanent_errors_fail_without_retry_and_others_pass_through():
 
 
 def test_params_survive_serialization_and_validate_a_conf():
-    """The scheduler and the API server use the serialized DAG: its Params (generated from the JobSpec's
-    schema) must load back and refuse what the schema forbids, naming the field."""
+    """The scheduler and the API server use the serialized DAG: its Params (an input per JobSpec field,
+    trainyard.form) must load back, refuse at trigger what a field's schema forbids, naming the field,
+    and, sent as the form sends them, read back as the DAG's default JobSpec."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.sdk.exceptions import ParamValidationError
     from airflow.serialization.serialized_objects import DagSerialization
 
+    from trainyard.form import spec_input
+    from trainyard.spec import JobSpec
+
     bag = DagBag(dag_folder=str(REPO / "dags" / "train_pipeline.py"))
     dag = DagSerialization.from_dict(DagSerialization.to_dict(bag.dags["train_pipeline"]))
-    dag.params.deep_merge({"hyperparameters": {"epochs": 3}, "custom": {"command": ["python", "x.py"]}}).validate()
-    with pytest.raises(ParamValidationError, match="hyperparameters: 0 is less than the minimum of 1"):
-        dag.params.deep_merge({"hyperparameters": {"epochs": 0}}).validate()
-    with pytest.raises(ParamValidationError, match="'epoch' was unexpected"):
-        dag.params.deep_merge({"hyperparameters": {"epoch": 3}}).validate()
-    # the form shows a section's field list (description_md) only where the Param has no description
-    hyperparameters = dag.params.get_param("hyperparameters")
-    assert hyperparameters.description is None
-    assert "- `epochs` (integer, >= 1" in hyperparameters.schema["description_md"]
-    assert dag.params.get_param("name").description  # a plain field keeps its one line
+    form = dag.params.deep_merge({"hyperparameters.epochs": 3, "custom.command": ["python", "x.py"]}).validate()
+    assert JobSpec.model_validate(spec_input(form)).hyperparameters.epochs == 3
+    assert JobSpec.model_validate(spec_input(dag.params.validate())) == JobSpec()
+    with pytest.raises(ParamValidationError, match="param hyperparameters.epochs: 0 is less than the minimum of 1"):
+        dag.params.deep_merge({"hyperparameters.epochs": 0}).validate()
+    with pytest.raises(ParamValidationError, match="param resources.gpu_type: 'tpu-v9' is not one of"):
+        dag.params.deep_merge({"resources.gpu_type": "tpu-v9"}).validate()
+    dag.params.deep_merge({"hyperparameters": {"epochs": 3}}).validate()  # a REST section: the spec checks it
+    epochs = dag.params.get_param("hyperparameters.epochs")
+    assert epochs.description and epochs.schema["section"] == "Training" and epochs.schema["title"] == "Epochs"
+    assert "section" not in dag.params.get_param("name").schema  # the first section, open when the form opens

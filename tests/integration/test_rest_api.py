@@ -1,8 +1,8 @@
 """The Airflow REST API for real, and the queue behind it: api-server, scheduler, dag-processor and team
 default's triggerer as processes, LocalExecutor.
 
-Trigger train_pipeline with a conf and wait for success; trigger it with a conf its Params refuse (400)
-and with one only the JobSpec refuses and see the first task fail naming the fields; no token -> 401; a
+Trigger train_pipeline with a conf and wait for success; trigger it with a field its Param refuses (400)
+and with sections only the JobSpec checks and see the first task fail naming the fields; no token -> 401; a
 viewer cannot trigger (403); a user may trigger but not run the job of a team they are not in. Then the
 queue: a run that fails before training never queues, and a job waiting in the triggerer behind one that
 fails on its last try starts within one look, through an edit that broke resources.yaml meanwhile;
@@ -71,9 +71,11 @@ def test_trigger_with_conf_runs_to_success(airflow, tmp_path):
         600,
         "the DAG to be parsed",
     )
-    conf = {
+    conf = {  # sections as objects (a REST client's way) and fields by path (the trigger form's), mixed
         "hyperparameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1, "seed": 1},
-        "resources": {"gpus_per_node": 1, "gpu_type": "cpu", "priority": 7},
+        "resources.gpus_per_node": 1,
+        "resources.gpu_type": "cpu",
+        "resources.priority": 7,
         "gates": [{"metric": "val_accuracy", "min": 0.8}],
     }
     lines, (run_id,) = checkout.orchestration_bench().measure(airflow, conf, 1, tmp_path / "plain")
@@ -89,6 +91,9 @@ def test_trigger_with_conf_runs_to_success(airflow, tmp_path):
     # The conf's resources reached the scheduler: pool, pool_slots and priority of the train task.
     train = tis["train"]
     assert (train["pool"], train["pool_slots"], train["priority_weight"]) == ("gpu-cpu", 1, 1007)
+    # triggered without a note, the run got one as the scheduler started it: which job it is
+    run = requests.get(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10).json()
+    assert run["note"] == "digits: digits_cnn on 1 x cpu, team default", run
     r = requests.get(
         f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/register/xcomEntries/return_value",
         headers=headers,
@@ -100,11 +105,14 @@ def test_trigger_with_conf_runs_to_success(airflow, tmp_path):
 
 def test_invalid_conf_fails_at_the_first_task(airflow):
     headers = {"Authorization": f"Bearer {airflow.token('admin')}"}
-    # what the JobSpec's schema forbids is refused by the Params (generated from it) before a run exists
-    r = _post_run(airflow, headers, {"hyperparameters": {"epochs": -5}})
-    assert r.status_code == 400 and "hyperparameters" in r.text and "minimum of 1" in r.text, r.text
-    # a rule across fields is the first task's: the run fails there, naming the fields
-    r = _post_run(airflow, headers, {"split": {"val_fraction": 0.6, "test_fraction": 0.5}})
+    # a field the trigger form's way (by its path) is refused by its Param before a run exists, by name
+    r = _post_run(airflow, headers, {"hyperparameters.epochs": -5})
+    assert r.status_code == 400 and "param hyperparameters.epochs: -5 is less than the minimum of 1" in r.text, r.text
+    # sections as objects, and rules across fields, are the first task's (the JobSpec's): the run fails there,
+    # naming the fields
+    r = _post_run(
+        airflow, headers, {"split": {"val_fraction": 0.6, "test_fraction": 0.5}, "hyperparameters": {"epochs": -5}}
+    )
     assert r.status_code == 200, r.text
     run_id = r.json()["dag_run_id"]
     run = _wait_run(airflow, headers, run_id, seconds=300)
@@ -121,6 +129,7 @@ def test_invalid_conf_fails_at_the_first_task(airflow):
     )
     assert log.ok, log.text
     assert "invalid JobSpec" in log.text and "val_fraction + test_fraction must be < 1" in log.text
+    assert "hyperparameters.epochs: Input should be greater than or equal to 1 (got -5)" in log.text
 
 
 def test_a_user_outside_a_team_cannot_run_its_job(airflow):

@@ -209,8 +209,8 @@ def test_whole_pipeline_registers_a_model(dag, trainyard_home, small_spec, monke
 def test_invalid_spec_fails_first_task_only(dag, trainyard_home):
     from airflow.sdk.exceptions import ParamValidationError
 
-    with pytest.raises(ParamValidationError, match="hyperparameters"):  # the Params carry the JobSpec's schema
-        dag.test(run_conf={"hyperparameters": {"epochs": 0}})
+    with pytest.raises(ParamValidationError, match="hyperparameters.epochs"):  # an input per field, its schema's
+        dag.test(run_conf={"hyperparameters.epochs": 0})
     # what only the JobSpec knows (a rule across fields, a recipe's metrics) fails the first task
     dr = dag.test(run_conf={"recipe": "centernet_detector"})
     states = task_states(dr)

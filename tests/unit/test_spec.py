@@ -81,39 +81,6 @@ def test_every_field_is_described_once(model):
         assert nested or field.description, f"{model.__name__}.{name} has no description"
 
 
-def test_form_schemas_stand_alone_and_accept_the_defaults():
-    import json
-
-    import jsonschema
-
-    from trainyard.spec import param_schemas
-
-    schemas = param_schemas()
-    assert list(schemas) == list(JobSpec.model_fields)
-    assert "$ref" not in json.dumps(schemas)  # a Param's schema cannot reach the JobSpec's $defs
-    defaults = JobSpec().model_dump(mode="json")
-    for name, schema in schemas.items():
-        jsonschema.validate(defaults[name], schema)
-        assert schema.get("description") or schema.get("description_md"), name
-    hp = schemas["hyperparameters"]
-    assert hp["properties"]["epochs"]["minimum"] == 1 and hp["properties"]["optimizer"]["enum"] == ["sgd", "adamw"]
-    assert hp["description"] == JobSpec.model_fields["hyperparameters"].annotation.__doc__.strip()
-    assert "- `epochs` (integer, >= 1, <= 1000, default 10): passes over the train split" in hp["description_md"]
-    assert schemas["checkpointing"]["properties"]["every_steps"]["type"] == ["integer", "null"]
-    assert schemas["custom"]["type"] == ["object", "null"]
-    assert (
-        "Each: One gate" in schemas["gates"]["description_md"]
-        and "- `metric` (string): a metric" in schemas["gates"]["description_md"]
-    )
-    assert (
-        "title" not in hp["properties"]["epochs"] and "description" not in hp["properties"]["epochs"]
-    )  # lean below the top
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"epochs": 0}, hp)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"epoch": 3}, hp)  # typos are refused in the form too
-
-
 def test_one_checkpoint_interval():
     with pytest.raises(SpecError, match="every_steps or every_minutes, not both"):
         parse_spec({"checkpointing": {"every_steps": 10, "every_minutes": 5}})

@@ -523,7 +523,17 @@ def allocations_from_airflow(since: float, until: float) -> list[Allocation]:
             runs = [run_id for d, run_id in wanted if d == dag_id]
             query = select(DagRun.run_id, DagRun.conf).where(DagRun.dag_id == dag_id, DagRun.run_id.in_(runs))
             for run_id, conf in session.execute(query):
-                resources = (conf or {}).get("resources")
-                team = resources.get("team") if isinstance(resources, dict) else None
+                team = _conf_team(conf)
                 teams[(dag_id, run_id)] = str(team or team_of_dag(dag_id) or default_team)
     return allocations_from_rows(rows, asked, teams)
+
+
+def _conf_team(conf: Any) -> Any:
+    """The team a run's conf names (as a section or by path, :func:`trainyard.form.spec_input`), if any."""
+    from trainyard.form import ConfError, spec_input
+
+    try:
+        resources = spec_input(conf or {}).get("resources")
+    except ConfError:
+        return None
+    return resources.get("team") if isinstance(resources, dict) else None

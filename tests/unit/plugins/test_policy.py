@@ -19,6 +19,12 @@ def _ti(pool="gpu-cpu"):
         ({"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 1, "priority": 50}}, ("gpu-h100-80gb", 1, 1050)),
         ({"resources": {"gpus_per_node": 2}}, ("gpu-cpu", 2, 1001)),
         ({"resources": {"gpus_per_node": -1}}, None),  # invalid: left for validate_spec to reject
+        # the trigger form's shape: a key per field
+        (
+            {"resources.gpu_type": "a100-80gb", "resources.nodes": 1, "resources.gpus_per_node": 4},
+            ("gpu-a100-80gb", 4, 1001),
+        ),
+        ({"resources": {"gpus_per_node": 2}, "resources.gpus_per_node": 4}, None),  # given twice: validate_spec says
     ],
 )
 def test_reservation(conf, expected):

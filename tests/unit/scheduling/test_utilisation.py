@@ -181,3 +181,12 @@ teams:
     assert report(lender, too_much, 0, 10).violations == [
         "a100: teams above their quota held more than the others' lending limits allow (for 10.0 s at most; first at 0)"
     ]
+
+
+def test_a_runs_team_is_read_from_its_conf_in_either_shape():
+    from trainyard.scheduling.utilisation import _conf_team
+
+    assert _conf_team({"resources": {"team": "vision"}}) == "vision"  # REST, trainyard submit
+    assert _conf_team({"resources.team": "nlp", "resources.gpu_type": "cpu"}) == "nlp"  # the trigger form
+    assert _conf_team({"resources": {"team": "a"}, "resources.team": "b"}) is None  # two teams: none trusted
+    assert _conf_team(None) is None and _conf_team({"resources": "x"}) is None
