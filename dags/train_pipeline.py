@@ -43,7 +43,7 @@ from trainyard.spec import JobSpec
 from trainyard.teams import training_dag
 from trainyard_airflow.auth import triggering_user
 from trainyard_airflow.errors import fail_permanently
-from trainyard_airflow.links import LINKS
+from trainyard_airflow.links import LINKS, ModelVersionLink
 from trainyard_airflow.notifications import TeamNotifier, training_time_watch
 from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
@@ -591,7 +591,8 @@ def train_pipeline():
     metrics: Any = _linked(evaluate(spec, trained, data))
     verdict: Any = gate(spec, metrics, data, trained)
     exported: Any = export_onnx(spec, trained, data, verdict)
-    register(spec, dataset, trained, exported, metrics)
+    registered: Any = register(spec, dataset, trained, exported, metrics)
+    registered.operator.operator_extra_links = (ModelVersionLink(),)
 
 
 if makes_dags(TEAM):

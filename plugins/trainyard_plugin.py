@@ -1,6 +1,6 @@
 """trainyard's Airflow plugin: the extra links of its training and evaluation tasks (MLflow run,
-TensorBoard), which the UI resolves by class (``trainyard_airflow.links``), the Fleet page
-(``trainyard_airflow.pages``: served by the api-server under ``/trainyard``, in the UI's navigation), and
+TensorBoard), which the UI resolves by class (``trainyard_airflow.links``), the Jobs and Fleet
+pages (``trainyard_airflow.pages``: served by the api-server under ``/trainyard``, in the UI's navigation), and
 a note on every training run saying which job it is (``trainyard_airflow.run_notes``, in the scheduler)."""
 
 import sys
@@ -8,7 +8,7 @@ import sys
 from airflow.plugins_manager import AirflowPlugin
 
 from trainyard_airflow import run_notes
-from trainyard_airflow.links import MlflowRunLink, TensorBoardLink
+from trainyard_airflow.links import MlflowRunLink, ModelVersionLink, TensorBoardLink
 
 
 def _pages() -> list[dict]:
@@ -24,9 +24,10 @@ def _pages() -> list[dict]:
 
 class TrainyardPlugin(AirflowPlugin):
     name = "trainyard"
-    operator_extra_links = [MlflowRunLink(), TensorBoardLink()]
+    operator_extra_links = [MlflowRunLink(), TensorBoardLink(), ModelVersionLink()]
     fastapi_apps = _pages()
     listeners = [run_notes]
     external_views = [
-        {"name": "Fleet", "href": "/trainyard/fleet", "destination": "nav", "url_route": "fleet", "category": "browse"}
+        {"name": "Jobs", "href": "/trainyard/jobs", "destination": "nav", "url_route": "jobs", "category": "browse"},
+        {"name": "Fleet", "href": "/trainyard/fleet", "destination": "nav", "url_route": "fleet", "category": "browse"},
     ]

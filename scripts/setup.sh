@@ -72,6 +72,8 @@ missing=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v bwrap >/dev/null || missing+=(bubblewrap)  # the sandbox's namespaces (trainyard.training.launchers.sandbox)
+command -v chromium >/dev/null || missing+=(chromium)  # the UI's browser tests: headless Chromium
+command -v chromedriver >/dev/null || missing+=(chromium-driver)  # ... driven by Selenium through its chromedriver
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing ${missing[*]} (apt-get install)"

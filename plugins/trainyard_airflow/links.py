@@ -64,8 +64,7 @@ class MlflowRunLink(_TrainedRunLink):
     def target(self, base: str, value: str) -> str:
         from trainyard.tracking import mlflow_tracking as mt
 
-        experiment = mt.client().get_run(value).info.experiment_id
-        return f"{base}/#/experiments/{experiment}/runs/{value}"
+        return mt.run_page(base, mt.client().get_run(value).info.experiment_id, value)
 
 
 class TensorBoardLink(_TrainedRunLink):
@@ -85,6 +84,21 @@ class TensorBoardLink(_TrainedRunLink):
 
 
 LINKS = (MlflowRunLink(), TensorBoardLink())
+
+
+class ModelVersionLink(BaseOperatorLink):
+    """The ``register`` task's link: the model version it registered, in MLflow's model registry."""
+
+    name = "Model version"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from trainyard.tracking import mlflow_tracking as mt
+
+        registered = ti_key.xcom_pull(task_ids=ti_key.task_id)
+        if not isinstance(registered, dict) or not registered.get("name") or registered.get("version") is None:
+            return ""
+        base = mt.ui_url()
+        return mt.model_version_page(base, registered["name"], registered["version"]) if base else ""
 
 
 def push_while_training(ti: Any, training: Any) -> None:

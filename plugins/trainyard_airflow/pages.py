@@ -1,6 +1,12 @@
-"""The Fleet page in the Airflow UI: each GPU type's slots, who holds them, who waits and why, and each
-team's quota, limits and budget. Served by Airflow's api-server (the plugin's FastAPI app, under
-``/trainyard``), behind Airflow's own login, and shown in its navigation (``external_views``).
+"""The Jobs and Fleet pages in the Airflow UI. Served by Airflow's api-server (the plugin's FastAPI app,
+under ``/trainyard``), behind Airflow's own login, and shown in its navigation (``external_views``).
+
+The Jobs page: the latest runs of the training DAGs that the logged-in user's teams own, each with job,
+recipe, team, GPUs, state, place and reason while it waits, progress while it trains, cost so far, result
+and links (:mod:`trainyard.jobs_view`; Airflow's own records are read here, from its database).
+
+The Fleet page: each GPU type's slots, who holds them, who waits and why, and each team's quota, limits
+and budget.
 
 It reads what ``trainyard queue`` reads, through the same code (:mod:`trainyard.scheduling.fleet_view`), and each
 team's month as ``trainyard report cost`` counts it: the ledger of this installation and its run records, as the
@@ -10,6 +16,7 @@ all). ``/trainyard/fleet.json`` is the same as JSON, for scripts.
 
 from __future__ import annotations
 
+import logging
 from html import escape
 from typing import Annotated, Any
 
@@ -17,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+log = logging.getLogger(__name__)
 app = FastAPI(title="trainyard pages", docs_url=None, redoc_url=None, openapi_url=None)
 STYLE = (
     "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1em}"
@@ -37,19 +45,112 @@ async def _user(request: Request, bearer: BearerToken) -> Any:
 
 
 AirflowUser = Annotated[Any, Depends(_user)]
+TRAINING_TASKS = ("validate_spec", "register", "train")  # whose XCom or start a Jobs row shows
+
+
+def _reader(user: Any) -> Any:
+    """Who reads, as every command reads it (:meth:`trainyard.acting.Acting.of`)."""
+    from trainyard.acting import Acting
+
+    return Acting.of(user.get_name(), str(getattr(user, "role", "") or ""))
+
+
+def airflow_runs(limit: int) -> list[Any]:
+    """The latest ``limit`` runs of the training DAGs (every team's), newest first, with their tasks'
+    states, the train task's start while it runs, and the XComs a row shows, from Airflow's database."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import or_, select
+
+    from trainyard.jobs_view import AirflowRun
+    from trainyard.teams import TRAINING_DAG
+
+    with create_session() as session:
+        runs = session.scalars(
+            select(DagRun)
+            .where(or_(DagRun.dag_id == TRAINING_DAG, DagRun.dag_id.like(f"{TRAINING_DAG}.%")))
+            .order_by(DagRun.id.desc())
+            .limit(limit)
+        ).all()
+        ids = [r.id for r in runs]
+        tasks: dict[tuple[str, str], dict[str, str]] = {}
+        training: dict[tuple[str, str], float] = {}
+        for ti in session.scalars(select(TaskInstance).where(TaskInstance.dag_run_id.in_(ids))):
+            states = tasks.setdefault((ti.dag_id, ti.run_id), {})
+            if ti.task_id not in states or ti.state in ("running", "deferred"):  # a sweep's trials: the busy one
+                states[ti.task_id] = str(ti.state) if ti.state else "none"
+            if ti.task_id == "train" and ti.state == "running" and ti.start_date:
+                training[(ti.dag_id, ti.run_id)] = ti.start_date.timestamp()
+        xcoms: dict[tuple[str, str, str], Any] = {}
+        found = select(XComModel).where(
+            XComModel.dag_run_id.in_(ids), XComModel.key == "return_value", XComModel.task_id.in_(TRAINING_TASKS)
+        )
+        for x in session.scalars(found):
+            xcoms[(x.dag_id, x.run_id, x.task_id)] = XComModel.deserialize_value(x)
+        return [
+            AirflowRun(
+                dag_id=r.dag_id,
+                run_id=r.run_id,
+                state=str(r.state),
+                conf=r.conf if isinstance(r.conf, dict) else None,
+                note=r.note,
+                started=r.start_date.timestamp() if r.start_date else None,
+                tasks=tasks.get((r.dag_id, r.run_id), {}),
+                training_started=training.get((r.dag_id, r.run_id)),
+                spec=_mapping(xcoms.get((r.dag_id, r.run_id, "validate_spec"))),
+                registered=_mapping(xcoms.get((r.dag_id, r.run_id, "register"))),
+            )
+            for r in runs
+        ]
+
+
+def _mapping(value: Any) -> dict | None:
+    return value if isinstance(value, dict) else None
+
+
+def _jobs(user: Any, limit: int) -> list[dict[str, Any]]:
+    """The Jobs page's rows as ``user`` may see them: their teams' runs only."""
+    from trainyard.jobs_view import job_rows, tracked_runs
+    from trainyard.scheduling.admission.ledger import existing_ledger
+    from trainyard.scheduling.resources import resources_in_force
+    from trainyard.tracking import mlflow_tracking as mt
+
+    config = resources_in_force()
+    reader = _reader(user)
+    runs = airflow_runs(limit)
+    jobs: dict[str, list[str]] = {}
+    for run in runs:
+        name = (run.spec or run.conf or {}).get("name")
+        if isinstance(name, str):
+            jobs.setdefault(name, []).append(run.key)
+    try:
+        tracked = tracked_runs(mt.client(), jobs)
+    except Exception as err:  # noqa: BLE001 - MLflow down: the page without progress, saying so
+        log.warning("the Jobs page shows no MLflow runs: %s", err)
+        tracked = {}
+    return job_rows(runs, reader, config, existing_ledger(config), tracked)
+
+
+@app.get("/jobs.json")
+def jobs_json(user: AirflowUser, limit: int = 50) -> list[dict[str, Any]]:
+    return _jobs(user, min(max(limit, 1), 500))
+
+
+@app.get("/jobs", response_class=HTMLResponse)
+def jobs_page(user: AirflowUser, limit: int = 50) -> str:
+    return render_jobs(_jobs(user, min(max(limit, 1), 500)))
 
 
 def _fleet(user: Any) -> dict[str, Any]:
-    """The fleet as ``user`` (Airflow's, from the request's token) may see it, read as every command reads
-    it (:meth:`trainyard.acting.Acting.of`)."""
-    from trainyard.acting import Acting
+    """The fleet as ``user`` (Airflow's, from the request's token) may see it."""
     from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.fleet_view import fleet
     from trainyard.scheduling.resources import resources_in_force
 
     config = resources_in_force()
-    reader = Acting.of(user.get_name(), str(getattr(user, "role", "") or ""))
-    return fleet(config, existing_ledger(config), reader)
+    return fleet(config, existing_ledger(config), _reader(user))
 
 
 @app.get("/fleet.json")
@@ -107,4 +208,43 @@ def render(view: dict[str, Any]) -> str:
         parts.append(_cells([team["team"], *limits, *money]))
     parts.append("</table>")
     head = f"<head><title>Fleet</title><style>{STYLE}</style></head>"
+    return f"<!doctype html><html>{head}<body>{''.join(parts)}</body></html>"
+
+
+def _progress_words(p: dict[str, Any] | None) -> str:
+    if not p:
+        return ""
+    words = f"epoch {p['epoch']}/{p['epochs']}"
+    if p.get("samples_per_second") is not None:
+        words += f", {p['samples_per_second']:g} samples/s"
+    if p.get("eta_seconds") is not None:
+        words += f", ETA {p['eta_seconds']} s"
+    return words
+
+
+def _link_cells(links: dict[str, str]) -> str:
+    shown = [  # Airflow's own pages in the window the UI's frame is in; MLflow and TensorBoard in a new one
+        f'<a href="{escape(url, quote=True)}" target="{"_top" if url.startswith("/") else "_blank"}">{escape(name)}</a>'
+        for name, url in links.items()
+        if url.startswith(("/", "http://", "https://"))
+    ]
+    return "<td>" + " ".join(shown) + "</td>"
+
+
+def render_jobs(rows: list[dict[str, Any]]) -> str:
+    """The Jobs page's HTML (every value escaped): a row per run."""
+    header = ["run", "job", "recipe", "team", "GPUs", "state", "queue", "progress", "cost so far", "result", "links"]
+    parts = ["<h1>Jobs</h1>", "<table>", _cells(header, "th")]
+    for j in rows:
+        queue = f"{j['place']}: {j['reason']}" if j.get("place") else (j.get("reason") or "")
+        gpus = f"{j['gpu_type']} x {j['gpus']}" if "gpus" in j else ""
+        values = [
+            j["run"].partition("/")[2], j.get("job"), j.get("recipe"), j.get("team"), gpus, j["stage"], queue,
+            _progress_words(j.get("progress")), "" if j.get("cost") is None else f"${j['cost']:,.2f}", j.get("result"),
+        ]  # fmt: skip
+        parts.append(_cells(values)[: -len("</tr>")] + _link_cells(j["links"]) + "</tr>")
+    parts.append("</table>")
+    if not rows:
+        parts.append("<p>no run of your teams' jobs yet</p>")
+    head = f"<head><title>Jobs</title><style>{STYLE}</style></head>"
     return f"<!doctype html><html>{head}<body>{''.join(parts)}</body></html>"

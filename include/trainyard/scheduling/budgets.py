@@ -94,6 +94,13 @@ def tries(config: ResourcesConfig, runs_root: Path) -> Iterator[TryCost]:
         yield from _run_tries(config, usage, cache=False)
 
 
+def recorded_cost(config: ResourcesConfig, run_dir: Path) -> float:
+    """What the recorded tries of the run in ``run_dir`` cost (none recorded: 0), as its team's month counts
+    them."""
+    usage = run_dir / USAGE_FILE
+    return sum(t.cost for t in _run_tries(config, usage)) if usage.is_file() else 0.0
+
+
 def _run_tries(config: ResourcesConfig, usage: Path, cache: bool = True) -> Iterator[TryCost]:
     try:
         team, gpu_type, records = _run_usage(usage, cache)

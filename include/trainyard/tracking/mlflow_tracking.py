@@ -23,6 +23,26 @@ EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_dev
 
 _CREATED: set[str] = set()  # SQLite stores this process has seen created
 
+# Where people open MLflow's UI (its server, as their browser reaches it): the links of the Airflow UI.
+UI_URL_ENV, UI_URL_DEFAULT = "TRAINYARD_MLFLOW_URL", "http://localhost:5000"
+
+
+def ui_url() -> str:
+    """The MLflow UI's address (``TRAINYARD_MLFLOW_URL``; empty: no MLflow links)."""
+    return os.environ.get(UI_URL_ENV, UI_URL_DEFAULT).rstrip("/")
+
+
+def run_page(base: str, experiment_id: str, run_id: str) -> str:
+    """A run's page in the MLflow UI at ``base``."""
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def model_version_page(base: str, name: str, version: int | str) -> str:
+    """A registered model version's page in the MLflow UI at ``base``."""
+    from urllib.parse import quote
+
+    return f"{base}/#/models/{quote(str(name), safe='')}/versions/{quote(str(version))}"
+
 
 def client(tracking_uri: str | None = None):
     """An MLflow client of the tracking store. A SQLite store is created under a file lock: MLflow

@@ -1,0 +1,263 @@
+"""The Jobs page's rows: each training run with what its team asks of it at a glance (the Airflow UI's Jobs
+page, ``trainyard_airflow.pages``).
+
+A run is listed to its team's members and admins only (another team's jobs are theirs: the Fleet page
+shows what everyone may see of them). Each row joins what is known of it in four places, each read once per
+page: Airflow (the run, its tasks' states, its validated JobSpec and its registered version, read by the
+plugin and handed in as :class:`AirflowRun`), the admission ledger (its place in its GPU type's queue and
+why it waits, :func:`trainyard.scheduling.fleet_view.live_queue`, as ``trainyard queue`` says it), MLflow
+(its run, and while it trains its latest epoch, throughput and ETA, which the training logs as curves), and
+its run directory (what its finished tries cost, as the team's budget counts it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainyard.acting import Acting
+    from trainyard.scheduling.admission.ledger import Ledger
+    from trainyard.scheduling.resources import ResourcesConfig
+
+log = logging.getLogger(__name__)
+
+# What a run is doing, by the first of its tasks (in the pipeline's order) that is under way.
+STAGES = (
+    ("validate_spec", "checking its spec"),
+    ("resolve_dataset", "pinning its data"),
+    ("validate_data", "validating its data"),
+    ("prepare_data", "preparing its data"),
+    ("admit", "waiting for GPUs"),
+    ("train", "training"),
+    ("plan_kubernetes", "planning its pods"),
+    ("train_kubernetes", "training on Kubernetes"),
+    ("plan_sweep", "planning its sweep"),
+    ("trial.admit", "trials waiting for GPUs"),
+    ("trial.train_trial", "training its trials"),
+    ("evaluate", "evaluating"),
+    ("gate", "at its gate"),
+    ("export_onnx", "exporting to ONNX"),
+    ("register", "registering"),
+)
+UNDER_WAY = ("running", "deferred", "queued", "scheduled", "up_for_retry", "up_for_reschedule")
+PROGRESS_METRICS = ("epoch", "samples_per_second", "eta_seconds")
+
+
+@dataclass(frozen=True)
+class AirflowRun:
+    """What Airflow knows of one run of a training DAG."""
+
+    dag_id: str
+    run_id: str
+    state: str
+    conf: Mapping[str, Any] | None = None
+    note: str | None = None
+    started: float | None = None  # epoch seconds
+    tasks: Mapping[str, str] = field(default_factory=dict)  # task id -> the state of its latest try
+    training_started: float | None = None  # the train task's current try, while it runs
+    spec: Mapping[str, Any] | None = None  # validate_spec's XCom: the JobSpec as validated
+    registered: Mapping[str, Any] | None = None  # register's XCom: the model version
+
+    @property
+    def key(self) -> str:
+        """The run's name in the ledger, its run directory and its MLflow run's tag."""
+        return f"{self.dag_id}/{self.run_id}"
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A run's MLflow run: its id, experiment and latest value of each progress curve."""
+
+    run_id: str
+    experiment_id: str
+    metrics: Mapping[str, float]
+
+
+def _spec(run: AirflowRun) -> dict[str, Any] | None:
+    """The run's JobSpec as a dict: as validated, else as its conf reads (None: its conf is refused)."""
+    from pydantic import ValidationError
+
+    from trainyard.form import ConfError, run_input
+    from trainyard.spec import JobSpec
+    from trainyard.teams import team_of_dag
+
+    if run.spec:
+        return dict(run.spec)
+    try:
+        return JobSpec.model_validate(run_input(run.conf, team_of_dag(run.dag_id))).model_dump(mode="json")
+    except (ConfError, ValidationError):
+        return None
+
+
+def _named_team(run: AirflowRun) -> str | None:
+    """The team a run whose spec was refused is of: its DAG's, else the one its conf names, if any."""
+    from trainyard.form import ConfError, spec_input
+    from trainyard.teams import team_of_dag
+
+    try:
+        resources = spec_input(run.conf or {}).get("resources")
+    except ConfError:
+        resources = None
+    named = resources.get("team") if isinstance(resources, dict) else None
+    return team_of_dag(run.dag_id) or (named if isinstance(named, str) else None)
+
+
+def _stage(run: AirflowRun) -> str:
+    if run.state != "running":
+        return run.state
+    for task, words in STAGES:
+        if run.tasks.get(task) in UNDER_WAY:
+            return words
+    return "running"
+
+
+def _places(queue: list[dict[str, Any]]) -> dict[str, str]:
+    """Each waiting job's place among those waiting for its GPU type ("2 of 3"), in the policy's order (the
+    queue's), by run key; another team's waiting jobs count, though not shown."""
+    places: dict[str, str] = {}
+    for gpu_type in {j["gpu_type"] for j in queue}:
+        waiting = [j for j in queue if j["gpu_type"] == gpu_type and j["state"] == "waiting"]
+        for i, j in enumerate(waiting):
+            if "run" in j:
+                places[j["run"]] = f"{i + 1} of {len(waiting)}"
+    return places
+
+
+def _progress(tracked: Tracked | None, spec: Mapping[str, Any], training: bool) -> dict[str, Any] | None:
+    if tracked is None or not training:
+        return None
+    m = tracked.metrics
+    if not any(k in m for k in PROGRESS_METRICS):
+        return {"epoch": 0, "epochs": spec["hyperparameters"]["epochs"]}
+    eta = m.get("eta_seconds")
+    return {
+        "epoch": int(m.get("epoch", 0)),
+        "epochs": spec["hyperparameters"]["epochs"],
+        "samples_per_second": round(m["samples_per_second"], 1) if "samples_per_second" in m else None,
+        "eta_seconds": None if eta is None or math.isnan(eta) else round(eta),
+    }
+
+
+def _cost(config: ResourcesConfig, run: AirflowRun, spec: Mapping[str, Any], now: float) -> float:
+    """What the run's GPUs cost so far: its finished tries, as the budget counts them, and the try that
+    trains now, at its GPUs' price since it started."""
+    from trainyard import paths
+    from trainyard.scheduling.budgets import recorded_cost
+    from trainyard.scheduling.resources import run_cost
+    from trainyard.spec import safe_key
+
+    res = spec["resources"]
+    done = recorded_cost(config, paths.runs_root() / spec["name"] / safe_key(run.key))
+    if run.training_started is None or res["gpu_type"] not in config.gpu_types:
+        return round(done, 2)
+    gpus = res["nodes"] * res["gpus_per_node"]
+    return round(done + run_cost(config, res["gpu_type"], max(now - run.training_started, 0.0) * gpus), 2)
+
+
+def _links(run: AirflowRun, tracked: Tracked | None, registered: Mapping[str, Any] | None) -> dict[str, str]:
+    """The run's page in Airflow; its MLflow run and curves; its model version (where those UIs are served:
+    ``TRAINYARD_MLFLOW_URL``, ``TRAINYARD_TENSORBOARD_URL``, as the task's extra links)."""
+    import os
+    from urllib.parse import quote
+
+    from trainyard.tracking import mlflow_tracking as mt
+
+    links = {"run": f"/dags/{quote(run.dag_id, safe='')}/runs/{quote(run.run_id, safe='')}"}
+    mlflow = mt.ui_url()
+    if tracked is not None and mlflow:
+        links["mlflow"] = mt.run_page(mlflow, tracked.experiment_id, tracked.run_id)
+    tensorboard = os.environ.get("TRAINYARD_TENSORBOARD_URL", "").rstrip("/")
+    if tensorboard and tracked is not None:
+        links["curves"] = tensorboard
+    elif "mlflow" in links:
+        links["curves"] = f"{links['mlflow']}/model-metrics"
+    if registered and mlflow:
+        links["model"] = mt.model_version_page(mlflow, registered["name"], registered["version"])
+    return links
+
+
+def job_rows(
+    runs: Sequence[AirflowRun],
+    reader: Acting,
+    config: ResourcesConfig,
+    ledger: Ledger | None,
+    tracked: Mapping[str, Tracked],
+    now: float | None = None,
+) -> list[dict[str, Any]]:
+    """The runs ``reader`` may read, newest first as given, each as a row of the Jobs page: job, recipe,
+    team, GPUs, state and stage, its place and reason while it waits, its progress while it trains, its cost
+    so far, its result and its links. ``tracked``: each run's MLflow run by run key (:func:`tracked_runs`)."""
+    from trainyard.scheduling.fleet_view import live_queue
+
+    now = time.time() if now is None else now
+    queue = live_queue(ledger, reader)
+    waiting = {j["run"]: j for j in queue if j.get("run") and j["state"] == "waiting"}
+    places = _places(queue)
+    rows = []
+    for run in runs:
+        spec = _spec(run)
+        team = spec["resources"]["team"] if spec else _named_team(run)
+        if not (reader.may_read(team) if team else reader.admin):  # whose a refused spec is may be unknown
+            continue
+        row: dict[str, Any] = {"run": run.key, "state": run.state, "stage": _stage(run), "note": run.note}
+        if spec is None:
+            rows.append(
+                {
+                    **row,
+                    "job": (run.conf or {}).get("name"),
+                    "result": "its spec was refused",
+                    "links": _links(run, None, None),
+                }
+            )
+            continue
+        res = spec["resources"]
+        queued = waiting.get(run.key)
+        found = tracked.get(run.key)
+        row.update(
+            job=spec["name"],
+            recipe=spec["recipe"],
+            team=team,
+            gpu_type=res["gpu_type"],
+            gpus=res["nodes"] * res["gpus_per_node"],
+            place=places.get(run.key),
+            reason=queued["reason"] if queued else None,
+            progress=_progress(found, spec, run.tasks.get("train") == "running"),
+            cost=_cost(config, run, spec, now),
+            result=_result(run),
+            links=_links(run, found, run.registered),
+        )
+        rows.append(row)
+    return rows
+
+
+def _result(run: AirflowRun) -> str | None:
+    if run.registered:
+        return f"model {run.registered['name']} version {run.registered['version']}"
+    if run.state == "failed":
+        failed = [t for t, s in run.tasks.items() if s == "failed"]
+        return f"failed at {', '.join(failed)}" if failed else "failed"
+    return None
+
+
+def tracked_runs(client: Any, jobs: Mapping[str, Sequence[str]]) -> dict[str, Tracked]:
+    """The MLflow runs of the runs ``jobs`` names (job name -> run keys), by run key: one search over the
+    jobs' experiments, the newest runs first. Nothing for a job without an experiment yet."""
+    from trainyard.tracking.mlflow_tracking import RUN_KEY_TAG
+
+    wanted = {key for keys in jobs.values() for key in keys}
+    experiments = [e.experiment_id for name in jobs if (e := client.get_experiment_by_name(name)) is not None]
+    if not experiments or not wanted:
+        return {}
+    found: dict[str, Tracked] = {}
+    for r in client.search_runs(
+        experiments, max_results=max(100, 4 * len(wanted)), order_by=["attributes.start_time DESC"]
+    ):
+        key = r.data.tags.get(RUN_KEY_TAG)
+        if key in wanted and key not in found:
+            found[key] = Tracked(r.info.run_id, r.info.experiment_id, dict(r.data.metrics))
+    return found
