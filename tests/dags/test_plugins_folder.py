@@ -19,7 +19,8 @@ def test_plugin_loader_sees_only_the_local_settings_and_the_plugin():
 
 
 def test_the_plugin_registers_the_links_of_the_training_tasks():
-    from trainyard_airflow.links import LINKS
+    from trainyard_airflow.links import LINKS, ModelVersionLink
     from trainyard_plugin import TrainyardPlugin
 
-    assert [link.name for link in TrainyardPlugin.operator_extra_links] == [link.name for link in LINKS]
+    registered = [link.name for link in TrainyardPlugin.operator_extra_links]
+    assert registered == [link.name for link in (*LINKS, ModelVersionLink())]

@@ -47,7 +47,7 @@ out = {}
 for folder in sys.argv[1:]:
     bag = DagBag(dag_folder=folder)
     errors = {k: str(v)[-300:] for k, v in bag.import_errors.items()}
-    teams = {d: dag.params["resources"]["team"] if "resources" in dag.params else dag.params.get("team")
+    teams = {d: dag.params["resources.team"] if "resources.team" in dag.params else dag.params.get("team")
              for d, dag in bag.dags.items()}
     out[folder] = {"errors": errors, "dags": teams}
 print(json.dumps(out))
