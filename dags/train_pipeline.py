@@ -104,12 +104,12 @@ class _Shared(dict):
 
 def _params() -> dict[str, Param]:
     """The trigger form: a typed input per JobSpec field, in its section (:func:`trainyard.form.form_fields`),
-    the GPU types and teams to choose from as resources.yaml has them now (free text if it does not parse:
-    admission then names what is wrong)."""
-    from trainyard.scheduling.resources import ResourcesError, load_resources
+    the GPU types and teams to choose from as the queue has them (resources.yaml, or its last good version
+    while an edit broke it; free text where there is none: admission then names what is wrong)."""
+    from trainyard.scheduling.resources import ResourcesError, resources_in_force
 
     try:
-        config = load_resources()
+        config = resources_in_force(on_broken=lambda _: None)  # the queue's log says what is wrong
     except (ResourcesError, OSError):
         config = None
     return {

@@ -21,7 +21,7 @@ from html import escape
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,13 @@ def airflow_runs(limit: int) -> list[Any]:
         ids = [r.id for r in runs]
         tasks: dict[tuple[str, str], dict[str, str]] = {}
         training: dict[tuple[str, str], float] = {}
-        for ti in session.scalars(select(TaskInstance).where(TaskInstance.dag_run_id.in_(ids))):
+        listed = {(r.dag_id, r.run_id) for r in runs}
+        of_runs = select(TaskInstance).where(
+            TaskInstance.dag_id.in_({d for d, _ in listed}), TaskInstance.run_id.in_({r for _, r in listed})
+        )
+        for ti in session.scalars(of_runs):
+            if (ti.dag_id, ti.run_id) not in listed:
+                continue
             states = tasks.setdefault((ti.dag_id, ti.run_id), {})
             if ti.task_id not in states or ti.state in ("running", "deferred"):  # a sweep's trials: the busy one
                 states[ti.task_id] = str(ti.state) if ti.state else "none"
@@ -143,14 +149,34 @@ def jobs_page(user: AirflowUser, limit: int = 50) -> str:
     return render_jobs(_jobs(user, min(max(limit, 1), 500)))
 
 
+UTILISATION_HOURS = 24.0  # the Fleet page's window
+
+
+def _utilisation(hours: float) -> tuple[Any, list[Any]]:
+    """The fleet's use over the last ``hours`` from Airflow's task records, as ``trainyard report
+    utilisation`` measures it (:mod:`trainyard.scheduling.utilisation`), and the allocations it counted."""
+    import time
+
+    from trainyard.scheduling.resources import resources_in_force
+    from trainyard.scheduling.utilisation import allocations_from_airflow, report
+
+    until = time.time()
+    allocations = allocations_from_airflow(until - hours * 3600, until)
+    return report(resources_in_force(), allocations, until - hours * 3600, until), allocations
+
+
 def _fleet(user: Any) -> dict[str, Any]:
-    """The fleet as ``user`` (Airflow's, from the request's token) may see it."""
+    """The fleet as ``user`` (Airflow's, from the request's token) may see it, with each pool's utilisation
+    over the last day (every user's to see: slots, not whose runs)."""
     from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.fleet_view import fleet
     from trainyard.scheduling.resources import resources_in_force
 
     config = resources_in_force()
-    return fleet(config, existing_ledger(config), _reader(user))
+    view = fleet(config, existing_ledger(config), _reader(user))
+    used = _utilisation(UTILISATION_HOURS)[0].as_dict()
+    view["utilisation"] = {"hours": UTILISATION_HOURS, **{k: used[k] for k in ("utilisation", "pools", "teams")}}
+    return view
 
 
 @app.get("/fleet.json")
@@ -161,6 +187,21 @@ def fleet_json(user: AirflowUser) -> dict[str, Any]:
 @app.get("/fleet", response_class=HTMLResponse)
 def fleet_page(user: AirflowUser) -> str:
     return render(_fleet(user))
+
+
+@app.get("/fleet/utilisation.png")
+def utilisation_chart(user: AirflowUser, hours: float = UTILISATION_HOURS) -> Response:
+    """The slots allocated over the last ``hours`` (at most a month), stacked by team, against the
+    fleet's slots: ``trainyard report utilisation --png``'s chart."""
+    import tempfile
+    from pathlib import Path
+
+    from trainyard.scheduling.utilisation import chart
+
+    rep, allocations = _utilisation(min(max(hours, 0.1), 744.0))
+    with tempfile.TemporaryDirectory() as tmp:
+        png = chart(rep, allocations, Path(tmp) / "utilisation.png", title=f"GPU slots allocated, last {hours:g} h")
+        return Response(png.read_bytes(), media_type="image/png")
 
 
 def _cells(values: list[Any], tag: str = "td") -> str:
@@ -207,6 +248,13 @@ def render(view: dict[str, Any]) -> str:
         ]
         parts.append(_cells([team["team"], *limits, *money]))
     parts.append("</table>")
+    used = view.get("utilisation")
+    if used:
+        pools = ", ".join(f"{escape(name)} {p['utilisation']:.0%}" for name, p in used["pools"].items())
+        parts.append(
+            f"<h2>Utilisation, last {used['hours']:g} h: {used['utilisation']:.0%}</h2><p>{pools}</p>"
+            '<img src="fleet/utilisation.png" alt="GPU slots allocated over the last day, by team" width="900">'
+        )
     head = f"<head><title>Fleet</title><style>{STYLE}</style></head>"
     return f"<!doctype html><html>{head}<body>{''.join(parts)}</body></html>"
 

@@ -16,6 +16,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import browser
 import pytest
 import requests
 from dag_helpers import airflow_with_its_config, require_the_sandbox, trainyard_cli
@@ -227,6 +228,14 @@ def test_the_queue_keeps_moving_through_failures_and_a_broken_edit(airflow):
     assert "gpu_types.cpu.count" in log and "the queue keeps the last good version" in log, log[-3000:]
 
 
+# A custom program that reports its progress as the platform reads it (its metrics file), then holds its GPUs.
+REPORTS_PROGRESS_THEN_SLEEPS = """import json, os, time
+with open(os.environ["TRAINYARD_METRICS_FILE"], "a") as f:
+    f.write(json.dumps({"step": 40, "epoch": 3, "samples_per_second": 512.0, "eta_seconds": 95}) + "\\n")
+time.sleep(3600)
+"""
+
+
 def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
     """What users ask first when a job does not start: `trainyard queue` says who holds the slots and why
     the job waits, in the admit task's words, to the team's members (another team's user sees team, GPUs
@@ -237,8 +246,8 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
     gpus = {"gpus_per_node": 2, "gpu_type": "cpu"}
     holder = airflow.trigger(
         DAG,
-        {"name": "holder", "recipe": "custom", "resources": gpus,
-         "custom": {"command": [sys.executable, "-c", "import time; time.sleep(3600)"]}},
+        {"name": "holder", "recipe": "custom", "resources": gpus, "hyperparameters": {"epochs": 10},
+         "custom": {"command": [sys.executable, "-c", REPORTS_PROGRESS_THEN_SLEEPS]}},
         headers,
     )  # fmt: skip
     try:
@@ -288,8 +297,9 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
         page = requests.get(fleet, headers=headers, timeout=10)
         assert page.ok and "cpu: 2 of 2 slots in use, 0 free" in page.text and second["reason"] in page.text
         plugins = requests.get(f"{airflow.url}/api/v2/plugins", headers=headers, timeout=10).json()["plugins"]
-        views = [v for p in plugins for v in p["external_views"] if v["name"] == "Fleet"]
-        assert [v["href"] for v in views] == ["/trainyard/fleet"], views  # in the UI's navigation
+        views = {v["name"]: v["href"] for p in plugins for v in p["external_views"]}
+        assert views == {"Jobs": "/trainyard/jobs", "Fleet": "/trainyard/fleet"}, views  # in the UI's navigation
+        _the_jobs_and_fleet_pages_show_them(airflow, headers, holder, waiting, second["reason"])
 
         done = trainyard_cli(airflow, "queue", "cancel", waiting, token=airflow.token("tina"))
         assert done.returncode == 0, done.stderr
@@ -301,3 +311,119 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
     finally:  # clean-up: the module's next test (if any) gets the slots back
         trainyard_cli(airflow, "queue", "cancel", holder, token=airflow.token("admin"))
         airflow.wait_run(DAG, holder, headers, 120)
+
+
+def _the_jobs_and_fleet_pages_show_them(airflow, headers, holder, waiting, reason):
+    """The Jobs page (its JSON, then in a browser, as tina logs in) lists the training job with its progress
+    and links and the waiting one with its place and reason; the Fleet page shows who holds the slots."""
+    jobs_url = f"{airflow.url}/trainyard/jobs.json"
+    assert requests.get(jobs_url, timeout=10).status_code == 401  # Airflow's login, as every page
+
+    def jobs():
+        return {j["run"]: j for j in requests.get(jobs_url, headers=headers, timeout=10).json()}
+
+    airflow.wait(lambda: (jobs()[f"{DAG}/{holder}"].get("progress") or {}).get("epoch") == 3, 120, "the progress")
+    rows = jobs()
+    training, queued = rows[f"{DAG}/{holder}"], rows[f"{DAG}/{waiting}"]
+    assert training["progress"] == {"epoch": 3, "epochs": 10, "samples_per_second": 512.0, "eta_seconds": 95}
+    assert (training["stage"], training["job"], training["recipe"], training["gpus"]) == (
+        "training",
+        "holder",
+        "custom",
+        2,
+    )
+    assert "/#/experiments/" in training["links"]["mlflow"] and "curves" in training["links"]
+    assert (queued["stage"], queued["place"], queued["reason"]) == ("waiting for GPUs", "1 of 1", reason)
+    assert queued["note"] == "waiting: digits_cnn on 2 x cpu, team default"  # the note the scheduler gave it
+    with browser.logged_in(airflow, "tina") as b:
+        b.open("/plugin/jobs")  # the page as the UI's navigation shows it, in the UI's frame
+        shown = b.wait_for(lambda: (t := b.text()) and "waiting for GPUs" in t and t, 60, "the Jobs page")
+        assert "epoch 3/10, 512 samples/s, ETA 95 s" in shown and f"1 of 1: {reason}" in shown, shown
+        b.screenshot("jobs-page")
+        b.open("/plugin/fleet")
+        shown = b.wait_for(lambda: (t := b.text()) and "slots in use" in t and t, 60, "the Fleet page")
+        assert "cpu: 2 of 2 slots in use, 0 free" in shown and reason in shown, shown
+        assert re.search(r"Utilisation, last 24 h: \d+%", shown) and re.search(r"cpu \d+%", shown), shown
+        b.wait_for(  # the chart, drawn from Airflow's task records, loaded by the browser with the page's login
+            lambda: b.driver.execute_script(
+                "const f = document.querySelector('iframe'); const i = f && f.contentDocument.querySelector('img');"
+                "return i && i.complete && i.naturalWidth > 0"
+            ),
+            60,
+            "the utilisation chart",
+        )
+        b.screenshot("fleet-page")
+    chart = requests.get(f"{airflow.url}/trainyard/fleet/utilisation.png", headers=headers, timeout=60)
+    assert chart.ok and chart.headers["content-type"] == "image/png" and chart.content[:4] == b"\x89PNG"
+
+
+def test_the_trigger_form_has_an_input_per_field_names_a_bad_value_and_submits_a_job(airflow):
+    """In a browser, as a user fills it in: typed inputs in sections (a number box with its bounds, the GPU
+    types with their prices), a value out of bounds refused by its field's name before a run exists, and a
+    good one submitted as a run whose note says which job it is."""
+    from selenium.webdriver.common.keys import Keys
+
+    def section(b, title):  # the form's sections open one at a time
+        b.wait_for(lambda: [x for x in b.all("button") if x.text.strip() == title], 30, f"section {title}")[0].click()
+
+    def typed(b, field, value):
+        box = b.find(f"input[name='element_{field}']")
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys(value)
+        return box
+
+    admin = airflow.headers("admin")
+    parsed = f"{airflow.url}/api/v2/dags/{DAG}"
+    airflow.wait(lambda: requests.get(parsed, headers=admin, timeout=10).ok, 600, "the DAG to be parsed")
+    with browser.logged_in(airflow, "tina") as b:
+        b.open(f"/dags/{DAG}")
+        b.wait_for(lambda: [x for x in b.all("button") if x.text.strip() == "Trigger"], 60, "the Trigger button")[
+            0
+        ].click()
+        typed(b, "name", "from-the-form")
+        shown = b.text()
+        assert "cpu: $0.00 per GPU-hour, 2 in the fleet" in shown and "worst-case cost" in shown, shown
+        b.screenshot("trigger-form")
+        section(b, "Training")
+        epochs = b.find("input[name='element_hyperparameters.epochs']")
+        assert (epochs.get_attribute("aria-valuemin"), epochs.get_attribute("aria-valuemax")) == ("1", "1000")
+        typed(b, "hyperparameters.epochs", "2")
+        section(b, "Data")
+        typed(b, "split.val_fraction", "0")
+        submit = b.find("[data-testid=trigger-dag-submit]")
+        b.click(submit)
+        refusal = b.wait_for(lambda: b.find("[data-testid=error-alert]", 5).text, 30, "the refusal")
+        assert "Invalid input for param split.val_fraction: 0 is less than or equal to the minimum of 0" in refusal
+        b.screenshot("trigger-form-refused")
+        typed(b, "split.val_fraction", "0.25")
+        b.click(submit)
+        b.wait_for(lambda: "successfully triggered" in b.text(), 30, "the run to be triggered")
+    runs = requests.get(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns?order_by=-run_after&limit=5", headers=admin, timeout=10
+    )
+    (run,) = [r for r in runs.json()["dag_runs"] if r["conf"].get("name") == "from-the-form"]
+    assert run["conf"]["hyperparameters.epochs"] == 2 and run["conf"]["split.val_fraction"] == 0.25
+    try:
+        airflow.wait(
+            lambda: requests.get(
+                f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run['dag_run_id']}", headers=admin, timeout=10
+            ).json()["note"],
+            60,
+            "the run's note",
+        )
+        got = requests.get(
+            f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run['dag_run_id']}", headers=admin, timeout=10
+        ).json()
+        assert got["note"] == "from-the-form: digits_cnn on 2 x cpu, team default"
+        assert airflow.task_instances(DAG, run["dag_run_id"], admin)["validate_spec"]["state"] in (
+            "queued",
+            "running",
+            "success",
+        )
+    finally:  # nothing of it needs to train
+        requests.patch(
+            f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run['dag_run_id']}",
+            headers=admin,
+            json={"state": "failed"},
+            timeout=10,
+        )

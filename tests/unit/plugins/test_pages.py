@@ -43,7 +43,9 @@ def test_the_fleet_page_escapes_what_users_chose():
             {"team": "nlp", "quota": {"a100": 2}, "borrowing_limit": {"a100": 1}, "lending_limit": {}},
         ],
     }
+    view["utilisation"] = {"hours": 24.0, "utilisation": 0.5, "pools": {"a100": {"utilisation": 0.5}}, "teams": {}}
     page = render(view)
+    assert "Utilisation, last 24 h: 50%</h2><p>a100 50%</p>" in page and 'src="fleet/utilisation.png"' in page
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "behind &lt;b&gt;x&lt;/b&gt;" in page
     assert "a100: 4 of 4 slots in use, 0 free (2.5 an hour a slot)" in page
