@@ -230,13 +230,18 @@ def spec_input(conf: Mapping[str, Any] | None) -> dict[str, Any]:
     what REST clients send) and fields by path (``{"hyperparameters.epochs": 3}``, what the trigger form
     sends), or both. An optional section (``sweep``) given by path only with every field empty is left out;
     its empty fields are dropped. A field given both ways with two values is refused (ConfError): which
-    one the user meant cannot be known. Anything else is left for the JobSpec to accept or refuse by name."""
+    one the user meant cannot be known; so is a conf that is not an object, and a path below a field
+    (``kubernetes.env.FOO``: ``kubernetes.env`` is given whole). Anything else is left for the JobSpec to
+    accept or refuse by name."""
     if not isinstance(conf, Mapping):
-        return conf  # type: ignore[return-value]  # the JobSpec refuses it, in words
+        raise ConfError(f"a run's conf is a JSON object of JobSpec fields, not a {type(conf).__name__}")
     out: dict[str, Any] = {}
     by_path: dict[str, dict[str, Any]] = {}
     for key, value in conf.items():
         top, dot, sub = str(key).partition(".")
+        if dot and "." in sub:
+            field = f"{top}.{sub.partition('.')[0]}"
+            raise ConfError(f"{key}: a field's path is section.field; give {field} whole, as an object or a list")
         if dot and sub:
             by_path.setdefault(top, {})[sub] = value
         else:
@@ -249,7 +254,9 @@ def spec_input(conf: Mapping[str, Any] | None) -> dict[str, Any]:
         given = out.get(top)
         if not isinstance(given, Mapping):
             if given is not None:
-                raise ConfError(f"{top} is given both as {given!r} and field by field ({', '.join(fields)})")
+                raise ConfError(
+                    f"{top} is given both as {given!r} and field by field ({', '.join(fields)}): give it one way"
+                )
             out[top] = fields
             continue
         clash = [k for k, v in fields.items() if k in given and given[k] != v]

@@ -2,8 +2,8 @@
 page, ``trainyard_airflow.pages``).
 
 A run is listed to its team's members and admins only (another team's jobs are theirs: the Fleet page
-shows what everyone may see of them). Each row joins what is known of it in four places, each read once per
-page: Airflow (the run, its tasks' states, its validated JobSpec and its registered version, read by the
+shows what everyone may see of them; :func:`visible_runs`). Each row joins what is known of it in four
+places: Airflow (the run, its tasks' states, its validated JobSpec and its registered version, read by the
 plugin and handed in as :class:`AirflowRun`), the admission ledger (its place in its GPU type's queue and
 why it waits, :func:`trainyard.scheduling.fleet_view.live_queue`, as ``trainyard queue`` says it), MLflow
 (its run, and while it trains its latest epoch, throughput and ETA, which the training logs as curves), and
@@ -57,6 +57,7 @@ class AirflowRun:
     state: str
     conf: Mapping[str, Any] | None = None
     note: str | None = None
+    triggered_by: str | None = None  # the Airflow user who triggered it (None: a schedule, an asset)
     started: float | None = None  # epoch seconds
     tasks: Mapping[str, str] = field(default_factory=dict)  # task id -> the state of its latest try
     training_started: float | None = None  # the train task's current try, while it runs
@@ -94,17 +95,30 @@ def _spec(run: AirflowRun) -> dict[str, Any] | None:
         return None
 
 
-def _named_team(run: AirflowRun) -> str | None:
-    """The team a run whose spec was refused is of: its DAG's, else the one its conf names, if any."""
-    from trainyard.form import ConfError, spec_input
+def owner_team(run: AirflowRun) -> str | None:
+    """The team whose run it is: its DAG's (a team's own DAG runs that team's jobs only), else, in the one
+    DAG of an installation without teams in Airflow, the team of the spec its first task validated (which
+    checked that the triggering user may run that team's jobs); None before that, or for a refused spec:
+    then the conf's team is only a claim."""
     from trainyard.teams import team_of_dag
 
-    try:
-        resources = spec_input(run.conf or {}).get("resources")
-    except ConfError:
-        resources = None
-    named = resources.get("team") if isinstance(resources, dict) else None
-    return team_of_dag(run.dag_id) or (named if isinstance(named, str) else None)
+    validated = (run.spec or {}).get("resources")
+    return team_of_dag(run.dag_id) or (validated.get("team") if isinstance(validated, Mapping) else None)
+
+
+def visible_runs(runs: Sequence[AirflowRun], reader: Acting) -> list[AirflowRun]:
+    """The runs ``reader`` may see, in their order: their teams' (:func:`owner_team`), and a run of no team
+    yet (refused, or not validated yet) to the user who triggered it and to admins."""
+    seen = []
+    for run in runs:
+        team = owner_team(run)
+        if (
+            reader.may_read(team)
+            if team
+            else reader.admin or (reader.user is not None and reader.user == run.triggered_by)
+        ):
+            seen.append(run)
+    return seen
 
 
 def _stage(run: AirflowRun) -> str:
@@ -131,15 +145,13 @@ def _places(queue: list[dict[str, Any]]) -> dict[str, str]:
 def _progress(tracked: Tracked | None, spec: Mapping[str, Any], training: bool) -> dict[str, Any] | None:
     if tracked is None or not training:
         return None
-    m = tracked.metrics
-    if not any(k in m for k in PROGRESS_METRICS):
-        return {"epoch": 0, "epochs": spec["hyperparameters"]["epochs"]}
-    eta = m.get("eta_seconds")
+    m = {k: v for k in PROGRESS_METRICS if (v := tracked.metrics.get(k)) is not None and math.isfinite(v)}
+    # (a program's metrics file may hold NaN or infinity: such a point says nothing of its progress)
     return {
         "epoch": int(m.get("epoch", 0)),
         "epochs": spec["hyperparameters"]["epochs"],
         "samples_per_second": round(m["samples_per_second"], 1) if "samples_per_second" in m else None,
-        "eta_seconds": None if eta is None or math.isnan(eta) else round(eta),
+        "eta_seconds": round(m["eta_seconds"]) if "eta_seconds" in m else None,
     }
 
 
@@ -149,10 +161,9 @@ def _cost(config: ResourcesConfig, run: AirflowRun, spec: Mapping[str, Any], now
     from trainyard import paths
     from trainyard.scheduling.budgets import recorded_cost
     from trainyard.scheduling.resources import run_cost
-    from trainyard.spec import safe_key
 
     res = spec["resources"]
-    done = recorded_cost(config, paths.runs_root() / spec["name"] / safe_key(run.key))
+    done = recorded_cost(config, paths.run_path(spec["name"], run.key))
     if run.training_started is None or res["gpu_type"] not in config.gpu_types:
         return round(done, 2)
     gpus = res["nodes"] * res["gpus_per_node"]
@@ -189,7 +200,7 @@ def job_rows(
     tracked: Mapping[str, Tracked],
     now: float | None = None,
 ) -> list[dict[str, Any]]:
-    """The runs ``reader`` may read, newest first as given, each as a row of the Jobs page: job, recipe,
+    """The runs ``reader`` may see (:func:`visible_runs`), in their order, each as a row of the Jobs page: job, recipe,
     team, GPUs, state and stage, its place and reason while it waits, its progress while it trains, its cost
     so far, its result and its links. ``tracked``: each run's MLflow run by run key (:func:`tracked_runs`)."""
     from trainyard.scheduling.fleet_view import live_queue
@@ -199,11 +210,9 @@ def job_rows(
     waiting = {j["run"]: j for j in queue if j.get("run") and j["state"] == "waiting"}
     places = _places(queue)
     rows = []
-    for run in runs:
+    for run in visible_runs(runs, reader):
         spec = _spec(run)
-        team = spec["resources"]["team"] if spec else _named_team(run)
-        if not (reader.may_read(team) if team else reader.admin):  # whose a refused spec is may be unknown
-            continue
+        team = owner_team(run) or (spec["resources"]["team"] if spec else None)
         row: dict[str, Any] = {"run": run.key, "state": run.state, "stage": _stage(run), "note": run.note}
         if spec is None:
             rows.append(

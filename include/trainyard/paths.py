@@ -22,11 +22,16 @@ def runs_root() -> Path:
     return home() / "runs"
 
 
-def run_dir(job: str, run_key: str) -> Path:
-    """A run's directory, ``runs/<job>/<run key made filesystem-safe>`` (created)."""
+def run_path(job: str, run_key: str) -> Path:
+    """Where a run's directory is: ``runs/<job>/<run key made filesystem-safe>`` (made by :func:`run_dir`)."""
     from trainyard.spec import safe_key
 
-    d = runs_root() / job / safe_key(run_key)
+    return runs_root() / job / safe_key(run_key)
+
+
+def run_dir(job: str, run_key: str) -> Path:
+    """A run's directory (:func:`run_path`), created."""
+    d = run_path(job, run_key)
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -20,7 +20,7 @@ import logging
 from html import escape
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -45,7 +45,7 @@ async def _user(request: Request, bearer: BearerToken) -> Any:
 
 
 AirflowUser = Annotated[Any, Depends(_user)]
-TRAINING_TASKS = ("validate_spec", "register", "train")  # whose XCom or start a Jobs row shows
+TRAINING_XCOMS = ("validate_spec", "register")  # the tasks whose result a Jobs row shows
 
 
 def _reader(user: Any) -> Any:
@@ -55,43 +55,54 @@ def _reader(user: Any) -> Any:
     return Acting.of(user.get_name(), str(getattr(user, "role", "") or ""))
 
 
-def airflow_runs(limit: int) -> list[Any]:
-    """The latest ``limit`` runs of the training DAGs (every team's), newest first, with their tasks'
-    states, the train task's start while it runs, and the XComs a row shows, from Airflow's database."""
+def airflow_runs(limit: int, dag_ids: list[str] | None) -> list[Any]:
+    """The latest ``limit`` runs of the training DAGs ``dag_ids`` (None: every team's), newest first, with
+    their tasks' states, the train task's start while it runs, and the XComs a row shows: three queries
+    of Airflow's database."""
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import or_, select
+    from sqlalchemy.orm import selectinload
 
     from trainyard.jobs_view import AirflowRun
     from trainyard.teams import TRAINING_DAG
 
+    of_training = (
+        DagRun.dag_id.in_(dag_ids)
+        if dag_ids is not None
+        else or_(
+            DagRun.dag_id == TRAINING_DAG, DagRun.dag_id.like(TRAINING_DAG.replace("_", "\\_") + ".%", escape="\\")
+        )
+    )
     with create_session() as session:
         runs = session.scalars(
             select(DagRun)
-            .where(or_(DagRun.dag_id == TRAINING_DAG, DagRun.dag_id.like(f"{TRAINING_DAG}.%")))
+            .where(of_training)
+            .options(selectinload(DagRun.dag_run_note))
             .order_by(DagRun.id.desc())
             .limit(limit)
         ).all()
-        ids = [r.id for r in runs]
+        listed = {(r.dag_id, r.run_id) for r in runs}
         tasks: dict[tuple[str, str], dict[str, str]] = {}
         training: dict[tuple[str, str], float] = {}
-        listed = {(r.dag_id, r.run_id) for r in runs}
-        of_runs = select(TaskInstance).where(
-            TaskInstance.dag_id.in_({d for d, _ in listed}), TaskInstance.run_id.in_({r for _, r in listed})
-        )
-        for ti in session.scalars(of_runs):
-            if (ti.dag_id, ti.run_id) not in listed:
+        of_runs = select(
+            TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.state, TaskInstance.start_date
+        ).where(TaskInstance.dag_id.in_({d for d, _ in listed}), TaskInstance.run_id.in_({r for _, r in listed}))
+        for dag_id, run_id, task_id, state, started in session.execute(of_runs):
+            if (dag_id, run_id) not in listed:
                 continue
-            states = tasks.setdefault((ti.dag_id, ti.run_id), {})
-            if ti.task_id not in states or ti.state in ("running", "deferred"):  # a sweep's trials: the busy one
-                states[ti.task_id] = str(ti.state) if ti.state else "none"
-            if ti.task_id == "train" and ti.state == "running" and ti.start_date:
-                training[(ti.dag_id, ti.run_id)] = ti.start_date.timestamp()
+            states = tasks.setdefault((dag_id, run_id), {})
+            if task_id not in states or state in ("running", "deferred"):  # a sweep's trials: the busy one
+                states[task_id] = str(state) if state else "none"
+            if task_id == "train" and state == "running" and started:
+                training[(dag_id, run_id)] = started.timestamp()
         xcoms: dict[tuple[str, str, str], Any] = {}
         found = select(XComModel).where(
-            XComModel.dag_run_id.in_(ids), XComModel.key == "return_value", XComModel.task_id.in_(TRAINING_TASKS)
+            XComModel.dag_run_id.in_([r.id for r in runs]),
+            XComModel.key == "return_value",
+            XComModel.task_id.in_(TRAINING_XCOMS),
         )
         for x in session.scalars(found):
             xcoms[(x.dag_id, x.run_id, x.task_id)] = XComModel.deserialize_value(x)
@@ -102,6 +113,7 @@ def airflow_runs(limit: int) -> list[Any]:
                 state=str(r.state),
                 conf=r.conf if isinstance(r.conf, dict) else None,
                 note=r.note,
+                triggered_by=r.triggering_user_name,
                 started=r.start_date.timestamp() if r.start_date else None,
                 tasks=tasks.get((r.dag_id, r.run_id), {}),
                 training_started=training.get((r.dag_id, r.run_id)),
@@ -117,15 +129,20 @@ def _mapping(value: Any) -> dict | None:
 
 
 def _jobs(user: Any, limit: int) -> list[dict[str, Any]]:
-    """The Jobs page's rows as ``user`` may see them: their teams' runs only."""
-    from trainyard.jobs_view import job_rows, tracked_runs
+    """The Jobs page's rows as ``user`` may see them: the latest ``limit`` runs of their teams' jobs. The
+    runs are read from their teams' own DAGs (and the one shared DAG of an installation without teams in
+    Airflow, four times as many, since its runs are every team's) and held to the reader
+    (:func:`trainyard.jobs_view.visible_runs`) before MLflow is asked about them."""
+    from trainyard.jobs_view import job_rows, tracked_runs, visible_runs
     from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.resources import resources_in_force
+    from trainyard.teams import TRAINING_DAG, training_dag
     from trainyard.tracking import mlflow_tracking as mt
 
     config = resources_in_force()
     reader = _reader(user)
-    runs = airflow_runs(limit)
+    dag_ids = None if reader.admin else [TRAINING_DAG, *(training_dag(t) for t in reader.teams)]
+    runs = visible_runs(airflow_runs(limit * 4, dag_ids), reader)[:limit]
     jobs: dict[str, list[str]] = {}
     for run in runs:
         name = (run.spec or run.conf or {}).get("name")
@@ -150,11 +167,15 @@ def jobs_page(user: AirflowUser, limit: int = 50) -> str:
 
 
 UTILISATION_HOURS = 24.0  # the Fleet page's window
+OTHER_TEAMS = "other teams"  # what a reader sees of the teams they may not read, in the use of the fleet
 
 
-def _utilisation(hours: float) -> tuple[Any, list[Any]]:
+def _utilisation(hours: float, reader: Any) -> tuple[Any, list[Any]]:
     """The fleet's use over the last ``hours`` from Airflow's task records, as ``trainyard report
-    utilisation`` measures it (:mod:`trainyard.scheduling.utilisation`), and the allocations it counted."""
+    utilisation`` measures it (:mod:`trainyard.scheduling.utilisation`), and the allocations it counted, as
+    ``reader`` may see them: the teams they may not read left out of the teams' figures and folded into one,
+    :data:`OTHER_TEAMS`, in the allocations (a team's use over time at the prices on the page is its spend,
+    which only its members see)."""
     import time
 
     from trainyard.scheduling.resources import resources_in_force
@@ -162,19 +183,33 @@ def _utilisation(hours: float) -> tuple[Any, list[Any]]:
 
     until = time.time()
     allocations = allocations_from_airflow(until - hours * 3600, until)
-    return report(resources_in_force(), allocations, until - hours * 3600, until), allocations
+    used = report(resources_in_force(), allocations, until - hours * 3600, until)  # every team's, as they are
+    used.teams = {team: figures for team, figures in used.teams.items() if reader.may_read(team)}
+    return used, seen_by(reader, allocations)
+
+
+def seen_by(reader: Any, allocations: list[Any]) -> list[Any]:
+    """``allocations`` with the teams ``reader`` may not read as :data:`OTHER_TEAMS`."""
+    import dataclasses
+
+    return [a if reader.may_read(a.team) else dataclasses.replace(a, team=OTHER_TEAMS) for a in allocations]
 
 
 def _fleet(user: Any) -> dict[str, Any]:
     """The fleet as ``user`` (Airflow's, from the request's token) may see it, with each pool's utilisation
-    over the last day (every user's to see: slots, not whose runs)."""
+    over the last day (the reader's teams by name, the others as one)."""
     from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.fleet_view import fleet
     from trainyard.scheduling.resources import resources_in_force
 
     config = resources_in_force()
-    view = fleet(config, existing_ledger(config), _reader(user))
-    used = _utilisation(UTILISATION_HOURS)[0].as_dict()
+    reader = _reader(user)
+    view = fleet(config, existing_ledger(config), reader)
+    try:
+        used = _utilisation(UTILISATION_HOURS, reader)[0].as_dict()
+    except Exception as err:  # noqa: BLE001 - the queue and the teams still show
+        log.warning("the Fleet page shows no utilisation: %s: %s", type(err).__name__, err)
+        return view
     view["utilisation"] = {"hours": UTILISATION_HOURS, **{k: used[k] for k in ("utilisation", "pools", "teams")}}
     return view
 
@@ -190,15 +225,17 @@ def fleet_page(user: AirflowUser) -> str:
 
 
 @app.get("/fleet/utilisation.png")
-def utilisation_chart(user: AirflowUser, hours: float = UTILISATION_HOURS) -> Response:
-    """The slots allocated over the last ``hours`` (at most a month), stacked by team, against the
-    fleet's slots: ``trainyard report utilisation --png``'s chart."""
+def utilisation_chart(
+    user: AirflowUser, hours: Annotated[float, Query(ge=0.1, le=744.0)] = UTILISATION_HOURS
+) -> Response:
+    """The slots allocated over the last ``hours`` (at most a month), stacked by team (the reader's, and the
+    others as one), against the fleet's slots: ``trainyard report utilisation --png``'s chart."""
     import tempfile
     from pathlib import Path
 
     from trainyard.scheduling.utilisation import chart
 
-    rep, allocations = _utilisation(min(max(hours, 0.1), 744.0))
+    rep, allocations = _utilisation(hours, _reader(user))
     with tempfile.TemporaryDirectory() as tmp:
         png = chart(rep, allocations, Path(tmp) / "utilisation.png", title=f"GPU slots allocated, last {hours:g} h")
         return Response(png.read_bytes(), media_type="image/png")
@@ -253,7 +290,7 @@ def render(view: dict[str, Any]) -> str:
         pools = ", ".join(f"{escape(name)} {p['utilisation']:.0%}" for name, p in used["pools"].items())
         parts.append(
             f"<h2>Utilisation, last {used['hours']:g} h: {used['utilisation']:.0%}</h2><p>{pools}</p>"
-            '<img src="fleet/utilisation.png" alt="GPU slots allocated over the last day, by team" width="900">'
+            '<img src="fleet/utilisation.png" alt="GPU slots allocated over that window, by team" width="900">'
         )
     head = f"<head><title>Fleet</title><style>{STYLE}</style></head>"
     return f"<!doctype html><html>{head}<body>{''.join(parts)}</body></html>"

@@ -239,3 +239,14 @@ def test_params_survive_serialization_and_validate_a_conf():
     epochs = dag.params.get_param("hyperparameters.epochs")
     assert epochs.description and epochs.schema["section"] == "Training" and epochs.schema["title"] == "Epochs"
     assert "section" not in dag.params.get_param("name").schema  # the first section, open when the form opens
+
+
+def test_the_jobs_page_names_the_stages_of_tasks_the_pipeline_has():
+    """The Jobs page says what a run is doing by its tasks' ids (trainyard.jobs_view.STAGES): each is one
+    of the pipeline's, so a renamed task cannot leave a run's stage unsaid."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from trainyard.jobs_view import STAGES
+
+    tasks = set(DagBag(dag_folder=str(REPO / "dags" / "train_pipeline.py")).dags["train_pipeline"].task_ids)
+    assert {task for task, _ in STAGES} <= tasks, {task for task, _ in STAGES} - tasks

@@ -38,15 +38,18 @@ class Browser:
     def open(self, path: str) -> None:
         self.driver.get(self.airflow.url + path)
 
-    def find(self, css: str, seconds: float = 30) -> Any:
-        """The first element ``css`` selects, once it is there (the UI draws after its API calls)."""
+    def find(self, css: str, seconds: float = 30, usable: bool = False) -> Any:
+        """The first element ``css`` selects, once it is there (the UI draws after its API calls); with
+        ``usable``, once it can be typed into or clicked (a section's inputs after it has opened)."""
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support import expected_conditions
         from selenium.webdriver.support.ui import WebDriverWait
 
-        return WebDriverWait(self.driver, seconds).until(
-            expected_conditions.presence_of_element_located((By.CSS_SELECTOR, css))
+        located = (By.CSS_SELECTOR, css)
+        ready = (
+            expected_conditions.element_to_be_clickable if usable else expected_conditions.presence_of_element_located
         )
+        return WebDriverWait(self.driver, seconds).until(ready(located))
 
     def click(self, element: Any) -> None:
         """Click ``element`` even where a notice (a toast) covers it for a few seconds."""

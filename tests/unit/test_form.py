@@ -108,5 +108,11 @@ def test_a_field_given_twice_with_two_values_is_refused_by_name():
     }
     with pytest.raises(ConfError, match=r"hyperparameters.epochs is given twice: 3 in hyperparameters and 5 as"):
         spec_input({"hyperparameters": {"epochs": 3}, "hyperparameters.epochs": 5})
-    with pytest.raises(ConfError, match="resources is given both as 'a100' and field by field"):
+    with pytest.raises(ConfError, match="resources is given both as 'a100' and field by field .*: give it one way"):
         spec_input({"resources": "a100", "resources.gpus_per_node": 2})
+    with pytest.raises(
+        ConfError, match="kubernetes.env.FOO: a field's path is section.field; give kubernetes.env whole"
+    ):
+        spec_input({"kubernetes.env.FOO": "1"})
+    with pytest.raises(ConfError, match="a run's conf is a JSON object of JobSpec fields, not a list"):
+        spec_input(["epochs", 3])  # type: ignore[arg-type]

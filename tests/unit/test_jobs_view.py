@@ -5,6 +5,7 @@ trains, what it cost so far, its result and its links; the page's HTML escapes w
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -87,6 +88,7 @@ def test_a_team_sees_its_runs_waiting_training_and_done_with_place_progress_cost
             "failed",
             conf={"name": "typo", "resources.team": "vision", "hyperparameters": {"epochs": 0}},
             tasks={"validate_spec": "failed"},
+            triggered_by="tina",
         ),
     ]
     tracked = {
@@ -121,14 +123,30 @@ def test_a_team_sees_its_runs_waiting_training_and_done_with_place_progress_cost
         and done["links"]["model"] == "http://mlflow.example/#/models/digits/versions/3"
     )
     assert (rows["refused"]["job"], rows["refused"]["result"]) == ("typo", "its spec was refused")
-    # an admin reads every team's (and a refused run's that names no team); nobody logged in, no team's
-    runs.append(AirflowRun(DAG, "whose", "failed", conf={"resources": {"gpus_per_node": 0}}))
-    assert "whose" not in {
-        r["run"].partition("/")[2]
-        for r in job_rows(runs, Acting("tina", ("vision",)), fleet.config, fleet, tracked, now)
-    }
-    assert len(job_rows(runs, Acting("root", (), admin=True), fleet.config, fleet, tracked, now)) == 6
+    # a run whose spec no task validated is its triggering user's (and admins'), whatever team its conf
+    # claims; a team's own DAG's run is that team's, whatever its conf says
+    runs += [
+        AirflowRun(DAG, "claims-vision", "failed", conf={"resources": {"team": "vision"}}, triggered_by="nina"),
+        AirflowRun(f"{DAG}.nlp", "claims-too", "running", conf={"resources": {"team": "vision"}}, triggered_by="nina"),
+    ]
+    seen = {r["run"] for r in job_rows(runs, Acting("tina", ("vision",)), fleet.config, fleet, tracked, now)}
+    assert f"{DAG}/claims-vision" not in seen and f"{DAG}.nlp/claims-too" not in seen and f"{DAG}/refused" in seen
+    nina = {r["run"]: r for r in job_rows(runs, Acting("nina", ("nlp",)), fleet.config, fleet, tracked, now)}
+    assert f"{DAG}/claims-vision" in nina and nina[f"{DAG}.nlp/claims-too"]["team"] == "nlp"
+    # an admin reads every run; nobody logged in, none
+    assert len(job_rows(runs, Acting("root", (), admin=True), fleet.config, fleet, tracked, now)) == 7
     assert [r["run"] for r in job_rows(runs, Acting(None, ()), fleet.config, fleet, tracked, now)] == []
+
+
+def test_progress_skips_what_is_not_a_number_of_progress(fleet):
+    """A program's metrics file may log NaN or infinity: the page still shows, with what is known."""
+    run = AirflowRun(DAG, "training", "running", tasks={"train": "running"}, spec=_spec("shapes", "vision"))
+    odd = {
+        f"{DAG}/training": Tracked("r1", "7", {"epoch": 2.0, "samples_per_second": math.inf, "eta_seconds": math.nan})
+    }
+    (row,) = job_rows([run], Acting("tina", ("vision",)), fleet.config, fleet, odd)
+    assert row["progress"] == {"epoch": 2, "epochs": 10, "samples_per_second": None, "eta_seconds": None}
+    assert json.dumps(row)  # the page's JSON
 
 
 def test_the_jobs_page_escapes_what_users_chose_and_links_only_web_addresses():

@@ -95,10 +95,10 @@ def tries(config: ResourcesConfig, runs_root: Path) -> Iterator[TryCost]:
 
 
 def recorded_cost(config: ResourcesConfig, run_dir: Path) -> float:
-    """What the recorded tries of the run in ``run_dir`` cost (none recorded: 0), as its team's month counts
-    them."""
+    """What the recorded tries of the run in ``run_dir`` cost in all (none recorded: 0), each counted as its
+    team's month counts it (at the inventory's current price). Read for a page, not kept."""
     usage = run_dir / USAGE_FILE
-    return sum(t.cost for t in _run_tries(config, usage)) if usage.is_file() else 0.0
+    return sum(t.cost for t in _run_tries(config, usage, cache=False)) if usage.is_file() else 0.0
 
 
 def _run_tries(config: ResourcesConfig, usage: Path, cache: bool = True) -> Iterator[TryCost]:

@@ -342,16 +342,17 @@ def timeline(
 
 
 def chart(rep: Report, allocations: Sequence[Allocation], path: Path, title: str = "GPU slots allocated") -> Path:
-    """A PNG: slots allocated over the window, stacked by team, against the pools' slots."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """A PNG: slots allocated over the window, stacked by team, against the pools' slots. Drawn with
+    matplotlib's object API (no pyplot state), so threads of one process (the api-server's) may draw at once."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     chosen = [a for a in allocations if a.gpu_type in rep.pools]
     times, held = timeline(chosen, rep.since, rep.until)
     minutes = [(t - rep.since) / 60 for t in times]
-    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
+    fig = Figure(figsize=(9, 4.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     if held:
         ax.stackplot(minutes, *held.values(), labels=list(held), alpha=0.85, step="post")
     slots = rep.fleet.slots
@@ -364,7 +365,6 @@ def chart(rep: Report, allocations: Sequence[Allocation], path: Path, title: str
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 

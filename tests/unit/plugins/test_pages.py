@@ -82,3 +82,26 @@ def test_the_fleet_shows_a_team_its_own_jobs_and_money_and_others_only_what_ever
     assert "spent" not in teams["nlp"] and teams["nlp"]["quota"] == {"a100": 2}  # the inventory is everyone's
     admin = fleet(ledger.config, ledger, Acting("root", (), admin=True))
     assert admin["gpu_types"][0]["holders"][0]["user"] == "nina"
+
+
+def test_the_fleets_use_shows_a_reader_their_teams_by_name_and_the_others_as_one():
+    """A team's use over time, at the prices the page shows, is its spend: only its members see it by name."""
+    from trainyard.acting import Acting
+    from trainyard.scheduling.resources import parse_resources
+    from trainyard.scheduling.utilisation import Allocation, report
+    from trainyard_airflow.pages import OTHER_TEAMS, seen_by
+
+    config = parse_resources(
+        "gpu_types:\n  a100: {count: 4, price_per_hour: 2.0}\n"
+        "teams:\n  vision: {quota: {a100: 2}}\n  nlp: {quota: {a100: 1}}\n  research: {quota: {a100: 1}}\n"
+    )
+    used = [
+        Allocation("train_pipeline.vision/a", "vision", "a100", 2, 0.0, 1800.0),
+        Allocation("train_pipeline.nlp/b", "nlp", "a100", 1, 0.0, 3600.0),
+        Allocation("train_pipeline.research/c", "research", "a100", 1, 1800.0, 3600.0),
+    ]
+    seen = seen_by(Acting("tina", ("vision",)), used)
+    assert [a.team for a in seen] == ["vision", OTHER_TEAMS, OTHER_TEAMS]
+    teams = report(config, seen, 0.0, 3600.0).as_dict()["teams"]
+    assert set(teams) == {"vision", OTHER_TEAMS} and teams[OTHER_TEAMS]["allocated_s"] == 5400.0
+    assert [a.team for a in seen_by(Acting("root", (), admin=True), used)] == ["vision", "nlp", "research"]
