@@ -17,7 +17,10 @@ The rules (the package's docstring says why):
   that has waited ``max_wait_minutes`` for slots holds a reservation (:func:`_reserved_start`,
   :func:`_would_delay`: EASY backfill, as in Slurm);
 * with the teams' spend, a team's admitted jobs' commitments stay within its monthly budget's rest;
-* a sweep has at most ``sweep.parallelism`` trials admitted at once.
+* a sweep has at most ``sweep.parallelism`` trials admitted at once;
+* with :class:`PreemptionRules`, a job within its team's quota reclaims the slots other teams borrow of
+  it (:func:`reclaim`). The ledger does not apply that yet: running jobs are not preempted (issue 41,
+  whose training side, checkpoint and requeue on the word, comes first).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class Entry:
     lease_until: float
     devices: tuple[str, ...] = ()  # the GPUs of ``host`` it was given (Ledger.claim_devices)
     host: str = ""  # the worker host whose devices those are ("": a ledger of one host, from before hosts)
+    preemptions: int = 0  # how often it was preempted so far
+    preempted_for: str = ""  # the job it is being preempted for, until its processes have ended
 
 
 class Standing(enum.StrEnum):
@@ -61,6 +66,7 @@ class Standing(enum.StrEnum):
     WAITING = "waiting"
     INADMISSIBLE = "inadmissible"  # its team or GPU type is not in the resources in force: it never starts
     CANCELLED = "cancelled"  # taken out of the queue (trainyard queue cancel): it never starts
+    PREEMPTED = "preempted"  # admitted, and told to checkpoint and give its slots back to a job within its quota
 
 
 class WaitReason(enum.StrEnum):
@@ -75,12 +81,18 @@ class WaitReason(enum.StrEnum):
     NO_BORROWING = "no_borrowing"  # it would borrow, behind a job that waits for its team's own quota
     RESERVATION = "reservation"  # it could delay a job that holds a reservation
     BUDGET = "budget"  # its commitment does not fit in its team's monthly budget's rest
+    PREEMPTING = "preempting"  # within its quota, it waits for borrowers it preempted to checkpoint and stop
     FITS_NOW = "fits_now"  # nothing holds it back: its next look admits it (trainyard queue only)
     UNKNOWN = "unknown"  # no verdict of the policy for it (its row was gone by the decision)
 
     @property
     def fleet(self) -> bool:
-        return self in (WaitReason.SLOTS_IN_USE, WaitReason.NOT_LENDABLE, WaitReason.QUOTA_LENT_OUT)
+        return self in (
+            WaitReason.SLOTS_IN_USE,
+            WaitReason.NOT_LENDABLE,
+            WaitReason.QUOTA_LENT_OUT,
+            WaitReason.PREEMPTING,
+        )
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,91 @@ def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> int | Verd
     return borrow
 
 
+@dataclass(frozen=True)
+class PreemptionRules:
+    """When running jobs give lent GPUs back. One rule, stated once (:func:`reclaim`): a job that fits its
+    team's nominal quota reclaims the GPUs other teams borrow from it; no thrash: an admitted job runs at
+    least ``min_runtime_s`` before it may be preempted, and one preempted ``max_preemptions`` times is not
+    preempted again."""
+
+    min_runtime_s: float = 600.0
+    max_preemptions: int = 2
+
+    def may_preempt(self, e: Entry, now: float) -> bool:
+        return (
+            e.admitted is not None and now - e.admitted >= self.min_runtime_s and e.preemptions < self.max_preemptions
+        )
+
+
+def reclaim(
+    config: ResourcesConfig, entries: list[Entry], job: Job, used: dict[str, int], now: float, rules: PreemptionRules
+) -> list[Entry] | None:
+    """The running jobs to preempt so that ``job``, which fits its team's nominal quota of its GPU type,
+    starts: jobs of that type of other teams that were admitted on borrowed slots (``Entry.borrowed``) while
+    their team still holds more than its quota, the lowest priority first, then the most recently
+    admitted; the fewest that free enough (one job where one does, else the first in that order until the
+    job fits by every rule of :func:`_room`). None where ``job`` would borrow itself, or no such jobs free
+    enough: it waits as before. A job already being preempted is not chosen again; its slots stay taken
+    until its processes have ended (its row is released)."""
+    t = job.gpu_type
+    if used[job.team] + job.slots > config.quota(job.team, t):
+        return None
+    candidates = sorted(
+        (
+            e
+            for e in entries
+            if e.job.gpu_type == t
+            and e.job.team != job.team
+            and e.borrowed > 0
+            and not e.preempted_for
+            and rules.may_preempt(e, now)
+        ),
+        key=lambda e: (e.job.priority, -(e.admitted or 0.0), e.job.id),
+    )
+
+    def left(victims: list[Entry]) -> dict[str, int] | None:
+        """The teams' use without ``victims``, where each was its team's borrowing when it went."""
+        held = dict(used)
+        for v in victims:
+            if held[v.job.team] <= config.quota(v.job.team, t):
+                return None  # its team borrows no more: the job is within its own quota
+            held[v.job.team] -= v.job.slots
+        return held
+
+    for victims in [[e] for e in candidates] + [candidates[: k + 1] for k in range(1, len(candidates))]:
+        held = left(victims)
+        if held is not None and not isinstance(_room(config, held, job), Verdict):
+            return victims
+    return None
+
+
+def _preempting(
+    config: ResourcesConfig,
+    entries: list[Entry],
+    job: Job,
+    used: dict[str, int],
+    now: float,
+    rules: PreemptionRules,
+) -> dict[str, Verdict] | None:
+    """The verdicts where a waiting ``job`` within its quota preempts (or already preempts) borrowers: it
+    waits for them, saying for whom; each of them is told to give its slots back. None where it does not."""
+    ongoing = [e for e in entries if e.preempted_for == job.id]
+    victims = ongoing or reclaim(config, entries, job, used, now, rules)
+    if not victims:
+        return None
+    slots = sum(v.job.slots for v in victims)
+    named = ", ".join(_seen_by_all(v.job) for v in victims)
+    wait = (
+        f"reclaiming {slots} {job.gpu_type} slot(s) of team {job.team}'s quota from {named}; "
+        "it starts when they have stopped"
+    )
+    told = f"preempted: team {job.team}'s job within its quota reclaims the slots; checkpointing and giving them back"
+    return {
+        job.id: Verdict.wait(WaitReason.PREEMPTING, wait),
+        **{v.job.id: Verdict(Standing.PREEMPTED, told) for v in victims},
+    }
+
+
 def _reserved_start(free: int, running: list[tuple[float, int, str]], need: int, now: float) -> float:
     """The time by which ``need`` slots are free at the latest, with ``free`` free now and ``running``
     the (end by its max_hours, slots, team) of the jobs holding the rest; one past its end counts as
@@ -245,13 +342,20 @@ class _Commitments:
         return Verdict.wait(WaitReason.BUDGET, message)
 
 
-def plan(config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend | None = None) -> dict[str, Verdict]:
+def plan(
+    config: ResourcesConfig,
+    entries: list[Entry],
+    now: float,
+    spend: Spend | None = None,
+    preemption: PreemptionRules | None = None,
+) -> dict[str, Verdict]:
     """Every waiting job's verdict now: job id -> admitted (with the slots it borrows) or waiting (and why), per GPU
     type in the order the jobs are looked at (past the bound on waiting first, then within quota, then by priority,
     then by arrival): a waiting job's place in its queue. ``spend``: with it, a job is admitted only while its
     commitment and those of its team's admitted jobs and Kubernetes trainings
     (:func:`trainyard.scheduling.budgets.commitment`) fit in what the team's monthly budget has left after this
-    month's spend."""
+    month's spend. ``preemption``: with it, a waiting job within its quota reclaims what others borrow of it
+    (:func:`reclaim`), and the jobs it preempts have a verdict too (:attr:`Standing.PREEMPTED`)."""
     commitments = _Commitments(config, spend, [e.job for e in entries if e.admitted is not None])
     in_group: dict[str, int] = {}  # a sweep's admitted trials
     for e in entries:
@@ -259,7 +363,7 @@ def plan(config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend
             in_group[e.job.group] = in_group.get(e.job.group, 0) + 1
     verdicts: dict[str, Verdict] = {}
     for gpu_type in config.gpu_types:
-        verdicts.update(_plan_type(config, entries, gpu_type, now, commitments, in_group))
+        verdicts.update(_plan_type(config, entries, gpu_type, now, commitments, in_group, preemption))
     return verdicts
 
 
@@ -270,6 +374,7 @@ def _plan_type(
     now: float,
     commitments: _Commitments,
     in_group: dict[str, int],
+    preemption: PreemptionRules | None = None,
 ) -> dict[str, Verdict]:
     """:func:`plan` for the waiting jobs of one GPU type, in their order."""
     max_wait = config.scheduling.max_wait_minutes * 60
@@ -315,7 +420,11 @@ def _plan_type(
             cost = commitments.owed(job)  # read only for a job that has the room
             room = commitments.refusal(job, cost) or room
         if isinstance(room, Verdict):
-            verdicts[job.id] = room
+            preempting = None
+            if preemption is not None and room.reason is not None and room.reason.fleet:
+                preempting = _preempting(config, entries, job, used, now, preemption)
+            verdicts.update(preempting or {job.id: room})
+            room = verdicts[job.id]
             fleet = room.reason is not None and room.reason.fleet
             if fleet and starving is None and now - e.enqueued >= max_wait:
                 starving = e

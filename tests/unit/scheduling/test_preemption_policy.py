@@ -1,0 +1,97 @@
+"""The policy's preemption rule (trainyard.scheduling.admission.policy.reclaim), pure: a job within its team's
+nominal quota reclaims what other teams borrow of it, from the fewest borrowers, the lowest priority and the
+most recently admitted first, never from a job that has run less than the minimum or was preempted too
+often, and never to borrow itself. The ledger does not apply it yet: ``plan`` preempts only when asked to."""
+
+from __future__ import annotations
+
+from trainyard.scheduling.admission.policy import Entry, Job, PreemptionRules, Standing, WaitReason, plan, reclaim
+from trainyard.scheduling.resources import parse_resources
+
+# a100: 8 slots; vision's quota 4, nlp's 4; nlp may borrow vision's idle quota
+FLEET = parse_resources(
+    "gpu_types:\n  a100: {count: 8, price_per_hour: 2.0}\n"
+    "teams:\n  vision: {quota: {a100: 4}}\n  nlp: {quota: {a100: 4}}\n  research: {quota: {a100: 0}}\n"
+)
+NOW = 100_000.0
+RULES = PreemptionRules(min_runtime_s=600.0, max_preemptions=2)
+
+
+def _running(
+    job_id: str, team: str, slots: int, priority: int = 1, ran_s: float = 3600.0, borrowed: int = 0, **kw
+) -> Entry:
+    job = Job(job_id, team, "a100", slots, priority, 24.0)
+    return Entry(job, NOW - ran_s - 60, NOW - ran_s, borrowed, NOW + 180, **kw)
+
+
+def _waiting(job_id: str, team: str, slots: int) -> Entry:
+    return Entry(Job(job_id, team, "a100", slots, 1, 24.0), NOW - 30, None, 0, NOW + 120)
+
+
+def _used(entries: list[Entry]) -> dict[str, int]:
+    used = dict.fromkeys(FLEET.teams, 0)
+    for e in entries:
+        if e.admitted is not None:
+            used[e.job.team] += e.job.slots
+    return used
+
+
+def test_a_lender_within_its_quota_preempts_the_fewest_borrowers_lowest_priority_then_newest_first():
+    running = [
+        _running("nlp/own", "nlp", 4),  # nlp's own quota: never preempted for vision
+        _running("nlp/old", "nlp", 2, priority=1, ran_s=7200, borrowed=2),
+        _running("nlp/new", "nlp", 2, priority=1, ran_s=1200, borrowed=2),
+    ]
+    lender = _waiting("vision/a", "vision", 2)
+    victims = reclaim(FLEET, running, lender.job, _used(running), NOW, RULES)
+    assert [v.job.id for v in victims] == ["nlp/new"]  # one job frees enough: the most recently admitted
+    # the lowest priority goes first, whatever its age
+    running[1] = _running("nlp/old", "nlp", 2, priority=1, ran_s=7200, borrowed=2)
+    running[2] = _running("nlp/new", "nlp", 2, priority=5, ran_s=1200, borrowed=2)
+    assert [v.job.id for v in reclaim(FLEET, running, lender.job, _used(running), NOW, RULES)] == ["nlp/old"]
+    # a job that needs all four: both borrowers, not nlp's own
+    big = _waiting("vision/b", "vision", 4)
+    assert sorted(v.job.id for v in reclaim(FLEET, running, big.job, _used(running), NOW, RULES)) == [
+        "nlp/new",
+        "nlp/old",
+    ]
+
+
+def test_no_preemption_to_borrow_for_a_job_just_started_or_preempted_too_often():
+    running = [_running("nlp/own", "nlp", 4), _running("nlp/borrows", "nlp", 4, borrowed=4)]
+    # vision holds 2 of its 4 and asks for 4 more: it would borrow, so it reclaims nothing
+    vision = [_running("vision/x", "vision", 2), *running]
+    assert reclaim(FLEET, vision, Job("vision/y", "vision", "a100", 4, 1, 24.0), _used(vision), NOW, RULES) is None
+    fresh = [
+        _running("nlp/own", "nlp", 4),
+        _running("nlp/borrows", "nlp", 4, ran_s=60, borrowed=4),
+    ]  # within the minimum
+    lender = Job("vision/a", "vision", "a100", 2, 1, 24.0)
+    assert reclaim(FLEET, fresh, lender, _used(fresh), NOW, RULES) is None
+    protected = [_running("nlp/own", "nlp", 4), _running("nlp/borrows", "nlp", 4, borrowed=4, preemptions=2)]
+    assert reclaim(FLEET, protected, lender, _used(protected), NOW, RULES) is None
+
+
+def test_plan_with_preemption_says_who_preempts_whom_and_the_lender_waits_for_them():
+    entries = [
+        _running("nlp/own", "nlp", 4),
+        _running("nlp/borrows", "nlp", 4, borrowed=4),
+        _waiting("vision/a", "vision", 2),
+    ]
+    without = plan(FLEET, entries, NOW)
+    assert without["vision/a"].reason is WaitReason.SLOTS_IN_USE and "nlp/borrows" not in without  # as before
+    verdicts = plan(FLEET, entries, NOW, preemption=RULES)
+    lender, victim = verdicts["vision/a"], verdicts["nlp/borrows"]
+    assert lender.standing is Standing.WAITING and lender.reason is WaitReason.PREEMPTING
+    assert lender.message == (
+        "reclaiming 4 a100 slot(s) of team vision's quota from team nlp's job of 4 a100 slot(s); "
+        "it starts when they have stopped"
+    )
+    assert victim.standing is Standing.PREEMPTED and "team vision's job within its quota" in victim.message
+    # while the victim checkpoints, the lender's next look waits for it and preempts nothing more
+    marked = [entries[0], Entry(**{**vars(entries[1]), "preempted_for": "vision/a"}), entries[2]]
+    again = plan(FLEET, marked, NOW + 10, preemption=RULES)
+    assert again["vision/a"].reason is WaitReason.PREEMPTING and set(again) == {"vision/a", "nlp/borrows"}
+    # a job that would borrow preempts nobody: it waits for slots as before
+    behind = [*entries, _waiting("research/r", "research", 2)]
+    assert plan(FLEET, behind, NOW, preemption=RULES)["research/r"].reason is WaitReason.SLOTS_IN_USE
