@@ -123,8 +123,13 @@ class RunConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
-        """The config in ``path``; a field this version does not know (a newer platform's) is ignored."""
-        raw = json.loads(Path(path).read_text())
+        """The config in ``path`` (:meth:`from_json`)."""
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_json(cls, raw: dict) -> RunConfig:
+        """The config :meth:`to_json` gave, its spec and data validated; a field this version does not know
+        (a newer platform's) is ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in raw.items() if k in known and k not in ("spec", "data")}
         from trainyard.data.prepare import PreparedData

@@ -490,11 +490,9 @@ def pod_run_config(cfg: RunConfig, home: str | Path) -> RunConfig:
     Every trainer, built-in or custom, reports through the metrics file in ``work/``, which the platform
     relays to MLflow and TensorBoard when the pods end (``collect_kubernetes``): a pod mounts neither
     store (:func:`run_mounts`), and the config names no tracking URI."""
-    raw = {k: v for k, v in cfg.to_json().items() if k not in ("spec", "data")}
-    raw.update(tracking_uri=None)
-    home = Path(home).resolve()
-    data = None if cfg.data is None else PreparedData.model_validate(_rewrite(cfg.data.model_dump(mode="json"), home))
-    return RunConfig(spec=cfg.spec, data=data, **_rewrite(raw, home))
+    raw = cfg.to_json()
+    paths = _rewrite({k: v for k, v in raw.items() if k != "spec"}, Path(home).resolve())
+    return RunConfig.from_json({**paths, "spec": raw["spec"], "tracking_uri": None})
 
 
 def running_interval(pods: Iterable[k8s.V1Pod], *, now: float | None = None) -> Interval | None:
