@@ -114,7 +114,7 @@ def cmd_queue(args) -> int:
             waited = f"{j['waited_minutes']:.1f} min"
             print(
                 f"  {j['state']:8s} {j['team']:10s} {j['user'] or '-':10s} {j['gpus']:4d} {j['priority']:4d} "
-                f"{waited:>8s}  {j['run']}\n{'':56s}{j['reason']}"
+                f"{waited:>8s}  {j['run']}\n{'':56s}{j['reason']}" + (f"\n{'':56s}{j['start']}" if "start" in j else "")
             )
     if any("run" not in j for j in jobs):
         how = "; log in to Airflow (AIRFLOW_API_TOKEN) to see your team's in full" if me.user is None else ""

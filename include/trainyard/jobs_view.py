@@ -235,6 +235,8 @@ def job_rows(
             gpus=res["nodes"] * res["gpus_per_node"],
             place=places.get(run.key),
             reason=queued["reason"] if queued else None,
+            starts_by=queued.get("starts_by") if queued else None,
+            start=queued.get("start") if queued else None,
             progress=_progress(found, spec, run.tasks.get("train") == "running"),
             cost=_cost(config, run, spec, now),
             result=_result(run),

@@ -322,6 +322,8 @@ def render_jobs(rows: list[dict[str, Any]]) -> str:
     parts = ["<h1>Jobs</h1>", "<table>", _cells(header, "th")]
     for j in rows:
         queue = f"{j['place']}: {j['reason']}" if j.get("place") else (j.get("reason") or "")
+        if j.get("start"):
+            queue += f"; {j['start']}"
         gpus = f"{j['gpu_type']} x {j['gpus']}" if "gpus" in j else ""
         values = [
             j["run"].partition("/")[2], j.get("job"), j.get("recipe"), j.get("team"), gpus, j["stage"], queue,

@@ -108,6 +108,9 @@ def test_a_team_sees_its_runs_waiting_training_and_done_with_place_progress_cost
         2,
     )
     assert waiting["reason"] == "a100: 4 of 4 slots in use, the job needs 2" and waiting["progress"] is None
+    # the first of the two holders ends by its max_hours (an hour) at the latest: the job starts by then
+    first_end = min(e.admitted for e in fleet.entries() if e.admitted is not None) + 3600
+    assert waiting["starts_by"] == pytest.approx(first_end, abs=1) and waiting["start"].startswith("starts by ")
     train = rows["training"]
     assert train["stage"] == "training" and train["place"] is None and train["reason"] is None
     assert train["progress"] == {"epoch": 4, "epochs": 10, "samples_per_second": 812.2, "eta_seconds": 95}

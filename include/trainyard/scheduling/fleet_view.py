@@ -19,9 +19,16 @@ if TYPE_CHECKING:
     from trainyard.scheduling.resources import ResourcesConfig
 
 
-def queue_jobs(rows: list[tuple[Entry, Verdict]], reader: Acting, now: float | None = None) -> list[dict[str, Any]]:
+def queue_jobs(
+    rows: list[tuple[Entry, Verdict]],
+    reader: Acting,
+    now: float | None = None,
+    starts: dict[str, float] | None = None,
+) -> list[dict[str, Any]]:
     """The ledger's live jobs (``Ledger.standing``'s rows: admitted first, then the waiting, each oldest
-    first) as ``reader`` may see them."""
+    first) as ``reader`` may see them; a waiting job with the latest time it starts by (``starts``, epoch
+    seconds; absent: none in sight) where ``starts`` is given."""
+    from trainyard.scheduling.admission.policy import starts_by_words
     from trainyard.teams import SEEN_BY_OTHERS
 
     now = time.time() if now is None else now
@@ -39,6 +46,9 @@ def queue_jobs(rows: list[tuple[Entry, Verdict]], reader: Acting, now: float | N
             "reason": verdict.message,
             "why": verdict.reason.value if verdict.reason else None,  # what a program compares
         }
+        if starts is not None and e.admitted is None:
+            job["starts_by"] = starts.get(e.job.id)
+            job["start"] = starts_by_words(starts.get(e.job.id), now)
         jobs.append(job if reader.may_read(e.job.team) else {k: job[k] for k in SEEN_BY_OTHERS})
     return jobs
 
@@ -46,11 +56,14 @@ def queue_jobs(rows: list[tuple[Entry, Verdict]], reader: Acting, now: float | N
 def live_queue(ledger: Ledger | None, reader: Acting) -> list[dict[str, Any]]:
     """This installation's queue (``ledger``: None where nothing was ever queued) as ``reader`` sees it."""
     from trainyard import paths
+    from trainyard.scheduling.admission.policy import latest_starts
     from trainyard.scheduling.budgets import current_spend
 
     if ledger is None:
         return []
-    return queue_jobs(ledger.standing(current_spend(ledger.config, paths.runs_root())), reader)
+    rows = ledger.standing(current_spend(ledger.config, paths.runs_root()))
+    now = ledger.now()
+    return queue_jobs(rows, reader, now, latest_starts(ledger.config, [e for e, _ in rows], now))
 
 
 def fleet(config: ResourcesConfig, ledger: Ledger | None, reader: Acting) -> dict[str, Any]:

@@ -195,5 +195,8 @@ def test_a_waiting_job_s_log_says_its_place_and_says_it_again_while_it_waits(fle
     said = [e["event"] % e.get("positional_args", ()) for e in logs]
     said = [line for line in said if line.startswith(f"admission of {job.id}:")]
     why = "a100: 2 of 2 slots in use, the job needs 2"
-    assert said[0] == f"admission of {job.id}: waiting, 2 of 2 for a100: {why} (waiting 10 min)", said
+    # its latest start: r1 ends by its max_hours (1 h), then r2 (first in line, 1 slot) runs its hour
+    by = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(fleet.entries()[0].admitted + 2 * 3600))
+    place = f"waiting, 2 of 2 for a100: {why}; starts by {by} at the latest"
+    assert said[0] == f"admission of {job.id}: {place} (waiting 10 min)", said
     assert 2 <= len(said) <= 5 and len(set(said)) == 1, said

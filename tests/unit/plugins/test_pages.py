@@ -77,6 +77,8 @@ def test_the_fleet_shows_a_team_its_own_jobs_and_money_and_others_only_what_ever
     assert a100["holders"] == [{"gpu_type": "a100", "state": "admitted", "team": "nlp", "gpus": 4, "priority": 1}]
     (mine,) = a100["waiting"]
     assert mine["run"] == "train_pipeline.vision/r2" and mine["user"] == "tina" and mine["why"] == "slots_in_use"
+    nlp_ends = next(e.admitted for e in ledger.entries() if e.admitted is not None) + 3600  # its max_hours
+    assert mine["starts_by"] == nlp_ends and mine["start"].startswith("starts by ")
     teams = {t["team"]: t for t in view["teams"]}
     assert teams["vision"]["budget"] == 100 and teams["vision"]["left"] is not None
     assert "spent" not in teams["nlp"] and teams["nlp"]["quota"] == {"a100": 2}  # the inventory is everyone's

@@ -77,6 +77,11 @@ class Ledger:
     def _now(self, conn: Connection) -> float:
         return self.clock() if self.clock is not None else self.db.now(conn)
 
+    def now(self) -> float:
+        """The time leases are judged by (epoch seconds): what "now" is to this ledger's decisions."""
+        with self.db.connection() as conn:
+            return self._now(conn)
+
     @staticmethod
     def _entries(conn: Connection) -> list[Entry]:
         rows = conn.execute(
@@ -357,9 +362,12 @@ def look(ledger: Ledger, job: Job) -> Verdict:
 
 def place_in_queue(ledger: Ledger, job_id: str) -> str | None:
     """Where the waiting job ``job_id`` stands, in the words ``trainyard queue`` and the ``admit`` task's log
-    use: "waiting, 2 of 3 for a100: <why>" (the jobs of its GPU type that wait, in the order the policy looks
-    at them); None when it is not waiting (admitted, or not in the ledger)."""
+    use: "waiting, 2 of 3 for a100: <why>; starts by <time> at the latest" (the jobs of its GPU type that
+    wait, in the order the policy looks at them; its latest start,
+    :func:`~trainyard.scheduling.admission.policy.latest_starts`); None when it is not waiting (admitted,
+    or not in the ledger)."""
     from trainyard import paths
+    from trainyard.scheduling.admission.policy import latest_starts, starts_by_words
     from trainyard.scheduling.budgets import current_spend
 
     rows = ledger.standing(current_spend(ledger.config, paths.runs_root()))
@@ -367,7 +375,10 @@ def place_in_queue(ledger: Ledger, job_id: str) -> str | None:
     if mine is None or mine[0].admitted is not None:
         return None
     waiting = [e for e, _ in rows if e.admitted is None and e.job.gpu_type == mine[0].job.gpu_type]
-    return f"waiting, {waiting.index(mine[0]) + 1} of {len(waiting)} for {mine[0].job.gpu_type}: {mine[1].message}"
+    now = ledger.now()
+    start = starts_by_words(latest_starts(ledger.config, [e for e, _ in rows], now).get(job_id), now)
+    place = f"waiting, {waiting.index(mine[0]) + 1} of {len(waiting)} for {mine[0].job.gpu_type}"
+    return f"{place}: {mine[1].message}; {start}"
 
 
 def verdict_in_words(ledger: Ledger, job_id: str, verdict: Verdict, since: float | None = None) -> str:

@@ -1,7 +1,8 @@
-"""The policy's preemption rule (trainyard.scheduling.admission.policy.reclaim), pure: a job within its team's
-nominal quota reclaims what other teams borrow of it, from the fewest borrowers, the lowest priority and the
-most recently admitted first, never from a job that has run less than the minimum or was preempted too
-often, and never to borrow itself. The ledger does not apply it yet: ``plan`` preempts only when asked to."""
+"""Two rules of the policy, pure. Preemption (``reclaim``): a job within its team's nominal quota reclaims
+what other teams borrow of it, from the fewest borrowers, the lowest priority and the most recently admitted
+first, never from a job that has run less than the minimum or was preempted too often, and never to borrow
+itself; the ledger does not apply it yet, ``plan`` preempts only when asked to. The latest start
+(``latest_starts``): the policy run forward as the admitted jobs end by their max_hours."""
 
 from __future__ import annotations
 
@@ -95,3 +96,32 @@ def test_plan_with_preemption_says_who_preempts_whom_and_the_lender_waits_for_th
     # a job that would borrow preempts nobody: it waits for slots as before
     behind = [*entries, _waiting("research/r", "research", 2)]
     assert plan(FLEET, behind, NOW, preemption=RULES)["research/r"].reason is WaitReason.SLOTS_IN_USE
+
+
+def test_each_waiting_job_has_the_latest_time_it_starts_by_if_the_running_ones_use_all_their_hours():
+    from trainyard.scheduling.admission.policy import latest_starts
+
+    hour = 3600.0
+    running = [  # 8 of 8 a100 in use: ends in 1 h (of its 24), in 2 h, and one past its max_hours
+        Entry(Job("nlp/a", "nlp", "a100", 4, 1, 24.0), NOW - 23 * hour, NOW - 23 * hour, 0, NOW + 180),
+        Entry(Job("vision/b", "vision", "a100", 2, 1, 3.0), NOW - hour, NOW - hour, 0, NOW + 180),
+        Entry(Job("vision/c", "vision", "a100", 2, 1, 1.0), NOW - 2 * hour, NOW - 2 * hour, 0, NOW + 180),
+    ]
+    waiting = [
+        _waiting("vision/first", "vision", 2),  # vision/c's 2 slots, free now (it is past its bound)
+        _waiting("nlp/big", "nlp", 4),  # nlp/a's 4, in an hour
+        _waiting("vision/later", "vision", 2),  # vision/b's, in 2 h
+        _waiting("research/never", "research", 9),  # more than the type has: never
+    ]
+    starts = latest_starts(FLEET, running + waiting, NOW)
+    assert starts == {"vision/first": NOW, "nlp/big": NOW + hour, "vision/later": NOW + 2 * hour}
+    assert latest_starts(FLEET, running, NOW) == {}  # nobody waits
+
+
+def test_no_start_is_estimated_for_a_queue_too_long_to_run_forward():
+    from trainyard.scheduling.admission.policy import LATEST_STARTS_MAX_JOBS, latest_starts, starts_by_words
+
+    queue = [_waiting(f"vision/{i}", "vision", 1) for i in range(LATEST_STARTS_MAX_JOBS + 1)]
+    assert latest_starts(FLEET, queue, NOW) == {}
+    assert starts_by_words(None, NOW).startswith("no latest start known")
+    assert starts_by_words(NOW + 30, NOW) == "starts at its next look"
