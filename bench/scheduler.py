@@ -60,7 +60,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
-from trainyard.scheduling.admission.policy import Entry, Job, plan  # noqa: E402
+from trainyard.scheduling.admission.policy import Entry, Job, latest_starts, plan  # noqa: E402
 from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
 from trainyard.scheduling.utilisation import SIZE_BUCKETS, Allocation  # noqa: E402
 from trainyard.scheduling.utilisation import report as utilisation_report  # noqa: E402
@@ -419,6 +419,58 @@ def policy_simulation(config: ResourcesConfig, trace: list[TraceJob], types: lis
     return _simulate("simulated", config, trace, types, window, starts)
 
 
+def start_bounds(config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float) -> list[dict]:
+    """How the latest start a waiting job is told (:func:`~trainyard.scheduling.admission.policy.latest_starts`,
+    said as it first waits) compares with when it started, with the policy alone on the trace
+    (:func:`policy_simulation`'s decisions): per job that waited, its bound's wait and its real wait."""
+
+    def admission_job(job: TraceJob) -> Job:
+        return Job(job.name, job.team, job.gpu_type, job.slots, PRIORITY, max_hours_of(job))
+
+    told: dict[str, tuple[float, float]] = {}  # job -> (when it was told, the bound)
+    started: dict[str, float] = {}
+
+    def starts(now: float, waiting: list[TraceJob], running: list[tuple[TraceJob, float]]) -> list[TraceJob]:
+        entries = [Entry(admission_job(j), j.at, None, 0, math.inf) for j in waiting]
+        entries += [Entry(admission_job(j), j.at, began, 0, math.inf) for j, began in running]
+        verdicts = plan(config, entries, now)
+        chosen = [j for j in waiting if verdicts[j.name].admitted]
+        new = [j for j in waiting if j.name not in told and j not in chosen]
+        if new:
+            bounds = latest_starts(config, entries, now)
+            told.update({j.name: (now, bounds.get(j.name, math.inf)) for j in new})
+        started.update({j.name: now for j in chosen})
+        return chosen
+
+    _simulate("bounds", config, trace, types, window, starts)
+    return [{"job": name, "bound_s": bound - at, "wait_s": started[name] - at} for name, (at, bound) in told.items()]
+
+
+def start_bounds_on_traces(
+    base: ResourcesConfig, types: list[str], *, seeds: list[int], loads: list[float], window: float, median: float,
+    time_scale: float, poll: float,
+) -> dict:  # fmt: skip
+    """:func:`start_bounds` over a trace per seed and load: the share of jobs that started by their bound,
+    and the median of |bound's wait - real wait| / real wait (the issue's calibration figures)."""
+    config = scenario_config(base, "trainyard", time_scale, poll)
+    rows = []
+    for seed in seeds:
+        for load in loads:
+            trace = make_trace(base, types, window=window, load=load, median=median, seed=seed)
+            rows += start_bounds(config, trace, types, window)
+    known = [r for r in rows if math.isfinite(r["bound_s"])]
+    errors = [abs(r["bound_s"] - r["wait_s"]) / max(r["wait_s"], 1.0) for r in known]
+    return {
+        "jobs_that_waited": len(rows),
+        "with_a_bound": len(known),
+        "started_by_their_bound": sum(r["wait_s"] <= r["bound_s"] + 1e-6 for r in known) / len(known) if known else 0.0,
+        "median_relative_error": statistics.median(errors) if errors else 0.0,
+        "median_bound_over_wait": statistics.median(r["bound_s"] / max(r["wait_s"], 1.0) for r in known)
+        if known
+        else 0.0,
+    }
+
+
 def policy_on_traces(
     base: ResourcesConfig,
     types: list[str],
@@ -560,8 +612,19 @@ def main(argv: list[str] | None = None) -> int:
         help="no Airflow: the policy alone against the reference on a trace per seed and each of --loads",
     )
     parser.add_argument("--loads", nargs="+", type=float, default=[1.0, 1.25, 1.5], help="with --policy-only")
+    parser.add_argument(
+        "--start-bounds",
+        action="store_true",
+        help="with --policy-only: how each waiting job's latest start compares with its start, instead",
+    )
     args = parser.parse_args(argv)
     base = load_resources(args.resources)
+    if args.policy_only and args.start_bounds:
+        figures = start_bounds_on_traces(base, args.types, seeds=args.policy_only, loads=args.loads,
+                                         window=args.window, median=args.median, time_scale=args.time_scale,
+                                         poll=args.poll)  # fmt: skip
+        print(json.dumps(figures, indent=1))
+        return 0
     if args.policy_only:
         rows = policy_on_traces(base, args.types, seeds=args.policy_only, loads=args.loads, window=args.window,
                                 median=args.median, time_scale=args.time_scale, poll=args.poll)  # fmt: skip

@@ -97,3 +97,15 @@ def test_the_policy_alone_reaches_the_goal_on_other_traces():
     )  # fmt: skip
     assert len(rows) == 12 and all(r["violations"] == r["unfinished"] == 0 for r in rows), rows
     assert min(r["ratio"] for r in rows) >= scheduler_replay.GOAL, rows
+
+
+def test_a_waiting_job_is_told_the_latest_start_it_then_starts_by():
+    """The bound a job is told as it first waits (the policy run forward as every running job ends by its
+    max_hours, twice its duration in the replay) against when it started, on the policy alone."""
+    trace = [
+        Job("large-first", 0.0, "a", "h100-80gb", 1, 10.0),  # max_hours: the replay's least, 0.01 h = 36 s
+        Job("j1", 1.0, "a", "h100-80gb", 1, 5.0),  # waits for it: told 35 s (its end by 36), starts at 10
+    ]
+    config = scheduler_replay.scenario_config(_fleet(1), "trainyard", 60.0, 1.0)
+    (told,) = scheduler_replay.start_bounds(config, trace, ["h100-80gb"], window=15.0)
+    assert told == {"job": "j1", "bound_s": pytest.approx(35.0, abs=0.1), "wait_s": 9.0}
