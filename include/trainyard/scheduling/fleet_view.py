@@ -56,14 +56,15 @@ def queue_jobs(
 def live_queue(ledger: Ledger | None, reader: Acting) -> list[dict[str, Any]]:
     """This installation's queue (``ledger``: None where nothing was ever queued) as ``reader`` sees it."""
     from trainyard import paths
-    from trainyard.scheduling.admission.policy import latest_starts
+    from trainyard.scheduling.admission.ledger import starts_of
     from trainyard.scheduling.budgets import current_spend
 
     if ledger is None:
         return []
-    rows = ledger.standing(current_spend(ledger.config, paths.runs_root()))
+    spend = current_spend(ledger.config, paths.runs_root())
+    rows = ledger.standing(spend)
     now = ledger.now()
-    return queue_jobs(rows, reader, now, latest_starts(ledger.config, [e for e, _ in rows], now))
+    return queue_jobs(rows, reader, now, starts_of(ledger, [e for e, _ in rows], now, spend))
 
 
 def fleet(config: ResourcesConfig, ledger: Ledger | None, reader: Acting) -> dict[str, Any]:

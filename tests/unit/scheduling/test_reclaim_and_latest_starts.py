@@ -123,5 +123,63 @@ def test_no_start_is_estimated_for_a_queue_too_long_to_run_forward():
 
     queue = [_waiting(f"vision/{i}", "vision", 1) for i in range(LATEST_STARTS_MAX_JOBS + 1)]
     assert latest_starts(FLEET, queue, NOW) == {}
-    assert starts_by_words(None, NOW).startswith("no latest start known")
+    assert starts_by_words(None, NOW).startswith("no start in sight")
     assert starts_by_words(NOW + 30, NOW) == "starts at its next look"
+
+
+def test_the_fewest_borrowers_are_found_whatever_their_order_and_no_team_loses_its_own_quota():
+    # nlp: quota 4, holds 6 (b1 and b2 borrowed one slot each, c is within); research: quota 0, holds 2
+    two_teams = [
+        _running("nlp/c", "nlp", 4),
+        _running("nlp/b1", "nlp", 1, priority=1, borrowed=1),
+        _running("nlp/b2", "nlp", 1, priority=1, borrowed=1),
+        _running("research/b", "research", 2, priority=2, borrowed=2),
+    ]
+    lender = Job("vision/a", "vision", "a100", 2, 1, 24.0)
+    victims = reclaim(FLEET, two_teams, lender, _used(two_teams), NOW, RULES)
+    assert [v.job.id for v in victims] == ["research/b"]  # one job frees both slots
+    four = Job("vision/b", "vision", "a100", 4, 1, 24.0)
+    assert sorted(v.job.id for v in reclaim(FLEET, two_teams, four, _used(two_teams), NOW, RULES)) == [
+        "nlp/b1",
+        "nlp/b2",
+        "research/b",
+    ]
+    # a job admitted on a borrowed slot whose team would fall below its quota without it is not taken
+    partly = [_running("nlp/c", "nlp", 3), _running("nlp/d", "nlp", 2, borrowed=1)]
+    assert reclaim(FLEET, partly, Job("vision/a", "vision", "a100", 4, 1, 24.0), _used(partly), NOW, RULES) is None
+
+
+def test_two_waiting_jobs_never_claim_the_same_borrower_and_a_budget_keeps_a_job_from_preempting():
+    entries = [
+        _running("nlp/own", "nlp", 4),
+        _running("nlp/b1", "nlp", 2, borrowed=2),
+        _running("nlp/b2", "nlp", 2, borrowed=2, ran_s=60),  # within the minimum run: not yet
+        _waiting("vision/a", "vision", 2),
+        _waiting("vision/b", "vision", 2),
+    ]
+    verdicts = plan(FLEET, entries, NOW, preemption=RULES)
+    assert verdicts["vision/a"].reason is WaitReason.PREEMPTING and verdicts["nlp/b1"].standing is Standing.PREEMPTED
+    assert verdicts["vision/b"].reason is WaitReason.SLOTS_IN_USE  # nlp/b1 is vision/a's; nothing else may go
+
+    from trainyard.scheduling.budgets import Spend
+
+    budgeted = parse_resources(
+        "gpu_types:\n  a100: {count: 8, price_per_hour: 2.0}\n"
+        "teams:\n  vision: {quota: {a100: 4}, monthly_budget: 10}\n  nlp: {quota: {a100: 4}}\n"
+    )
+    poor = Spend(this_month={"vision": 0.0}, of_run=lambda run: 0.0)  # 24 h x 2 x $2 = $96 > $10
+    held = plan(budgeted, entries[:4], NOW, poor, preemption=RULES)
+    assert held["vision/a"].reason is WaitReason.SLOTS_IN_USE and "nlp/b1" not in held
+
+
+def test_a_job_its_budget_holds_back_is_given_no_start():
+    from trainyard.scheduling.admission.policy import latest_starts
+    from trainyard.scheduling.budgets import Spend
+
+    budgeted = parse_resources(
+        "gpu_types:\n  a100: {count: 8, price_per_hour: 2.0}\n"
+        "teams:\n  vision: {quota: {a100: 4}, monthly_budget: 10}\n  nlp: {quota: {a100: 4}}\n"
+    )
+    queue = [_waiting("vision/a", "vision", 2), _waiting("nlp/a", "nlp", 2)]
+    poor = Spend(this_month={"vision": 0.0}, of_run=lambda run: 0.0)  # vision's job may cost $96 of its $10
+    assert latest_starts(budgeted, queue, NOW, poor) == {"nlp/a": NOW}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -360,6 +361,27 @@ def look(ledger: Ledger, job: Job) -> Verdict:
     return ledger.request(job, current_spend(ledger.config, paths.runs_root()))
 
 
+_starts_lock = threading.Lock()
+_starts: tuple[tuple, float, dict[str, float]] | None = None  # the queue's state, when, and its starts
+STARTS_KEPT_S = 60.0
+
+
+def starts_of(ledger: Ledger, entries: list[Entry], now: float, spend: Spend | None) -> dict[str, float]:
+    """:func:`~trainyard.scheduling.admission.policy.latest_starts` of the queue ``entries``, computed once per
+    state of the queue (and at least every :data:`STARTS_KEPT_S`): every waiting job of a triggerer logs its
+    start as the queue changes, and running the policy forward costs up to half a CPU-second."""
+    from trainyard.scheduling.admission.policy import latest_starts
+
+    global _starts
+    state = tuple(sorted((e.job.id, e.admitted, e.preempted_for) for e in entries))
+    with _starts_lock:
+        if _starts is not None and _starts[0] == state and now - _starts[1] < STARTS_KEPT_S:
+            return _starts[2]
+        found = latest_starts(ledger.config, entries, now, spend)
+        _starts = (state, now, found)
+        return found
+
+
 def place_in_queue(ledger: Ledger, job_id: str) -> str | None:
     """Where the waiting job ``job_id`` stands, in the words ``trainyard queue`` and the ``admit`` task's log
     use: "waiting, 2 of 3 for a100: <why>; starts by <time> at the latest" (the jobs of its GPU type that
@@ -367,16 +389,17 @@ def place_in_queue(ledger: Ledger, job_id: str) -> str | None:
     :func:`~trainyard.scheduling.admission.policy.latest_starts`); None when it is not waiting (admitted,
     or not in the ledger)."""
     from trainyard import paths
-    from trainyard.scheduling.admission.policy import latest_starts, starts_by_words
+    from trainyard.scheduling.admission.policy import starts_by_words
     from trainyard.scheduling.budgets import current_spend
 
-    rows = ledger.standing(current_spend(ledger.config, paths.runs_root()))
+    spend = current_spend(ledger.config, paths.runs_root())
+    rows = ledger.standing(spend)
     mine = next(((e, verdict) for e, verdict in rows if e.job.id == job_id), None)
     if mine is None or mine[0].admitted is not None:
         return None
     waiting = [e for e, _ in rows if e.admitted is None and e.job.gpu_type == mine[0].job.gpu_type]
     now = ledger.now()
-    start = starts_by_words(latest_starts(ledger.config, [e for e, _ in rows], now).get(job_id), now)
+    start = starts_by_words(starts_of(ledger, [e for e, _ in rows], now, spend).get(job_id), now)
     place = f"waiting, {waiting.index(mine[0]) + 1} of {len(waiting)} for {mine[0].job.gpu_type}"
     return f"{place}: {mine[1].message}; {start}"
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -203,16 +204,26 @@ class PreemptionRules:
         )
 
 
+MAX_RECLAIM_CANDIDATES = 12  # the sets of victims looked at: at most 4095 of the first 12 in preemption order
+
+
 def reclaim(
-    config: ResourcesConfig, entries: list[Entry], job: Job, used: dict[str, int], now: float, rules: PreemptionRules
+    config: ResourcesConfig,
+    entries: list[Entry],
+    job: Job,
+    used: dict[str, int],
+    now: float,
+    rules: PreemptionRules,
+    claimed: frozenset[str] = frozenset(),
 ) -> list[Entry] | None:
     """The running jobs to preempt so that ``job``, which fits its team's nominal quota of its GPU type,
-    starts: jobs of that type of other teams that were admitted on borrowed slots (``Entry.borrowed``) while
-    their team still holds more than its quota, the lowest priority first, then the most recently
-    admitted; the fewest that free enough (one job where one does, else the first in that order until the
-    job fits by every rule of :func:`_room`). None where ``job`` would borrow itself, or no such jobs free
-    enough: it waits as before. A job already being preempted is not chosen again; its slots stay taken
-    until its processes have ended (its row is released)."""
+    starts: jobs of that type of other teams that were admitted on borrowed slots (``Entry.borrowed``) and
+    whose team stays at or above its quota without them (what is taken back is borrowed, never another
+    team's own quota); the fewest jobs that free enough for ``job`` by every rule of :func:`_room`, and
+    among as many, the first in preemption order (the lowest priority first, then the most recently
+    admitted). ``used``: each team's slots once the jobs already being preempted have ended and the jobs
+    they were preempted for run; ``claimed``: jobs another waiting job preempts in this decision. None
+    where ``job`` would borrow itself, or no such jobs free enough: it waits as before."""
     t = job.gpu_type
     if used[job.team] + job.slots > config.quota(job.team, t):
         return None
@@ -224,24 +235,25 @@ def reclaim(
             and e.job.team != job.team
             and e.borrowed > 0
             and not e.preempted_for
+            and e.job.id not in claimed
             and rules.may_preempt(e, now)
         ),
         key=lambda e: (e.job.priority, -(e.admitted or 0.0), e.job.id),
-    )
+    )[:MAX_RECLAIM_CANDIDATES]
 
-    def left(victims: list[Entry]) -> dict[str, int] | None:
-        """The teams' use without ``victims``, where each was its team's borrowing when it went."""
+    def left(victims: tuple[Entry, ...]) -> dict[str, int] | None:
         held = dict(used)
         for v in victims:
-            if held[v.job.team] <= config.quota(v.job.team, t):
-                return None  # its team borrows no more: the job is within its own quota
             held[v.job.team] -= v.job.slots
+            if held[v.job.team] < config.quota(v.job.team, t):
+                return None  # that would take its team's own quota
         return held
 
-    for victims in [[e] for e in candidates] + [candidates[: k + 1] for k in range(1, len(candidates))]:
-        held = left(victims)
-        if held is not None and not isinstance(_room(config, held, job), Verdict):
-            return victims
+    for size in range(1, len(candidates) + 1):
+        for victims in itertools.combinations(candidates, size):
+            held = left(victims)
+            if held is not None and not isinstance(_room(config, held, job), Verdict):
+                return list(victims)
     return None
 
 
@@ -249,16 +261,24 @@ def _preempting(
     config: ResourcesConfig,
     entries: list[Entry],
     job: Job,
-    used: dict[str, int],
+    after: dict[str, int],
     now: float,
     rules: PreemptionRules,
+    claimed: set[str],
 ) -> dict[str, Verdict] | None:
     """The verdicts where a waiting ``job`` within its quota preempts (or already preempts) borrowers: it
-    waits for them, saying for whom; each of them is told to give its slots back. None where it does not."""
+    waits for them, saying for whom; each of them is told to give its slots back. None where it does not.
+    ``after``: the teams' use once the preemptions under way (and those decided in this pass) are done,
+    which this one updates; ``claimed``: the jobs preempted in this pass, which it adds to."""
     ongoing = [e for e in entries if e.preempted_for == job.id]
-    victims = ongoing or reclaim(config, entries, job, used, now, rules)
+    victims = ongoing or reclaim(config, entries, job, after, now, rules, frozenset(claimed))
     if not victims:
         return None
+    if not ongoing:
+        for v in victims:
+            after[v.job.team] -= v.job.slots
+        after[job.team] += job.slots
+        claimed.update(v.job.id for v in victims)
     slots = sum(v.job.slots for v in victims)
     named = ", ".join(_seen_by_all(v.job) for v in victims)
     wait = (
@@ -369,6 +389,20 @@ def plan(
     return verdicts
 
 
+def _after_preemptions(entries: list[Entry], gpu_type: str, used: dict[str, int]) -> dict[str, int]:
+    """The teams' use of ``gpu_type`` once the preemptions under way are done: each victim gone, the job it
+    was preempted for running."""
+    after = dict(used)
+    waiting = {e.job.id: e.job for e in entries if e.admitted is None}
+    for e in entries:
+        if e.admitted is not None and e.job.gpu_type == gpu_type and e.preempted_for:
+            after[e.job.team] -= e.job.slots
+    for job_id in {e.preempted_for for e in entries if e.preempted_for and e.job.gpu_type == gpu_type}:
+        if job_id in waiting:
+            after[waiting[job_id].team] += waiting[job_id].slots
+    return after
+
+
 def _plan_type(
     config: ResourcesConfig,
     entries: list[Entry],
@@ -394,6 +428,7 @@ def _plan_type(
     def key(e: Entry) -> tuple:
         return (now - e.enqueued < max_wait, not within(e.job), -e.job.priority, e.enqueued, e.job.id)
 
+    after, claimed = _after_preemptions(entries, gpu_type, used), set[str]()
     no_borrowing: Verdict | None = None
     starving: Entry | None = None  # a job past the bound, waiting for slots: it holds a reservation
     verdicts: dict[str, Verdict] = {}
@@ -423,8 +458,13 @@ def _plan_type(
             room = commitments.refusal(job, cost) or room
         if isinstance(room, Verdict):
             preempting = None
-            if preemption is not None and room.reason is not None and room.reason.fleet:
-                preempting = _preempting(config, entries, job, used, now, preemption)
+            if (
+                preemption is not None
+                and room.reason is not None
+                and room.reason.fleet
+                and commitments.refusal(job, commitments.owed(job)) is None  # its budget would not keep it waiting
+            ):
+                preempting = _preempting(config, entries, job, after, now, preemption, claimed)
             verdicts.update(preempting or {job.id: room})
             room = verdicts[job.id]
             fleet = room.reason is not None and room.reason.fleet
@@ -448,23 +488,29 @@ def _plan_type(
 LATEST_STARTS_MAX_JOBS = 500
 
 
-def latest_starts(config: ResourcesConfig, entries: list[Entry], now: float, rounds: int = 1000) -> dict[str, float]:
+def latest_starts(
+    config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend | None = None, rounds: int = 1000
+) -> dict[str, float]:
     """By when each waiting job starts at the latest, if no other job arrives and every admitted job runs
     to its ``max_hours`` (one past it counts as ending now): the policy run forward, each admitted job's
     end freeing its slots and the next decision admitting what it admits then, the admitted running to
     their own ends. A job the policy never admits in that future (a limit, its budget, a team or type gone)
-    has none. A bound users can plan by, not a forecast: jobs that end early start the others sooner, and a
-    job arriving later with a higher priority, or within its quota, may pass. Budgets are left out (the
-    spend a future decision sees is unknown). Nothing for a queue of more than :data:`LATEST_STARTS_MAX_JOBS` jobs."""
+    has none, and so has one its team's budget holds back now (``spend``, the first decision's; later ones
+    leave budgets out: the spend they would see is unknown). A bound users can plan by, not a forecast:
+    jobs that end early start the others sooner, a job arriving later with a higher priority, or within its
+    quota, may pass, and ``max_hours`` bounds a training's time, not its wall time (a retry's wait is not
+    in it). Nothing for a queue of more than :data:`LATEST_STARTS_MAX_JOBS` jobs."""
     if len(entries) > LATEST_STARTS_MAX_JOBS:
         return {}
     ends = {e.job.id: max(now, e.admitted + e.job.max_hours * 3600) for e in entries if e.admitted is not None}
     live = [e for e in entries if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
     starts: dict[str, float] = {}
     at = now
-    for _ in range(rounds):
-        verdicts = plan(config, live, at)
+    for round_ in range(rounds):
+        verdicts = plan(config, live, at, spend if round_ == 0 else None)
         admitted = {job_id for job_id, v in verdicts.items() if v.admitted}
+        if round_ == 0:  # held back by its budget: no start in sight from the fleet's side alone
+            live = [e for e in live if verdicts.get(e.job.id, Verdict.admit(e.job, 0)).reason is not WaitReason.BUDGET]
         live = [
             dataclasses.replace(e, admitted=at, borrowed=verdicts[e.job.id].borrowed) if e.job.id in admitted else e
             for e in live
@@ -483,7 +529,9 @@ def latest_starts(config: ResourcesConfig, entries: list[Entry], now: float, rou
 def starts_by_words(at: float | None, now: float) -> str:
     """A waiting job's latest start (:func:`latest_starts`; None: none in sight) in words."""
     if at is None:
-        return "no latest start known (a limit holds it, or the queue is too long to run forward)"
+        return "no start in sight (its budget or a limit holds it, or the queue is too long to run forward)"
     if at <= now + 60:
         return "starts at its next look"
-    return f"starts by {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(at))} at the latest"
+    return (
+        f"starts by {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(at))} if the running jobs end by their max_hours"
+    )
