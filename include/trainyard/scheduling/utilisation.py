@@ -349,15 +349,16 @@ def chart(rep: Report, allocations: Sequence[Allocation], path: Path, title: str
 
     chosen = [a for a in allocations if a.gpu_type in rep.pools]
     times, held = timeline(chosen, rep.since, rep.until)
-    minutes = [(t - rep.since) / 60 for t in times]
+    unit, per = ("hours", 3600) if rep.until - rep.since > 3 * 3600 else ("minutes", 60)  # a day reads in hours
+    since_start = [(t - rep.since) / per for t in times]
     fig = Figure(figsize=(9, 4.5), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     if held:
-        ax.stackplot(minutes, *held.values(), labels=list(held), alpha=0.85, step="post")
+        ax.stackplot(since_start, *held.values(), labels=list(held), alpha=0.85, step="post")
     slots = rep.fleet.slots
     ax.axhline(slots, color="black", linewidth=1, linestyle="--", label=f"capacity ({slots} slots)")
-    ax.set_xlabel("minutes since the window's start")
+    ax.set_xlabel(f"{unit} since the window's start")
     ax.set_ylabel("slots allocated")
     ax.set_title(f"{title}: {rep.fleet.utilisation:.0%} of {', '.join(rep.pools)}")
     ax.set_ylim(0, slots * 1.08)
