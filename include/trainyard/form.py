@@ -22,6 +22,7 @@ from trainyard.errors import PermanentError
 
 if TYPE_CHECKING:
     from trainyard.scheduling.resources import ResourcesConfig
+    from trainyard.spec import JobSpec
 
 # The form's sections in order, each with the JobSpec fields it shows: a section's name (``dataset``) stands
 # for every field of it not shown before. The first, None, is Airflow's own first section ("Run
@@ -284,15 +285,22 @@ def run_input(conf: Mapping[str, Any] | None, team: str | None) -> dict[str, Any
     return raw
 
 
-def run_note(dag_id: str, conf: Mapping[str, Any] | None) -> str | None:
-    """What a run of the training DAG ``dag_id`` is, in a line for its note (the JobSpec's headline: job,
-    recipe, GPUs, team), or None for a conf the JobSpec refuses: its first task says why."""
+def run_spec(dag_id: str, conf: Mapping[str, Any] | None) -> JobSpec | None:
+    """The JobSpec a run of the training DAG ``dag_id`` with ``conf`` trains (:func:`run_input`), or None for
+    a conf the JobSpec refuses: its first task says why."""
     from pydantic import ValidationError
 
     from trainyard.spec import JobSpec
     from trainyard.teams import team_of_dag
 
     try:
-        return JobSpec.model_validate(run_input(conf, team_of_dag(dag_id))).headline()
+        return JobSpec.model_validate(run_input(conf, team_of_dag(dag_id)))
     except (ConfError, ValidationError):
         return None
+
+
+def run_note(dag_id: str, conf: Mapping[str, Any] | None) -> str | None:
+    """What a run of the training DAG ``dag_id`` is, in a line for its note (the JobSpec's headline: job,
+    recipe, GPUs, team), or None for a conf the JobSpec refuses."""
+    spec = run_spec(dag_id, conf)
+    return None if spec is None else spec.headline()

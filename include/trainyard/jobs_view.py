@@ -81,18 +81,12 @@ class Tracked:
 
 def _spec(run: AirflowRun) -> dict[str, Any] | None:
     """The run's JobSpec as a dict: as validated, else as its conf reads (None: its conf is refused)."""
-    from pydantic import ValidationError
-
-    from trainyard.form import ConfError, run_input
-    from trainyard.spec import JobSpec
-    from trainyard.teams import team_of_dag
+    from trainyard.form import run_spec
 
     if run.spec:
         return dict(run.spec)
-    try:
-        return JobSpec.model_validate(run_input(run.conf, team_of_dag(run.dag_id))).model_dump(mode="json")
-    except (ConfError, ValidationError):
-        return None
+    spec = run_spec(run.dag_id, run.conf)
+    return None if spec is None else spec.model_dump(mode="json")
 
 
 def owner_team(run: AirflowRun) -> str | None:
