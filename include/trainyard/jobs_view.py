@@ -124,18 +124,6 @@ def _stage(run: AirflowRun) -> str:
     return "running"
 
 
-def _places(queue: list[dict[str, Any]]) -> dict[str, str]:
-    """Each waiting job's place among those waiting for its GPU type ("2 of 3"), in the policy's order (the
-    queue's), by run key; another team's waiting jobs count, though not shown."""
-    places: dict[str, str] = {}
-    for gpu_type in {j["gpu_type"] for j in queue}:
-        waiting = [j for j in queue if j["gpu_type"] == gpu_type and j["state"] == "waiting"]
-        for i, j in enumerate(waiting):
-            if "run" in j:
-                places[j["run"]] = f"{i + 1} of {len(waiting)}"
-    return places
-
-
 def _progress(tracked: Tracked | None, spec: Mapping[str, Any], training: bool) -> dict[str, Any] | None:
     if tracked is None or not training:
         return None
@@ -202,7 +190,6 @@ def job_rows(
     now = time.time() if now is None else now
     queue = live_queue(ledger, reader)
     waiting = {j["run"]: j for j in queue if j.get("run") and j["state"] == "waiting"}
-    places = _places(queue)
     rows = []
     for run in visible_runs(runs, reader):
         spec = _spec(run)
@@ -227,7 +214,7 @@ def job_rows(
             team=team,
             gpu_type=res["gpu_type"],
             gpus=res["nodes"] * res["gpus_per_node"],
-            place=places.get(run.key),
+            place=queued["place"] if queued else None,
             reason=queued["reason"] if queued else None,
             starts_by=queued.get("starts_by") if queued else None,
             start=queued.get("start") if queued else None,

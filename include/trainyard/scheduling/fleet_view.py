@@ -25,13 +25,16 @@ def queue_jobs(
     now: float | None = None,
     starts: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """The ledger's live jobs (``Ledger.standing``'s rows: admitted first, then the waiting, each oldest
-    first) as ``reader`` may see them; a waiting job with the latest time it starts by (``starts``, epoch
-    seconds; absent: none in sight) where ``starts`` is given."""
+    """The ledger's live jobs (``Ledger.standing``'s rows: admitted first, then the waiting in the order the
+    policy looks at them) as ``reader`` may see them; a waiting job with its place among those waiting for
+    its GPU type ("2 of 3") and, where ``starts`` is given, the latest time it starts by (epoch seconds;
+    absent: none in sight)."""
+    from trainyard.scheduling.admission.ledger import queue_places
     from trainyard.scheduling.admission.policy import starts_by_words
     from trainyard.teams import SEEN_BY_OTHERS
 
     now = time.time() if now is None else now
+    places = queue_places([e for e, _ in rows])
     jobs = []
     for e, verdict in rows:
         job = {
@@ -46,6 +49,8 @@ def queue_jobs(
             "reason": verdict.message,
             "why": verdict.reason.value if verdict.reason else None,  # what a program compares
         }
+        if e.admitted is None:
+            job["place"] = "{} of {}".format(*places[e.job.id])
         if starts is not None and e.admitted is None:
             job["starts_by"] = starts.get(e.job.id)
             job["start"] = starts_by_words(starts.get(e.job.id), now)

@@ -361,6 +361,16 @@ def look(ledger: Ledger, job: Job) -> Verdict:
     return ledger.request(job, current_spend(ledger.config, paths.runs_root()))
 
 
+def queue_places(entries: list[Entry]) -> dict[str, tuple[int, int]]:
+    """Each waiting job's place among the jobs waiting for its GPU type, (k, n), in the order of ``entries``
+    (:meth:`Ledger.standing`'s: the order the policy looks at them)."""
+    of_type: dict[str, list[str]] = {}
+    for e in entries:
+        if e.admitted is None:
+            of_type.setdefault(e.job.gpu_type, []).append(e.job.id)
+    return {job_id: (i + 1, len(ids)) for ids in of_type.values() for i, job_id in enumerate(ids)}
+
+
 _starts_lock = threading.Lock()
 _starts: tuple[tuple, float, dict[str, float]] | None = None  # the queue's state, when, and its starts
 STARTS_KEPT_S = 60.0
@@ -397,10 +407,11 @@ def place_in_queue(ledger: Ledger, job_id: str) -> str | None:
     mine = next(((e, verdict) for e, verdict in rows if e.job.id == job_id), None)
     if mine is None or mine[0].admitted is not None:
         return None
-    waiting = [e for e, _ in rows if e.admitted is None and e.job.gpu_type == mine[0].job.gpu_type]
+    entries = [e for e, _ in rows]
+    k, n = queue_places(entries)[job_id]
     now = ledger.now()
-    start = starts_by_words(starts_of(ledger, [e for e, _ in rows], now, spend).get(job_id), now)
-    place = f"waiting, {waiting.index(mine[0]) + 1} of {len(waiting)} for {mine[0].job.gpu_type}"
+    start = starts_by_words(starts_of(ledger, entries, now, spend).get(job_id), now)
+    place = f"waiting, {k} of {n} for {mine[0].job.gpu_type}"
     return f"{place}: {mine[1].message}; {start}"
 
 
