@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from fleets import local_fleet
 from trainyard.acting import Acting
 from trainyard.jobs_view import AirflowRun, Tracked, job_rows, tracked_runs
 from trainyard_airflow.pages import render_jobs
@@ -31,20 +32,16 @@ def _spec(name: str, team: str, gpus: int = 2, epochs: int = 10) -> dict:
 
 @pytest.fixture
 def fleet(tmp_path, monkeypatch):
-    config = tmp_path / "config"
-    config.mkdir()
-    (config / "resources.yaml").write_text(
-        "gpu_types:\n  a100: {count: 4, price_per_hour: 2.0}\n"
-        "teams:\n  vision: {quota: {a100: 2}}\n  nlp: {quota: {a100: 2}}\n"
-    )
-    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
-    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TRAINYARD_MLFLOW_URL", "http://mlflow.example")
-    monkeypatch.delenv("TRAINYARD_TENSORBOARD_URL", raising=False)
-    from trainyard.scheduling.admission.ledger import default_ledger
     from trainyard.scheduling.admission.policy import Job
 
-    ledger = default_ledger()
+    monkeypatch.setenv("TRAINYARD_MLFLOW_URL", "http://mlflow.example")
+    monkeypatch.delenv("TRAINYARD_TENSORBOARD_URL", raising=False)
+    ledger = local_fleet(
+        tmp_path,
+        monkeypatch,
+        "gpu_types:\n  a100: {count: 4, price_per_hour: 2.0}\n"
+        "teams:\n  vision: {quota: {a100: 2}}\n  nlp: {quota: {a100: 2}}\n",
+    )
     assert ledger.request(Job(f"{DAG}/training", "vision", "a100", 2, 1, 1.0, "tina")).admitted
     assert ledger.request(Job(f"{DAG}/nlp-holds", "nlp", "a100", 2, 1, 1.0, "nina")).admitted
     assert not ledger.request(Job(f"{DAG}/waiting", "vision", "a100", 2, 1, 1.0, "tina")).admitted

@@ -11,7 +11,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
-from trainyard.scheduling.admission.ledger import default_ledger
+from fleets import local_fleet
 from trainyard.scheduling.admission.policy import Job
 from trainyard_airflow.operators.admission import ADMISSION_TIMEOUT, AdmitOperator
 from trainyard_airflow.triggers.admission import AdmissionTrigger, AdmissionWatch
@@ -29,12 +29,7 @@ scheduling:
 
 @pytest.fixture
 def fleet(tmp_path, monkeypatch):
-    config = tmp_path / "config"
-    config.mkdir()
-    (config / "resources.yaml").write_text(FLEET)
-    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
-    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
-    return default_ledger()
+    return local_fleet(tmp_path, monkeypatch, FLEET)
 
 
 def spec(gpus: int) -> dict:
@@ -77,12 +72,9 @@ def test_a_waiting_job_defers_and_its_trigger_ends_the_task_once_admitted(fleet)
 def test_freed_slots_reach_waiting_triggers_at_once_whatever_the_poll(tmp_path, monkeypatch):
     """With a minute between looks, two jobs waiting in one triggerer start within a second of the slots
     coming free: the watch wakes the first to look, its look admits both, and the watch wakes the second."""
-    config = tmp_path / "config"
-    config.mkdir()
-    (config / "resources.yaml").write_text(FLEET.replace("admission_poll_seconds: 0.05", "admission_poll_seconds: 60"))
-    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
-    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
-    ledger = default_ledger()
+    ledger = local_fleet(
+        tmp_path, monkeypatch, FLEET.replace("admission_poll_seconds: 0.05", "admission_poll_seconds: 60")
+    )
     running = Job("train_pipeline/r1", "vision", "a100", 2, 1, 1.0)
     assert ledger.request(running).admitted
     waiting = [Job(f"train_pipeline/r{i}", "vision", "a100", 1, 1, 1.0) for i in (2, 3)]
@@ -122,15 +114,12 @@ def test_without_end_from_trigger_the_task_resumes_with_the_reason(fleet):
 def test_a_job_waiting_past_the_notice_time_tells_its_team_once_and_waits_on(tmp_path, monkeypatch):
     """The trigger hands back after ``queue_wait_notice_minutes``; the task posts the notice to the team's
     webhook (a real HTTP server) and defers again, for what is left of its wait, with no second notice due."""
-    config = tmp_path / "config"
-    config.mkdir()
-    (config / "resources.yaml").write_text(
+    ledger = local_fleet(
+        tmp_path,
+        monkeypatch,
         FLEET.replace("vision: {quota: {a100: 2}}", "vision: {quota: {a100: 2}, notify: [vision_hook]}")
-        + "  queue_wait_notice_minutes: 0.005\n"  # 0.3 s
+        + "  queue_wait_notice_minutes: 0.005\n",  # 0.3 s
     )
-    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
-    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
-    ledger = default_ledger()
     assert ledger.request(Job("train_pipeline/r1", "vision", "a100", 2, 1, 1.0)).admitted
     op = AdmitOperator(task_id="admit", spec={**spec(1), "name": "digits"}, run_key="train_pipeline/r2")
     with pytest.raises(TaskDeferred) as deferred:

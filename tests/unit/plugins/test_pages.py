@@ -54,20 +54,17 @@ def test_the_fleet_page_escapes_what_users_chose():
 
 def test_the_fleet_shows_a_team_its_own_jobs_and_money_and_others_only_what_everyone_sees(tmp_path, monkeypatch):
     """The view behind the page and `trainyard queue` (trainyard.scheduling.fleet_view), on a real ledger."""
+    from fleets import local_fleet
     from trainyard.acting import Acting
-    from trainyard.scheduling.admission.ledger import default_ledger
     from trainyard.scheduling.admission.policy import Job
     from trainyard.scheduling.fleet_view import fleet
 
-    config = tmp_path / "config"
-    config.mkdir()
-    (config / "resources.yaml").write_text(
+    ledger = local_fleet(
+        tmp_path,
+        monkeypatch,
         "gpu_types:\n  a100: {count: 4, price_per_hour: 2.0}\n"
-        "teams:\n  vision: {quota: {a100: 2}, monthly_budget: 100}\n  nlp: {quota: {a100: 2}}\n"
+        "teams:\n  vision: {quota: {a100: 2}, monthly_budget: 100}\n  nlp: {quota: {a100: 2}}\n",
     )
-    monkeypatch.setenv("TRAINYARD_CONFIG_DIR", str(config))
-    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
-    ledger = default_ledger()
     assert ledger.request(Job("train_pipeline.nlp/r1", "nlp", "a100", 4, 1, 1.0, "nina")).admitted
     assert not ledger.request(Job("train_pipeline.vision/r2", "vision", "a100", 2, 1, 1.0, "tina")).admitted
 
