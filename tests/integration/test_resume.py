@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from trainyard.spec import JobSpec
+from trainyard.training import preemption
 from trainyard.training.launchers.local import torchrun_argv, worker_env
 
 pytestmark = pytest.mark.integration
@@ -64,12 +65,20 @@ def _workers(torchrun: subprocess.Popen) -> list[psutil.Process]:
     ]
 
 
-def test_sigkill_of_a_worker_mid_epoch_resumes(tmp_path, prepared):
-    rc, clean = _run(torchrun_argv(2, _config(tmp_path, prepared, "clean"), max_restarts=1))
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, prepared) -> dict:
+    """An uninterrupted 2-worker run's result record, and a checkpoint step in its second epoch (not its end)."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    rc, clean = _run(torchrun_argv(2, _config(tmp, prepared, "clean"), max_restarts=1))
     assert rc == 0, "\n".join(clean[-30:])
-    baseline = json.loads((tmp_path / "clean" / "train_result.json").read_text())
-    steps_per_epoch = baseline["steps"] // 4
-    target = next(s for s in range(EVERY, baseline["steps"], EVERY) if s > steps_per_epoch + 3 and s % steps_per_epoch)
+    result = json.loads((tmp / "clean" / "train_result.json").read_text())
+    per_epoch = result["steps"] // 4
+    target = next(s for s in range(EVERY, result["steps"], EVERY) if s > per_epoch + 3 and s % per_epoch)
+    return {**result, "steps_per_epoch": per_epoch, "mid_epoch_checkpoint": target}
+
+
+def test_sigkill_of_a_worker_mid_epoch_resumes(tmp_path, prepared, baseline):
+    steps_per_epoch, target = baseline["steps_per_epoch"], baseline["mid_epoch_checkpoint"]
 
     killed = {}
 
@@ -90,6 +99,41 @@ def test_sigkill_of_a_worker_mid_epoch_resumes(tmp_path, prepared):
     assert resumed_step >= killed["after_checkpoint"]
     assert resumed_step % steps_per_epoch > 0  # mid-epoch: the data position was restored
     result = json.loads((tmp_path / "chaos" / "train_result.json").read_text())
+    assert result["steps"] == baseline["steps"]
+    assert abs(result["val_accuracy"] - baseline["val_accuracy"]) <= 0.01
+
+
+def test_sigterm_to_one_worker_stops_both_at_one_step_checkpointed_and_the_next_try_resumes_there(
+    tmp_path, prepared, baseline
+):
+    """SIGTERM to one of two workers (the word of a preemption as Kubernetes gives it): the rank that did not
+    hear it stops too, at the same step (one all-reduced flag), with a checkpoint there; the workers end with
+    status 0, and the next try resumes at that step."""
+    target = baseline["mid_epoch_checkpoint"]
+    config = _config(tmp_path, prepared, "preempted")
+    told = {}
+
+    def preempt(proc, line):
+        if not told and f"saved at step {target}" in line:
+            victim = max(_workers(proc), key=lambda p: p.pid)
+            told.update(pid=victim.pid)
+            os.kill(victim.pid, signal.SIGTERM)
+
+    rc, first = _run(torchrun_argv(2, config), preempt)
+    text = "\n".join(first)
+    assert rc == 0, text[-3000:]
+    stopped = preemption.stopped_at(str(tmp_path / "preempted"))
+    assert told and stopped is not None and stopped > target, text[-3000:]
+    assert f"preempted: every worker stops at step {stopped}, checkpointed" in text
+    assert f"saved at step {stopped}" in text  # a checkpoint of its own, between two periodic ones
+    assert not (tmp_path / "preempted" / "train_result.json").exists()  # no model from a stopped try
+
+    preemption.clear(str(tmp_path / "preempted"))
+    rc, second = _run(torchrun_argv(2, config))
+    text = "\n".join(second)
+    assert rc == 0, text[-3000:]
+    assert f"at step {stopped}" in next(ln for ln in second if "resumed from checkpoint" in ln)
+    result = json.loads((tmp_path / "preempted" / "train_result.json").read_text())
     assert result["steps"] == baseline["steps"]
     assert abs(result["val_accuracy"] - baseline["val_accuracy"]) <= 0.01
 

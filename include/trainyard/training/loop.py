@@ -36,6 +36,7 @@ from trainyard.recipes.base import Recipe
 from trainyard.training import handshake
 from trainyard.training.common import atomic_save, resume_point, to_device
 from trainyard.training.data import ShardSampler, already_batched
+from trainyard.training.preemption import StopWord, record_stop
 from trainyard.training.run_config import RunConfig
 from trainyard.training.strategies.base import Strategy
 from trainyard.training.tracking import READY_TIMEOUT_S, Tracker
@@ -168,14 +169,16 @@ def train(cfg: RunConfig, strategy: Strategy, recipe: Recipe | None = None) -> d
     the JobSpec's recipe unless given (``bench/gpu.py`` trains a model of its own through this loop)."""
     strategy.init()
     tracker = Tracker(cfg) if strategy.rank == 0 else None  # first, so its imports overlap the data loading
+    word = StopWord(cfg.out_dir, strategy)  # from here on SIGTERM is the word to checkpoint and stop
     ok = False
     try:
-        result = _train(cfg, strategy, tracker, recipe)
+        result = _train(cfg, strategy, tracker, recipe, word)
         ok = True
         return result
     finally:
         gc.unfreeze()  # the heap frozen for the loop is collectable again (train can run in a longer process)
         try:
+            word.close(drain=ok)  # after a failure another rank may be gone: no collective is waited for
             # A run that fails still gets its last checkpoint onto the disk, for the retry to resume from.
             strategy.checkpoints_written(check=ok)  # an error of the run itself is the one to report
         finally:
@@ -207,9 +210,12 @@ class _Steps:
     """The hot part: an epoch's steps, with what they count (steps, samples, the last window's loss, the
     training thread's time in checkpoint saves; the write itself is off it)."""
 
-    def __init__(self, cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe, step: int) -> None:
-        self.cfg, self.strategy, self.tracker, self.recipe = cfg, strategy, tracker, recipe
+    def __init__(
+        self, cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe, step: int, word: StopWord
+    ) -> None:
+        self.cfg, self.strategy, self.tracker, self.recipe, self.word = cfg, strategy, tracker, recipe, word
         self.step, self.samples, self.last_loss = step, 0, float("nan")
+        self.stopped = False  # every rank agreed to stop on the word, at ``step``, checkpointed
         self.stall, self.saves = 0.0, 0
         self.window = Window()
         self.fail_at = fail_once_at()
@@ -240,16 +246,20 @@ class _Steps:
                 losses = window.close(strategy, tracker, wait=end_of_epoch)
                 if losses is not None:
                     self.last_loss = float(losses.mean())  # the epoch's last window, as the curves show it
-            if strategy.due(step, end_of_epoch):  # logged by the strategy once on disk
+            stop = self.word.agreed()  # every rank, every step: the same answer on each
+            if stop or strategy.due(step, end_of_epoch):  # logged by the strategy once on disk
                 window.finish(tracker)  # every point up to the checkpoint's step goes before it exists
                 saved_t0 = time.perf_counter()
                 strategy.save({"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step)
                 self.stall, self.saves = self.stall + time.perf_counter() - saved_t0, self.saves + 1
             if step == self.fail_at:
                 _crash(step, self.cfg.out_dir, strategy)
+            if stop:
+                self.stopped = True
+                return
 
 
-def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe | None) -> dict:
+def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe | None, word: StopWord) -> dict:
     from trainyard import recipes
 
     spec, hp = cfg.spec, cfg.spec.hyperparameters
@@ -288,7 +298,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     gc.freeze()
     t0 = time.time()
     progress = Progress(total_steps, step)
-    steps = _Steps(cfg, strategy, tracker, recipe, step)
+    steps = _Steps(cfg, strategy, tracker, recipe, step, word)
     pruned_at: int | None = None  # the epoch after which a sweep's pruner stopped this trial
     loop_t0 = time.perf_counter()
     for epoch in range(start_epoch, hp.epochs):
@@ -296,6 +306,9 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
         first = skip if epoch == start_epoch else 0  # the batches a resumed run did already
         sampler.set_epoch(epoch, skip_samples=first * hp.batch_size)
         steps.epoch(loader, epoch, first, progress)
+        if steps.stopped:
+            log(f"preempted: every worker stops at step {steps.step}, checkpointed; a later try resumes there")
+            break
         metrics = {}
         if rank == 0 or strategy.evaluate_on_every_rank:
             metrics = recipe.val_metrics(strategy.model, val, strategy.device, strategy.input_dtype)
@@ -314,6 +327,10 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
 
     loop_s = time.perf_counter() - loop_t0
     strategy.checkpoints_written()
+    if steps.stopped:  # no model: the launcher hands the job back to the queue, and its next try resumes
+        if rank == 0:
+            record_stop(cfg.out_dir, steps.step)
+        return {"preempted_at_step": steps.step} if rank == 0 else {}
     if pruned_at is not None:  # no model: the launching task ends the trial as pruned and removes its files
         return {"pruned_at_epoch": pruned_at, "steps": steps.step} if rank == 0 else {}
     final = strategy.final_model(recipe, meta, options)

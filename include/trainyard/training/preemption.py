@@ -1,0 +1,108 @@
+"""The word to checkpoint and stop (a preemption), as the workers hear it and agree on it.
+
+A worker hears the word two ways: SIGTERM (what Kubernetes sends a pod it evicts, and what a custom
+program gets), or the file :data:`WORD_FILE` that the local launcher writes into the run's work directory
+(the built-in trainers' workers run under torchrun, which kills its workers 30 s after a signal of its own,
+and behind bubblewrap, which forwards none). Ranks hear it at different moments; a rank that stopped alone
+would hang the others in their next collective. So every step each rank adds what it heard to one
+all-reduced flag, started after the step and read after the next one (the collective runs beside the step,
+never between two), and every rank stops at the same step: the first after the one where any rank had
+heard. The loop (:mod:`trainyard.training.loop`) then writes a checkpoint at that step, rank 0 writes
+:data:`STOPPED_FILE`, and the workers end with status 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from trainyard.training.strategies.base import Strategy
+
+WORD_FILE = "preempt"  # in the run's work directory: written by the launcher, read by every worker
+STOPPED_FILE = "preempted.json"  # in the work directory: rank 0's record of the step it stopped at
+# A worker's environment: the seconds between the word and the kill (a custom program's contract)
+GRACE_ENV = "TRAINYARD_PREEMPTION_GRACE_S"
+LISTEN_EVERY_S = 0.5  # how often a worker looks for the word file
+
+
+class StopWord:
+    """What a worker heard of the word, and what all of them agreed (:meth:`agreed`, every rank after every
+    step). Listens from its creation until :meth:`close`: SIGTERM (in the main thread only; the handler it
+    replaces comes back at ``close``) and the word file in ``work_dir``."""
+
+    def __init__(self, work_dir: str, strategy: Strategy) -> None:
+        self.word = Path(work_dir) / WORD_FILE
+        self.strategy = strategy
+        self.heard = threading.Event()
+        self.pending: Callable[[], torch.Tensor] | None = None  # the flag of the step before, being reduced
+        self._closed = threading.Event()
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._listener = threading.Thread(target=self._listen, name="trainyard-stop-word", daemon=True)
+        self._listener.start()
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.heard.set()
+
+    def _listen(self) -> None:
+        while not self._closed.wait(LISTEN_EVERY_S):
+            if self.word.exists():
+                self.heard.set()
+                return
+
+    def agreed(self) -> bool:
+        """Whether every rank stops after this step: any rank had heard the word one step ago. Every rank
+        calls it after every step, in the same order as its other collectives."""
+        heard = self.heard.is_set()
+        if self.strategy.world == 1:
+            return heard
+        flag = torch.tensor([1.0 if heard else 0.0], dtype=torch.float32, device=self.strategy.device)
+        pending, self.pending = self.pending, self.strategy.start_mean(flag)
+        return pending is not None and float(pending()[0]) > 0
+
+    def close(self, drain: bool = True) -> None:
+        """Stop listening; with ``drain``, wait for the flag still being reduced (no collective is left in
+        flight; after a failure, when another rank may be gone, nothing is waited for)."""
+        self._closed.set()
+        if self.pending is not None and drain:
+            self.pending()
+        self.pending = None
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+
+def record_stop(work_dir: str, step: int) -> None:
+    """Rank 0, once the checkpoint at ``step`` is on disk: the record that the workers stopped on the word."""
+    (Path(work_dir) / STOPPED_FILE).write_text(json.dumps({"step": step}))
+
+
+def stopped_at(work_dir: str) -> int | None:
+    """The step the workers stopped at on the word, or None if they did not: a launcher's question, once the
+    workers have ended (the record is read as untrusted, as every file they leave)."""
+    from trainyard.training.run_config import WorkerOutputError, open_untrusted
+
+    try:
+        with open_untrusted(Path(work_dir) / STOPPED_FILE) as fd:
+            record = json.loads(os.pread(fd, 256, 0)) if fd is not None else None
+    except (WorkerOutputError, ValueError):
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def clear(work_dir: str) -> None:
+    """Before a launch: no word and no record left by an earlier try."""
+    for name in (WORD_FILE, STOPPED_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(Path(work_dir) / name)
