@@ -1,6 +1,7 @@
 """Checkpoints that survive failures, with real processes: a worker killed with SIGKILL mid-epoch, and an
 Airflow retry of the train task."""
 
+import functools
 import json
 import os
 import signal
@@ -13,7 +14,8 @@ import psutil
 import pytest
 
 from trainyard.spec import JobSpec
-from trainyard.training import preemption
+from trainyard.training import preemption, usage
+from trainyard.training.launchers import local
 from trainyard.training.launchers.local import torchrun_argv, worker_env
 
 pytestmark = pytest.mark.integration
@@ -22,15 +24,9 @@ EVERY = 10
 
 
 def _config(tmp_path, prepared, name) -> str:
-    spec = JobSpec.model_validate(
-        {
-            "hyperparameters": {"epochs": 4, "batch_size": 16, "learning_rate": 0.05, "seed": 11},
-            "distributed": {"max_restarts": 1},
-            "checkpointing": {"every_steps": EVERY, "keep_last": 3},
-        }
-    ).model_dump(mode="json")
+    spec = _spec().model_dump(mode="json")
     out = tmp_path / name
-    out.mkdir()
+    out.mkdir(parents=True)
     cfg = out / "run.json"
     cfg.write_text(json.dumps({"spec": spec, "data": prepared.model_dump(mode="json"), "out_dir": str(out)}))
     return str(cfg)
@@ -63,6 +59,17 @@ def _workers(torchrun: subprocess.Popen) -> list[psutil.Process]:
         for p in children
         if "trainyard.training.entry" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())
     ]
+
+
+def _spec() -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "hyperparameters": {"epochs": 4, "batch_size": 16, "learning_rate": 0.05, "seed": 11},
+            "distributed": {"max_restarts": 1},
+            "checkpointing": {"every_steps": EVERY, "keep_last": 3},
+            "resources": {"gpus_per_node": 2},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +171,30 @@ def test_airflow_retry_resumes_from_the_checkpoint(trainyard_home, monkeypatch, 
     assert len(markers) == 1
     result = json.loads((markers[0].parent / "train_result.json").read_text())
     assert result["steps"] == 3 * 23 and result["resumed_from_step"] == 30
+
+
+def test_a_preempted_launch_ends_at_a_checkpoint_and_the_next_launch_resumes_there(
+    trainyard_home, tmp_path, prepared, baseline
+):
+    """The launcher's side: once the preemption's word is set, the workers are told (the word file) and end
+    at a step of their own choosing, checkpointed; the launch raises Preempted naming that step, records
+    its try (its GPU time is counted once), and the next launch resumes there and finishes the run."""
+    target = baseline["mid_epoch_checkpoint"]
+    run_dir = tmp_path / "run"
+    config = _config(run_dir, prepared, "work")  # the run's config in its work directory, as the task writes it
+    word = threading.Event()
+
+    def on_line(line):
+        if f"saved at step {target}" in line:
+            word.set()
+
+    launch = functools.partial(local.launch, _spec(), prepared, run_dir=str(run_dir), config_path=config)
+    with pytest.raises(local.Preempted, match=r"its workers stopped at step \d+ with a checkpoint there") as raised:
+        launch(on_line=on_line, preemption=local.Preemption(word, grace_s=60))
+    assert raised.value.step is not None and raised.value.step > target
+    assert len(usage.tries(run_dir)) == 1
+    lines = []
+    launch(on_line=lines.append, preemption=local.Preemption(threading.Event(), grace_s=60))
+    assert f"at step {raised.value.step}" in next(ln for ln in lines if "resumed from checkpoint" in ln)
+    assert json.loads((run_dir / "work" / "train_result.json").read_text())["steps"] == baseline["steps"]
+    assert [t["attempt"] for t in usage.tries(run_dir)] == [1, 2]

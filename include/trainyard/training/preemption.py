@@ -56,7 +56,7 @@ class StopWord:
 
     def _listen(self) -> None:
         while not self._closed.wait(LISTEN_EVERY_S):
-            if self.word.exists():
+            if os.path.lexists(self.word):
                 self.heard.set()
                 return
 
@@ -80,6 +80,14 @@ class StopWord:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+
+
+def say_word(work_dir: str) -> None:
+    """The launcher's word to the workers in ``work_dir``: an empty file, created without following a link
+    that the workers may have left there (the launcher may be root)."""
+    # said already, or something stands there: the workers see a name either way
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(Path(work_dir) / WORD_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
 
 
 def record_stop(work_dir: str, step: int) -> None:

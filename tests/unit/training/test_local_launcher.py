@@ -331,3 +331,60 @@ def test_the_workers_are_stopped_when_the_job_loses_its_admission():
     with pytest.raises(LaunchError):
         run([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"], stop=stop)
     assert time.monotonic() - started < 30
+
+
+# -- a preemption as a custom program meets it: SIGTERM, its grace in the environment, then the kill -----
+@pytest.mark.sandbox
+def test_a_custom_program_told_by_sigterm_ends_in_its_grace_and_the_launch_is_preempted(tmp_path):
+    import threading
+
+    code = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('checkpointed within', os.environ['"
+        + local.GRACE_ENV
+        + "'], flush=True), sys.exit(0)))\n"
+        "print('work' + 'er up', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    spec, data, run_dir = _custom(tmp_path, code)
+    word, lines = threading.Event(), []
+
+    def on_line(line):
+        lines.append(line)
+        if line.endswith("worker up"):
+            word.set()
+
+    with pytest.raises(local.Preempted, match="its program ended after SIGTERM .*same arguments"):
+        local.launch(
+            spec,
+            data,
+            run_dir=str(run_dir),
+            config_path="c.json",
+            on_line=on_line,
+            preemption=local.Preemption(word, 20),
+        )
+    assert any(line.endswith("checkpointed within 20") for line in lines)
+    (record,) = usage.tries(run_dir)
+    assert record["ended"] - record["started"] < 30
+
+
+@pytest.mark.sandbox
+def test_a_custom_program_deaf_to_sigterm_is_killed_after_its_grace(tmp_path):
+    import threading
+    import time
+
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    code = f"{deaf}; print('work' + 'er up', flush=True); time.sleep(120)"
+    spec, data, run_dir = _custom(tmp_path, code)
+    word = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(local.Preempted, match="did not end within the 2 s grace and were killed"):
+        local.launch(
+            spec,
+            data,
+            run_dir=str(run_dir),
+            config_path="c.json",
+            on_line=lambda line: word.set() if line.endswith("worker up") else None,
+            preemption=local.Preemption(word, 2),
+        )
+    assert time.monotonic() - started < 30

@@ -14,6 +14,7 @@ enforced and why. Workers stopped by a limit fail the task with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import signal
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 from trainyard import paths
 from trainyard.errors import RetryableError
 from trainyard.spec import JobSpec
+from trainyard.training import preemption as preempting
 from trainyard.training.launchers import limits, sandbox
 from trainyard.training.launchers.base import (
     Interval,
@@ -40,6 +42,7 @@ from trainyard.training.launchers.base import (
 )
 from trainyard.training.launchers.command import Command, Host, local_command, torchrun_argv
 from trainyard.training.metrics import LiveRelay
+from trainyard.training.preemption import GRACE_ENV
 from trainyard.training.run_config import RunConfig, work_dir
 
 if TYPE_CHECKING:
@@ -49,6 +52,8 @@ __all__ = [
     "LaunchError",
     "LocalLauncher",
     "MaxHoursReached",
+    "Preempted",
+    "Preemption",
     "WorkersStopped",
     "launch",
     "run",
@@ -65,6 +70,26 @@ class LaunchError(RetryableError):
 class WorkersStopped(LaunchError):
     """The workers were stopped by the ``stop`` event (a lost admission, a sweep trial's pruner), not
     ended of themselves."""
+
+
+class Preempted(RetryableError):
+    """The job was preempted: its workers were told (:class:`Preemption`) and ended, at a checkpoint of the
+    step they stopped at (``step``), or killed after the grace (their newest periodic checkpoint stands). Not
+    a failure: the job waits for its GPUs again in its old place, and its next try resumes. (Uncaught, it is
+    a retryable error: a retry resumes all the same.)"""
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+@dataclass(frozen=True, eq=False)  # holds an event: handed on, never compared
+class Preemption:
+    """The word that the job is preempted (``word``, set by its admission's lease) and the seconds its
+    workers have from then to checkpoint and end (``grace_s``) before they are killed."""
+
+    word: threading.Event
+    grace_s: float
 
 
 def this_host(devices: list[str] | None = None) -> Host:
@@ -110,6 +135,7 @@ class LocalPlan:
     relay_to_run: str | None = None  # the MLflow run the metrics file is relayed to while the workers run
     tensorboard_dir: str | None = None
     limits: limits.HostLimits | None = None  # the job's CPU, memory and process limits (None: none asked)
+    custom: bool = False  # a custom program (told of a preemption by SIGTERM), not a built-in trainer
 
     @property
     def sandboxed(self) -> bool:
@@ -168,13 +194,42 @@ class LocalLauncher(Launcher):
             relay_to_run=cfg.mlflow_run_id if cfg and cfg.metrics_file else None,
             tensorboard_dir=cfg.tensorboard_dir if cfg else None,
             limits=limits.job_limits(spec, resources),
+            custom=spec.recipe == "custom",
         )
 
-    def launch(self, plan: LocalPlan, on_line: Callable[[str], None], stop: threading.Event | None = None) -> None:
+    def launch(
+        self,
+        plan: LocalPlan,
+        on_line: Callable[[str], None],
+        stop: threading.Event | None = None,
+        preemption: Preemption | None = None,
+    ) -> None:
+        """Run the plan's workers; stop them once ``stop`` is set; with ``preemption``, tell them once its word
+        is set and give them its grace (Preempted, unless they had finished)."""
+        work = work_dir(plan.run_dir)
+        told = None
+        if preemption is not None:
+            preempting.clear(work)  # no word or record of an earlier try
+            told = _Told(preemption, _word_for(plan))
+            plan = dataclasses.replace(
+                plan, command=Command(plan.command.argv, {**plan.command.env, GRACE_ENV: f"{preemption.grace_s:g}"})
+            )
+        try:
+            self._launch(plan, on_line, stop, told)
+        except Preempted as preempted:
+            if told is None or (not told.killed.is_set() and _finished(plan)):
+                # the word came as the workers finished: their result stands
+                on_line("preempted as the training ended: its result stands")
+                return
+            raise _preempted(plan, told, preempted) from None
+
+    def _launch(
+        self, plan: LocalPlan, on_line: Callable[[str], None], stop: threading.Event | None, told: _Told | None
+    ) -> None:
         with self._relay(plan, on_line):
             if not plan.sandboxed:
                 on_line(f"sandbox: none on this host, the workers run as this task's user: {plan.unsandboxed_because}")
-                self._launch_unsandboxed(plan, on_line, stop)
+                self._launch_unsandboxed(plan, on_line, stop, told)
                 return
             Path(plan.run_dir, SANDBOXED_MARK).touch()
             with sandbox.Sandbox(work_dir(plan.run_dir), readable=plan.readable, host_limits=plan.limits) as box:
@@ -194,10 +249,11 @@ class LocalLauncher(Launcher):
                         timeout_s=plan.timeout_s,
                         after_exit=box.stop,
                         stop=stop,
+                        told=told,
                     )
 
     def _launch_unsandboxed(
-        self, plan: LocalPlan, on_line: Callable[[str], None], stop: threading.Event | None
+        self, plan: LocalPlan, on_line: Callable[[str], None], stop: threading.Event | None, told: _Told | None
     ) -> None:
         """The workers as this task's user, in a cgroup of their own where this worker can make one."""
         argv, held = plan.command.argv, None
@@ -212,7 +268,7 @@ class LocalLauncher(Launcher):
         self.workers_started = time.time()
         try:
             with _naming_the_limit(lambda: cgroup.breaches(held.limits) if cgroup and held else None):
-                run(argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s, stop=stop)
+                run(argv, env=plan.command.env, on_line=on_line, timeout_s=plan.timeout_s, stop=stop, told=told)
         finally:
             if cgroup is not None:
                 try:
@@ -242,10 +298,11 @@ def launch(
     on_line: Callable[[str], None],
     devices: list[str] | None = None,
     stop: threading.Event | None = None,
+    preemption: Preemption | None = None,
 ) -> None:
     """Run ``spec``'s workers on this machine (on ``devices``, when the job was given some) and wait, or
-    stop them once ``stop`` is set (the job lost its admission); append this try's usage record whatever
-    happens.
+    stop them once ``stop`` is set (the job lost its admission), or tell them to checkpoint and end once
+    ``preemption``'s word is set (Preempted); append this try's usage record whatever happens.
 
     A spec this machine cannot run (more GPUs than it has) fails before anything starts and records
     nothing."""
@@ -253,7 +310,7 @@ def launch(
     plan = launcher.plan(spec, data, run_dir=run_dir, config_path=config_path)
     on_line("launching: " + " ".join(plan.command.argv))
     try:
-        launcher.launch(plan, on_line, stop)
+        launcher.launch(plan, on_line, stop, preemption)
     finally:
         # from the workers' start: waiting for a free sandbox user holds the job's GPUs, but is not its use
         started = launcher.workers_started
@@ -273,6 +330,66 @@ def _naming_the_limit(reached: Callable[[], limits.LimitReached | None]):
         if hit is not None:
             raise hit from err
         raise
+
+
+class _Told:
+    """A preemption as one launch follows it: how its workers are told (``tell``, given the launcher's
+    process), and whether they were killed after the grace."""
+
+    def __init__(self, preemption: Preemption, tell: Callable[[subprocess.Popen], None]) -> None:
+        self.preemption, self.tell = preemption, tell
+        self.killed = threading.Event()
+
+    def follow(self, proc: subprocess.Popen) -> None:
+        """Once the word is set: tell the workers, give them the grace, kill them after it."""
+        while proc.poll() is None:
+            if self.preemption.word.wait(1.0):
+                self.tell(proc)
+                try:
+                    proc.wait(timeout=self.preemption.grace_s)
+                except subprocess.TimeoutExpired:  # the grace was theirs: killed now, not told again
+                    self.killed.set()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                return
+
+
+def _word_for(plan: LocalPlan) -> Callable[[subprocess.Popen], None]:
+    """How a plan's workers hear the word: a custom program gets SIGTERM (its launcher's process group);
+    the built-in trainers' workers the word file in their work directory (trainyard.training.preemption:
+    torchrun would kill them 30 s after a signal of its own, and the sandbox forwards none)."""
+    if plan.custom:
+
+        def sigterm(proc: subprocess.Popen) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+
+        return sigterm
+    work = work_dir(plan.run_dir)
+    return lambda proc: preempting.say_word(work)
+
+
+def _finished(plan: LocalPlan) -> bool:
+    """Whether a built-in trainer's workers ended with their result (train_result.json) and not on the word:
+    told as they finished, they finished. A custom program told is taken as stopped by it."""
+    work = work_dir(plan.run_dir)
+    return not plan.custom and preempting.stopped_at(work) is None and Path(work, "train_result.json").is_file()
+
+
+def _preempted(plan: LocalPlan, told: _Told, error: Preempted) -> Preempted:
+    """The launch's Preempted, saying where the next try resumes."""
+    grace = told.preemption.grace_s
+    step = None if plan.custom else preempting.stopped_at(work_dir(plan.run_dir))
+    if told.killed.is_set():
+        said = f"its workers did not end within the {grace:g} s grace and were killed; it resumes from its newest "
+        said += "checkpoint"
+    elif step is not None:
+        said = f"its workers stopped at step {step} with a checkpoint there; it resumes at that step"
+    elif plan.custom:
+        said = f"its program ended after SIGTERM ({error}); it starts again with the same arguments"
+    else:
+        said = f"its workers ended without stopping on the word ({error}); it resumes from its newest checkpoint"
+    return Preempted(f"preempted: {said}, once it is admitted again", step)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -297,6 +414,7 @@ class _Watch:
         timeout_s: float | None,
         after_exit: Callable[[], None] | None,
         stop: threading.Event | None,
+        told: _Told | None = None,
     ) -> None:
         self.proc, self.after_exit, self.stop = proc, after_exit, stop
         self.timed_out = threading.Event()
@@ -306,6 +424,8 @@ class _Watch:
             self.watcher.start()
         if stop is not None:
             threading.Thread(target=self._stop_when_told, name="launch-stop", daemon=True).start()
+        if told is not None:
+            threading.Thread(target=told.follow, args=(proc,), name="launch-preemption", daemon=True).start()
         self.timer = threading.Timer(timeout_s, self._expire) if timeout_s is not None else None
         if self.timer is not None:
             self.timer.daemon = True
@@ -344,11 +464,13 @@ def run(
     timeout_s: float | None = None,
     after_exit: Callable[[], None] | None = None,
     stop: threading.Event | None = None,
+    told: _Told | None = None,
 ) -> None:
     """Run ``argv``, pass every output line to ``on_line``, raise LaunchError with the last lines on failure,
     MaxHoursReached if it still runs after ``timeout_s``. ``after_exit``: called once the child itself has
     ended (the sandbox kills what it left: a daemon holding the output open would block the reading).
-    ``stop``: once set, the child is stopped as on a timeout (and this raises LaunchError).
+    ``stop``: once set, the child is stopped as on a timeout (and this raises LaunchError). ``told``: a
+    preemption's word, once set, is told to the child, which has its grace to end (Preempted).
 
     The child gets its own process group, which is killed if this call is interrupted (task timeout,
     "mark failed") or times out, so no orphaned workers keep the GPUs."""
@@ -366,7 +488,7 @@ def run(
         bufsize=1,
         start_new_session=True,
     )
-    watch = _Watch(proc, timeout_s, after_exit, stop)
+    watch = _Watch(proc, timeout_s, after_exit, stop, told)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -387,6 +509,8 @@ def run(
             f"resources.max_hours: the workers were stopped after {hours:.3g} hour(s), what was left of the "
             f"run's max_hours; raise it to train longer (the newest checkpoint is kept)"
         )
+    if told is not None and told.preemption.word.is_set():  # the launcher decides whether they had finished
+        raise Preempted(f"exit status {rc}")
     if stop is not None and stop.is_set():  # whatever the workers exited with, they did not finish
         raise WorkersStopped(f"{' '.join(argv[:3])} was stopped (exit status {rc}); last lines:\n" + "\n".join(last))
     if rc != 0:
