@@ -207,12 +207,14 @@ def _leased(lease: Any) -> LocalLaunch:
     """How a training runs on this worker (a LocalLaunch): as its admission's lease says (its devices, the
     signal to stop, its wait in the queue), with its run's MLflow tags; its links shown once it starts."""
     from trainyard.pipeline.train import LocalLaunch
+    from trainyard.training.launchers.local import Preemption
     from trainyard_airflow.links import push_while_training
 
     ti = get_current_context()["ti"]
     return LocalLaunch(
         devices=lease.devices,
         stop=lease.lost,
+        preemption=Preemption(lease.preempted, lease.grace_s),
         waited_s=lease.waited_s,
         tags=_run_tags(),
         on_plan=lambda plan: push_while_training(ti, plan),
@@ -221,7 +223,10 @@ def _leased(lease: Any) -> LocalLaunch:
 
 def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) -> dict:
     """``work(lease)`` while ``job`` holds its admission (renewed by a heartbeat; released once its
-    training can no longer run); a retry long after its admission waits for it again, holding nothing.
+    training can no longer run); a retry long after its admission waits for it again, holding nothing, and
+    so does a training that was preempted (its GPUs went back; it resumes from its checkpoint once admitted
+    again). It waits rescheduled, not deferred: its GPU pool counts deferred tasks (a Kubernetes training
+    holds its GPUs while deferred), and a deferred training would keep the slots its preemptor needs.
     Past ``spec``'s expected hours (``earlier_s`` of earlier tries included) its team is told, once."""
     import logging
     from datetime import UTC, datetime
@@ -229,6 +234,7 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
     from airflow.sdk.exceptions import AirflowRescheduleException
 
     from trainyard import paths
+    from trainyard.errors import Preempted
     from trainyard.scheduling.admission.lease import hold, host_devices
     from trainyard.scheduling.admission.ledger import NotAdmitted, default_ledger
     from trainyard.scheduling.budgets import current_spend
@@ -245,7 +251,7 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
             training_time_watch(spec, job.id, _run_key(), earlier_s, context),
         ):
             return work(lease)
-    except NotAdmitted as err:
+    except (NotAdmitted, Preempted) as err:
         poll_s = ledger.config.scheduling.admission_poll_seconds
         logging.getLogger(__name__).info("%s; looking again in %ss", err, poll_s)
         again = datetime.now(UTC) + timedelta(seconds=poll_s)

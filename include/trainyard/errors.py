@@ -32,6 +32,17 @@ class RetryableError(TrainyardError):
     retryable = True
 
 
+class Preempted(RetryableError):
+    """The job was preempted: told to checkpoint and stop, its workers ended, at a checkpoint of the step
+    they stopped at (``step``), or killed after the grace (their newest periodic checkpoint stands). Not a
+    failure: the job waits for its GPUs again in its old place, and its next try resumes. (Uncaught, it is
+    a retryable error: a retry resumes all the same.)"""
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 def is_permanent(err: BaseException) -> bool:
     """Whether ``err`` says a retry cannot help: a trainyard error that is not ``retryable``. The one
     definition: the Airflow layer fails such a task at once, and a training that ends with one gives its

@@ -29,20 +29,25 @@ from trainyard.spec import JobSpec, safe_key
 if TYPE_CHECKING:
     import threading
 
+    from trainyard.training.launchers.local import Preemption
+
 log = logging.getLogger(__name__)
+PREEMPTIONS_TAG = "trainyard.preemptions"  # a run's MLflow tag: how often its training was preempted
 
 
 @dataclass(frozen=True, eq=False)  # handed on, never compared or hashed (it holds a list, a callable, an event)
 class LocalLaunch:
     """How a training runs on this machine, as its admission and its task say: where each output line goes
     (the task log; default: this process's log), the GPUs the job was given (its CUDA_VISIBLE_DEVICES;
-    None leaves the environment's), the event that stops its workers (the job lost its admission), its
-    wait in the queue, the tags of its MLflow run, and who is told of its plan before its workers start
-    (the task, which links its MLflow run)."""
+    None leaves the environment's), the event that stops its workers (the job lost its admission), the
+    word that it is preempted (its workers checkpoint and stop: Preempted), its wait in the queue, the tags
+    of its MLflow run, and who is told of its plan before its workers start (the task, which links its
+    MLflow run)."""
 
     on_line: Callable[[str], None] | None = None
     devices: list[str] | None = None
     stop: threading.Event | None = None
+    preemption: Preemption | None = None  # the word that the job is preempted, and its workers' grace
     waited_s: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     on_plan: Callable[[TrainingPlan], None] | None = None
@@ -176,6 +181,7 @@ def launch_local(spec: JobSpec, data: PreparedData, plan: TrainingPlan, local: L
         on_line=local.on_line or (lambda line: log.info("%s", line)),
         devices=local.devices,
         stop=local.stop,
+        preemption=local.preemption,
     )
 
 
@@ -363,12 +369,22 @@ def train(
 
 @contextlib.contextmanager
 def _failed_run_on_error(plan: TrainingPlan) -> Iterator[None]:
-    """The MLflow run of a training whose workers failed is marked FAILED (a retry marks it RUNNING)."""
+    """The MLflow run of a training whose workers failed is marked FAILED (a retry marks it RUNNING); one
+    that was preempted SCHEDULED (it trains on once admitted again), with the count of its preemptions."""
+    from trainyard.errors import Preempted
+
     try:
         yield
-    except BaseException:
+    except BaseException as err:
         from trainyard.tracking import mlflow_tracking as mt
 
         with contextlib.suppress(Exception):  # the training's own error is the one to report
-            mt.client().set_terminated(plan.mlflow_run_id, "FAILED")
+            c = mt.client()
+            if isinstance(err, Preempted):
+                run = c.get_run(plan.mlflow_run_id)
+                count = int(run.data.tags.get(PREEMPTIONS_TAG, "0")) + 1
+                c.set_tag(plan.mlflow_run_id, PREEMPTIONS_TAG, str(count))
+                c.update_run(plan.mlflow_run_id, status="SCHEDULED")
+            else:
+                c.set_terminated(plan.mlflow_run_id, "FAILED")
         raise

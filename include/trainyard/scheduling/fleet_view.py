@@ -47,7 +47,8 @@ def queue_jobs(
             "priority": e.job.priority,
             "waited_minutes": round(((e.admitted or now) - e.enqueued) / 60, 1),
             "reason": verdict.message,
-            "why": verdict.reason.value if verdict.reason else None,  # what a program compares
+            # what a program compares: why it waits, or that it is being preempted
+            "why": verdict.reason.value if verdict.reason else _preempted_word(verdict),
         }
         if e.admitted is None:
             job["place"] = "{} of {}".format(*places[e.job.id])
@@ -56,6 +57,12 @@ def queue_jobs(
             job["start"] = starts_by_words(starts.get(e.job.id), now)
         jobs.append(job if reader.may_read(e.job.team) else {k: job[k] for k in SEEN_BY_OTHERS})
     return jobs
+
+
+def _preempted_word(verdict: Verdict) -> str | None:
+    from trainyard.scheduling.admission.policy import Standing
+
+    return Standing.PREEMPTED.value if verdict.standing is Standing.PREEMPTED else None
 
 
 def live_queue(ledger: Ledger | None, reader: Acting) -> list[dict[str, Any]]:

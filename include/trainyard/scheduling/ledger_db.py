@@ -50,12 +50,22 @@ SCHEMA = (
     "user" TEXT NOT NULL DEFAULT '',
     grp TEXT NOT NULL DEFAULT '',
     grp_limit INTEGER NOT NULL DEFAULT 0,
-    host TEXT NOT NULL DEFAULT ''
+    host TEXT NOT NULL DEFAULT '',
+    preemptions INTEGER NOT NULL DEFAULT 0,
+    preempted_for TEXT NOT NULL DEFAULT ''
 )""",
 )
 # Columns a ledger made by an earlier version may lack (devices allocated, users shown, sweeps capped, the
-# host whose devices a job holds).
-ADDED_COLUMNS = (("devices", "TEXT"), ("user", "TEXT"), ("grp", "TEXT"), ("grp_limit", "INTEGER"), ("host", "TEXT"))
+# host whose devices a job holds, preemptions).
+ADDED_COLUMNS = (
+    ("devices", "TEXT"),
+    ("user", "TEXT"),
+    ("grp", "TEXT"),
+    ("grp_limit", "INTEGER"),
+    ("host", "TEXT"),
+    ("preemptions", "INTEGER"),
+    ("preempted_for", "TEXT"),
+)
 
 
 class DatabaseUnavailable(RetryableError):

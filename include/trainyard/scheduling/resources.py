@@ -147,6 +147,29 @@ class Team(_Model):
     priority: PriorityRange = PriorityRange()
 
 
+class Preemption(_Model):
+    enabled: bool = Field(
+        True,
+        description=(
+            "a job that fits its team's nominal quota takes back the GPUs other teams borrow of it: their jobs "
+            "checkpoint, stop and wait again in their places (false: lent GPUs come back as borrowers finish)"
+        ),
+    )
+    min_runtime_minutes: float = Field(
+        10.0, ge=0, description="an admitted job runs at least this long before it may be preempted"
+    )
+    max_preemptions: int = Field(2, ge=0, description="a job preempted this often is not preempted again")
+    grace_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description=(
+            "from the word to the kill: the workers checkpoint and end within it (a custom program reads it "
+            "in TRAINYARD_PREEMPTION_GRACE_S; torchrun kills its workers 30 s after a signal of its own)"
+        ),
+    )
+
+
 class Scheduling(_Model):
     max_wait_minutes: float = Field(
         30.0,
@@ -180,6 +203,7 @@ class Scheduling(_Model):
             "with the team's LocalQueue label, in the team's namespace"
         ),
     )
+    preemption: Preemption = Preemption()
 
 
 class ResourcesConfig(_Model):

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from processes import in_processes
+from trainyard.errors import Preempted
 from trainyard.scheduling.admission.lease import AdmissionLost, hold
 from trainyard.scheduling.admission.ledger import (
     ADMITTED_LEASE_S,
@@ -750,3 +751,62 @@ def test_a_ledger_from_before_sweeps_gains_their_columns(tmp_path):
     assert old.request(Job("s/slot-0", "vision", "a100", 1, 1, 1.0, "ann", "s", 1)).admitted
     assert not old.request(Job("s/slot-1", "vision", "a100", 1, 1, 1.0, "ann", "s", 1)).admitted
     assert {e.job.group for e in old.entries()} == {"s"}
+
+
+# -- preemption: a lender takes its quota back; the borrower checkpoints, stops and waits in its place ----
+def _lender_waits_for_a_borrower(ledger: Ledger, clock) -> Job:
+    """vision borrows nlp's idle quota (v2), research fills the fleet, then nlp wants its quota back."""
+    for j in (job("v1", "vision", 4), job("v2", "vision", 2), job("r1", "research", 1), job("r2", "research", 1)):
+        assert ledger.request(j).admitted
+    n1 = job("n1", "nlp", 2)
+    early = ledger.request(n1)
+    assert early.reason is WaitReason.SLOTS_IN_USE  # v2 has run less than min_runtime_minutes (10)
+    assert ledger.preempted_for("v2") is None
+    for looks in (True, True, True, True, False):  # 10 min and more, their heartbeats renewing them
+        clock.now += 121
+        for running in ("v1", "v2", "r1", "r2"):
+            assert ledger.renew(running)
+        if looks:  # n1 keeps its place; before the 10 min nothing is preempted for it
+            assert ledger.request(n1).reason is WaitReason.SLOTS_IN_USE
+    assert ledger.preempted_for("v2") is None
+    return n1
+
+
+def test_a_lender_takes_its_quota_back_and_the_borrower_waits_again_in_its_place(ledger, clock):
+    n1 = _lender_waits_for_a_borrower(ledger, clock)
+    arrived = next(e.enqueued for e in ledger.entries() if e.job.id == "v2")
+    said = ledger.request(n1)
+    assert said.reason is WaitReason.PREEMPTING
+    assert "reclaiming 2 a100 slot(s) of team nlp's quota from team vision's job" in said.message
+    assert ledger.preempted_for("v2") == "n1"
+    # until the borrower's workers have ended its slots stay taken: a second look admits nothing
+    assert ledger.request(n1).reason is WaitReason.PREEMPTING
+    assert admitted(ledger) == {"v1": 0, "v2": 2, "r1": 0, "r2": 0}
+    shown = {e.job.id: v for e, v in ledger.standing()}
+    assert shown["v2"].standing is Standing.PREEMPTED and shown["v2"].message.startswith("preempted for n1")
+    ledger.requeue("v2")  # its training stopped at a checkpoint
+    assert ledger.request(n1).admitted
+    again = ledger.request(job("v2", "vision", 2))
+    assert not again.admitted
+    (v2,) = [e for e in ledger.entries() if e.job.id == "v2"]
+    assert (v2.admitted, v2.preemptions, v2.preempted_for, v2.enqueued) == (None, 1, "", arrived)
+
+
+def test_a_training_hears_its_preemption_through_its_lease_and_its_slots_go_to_the_lender(ledger, clock):
+    n1 = _lender_waits_for_a_borrower(ledger, clock)
+    v2 = job("v2", "vision", 2)
+    with pytest.raises(Preempted), hold(ledger, v2, heartbeat_s=0.05) as lease:
+        assert not lease.preempted.is_set()
+        assert ledger.request(n1).reason is WaitReason.PREEMPTING
+        assert lease.preempted.wait(10), "the lease never heard the word"
+        raise Preempted("its workers stopped at step 7 with a checkpoint there", step=7)  # as the launcher ends
+    assert ledger.request(n1).admitted
+    assert "v2" not in admitted(ledger) and ledger.request(v2).reason is not None  # waiting again
+
+
+def test_preemption_off_in_resources_yaml_leaves_borrowers_running(store, clock):
+    fleet = FLEET.replace("  max_wait_minutes: 10\n", "  max_wait_minutes: 10\n  preemption: {enabled: false}\n")
+    ledger = Ledger(store("no_preemption"), parse_resources(fleet), clock)
+    n1 = _lender_waits_for_a_borrower(ledger, clock)
+    assert ledger.request(n1).reason is WaitReason.SLOTS_IN_USE
+    assert ledger.preempted_for("v2") is None

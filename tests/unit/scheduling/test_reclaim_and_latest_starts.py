@@ -1,7 +1,8 @@
 """Two rules of the policy, pure. Preemption (``reclaim``): a job within its team's nominal quota reclaims
 what other teams borrow of it, from the fewest borrowers, the lowest priority and the most recently admitted
-first, never from a job that has run less than the minimum or was preempted too often, and never to borrow
-itself; the ledger does not apply it yet, ``plan`` preempts only when asked to. The latest start
+first, never from a job that has run less than the minimum or was preempted too often, nor from a sweep's
+trial, and never to borrow itself; ``plan`` preempts only when asked to (the ledger asks as resources.yaml
+says: tests/unit/scheduling/test_admission.py). The latest start
 (``latest_starts``): the policy run forward as the admitted jobs end by their max_hours."""
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def test_no_preemption_to_borrow_for_a_job_just_started_or_preempted_too_often()
     assert reclaim(FLEET, fresh, lender, _used(fresh), NOW, RULES) is None
     protected = [_running("nlp/own", "nlp", 4), _running("nlp/borrows", "nlp", 4, borrowed=4, preemptions=2)]
     assert reclaim(FLEET, protected, lender, _used(protected), NOW, RULES) is None
+    # a sweep's trial: its task run again would train a new trial, so it is not preempted
+    trial = Entry(Job("nlp/sweep/slot-0", "nlp", "a100", 4, 1, 24.0, group="nlp/sweep"), NOW - 4000, NOW - 3600, 4, NOW)
+    assert reclaim(FLEET, [running[0], trial], lender, _used([running[0], trial]), NOW, RULES) is None
 
 
 def test_plan_with_preemption_says_who_preempts_whom_and_the_lender_waits_for_them():

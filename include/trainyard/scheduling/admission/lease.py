@@ -1,6 +1,8 @@
 """A training's hold on its admission (:func:`hold`): its devices, a heartbeat that renews its lease in the
-ledger (:mod:`.ledger`) and takes it back if it ran out, and its release once the training can no longer
-run. Nothing leaks when a process dies: a lease that is not renewed runs out, and the next decision drops it.
+ledger (:mod:`.ledger`) and takes it back if it ran out, and listens for the word that the job is
+preempted; its release once the training can no longer run, or, preempted, its return to the queue in its
+old place. Nothing leaks when a process dies: a lease that is not renewed runs out, and the next decision
+drops it.
 """
 
 from __future__ import annotations
@@ -8,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from trainyard.errors import PermanentError, RetryableError, is_permanent
+from trainyard.errors import PermanentError, Preempted, RetryableError, is_permanent
 from trainyard.scheduling.admission.ledger import ADMITTED_LEASE_S, Ledger, NotAdmitted
 from trainyard.scheduling.admission.policy import Job
 from trainyard.scheduling.ledger_db import DatabaseUnavailable
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
     from trainyard.scheduling.budgets import Spend
 
 HEARTBEAT_S = 30.0  # a running training renews its lease this often (for ledger.RUNNING_LEASE_S)
+WORD_POLL_S = 2.0  # and looks this often for the word that it is preempted (one read of its row)
 log = logging.getLogger(__name__)
 
 
@@ -49,6 +53,9 @@ class Lease:
     devices: list[str] | None  # this host's GPUs the job was given (CUDA_VISIBLE_DEVICES); None: a CPU job
     lost: threading.Event  # set when the lease ran out and its slots could not be taken back: stop training
     waited_s: float | None = None  # from the job's arrival in the queue to its admission
+    # set when the ledger preempts the job: checkpoint, stop, and raise Preempted (the job waits again)
+    preempted: threading.Event = field(default_factory=threading.Event)
+    grace_s: float = 30.0  # from the word to the kill (scheduling.preemption.grace_seconds)
 
 
 def _admitted(ledger: Ledger, job: Job, spend: Spend | None) -> None:
@@ -66,7 +73,8 @@ def _admitted(ledger: Ledger, job: Job, spend: Spend | None) -> None:
 class _Heartbeat:
     """A thread that renews the job's lease every ``every`` seconds; one that ran out is taken back
     (:meth:`Ledger.reclaim`), and where its slots went to another job meanwhile, or it was cancelled,
-    ``lease.lost`` is set and the beats end."""
+    ``lease.lost`` is set and the beats end. Every :data:`WORD_POLL_S` it looks for the word that the job
+    is preempted, and sets ``lease.preempted``."""
 
     def __init__(self, ledger: Ledger, job: Job, lease: Lease, every: float) -> None:
         self.ledger, self.job, self.lease, self.every = ledger, job, lease, every
@@ -76,8 +84,15 @@ class _Heartbeat:
 
     def _beat(self) -> None:
         ledger, job = self.ledger, self.job
-        while not self.stop.wait(self.every):
+        renewed = time.monotonic()
+        while not self.stop.wait(min(self.every, WORD_POLL_S)):
             try:
+                if not self.lease.preempted.is_set() and (preemptor := ledger.preempted_for(job.id)):
+                    log.warning("%s is preempted for %s: its workers checkpoint and stop", job.id, preemptor)
+                    self.lease.preempted.set()
+                if time.monotonic() - renewed < self.every:
+                    continue
+                renewed = time.monotonic()
                 if ledger.renew(job.id):
                     continue
                 if ledger.reclaim(job, tuple(self.lease.devices or ())):
@@ -106,10 +121,13 @@ def _lost(ledger: Ledger, job: Job) -> Exception:
     )
 
 
-def _hand_back(ledger: Ledger, job: Job, for_good: bool) -> None:
-    """Release the admission (slots, devices, place), or keep it ``ADMITTED_LEASE_S`` for a retry."""
+def _hand_back(ledger: Ledger, job: Job, for_good: bool, preempted: bool = False) -> None:
+    """Release the admission (slots, devices, place), or keep it ``ADMITTED_LEASE_S`` for a retry; a
+    preempted job's slots go and it waits again in its place."""
     try:
-        if for_good:
+        if preempted:
+            ledger.requeue(job.id)
+        elif for_good:
             ledger.release(job.id)
         else:
             ledger.renew(job.id, ADMITTED_LEASE_S)
@@ -136,7 +154,10 @@ def hold(
     admission that ran out before the training (a retry long after its try) is asked for again;
     NotAdmitted if it cannot be had now (the task waits and tries again). A lease that runs out while the
     job trains is taken back (:meth:`Ledger.reclaim`); where another job has its slots by then,
-    ``Lease.lost`` is set for the launcher to stop the workers, and the training ends in AdmissionLost."""
+    ``Lease.lost`` is set for the launcher to stop the workers, and the training ends in AdmissionLost.
+    Where the ledger preempts the job, ``Lease.preempted`` is set for the launcher to tell the workers; a
+    training that ends in Preempted gives its slots back and waits again in its old place
+    (:meth:`Ledger.requeue`)."""
     _admitted(ledger, job, spend)
     try:
         devices = None if available is None else ledger.claim_devices(job.id, job.slots, available)
@@ -145,13 +166,20 @@ def hold(
         raise
     entry = next((e for e in ledger.entries() if e.job.id == job.id), None)
     waited = None if entry is None or entry.admitted is None else max(entry.admitted - entry.enqueued, 0.0)
-    lease = Lease(devices, threading.Event(), waited)
+    lease = Lease(devices, threading.Event(), waited, grace_s=ledger.config.scheduling.preemption.grace_seconds)
     heartbeat = _Heartbeat(ledger, job, lease, heartbeat_s)
-    for_good = True
+    for_good, preempted = True, False
     try:
         yield lease
         if lease.lost.is_set():  # workers that exit 0 when stopped leave a partial result: not a success
             raise _lost(ledger, job)
+    except Preempted as err:
+        if lease.lost.is_set():  # cancelled, or its lease lost, meanwhile: that is how it ends
+            ending = _lost(ledger, job)
+            for_good = final_try or is_permanent(ending)
+            raise ending from err
+        preempted = True
+        raise
     except (AdmissionLost, PermanentError) as err:  # the lease lost after a clean body, or a cancel
         for_good = final_try or is_permanent(err)
         raise
@@ -167,4 +195,4 @@ def hold(
         raise
     finally:
         heartbeat.end()
-        _hand_back(ledger, job, for_good)
+        _hand_back(ledger, job, for_good, preempted)

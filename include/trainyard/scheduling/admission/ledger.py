@@ -16,6 +16,7 @@ from trainyard.errors import PermanentError
 from trainyard.scheduling.admission.policy import (
     Entry,
     Job,
+    PreemptionRules,
     Standing,
     Verdict,
     WaitReason,
@@ -86,10 +87,12 @@ class Ledger:
     @staticmethod
     def _entries(conn: Connection) -> list[Entry]:
         rows = conn.execute(
-            f"SELECT {JOB_COLUMNS}, enqueued, admitted, borrowed, lease_until, devices, host FROM admission"
+            f"SELECT {JOB_COLUMNS}, enqueued, admitted, borrowed, lease_until, devices, host, preemptions, "
+            "preempted_for FROM admission"
         ).fetchall()
         return [
-            Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else (), r[14]) for r in rows
+            Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else (), r[14], r[15], r[16])
+            for r in rows
         ]
 
     def _here(self, host: str) -> bool:
@@ -110,11 +113,14 @@ class Ledger:
         conn.execute("DELETE FROM cancelled WHERE at < ?", (now - ARRIVAL_KEPT_S,))
         config = self.config
         entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
-        verdicts = plan(config, entries, now, spend)
+        verdicts = plan(config, entries, now, spend, PreemptionRules.of(config))
         for job_id, verdict in verdicts.items():
             if verdict.admitted:
                 sql = "UPDATE admission SET admitted = ?, borrowed = ? WHERE id = ?"
                 conn.execute(sql, (now, verdict.borrowed, job_id))
+            elif verdict.standing is Standing.PREEMPTED:  # its training hears it through its lease
+                sql = "UPDATE admission SET preempted_for = ? WHERE id = ? AND admitted IS NOT NULL"
+                conn.execute(sql + " AND preempted_for = ''", (verdict.preempted_for, job_id))
         return verdicts
 
     def request(self, job: Job, spend: Spend | None = None) -> Verdict:
@@ -197,6 +203,24 @@ class Ledger:
                 (*_job_row(job), arrived, now, borrowed, ",".join(devices), self.host, now + RUNNING_LEASE_S),
             )
             return True
+
+    def preempted_for(self, job_id: str) -> str | None:
+        """The job that ``job_id`` is preempted for (the word its training's lease listens for), or None."""
+        with self.db.connection() as conn:
+            row = conn.execute("SELECT preempted_for FROM admission WHERE id = ?", (job_id,)).fetchone()
+        return row[0] if row and row[0] else None
+
+    def requeue(self, job_id: str) -> None:
+        """A preempted job whose workers have ended: its slots and devices go (to the job it was preempted
+        for, at that job's next look), and it waits again, in its old place (its arrival is kept), one
+        preemption more on its count."""
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            conn.execute(
+                "UPDATE admission SET admitted = NULL, borrowed = 0, devices = '', host = '', preempted_for = '', "
+                "preemptions = preemptions + 1, lease_until = ? WHERE id = ?",
+                (now + WAITING_LEASE_S, job_id),
+            )
 
     def release(self, job_id: str) -> None:
         """The job is done (its training ended for good, or it gave up waiting): its slots and its place
@@ -296,11 +320,13 @@ class Ledger:
             now = self._now(conn)
             entries = [e for e in self._entries(conn) if e.lease_until >= now]
         known = [e for e in entries if e.job.gpu_type in self.config.gpu_types and e.job.team in self.config.teams]
-        verdicts = plan(self.config, known, now, spend)
+        verdicts = plan(self.config, known, now, spend, PreemptionRules.of(self.config))
         place = {job_id: i for i, job_id in enumerate(verdicts)}
         rows = []
         for e in sorted(entries, key=lambda e: (e.admitted is None, place.get(e.job.id, len(place)), e.enqueued)):
-            if e.admitted is not None:
+            if e.admitted is not None and e.preempted_for:
+                rows.append((e, preempted(e)))
+            elif e.admitted is not None:
                 rows.append((e, Verdict.admit(e.job, e.borrowed)))
             elif e not in known:
                 rows.append((e, inadmissible(self.config, e.job) or Verdict.wait(WaitReason.UNKNOWN, "")))
@@ -309,6 +335,12 @@ class Ledger:
             else:
                 rows.append((e, verdicts[e.job.id]))
         return rows
+
+
+def preempted(entry: Entry) -> Verdict:
+    """What the ledger says of an admitted job being preempted, until its workers have ended."""
+    message = f"preempted for {entry.preempted_for}: checkpointing and giving its slots back"
+    return Verdict(Standing.PREEMPTED, message, preempted_for=entry.preempted_for)
 
 
 def ledger_location() -> str | Path:

@@ -19,8 +19,8 @@ The rules (the package's docstring says why):
 * with the teams' spend, a team's admitted jobs' commitments stay within its monthly budget's rest;
 * a sweep has at most ``sweep.parallelism`` trials admitted at once;
 * with :class:`PreemptionRules`, a job within its team's quota reclaims the slots other teams borrow of
-  it (:func:`reclaim`). The ledger does not apply that yet: running jobs are not preempted (issue 41,
-  whose training side, checkpoint and requeue on the word, comes first).
+  it (:func:`reclaim`): the ledger marks the jobs it preempts, their trainings hear it through their
+  lease, checkpoint and stop, and wait again in their places (:mod:`.lease`).
 """
 
 from __future__ import annotations
@@ -62,6 +62,12 @@ class Entry:
     host: str = ""  # the worker host whose devices those are ("": a ledger of one host, from before hosts)
     preemptions: int = 0  # how often it was preempted so far
     preempted_for: str = ""  # the job it is being preempted for, until its processes have ended
+
+    @property
+    def group_member(self) -> bool:
+        """A sweep's trial: never preempted (a trial's task that ran again would train a new trial, not
+        resume this one)."""
+        return bool(self.job.group)
 
 
 class Standing(enum.StrEnum):
@@ -107,6 +113,7 @@ class Verdict:
     message: str
     reason: WaitReason | None = None
     borrowed: int = 0
+    preempted_for: str = ""  # a preempted job's: the job it gives its slots back to
 
     @property
     def admitted(self) -> bool:
@@ -198,6 +205,12 @@ class PreemptionRules:
     min_runtime_s: float = 600.0
     max_preemptions: int = 2
 
+    @classmethod
+    def of(cls, config: ResourcesConfig) -> PreemptionRules | None:
+        """The rules of ``config`` (``scheduling.preemption``); None where preemption is off."""
+        said = config.scheduling.preemption
+        return cls(said.min_runtime_minutes * 60, said.max_preemptions) if said.enabled else None
+
     def may_preempt(self, e: Entry, now: float) -> bool:
         return (
             e.admitted is not None and now - e.admitted >= self.min_runtime_s and e.preemptions < self.max_preemptions
@@ -217,13 +230,14 @@ def reclaim(
     claimed: frozenset[str] = frozenset(),
 ) -> list[Entry] | None:
     """The running jobs to preempt so that ``job``, which fits its team's nominal quota of its GPU type,
-    starts: jobs of that type of other teams that were admitted on borrowed slots (``Entry.borrowed``) and
-    whose team stays at or above its quota without them (what is taken back is borrowed, never another
-    team's own quota); the fewest jobs that free enough for ``job`` by every rule of :func:`_room`, and
-    among as many, the first in preemption order (the lowest priority first, then the most recently
-    admitted). ``used``: each team's slots once the jobs already being preempted have ended and the jobs
-    they were preempted for run; ``claimed``: jobs another waiting job preempts in this decision. None
-    where ``job`` would borrow itself, or no such jobs free enough: it waits as before."""
+    starts: jobs of that type of other teams that were admitted on borrowed slots (``Entry.borrowed``), not
+    a sweep's trials (``Entry.group_member``), and whose team stays at or above its quota without them
+    (what is taken back is borrowed, never another team's own quota); the fewest jobs that free enough
+    for ``job`` by every rule of :func:`_room`, and among as many, the first in preemption order (the
+    lowest priority first, then the most recently admitted). ``used``: each team's slots once the jobs
+    already being preempted have ended and the jobs they were preempted for run; ``claimed``: jobs another
+    waiting job preempts in this decision. None where ``job`` would borrow itself, or no such jobs free
+    enough: it waits as before."""
     t = job.gpu_type
     if used[job.team] + job.slots > config.quota(job.team, t):
         return None
@@ -234,6 +248,7 @@ def reclaim(
             if e.job.gpu_type == t
             and e.job.team != job.team
             and e.borrowed > 0
+            and not e.group_member
             and not e.preempted_for
             and e.job.id not in claimed
             and rules.may_preempt(e, now)
@@ -288,7 +303,7 @@ def _preempting(
     told = f"preempted: team {job.team}'s job within its quota reclaims the slots; checkpointing and giving them back"
     return {
         job.id: Verdict.wait(WaitReason.PREEMPTING, wait),
-        **{v.job.id: Verdict(Standing.PREEMPTED, told) for v in victims},
+        **{v.job.id: Verdict(Standing.PREEMPTED, told, preempted_for=job.id) for v in victims},
     }
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard import paths
-from trainyard.errors import RetryableError
+from trainyard.errors import Preempted, RetryableError
 from trainyard.spec import JobSpec
 from trainyard.training import preemption as preempting
 from trainyard.training.launchers import limits, sandbox
@@ -70,17 +70,6 @@ class LaunchError(RetryableError):
 class WorkersStopped(LaunchError):
     """The workers were stopped by the ``stop`` event (a lost admission, a sweep trial's pruner), not
     ended of themselves."""
-
-
-class Preempted(RetryableError):
-    """The job was preempted: its workers were told (:class:`Preemption`) and ended, at a checkpoint of the
-    step they stopped at (``step``), or killed after the grace (their newest periodic checkpoint stands). Not
-    a failure: the job waits for its GPUs again in its old place, and its next try resumes. (Uncaught, it is
-    a retryable error: a retry resumes all the same.)"""
-
-    def __init__(self, message: str, step: int | None = None) -> None:
-        super().__init__(message)
-        self.step = step
 
 
 @dataclass(frozen=True, eq=False)  # holds an event: handed on, never compared
