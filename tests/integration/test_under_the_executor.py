@@ -826,3 +826,10 @@ def test_a_lender_takes_its_cpu_slot_back_and_the_borrower_resumes_where_it_stop
     assert re.search(rf"resumed from checkpoint \S+ at step {stopped[1]}\b", log), log[-4000:]
     took = airflow.task_log(DAG, lender, "admit", tina)
     assert "reclaiming 1 cpu slot(s) of team default's quota from team vision's job" in took, took[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
+    everywhere = [e.experiment_id for e in mlflow.search_experiments()]
+    runs = mlflow.search_runs(everywhere, filter_string="tags.`trainyard.preemptions` = '1'")
+    # alice's training run: preempted once, then trained to its end
+    assert [r.info.status for r in runs] == ["FINISHED"]
