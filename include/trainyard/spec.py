@@ -273,6 +273,16 @@ class KubernetesSpec(_Model):
             "how long the pods may wait to be scheduled (a cluster queue, quota, scale-up) before the try fails"
         ),
     )
+    termination_grace_s: int | None = Field(
+        None,
+        ge=1,
+        le=3600,
+        description=(
+            "seconds the pods have from SIGTERM (Kueue's preemption, a deletion) to SIGKILL to checkpoint and "
+            "end (terminationGracePeriodSeconds, and TRAINYARD_PREEMPTION_GRACE_S in the container); default: "
+            "resources.yaml scheduling.preemption.grace_seconds"
+        ),
+    )
 
 
 class CustomCommand(_Model):

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 EVERY = 10
 
 
-def _config(tmp_path, prepared, name) -> str:
-    spec = _spec().model_dump(mode="json")
+def _config(tmp_path, prepared, name, spec: JobSpec | None = None) -> str:
+    spec = (spec or _spec()).model_dump(mode="json")
     out = tmp_path / name
     out.mkdir(parents=True)
     cfg = out / "run.json"
@@ -61,11 +61,11 @@ def _workers(torchrun: subprocess.Popen) -> list[psutil.Process]:
     ]
 
 
-def _spec() -> JobSpec:
+def _spec(strategy: str = "ddp") -> JobSpec:
     return JobSpec.model_validate(
         {
             "hyperparameters": {"epochs": 4, "batch_size": 16, "learning_rate": 0.05, "seed": 11},
-            "distributed": {"max_restarts": 1},
+            "distributed": {"max_restarts": 1, "strategy": strategy},
             "checkpointing": {"every_steps": EVERY, "keep_last": 3},
             "resources": {"gpus_per_node": 2},
         }
@@ -173,22 +173,24 @@ def test_airflow_retry_resumes_from_the_checkpoint(trainyard_home, monkeypatch, 
     assert result["steps"] == 3 * 23 and result["resumed_from_step"] == 30
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "horovod", "deepspeed"])
 def test_a_preempted_launch_ends_at_a_checkpoint_and_the_next_launch_resumes_there(
-    trainyard_home, tmp_path, prepared, baseline
+    trainyard_home, tmp_path, prepared, baseline, strategy
 ):
-    """The launcher's side: once the preemption's word is set, the workers are told (the word file) and end
-    at a step of their own choosing, checkpointed; the launch raises Preempted naming that step, records
-    its try (its GPU time is counted once), and the next launch resumes there and finishes the run."""
+    """The launcher's side, for each built-in strategy: once the preemption's word is set, the workers are
+    told (the word file) and end at one step they agree on, checkpointed; the launch raises Preempted
+    naming that step, records its try (its GPU time is counted once), and the next launch resumes there
+    and finishes the run."""
     target = baseline["mid_epoch_checkpoint"]
     run_dir = tmp_path / "run"
-    config = _config(run_dir, prepared, "work")  # the run's config in its work directory, as the task writes it
+    config = _config(run_dir, prepared, "work", _spec(strategy))  # in its work directory, as the task writes it
     word = threading.Event()
 
     def on_line(line):
         if f"saved at step {target}" in line:
             word.set()
 
-    launch = functools.partial(local.launch, _spec(), prepared, run_dir=str(run_dir), config_path=config)
+    launch = functools.partial(local.launch, _spec(strategy), prepared, run_dir=str(run_dir), config_path=config)
     with pytest.raises(local.Preempted, match=r"its workers stopped at step \d+ with a checkpoint there") as raised:
         launch(on_line=on_line, preemption=local.Preemption(word, grace_s=60))
     assert raised.value.step is not None and raised.value.step > target

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 if TYPE_CHECKING:
+    import torch
+
     from trainyard.training.strategies.base import Strategy
 
 WORD_FILE = "preempt"  # in the run's work directory: written by the launcher, read by every worker
@@ -66,6 +66,8 @@ class StopWord:
         heard = self.heard.is_set()
         if self.strategy.world == 1:
             return heard
+        import torch  # imported by the worker long before: a lookup (this module is the launchers' too)
+
         flag = torch.tensor([1.0 if heard else 0.0], dtype=torch.float32, device=self.strategy.device)
         pending, self.pending = self.pending, self.strategy.start_mean(flag)
         return pending is not None and float(pending()[0]) > 0

@@ -46,13 +46,16 @@ from trainyard.spec import JobSpec, SpecError, parse_spec
 from trainyard.training.launchers import kubernetes as launcher
 from trainyard.training.run_config import RunConfig
 from trainyard_airflow.hooks.training_hook import TrainingHook
-from trainyard_airflow.triggers.training_job import TrainingJobTrigger, TrainingPodTrigger
+from trainyard_airflow.triggers.training_job import (
+    INDEX_ANNOTATION,
+    JOB_NAME_LABEL,
+    ReadmittedJobTrigger,
+    TrainingJobTrigger,
+    TrainingPodTrigger,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # How long a scheduled pod may take to start (the trainer image is large and pulled once per node).
 IMAGE_PULL_TIMEOUT_S = 1800
 
@@ -146,9 +149,10 @@ class _TrainingRun:
             "reserved team %s's budget for %g h x %d GPU(s) of %s", made.team, made.max_hours, made.slots, made.gpu_type
         )
 
-    def _record_usage(self) -> None:
-        """This try's usage record, once per operator instance, and the end of its budget reservation;
-        never raises (it must not hide the try's own outcome)."""
+    def _record_usage(self, ended: bool = True) -> None:
+        """This try's usage record, once per operator instance, and, where the try ``ended``, the end of its
+        budget reservation (a Job its queue suspended keeps it: it trains on once admitted again); never
+        raises (it must not hide the try's own outcome)."""
         from trainyard.scheduling.budgets import release
 
         attempt = self._try
@@ -163,6 +167,8 @@ class _TrainingRun:
         except Exception as err:  # logged only: see the docstring
             self.log.warning("could not record the usage of try %s: %s", self._try, err)
             return  # its reservation stays counted until it lapses: the cost it stands for is not recorded
+        if not ended:
+            return
         try:
             release(paths.runs_root(), self.run_key)
         except Exception as err:  # it lapses after max_hours
@@ -330,10 +336,47 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         if event.get("status") == "long_training":  # the Job runs on: tell the team, wait again
             self._tell_long_training(context, float(event.get("ran_s") or 0.0))
             self._defer(event["name"], event["namespace"], list(event["pod_names"]), notice_after=None)
+        if event.get("status") == "suspended":  # preempted by its queue: wait for it to be admitted again
+            self._wait_readmitted(event)
+        if event.get("status") == "readmitted":  # its pods anew: the training resumes from its checkpoint
+            self.log.info(
+                "Job %s was admitted again; its pods %s resume the training", event["name"], event["pod_names"]
+            )
+            pods = list(event["pod_names"])
+            self._defer(event["name"], event["namespace"], pods, notice_after=self._long_training_after())
         with self._aborted_on_failure(context):
             result = super().execute_complete(context, event, **kwargs)
         self._finish()
         return result
+
+    def _wait_readmitted(self, event: dict) -> None:
+        """A Job its queue suspended (Kueue's preemption): its pods are being stopped, with the grace the
+        JobSpec gives them to checkpoint. Their time so far is recorded; the task waits deferred, without
+        failing or using a retry, until the Job is admitted again and has its pods anew."""
+        from trainyard.scheduling.resources import resources_in_force
+
+        self.log.warning(
+            "Job %s was suspended by its queue (a preemption): its pods have %ds to checkpoint and end; the "
+            "task waits for the queue to admit the Job again, and the training resumes from its checkpoint",
+            event["name"],
+            launcher.termination_grace(self.job_spec, resources_in_force()),
+        )
+        self._record_usage(ended=False)
+        self.defer(
+            trigger=ReadmittedJobTrigger(
+                job_name=event["name"],
+                job_namespace=event["namespace"],
+                parallelism=self.job_spec.resources.nodes,
+                stopped=list(event["pod_names"]),
+                timeout=self.schedule_timeout_seconds,
+                poll_interval=self.job_poll_interval,
+                kubernetes_conn_id=self.kubernetes_conn_id,
+                cluster_context=self.cluster_context,
+                config_file=self.config_file,
+                in_cluster=self.in_cluster,
+            ),
+            method_name="execute_complete",
+        )
 
     def on_kill(self) -> None:
         self.abort(None)

@@ -10,6 +10,10 @@
   many seconds without the Job ending, the trigger ends with a ``long_training`` event; the operator tells
   the team and defers again to a trigger without it (the Job runs on meanwhile). A single-node training's
   bare Pod gets the same from :class:`TrainingPodTrigger`.
+- a preemption by Kueue: Kueue suspends the Job (``spec.suspend``) and the Job controller stops its pods
+  (SIGTERM, then SIGKILL after the pods' grace; the workers checkpoint in it). The trigger ends with a
+  ``suspended`` event; the operator defers to :class:`ReadmittedJobTrigger`, which waits until Kueue admits
+  the Job again and its pods are made anew, and then to this trigger again, for them.
 
 Everything else (waiting for the Job, the event the operator resumes with) is the provider's.
 """
@@ -18,13 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from functools import cached_property
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
-from airflow.triggers.base import TriggerEvent
+from airflow.triggers.base import BaseTrigger, TriggerEvent
 from kubernetes_asyncio import client as async_client
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller's label on its pods
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 
 def unscheduled(pods: list[Any]) -> list[str]:
@@ -37,19 +46,25 @@ def unscheduled(pods: list[Any]) -> list[str]:
     return out
 
 
-async def first_event_or_none(events: AsyncIterator[TriggerEvent], within: float | None) -> TriggerEvent | None:
-    """The first event ``events`` yields, or None if ``within`` seconds pass first (the watch is then
-    cancelled); ``within`` None: wait for it however long."""
-    watch = events.__aiter__()
-    if within is None:
-        return await anext(watch)
-    first = asyncio.ensure_future(anext(watch))
-    done, _ = await asyncio.wait({first}, timeout=max(0.0, within))
-    if done:
-        return first.result()
-    first.cancel()
-    await asyncio.gather(first, return_exceptions=True)
-    return None
+async def first_event_or_none(
+    events: AsyncIterator[TriggerEvent],
+    within: float | None,
+    otherwise: Coroutine[Any, Any, TriggerEvent] | None = None,
+) -> TriggerEvent | None:
+    """The first event ``events`` yields, or the event ``otherwise`` ends with if it ends first, or None if
+    ``within`` seconds pass first (what is still waiting is then cancelled); ``within`` None: wait for one
+    of them however long."""
+    first = asyncio.ensure_future(anext(events.__aiter__()))
+    waiting = {first} if otherwise is None else {first, asyncio.ensure_future(otherwise)}
+    done, pending = await asyncio.wait(
+        waiting, timeout=None if within is None else max(0.0, within), return_when=asyncio.FIRST_COMPLETED
+    )
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    if not done:
+        return None
+    return first.result() if first in done else done.pop().result()  # the Job's own end comes first
 
 
 class TrainingJobTrigger(KubernetesJobTrigger):
@@ -109,12 +124,20 @@ class TrainingJobTrigger(KubernetesJobTrigger):
                 )
                 return
             await asyncio.sleep(self.poll_interval)
-        event = await first_event_or_none(super().run(), self.notice_after)
+        event = await first_event_or_none(super().run(), self.notice_after, self._suspension())
         self._fired = True
         if event is None:  # still running: the operator tells the team, then waits again without this
             yield self._event("long_training", ran_s=self.notice_after)
             return
         yield event
+
+    async def _suspension(self) -> TriggerEvent:
+        """The event once the Job is suspended: Kueue preempted it, and its pods are being stopped."""
+        while True:
+            job = await self.hook.get_job_status(name=self.job_name, namespace=self.job_namespace)
+            if job.spec is not None and job.spec.suspend:
+                return self._event("suspended", f"Job {self.job_name} was suspended (a preemption by its queue)")
+            await asyncio.sleep(self.poll_interval)
 
     async def on_kill(self) -> None:
         if self._fired:  # the operator resumes and cleans up itself
@@ -135,6 +158,86 @@ class TrainingJobTrigger(KubernetesJobTrigger):
                 except async_client.ApiException as err:
                     if err.status != 404:
                         raise
+
+
+class ReadmittedJobTrigger(BaseTrigger):
+    """A training Job that its queue (Kueue) suspended, waited for until it is admitted again (``spec.suspend``
+    false) and the Job controller has made its ``parallelism`` pods anew (none of ``stopped``, the pods it
+    stopped); ends with ``readmitted`` and their names, in index order. Past ``timeout`` seconds
+    (``kubernetes.schedule_timeout_s``) it ends with ``error``, and the try fails."""
+
+    def __init__(
+        self,
+        *,
+        job_name: str,
+        job_namespace: str,
+        parallelism: int,
+        stopped: list[str],
+        timeout: float,
+        poll_interval: float = 10.0,
+        kubernetes_conn_id: str | None = None,
+        cluster_context: str | None = None,
+        config_file: str | None = None,
+        in_cluster: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.job_name, self.job_namespace, self.parallelism = job_name, job_namespace, parallelism
+        self.stopped, self.timeout, self.poll_interval = list(stopped), timeout, poll_interval
+        self.kubernetes_conn_id, self.cluster_context = kubernetes_conn_id, cluster_context
+        self.config_file, self.in_cluster = config_file, in_cluster
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{__name__}.{type(self).__name__}",
+            {
+                "job_name": self.job_name,
+                "job_namespace": self.job_namespace,
+                "parallelism": self.parallelism,
+                "stopped": self.stopped,
+                "timeout": self.timeout,
+                "poll_interval": self.poll_interval,
+                "kubernetes_conn_id": self.kubernetes_conn_id,
+                "cluster_context": self.cluster_context,
+                "config_file": self.config_file,
+                "in_cluster": self.in_cluster,
+            },
+        )
+
+    @cached_property
+    def hook(self) -> AsyncKubernetesHook:
+        return AsyncKubernetesHook(
+            conn_id=self.kubernetes_conn_id,
+            in_cluster=self.in_cluster,
+            config_file=self.config_file,
+            cluster_context=self.cluster_context,
+        )
+
+    async def job_pods(self) -> list[Any]:
+        """The Job's pods as the API lists them (by the Job controller's label)."""
+        async with self.hook.get_conn() as connection:
+            listed = await async_client.CoreV1Api(connection).list_namespaced_pod(
+                self.job_namespace, label_selector=f"{JOB_NAME_LABEL}={self.job_name}"
+            )
+        return list(listed.items)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        deadline = time.monotonic() + self.timeout
+        event = {"name": self.job_name, "namespace": self.job_namespace}
+        while time.monotonic() < deadline:
+            job = await self.hook.get_job_status(name=self.job_name, namespace=self.job_namespace)
+            if job.spec is not None and not job.spec.suspend:
+                pods = [p for p in await self.job_pods() if p.metadata.name not in self.stopped]
+                if len(pods) >= self.parallelism:
+                    pods.sort(key=lambda p: int((p.metadata.annotations or {}).get(INDEX_ANNOTATION, 0)))
+                    yield TriggerEvent({**event, "status": "readmitted", "pod_names": [p.metadata.name for p in pods]})
+                    return
+            await asyncio.sleep(self.poll_interval)
+        message = (
+            f"Job {self.job_name}, suspended by its queue, was not admitted again within "
+            f"kubernetes.schedule_timeout_s={self.timeout:g}s; see `kubectl describe job -n {self.job_namespace} "
+            f"{self.job_name}`"
+        )
+        yield TriggerEvent({**event, "status": "error", "message": message, "pod_names": []})
 
 
 class TrainingPodTrigger(KubernetesPodTrigger):

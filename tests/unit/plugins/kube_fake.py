@@ -8,7 +8,8 @@ and the operators above them all run their own code, and a test asserts on what 
 What it does of a cluster's work: the Job controller creates one pod per completion index (labels,
 annotations and owner reference as Kubernetes sets them); deleting a Job deletes its pods unless
 ``propagationPolicy=Orphan``, and the garbage collector deletes what a deleted object owned (the headless
-Service). The test moves the pods along (``schedule``, ``finish``) as the scheduler and kubelet would.
+Service). The test moves the pods along (``schedule``, ``finish``) as the scheduler and kubelet would, and
+a Job through a preemption (``suspend``, ``readmit``) as Kueue would.
 ``on_request`` lets a test act in the middle of an operator's work (a kill, a timeout), as a signal
 handler would.
 """
@@ -65,6 +66,7 @@ class FakeKubernetes:
         self.requests: list[tuple[str, str]] = []
         self.on_request: Callable[[str, str], None] | None = None
         self._uids = itertools.count(1)
+        self._rounds: dict[str, int] = {}  # a Job's pods made anew after suspensions
 
     # -- what tests use ----------------------------------------------------------------------------------
     def api_client(self) -> client.ApiClient:
@@ -186,30 +188,49 @@ class FakeKubernetes:
         obj.setdefault("status", {"phase": "Pending"} if plural == "pods" else {})
         self.objects[(plural, ns, name)] = obj
         if plural == "jobs":  # the Job controller
-            template = obj["spec"]["template"]
-            for index in range(obj["spec"].get("parallelism") or 1):
-                meta = template.get("metadata") or {}
-                pod = {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "spec": copy.deepcopy(template["spec"]),
-                    "metadata": {
-                        "name": f"{name}-{index}-x{index}",
-                        "namespace": ns,
-                        "uid": f"uid-{next(self._uids)}",
-                        "labels": {**(meta.get("labels") or {}), JOB_NAME: name, "job-name": name, INDEX: str(index)},
-                        "annotations": {**(meta.get("annotations") or {}), INDEX: str(index)},
-                        "ownerReferences": [
-                            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": obj["metadata"]["uid"]}
-                        ],
-                    },
-                    "status": {
-                        "phase": "Pending",
-                        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
-                    },
-                }
-                self.objects[("pods", ns, pod["metadata"]["name"])] = pod
+            self._make_pods(obj, ns)
         return 201, obj
+
+    def _make_pods(self, job: dict, ns: str, round_: int = 0) -> None:
+        """The Job controller's pods of ``job``, one per completion index; ``round_``: made anew after a
+        suspension (new names, as the controller's random suffixes)."""
+        name, template = job["metadata"]["name"], job["spec"]["template"]
+        for index in range(job["spec"].get("parallelism") or 1):
+            meta = template.get("metadata") or {}
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "spec": copy.deepcopy(template["spec"]),
+                "metadata": {
+                    "name": f"{name}-{index}-{'xyz'[round_ % 3]}{index}",
+                    "namespace": ns,
+                    "uid": f"uid-{next(self._uids)}",
+                    "labels": {**(meta.get("labels") or {}), JOB_NAME: name, "job-name": name, INDEX: str(index)},
+                    "annotations": {**(meta.get("annotations") or {}), INDEX: str(index)},
+                    "ownerReferences": [
+                        {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"]}
+                    ],
+                },
+                "status": {
+                    "phase": "Pending",
+                    "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+                },
+            }
+            self.objects[("pods", ns, pod["metadata"]["name"])] = pod
+
+    def suspend(self, job: str, ns: str) -> None:
+        """Kueue preempts the Job: ``spec.suspend``; the Job controller stops its pods (they terminate within
+        their grace, and are gone once :meth:`readmit` makes new ones)."""
+        self.objects[("jobs", ns, job)]["spec"]["suspend"] = True
+
+    def readmit(self, job: str, ns: str) -> None:
+        """Kueue admits the suspended Job again: its stopped pods are gone and the controller makes new ones."""
+        obj = self.objects[("jobs", ns, job)]
+        obj["spec"]["suspend"] = False
+        for pod in self.pods_of(job):
+            del self.objects[("pods", ns, pod["metadata"]["name"])]
+        self._rounds[job] = self._rounds.get(job, 0) + 1
+        self._make_pods(obj, ns, self._rounds[job])
 
     def _delete(self, key: tuple[str, str, str], propagation: str) -> None:
         obj = self.objects.pop(key)

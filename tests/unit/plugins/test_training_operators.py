@@ -487,9 +487,12 @@ def test_a_job_running_past_its_expected_hours_tells_its_team_once_and_runs_on(r
     cluster.schedule(cluster.pods_of(name), started=STARTED)
     api = cluster.api_client()
 
-    class Hook:  # the async hook: the fake's pods, and a Job that is still running
+    class Hook:  # the async hook: the fake's pods and Job, and a Job that is still running
         async def get_pod(self, name, namespace):
             return client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
+
+        async def get_job_status(self, name, namespace):
+            return client.BatchV1Api(api).read_namespaced_job_status(name=name, namespace=namespace)
 
         async def wait_until_job_complete(self, name, namespace, poll_interval):
             await asyncio.sleep(3600)
@@ -584,3 +587,68 @@ def test_a_training_reserves_its_team_s_budget_and_one_that_no_longer_fits_creat
     assert budgets.reservations(paths.runs_root()) == {}  # ended: its usage counts instead
     with pytest.raises(TaskDeferred):
         second().execute(context())
+
+
+def test_a_job_its_queue_suspends_waits_without_failing_and_trains_on_in_its_new_pods(run, cluster):
+    """Kueue's preemption: it suspends the Job and the Job controller stops its pods (the JobSpec's grace
+    to checkpoint). The trigger sees it; the operator records the pods' time so far, keeps the budget
+    reservation, and waits deferred (no failure, no retry) until the Job is admitted again; then it follows
+    the new pods to the Job's end."""
+    import asyncio
+
+    from kubernetes import client
+
+    from trainyard import paths
+    from trainyard.scheduling import budgets
+    from trainyard_airflow.triggers.training_job import ReadmittedJobTrigger
+
+    with pytest.raises(TaskDeferred) as deferred:
+        launcher(run).execute(context())
+    name = K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
+    first = cluster.pods_of(name)
+    assert first[0]["spec"]["terminationGracePeriodSeconds"] == 30  # resources.yaml's preemption grace
+    cluster.schedule(first, started=STARTED)
+    api = cluster.api_client()
+
+    class Hook:  # the async hook: the fake's pods and Job, and a Job that does not end of itself
+        async def get_pod(self, name, namespace):
+            return client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
+
+        async def get_job_status(self, name, namespace):
+            return client.BatchV1Api(api).read_namespaced_job_status(name=name, namespace=namespace)
+
+        async def wait_until_job_complete(self, name, namespace, poll_interval):
+            await asyncio.sleep(3600)
+
+    trigger = deferred.value.trigger
+    trigger.__dict__["hook"] = Hook()
+    cluster.suspend(name, "trainyard-vision")
+    event = _first_event(trigger)
+    assert (event["status"], event["name"]) == ("suspended", name)
+
+    with pytest.raises(TaskDeferred) as waiting:
+        launcher(run).execute_complete(context(), event)  # a fresh instance, as after deferral
+    readmission = waiting.value.trigger
+    assert isinstance(readmission, ReadmittedJobTrigger) and waiting.value.method_name == "execute_complete"
+    assert ReadmittedJobTrigger(**readmission.serialize()[1]).serialize() == readmission.serialize()
+    (record,) = usage.tries(run.run_dir)  # the time its first pods trained is counted, once
+    assert record["started"] == STARTED and record["gpus"] == 8
+    assert cluster.names("jobs") == cluster.names("services") == [name]  # nothing deleted: it trains on
+    assert RUN_KEY in budgets.reservations(paths.runs_root())  # its budget stays reserved while it waits
+
+    cluster.readmit(name, "trainyard-vision")
+    again = cluster.pods_of(name)
+    assert {p["metadata"]["name"] for p in again}.isdisjoint(event["pod_names"])
+
+    async def job_pods():
+        return client.CoreV1Api(api).list_namespaced_pod("trainyard-vision", label_selector=f"job-name={name}").items
+
+    readmission.__dict__["hook"] = Hook()
+    readmission.job_pods = job_pods
+    readmitted = _first_event(readmission)
+    assert readmitted["status"] == "readmitted"
+    assert readmitted["pod_names"] == [p["metadata"]["name"] for p in again]  # in index order
+    with pytest.raises(TaskDeferred) as follows:
+        launcher(run).execute_complete(context(), readmitted)
+    assert isinstance(follows.value.trigger, TrainingJobTrigger)
+    assert follows.value.trigger.pod_names == readmitted["pod_names"]

@@ -61,6 +61,7 @@ from trainyard.scheduling.resources import ResourcesConfig, resources_in_force
 from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher, time_left
+from trainyard.training.preemption import GRACE_ENV
 from trainyard.training.run_config import RunConfig, work_dir
 
 TRAINER_UID = 50000  # the user the trainer image runs as (Dockerfile ARG TRAINER_UID)
@@ -343,6 +344,12 @@ class PodRequest:
         return k8s.V1ObjectMeta(name=self.name(), namespace=self.spec.kubernetes.namespace, labels=labels)
 
 
+def termination_grace(spec: JobSpec, config: ResourcesConfig) -> int:
+    """Seconds the pods have from SIGTERM (Kueue's preemption, a deletion) to SIGKILL, to checkpoint and end:
+    the JobSpec's ``kubernetes.termination_grace_s``, else resources.yaml's preemption grace."""
+    return spec.kubernetes.termination_grace_s or max(1, int(config.scheduling.preemption.grace_seconds))
+
+
 def pod_template(request: PodRequest, config: ResourcesConfig) -> k8s.V1PodTemplateSpec:
     """One node of the job: the trainer container with its run's part of the data PVC (:func:`run_mounts`;
     ``inputs``: a recipe's input files, pod paths) and a RAM-backed /dev/shm."""
@@ -351,12 +358,13 @@ def pod_template(request: PodRequest, config: ResourcesConfig) -> k8s.V1PodTempl
     ports = [k8s.V1ContainerPort(name="rendezvous", container_port=RDZV_PORT)]
     if spec.recipe != "custom" and spec.distributed.strategy == "horovod":
         ports.append(k8s.V1ContainerPort(name="hvd-rendezvous", container_port=HOROVOD_RDZV_PORT))
+    grace = termination_grace(spec, config)
     container = k8s.V1Container(
         name=CONTAINER,
         image=(spec.custom.image if spec.custom and spec.custom.image else None) or k.image,
         image_pull_policy=k.image_pull_policy,
         command=worker_command(spec, run_key, config_path, attempt=attempt),
-        env=_env(spec, run_key, config_path, attempt, request.data_dir),
+        env=[*_env(spec, run_key, config_path, attempt, request.data_dir), k8s.V1EnvVar(GRACE_ENV, str(grace))],
         ports=ports,
         resources=_resources(spec),
         volume_mounts=[
@@ -373,6 +381,7 @@ def pod_template(request: PodRequest, config: ResourcesConfig) -> k8s.V1PodTempl
         ),
         # Never: a crashed worker fails the Job (backoff 0) and Airflow decides whether to retry.
         restart_policy="Never",
+        termination_grace_period_seconds=grace,
         # resources.max_hours; the launcher's plan lowers it to what the run's earlier tries left
         active_deadline_seconds=max(1, int(spec.resources.max_hours * 3600)),
         subdomain=request.name(),
