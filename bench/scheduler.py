@@ -60,7 +60,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
-from trainyard.scheduling.admission.policy import Entry, Job, latest_starts, plan  # noqa: E402
+from trainyard.scheduling.admission.policy import (  # noqa: E402
+    Entry,
+    Job,
+    PreemptionRules,
+    Standing,
+    latest_starts,
+    plan,
+)
 from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
 from trainyard.scheduling.utilisation import SIZE_BUCKETS, Allocation  # noqa: E402
 from trainyard.scheduling.utilisation import report as utilisation_report  # noqa: E402
@@ -419,6 +426,137 @@ def policy_simulation(config: ResourcesConfig, trace: list[TraceJob], types: lis
     return _simulate("simulated", config, trace, types, window, starts)
 
 
+# A preemption in trace seconds (time scale 60: a trace second is a minute): the victim's workers stop within
+# the grace (30 s, half a trace second: a worst case, they stopped in 0.3 s in the executor's test), and once
+# readmitted it spends 2 minutes starting again (its task, its processes, loading its checkpoint and data)
+# before it trains: GPU time lost to the preemption. What it trained up to its stop is kept (its checkpoint).
+PREEMPTION_STOP_S = 0.5
+PREEMPTION_RESTART_S = 2.0
+
+
+def preemption_simulation(
+    config: ResourcesConfig,
+    trace: list[TraceJob],
+    types: list[str],
+    window: float,
+    rules: PreemptionRules | None,
+    *,
+    stop_s: float = PREEMPTION_STOP_S,
+    restart_s: float = PREEMPTION_RESTART_S,
+) -> dict:
+    """The policy on the trace in this process, with its preemption (``rules``; None: off), as the ledger
+    applies it: a preempted job keeps its slots ``stop_s`` more, then waits again in its place (its arrival)
+    with the work it had left plus ``restart_s`` (lost to the preemption). Figures: utilisation over the
+    window, the p95 wait of the jobs admitted within their team's quota (no slot borrowed) and of all jobs
+    (to their first start), preemptions, and the GPU-seconds lost to them against the trace's."""
+    arrival = {j.name: j for j in trace}
+    events: list[tuple[float, int, str, str]] = [(j.at, i, "arrive", j.name) for i, j in enumerate(trace)]
+    heapq.heapify(events)
+    seq = len(events)
+    waiting: list[str] = []
+    left = {j.name: j.seconds for j in trace}  # work left, seconds
+    running: dict[str, tuple[float, int]] = {}  # started, slots borrowed
+    ends: dict[str, float] = {}  # when a running job ends of itself (a preempted one's end is dropped)
+    marks: dict[str, str] = {}  # victim -> the job it is preempted for
+    counts = dict.fromkeys(left, 0)
+    first: dict[str, tuple[float, int]] = {}  # first start, slots borrowed then
+    allocations: list[Allocation] = []
+
+    def job(name: str) -> Job:
+        j = arrival[name]
+        return Job(j.name, j.team, j.gpu_type, j.slots, PRIORITY, max_hours_of(j))
+
+    def close(name: str, now: float) -> None:
+        j, (started, _) = arrival[name], running.pop(name)
+        allocations.append(
+            Allocation(name, j.team, j.gpu_type, j.slots, started, now, asked=j.at, first_try=first[name][0] == started)
+        )
+        left[name] -= now - started
+
+    while events:
+        now, _, kind, name = heapq.heappop(events)
+        if kind == "arrive":
+            waiting.append(name)
+        elif kind == "end" and ends.get(name) == now and name not in marks:
+            close(name, now)
+        elif kind == "stopped":
+            close(name, now)
+            del marks[name], ends[name]
+            left[name] += restart_s
+            counts[name] += 1
+            waiting.append(name)
+        else:
+            continue
+        entries = [Entry(job(n), arrival[n].at, None, 0, math.inf, preemptions=counts[n]) for n in waiting]
+        entries += [
+            Entry(
+                job(n),
+                arrival[n].at,
+                started,
+                borrowed,
+                math.inf,
+                preemptions=counts[n],
+                preempted_for=marks.get(n, ""),
+            )
+            for n, (started, borrowed) in running.items()
+        ]
+        for n, verdict in plan(config, entries, now, preemption=rules).items():
+            if verdict.admitted and n in waiting:
+                waiting.remove(n)
+                running[n] = (now, verdict.borrowed)
+                first.setdefault(n, (now, verdict.borrowed))
+                ends[n] = now + left[n]
+                heapq.heappush(events, (ends[n], seq := seq + 1, "end", n))
+            elif verdict.standing is Standing.PREEMPTED and n not in marks:
+                marks[n] = verdict.preempted_for
+                heapq.heappush(events, (now + stop_s, seq := seq + 1, "stopped", n))
+    unfinished = [n for n, s in left.items() if s > 1e-6 or n in waiting]
+    end = max(a.end for a in allocations if a.end is not None)
+    in_window = utilisation_report(config, allocations, 0.0, window, types).as_dict()
+    whole = utilisation_report(config, allocations, 0.0, end, types).as_dict()
+    waits = {n: start - arrival[n].at for n, (start, _) in first.items()}
+    within = [w for n, w in waits.items() if first[n][1] == 0]
+    lost = sum(counts[n] * restart_s * arrival[n].slots for n in counts)
+    work = sum(j.seconds * j.slots for j in trace)
+
+    def p95(values: list[float]) -> float:
+        return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else (values[0] if values else 0.0)
+
+    return {
+        "utilisation": in_window["utilisation"],
+        "p95_wait_within_quota_s": round(p95(within), 2),
+        "p95_wait_s": round(p95(list(waits.values())), 2),
+        "preemptions": sum(counts.values()),
+        "most_preemptions_of_a_job": max(counts.values()),
+        "gpu_seconds_lost_share": lost / work,
+        "violations": len(whole["violations"]),
+        "unfinished": len(unfinished),
+    }
+
+
+def preemption_on_traces(
+    base: ResourcesConfig, types: list[str], *, seeds: list[int], loads: list[float], window: float, median: float,
+    time_scale: float, poll: float,
+) -> list[dict]:  # fmt: skip
+    """:func:`preemption_simulation` without and with the preemption of resources.yaml (its minimum runtime
+    scaled with the trace's time) against the capacity-only reference, on a trace per seed and load."""
+    config = scenario_config(base, "trainyard", time_scale, poll)
+    said = base.scheduling.preemption
+    rules = PreemptionRules(said.min_runtime_minutes * 60 / time_scale, said.max_preemptions)
+    rows = []
+    for seed in seeds:
+        for load in loads:
+            trace = make_trace(base, types, window=window, load=load, median=median, seed=seed)
+            reference = capacity_reference(base, trace, types, window)["utilisation"]
+            for label, with_rules in (("off", None), ("on", rules)):
+                figures = preemption_simulation(config, trace, types, window, with_rules)
+                ratio = figures["utilisation"] / reference if reference else 1.0
+                rows.append(
+                    {"seed": seed, "load": load, "jobs": len(trace), "preemption": label, "ratio": ratio, **figures}
+                )
+    return rows
+
+
 def start_bounds(config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float) -> list[dict]:
     """How the latest start a waiting job is told (:func:`~trainyard.scheduling.admission.policy.latest_starts`,
     said as it first waits) compares with when it started, with the policy alone on the trace
@@ -584,6 +722,28 @@ def against_the_goal(results: list[dict]) -> list[str]:
     return lines
 
 
+def _print_preemption(base: ResourcesConfig, args: argparse.Namespace) -> int:
+    rows = preemption_on_traces(base, args.types, seeds=args.policy_only, loads=args.loads, window=args.window,
+                                median=args.median, time_scale=args.time_scale, poll=args.poll)  # fmt: skip
+    for r in rows:
+        print(
+            f"seed {r['seed']:3d} load {r['load']:<5g} jobs {r['jobs']:4d} preemption {r['preemption']:3s}: "
+            f"{r['ratio']:.3f}x the reference, p95 wait within quota {r['p95_wait_within_quota_s']:7.1f} s, "
+            f"all {r['p95_wait_s']:7.1f} s, preemptions {r['preemptions']:3d} "
+            f"(at most {r['most_preemptions_of_a_job']} a job), GPU-s lost {r['gpu_seconds_lost_share']:.2%}, "
+            f"violations {r['violations']}, unfinished {r['unfinished']}"
+        )
+    for label in ("off", "on"):
+        mine = [r for r in rows if r["preemption"] == label]
+        print(
+            f"preemption {label}: {len(mine)} traces, utilisation {min(r['ratio'] for r in mine):.3f}x the reference "
+            f"at worst (median {statistics.median(r['ratio'] for r in mine):.3f}x), p95 wait within quota median "
+            f"{statistics.median(r['p95_wait_within_quota_s'] for r in mine):.1f} s, GPU-s lost at most "
+            f"{max(r['gpu_seconds_lost_share'] for r in mine):.2%}"
+        )
+    return 1 if any(r["violations"] or r["unfinished"] for r in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window", type=float, default=480, help="seconds of submissions")
@@ -617,8 +777,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --policy-only: how each waiting job's latest start compares with its start, instead",
     )
+    parser.add_argument(
+        "--preemption",
+        action="store_true",
+        help="with --policy-only: the policy without and with preemption, per trace, instead",
+    )
     args = parser.parse_args(argv)
     base = load_resources(args.resources)
+    if args.policy_only and args.preemption:
+        return _print_preemption(base, args)
     if args.policy_only and args.start_bounds:
         figures = start_bounds_on_traces(base, args.types, seeds=args.policy_only, loads=args.loads,
                                          window=args.window, median=args.median, time_scale=args.time_scale,

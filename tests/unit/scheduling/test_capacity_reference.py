@@ -109,3 +109,23 @@ def test_a_waiting_job_is_told_the_latest_start_it_then_starts_by():
     config = scheduler_replay.scenario_config(_fleet(1), "trainyard", 60.0, 1.0)
     (told,) = scheduler_replay.start_bounds(config, trace, ["h100-80gb"], window=15.0)
     assert told == {"job": "j1", "bound_s": pytest.approx(35.0, abs=0.1), "wait_s": 9.0}
+
+
+def test_with_preemption_the_policy_breaks_no_limit_finishes_every_job_and_loses_little():
+    """Preemption as the ledger applies it, on the replay's trace: lenders take their quota back (the
+    borrowers stop, wait again and resume with 2 trace seconds lost), with no limit broken, every job
+    finished, no job preempted more than resources.yaml's max_preemptions, and at most 1 % of the trace's
+    GPU-seconds lost (`bench/scheduler.py --policy-only ... --preemption` gives the figures per trace)."""
+    fleet = load_resources(None)
+    types = ["v100-16gb", "a100-80gb", "h100-80gb"]
+    rows = scheduler_replay.preemption_on_traces(
+        fleet, types, seeds=[7], loads=[1.25], window=480, median=40, time_scale=60, poll=1.0
+    )
+    off, on = rows
+    assert (off["preemption"], on["preemption"]) == ("off", "on")
+    assert off["preemptions"] == 0 and on["preemptions"] > 0
+    for r in rows:
+        assert r["violations"] == r["unfinished"] == 0, r
+        assert r["ratio"] >= scheduler_replay.GOAL, r
+    assert on["most_preemptions_of_a_job"] <= fleet.scheduling.preemption.max_preemptions
+    assert on["gpu_seconds_lost_share"] <= 0.01, on
