@@ -105,6 +105,13 @@ class TeamPolicy(_Model):
         ["production"],
         description="aliases of its models whose moves wait for another promoter's approval (the promote_model DAG)",
     )
+    preempt_by_priority: bool = Field(
+        False,
+        description=(
+            "whether a job of the team whose quota its own jobs fill preempts the team's jobs of a lower "
+            "resources.priority (as other teams' borrowers are preempted: checkpoint, wait again, resume)"
+        ),
+    )
 
 
 class NotifyTarget(_Model):

@@ -1,7 +1,8 @@
 """Two rules of the policy, pure. Preemption (``reclaim``): a job within its team's nominal quota reclaims
 what other teams borrow of it, from the fewest borrowers, the lowest priority and the most recently admitted
 first, never from a job that has run less than the minimum or was preempted too often, nor from a sweep's
-trial, and never to borrow itself; ``plan`` preempts only when asked to (the ledger asks as resources.yaml
+trial, and never to borrow itself; within a team, a higher priority preempts a lower one where the team's
+policy says so; ``plan`` preempts only when asked to (the ledger asks as resources.yaml
 says: tests/unit/scheduling/test_admission.py). The latest start
 (``latest_starts``): the policy run forward as the admitted jobs end by their max_hours."""
 
@@ -187,3 +188,29 @@ def test_a_job_its_budget_holds_back_is_given_no_start():
     queue = [_waiting("vision/a", "vision", 2), _waiting("nlp/a", "nlp", 2)]
     poor = Spend(this_month={"vision": 0.0}, of_run=lambda run: 0.0)  # vision's job may cost $96 of its $10
     assert latest_starts(budgeted, queue, NOW, poor) == {"nlp/a": NOW}
+
+
+def test_within_a_team_a_higher_priority_preempts_a_lower_one_only_where_its_policy_says_so():
+    fleet = parse_resources(
+        "gpu_types:\n  a100: {count: 8, price_per_hour: 2.0}\n"
+        "teams:\n  vision: {quota: {a100: 4}, borrowing_limit: {a100: 0}}\n  nlp: {quota: {a100: 4}}\n"
+    )
+    allowed = parse_resources(
+        "gpu_types:\n  a100: {count: 8, price_per_hour: 2.0}\n"
+        "teams:\n  vision: {quota: {a100: 4}, borrowing_limit: {a100: 0}, policy: {preempt_by_priority: true}}\n"
+        "  nlp: {quota: {a100: 4}}\n"
+    )
+    entries = [
+        _running("vision/old", "vision", 2, priority=1, ran_s=7200),
+        _running("vision/new", "vision", 2, priority=1, ran_s=1200),
+        _running("nlp/own", "nlp", 4, priority=1),
+        Entry(Job("vision/urgent", "vision", "a100", 2, 9, 24.0), NOW - 30, None, 0, NOW + 120),
+    ]
+    assert plan(fleet, entries, NOW, preemption=RULES)["vision/urgent"].reason is WaitReason.BORROWING_LIMIT
+    verdicts = plan(allowed, entries, NOW, preemption=RULES)
+    assert verdicts["vision/urgent"].reason is WaitReason.PREEMPTING
+    assert verdicts["vision/new"].standing is Standing.PREEMPTED  # the most recently admitted of the lowest
+    assert "vision/old" not in verdicts and "nlp/own" not in verdicts
+    # the same priority preempts nobody: it waits for its team's jobs as before
+    same = [*entries[:3], Entry(Job("vision/peer", "vision", "a100", 2, 1, 24.0), NOW - 30, None, 0, NOW + 120)]
+    assert plan(allowed, same, NOW, preemption=RULES)["vision/peer"].reason is WaitReason.BORROWING_LIMIT

@@ -230,24 +230,31 @@ def reclaim(
     claimed: frozenset[str] = frozenset(),
 ) -> list[Entry] | None:
     """The running jobs to preempt so that ``job``, which fits its team's nominal quota of its GPU type,
-    starts: jobs of that type of other teams that were admitted on borrowed slots (``Entry.borrowed``), not
-    a sweep's trials (``Entry.group_member``), and whose team stays at or above its quota without them
-    (what is taken back is borrowed, never another team's own quota); the fewest jobs that free enough
-    for ``job`` by every rule of :func:`_room`, and among as many, the first in preemption order (the
-    lowest priority first, then the most recently admitted). ``used``: each team's slots once the jobs
-    already being preempted have ended and the jobs they were preempted for run; ``claimed``: jobs another
-    waiting job preempts in this decision. None where ``job`` would borrow itself, or no such jobs free
-    enough: it waits as before."""
-    t = job.gpu_type
-    if used[job.team] + job.slots > config.quota(job.team, t):
+    starts: jobs of that type of other teams that were admitted on borrowed slots (``Entry.borrowed``), and
+    whose team stays at or above its quota without them (what is taken back is borrowed, never another
+    team's own quota); where its team's policy says ``preempt_by_priority``, also its own team's jobs of a
+    lower priority, so that it runs within its quota. Never a sweep's trial (``Entry.group_member``). The
+    fewest jobs that free enough for ``job`` by every rule of :func:`_room`, and among as many, the first in
+    preemption order (the lowest priority first, then the most recently admitted). ``used``: each team's
+    slots once the jobs already being preempted have ended and the jobs they were preempted for run;
+    ``claimed``: jobs another waiting job preempts in this decision. None where ``job`` would borrow itself,
+    or no such jobs free enough: it waits as before."""
+    t, quota = job.gpu_type, config.quota(job.team, job.gpu_type)
+    by_priority = config.teams[job.team].policy.preempt_by_priority
+    if job.slots > quota or (used[job.team] + job.slots > quota and not by_priority):
         return None
+
+    def candidate(e: Entry) -> bool:
+        if e.job.team == job.team:  # its own team's, where the team's policy says so: a lower priority
+            return by_priority and e.job.priority < job.priority
+        return e.borrowed > 0  # another team's: only what it borrows
+
     candidates = sorted(
         (
             e
             for e in entries
             if e.job.gpu_type == t
-            and e.job.team != job.team
-            and e.borrowed > 0
+            and candidate(e)
             and not e.group_member
             and not e.preempted_for
             and e.job.id not in claimed
@@ -260,9 +267,9 @@ def reclaim(
         held = dict(used)
         for v in victims:
             held[v.job.team] -= v.job.slots
-            if held[v.job.team] < config.quota(v.job.team, t):
-                return None  # that would take its team's own quota
-        return held
+            if v.job.team != job.team and held[v.job.team] < config.quota(v.job.team, t):
+                return None  # that would take another team's own quota
+        return held if held[job.team] + job.slots <= quota else None  # it runs within its quota
 
     for size in range(1, len(candidates) + 1):
         for victims in itertools.combinations(candidates, size):
@@ -476,7 +483,8 @@ def _plan_type(
             if (
                 preemption is not None
                 and room.reason is not None
-                and room.reason.fleet
+                # the fleet holds it back, or its own team's jobs do (where they may be preempted by priority)
+                and (room.reason.fleet or room.reason is WaitReason.BORROWING_LIMIT)
                 and commitments.refusal(job, commitments.owed(job)) is None  # its budget would not keep it waiting
             ):
                 preempting = _preempting(config, entries, job, after, now, preemption, claimed)
