@@ -459,6 +459,7 @@ def preemption_simulation(
     ends: dict[str, float] = {}  # when a running job ends of itself (a preempted one's end is dropped)
     marks: dict[str, str] = {}  # victim -> the job it is preempted for
     counts = dict.fromkeys(left, 0)
+    requeued: dict[str, float] = {}  # a preempted job's return to the queue
     first: dict[str, tuple[float, int]] = {}  # first start, slots borrowed then
     allocations: list[Allocation] = []
 
@@ -484,10 +485,14 @@ def preemption_simulation(
             del marks[name], ends[name]
             left[name] += restart_s
             counts[name] += 1
+            requeued[name] = now
             waiting.append(name)
         else:
             continue
-        entries = [Entry(job(n), arrival[n].at, None, 0, math.inf, preemptions=counts[n]) for n in waiting]
+        entries = [
+            Entry(job(n), arrival[n].at, None, 0, math.inf, preemptions=counts[n], waiting_since=requeued.get(n, 0.0))
+            for n in waiting
+        ]
         entries += [
             Entry(
                 job(n),

@@ -32,9 +32,14 @@ def _config(tmp_path, prepared, name, spec: JobSpec | None = None) -> str:
     return str(cfg)
 
 
-def _run(argv, on_line=None, timeout=900):
+def _run(argv, on_line=None, timeout=900, env=None):
     proc = subprocess.Popen(
-        argv, env=worker_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        argv,
+        env={**worker_env(2), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     lines = []
     # A hung group must fail the test, not the CI run: kill the whole process group at the deadline.
@@ -113,9 +118,9 @@ def test_sigkill_of_a_worker_mid_epoch_resumes(tmp_path, prepared, baseline):
 def test_sigterm_to_one_worker_stops_both_at_one_step_checkpointed_and_the_next_try_resumes_there(
     tmp_path, prepared, baseline
 ):
-    """SIGTERM to one of two workers (the word of a preemption as Kubernetes gives it): the rank that did not
-    hear it stops too, at the same step (one all-reduced flag), with a checkpoint there; the workers end with
-    status 0, and the next try resumes at that step."""
+    """SIGTERM to one of two workers (the word of a preemption as Kubernetes gives it to a pod, whose
+    environment asks for it): the rank that did not hear it stops too, at the same step (one all-reduced
+    flag), with a checkpoint there; the workers end with status 0, and the next try resumes at that step."""
     target = baseline["mid_epoch_checkpoint"]
     config = _config(tmp_path, prepared, "preempted")
     told = {}
@@ -126,7 +131,7 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_checkpointed_and_the_next_
             told.update(pid=victim.pid)
             os.kill(victim.pid, signal.SIGTERM)
 
-    rc, first = _run(torchrun_argv(2, config), preempt)
+    rc, first = _run(torchrun_argv(2, config), preempt, env={preemption.ON_SIGTERM_ENV: "1"})  # as in a pod
     text = "\n".join(first)
     assert rc == 0, text[-3000:]
     stopped = preemption.stopped_at(str(tmp_path / "preempted"))

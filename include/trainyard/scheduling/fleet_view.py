@@ -45,7 +45,7 @@ def queue_jobs(
             "user": e.job.user,
             "gpus": e.job.slots,
             "priority": e.job.priority,
-            "waited_minutes": round(((e.admitted or now) - e.enqueued) / 60, 1),
+            "waited_minutes": round(((e.admitted or now) - e.waiting_from) / 60, 1),
             "reason": verdict.message,
             # what a program compares: why it waits, or that it is being preempted
             "why": verdict.reason.value if verdict.reason else _preempted_word(verdict),

@@ -52,7 +52,8 @@ SCHEMA = (
     grp_limit INTEGER NOT NULL DEFAULT 0,
     host TEXT NOT NULL DEFAULT '',
     preemptions INTEGER NOT NULL DEFAULT 0,
-    preempted_for TEXT NOT NULL DEFAULT ''
+    preempted_for TEXT NOT NULL DEFAULT '',
+    waiting_since DOUBLE PRECISION NOT NULL DEFAULT 0
 )""",
 )
 # Columns a ledger made by an earlier version may lack (devices allocated, users shown, sweeps capped, the
@@ -65,6 +66,7 @@ ADDED_COLUMNS = (
     ("host", "TEXT"),
     ("preemptions", "INTEGER"),
     ("preempted_for", "TEXT"),
+    ("waiting_since", "DOUBLE PRECISION"),
 )
 
 

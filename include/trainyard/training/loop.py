@@ -160,7 +160,7 @@ def trial_stopped(cfg: RunConfig, strategy: Strategy, epoch: int, metrics: dict)
             strategy.log(f"sweep: no answer to epoch {epoch}'s report within {handshake.VERDICT_WAIT_S:.0f}s; going on")
         stop = 1.0 if answer else 0.0
     flag = torch.tensor([stop], dtype=torch.float32, device=strategy.device)
-    return float(strategy.start_mean(flag)()[0]) > 0
+    return float(strategy.start_mean(flag, name="trial_stopped")()[0]) > 0
 
 
 def train(cfg: RunConfig, strategy: Strategy, recipe: Recipe | None = None) -> dict:
@@ -216,6 +216,7 @@ class _Steps:
         self.cfg, self.strategy, self.tracker, self.recipe, self.word = cfg, strategy, tracker, recipe, word
         self.step, self.samples, self.last_loss = step, 0, float("nan")
         self.stopped = False  # every rank agreed to stop on the word, at ``step``, checkpointed
+        self.mid_epoch = False  # and that step was not its epoch's last
         self.stall, self.saves = 0.0, 0
         self.window = Window()
         self.fail_at = fail_once_at()
@@ -255,7 +256,7 @@ class _Steps:
             if step == self.fail_at:
                 _crash(step, self.cfg.out_dir, strategy)
             if stop:
-                self.stopped = True
+                self.stopped, self.mid_epoch = True, not end_of_epoch
                 return
 
 
@@ -306,7 +307,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
         first = skip if epoch == start_epoch else 0  # the batches a resumed run did already
         sampler.set_epoch(epoch, skip_samples=first * hp.batch_size)
         steps.epoch(loader, epoch, first, progress)
-        if steps.stopped:
+        if steps.stopped and steps.mid_epoch:  # the rest of the epoch, and its validation, on resuming
             log(f"preempted: every worker stops at step {steps.step}, checkpointed; a later try resumes there")
             break
         metrics = {}
@@ -322,6 +323,9 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             timed = {} if first else {"epoch_seconds": time.perf_counter() - epoch_t0}
             tracker.log([steps.step], {**metrics, "epoch": epoch + 1, **timed, **device_use(strategy)})
         strategy.barrier()
+        if steps.stopped:  # at its epoch's end: the epoch validated and logged, the next one on resuming
+            log(f"preempted: every worker stops at step {steps.step}, checkpointed; a later try resumes there")
+            break
         if pruned_at is not None:
             break
 

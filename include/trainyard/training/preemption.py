@@ -1,14 +1,16 @@
 """The word to checkpoint and stop (a preemption), as the workers hear it and agree on it.
 
-A worker hears the word two ways: SIGTERM (what Kubernetes sends a pod it evicts, and what a custom
-program gets), or the file :data:`WORD_FILE` that the local launcher writes into the run's work directory
-(the built-in trainers' workers run under torchrun, which kills its workers 30 s after a signal of its own,
-and behind bubblewrap, which forwards none). Ranks hear it at different moments; a rank that stopped alone
-would hang the others in their next collective. So every step each rank adds what it heard to one
-all-reduced flag, started after the step and read after the next one (the collective runs beside the step,
-never between two), and every rank stops at the same step: the first after the one where any rank had
-heard. The loop (:mod:`trainyard.training.loop`) then writes a checkpoint at that step, rank 0 writes
-:data:`STOPPED_FILE`, and the workers end with status 0.
+A worker hears the word two ways: the file :data:`WORD_FILE` that the local launcher writes into the run's
+work directory, or, where :data:`ON_SIGTERM_ENV` says so (a Kubernetes pod, whose eviction is SIGTERM;
+torchrun forwards it), SIGTERM; a second SIGTERM ends the worker at once. (Locally the workers keep
+SIGTERM's default: a launcher that stops them for good, or torchrun restarting a failed group, must not
+wait for a step boundary that a rank stuck on a dead peer never reaches.) Ranks hear the word at different
+moments; a rank that stopped alone would hang the others in their next collective. So every step each rank
+adds what it heard to one all-reduced flag, on the CPU (a gloo group of its own where the training's is
+NCCL: reading it never waits for the GPU), started after the step and read after the next one, and every
+rank stops at the same step: the first after the one where any rank had heard. The loop
+(:mod:`trainyard.training.loop`) then writes a checkpoint at that step, rank 0 writes :data:`STOPPED_FILE`,
+and the workers end with status 0.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -31,27 +34,34 @@ WORD_FILE = "preempt"  # in the run's work directory: written by the launcher, r
 STOPPED_FILE = "preempted.json"  # in the work directory: rank 0's record of the step it stopped at
 # A worker's environment: the seconds between the word and the kill (a custom program's contract)
 GRACE_ENV = "TRAINYARD_PREEMPTION_GRACE_S"
+ON_SIGTERM_ENV = "TRAINYARD_STOP_ON_SIGTERM"  # "1": SIGTERM is the word too (the pods' environment)
 LISTEN_EVERY_S = 0.5  # how often a worker looks for the word file
 
 
 class StopWord:
     """What a worker heard of the word, and what all of them agreed (:meth:`agreed`, every rank after every
-    step). Listens from its creation until :meth:`close`: SIGTERM (in the main thread only; the handler it
-    replaces comes back at ``close``) and the word file in ``work_dir``."""
+    step). Listens from its creation until :meth:`close`: the word file in ``work_dir``, and SIGTERM where
+    :data:`ON_SIGTERM_ENV` asks for it (in the main thread only; the handler it replaces comes back at
+    ``close``). Made by every rank at the same point, after the process group exists."""
 
     def __init__(self, work_dir: str, strategy: Strategy) -> None:
         self.word = Path(work_dir) / WORD_FILE
         self.strategy = strategy
         self.heard = threading.Event()
         self.pending: Callable[[], torch.Tensor] | None = None  # the flag of the step before, being reduced
+        self.steps = 0
+        self._group = _cpu_group(strategy)
         self._closed = threading.Event()
-        self._previous = None
-        if threading.current_thread() is threading.main_thread():
+        self._previous: Any = None
+        if os.environ.get(ON_SIGTERM_ENV) == "1" and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._listener = threading.Thread(target=self._listen, name="trainyard-stop-word", daemon=True)
         self._listener.start()
 
     def _on_sigterm(self, signum, frame) -> None:
+        if self.heard.is_set():  # told twice: the default, now (a rank stuck in a collective ends)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
         self.heard.set()
 
     def _listen(self) -> None:
@@ -68,9 +78,18 @@ class StopWord:
             return heard
         import torch  # imported by the worker long before: a lookup (this module is the launchers' too)
 
-        flag = torch.tensor([1.0 if heard else 0.0], dtype=torch.float32, device=self.strategy.device)
-        pending, self.pending = self.pending, self.strategy.start_mean(flag)
+        flag = torch.tensor([1.0 if heard else 0.0], dtype=torch.float32)  # on the CPU
+        pending, self.pending = self.pending, self._start(flag)
+        self.steps += 1
         return pending is not None and float(pending()[0]) > 0
+
+    def _start(self, flag: torch.Tensor) -> Callable[[], torch.Tensor]:
+        if self._group is None:  # the strategy's own collective (Horovod; gloo): two names, two in flight
+            return self.strategy.start_mean(flag, name=f"stop_word.{self.steps % 2}")
+        import torch.distributed as dist
+
+        work = dist.all_reduce(flag, group=self._group, async_op=True)
+        return lambda: (work.wait(), flag)[1]
 
     def close(self, drain: bool = True) -> None:
         """Stop listening; with ``drain``, wait for the flag still being reduced (no collective is left in
@@ -82,6 +101,18 @@ class StopWord:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+
+
+def _cpu_group(strategy: Strategy) -> Any:
+    """A gloo group of every rank for the flag where the training's torch.distributed group is not gloo
+    (NCCL: a flag on the GPU would make each read wait for the step), else None."""
+    if strategy.world == 1:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
 
 
 def say_word(work_dir: str) -> None:
@@ -109,6 +140,15 @@ def stopped_at(work_dir: str) -> int | None:
         return None
     step = record.get("step") if isinstance(record, dict) else None
     return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def regular_file(path: Path) -> os.stat_result | None:
+    """``path``'s status where it is a regular file of its own (not a link), else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
 
 
 def clear(work_dir: str) -> None:

@@ -810,3 +810,19 @@ def test_preemption_off_in_resources_yaml_leaves_borrowers_running(store, clock)
     n1 = _lender_waits_for_a_borrower(ledger, clock)
     assert ledger.request(n1).reason is WaitReason.SLOTS_IN_USE
     assert ledger.preempted_for("v2") is None
+
+
+def test_a_borrower_preempted_after_the_wait_bound_does_not_take_the_slots_back_from_the_lender(ledger, clock):
+    """v2 arrived 10 min and more ago: past scheduling.max_wait_minutes by its arrival. Requeued, its wait
+    bound counts from its return to the queue (it has run), so the lender, arrived just now, goes first."""
+    for j in (job("v1", "vision", 4), job("v2", "vision", 2), job("r1", "research", 1), job("r2", "research", 1)):
+        assert ledger.request(j).admitted
+    for _ in range(5):
+        clock.now += 121
+        for running in ("v1", "v2", "r1", "r2"):
+            assert ledger.renew(running)
+    n1 = job("n1", "nlp", 2)
+    assert ledger.request(n1).reason is WaitReason.PREEMPTING
+    ledger.requeue("v2")
+    assert not ledger.request(job("v2", "vision", 2)).admitted  # its look admits the lender, not itself
+    assert admitted(ledger) == {"v1": 0, "n1": 0, "r1": 0, "r2": 0}

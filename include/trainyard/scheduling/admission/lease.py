@@ -165,7 +165,7 @@ def hold(
         ledger.release(job.id)
         raise
     entry = next((e for e in ledger.entries() if e.job.id == job.id), None)
-    waited = None if entry is None or entry.admitted is None else max(entry.admitted - entry.enqueued, 0.0)
+    waited = None if entry is None or entry.admitted is None else max(entry.admitted - entry.waiting_from, 0.0)
     lease = Lease(devices, threading.Event(), waited, grace_s=ledger.config.scheduling.preemption.grace_seconds)
     heartbeat = _Heartbeat(ledger, job, lease, heartbeat_s)
     for_good, preempted = True, False

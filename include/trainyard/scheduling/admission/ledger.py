@@ -88,10 +88,10 @@ class Ledger:
     def _entries(conn: Connection) -> list[Entry]:
         rows = conn.execute(
             f"SELECT {JOB_COLUMNS}, enqueued, admitted, borrowed, lease_until, devices, host, preemptions, "
-            "preempted_for FROM admission"
+            "preempted_for, waiting_since FROM admission"
         ).fetchall()
         return [
-            Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else (), r[14], r[15], r[16])
+            Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else (), *r[14:18])
             for r in rows
         ]
 
@@ -212,14 +212,14 @@ class Ledger:
 
     def requeue(self, job_id: str) -> None:
         """A preempted job whose workers have ended: its slots and devices go (to the job it was preempted
-        for, at that job's next look), and it waits again, in its old place (its arrival is kept), one
-        preemption more on its count."""
+        for, at that job's next look), and it waits again, in its old place (its arrival is kept; the wait
+        bound counts from now: it has run), one preemption more on its count."""
         with self.db.transaction() as conn:
             now = self._now(conn)
             conn.execute(
                 "UPDATE admission SET admitted = NULL, borrowed = 0, devices = '', host = '', preempted_for = '', "
-                "preemptions = preemptions + 1, lease_until = ? WHERE id = ?",
-                (now + WAITING_LEASE_S, job_id),
+                "preemptions = preemptions + 1, waiting_since = ?, lease_until = ? WHERE id = ?",
+                (now, now + WAITING_LEASE_S, job_id),
             )
 
     def release(self, job_id: str) -> None:

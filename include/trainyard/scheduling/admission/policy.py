@@ -62,6 +62,13 @@ class Entry:
     host: str = ""  # the worker host whose devices those are ("": a ledger of one host, from before hosts)
     preemptions: int = 0  # how often it was preempted so far
     preempted_for: str = ""  # the job it is being preempted for, until its processes have ended
+    waiting_since: float = 0.0  # a preempted job: when it waits again (0: since its arrival)
+
+    @property
+    def waiting_from(self) -> float:
+        """Since when it waits for slots: its arrival, or a preempted job's return to the queue. The wait
+        bound counts from it (a preempted job has run: it does not pass the job it gave its slots to)."""
+        return max(self.enqueued, self.waiting_since)
 
     @property
     def group_member(self) -> bool:
@@ -448,7 +455,7 @@ def _plan_type(
         return used[job.team] + job.slots <= config.quota(job.team, gpu_type)
 
     def key(e: Entry) -> tuple:
-        return (now - e.enqueued < max_wait, not within(e.job), -e.job.priority, e.enqueued, e.job.id)
+        return (now - e.waiting_from < max_wait, not within(e.job), -e.job.priority, e.enqueued, e.job.id)
 
     after, claimed = _after_preemptions(entries, gpu_type, used), set[str]()
     no_borrowing: Verdict | None = None
@@ -471,7 +478,7 @@ def _plan_type(
             and _would_delay(config, starving.job, job, used, running, now)
         ):
             # what it would take, the starving job needs; other teams still get their own quota
-            waited = (now - starving.enqueued) / 60
+            waited = (now - starving.waiting_from) / 60
             message = f"behind {_seen_by_all(starving.job)}, which has waited {waited:.0f} min"
             room = Verdict.wait(WaitReason.RESERVATION, message)
         cost = 0.0
@@ -491,7 +498,7 @@ def _plan_type(
             verdicts.update(preempting or {job.id: room})
             room = verdicts[job.id]
             fleet = room.reason is not None and room.reason.fleet
-            if fleet and starving is None and now - e.enqueued >= max_wait:
+            if fleet and starving is None and now - e.waiting_from >= max_wait:
                 starving = e
             if fleet and within(job):
                 message = f"no borrowing while {_seen_by_all(job)} waits for its team's own quota"

@@ -61,7 +61,7 @@ from trainyard.scheduling.resources import ResourcesConfig, resources_in_force
 from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
 from trainyard.training.launchers.base import Interval, Launcher, time_left
-from trainyard.training.preemption import GRACE_ENV
+from trainyard.training.preemption import GRACE_ENV, ON_SIGTERM_ENV
 from trainyard.training.run_config import RunConfig, work_dir
 
 TRAINER_UID = 50000  # the user the trainer image runs as (Dockerfile ARG TRAINER_UID)
@@ -364,7 +364,12 @@ def pod_template(request: PodRequest, config: ResourcesConfig) -> k8s.V1PodTempl
         image=(spec.custom.image if spec.custom and spec.custom.image else None) or k.image,
         image_pull_policy=k.image_pull_policy,
         command=worker_command(spec, run_key, config_path, attempt=attempt),
-        env=[*_env(spec, run_key, config_path, attempt, request.data_dir), k8s.V1EnvVar(GRACE_ENV, str(grace))],
+        # an eviction (Kueue's preemption) is SIGTERM: the workers' word to checkpoint (torchrun forwards it)
+        env=[
+            *_env(spec, run_key, config_path, attempt, request.data_dir),
+            k8s.V1EnvVar(GRACE_ENV, str(grace)),
+            k8s.V1EnvVar(ON_SIGTERM_ENV, "1"),
+        ],
         ports=ports,
         resources=_resources(spec),
         volume_mounts=[

@@ -199,17 +199,23 @@ class LocalLauncher(Launcher):
         told = None
         if preemption is not None:
             preempting.clear(work)  # no word or record of an earlier try
-            told = _Told(preemption, _word_for(plan))
+            told = _Told(preemption, _word_for(plan), on_line)
             plan = dataclasses.replace(
                 plan, command=Command(plan.command.argv, {**plan.command.env, GRACE_ENV: f"{preemption.grace_s:g}"})
             )
         try:
             self._launch(plan, on_line, stop, told)
         except Preempted as preempted:
-            if told is None or (not told.killed.is_set() and _finished(plan)):
+            assert told is not None  # raised only once told
+            if not told.killed.is_set() and _finished(plan, told.since):
                 # the word came as the workers finished: their result stands
                 on_line("preempted as the training ended: its result stands")
                 return
+            if not plan.custom and not told.killed.is_set() and preempting.stopped_at(work) is None:
+                raise LaunchError(
+                    f"the workers failed after the word to stop, not on it: {preempted}; last lines:\n"
+                    + "\n".join(preempted.last if isinstance(preempted, _EndedWhenTold) else [])
+                ) from None
             raise _preempted(plan, told, preempted) from None
 
     def _launch(
@@ -321,19 +327,35 @@ def _naming_the_limit(reached: Callable[[], limits.LimitReached | None]):
         raise
 
 
+class _EndedWhenTold(Preempted):
+    """:func:`run`'s word that the workers ended after a preemption's word (with their exit status and last
+    lines): the launcher says what that was."""
+
+    def __init__(self, rc: int, last: list[str]) -> None:
+        super().__init__(f"exit status {rc}")
+        self.last = last
+
+
 class _Told:
     """A preemption as one launch follows it: how its workers are told (``tell``, given the launcher's
-    process), and whether they were killed after the grace."""
+    process), whether they were (``told``: the word came while they ran) and killed after the grace."""
 
-    def __init__(self, preemption: Preemption, tell: Callable[[subprocess.Popen], None]) -> None:
-        self.preemption, self.tell = preemption, tell
-        self.killed = threading.Event()
+    def __init__(
+        self, preemption: Preemption, tell: Callable[[subprocess.Popen], None], on_line: Callable[[str], None]
+    ) -> None:
+        self.preemption, self.tell, self.on_line = preemption, tell, on_line
+        self.since = time.time()  # the launch's start: what its workers write is newer
+        self.told, self.killed = threading.Event(), threading.Event()
 
     def follow(self, proc: subprocess.Popen) -> None:
         """Once the word is set: tell the workers, give them the grace, kill them after it."""
         while proc.poll() is None:
             if self.preemption.word.wait(1.0):
-                self.tell(proc)
+                self.told.set()
+                try:
+                    self.tell(proc)
+                except OSError as err:  # they are not told: the grace runs out and they are killed
+                    self.on_line(f"preempted: could not tell the workers ({err}); they are killed after the grace")
                 try:
                     proc.wait(timeout=self.preemption.grace_s)
                 except subprocess.TimeoutExpired:  # the grace was theirs: killed now, not told again
@@ -358,11 +380,15 @@ def _word_for(plan: LocalPlan) -> Callable[[subprocess.Popen], None]:
     return lambda proc: preempting.say_word(work)
 
 
-def _finished(plan: LocalPlan) -> bool:
-    """Whether a built-in trainer's workers ended with their result (train_result.json) and not on the word:
-    told as they finished, they finished. A custom program told is taken as stopped by it."""
+def _finished(plan: LocalPlan, since: float) -> bool:
+    """Whether a built-in trainer's workers ended with their result (a train_result.json written since
+    ``since``, the launch's start) and not on the word: told as they finished, they finished. A custom
+    program told is taken as stopped by it."""
     work = work_dir(plan.run_dir)
-    return not plan.custom and preempting.stopped_at(work) is None and Path(work, "train_result.json").is_file()
+    if plan.custom or preempting.stopped_at(work) is not None:
+        return False
+    result = preempting.regular_file(Path(work, "train_result.json"))
+    return result is not None and result.st_mtime >= since
 
 
 def _preempted(plan: LocalPlan, told: _Told, error: Preempted) -> Preempted:
@@ -498,8 +524,8 @@ def run(
             f"resources.max_hours: the workers were stopped after {hours:.3g} hour(s), what was left of the "
             f"run's max_hours; raise it to train longer (the newest checkpoint is kept)"
         )
-    if told is not None and told.preemption.word.is_set():  # the launcher decides whether they had finished
-        raise Preempted(f"exit status {rc}")
+    if told is not None and told.told.is_set():  # the launcher decides whether they had finished
+        raise _EndedWhenTold(rc, list(last))
     if stop is not None and stop.is_set():  # whatever the workers exited with, they did not finish
         raise WorkersStopped(f"{' '.join(argv[:3])} was stopped (exit status {rc}); last lines:\n" + "\n".join(last))
     if rc != 0:

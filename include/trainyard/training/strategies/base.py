@@ -104,9 +104,10 @@ class Strategy:
         (None where the strategy cannot give it)."""
         raise NotImplementedError
 
-    def start_mean(self, t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def start_mean(self, t: torch.Tensor, name: str = "train_loss") -> Callable[[], torch.Tensor]:
         """Start averaging ``t`` over the workers (every rank calls it, in the same order) and return what
-        waits for the mean: the collective runs beside the steps that follow instead of holding them."""
+        waits for the mean: the collective runs beside the steps that follow instead of holding them.
+        ``name``: the collective's, where the strategy names them (Horovod refuses a name still in flight)."""
         raise NotImplementedError
 
     def barrier(self) -> None:

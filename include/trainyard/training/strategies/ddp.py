@@ -31,7 +31,7 @@ class DDPStrategy(TorchStrategy):
             return model
         return DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None)
 
-    def start_mean(self, t):
+    def start_mean(self, t, name="train_loss"):
         return start_all_reduce_mean(t, self.world)
 
     def barrier(self) -> None:

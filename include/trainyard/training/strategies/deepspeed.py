@@ -232,7 +232,7 @@ class DeepSpeedStrategy(Strategy):
         norm = self.engine.get_global_grad_norm()
         return norm if norm is not None else local
 
-    def start_mean(self, t):
+    def start_mean(self, t, name="train_loss"):
         return start_all_reduce_mean(t, self.world)
 
     def barrier(self) -> None:

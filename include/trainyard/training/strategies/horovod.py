@@ -91,8 +91,8 @@ class HorovodStrategy(TorchStrategy):
         with self.opt.skip_synchronize():
             super().optimizer_step()
 
-    def start_mean(self, t):
-        handle = self.hvd.allreduce_async(t.detach(), op=self.hvd.Average, name="train_loss")
+    def start_mean(self, t, name="train_loss"):
+        handle = self.hvd.allreduce_async(t.detach(), op=self.hvd.Average, name=name)
         return lambda: self.hvd.synchronize(handle)
 
     def barrier(self) -> None:
