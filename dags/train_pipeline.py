@@ -85,6 +85,7 @@ ON_GPUS: dict[str, Any] = {
     "weight_rule": "absolute",
     **AT_TRAINING_END,
 }
+RESCHEDULE_MIN_S = 10.0  # the least a training task that waits for its GPUs again is rescheduled by
 default_args = {
     "owner": "trainyard",
     "retries": 1,
@@ -252,7 +253,9 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
         ):
             return work(lease)
     except (NotAdmitted, Preempted) as err:
-        poll_s = ledger.config.scheduling.admission_poll_seconds
+        # Not sooner than RESCHEDULE_MIN_S: a task the scheduler queues again before this process has ended
+        # (its log upload, under load, took 2.3 s) is failed as "killed externally" when the exit is reported
+        poll_s = max(ledger.config.scheduling.admission_poll_seconds, RESCHEDULE_MIN_S)
         logging.getLogger(__name__).info("%s; looking again in %ss", err, poll_s)
         again = datetime.now(UTC) + timedelta(seconds=poll_s)
         raise AirflowRescheduleException(again) from None

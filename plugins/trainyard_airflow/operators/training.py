@@ -339,11 +339,10 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
         if event.get("status") == "suspended":  # preempted by its queue: wait for it to be admitted again
             self._wait_readmitted(event)
         if event.get("status") == "readmitted":  # its pods anew: the training resumes from its checkpoint
-            self.log.info(
-                "Job %s was admitted again; its pods %s resume the training", event["name"], event["pod_names"]
-            )
-            pods = list(event["pod_names"])
-            self._defer(event["name"], event["namespace"], pods, notice_after=self._long_training_after())
+            with self._aborted_on_failure(context):  # max_hours used up meanwhile: the Job goes, the try fails
+                self._readmitted(event)
+                pods = list(event["pod_names"])
+                self._defer(event["name"], event["namespace"], pods, notice_after=self._long_training_after())
         with self._aborted_on_failure(context):
             result = super().execute_complete(context, event, **kwargs)
         self._finish()
@@ -377,6 +376,24 @@ class KubernetesTrainingJobOperator(_TrainingRun, KubernetesJobOperator):
             ),
             method_name="execute_complete",
         )
+
+    def _readmitted(self, event: dict) -> None:
+        """The Job admitted again: Kubernetes restarts its ``activeDeadlineSeconds`` on resuming, so it is
+        set to what is left of ``resources.max_hours`` after the time already trained; the budget
+        reservation is renewed for the rest (one the budget no longer covers is logged: the queue admitted
+        the Job, and its spend is counted as it trains)."""
+        from trainyard.training.launchers.base import time_left
+
+        name = event["name"]
+        left = max(1, int(time_left(self.job_spec, self._run_dir)))  # MaxHoursReached where none is
+        self.log.info(
+            "Job %s was admitted again; its pods %s resume the training (%ds left)", name, event["pod_names"], left
+        )
+        try:
+            self.hook.patch_namespaced_job(name, event["namespace"], {"spec": {"activeDeadlineSeconds": left}})
+            self._reserve()
+        except Exception as err:  # noqa: BLE001 - the training goes on; its usage is recorded when it ends
+            self.log.warning("Job %s: could not renew its deadline or its budget reservation: %s", name, err)
 
     def on_kill(self) -> None:
         self.abort(None)

@@ -56,12 +56,14 @@ async def first_event_or_none(
     of them however long."""
     first = asyncio.ensure_future(anext(events.__aiter__()))
     waiting = {first} if otherwise is None else {first, asyncio.ensure_future(otherwise)}
-    done, pending = await asyncio.wait(
-        waiting, timeout=None if within is None else max(0.0, within), return_when=asyncio.FIRST_COMPLETED
-    )
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    try:
+        done, _ = await asyncio.wait(
+            waiting, timeout=None if within is None else max(0.0, within), return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:  # also when this trigger is cancelled itself: nothing of it polls on in the triggerer
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
     if not done:
         return None
     return first.result() if first in done else done.pop().result()  # the Job's own end comes first
@@ -111,9 +113,11 @@ class TrainingJobTrigger(KubernetesJobTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         deadline = time.monotonic() + self.schedule_timeout
-        while waiting := unscheduled(
-            [await self.hook.get_pod(name=n, namespace=self.pod_namespace) for n in self.pod_names]
-        ):
+        while waiting := await self._unscheduled():
+            if await self._suspended():  # preempted before its pods were placed (their deletion, a 404)
+                self._fired = True
+                yield self._event("suspended", f"Job {self.job_name} was suspended (a preemption by its queue)")
+                return
             if time.monotonic() >= deadline:
                 self._fired = True
                 yield self._event(
@@ -131,40 +135,63 @@ class TrainingJobTrigger(KubernetesJobTrigger):
             return
         yield event
 
+    async def _unscheduled(self) -> list[str]:
+        """:func:`unscheduled` of the pods; one gone (a suspension deleted it) counts as not placed."""
+        pods = []
+        for name in self.pod_names:
+            try:
+                pods.append(await self.hook.get_pod(name=name, namespace=self.pod_namespace))
+            except async_client.ApiException as err:
+                if err.status != 404:
+                    raise
+                return [name]
+        return unscheduled(pods)
+
+    async def _suspended(self) -> bool:
+        job = await self.hook.get_job_status(name=self.job_name, namespace=self.job_namespace)
+        return job.spec is not None and bool(job.spec.suspend)
+
     async def _suspension(self) -> TriggerEvent:
-        """The event once the Job is suspended: Kueue preempted it, and its pods are being stopped."""
+        """The event once the Job is suspended: Kueue preempted it, and its pods are being stopped. An API
+        error is looked at again at the next poll (the provider's own wait fails the try on one)."""
         while True:
-            job = await self.hook.get_job_status(name=self.job_name, namespace=self.job_namespace)
-            if job.spec is not None and job.spec.suspend:
-                return self._event("suspended", f"Job {self.job_name} was suspended (a preemption by its queue)")
+            try:
+                if await self._suspended():
+                    return self._event("suspended", f"Job {self.job_name} was suspended (a preemption by its queue)")
+            except Exception as err:  # noqa: BLE001 - retried: a transient error must not end the training's watch
+                self.log.warning("could not read Job %s (%s); looking again", self.job_name, err)
             await asyncio.sleep(self.poll_interval)
 
     async def on_kill(self) -> None:
         if self._fired:  # the operator resumes and cleans up itself
             return
-        async with self.hook.get_conn() as connection:
+        await delete_training_job(self.hook, self.job_name, self.job_namespace, self.service_name)
+
+
+async def delete_training_job(hook: Any, name: str, namespace: str, service: str | None) -> None:
+    """Delete a training's Job (its pods go with it) and its headless Service; one already gone is fine."""
+    async with hook.get_conn() as connection:
+        try:
+            await async_client.BatchV1Api(connection).delete_namespaced_job(
+                name=name, namespace=namespace, propagation_policy="Background"
+            )
+        except async_client.ApiException as err:
+            if err.status != 404:
+                raise
+        if service:
             try:
-                await async_client.BatchV1Api(connection).delete_namespaced_job(
-                    name=self.job_name, namespace=self.job_namespace, propagation_policy="Background"
-                )
+                await async_client.CoreV1Api(connection).delete_namespaced_service(name=service, namespace=namespace)
             except async_client.ApiException as err:
                 if err.status != 404:
                     raise
-            if self.service_name:
-                try:
-                    await async_client.CoreV1Api(connection).delete_namespaced_service(
-                        name=self.service_name, namespace=self.job_namespace
-                    )
-                except async_client.ApiException as err:
-                    if err.status != 404:
-                        raise
 
 
 class ReadmittedJobTrigger(BaseTrigger):
     """A training Job that its queue (Kueue) suspended, waited for until it is admitted again (``spec.suspend``
     false) and the Job controller has made its ``parallelism`` pods anew (none of ``stopped``, the pods it
     stopped); ends with ``readmitted`` and their names, in index order. Past ``timeout`` seconds
-    (``kubernetes.schedule_timeout_s``) it ends with ``error``, and the try fails."""
+    (``kubernetes.schedule_timeout_s``) it ends with ``error``, and the try fails. Killed while it waits
+    ("mark failed", a clear), it deletes the Job and its Service: readmitted later, nobody would watch it."""
 
     def __init__(
         self,
@@ -185,6 +212,7 @@ class ReadmittedJobTrigger(BaseTrigger):
         self.stopped, self.timeout, self.poll_interval = list(stopped), timeout, poll_interval
         self.kubernetes_conn_id, self.cluster_context = kubernetes_conn_id, cluster_context
         self.config_file, self.in_cluster = config_file, in_cluster
+        self._fired = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -229,6 +257,7 @@ class ReadmittedJobTrigger(BaseTrigger):
                 pods = [p for p in await self.job_pods() if p.metadata.name not in self.stopped]
                 if len(pods) >= self.parallelism:
                     pods.sort(key=lambda p: int((p.metadata.annotations or {}).get(INDEX_ANNOTATION, 0)))
+                    self._fired = True
                     yield TriggerEvent({**event, "status": "readmitted", "pod_names": [p.metadata.name for p in pods]})
                     return
             await asyncio.sleep(self.poll_interval)
@@ -237,7 +266,13 @@ class ReadmittedJobTrigger(BaseTrigger):
             f"kubernetes.schedule_timeout_s={self.timeout:g}s; see `kubectl describe job -n {self.job_namespace} "
             f"{self.job_name}`"
         )
+        self._fired = True
         yield TriggerEvent({**event, "status": "error", "message": message, "pod_names": []})
+
+    async def on_kill(self) -> None:
+        if self._fired:  # the operator resumes and cleans up itself
+            return
+        await delete_training_job(self.hook, self.job_name, self.job_namespace, self.job_name)
 
 
 class TrainingPodTrigger(KubernetesPodTrigger):

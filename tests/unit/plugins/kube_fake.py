@@ -170,9 +170,10 @@ class FakeKubernetes:
             return 404, self._status(404, f'{plural} "{name}" not found')
         if method == "GET":
             return (200, self.logs.get(name, "").encode()) if sub == "log" else (200, self.objects[key])
-        if method == "PATCH":
+        if method == "PATCH":  # a merge patch of the labels and of the spec's top-level fields
             labels = ((body or {}).get("metadata") or {}).get("labels") or {}
             self.objects[key]["metadata"].setdefault("labels", {}).update(labels)
+            self.objects[key].setdefault("spec", {}).update((body or {}).get("spec") or {})
             return 200, self.objects[key]
         if method == "DELETE":
             self._delete(key, query.get("propagationPolicy", "Background"))

@@ -2,6 +2,7 @@
 Kubernetes REST API (``kube_fake``): what execute creates is deleted on kill, timeout, deferral timeout and
 any exception; waiting is deferred to a trigger; each try records the pods' running time, not queue time."""
 
+import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
@@ -439,9 +440,12 @@ def test_the_trigger_fails_pods_that_are_not_scheduled_in_time(run, cluster):
     trigger.schedule_timeout = 0
     api = cluster.api_client()
 
-    class PodReader:  # the async hook's get_pod, answered by the fake
+    class PodReader:  # the async hook's get_pod and get_job_status, answered by the fake
         async def get_pod(self, name, namespace):
             return client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
+
+        async def get_job_status(self, name, namespace):
+            return client.BatchV1Api(api).read_namespaced_job_status(name=name, namespace=namespace)
 
     trigger.__dict__["hook"] = PodReader()
 
@@ -607,7 +611,8 @@ def test_a_job_its_queue_suspends_waits_without_failing_and_trains_on_in_its_new
     name = K.job_name(SPEC_MODEL, RUN_KEY, attempt=3)
     first = cluster.pods_of(name)
     assert first[0]["spec"]["terminationGracePeriodSeconds"] == 30  # resources.yaml's preemption grace
-    cluster.schedule(first, started=STARTED)
+    started = time.time() - 600  # ten minutes ago; still running as the suspension stops them
+    cluster.schedule(first, started=started)
     api = cluster.api_client()
 
     class Hook:  # the async hook: the fake's pods and Job, and a Job that does not end of itself
@@ -632,7 +637,7 @@ def test_a_job_its_queue_suspends_waits_without_failing_and_trains_on_in_its_new
     assert isinstance(readmission, ReadmittedJobTrigger) and waiting.value.method_name == "execute_complete"
     assert ReadmittedJobTrigger(**readmission.serialize()[1]).serialize() == readmission.serialize()
     (record,) = usage.tries(run.run_dir)  # the time its first pods trained is counted, once
-    assert record["started"] == STARTED and record["gpus"] == 8
+    assert record["started"] == pytest.approx(started, abs=1) and record["gpus"] == 8
     assert cluster.names("jobs") == cluster.names("services") == [name]  # nothing deleted: it trains on
     assert RUN_KEY in budgets.reservations(paths.runs_root())  # its budget stays reserved while it waits
 
@@ -652,3 +657,7 @@ def test_a_job_its_queue_suspends_waits_without_failing_and_trains_on_in_its_new
         launcher(run).execute_complete(context(), readmitted)
     assert isinstance(follows.value.trigger, TrainingJobTrigger)
     assert follows.value.trigger.pod_names == readmitted["pod_names"]
+    # Kubernetes restarts the deadline as it resumes a Job: set to what max_hours has left after the first pods
+    ran = record["ended"] - record["started"]
+    deadline = cluster.objects[("jobs", "trainyard-vision", name)]["spec"]["activeDeadlineSeconds"]
+    assert deadline == pytest.approx(SPEC_MODEL.resources.max_hours * 3600 - ran, abs=2)
