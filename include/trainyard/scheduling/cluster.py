@@ -10,10 +10,13 @@
   limit and lending limit per flavor, a LocalQueue in the team's namespace, and a WorkloadPriorityClass per
   priority class.
 
-On a cluster Kueue does what the admission ledger does locally (``admission/policy.py``), with one difference:
-lent quota is taken back by preemption (``reclaimWithinCohort: Any``) instead of waiting for the borrowers
-to finish. ``flavorFungibility.whenCanBorrow: TryNextFlavor`` makes a team use its own quota of a later
-flavor before borrowing an earlier one.
+On a cluster Kueue does what the admission ledger does locally (``admission/policy.py``), preemption included
+as resources.yaml says: lent quota is taken back from the borrowers (``reclaimWithinCohort: Any``) where
+``scheduling.preemption.enabled``, and within a team whose policy says ``preempt_by_priority``, a higher
+priority preempts a lower one (``withinClusterQueue: LowerPriority``). (Kueue knows nothing of the ledger's
+minimum runtime, its count of preemptions per job or its sparing of a sweep's trials.)
+``flavorFungibility.whenCanBorrow: TryNextFlavor`` makes a team use its own quota of a later flavor before
+borrowing an earlier one.
 
 Units: ``nvidia.com/gpu`` counts GPUs, or shares on a time-sliced type (the device plugin advertises each
 replica as one). A type with ``mig_profiles`` is partitioned (the mixed strategy): it offers its slices, each
@@ -166,7 +169,10 @@ def _team_queues(config: ResourcesConfig, team: str) -> list[dict]:
                 "namespaceSelector": {"matchLabels": {TEAM_LABEL: team}},
                 "queueingStrategy": "BestEffortFIFO",
                 "flavorFungibility": {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor"},
-                "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"},
+                "preemption": {
+                    "reclaimWithinCohort": "Any" if config.scheduling.preemption.enabled else "Never",
+                    "withinClusterQueue": "LowerPriority" if config.teams[team].policy.preempt_by_priority else "Never",
+                },
                 "resourceGroups": _resource_groups(config, team),
             },
         },

@@ -783,7 +783,8 @@ def test_a_lender_takes_its_quota_back_and_the_borrower_waits_again_in_its_place
     assert ledger.request(n1).reason is WaitReason.PREEMPTING
     assert admitted(ledger) == {"v1": 0, "v2": 2, "r1": 0, "r2": 0}
     shown = {e.job.id: v for e, v in ledger.standing()}
-    assert shown["v2"].standing is Standing.PREEMPTED and shown["v2"].message.startswith("preempted for n1")
+    assert shown["v2"].standing is Standing.PREEMPTED
+    assert shown["v2"].message.startswith("preempted for team nlp's job of 2 a100 slot(s) within its quota")
     ledger.requeue("v2")  # its training stopped at a checkpoint
     assert ledger.request(n1).admitted
     again = ledger.request(job("v2", "vision", 2))

@@ -211,3 +211,24 @@ def test_cli_prints_the_manifests_for_kubectl(capsys):
     assert main(["cluster", "manifests"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert docs == cluster.manifests(load_resources())
+
+
+def test_kueue_preempts_as_resources_yaml_says():
+    """reclaimWithinCohort follows scheduling.preemption.enabled; withinClusterQueue a team's
+    preempt_by_priority, as the local ledger does."""
+
+    def preemption(fleet: str) -> dict[str, dict]:
+        objs = cluster.manifests(parse_resources(fleet))
+        return {o["metadata"]["name"]: o["spec"]["preemption"] for o in objs if o["kind"] == "ClusterQueue"}
+
+    by_default = preemption(FLEET)
+    assert {p["reclaimWithinCohort"] for p in by_default.values()} == {"Any"}
+    assert {p["withinClusterQueue"] for p in by_default.values()} == {"Never"}
+    assert {
+        p["reclaimWithinCohort"] for p in preemption(FLEET + "scheduling: {preemption: {enabled: false}}\n").values()
+    } == {"Never"}
+    by_priority = preemption(
+        FLEET.replace("borrowing_limit: {a100: 2}}", "borrowing_limit: {a100: 2}, policy: {preempt_by_priority: true}}")
+    )
+    assert by_priority["trainyard-vision"]["withinClusterQueue"] == "LowerPriority"
+    assert by_priority["trainyard-nlp"]["withinClusterQueue"] == "Never"

@@ -87,8 +87,11 @@ class _Heartbeat:
         renewed = time.monotonic()
         while not self.stop.wait(min(self.every, WORD_POLL_S)):
             try:
-                if not self.lease.preempted.is_set() and (preemptor := ledger.preempted_for(job.id)):
-                    log.warning("%s is preempted for %s: its workers checkpoint and stop", job.id, preemptor)
+                if not self.lease.preempted.is_set() and ledger.preempted_for(job.id):
+                    # (the job it gives its slots to may be another team's: not named in this team's log)
+                    log.warning(
+                        "%s is preempted for a job within its team's quota: its workers checkpoint and stop", job.id
+                    )
                     self.lease.preempted.set()
                 if time.monotonic() - renewed < self.every:
                     continue

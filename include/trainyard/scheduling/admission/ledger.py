@@ -23,6 +23,7 @@ from trainyard.scheduling.admission.policy import (
     beyond_quota,
     inadmissible,
     plan,
+    preempted_for,
 )
 from trainyard.scheduling.ledger_db import Connection, open_db, shared_database_url
 from trainyard.scheduling.resources import ResourcesConfig
@@ -325,7 +326,8 @@ class Ledger:
         rows = []
         for e in sorted(entries, key=lambda e: (e.admitted is None, place.get(e.job.id, len(place)), e.enqueued)):
             if e.admitted is not None and e.preempted_for:
-                rows.append((e, preempted(e)))
+                preemptor = next((p.job for p in entries if p.job.id == e.preempted_for), None)
+                rows.append((e, preempted_for(preemptor) if preemptor else Verdict(Standing.PREEMPTED, "preempted")))
             elif e.admitted is not None:
                 rows.append((e, Verdict.admit(e.job, e.borrowed)))
             elif e not in known:
@@ -335,12 +337,6 @@ class Ledger:
             else:
                 rows.append((e, verdicts[e.job.id]))
         return rows
-
-
-def preempted(entry: Entry) -> Verdict:
-    """What the ledger says of an admitted job being preempted, until its workers have ended."""
-    message = f"preempted for {entry.preempted_for}: checkpointing and giving its slots back"
-    return Verdict(Standing.PREEMPTED, message, preempted_for=entry.preempted_for)
 
 
 def ledger_location() -> str | Path:

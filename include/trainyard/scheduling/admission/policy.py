@@ -314,11 +314,14 @@ def _preempting(
         f"reclaiming {slots} {job.gpu_type} slot(s) of team {job.team}'s quota from {named}; "
         "it starts when they have stopped"
     )
-    told = f"preempted: team {job.team}'s job within its quota reclaims the slots; checkpointing and giving them back"
-    return {
-        job.id: Verdict.wait(WaitReason.PREEMPTING, wait),
-        **{v.job.id: Verdict(Standing.PREEMPTED, told, preempted_for=job.id) for v in victims},
-    }
+    return {job.id: Verdict.wait(WaitReason.PREEMPTING, wait), **{v.job.id: preempted_for(job) for v in victims}}
+
+
+def preempted_for(job: Job) -> Verdict:
+    """The verdict on a running job preempted for ``job`` (named as every team may read it), until its
+    processes have ended."""
+    message = f"preempted for {_seen_by_all(job)} within its quota: checkpointing and giving its slots back"
+    return Verdict(Standing.PREEMPTED, message, preempted_for=job.id)
 
 
 def _reserved_start(free: int, running: list[tuple[float, int, str]], need: int, now: float) -> float:

@@ -368,7 +368,8 @@ class _Told:
 def _word_for(plan: LocalPlan) -> Callable[[subprocess.Popen], None]:
     """How a plan's workers hear the word: a custom program gets SIGTERM (its launcher's process group);
     the built-in trainers' workers the word file in their work directory (trainyard.training.preemption:
-    torchrun would kill them 30 s after a signal of its own, and the sandbox forwards none)."""
+    a signal would reach torchrun too, which kills its workers 30 s after one of its own, and their DataLoader
+    processes)."""
     if plan.custom:
 
         def sigterm(proc: subprocess.Popen) -> None:
