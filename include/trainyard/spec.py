@@ -279,8 +279,9 @@ class KubernetesSpec(_Model):
         le=3600,
         description=(
             "seconds the pods have from SIGTERM (Kueue's preemption, a deletion) to SIGKILL to checkpoint and "
-            "end (terminationGracePeriodSeconds, and TRAINYARD_PREEMPTION_GRACE_S in the container); default: "
-            "resources.yaml scheduling.preemption.grace_seconds"
+            "end (terminationGracePeriodSeconds, and TRAINYARD_PREEMPTION_GRACE_S in the container; a built-in "
+            "trainer's torchrun kills its workers 30 s after the signal); default: resources.yaml "
+            "scheduling.preemption.grace_seconds"
         ),
     )
 

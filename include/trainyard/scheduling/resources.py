@@ -109,7 +109,8 @@ class TeamPolicy(_Model):
         False,
         description=(
             "whether a job of the team whose quota its own jobs fill preempts the team's jobs of a lower "
-            "resources.priority (as other teams' borrowers are preempted: checkpoint, wait again, resume)"
+            "resources.priority (as other teams' borrowers are preempted: checkpoint, wait again, resume), "
+            "where scheduling.preemption.enabled"
         ),
     )
 

@@ -93,7 +93,9 @@ def test_plan_with_preemption_says_who_preempts_whom_and_the_lender_waits_for_th
         "reclaiming 4 a100 slot(s) of team vision's quota from team nlp's job of 4 a100 slot(s); "
         "it starts when they have stopped"
     )
-    assert victim.standing is Standing.PREEMPTED and "preempted for team vision's job of 2 a100 slot(s)" in victim.message
+    assert (
+        victim.standing is Standing.PREEMPTED and "preempted for team vision's job of 2 a100 slot(s)" in victim.message
+    )
     # while the victim checkpoints, the lender's next look waits for it and preempts nothing more
     marked = [entries[0], Entry(**{**vars(entries[1]), "preempted_for": "vision/a"}), entries[2]]
     again = plan(FLEET, marked, NOW + 10, preemption=RULES)
