@@ -35,6 +35,8 @@ from trainyard.errors import RetryableError
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS arrivals (id TEXT PRIMARY KEY, enqueued DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS cancelled (id TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL, reason TEXT NOT NULL)",
+    # a job's preemptions, kept apart from its row as its arrival is (a row whose lease ran out goes)
+    "CREATE TABLE IF NOT EXISTS preempted (id TEXT PRIMARY KEY, times INTEGER NOT NULL, at DOUBLE PRECISION NOT NULL)",
     """CREATE TABLE IF NOT EXISTS admission (
     id TEXT PRIMARY KEY,
     team TEXT NOT NULL,

@@ -791,6 +791,11 @@ def test_a_lender_takes_its_quota_back_and_the_borrower_waits_again_in_its_place
     assert not again.admitted
     (v2,) = [e for e in ledger.entries() if e.job.id == "v2"]
     assert (v2.admitted, v2.preemptions, v2.preempted_for, v2.enqueued) == (None, 1, "", arrived)
+    # its waiting row runs out (nobody looked for 2 min) and is made anew: the count and the clock stay
+    clock.now += WAITING_LEASE_S + 1
+    assert not ledger.request(job("v2", "vision", 2)).admitted
+    (again,) = [e for e in ledger.entries() if e.job.id == "v2"]
+    assert (again.preemptions, again.waiting_since, again.enqueued) == (1, v2.waiting_since, arrived)
 
 
 def test_a_training_hears_its_preemption_through_its_lease_and_its_slots_go_to_the_lender(ledger, clock):

@@ -112,6 +112,7 @@ class Ledger:
         self._drop_lapsed(conn, now)
         conn.execute("DELETE FROM arrivals WHERE enqueued < ?", (now - ARRIVAL_KEPT_S,))
         conn.execute("DELETE FROM cancelled WHERE at < ?", (now - ARRIVAL_KEPT_S,))
+        conn.execute("DELETE FROM preempted WHERE at < ?", (now - ARRIVAL_KEPT_S,))
         config = self.config
         entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
         verdicts = plan(config, entries, now, spend, PreemptionRules.of(config))
@@ -146,6 +147,10 @@ class Ledger:
                 "admission.lease_until THEN excluded.lease_until ELSE admission.lease_until END",
                 (*_job_row(job), arrived, now + WAITING_LEASE_S),
             )
+            earlier = conn.execute("SELECT times, at FROM preempted WHERE id = ?", (job.id,)).fetchone()
+            if earlier is not None:  # a row made anew (the last one's lease ran out) keeps the job's preemptions
+                sql = "UPDATE admission SET preemptions = ?, waiting_since = ? WHERE id = ? AND preemptions < ?"
+                conn.execute(sql, (earlier[0], earlier[1], job.id, earlier[0]))
             verdicts = self._decide(conn, now, spend)
             row = conn.execute("SELECT admitted, borrowed FROM admission WHERE id = ?", (job.id,)).fetchone()
             if row[0] is not None:  # its training has until then to start and take over the lease
@@ -218,9 +223,15 @@ class Ledger:
         with self.db.transaction() as conn:
             now = self._now(conn)
             conn.execute(
+                "INSERT INTO preempted (id, times, at) VALUES (?, 1, ?) "
+                "ON CONFLICT (id) DO UPDATE SET times = preempted.times + 1, at = excluded.at",
+                (job_id, now),
+            )
+            (times,) = conn.execute("SELECT times FROM preempted WHERE id = ?", (job_id,)).fetchone()
+            conn.execute(
                 "UPDATE admission SET admitted = NULL, borrowed = 0, devices = '', host = '', preempted_for = '', "
-                "preemptions = preemptions + 1, waiting_since = ?, lease_until = ? WHERE id = ?",
-                (now, now + WAITING_LEASE_S, job_id),
+                "preemptions = ?, waiting_since = ?, lease_until = ? WHERE id = ?",
+                (times, now, now + WAITING_LEASE_S, job_id),
             )
 
     def release(self, job_id: str) -> None:
@@ -229,6 +240,7 @@ class Ledger:
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
+            conn.execute("DELETE FROM preempted WHERE id = ?", (job_id,))
 
     def cancel(self, job_id: str, reason: str) -> None:
         """Take the job out of the queue for good (``trainyard queue cancel``): its row, slots and place go,
@@ -237,6 +249,7 @@ class Ledger:
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
+            conn.execute("DELETE FROM preempted WHERE id = ?", (job_id,))
             conn.execute(
                 "INSERT INTO cancelled (id, at, reason) VALUES (?, ?, ?) "
                 "ON CONFLICT (id) DO UPDATE SET at = excluded.at, reason = excluded.reason",
