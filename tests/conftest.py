@@ -157,6 +157,7 @@ LONGEST_FIRST = (  # seconds of each in a `make test` with 3 workers on 2 cores 
     "tests/integration/test_under_the_executor.py",  # ~800: one Airflow, two teams, the sandbox, a sweep, retraining
     "tests/integration/test_cluster_profile.py",  # ~580: the profile up, a sweep, a worker killed, a replay, a restart
     "tests/integration/test_rest_api.py",  # ~380: the orchestration benchmark's smoke and the queue included
+    "tests/integration/test_preemption_under_the_executor.py",  # ~150 alone: two teams' runs, one preempted
     "tests/integration/test_recipe_pipelines.py",  # ~360
     "tests/integration/test_benchmarks.py",  # ~280, the export-parity smoke included
     "tests/integration/test_train_pipeline_dag.py",  # ~130
