@@ -101,6 +101,26 @@ BENCHES = (
         in_all=False,
     ),
     Bench(
+        "preemption",
+        "Preemption: the lender's wait, the GPU time lost, and what the stop word costs the loop",
+        (
+            "bench/scheduler.py",
+            "--policy-only",
+            "1",
+            "2",
+            "3",
+            "4",
+            "5",
+            "6",
+            "--loads",
+            "1.0",
+            "1.25",
+            "1.5",
+            "--preemption",
+        ),
+        ("bench/scheduler.py", "--policy-only", "1", "--loads", "1.25", "--preemption"),
+    ),  # fmt: skip
+    Bench(
         "scheduler-celery",
         "Scheduler replay on the cluster profile: the same job stream through the CeleryExecutor, the ledger in "
         "PostgreSQL",

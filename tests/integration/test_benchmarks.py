@@ -49,9 +49,10 @@ def test_every_benchmark_runs_and_reports(tmp_path):
         r"train_pipeline\.py +19 +\d+ ms",
         r"cpu-smoke \(tiny\), batch 4, bf16, compile False, best of 1:\n +hand +\d+ tokens/s +MFU",
         r"\n +trainyard +\d+ tokens/s +MFU [\d.]+% \(6N\)",
+        r"preemption on: 1 traces, utilisation \d\.\d+x the reference at worst .* GPU-s lost at most [\d.]+%",
     ):
         assert re.search(expected, text), f"{expected!r} not in\n{text}"
-    assert text.count("\n## ") == 7
+    assert text.count("\n## ") == 8
 
 
 def test_the_gpu_benchmark_says_it_skipped_without_a_gpu(tmp_path):
