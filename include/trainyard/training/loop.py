@@ -221,6 +221,18 @@ class _Steps:
         self.window = Window()
         self.fail_at = fail_once_at()
 
+    def stopped_line(self) -> str:
+        return f"preempted: every worker stops at step {self.step}, checkpointed; a later try resumes there"
+
+    def timing(self, loop_s: float) -> dict:
+        """This try's epoch loop (steps and per-epoch validation) for the result record."""
+        return {
+            "samples_per_second": round(self.samples / loop_s, 1) if self.samples else None,
+            "loop_seconds": round(loop_s, 3),
+            "checkpoint_stall_seconds": round(self.stall, 4),  # bench/loop.py reports it as a share of a step
+            "checkpoints": self.saves,
+        }
+
     def epoch(self, loader: DataLoader, epoch: int, first: int, progress: Progress) -> None:
         """The batches of ``epoch`` from the ``first`` on (a resumed run did those before)."""
         strategy, tracker, recipe, window = self.strategy, self.tracker, self.recipe, self.window
@@ -260,6 +272,17 @@ class _Steps:
                 return
 
 
+def _resumed(strategy: Strategy, per_epoch: int) -> tuple[int, int, int]:
+    """Every rank: the newest usable checkpoint restored, and where the loop goes on (epoch, its batches
+    done, step); (0, 0, 0) where there is none."""
+    loaded = strategy.load()
+    if loaded is None:
+        return 0, 0, 0
+    source, position = loaded
+    torch.set_rng_state(position["rng"])
+    return resume_point(position, per_epoch, source, strategy.log)
+
+
 def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe | None, word: StopWord) -> dict:
     from trainyard import recipes
 
@@ -276,14 +299,8 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     total_steps = hp.epochs * per_epoch
     strategy.prepare(recipe.build_model(meta, options).to(strategy.device), total_steps)
 
-    start_epoch, skip, step, resumed_from = 0, 0, 0, None
-    loaded = strategy.load()
-    if loaded is not None:
-        source, position = loaded
-        torch.set_rng_state(position["rng"])
-        start_epoch, skip, step = resume_point(position, per_epoch, source, log)
-        resumed_from = step
-
+    start_epoch, skip, step = _resumed(strategy, per_epoch)
+    resumed_from = step if step else None
     log(
         f"strategy={strategy.name} world_size={world} {strategy.describe()} train={len(dataset)} "
         f"epochs={hp.epochs} steps/epoch={per_epoch} start_step={step} recipe={recipe.name}"
@@ -308,7 +325,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
         sampler.set_epoch(epoch, skip_samples=first * hp.batch_size)
         steps.epoch(loader, epoch, first, progress)
         if steps.stopped and steps.mid_epoch:  # the rest of the epoch, and its validation, on resuming
-            log(f"preempted: every worker stops at step {steps.step}, checkpointed; a later try resumes there")
+            log(steps.stopped_line())
             break
         metrics = {}
         if rank == 0 or strategy.evaluate_on_every_rank:
@@ -324,7 +341,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
             tracker.log([steps.step], {**metrics, "epoch": epoch + 1, **timed, **device_use(strategy)})
         strategy.barrier()
         if steps.stopped:  # at its epoch's end: the epoch validated and logged, the next one on resuming
-            log(f"preempted: every worker stops at step {steps.step}, checkpointed; a later try resumes there")
+            log(steps.stopped_line())
             break
         if pruned_at is not None:
             break
@@ -340,14 +357,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     final = strategy.final_model(recipe, meta, options)
     result: dict = {}
     if rank == 0:
-        # this try's epoch loop (steps and per-epoch validation)
-        timing = {
-            "samples_per_second": round(steps.samples / loop_s, 1) if steps.samples else None,
-            "loop_seconds": round(loop_s, 3),
-            "checkpoint_stall_seconds": round(steps.stall, 4),  # bench/loop.py reports it as a share of a step
-            "checkpoints": steps.saves,
-        }
-        result = finish(final, cfg, recipe, val, meta, steps.step, world, t0, resumed_from, timing)
+        result = finish(final, cfg, recipe, val, meta, steps.step, world, t0, resumed_from, steps.timing(loop_s))
         log(f"done: {json.dumps(result)}")
     return result
 
