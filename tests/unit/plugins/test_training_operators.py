@@ -91,6 +91,29 @@ def context(try_number: int = 3) -> dict:
     return {"ti": ti, "run_id": run_id, "dag": SimpleNamespace(), "pushed": pushed, "params": params}
 
 
+class AsyncHook:
+    """The provider's async hook as the triggers use it, answered by the fake (``api``: its client): its pods
+    and Jobs, and a Job that does not end of itself."""
+
+    def __init__(self, api) -> None:
+        self.api = api
+
+    async def get_pod(self, name, namespace):
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api).read_namespaced_pod(name=name, namespace=namespace)
+
+    async def get_job_status(self, name, namespace):
+        from kubernetes import client
+
+        return client.BatchV1Api(self.api).read_namespaced_job_status(name=name, namespace=namespace)
+
+    async def wait_until_job_complete(self, name, namespace, poll_interval):
+        import asyncio
+
+        await asyncio.sleep(3600)
+
+
 def launcher(run, spec=SPEC, **kwargs) -> KubernetesTrainingLauncher:
     return KubernetesTrainingLauncher(
         task_id="train_kubernetes", spec=spec, run_key=RUN_KEY, config_path=run.config(spec), poll_interval=0, **kwargs
@@ -432,22 +455,13 @@ def test_on_kill_before_execute_touches_nothing(run, cluster):
 def test_the_trigger_fails_pods_that_are_not_scheduled_in_time(run, cluster):
     import asyncio
 
-    from kubernetes import client
-
     with pytest.raises(TaskDeferred) as deferred:
         launcher(run).execute(context())
     trigger = deferred.value.trigger
     trigger.schedule_timeout = 0
     api = cluster.api_client()
 
-    class PodReader:  # the async hook's get_pod and get_job_status, answered by the fake
-        async def get_pod(self, name, namespace):
-            return client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
-
-        async def get_job_status(self, name, namespace):
-            return client.BatchV1Api(api).read_namespaced_job_status(name=name, namespace=namespace)
-
-    trigger.__dict__["hook"] = PodReader()
+    trigger.__dict__["hook"] = AsyncHook(api)
 
     async def first_event():
         async for event in trigger.run():
@@ -474,10 +488,7 @@ def test_a_job_running_past_its_expected_hours_tells_its_team_once_and_runs_on(r
     """The trigger ends early with ``long_training`` once the scheduled pods have run the spec's expected
     hours; the operator tells the team and defers again without it, the Job untouched; a retry that finds
     the notice given does not ask again."""
-    import asyncio
     import logging
-
-    from kubernetes import client
 
     from trainyard_airflow.notifications import long_training_marker
 
@@ -491,17 +502,7 @@ def test_a_job_running_past_its_expected_hours_tells_its_team_once_and_runs_on(r
     cluster.schedule(cluster.pods_of(name), started=STARTED)
     api = cluster.api_client()
 
-    class Hook:  # the async hook: the fake's pods and Job, and a Job that is still running
-        async def get_pod(self, name, namespace):
-            return client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
-
-        async def get_job_status(self, name, namespace):
-            return client.BatchV1Api(api).read_namespaced_job_status(name=name, namespace=namespace)
-
-        async def wait_until_job_complete(self, name, namespace, poll_interval):
-            await asyncio.sleep(3600)
-
-    trigger.__dict__["hook"] = Hook()
+    trigger.__dict__["hook"] = AsyncHook(api)
     event = _first_event(trigger)
     assert (event["status"], event["name"], event["ran_s"]) == ("long_training", name, trigger.notice_after)
 
@@ -598,7 +599,6 @@ def test_a_job_its_queue_suspends_waits_without_failing_and_trains_on_in_its_new
     to checkpoint). The trigger sees it; the operator records the pods' time so far, keeps the budget
     reservation, and waits deferred (no failure, no retry) until the Job is admitted again; then it follows
     the new pods to the Job's end."""
-    import asyncio
 
     from kubernetes import client
 
@@ -615,18 +615,8 @@ def test_a_job_its_queue_suspends_waits_without_failing_and_trains_on_in_its_new
     cluster.schedule(first, started=started)
     api = cluster.api_client()
 
-    class Hook:  # the async hook: the fake's pods and Job, and a Job that does not end of itself
-        async def get_pod(self, name, namespace):
-            return client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
-
-        async def get_job_status(self, name, namespace):
-            return client.BatchV1Api(api).read_namespaced_job_status(name=name, namespace=namespace)
-
-        async def wait_until_job_complete(self, name, namespace, poll_interval):
-            await asyncio.sleep(3600)
-
     trigger = deferred.value.trigger
-    trigger.__dict__["hook"] = Hook()
+    trigger.__dict__["hook"] = AsyncHook(api)
     cluster.suspend(name, "trainyard-vision")
     event = _first_event(trigger)
     assert (event["status"], event["name"]) == ("suspended", name)
@@ -648,7 +638,7 @@ def test_a_job_its_queue_suspends_waits_without_failing_and_trains_on_in_its_new
     async def job_pods():
         return client.CoreV1Api(api).list_namespaced_pod("trainyard-vision", label_selector=f"job-name={name}").items
 
-    readmission.__dict__["hook"] = Hook()
+    readmission.__dict__["hook"] = AsyncHook(api)
     readmission.job_pods = job_pods
     readmitted = _first_event(readmission)
     assert readmitted["status"] == "readmitted"
