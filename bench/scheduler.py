@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import heapq
 import json
@@ -65,8 +66,15 @@ from trainyard.scheduling.admission.policy import (  # noqa: E402
     Job,
     PreemptionRules,
     Standing,
-    latest_starts,
     plan,
+)
+from trainyard.scheduling.admission.starts import (  # noqa: E402
+    HISTORY_READ,
+    WAIT_FLOOR_S,
+    History,
+    StartEstimate,
+    estimate_starts,
+    wait_ratio,
 )
 from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
 from trainyard.scheduling.utilisation import SIZE_BUCKETS, Allocation  # noqa: E402
@@ -94,6 +102,7 @@ class TraceJob:
     gpu_type: str
     slots: int
     seconds: float
+    max_hours: float | None = None  # its user's resources.max_hours (None: max_hours_of's default)
 
 
 def _pick(rng: random.Random, weighted: list[tuple[object, float]]):
@@ -330,9 +339,28 @@ def _runs_by_state(af, headers) -> dict[str, int]:
 
 
 def max_hours_of(job: TraceJob) -> float:
-    """The job's ``resources.max_hours``: twice its duration, a user's estimate with room. The reservation
-    of a job past the wait bound counts on it (every running job ends by then at the latest)."""
-    return round(max(0.01, 2 * job.seconds / 3600), 3)
+    """The job's ``resources.max_hours``: its user's (:func:`with_user_estimates`), else twice its duration,
+    a user's estimate with room. The reservation of a job past the wait bound counts on it (every running
+    job ends by then at the latest)."""
+    return job.max_hours if job.max_hours is not None else round(max(0.01, 2 * job.seconds / 3600), 3)
+
+
+# How far above its duration a user sets a job's max_hours, for the start estimates' calibration: drawn per
+# job, log-uniform between 1.2x and 6x (a job stopped early, a user who leaves room, one who copies the last
+# JobSpec's), so the share of its max_hours a job uses is not the same for all, as in life.
+USER_ESTIMATE_SPREAD = (1.2, 6.0)
+
+
+def with_user_estimates(trace: list[TraceJob]) -> list[TraceJob]:
+    """``trace`` with each job's max_hours set as a user would: its duration times a factor drawn per job
+    from :data:`USER_ESTIMATE_SPREAD` (seeded by its name)."""
+    lo, hi = (math.log(f) for f in USER_ESTIMATE_SPREAD)
+    return [
+        dataclasses.replace(
+            j, max_hours=round(max(0.001, j.seconds * math.exp(random.Random(j.name).uniform(lo, hi)) / 3600), 4)
+        )
+        for j in trace
+    ]
 
 
 Starts = Callable[[float, list[TraceJob], list[tuple[TraceJob, float]]], list[TraceJob]]
@@ -572,55 +600,105 @@ def preemption_on_traces(
     return rows
 
 
-def start_bounds(config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float) -> list[dict]:
-    """How the latest start a waiting job is told (:func:`~trainyard.scheduling.admission.policy.latest_starts`,
-    said as it first waits) compares with when it started, with the policy alone on the trace
-    (:func:`policy_simulation`'s decisions): per job that waited, its bound's wait and its real wait."""
+def start_estimates(
+    config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float, floor_s: float
+) -> list[dict]:
+    """How the start a waiting job is told as it first waits
+    (:func:`~trainyard.scheduling.admission.starts.estimate_starts`: the expected start and its band from how
+    long the jobs finished so far held their slots, the latest from the max_hours) compares with when it
+    started, with the policy alone on the trace (:func:`policy_simulation`'s decisions): per job that waited,
+    the waits it was told (None: none) and its real wait. ``floor_s``: the ratios' floor in trace seconds
+    (:data:`~trainyard.scheduling.admission.starts.WAIT_FLOOR_S`, a look, scaled)."""
 
     def admission_job(job: TraceJob) -> Job:
         return Job(job.name, job.team, job.gpu_type, job.slots, PRIORITY, max_hours_of(job))
 
-    told: dict[str, tuple[float, float]] = {}  # job -> (when it was told, the bound)
+    told: dict[str, tuple[float, StartEstimate | None]] = {}  # job -> when it was told, and what
     started: dict[str, float] = {}
+    finished: list[tuple[str, float]] = []  # (team, share of its max_hours it held its slots)
+    ratios: list[float] = []  # how the waits of jobs that started came out against what they were told
+    was_running: dict[str, TraceJob] = {}
 
     def starts(now: float, waiting: list[TraceJob], running: list[tuple[TraceJob, float]]) -> list[TraceJob]:
+        names = {j.name for j, _ in running}
+        finished.extend(
+            (j.team, j.seconds / (max_hours_of(j) * 3600)) for n, j in was_running.items() if n not in names
+        )
+        was_running.clear()
+        was_running.update({j.name: j for j, _ in running})
         entries = [Entry(admission_job(j), j.at, None, 0, math.inf) for j in waiting]
         entries += [Entry(admission_job(j), j.at, began, 0, math.inf) for j, began in running]
         verdicts = plan(config, entries, now)
         chosen = [j for j in waiting if verdicts[j.name].admitted]
         new = [j for j in waiting if j.name not in told and j not in chosen]
         if new:
-            bounds = latest_starts(config, entries, now)
-            told.update({j.name: (now, bounds.get(j.name, math.inf)) for j in new})
+            history = History.of(finished[-HISTORY_READ:], ratios[-HISTORY_READ:])
+            found = estimate_starts(config, entries, now, history=history, floor_s=floor_s)
+            told.update({j.name: (now, found.get(j.name)) for j in new})
+        for j in chosen:  # as the ledger records it at an admission (Ledger.told)
+            at, est = told.get(j.name, (now, None))
+            if est is not None and est.expected is not None:
+                ratios.append(wait_ratio(est.expected - at, now - at, floor_s))
         started.update({j.name: now for j in chosen})
         return chosen
 
-    _simulate("bounds", config, trace, types, window, starts)
-    return [{"job": name, "bound_s": bound - at, "wait_s": started[name] - at} for name, (at, bound) in told.items()]
+    _simulate("estimates", config, trace, types, window, starts)
+
+    def wait(at: float, t: float | None) -> float | None:
+        return None if t is None else t - at
+
+    rows = []
+    for name, (at, est) in told.items():
+        arrived = next(j.at for j in trace if j.name == name)
+        rows.append(
+            {
+                "job": name,
+                "wait_s": started[name] - arrived,
+                "told_after_s": at - arrived,
+                "bound_s": wait(arrived, est.latest if est else None),
+                "expected_s": wait(arrived, est.expected if est else None),
+                "early_s": wait(arrived, est.early if est else None),
+                "late_s": wait(arrived, est.late if est else None),
+            }
+        )
+    return rows
 
 
-def start_bounds_on_traces(
+def start_estimates_on_traces(
     base: ResourcesConfig, types: list[str], *, seeds: list[int], loads: list[float], window: float, median: float,
     time_scale: float, poll: float,
 ) -> dict:  # fmt: skip
-    """:func:`start_bounds` over a trace per seed and load: the share of jobs that started by their bound,
-    and the median of |bound's wait - real wait| / real wait (the issue's calibration figures)."""
+    """:func:`start_estimates` over a trace per seed and load, each job's max_hours set as a user would
+    (:func:`with_user_estimates`): the issue's calibration figures, the median of |expected wait - real
+    wait| / real wait and the share of starts inside the band, and the share that started by the bound."""
     config = scenario_config(base, "trainyard", time_scale, poll)
     rows = []
     for seed in seeds:
         for load in loads:
             trace = make_trace(base, types, window=window, load=load, median=median, seed=seed)
-            rows += start_bounds(config, trace, types, window)
-    known = [r for r in rows if math.isfinite(r["bound_s"])]
-    errors = [abs(r["bound_s"] - r["wait_s"]) / max(r["wait_s"], 1.0) for r in known]
+            rows += start_estimates(config, with_user_estimates(trace), types, window, WAIT_FLOOR_S / time_scale)
+    bounded = [r for r in rows if r["bound_s"] is not None]
+    estimated = [r for r in rows if r["expected_s"] is not None]
+    banded = [r for r in estimated if r["early_s"] is not None]
+
+    def relative(r: dict, key: str) -> float:
+        return abs(r[key] - r["wait_s"]) / max(r["wait_s"], 1.0)
+
+    def share(rows: list[dict], test: Callable[[dict], bool]) -> float:
+        return sum(map(test, rows)) / len(rows) if rows else 0.0
+
     return {
         "jobs_that_waited": len(rows),
-        "with_a_bound": len(known),
-        "started_by_their_bound": sum(r["wait_s"] <= r["bound_s"] + 1e-6 for r in known) / len(known) if known else 0.0,
-        "median_relative_error": statistics.median(errors) if errors else 0.0,
-        "median_bound_over_wait": statistics.median(r["bound_s"] / max(r["wait_s"], 1.0) for r in known)
-        if known
-        else 0.0,
+        "with_a_bound": len(bounded),
+        "started_by_their_bound": share(bounded, lambda r: r["wait_s"] <= r["bound_s"] + 1e-6),
+        "bound_median_relative_error": statistics.median(relative(r, "bound_s") for r in bounded) if bounded else 0,
+        "with_an_estimate": len(estimated),
+        "estimate_median_relative_error": statistics.median(relative(r, "expected_s") for r in estimated)
+        if estimated
+        else 0,
+        "with_a_band": len(banded),
+        "started_inside_the_band": share(banded, lambda r: r["early_s"] - 1e-6 <= r["wait_s"] <= r["late_s"] + 1e-6),
+        "median_real_wait_s": statistics.median(r["wait_s"] for r in estimated) if estimated else 0,
     }
 
 
@@ -791,9 +869,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--loads", nargs="+", type=float, default=[1.0, 1.25, 1.5], help="with --policy-only")
     parser.add_argument(
-        "--start-bounds",
+        "--start-estimates",
         action="store_true",
-        help="with --policy-only: how each waiting job's latest start compares with its start, instead",
+        help="with --policy-only: how each waiting job's expected and latest start compare with its start, instead",
     )
     parser.add_argument(
         "--preemption",
@@ -804,8 +882,8 @@ def main(argv: list[str] | None = None) -> int:
     base = load_resources(args.resources)
     if args.policy_only and args.preemption:
         return _print_preemption(base, args)
-    if args.policy_only and args.start_bounds:
-        figures = start_bounds_on_traces(base, args.types, seeds=args.policy_only, loads=args.loads,
+    if args.policy_only and args.start_estimates:
+        figures = start_estimates_on_traces(base, args.types, seeds=args.policy_only, loads=args.loads,
                                          window=args.window, median=args.median, time_scale=args.time_scale,
                                          poll=args.poll)  # fmt: skip
         print(json.dumps(figures, indent=1))

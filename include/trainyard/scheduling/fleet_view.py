@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from trainyard.acting import Acting
     from trainyard.scheduling.admission.ledger import Ledger
     from trainyard.scheduling.admission.policy import Entry, Verdict
+    from trainyard.scheduling.admission.starts import StartEstimate
     from trainyard.scheduling.resources import ResourcesConfig
 
 
@@ -23,21 +24,22 @@ def queue_jobs(
     rows: list[tuple[Entry, Verdict]],
     reader: Acting,
     now: float | None = None,
-    starts: dict[str, float] | None = None,
+    starts: dict[str, StartEstimate] | None = None,
 ) -> list[dict[str, Any]]:
     """The ledger's live jobs (``Ledger.standing``'s rows: admitted first, then the waiting in the order the
     policy looks at them) as ``reader`` may see them; a waiting job with its place among those waiting for
-    its GPU type ("2 of 3") and, where ``starts`` is given, the latest time it starts by (epoch seconds;
-    absent: none in sight)."""
+    its GPU type ("2 of 3") and, where ``starts`` is given, when it starts (epoch seconds; None: none in
+    sight): ``starts_by`` the latest, ``expected_start`` and ``start_band`` (earliest, latest likely) the
+    estimate from the ledger's history, and ``start`` all of it in words."""
     from trainyard.scheduling.admission.ledger import queue_places
-    from trainyard.scheduling.admission.policy import starts_by_words
+    from trainyard.scheduling.admission.starts import start_in_words
     from trainyard.teams import SEEN_BY_OTHERS
 
     now = time.time() if now is None else now
     places = queue_places([e for e, _ in rows])
     jobs = []
     for e, verdict in rows:
-        job = {
+        job: dict[str, Any] = {
             "run": e.job.id,
             "gpu_type": e.job.gpu_type,
             "state": "waiting" if e.admitted is None else "admitted",
@@ -53,8 +55,11 @@ def queue_jobs(
         if e.admitted is None:
             job["place"] = "{} of {}".format(*places[e.job.id])
         if starts is not None and e.admitted is None:
-            job["starts_by"] = starts.get(e.job.id)
-            job["start"] = starts_by_words(starts.get(e.job.id), now)
+            start = starts.get(e.job.id)
+            job["starts_by"] = start and start.latest
+            job["expected_start"] = start and start.expected
+            job["start_band"] = [start.early, start.late] if start and start.expected is not None else None
+            job["start"] = start_in_words(start, now)
         jobs.append(job if reader.may_read(e.job.team) else {k: job[k] for k in SEEN_BY_OTHERS})
     return jobs
 

@@ -55,11 +55,27 @@ SCHEMA = (
     host TEXT NOT NULL DEFAULT '',
     preemptions INTEGER NOT NULL DEFAULT 0,
     preempted_for TEXT NOT NULL DEFAULT '',
-    waiting_since DOUBLE PRECISION NOT NULL DEFAULT 0
+    waiting_since DOUBLE PRECISION NOT NULL DEFAULT 0,
+    told_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    told_wait DOUBLE PRECISION NOT NULL DEFAULT 0
 )""",
+    # how long each finished job held its slots, as a share of its max_hours: the start estimates' history
+    "CREATE TABLE IF NOT EXISTS held (id TEXT PRIMARY KEY, team TEXT NOT NULL, share DOUBLE PRECISION NOT NULL, "
+    "at DOUBLE PRECISION NOT NULL)",
+    # every decision drops what ran out by time: indexed, its cost does not grow with the history
+    # how each admitted job's real wait came out against the wait it was told: the estimates' band
+    "CREATE TABLE IF NOT EXISTS waits (id TEXT PRIMARY KEY, ratio DOUBLE PRECISION NOT NULL, "
+    "at DOUBLE PRECISION NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS arrivals_enqueued ON arrivals (enqueued)",
+    "CREATE INDEX IF NOT EXISTS cancelled_at ON cancelled (at)",
+    "CREATE INDEX IF NOT EXISTS preempted_at ON preempted (at)",
+    "CREATE INDEX IF NOT EXISTS held_at ON held (at)",
+    "CREATE INDEX IF NOT EXISTS admission_lease_until ON admission (lease_until)",
+    "CREATE INDEX IF NOT EXISTS waits_at ON waits (at)",
 )
+NEWEST = "waits_at"  # the last of SCHEMA: a PostgreSQL ledger that has it (and ADDED_COLUMNS' last) is made
 # Columns a ledger made by an earlier version may lack (devices allocated, users shown, sweeps capped, the
-# host whose devices a job holds, preemptions).
+# host whose devices a job holds, preemptions, the wait a job was told).
 ADDED_COLUMNS = (
     ("devices", "TEXT"),
     ("user", "TEXT"),
@@ -69,6 +85,8 @@ ADDED_COLUMNS = (
     ("preemptions", "INTEGER"),
     ("preempted_for", "TEXT"),
     ("waiting_since", "DOUBLE PRECISION"),
+    ("told_at", "DOUBLE PRECISION"),
+    ("told_wait", "DOUBLE PRECISION"),
 )
 
 
@@ -191,9 +209,10 @@ class PostgresDb:
             conn = _PgConnection(raw)
             newest = ADDED_COLUMNS[-1][0]
             (ready,) = conn.execute(
-                "SELECT to_regclass('ledger_lock') IS NOT NULL AND EXISTS (SELECT 1 FROM information_schema.columns "
+                "SELECT to_regclass('ledger_lock') IS NOT NULL AND to_regclass(?) IS NOT NULL "
+                "AND EXISTS (SELECT 1 FROM information_schema.columns "
                 "WHERE table_schema = current_schema() AND table_name = 'admission' AND column_name = ?)",
-                (newest,),
+                (NEWEST, newest),
             ).fetchone()
             if not ready:  # made once; two hosts starting at once would race on CREATE TABLE: one at a time
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))

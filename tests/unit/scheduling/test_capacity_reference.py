@@ -107,8 +107,17 @@ def test_a_waiting_job_is_told_the_latest_start_it_then_starts_by():
         Job("j1", 1.0, "a", "h100-80gb", 1, 5.0),  # waits for it: told 35 s (its end by 36), starts at 10
     ]
     config = scheduler_replay.scenario_config(_fleet(1), "trainyard", 60.0, 1.0)
-    (told,) = scheduler_replay.start_bounds(config, trace, ["h100-80gb"], window=15.0)
-    assert told == {"job": "j1", "bound_s": pytest.approx(35.0, abs=0.1), "wait_s": 9.0}
+    (told,) = scheduler_replay.start_estimates(config, trace, ["h100-80gb"], window=15.0, floor_s=1.0)
+    # no job has finished yet: a bound, no expected start
+    assert told == {
+        "job": "j1",
+        "wait_s": 9.0,
+        "told_after_s": 0.0,
+        "bound_s": pytest.approx(35.0, abs=0.1),
+        "expected_s": None,
+        "early_s": None,
+        "late_s": None,
+    }
 
 
 def test_with_preemption_the_policy_breaks_no_limit_finishes_every_job_and_loses_little():

@@ -106,7 +106,7 @@ def test_plan_with_preemption_says_who_preempts_whom_and_the_lender_waits_for_th
 
 
 def test_each_waiting_job_has_the_latest_time_it_starts_by_if_the_running_ones_use_all_their_hours():
-    from trainyard.scheduling.admission.policy import latest_starts
+    from trainyard.scheduling.admission.starts import latest_starts
 
     hour = 3600.0
     running = [  # 8 of 8 a100 in use: ends in 1 h (of its 24), in 2 h, and one past its max_hours
@@ -125,13 +125,20 @@ def test_each_waiting_job_has_the_latest_time_it_starts_by_if_the_running_ones_u
     assert latest_starts(FLEET, running, NOW) == {}  # nobody waits
 
 
-def test_no_start_is_estimated_for_a_queue_too_long_to_run_forward():
-    from trainyard.scheduling.admission.policy import LATEST_STARTS_MAX_JOBS, latest_starts, starts_by_words
+def test_of_a_long_queue_only_the_first_jobs_of_each_type_are_given_a_start():
+    from trainyard.scheduling.admission.starts import WAITING_IN_SIGHT, estimate_starts, start_in_words
 
-    queue = [_waiting(f"vision/{i}", "vision", 1) for i in range(LATEST_STARTS_MAX_JOBS + 1)]
-    assert latest_starts(FLEET, queue, NOW) == {}
-    assert starts_by_words(None, NOW).startswith("no start in sight")
-    assert starts_by_words(NOW + 30, NOW) == "starts at its next look"
+    queue = [
+        Entry(Job(f"vision/{i:04d}", "vision", "a100", 1, 1, 24.0), NOW - 1000 + i, None, 0, NOW + 120)
+        for i in range(WAITING_IN_SIGHT + 3)
+    ]
+    starts = estimate_starts(FLEET, queue, NOW)
+    assert sorted(starts) == [f"vision/{i:04d}" for i in range(WAITING_IN_SIGHT)]  # the first in arrival order
+    assert starts["vision/0000"].latest == NOW and starts["vision/0008"].latest == NOW + 24 * 3600
+    assert start_in_words(None, NOW).startswith("no start in sight") and str(WAITING_IN_SIGHT) in start_in_words(
+        None, NOW
+    )
+    assert start_in_words(starts["vision/0000"], NOW) == "starts at its next look"
 
 
 def test_the_fewest_borrowers_are_found_whatever_their_order_and_no_team_loses_its_own_quota():
@@ -180,7 +187,7 @@ def test_two_waiting_jobs_never_claim_the_same_borrower_and_a_budget_keeps_a_job
 
 
 def test_a_job_its_budget_holds_back_is_given_no_start():
-    from trainyard.scheduling.admission.policy import latest_starts
+    from trainyard.scheduling.admission.starts import latest_starts
     from trainyard.scheduling.budgets import Spend
 
     budgeted = parse_resources(

@@ -25,6 +25,15 @@ from trainyard.scheduling.admission.policy import (
     plan,
     preempted_for,
 )
+from trainyard.scheduling.admission.starts import (
+    HISTORY_KEPT_S,
+    HISTORY_READ,
+    WAIT_FLOOR_S,
+    History,
+    StartEstimate,
+    estimate_starts,
+    start_in_words,
+)
 from trainyard.scheduling.ledger_db import Connection, open_db, shared_database_url
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.spec import Resources
@@ -113,6 +122,8 @@ class Ledger:
         conn.execute("DELETE FROM arrivals WHERE enqueued < ?", (now - ARRIVAL_KEPT_S,))
         conn.execute("DELETE FROM cancelled WHERE at < ?", (now - ARRIVAL_KEPT_S,))
         conn.execute("DELETE FROM preempted WHERE at < ?", (now - ARRIVAL_KEPT_S,))
+        conn.execute("DELETE FROM held WHERE at < ?", (now - HISTORY_KEPT_S,))
+        conn.execute("DELETE FROM waits WHERE at < ?", (now - HISTORY_KEPT_S,))
         config = self.config
         entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
         verdicts = plan(config, entries, now, spend, PreemptionRules.of(config))
@@ -120,6 +131,11 @@ class Ledger:
             if verdict.admitted:
                 sql = "UPDATE admission SET admitted = ?, borrowed = ? WHERE id = ?"
                 conn.execute(sql, (now, verdict.borrowed, job_id))
+                conn.execute(  # its wait against the one it was told (Ledger.told): the estimates' band
+                    "INSERT INTO waits (id, ratio, at) SELECT id, (? - told_at + ?) / (told_wait + ?), ? "
+                    "FROM admission WHERE id = ? AND told_at > 0 ON CONFLICT (id) DO NOTHING",
+                    (now, WAIT_FLOOR_S, WAIT_FLOOR_S, now, job_id),
+                )
             elif verdict.standing is Standing.PREEMPTED:  # its training hears it through its lease
                 sql = "UPDATE admission SET preempted_for = ? WHERE id = ? AND admitted IS NOT NULL"
                 conn.execute(sql + " AND preempted_for = ''", (verdict.preempted_for, job_id))
@@ -230,14 +246,24 @@ class Ledger:
             (times,) = conn.execute("SELECT times FROM preempted WHERE id = ?", (job_id,)).fetchone()
             conn.execute(
                 "UPDATE admission SET admitted = NULL, borrowed = 0, devices = '', host = '', preempted_for = '', "
-                "preemptions = ?, waiting_since = ?, lease_until = ? WHERE id = ?",
+                "told_at = 0, preemptions = ?, waiting_since = ?, lease_until = ? WHERE id = ?",
                 (times, now, now + WAITING_LEASE_S, job_id),
             )
 
     def release(self, job_id: str) -> None:
         """The job is done (its training ended for good, or it gave up waiting): its slots and its place
-        go; the next look of a waiting job takes them."""
+        go; the next look of a waiting job takes them. An admitted job's hold (how long it held its slots, as
+        a share of its max_hours) goes into the history the start estimates read (:meth:`holds`)."""
         with self.db.transaction() as conn:
+            now = self._now(conn)
+            row = conn.execute("SELECT team, admitted, max_hours FROM admission WHERE id = ?", (job_id,)).fetchone()
+            if row is not None and row[1] is not None and row[2] > 0:
+                share = min(1.0, max(0.0, (now - row[1]) / (row[2] * 3600)))
+                conn.execute(
+                    "INSERT INTO held (id, team, share, at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (id) DO UPDATE SET team = excluded.team, share = excluded.share, at = excluded.at",
+                    (job_id, row[0], share, now),
+                )
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM preempted WHERE id = ?", (job_id,))
@@ -311,6 +337,29 @@ class Ledger:
                 "UPDATE admission SET devices = ?, host = ? WHERE id = ?", (",".join(free[:count]), self.host, job_id)
             )
             return free[:count]
+
+    def history(self) -> History:
+        """How long the most recent finished jobs held their slots, per team, and how the most recent
+        admitted jobs' waits came out against the waits they were told (each at most
+        :data:`~.starts.HISTORY_READ`, of the last :data:`~.starts.HISTORY_KEPT_S`): the estimates' history."""
+        with self.db.connection() as conn:
+            since = self._now(conn) - HISTORY_KEPT_S
+            holds = conn.execute(
+                "SELECT team, share FROM held WHERE at >= ? ORDER BY at DESC LIMIT ?", (since, HISTORY_READ)
+            ).fetchall()
+            ratios = conn.execute(
+                "SELECT ratio FROM waits WHERE at >= ? ORDER BY at DESC LIMIT ?", (since, HISTORY_READ)
+            ).fetchall()
+        return History.of(((team, share) for team, share in holds), (r for (r,) in ratios))
+
+    def told(self, job_id: str, wait_s: float) -> None:
+        """The waiting job ``job_id`` was told it waits about ``wait_s`` more (its first expected start):
+        kept with its row, and how its wait comes out goes into the record the band is drawn from."""
+        with self.db.transaction() as conn:
+            conn.execute(
+                "UPDATE admission SET told_at = ?, told_wait = ? WHERE id = ? AND admitted IS NULL AND told_at = 0",
+                (self._now(conn), max(0.0, wait_s), job_id),
+            )
 
     def entries(self) -> list[Entry]:
         """Every live row (leases not run out), for reports and tests."""
@@ -413,34 +462,32 @@ def queue_places(entries: list[Entry]) -> dict[str, tuple[int, int]]:
 
 
 _starts_lock = threading.Lock()
-_starts: tuple[tuple, float, dict[str, float]] | None = None  # the queue's state, when, and its starts
+_starts: tuple[tuple, float, dict[str, StartEstimate]] | None = None  # the queue's state, when, and its starts
 STARTS_KEPT_S = 60.0
 
 
-def starts_of(ledger: Ledger, entries: list[Entry], now: float, spend: Spend | None) -> dict[str, float]:
-    """:func:`~trainyard.scheduling.admission.policy.latest_starts` of the queue ``entries``, computed once per
+def starts_of(ledger: Ledger, entries: list[Entry], now: float, spend: Spend | None) -> dict[str, StartEstimate]:
+    """:func:`~.starts.estimate_starts` of the queue ``entries`` with the ledger's history, computed once per
     state of the queue (and at least every :data:`STARTS_KEPT_S`): every waiting job of a triggerer logs its
-    start as the queue changes, and running the policy forward costs up to half a CPU-second."""
-    from trainyard.scheduling.admission.policy import latest_starts
-
+    start as the queue changes, and running the policy forward costs up to about a CPU-second."""
     global _starts
     state = tuple(sorted((e.job.id, e.admitted, e.preempted_for) for e in entries))
     with _starts_lock:
         if _starts is not None and _starts[0] == state and now - _starts[1] < STARTS_KEPT_S:
             return _starts[2]
-        found = latest_starts(ledger.config, entries, now, spend)
+        found = estimate_starts(ledger.config, entries, now, spend, ledger.history())
         _starts = (state, now, found)
         return found
 
 
-def place_in_queue(ledger: Ledger, job_id: str) -> str | None:
+def place_in_queue(ledger: Ledger, job_id: str, told: bool = False) -> str | None:
     """Where the waiting job ``job_id`` stands, in the words ``trainyard queue`` and the ``admit`` task's log
-    use: "waiting, 2 of 3 for a100: <why>; starts by <time> at the latest" (the jobs of its GPU type that
-    wait, in the order the policy looks at them; its latest start,
-    :func:`~trainyard.scheduling.admission.policy.latest_starts`); None when it is not waiting (admitted,
-    or not in the ledger)."""
+    use: "waiting, 2 of 3 for a100: <why>; expected to start about <time> ...; starts by <time> if ..." (the
+    jobs of its GPU type that wait, in the order the policy looks at them; its start,
+    :func:`~.starts.estimate_starts`); None when it is not waiting (admitted, or not in the ledger).
+    ``told``: the job itself is told (its ``admit`` task's log): its first expected start is kept
+    (:meth:`Ledger.told`)."""
     from trainyard import paths
-    from trainyard.scheduling.admission.policy import starts_by_words
     from trainyard.scheduling.budgets import current_spend
 
     spend = current_spend(ledger.config, paths.runs_root())
@@ -451,7 +498,10 @@ def place_in_queue(ledger: Ledger, job_id: str) -> str | None:
     entries = [e for e, _ in rows]
     k, n = queue_places(entries)[job_id]
     now = ledger.now()
-    start = starts_by_words(starts_of(ledger, entries, now, spend).get(job_id), now)
+    estimate = starts_of(ledger, entries, now, spend).get(job_id)
+    if told and estimate is not None and estimate.expected is not None:
+        ledger.told(job_id, estimate.expected - now)
+    start = start_in_words(estimate, now)
     place = f"waiting, {k} of {n} for {mine[0].job.gpu_type}"
     return f"{place}: {mine[1].message}; {start}"
 
@@ -462,7 +512,7 @@ def verdict_in_words(ledger: Ledger, job_id: str, verdict: Verdict, since: float
     if verdict.standing is not Standing.WAITING:
         return verdict.message
     try:
-        said = place_in_queue(ledger, job_id) or f"waiting: {verdict.message}"
+        said = place_in_queue(ledger, job_id, told=True) or f"waiting: {verdict.message}"
     except Exception as err:  # noqa: BLE001 - a second read for a log line's detail never fails the look
         said = f"waiting: {verdict.message} (its place unknown: {err})"
     return f"{said} (waiting {(time.time() - since) / 60:.0f} min)" if since else said

@@ -1,6 +1,7 @@
 """The admission policy, pure: given the fleet (resources.yaml), the ledger's entries and the time, a
 verdict for every waiting job. No storage, no clock, no Airflow: the ledger (:mod:`.ledger`) applies it in
-one transaction, ``trainyard queue`` and the scheduler replay (``bench/scheduler.py``) read it as it is.
+one transaction, ``trainyard queue`` and the scheduler replay (``bench/scheduler.py``) read it as it is, and
+:mod:`.starts` runs it forward to say when each waiting job starts.
 
 A verdict is typed, as Kueue's workload conditions are: a :class:`Standing` (admitted, waiting,
 inadmissible, cancelled), for a waiting job a :class:`WaitReason` a program compares, and the message a
@@ -25,10 +26,8 @@ The rules (the package's docstring says why):
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import itertools
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -297,8 +296,9 @@ def _preempting(
 ) -> dict[str, Verdict] | None:
     """The verdicts where a waiting ``job`` within its quota preempts (or already preempts) borrowers: it
     waits for them, saying for whom; each of them is told to give its slots back. None where it does not.
-    ``after``: the teams' use once the preemptions under way (and those decided in this pass) are done,
-    which this one updates; ``claimed``: the jobs preempted in this pass, which it adds to."""
+    ``entries``: the admitted jobs of its type; ``after``: the teams' use once the preemptions under way
+    (and those decided in this pass) are done, which this one updates; ``claimed``: the jobs preempted in
+    this pass, which it adds to."""
     ongoing = [e for e in entries if e.preempted_for == job.id]
     victims = ongoing or reclaim(config, entries, job, after, now, rules, frozenset(claimed))
     if not victims:
@@ -402,6 +402,7 @@ def plan(
     now: float,
     spend: Spend | None = None,
     preemption: PreemptionRules | None = None,
+    admissions_only: bool = False,
 ) -> dict[str, Verdict]:
     """Every waiting job's verdict now: job id -> admitted (with the slots it borrows) or waiting (and why), per GPU
     type in the order the jobs are looked at (past the bound on waiting first, then within quota, then by priority,
@@ -409,15 +410,18 @@ def plan(
     commitment and those of its team's admitted jobs and Kubernetes trainings
     (:func:`trainyard.scheduling.budgets.commitment`) fit in what the team's monthly budget has left after this
     month's spend. ``preemption``: with it, a waiting job within its quota reclaims what others borrow of it
-    (:func:`reclaim`), and the jobs it preempts have a verdict too (:attr:`Standing.PREEMPTED`)."""
+    (:func:`reclaim`), and the jobs it preempts have a verdict too (:attr:`Standing.PREEMPTED`).
+    ``admissions_only``: the verdicts of a type's waiting jobs only until it is full, which admits no more
+    (running the policy forward needs no more: :mod:`.starts`)."""
     commitments = _Commitments(config, spend, [e.job for e in entries if e.admitted is not None])
     in_group: dict[str, int] = {}  # a sweep's admitted trials
     for e in entries:
         if e.admitted is not None:
             in_group[e.job.group] = in_group.get(e.job.group, 0) + 1
     verdicts: dict[str, Verdict] = {}
-    for gpu_type in config.gpu_types:
-        verdicts.update(_plan_type(config, entries, gpu_type, now, commitments, in_group, preemption))
+    asked = {e.job.gpu_type for e in entries if e.admitted is None}  # a type nobody waits for has no verdicts
+    for gpu_type in (t for t in config.gpu_types if t in asked):
+        verdicts.update(_plan_type(config, entries, gpu_type, now, commitments, in_group, preemption, admissions_only))
     return verdicts
 
 
@@ -443,16 +447,15 @@ def _plan_type(
     commitments: _Commitments,
     in_group: dict[str, int],
     preemption: PreemptionRules | None = None,
+    admissions_only: bool = False,
 ) -> dict[str, Verdict]:
     """:func:`plan` for the waiting jobs of one GPU type, in their order."""
-    max_wait = config.scheduling.max_wait_minutes * 60
+    max_wait, capacity = config.scheduling.max_wait_minutes * 60, config.gpu_types[gpu_type].slots
     used = _usage(config, entries, gpu_type)
     waiting = [e for e in entries if e.admitted is None and e.job.gpu_type == gpu_type]
-    running = [  # (when it ends at the latest, slots, team): what a reservation counts on
-        (e.admitted + e.job.max_hours * 3600, e.job.slots, e.job.team)
-        for e in entries
-        if e.admitted is not None and e.job.gpu_type == gpu_type
-    ]
+    holding = [e for e in entries if e.admitted is not None and e.job.gpu_type == gpu_type]  # who may be preempted
+    # (when it ends at the latest, slots, team): what a reservation counts on
+    running = [((e.admitted or 0.0) + e.job.max_hours * 3600, e.job.slots, e.job.team) for e in holding]
 
     def within(job: Job) -> bool:
         return used[job.team] + job.slots <= config.quota(job.team, gpu_type)
@@ -465,6 +468,8 @@ def _plan_type(
     starving: Entry | None = None  # a job past the bound, waiting for slots: it holds a reservation
     verdicts: dict[str, Verdict] = {}
     for e in sorted(waiting, key=key):
+        if admissions_only and preemption is None and sum(used.values()) >= capacity:
+            break
         job = e.job
         if job.group and job.group_limit and in_group.get(job.group, 0) >= job.group_limit:
             # the sweep's own cap: it holds nothing back for anyone else's job
@@ -497,7 +502,7 @@ def _plan_type(
                 and (room.reason.fleet or room.reason is WaitReason.BORROWING_LIMIT)
                 and commitments.refusal(job, commitments.owed(job)) is None  # its budget would not keep it waiting
             ):
-                preempting = _preempting(config, entries, job, after, now, preemption, claimed)
+                preempting = _preempting(config, holding, job, after, now, preemption, claimed)
             verdicts.update(preempting or {job.id: room})
             room = verdicts[job.id]
             fleet = room.reason is not None and room.reason.fleet
@@ -513,58 +518,3 @@ def _plan_type(
         in_group[job.group] = in_group.get(job.group, 0) + 1
         commitments.committed[job.team] += cost
     return verdicts
-
-
-# The policy run forward costs a decision per job end, each over the whole queue: 0.5 CPU-s for 500 waiting
-# jobs behind 20 running (measured), growing with the square of the queue. Past this many live jobs no
-# start is estimated (``trainyard queue`` and the admit log say so) until a cheaper way lands (issue 41).
-LATEST_STARTS_MAX_JOBS = 500
-
-
-def latest_starts(
-    config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend | None = None, rounds: int = 1000
-) -> dict[str, float]:
-    """By when each waiting job starts at the latest, if no other job arrives and every admitted job runs
-    to its ``max_hours`` (one past it counts as ending now): the policy run forward, each admitted job's
-    end freeing its slots and the next decision admitting what it admits then, the admitted running to
-    their own ends. A job the policy never admits in that future (a limit, its budget, a team or type gone)
-    has none, and so has one its team's budget holds back now (``spend``, the first decision's; later ones
-    leave budgets out: the spend they would see is unknown). A bound users can plan by, not a forecast:
-    jobs that end early start the others sooner, a job arriving later with a higher priority, or within its
-    quota, may pass, and ``max_hours`` bounds a training's time, not its wall time (a retry's wait is not
-    in it). Nothing for a queue of more than :data:`LATEST_STARTS_MAX_JOBS` jobs."""
-    if len(entries) > LATEST_STARTS_MAX_JOBS:
-        return {}
-    ends = {e.job.id: max(now, e.admitted + e.job.max_hours * 3600) for e in entries if e.admitted is not None}
-    live = [e for e in entries if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
-    starts: dict[str, float] = {}
-    at = now
-    for round_ in range(rounds):
-        verdicts = plan(config, live, at, spend if round_ == 0 else None)
-        admitted = {job_id for job_id, v in verdicts.items() if v.admitted}
-        if round_ == 0:  # held back by its budget: no start in sight from the fleet's side alone
-            live = [e for e in live if verdicts.get(e.job.id, Verdict.admit(e.job, 0)).reason is not WaitReason.BUDGET]
-        live = [
-            dataclasses.replace(e, admitted=at, borrowed=verdicts[e.job.id].borrowed) if e.job.id in admitted else e
-            for e in live
-        ]
-        for e in live:
-            if e.job.id in admitted:
-                starts[e.job.id], ends[e.job.id] = at, at + e.job.max_hours * 3600
-        running = [e for e in live if e.admitted is not None]
-        if not running or all(e.admitted is not None for e in live):
-            break  # every job placed, or nothing left to free a slot: what still waits, waits for something else
-        at = min(ends[e.job.id] for e in running)  # the next end
-        live = [e for e in live if e.admitted is None or ends[e.job.id] > at]
-    return starts
-
-
-def starts_by_words(at: float | None, now: float) -> str:
-    """A waiting job's latest start (:func:`latest_starts`; None: none in sight) in words."""
-    if at is None:
-        return "no start in sight (its budget or a limit holds it, or the queue is too long to run forward)"
-    if at <= now + 60:
-        return "starts at its next look"
-    return (
-        f"starts by {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(at))} if the running jobs end by their max_hours"
-    )

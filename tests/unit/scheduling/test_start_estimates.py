@@ -1,0 +1,135 @@
+"""When a waiting job starts (``trainyard.scheduling.admission.starts``): the expected start and its band from
+how long recent jobs held their slots, the bound from their max_hours; the history the ledger keeps for it
+on both of its stores."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trainyard.scheduling.admission.ledger import Ledger
+from trainyard.scheduling.admission.policy import Entry, Job
+from trainyard.scheduling.admission.starts import (
+    BAND,
+    HISTORY_KEPT_S,
+    NO_HISTORY,
+    WAIT_FLOOR_S,
+    History,
+    StartEstimate,
+    estimate_starts,
+    start_in_words,
+    wait_ratio,
+)
+from trainyard.scheduling.resources import parse_resources
+
+FLEET = parse_resources(
+    "gpu_types:\n  a100: {count: 8, price_per_hour: 2.0}\n"
+    "teams:\n  vision: {quota: {a100: 4}}\n  nlp: {quota: {a100: 4}}\n"
+)
+NOW = 1_000_000.0
+HOUR = 3600.0
+
+
+def _job(job_id: str, team: str, slots: int, max_hours: float = 10.0) -> Job:
+    return Job(job_id, team, "a100", slots, 1, max_hours)
+
+
+def test_a_job_holds_its_slots_as_long_as_its_teams_recent_jobs_held_theirs_given_how_long_it_has_run():
+    history = History({"vision": [0.1, 0.2, 0.3, 0.4, 0.5], "nlp": [0.9, 0.9]})
+    job = _job("vision/a", "vision", 1)
+    assert history.seconds(job, 0.0, 0.5) == pytest.approx(0.3 * 10 * HOUR)  # the median share of 10 h
+    assert history.seconds(job, 0.0, 0.0) == pytest.approx(0.1 * 10 * HOUR)
+    # having run 3.5 h, it is one of those that ran longer: 0.4 and 0.5, their median 0.45
+    assert history.seconds(job, 3.5 * HOUR, 0.5) == pytest.approx(0.45 * 10 * HOUR)
+    assert history.seconds(job, 6 * HOUR, 0.5) == 10 * HOUR  # longer than any: its max_hours
+    assert history.seconds(job, 11 * HOUR, 0.5) == 11 * HOUR  # past its max_hours: it ends now
+    # nlp has too little history of its own: the fleet's (all seven) is used
+    assert history.known("nlp") and history.seconds(_job("nlp/a", "nlp", 1), 0.0, 0.5) == pytest.approx(0.4 * 10 * HOUR)
+    assert not NO_HISTORY.known("vision") and NO_HISTORY.seconds(job, 0.0, 0.5) == 10 * HOUR
+
+
+def test_the_expected_start_follows_the_history_its_band_the_record_of_waits_and_the_bound_the_max_hours():
+    running = [Entry(_job("nlp/run", "nlp", 8), NOW - 2 * HOUR, NOW - HOUR, 4, NOW + 180)]
+    waiting = [Entry(_job("vision/wait", "vision", 4), NOW - 60, None, 0, NOW + 120)]
+    # the bound alone without history: nlp/run ends by its 10 h, 9 h from now
+    assert estimate_starts(FLEET, running + waiting, NOW) == {"vision/wait": StartEstimate(NOW + 9 * HOUR)}
+    # nlp's jobs held their slots for 30 % to 50 % of their max_hours: it ends in about 3 h (the median)
+    history = History({"nlp": [0.3, 0.35, 0.4, 0.45, 0.5]})
+    (est,) = estimate_starts(FLEET, running + waiting, NOW, history=history).values()
+    assert (est.latest, est.early, est.late) == (NOW + 9 * HOUR, None, None)  # no record of waits: no band
+    assert est.expected == pytest.approx(NOW + 3 * HOUR)
+    assert start_in_words(est, NOW).startswith("expected to start about 1970-01-12 ")
+    # the last waits came out between half and twice what they were told (with a look's floor)
+    ratios = [0.5 + 1.5 * i / 99 for i in range(100)]
+    (est,) = estimate_starts(FLEET, running + waiting, NOW, history=History(history.shares, ratios)).values()
+    told = 3 * HOUR + WAIT_FLOOR_S
+    assert est.early == pytest.approx(NOW + told * (0.5 + 1.5 * BAND[0]) - WAIT_FLOOR_S, abs=30)
+    assert est.late == pytest.approx(NOW + told * (0.5 + 1.5 * BAND[1]) - WAIT_FLOOR_S, abs=30)
+    words = start_in_words(est, NOW)
+    assert "(9 in 10 start between " in words and words.endswith("if the running jobs end by their max_hours")
+    assert wait_ratio(3 * HOUR, 6 * HOUR) == pytest.approx((6 * HOUR + WAIT_FLOOR_S) / told)
+
+
+def test_a_job_being_preempted_for_is_expected_once_its_victims_have_stopped():
+    victim = Entry(_job("nlp/borrows", "nlp", 8), NOW - 2 * HOUR, NOW - HOUR, 4, NOW + 180, preempted_for="vision/l")
+    lender = Entry(_job("vision/l", "vision", 4), NOW - 60, None, 0, NOW + 120)
+    (est,) = estimate_starts(FLEET, [victim, lender], NOW).values()
+    assert est.latest == NOW + FLEET.scheduling.preemption.grace_seconds
+    assert start_in_words(est, NOW) == "starts at its next look"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def where(request, tmp_path):
+    if request.param == "sqlite":
+        return tmp_path / "ledger.db"
+    return request.getfixturevalue("postgres").database("ledger_holds")
+
+
+def test_the_ledger_keeps_how_long_finished_jobs_held_their_slots_for_a_month(where):
+    now = [NOW]
+    ledger = Ledger(where, FLEET, lambda: now[0])
+    for i, hours in enumerate([1.0, 2.0, 5.0]):
+        assert ledger.request(_job(f"vision/{i}", "vision", 1)).admitted
+        now[0] += hours * HOUR
+        ledger.release(f"vision/{i}")
+    ledger.request(_job("nlp/never", "nlp", 9))  # more than the type has: it waits, and gives up
+    ledger.release("nlp/never")
+    assert ledger.history().shares == {"vision": [0.1, 0.2, 0.5], "": [0.1, 0.2, 0.5]}
+    now[0] += HISTORY_KEPT_S - 2 * HOUR  # the first two are past the month: a decision drops them
+    ledger.request(_job("nlp/later", "nlp", 1))
+    assert ledger.history().shares == {"vision": [0.5], "": [0.5]}
+    ledger.release("nlp/later")
+    # a job told it waits 30 s (and told again later: the first is kept), admitted 90 s on: its ratio is kept
+    assert ledger.request(_job("vision/all", "vision", 8)).admitted
+    assert not ledger.request(_job("nlp/w", "nlp", 4)).admitted
+    ledger.told("nlp/w", 30.0)
+    now[0] += 90
+    ledger.told("nlp/w", 5 * HOUR)
+    ledger.release("vision/all")
+    assert ledger.request(_job("nlp/w", "nlp", 4)).admitted
+    assert ledger.history().ratios == [pytest.approx((90 + WAIT_FLOOR_S) / (30 + WAIT_FLOOR_S))]
+
+
+def test_a_waiting_job_is_told_its_expected_start_once_the_ledger_has_history(trainyard_home):
+    from trainyard.scheduling.admission.ledger import place_in_queue
+
+    now = [NOW]
+    ledger = Ledger(trainyard_home / "ledger.db", FLEET, lambda: now[0])
+    for i in range(5):  # nlp's jobs held their slots for 2 of their 10 hours
+        assert ledger.request(_job(f"nlp/done{i}", "nlp", 8)).admitted
+        now[0] += 2 * HOUR
+        ledger.release(f"nlp/done{i}")
+    # each team in its own quota (nothing to preempt): vision's jobs are judged by the fleet's history
+    assert (
+        ledger.request(_job("nlp/run", "nlp", 4)).admitted and ledger.request(_job("vision/run", "vision", 4)).admitted
+    )
+    now[0] += HOUR
+    assert ledger.renew("nlp/run") and ledger.renew("vision/run")
+    assert not ledger.request(_job("vision/wait", "vision", 4)).admitted
+    said = place_in_queue(ledger, "vision/wait")
+    # the two running, an hour in, are expected to end an hour from now, and by their max_hours 9 h from now
+    expected, bound = (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(now[0] + h * HOUR)) for h in (1, 9))
+    assert f"expected to start about {expected}" in said and said.endswith(
+        f"starts by {bound} if the running jobs end by their max_hours"
+    )
