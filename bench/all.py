@@ -35,6 +35,8 @@ class Bench:
     in_all: bool = True  # False: only with --only (too long for every `make bench`)
 
 
+# The policy alone on the replay's traces: a trace per seed and load (bench/scheduler.py --policy-only)
+REPLAY_TRACES = ("--policy-only", "1", "2", "3", "4", "5", "6", "--loads", "1.0", "1.25", "1.5")
 BENCHES = (
     Bench(
         "orchestration",
@@ -103,23 +105,21 @@ BENCHES = (
     Bench(
         "preemption",
         "Preemption: the lender's wait, the GPU time lost, and what the stop word costs the loop",
-        (
-            "bench/scheduler.py",
-            "--policy-only",
-            "1",
-            "2",
-            "3",
-            "4",
-            "5",
-            "6",
-            "--loads",
-            "1.0",
-            "1.25",
-            "1.5",
-            "--preemption",
-        ),
+        ("bench/scheduler.py", *REPLAY_TRACES, "--preemption"),
         ("bench/scheduler.py", "--policy-only", "1", "--loads", "1.25", "--preemption"),
-    ),  # fmt: skip
+    ),
+    Bench(
+        "start-estimates",
+        "Start estimates: the expected start, its band and the latest start against when jobs started",
+        ("bench/scheduler.py", *REPLAY_TRACES, "--start-estimates"),
+        ("bench/scheduler.py", "--policy-only", "1", "--loads", "1.25", "--start-estimates"),
+    ),
+    Bench(
+        "admission-scale",
+        "The admission ledger with 1,000 and 10,000 jobs waiting on PostgreSQL",
+        ("bench/admission_scale.py",),
+        ("bench/admission_scale.py", "--waiting", "200", "--admit", "40", "--history", "1000", "--procs", "2"),
+    ),
     Bench(
         "scheduler-celery",
         "Scheduler replay on the cluster profile: the same job stream through the CeleryExecutor, the ledger in "

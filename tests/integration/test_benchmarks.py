@@ -50,9 +50,12 @@ def test_every_benchmark_runs_and_reports(tmp_path):
         r"cpu-smoke \(tiny\), batch 4, bf16, compile False, best of 1:\n +hand +\d+ tokens/s +MFU",
         r"\n +trainyard +\d+ tokens/s +MFU [\d.]+% \(6N\)",
         r"preemption on: 1 traces, utilisation \d\.\d+x the reference at worst .* GPU-s lost at most [\d.]+%",
+        r'"started_inside_the_band": [\d.]+',
+        r"200 waiting: a decision round [\d.]+ s \([\d.]+ s with 1000 finished jobs in the history\), the policy "
+        r"alone [\d.]+ CPU-s, start estimates [\d.]+ CPU-s \(\d+ jobs given a start\), [\d.]+ admissions/s",
     ):
         assert re.search(expected, text), f"{expected!r} not in\n{text}"
-    assert text.count("\n## ") == 8
+    assert text.count("\n## ") == 10
 
 
 def test_the_gpu_benchmark_says_it_skipped_without_a_gpu(tmp_path):

@@ -378,10 +378,10 @@ class _Commitments:
 
     def owed(self, job: Job) -> float:
         """The job's commitment where a budget gates its team (reading its run's usage file), else 0."""
-        from trainyard.scheduling.budgets import commitment
-
         if self.spend is None or self.config.teams[job.team].monthly_budget is None:
             return 0.0
+        from trainyard.scheduling.budgets import commitment
+
         return commitment(self.config, job, self.spend.of_run(job.id))
 
     def refusal(self, job: Job, cost: float) -> Verdict | None:
@@ -439,6 +439,35 @@ def _after_preemptions(entries: list[Entry], gpu_type: str, used: dict[str, int]
     return after
 
 
+class _Repeats:
+    """What repeats within one type's decision, a queue of thousands asking the same questions once the type
+    is full: the room of a team's job of a size (valid until an admission changes the use), and that a
+    team's job of a size and priority reclaims nothing (valid until a preemption changes what is left)."""
+
+    def __init__(self, holding: list[Entry]) -> None:
+        self.rooms: dict[tuple[str, int], int | Verdict] = {}
+        self.no_reclaim: set[tuple[str, int, int]] = set()
+        self.preempted_for = {e.preempted_for for e in holding if e.preempted_for}
+
+    def room(self, config: ResourcesConfig, used: dict[str, int], job: Job) -> int | Verdict:
+        key = (job.team, job.slots)
+        if key not in self.rooms:
+            self.rooms[key] = _room(config, used, job)
+        return self.rooms[key]
+
+    def preempting(self, config: ResourcesConfig, holding: list[Entry], job: Job, *args) -> dict[str, Verdict] | None:
+        """:func:`_preempting` (``args``: its ``after``, ``now``, ``rules`` and ``claimed``)."""
+        key, ongoing = (job.team, job.slots, job.priority), job.id in self.preempted_for
+        if not ongoing and key in self.no_reclaim:
+            return None
+        found = _preempting(config, holding, job, *args)
+        if found is None:
+            self.no_reclaim.add(key)
+        elif not ongoing:
+            self.no_reclaim.clear()  # it preempts: less is left to reclaim for the next
+        return found
+
+
 def _plan_type(
     config: ResourcesConfig,
     entries: list[Entry],
@@ -463,7 +492,7 @@ def _plan_type(
     def key(e: Entry) -> tuple:
         return (now - e.waiting_from < max_wait, not within(e.job), -e.job.priority, e.enqueued, e.job.id)
 
-    after, claimed = _after_preemptions(entries, gpu_type, used), set[str]()
+    after, claimed, repeats = _after_preemptions(entries, gpu_type, used), set[str](), _Repeats(holding)
     no_borrowing: Verdict | None = None
     starving: Entry | None = None  # a job past the bound, waiting for slots: it holds a reservation
     verdicts: dict[str, Verdict] = {}
@@ -476,7 +505,7 @@ def _plan_type(
             message = f"sweep {job.group} has {job.group_limit} trial(s) running, its parallelism"
             verdicts[job.id] = Verdict.wait(WaitReason.SWEEP_PARALLELISM, message)
             continue
-        room = _room(config, used, job)
+        room = repeats.room(config, used, job)
         if isinstance(room, int) and room > 0 and no_borrowing is not None:
             room = no_borrowing
         if (
@@ -502,7 +531,7 @@ def _plan_type(
                 and (room.reason.fleet or room.reason is WaitReason.BORROWING_LIMIT)
                 and commitments.refusal(job, commitments.owed(job)) is None  # its budget would not keep it waiting
             ):
-                preempting = _preempting(config, holding, job, after, now, preemption, claimed)
+                preempting = repeats.preempting(config, holding, job, after, now, preemption, claimed)
             verdicts.update(preempting or {job.id: room})
             room = verdicts[job.id]
             fleet = room.reason is not None and room.reason.fleet
@@ -514,6 +543,7 @@ def _plan_type(
             continue
         verdicts[job.id] = Verdict.admit(job, room)
         used[job.team] += job.slots
+        repeats.rooms.clear()
         running.append((now + job.max_hours * 3600, job.slots, job.team))
         in_group[job.group] = in_group.get(job.group, 0) + 1
         commitments.committed[job.team] += cost
