@@ -351,16 +351,16 @@ def max_hours_of(job: TraceJob) -> float:
 USER_ESTIMATE_SPREAD = (1.2, 6.0)
 
 
-def with_user_estimates(trace: list[TraceJob]) -> list[TraceJob]:
+def with_user_estimates(trace: list[TraceJob], seed: int) -> list[TraceJob]:
     """``trace`` with each job's max_hours set as a user would: its duration times a factor drawn per job
-    from :data:`USER_ESTIMATE_SPREAD` (seeded by its name)."""
+    from :data:`USER_ESTIMATE_SPREAD` (seeded by the trace's seed and the job's name)."""
     lo, hi = (math.log(f) for f in USER_ESTIMATE_SPREAD)
-    return [
-        dataclasses.replace(
-            j, max_hours=round(max(0.001, j.seconds * math.exp(random.Random(j.name).uniform(lo, hi)) / 3600), 4)
-        )
-        for j in trace
-    ]
+
+    def user_max_hours(j: TraceJob) -> float:
+        factor = math.exp(random.Random(f"{seed}/{j.name}").uniform(lo, hi))
+        return round(max(0.001, j.seconds * factor / 3600), 4)
+
+    return [dataclasses.replace(j, max_hours=user_max_hours(j)) for j in trace]
 
 
 Starts = Callable[[float, list[TraceJob], list[tuple[TraceJob, float]]], list[TraceJob]]
@@ -676,7 +676,7 @@ def start_estimates_on_traces(
     for seed in seeds:
         for load in loads:
             trace = make_trace(base, types, window=window, load=load, median=median, seed=seed)
-            rows += start_estimates(config, with_user_estimates(trace), types, window, WAIT_FLOOR_S / time_scale)
+            rows += start_estimates(config, with_user_estimates(trace, seed), types, window, WAIT_FLOOR_S / time_scale)
     bounded = [r for r in rows if r["bound_s"] is not None]
     estimated = [r for r in rows if r["expected_s"] is not None]
     banded = [r for r in estimated if r["early_s"] is not None]

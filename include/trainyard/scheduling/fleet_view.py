@@ -58,7 +58,7 @@ def queue_jobs(
             start = starts.get(e.job.id)
             job["starts_by"] = start and start.latest
             job["expected_start"] = start and start.expected
-            job["start_band"] = [start.early, start.late] if start and start.expected is not None else None
+            job["start_band"] = [start.early, start.late] if start and start.early is not None else None
             job["start"] = start_in_words(start, now)
         jobs.append(job if reader.may_read(e.job.team) else {k: job[k] for k in SEEN_BY_OTHERS})
     return jobs

@@ -60,20 +60,22 @@ SCHEMA = (
     told_wait DOUBLE PRECISION NOT NULL DEFAULT 0
 )""",
     # how long each finished job held its slots, as a share of its max_hours: the start estimates' history
-    "CREATE TABLE IF NOT EXISTS held (id TEXT PRIMARY KEY, team TEXT NOT NULL, share DOUBLE PRECISION NOT NULL, "
+    "CREATE TABLE IF NOT EXISTS holds (id TEXT PRIMARY KEY, team TEXT NOT NULL, share DOUBLE PRECISION NOT NULL, "
     "at DOUBLE PRECISION NOT NULL)",
-    # every decision drops what ran out by time: indexed, its cost does not grow with the history
     # how each admitted job's real wait came out against the wait it was told: the estimates' band
-    "CREATE TABLE IF NOT EXISTS waits (id TEXT PRIMARY KEY, ratio DOUBLE PRECISION NOT NULL, "
+    "CREATE TABLE IF NOT EXISTS wait_ratios (id TEXT PRIMARY KEY, ratio DOUBLE PRECISION NOT NULL, "
     "at DOUBLE PRECISION NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS arrivals_enqueued ON arrivals (enqueued)",
-    "CREATE INDEX IF NOT EXISTS cancelled_at ON cancelled (at)",
-    "CREATE INDEX IF NOT EXISTS preempted_at ON preempted (at)",
-    "CREATE INDEX IF NOT EXISTS held_at ON held (at)",
-    "CREATE INDEX IF NOT EXISTS admission_lease_until ON admission (lease_until)",
-    "CREATE INDEX IF NOT EXISTS waits_at ON waits (at)",
+    # every decision drops what ran out by time: indexed, its cost does not grow with the history (named
+    # for the ledger: the database may hold other tables, the sweeps' studies)
+    "CREATE INDEX IF NOT EXISTS ledger_arrivals_enqueued ON arrivals (enqueued)",
+    "CREATE INDEX IF NOT EXISTS ledger_cancelled_at ON cancelled (at)",
+    "CREATE INDEX IF NOT EXISTS ledger_preempted_at ON preempted (at)",
+    "CREATE INDEX IF NOT EXISTS ledger_holds_at ON holds (at)",
+    "CREATE INDEX IF NOT EXISTS ledger_admission_lease_until ON admission (lease_until)",
+    "CREATE INDEX IF NOT EXISTS ledger_wait_ratios_at ON wait_ratios (at)",
 )
-NEWEST = "waits_at"  # the last of SCHEMA: a PostgreSQL ledger that has it (and ADDED_COLUMNS' last) is made
+# The last of SCHEMA: a PostgreSQL ledger that has it (and ADDED_COLUMNS' last) is made to this version
+NEWEST_SCHEMA_OBJECT = "ledger_wait_ratios_at"
 # Columns a ledger made by an earlier version may lack (devices allocated, users shown, sweeps capped, the
 # host whose devices a job holds, preemptions, the wait a job was told).
 ADDED_COLUMNS = (
@@ -212,7 +214,7 @@ class PostgresDb:
                 "SELECT to_regclass('ledger_lock') IS NOT NULL AND to_regclass(?) IS NOT NULL "
                 "AND EXISTS (SELECT 1 FROM information_schema.columns "
                 "WHERE table_schema = current_schema() AND table_name = 'admission' AND column_name = ?)",
-                (NEWEST, newest),
+                (NEWEST_SCHEMA_OBJECT, newest),
             ).fetchone()
             if not ready:  # made once; two hosts starting at once would race on CREATE TABLE: one at a time
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))

@@ -186,6 +186,7 @@ def test_a_waiting_job_s_log_says_its_place_and_says_it_again_while_it_waits(fle
     why = "a100: 2 of 2 slots in use, the job needs 2"
     # its latest start: r1 ends by its max_hours (1 h), then r2 (first in line, 1 slot) runs its hour
     by = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(fleet.entries()[0].admitted + 2 * 3600))
-    place = f"waiting, 2 of 2 for a100: {why}; starts by {by} if the running jobs end by their max_hours"
+    bound = f"starts by {by} if the running jobs end by their max_hours and no later job passes it"
+    place = f"waiting, 2 of 2 for a100: {why}; {bound}"
     assert said[0] == f"admission of {job.id}: {place} (waiting 10 min)", said
     assert 2 <= len(said) <= 5 and len(set(said)) == 1, said

@@ -15,6 +15,7 @@ from trainyard.scheduling.admission.starts import (
     HISTORY_KEPT_S,
     NO_HISTORY,
     WAIT_FLOOR_S,
+    WAITING_IN_SIGHT,
     History,
     StartEstimate,
     estimate_starts,
@@ -38,15 +39,15 @@ def _job(job_id: str, team: str, slots: int, max_hours: float = 10.0) -> Job:
 def test_a_job_holds_its_slots_as_long_as_its_teams_recent_jobs_held_theirs_given_how_long_it_has_run():
     history = History({"vision": [0.1, 0.2, 0.3, 0.4, 0.5], "nlp": [0.9, 0.9]})
     job = _job("vision/a", "vision", 1)
-    assert history.seconds(job, 0.0, 0.5) == pytest.approx(0.3 * 10 * HOUR)  # the median share of 10 h
-    assert history.seconds(job, 0.0, 0.0) == pytest.approx(0.1 * 10 * HOUR)
+    assert history.hold_s(job, 0.0, 0.5) == pytest.approx(0.3 * 10 * HOUR)  # the median share of 10 h
+    assert history.hold_s(job, 0.0, 0.0) == pytest.approx(0.1 * 10 * HOUR)
     # having run 3.5 h, it is one of those that ran longer: 0.4 and 0.5, their median 0.45
-    assert history.seconds(job, 3.5 * HOUR, 0.5) == pytest.approx(0.45 * 10 * HOUR)
-    assert history.seconds(job, 6 * HOUR, 0.5) == 10 * HOUR  # longer than any: its max_hours
-    assert history.seconds(job, 11 * HOUR, 0.5) == 11 * HOUR  # past its max_hours: it ends now
+    assert history.hold_s(job, 3.5 * HOUR, 0.5) == pytest.approx(0.45 * 10 * HOUR)
+    assert history.hold_s(job, 6 * HOUR, 0.5) == 10 * HOUR  # longer than any: its max_hours
+    assert history.hold_s(job, 11 * HOUR, 0.5) == 11 * HOUR  # past its max_hours: it ends now
     # nlp has too little history of its own: the fleet's (all seven) is used
-    assert history.known("nlp") and history.seconds(_job("nlp/a", "nlp", 1), 0.0, 0.5) == pytest.approx(0.4 * 10 * HOUR)
-    assert not NO_HISTORY.known("vision") and NO_HISTORY.seconds(job, 0.0, 0.5) == 10 * HOUR
+    assert history.known("nlp") and history.hold_s(_job("nlp/a", "nlp", 1), 0.0, 0.5) == pytest.approx(0.4 * 10 * HOUR)
+    assert not NO_HISTORY.known("vision") and NO_HISTORY.hold_s(job, 0.0, 0.5) == 10 * HOUR
 
 
 def test_the_expected_start_follows_the_history_its_band_the_record_of_waits_and_the_bound_the_max_hours():
@@ -64,18 +65,21 @@ def test_the_expected_start_follows_the_history_its_band_the_record_of_waits_and
     ratios = [0.5 + 1.5 * i / 99 for i in range(100)]
     (est,) = estimate_starts(FLEET, running + waiting, NOW, history=History(history.shares, ratios)).values()
     told = 3 * HOUR + WAIT_FLOOR_S
-    assert est.early == pytest.approx(NOW + told * (0.5 + 1.5 * BAND[0]) - WAIT_FLOOR_S, abs=30)
-    assert est.late == pytest.approx(NOW + told * (0.5 + 1.5 * BAND[1]) - WAIT_FLOOR_S, abs=30)
+    # split conformal ranks of 100 ratios: the floor(101 x 5 %) = 5th and the ceil(101 x 95 %) = 96th
+    assert BAND == (0.05, 0.95)
+    assert est.early == pytest.approx(NOW + told * ratios[4] - WAIT_FLOOR_S)
+    assert est.late == pytest.approx(NOW + told * ratios[95] - WAIT_FLOOR_S)
     words = start_in_words(est, NOW)
-    assert "(9 in 10 start between " in words and words.endswith("if the running jobs end by their max_hours")
+    assert "(about 9 in 10 start between " in words and words.endswith("and no later job passes it")
     assert wait_ratio(3 * HOUR, 6 * HOUR) == pytest.approx((6 * HOUR + WAIT_FLOOR_S) / told)
 
 
 def test_a_job_being_preempted_for_is_expected_once_its_victims_have_stopped():
     victim = Entry(_job("nlp/borrows", "nlp", 8), NOW - 2 * HOUR, NOW - HOUR, 4, NOW + 180, preempted_for="vision/l")
     lender = Entry(_job("vision/l", "vision", 4), NOW - 60, None, 0, NOW + 120)
-    (est,) = estimate_starts(FLEET, [victim, lender], NOW).values()
-    assert est.latest == NOW + FLEET.scheduling.preemption.grace_seconds
+    history = History({"nlp": [0.9] * 5})  # nlp's jobs run long: not what frees the slots here
+    (est,) = estimate_starts(FLEET, [victim, lender], NOW, history=history).values()
+    assert est.latest == est.expected == NOW + FLEET.scheduling.preemption.grace_seconds
     assert start_in_words(est, NOW) == "starts at its next look"
 
 
@@ -98,21 +102,23 @@ def test_the_ledger_keeps_how_long_finished_jobs_held_their_slots_for_a_month(wh
     assert ledger.history().shares == {"vision": [0.1, 0.2, 0.5], "": [0.1, 0.2, 0.5]}
     now[0] += HISTORY_KEPT_S - 2 * HOUR  # the first two are past the month: a decision drops them
     ledger.request(_job("nlp/later", "nlp", 1))
+    with ledger.db.connection() as conn:
+        assert conn.execute("SELECT id FROM holds").fetchall() == [("vision/2",)]
     assert ledger.history().shares == {"vision": [0.5], "": [0.5]}
     ledger.release("nlp/later")
     # a job told it waits 30 s (and told again later: the first is kept), admitted 90 s on: its ratio is kept
     assert ledger.request(_job("vision/all", "vision", 8)).admitted
     assert not ledger.request(_job("nlp/w", "nlp", 4)).admitted
-    ledger.told("nlp/w", 30.0)
+    ledger.record_told_wait("nlp/w", now[0], 30.0)
     now[0] += 90
-    ledger.told("nlp/w", 5 * HOUR)
+    ledger.record_told_wait("nlp/w", now[0], 5 * HOUR)
     ledger.release("vision/all")
     assert ledger.request(_job("nlp/w", "nlp", 4)).admitted
     assert ledger.history().ratios == [pytest.approx((90 + WAIT_FLOOR_S) / (30 + WAIT_FLOOR_S))]
 
 
 def test_a_waiting_job_is_told_its_expected_start_once_the_ledger_has_history(trainyard_home):
-    from trainyard.scheduling.admission.ledger import place_in_queue
+    from trainyard.scheduling.admission.ledger import place_in_queue, verdict_in_words
 
     now = [NOW]
     ledger = Ledger(trainyard_home / "ledger.db", FLEET, lambda: now[0])
@@ -127,9 +133,67 @@ def test_a_waiting_job_is_told_its_expected_start_once_the_ledger_has_history(tr
     now[0] += HOUR
     assert ledger.renew("nlp/run") and ledger.renew("vision/run")
     assert not ledger.request(_job("vision/wait", "vision", 4)).admitted
-    said = place_in_queue(ledger, "vision/wait")
+    verdict = ledger.request(_job("vision/wait", "vision", 4))
+    said = verdict_in_words(ledger, "vision/wait", verdict)  # the admit task's log line: the job is told
+    with ledger.db.connection() as conn:
+        told = conn.execute("SELECT told_at, told_wait FROM admission WHERE id = 'vision/wait'").fetchone()
+    assert told == (now[0], pytest.approx(HOUR))
+    assert place_in_queue(ledger, "vision/wait") in said  # what trainyard queue and submit --wait say
     # the two running, an hour in, are expected to end an hour from now, and by their max_hours 9 h from now
     expected, bound = (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(now[0] + h * HOUR)) for h in (1, 9))
     assert f"expected to start about {expected}" in said and said.endswith(
-        f"starts by {bound} if the running jobs end by their max_hours"
+        f"starts by {bound} if the running jobs end by their max_hours and no later job passes it"
     )
+
+
+def test_the_band_is_drawn_at_split_conformal_ranks():
+    # 39 ratios 1..39: (n + 1) x 5 % = 2, the 2nd; (n + 1) x 95 % = 38, the 38th
+    history = History({}, [float(r) for r in range(1, 40)])
+    assert history.band(0.0, floor_s=1.0) == (1.0, 37.0)  # 1 x 2 - 1 and 1 x 38 - 1
+    assert History({}, [1.0] * 19).band(100.0) is None  # fewer than MIN_TOLD
+
+
+def test_a_long_queue_keeps_jobs_that_fit_now_in_sight_and_leaves_out_teams_no_longer_in_the_file():
+    """Beyond the first WAITING_IN_SIGHT of a type a job that the policy admits now (a backfill) is still
+    placed, and a row of a team taken out of resources.yaml is not looked at (nor does it break the rest)."""
+    running = [
+        Entry(_job("nlp/run", "nlp", 4), NOW - 2 * HOUR, NOW - HOUR, 0, NOW + 180),
+        Entry(_job("gone/run", "removed", 2), NOW - 2 * HOUR, NOW - HOUR, 0, NOW + 180),
+    ]
+    big = [
+        Entry(_job(f"vision/big{i:03d}", "vision", 8), NOW - 500 + i, None, 0, NOW + 120)
+        for i in range(WAITING_IN_SIGHT)
+    ]
+    small = Entry(_job("nlp/small", "nlp", 2, max_hours=24.0), NOW - 10, None, 0, NOW + 120)
+    found = estimate_starts(FLEET, running + big + [small], NOW)
+    assert found["nlp/small"].latest == NOW  # it fits beside nlp/run now, though 100 jobs are before it
+    assert found["vision/big000"].latest == NOW + 24 * HOUR  # once nlp/run and nlp/small have ended
+    assert "gone/run" not in found and not any(e.behind for e in found.values())
+    late = Entry(_job("vision/late", "vision", 8), NOW, None, 0, NOW + 120)
+    assert estimate_starts(FLEET, running + big + [late], NOW)["vision/late"] == StartEstimate(None, behind=True)
+    assert start_in_words(StartEstimate(None, behind=True), NOW).startswith(f"more than {WAITING_IN_SIGHT} jobs")
+
+
+def test_a_ledger_of_the_version_before_gains_the_estimates_tables_and_columns(where):
+    from trainyard.scheduling.ledger_db import SCHEMA
+
+    Ledger(where, FLEET)
+    made = Ledger(where, FLEET)
+    with made.db.connection() as conn:  # back to the version before: no history, no told wait, no indexes
+        for statement in SCHEMA:
+            if statement.startswith("CREATE INDEX"):
+                conn.execute("DROP INDEX " + statement.split()[5])
+        conn.execute("DROP TABLE holds")
+        conn.execute("DROP TABLE wait_ratios")
+        conn.execute("ALTER TABLE admission DROP COLUMN told_at")
+        conn.execute("ALTER TABLE admission DROP COLUMN told_wait")
+    now = [NOW]
+    again = Ledger(where, FLEET, lambda: now[0])
+    assert again.request(_job("vision/all", "vision", 8)).admitted
+    assert not again.request(_job("nlp/w", "nlp", 4)).admitted
+    again.record_told_wait("nlp/w", now[0], 0.0)
+    now[0] += 60
+    again.release("vision/all")
+    assert again.request(_job("nlp/w", "nlp", 4)).admitted
+    history = again.history()
+    assert history.shares["vision"] == [pytest.approx(60 / (10 * HOUR))] and history.ratios == [2.0]

@@ -28,13 +28,13 @@ from trainyard.scheduling.admission.policy import (
 from trainyard.scheduling.admission.starts import (
     HISTORY_KEPT_S,
     HISTORY_READ,
-    WAIT_FLOOR_S,
     History,
     StartEstimate,
     estimate_starts,
     start_in_words,
+    wait_ratio,
 )
-from trainyard.scheduling.ledger_db import Connection, open_db, shared_database_url
+from trainyard.scheduling.ledger_db import Connection, DatabaseUnavailable, open_db, shared_database_url
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.spec import Resources
 
@@ -122,8 +122,8 @@ class Ledger:
         conn.execute("DELETE FROM arrivals WHERE enqueued < ?", (now - ARRIVAL_KEPT_S,))
         conn.execute("DELETE FROM cancelled WHERE at < ?", (now - ARRIVAL_KEPT_S,))
         conn.execute("DELETE FROM preempted WHERE at < ?", (now - ARRIVAL_KEPT_S,))
-        conn.execute("DELETE FROM held WHERE at < ?", (now - HISTORY_KEPT_S,))
-        conn.execute("DELETE FROM waits WHERE at < ?", (now - HISTORY_KEPT_S,))
+        conn.execute("DELETE FROM holds WHERE at < ?", (now - HISTORY_KEPT_S,))
+        conn.execute("DELETE FROM wait_ratios WHERE at < ?", (now - HISTORY_KEPT_S,))
         config = self.config
         entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
         verdicts = plan(config, entries, now, spend, PreemptionRules.of(config))
@@ -131,15 +131,19 @@ class Ledger:
             if verdict.admitted:
                 sql = "UPDATE admission SET admitted = ?, borrowed = ? WHERE id = ?"
                 conn.execute(sql, (now, verdict.borrowed, job_id))
-                conn.execute(  # its wait against the one it was told (Ledger.told): the estimates' band
-                    "INSERT INTO waits (id, ratio, at) SELECT id, (? - told_at + ?) / (told_wait + ?), ? "
-                    "FROM admission WHERE id = ? AND told_at > 0 ON CONFLICT (id) DO NOTHING",
-                    (now, WAIT_FLOOR_S, WAIT_FLOOR_S, now, job_id),
-                )
+                self._record_wait_ratio(conn, job_id, now)
             elif verdict.standing is Standing.PREEMPTED:  # its training hears it through its lease
                 sql = "UPDATE admission SET preempted_for = ? WHERE id = ? AND admitted IS NOT NULL"
                 conn.execute(sql + " AND preempted_for = ''", (verdict.preempted_for, job_id))
         return verdicts
+
+    @staticmethod
+    def _record_wait_ratio(conn: Connection, job_id: str, now: float) -> None:
+        """An admitted job told a wait (:meth:`record_told_wait`): how its wait came out, for the band."""
+        told = conn.execute("SELECT told_at, told_wait FROM admission WHERE id = ?", (job_id,)).fetchone()
+        if told is not None and told[0] > 0:
+            sql = "INSERT INTO wait_ratios (id, ratio, at) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING"
+            conn.execute(sql, (job_id, wait_ratio(told[1], now - told[0]), now))
 
     def request(self, job: Job, spend: Spend | None = None) -> Verdict:
         """Queue ``job`` or renew its place, and decide: whether it is admitted now, or why it waits. Its
@@ -253,14 +257,15 @@ class Ledger:
     def release(self, job_id: str) -> None:
         """The job is done (its training ended for good, or it gave up waiting): its slots and its place
         go; the next look of a waiting job takes them. An admitted job's hold (how long it held its slots, as
-        a share of its max_hours) goes into the history the start estimates read (:meth:`holds`)."""
+        a share of its max_hours) goes into the history the start estimates read (:meth:`history`). (A job
+        cancelled or lapsed while it runs leaves none; a preempted one, its last stint's.)"""
         with self.db.transaction() as conn:
             now = self._now(conn)
             row = conn.execute("SELECT team, admitted, max_hours FROM admission WHERE id = ?", (job_id,)).fetchone()
             if row is not None and row[1] is not None and row[2] > 0:
                 share = min(1.0, max(0.0, (now - row[1]) / (row[2] * 3600)))
                 conn.execute(
-                    "INSERT INTO held (id, team, share, at) VALUES (?, ?, ?, ?) "
+                    "INSERT INTO holds (id, team, share, at) VALUES (?, ?, ?, ?) "
                     "ON CONFLICT (id) DO UPDATE SET team = excluded.team, share = excluded.share, at = excluded.at",
                     (job_id, row[0], share, now),
                 )
@@ -345,20 +350,22 @@ class Ledger:
         with self.db.connection() as conn:
             since = self._now(conn) - HISTORY_KEPT_S
             holds = conn.execute(
-                "SELECT team, share FROM held WHERE at >= ? ORDER BY at DESC LIMIT ?", (since, HISTORY_READ)
+                "SELECT team, share FROM holds WHERE at >= ? ORDER BY at DESC LIMIT ?", (since, HISTORY_READ)
             ).fetchall()
             ratios = conn.execute(
-                "SELECT ratio FROM waits WHERE at >= ? ORDER BY at DESC LIMIT ?", (since, HISTORY_READ)
+                "SELECT ratio FROM wait_ratios WHERE at >= ? ORDER BY at DESC LIMIT ?", (since, HISTORY_READ)
             ).fetchall()
         return History.of(((team, share) for team, share in holds), (r for (r,) in ratios))
 
-    def told(self, job_id: str, wait_s: float) -> None:
-        """The waiting job ``job_id`` was told it waits about ``wait_s`` more (its first expected start):
-        kept with its row, and how its wait comes out goes into the record the band is drawn from."""
-        with self.db.transaction() as conn:
+    def record_told_wait(self, job_id: str, told_at: float, wait_s: float) -> None:
+        """The waiting job ``job_id`` was told at ``told_at`` that it waits about ``wait_s`` more (its first
+        expected start; later ones change nothing): kept with its row, and how its wait comes out goes into
+        the record the band is drawn from (at its admission). One statement, no decision's lock. (A job that
+        leaves the queue unadmitted records nothing: the record leans to the waits that ended.)"""
+        with self.db.connection() as conn:
             conn.execute(
                 "UPDATE admission SET told_at = ?, told_wait = ? WHERE id = ? AND admitted IS NULL AND told_at = 0",
-                (self._now(conn), max(0.0, wait_s), job_id),
+                (told_at, max(0.0, wait_s), job_id),
             )
 
     def entries(self) -> list[Entry]:
@@ -486,7 +493,7 @@ def place_in_queue(ledger: Ledger, job_id: str, told: bool = False) -> str | Non
     jobs of its GPU type that wait, in the order the policy looks at them; its start,
     :func:`~.starts.estimate_starts`); None when it is not waiting (admitted, or not in the ledger).
     ``told``: the job itself is told (its ``admit`` task's log): its first expected start is kept
-    (:meth:`Ledger.told`)."""
+    (:meth:`Ledger.record_told_wait`)."""
     from trainyard import paths
     from trainyard.scheduling.budgets import current_spend
 
@@ -500,7 +507,10 @@ def place_in_queue(ledger: Ledger, job_id: str, told: bool = False) -> str | Non
     now = ledger.now()
     estimate = starts_of(ledger, entries, now, spend).get(job_id)
     if told and estimate is not None and estimate.expected is not None:
-        ledger.told(job_id, estimate.expected - now)
+        try:
+            ledger.record_told_wait(job_id, now, estimate.expected - now)
+        except DatabaseUnavailable as err:  # the record misses one wait; the job's log line still says it
+            logging.getLogger(__name__).warning("could not record the wait told to %s: %s", job_id, err)
     start = start_in_words(estimate, now)
     place = f"waiting, {k} of {n} for {mine[0].job.gpu_type}"
     return f"{place}: {mine[1].message}; {start}"

@@ -411,8 +411,8 @@ def plan(
     (:func:`trainyard.scheduling.budgets.commitment`) fit in what the team's monthly budget has left after this
     month's spend. ``preemption``: with it, a waiting job within its quota reclaims what others borrow of it
     (:func:`reclaim`), and the jobs it preempts have a verdict too (:attr:`Standing.PREEMPTED`).
-    ``admissions_only``: the verdicts of a type's waiting jobs only until it is full, which admits no more
-    (running the policy forward needs no more: :mod:`.starts`)."""
+    ``admissions_only``: without ``preemption``, the verdicts of a type's waiting jobs only until it is
+    full, which admits no more (running the policy forward needs no more: :mod:`.starts`)."""
     commitments = _Commitments(config, spend, [e.job for e in entries if e.admitted is not None])
     in_group: dict[str, int] = {}  # a sweep's admitted trials
     for e in entries:
@@ -439,7 +439,7 @@ def _after_preemptions(entries: list[Entry], gpu_type: str, used: dict[str, int]
     return after
 
 
-class _Repeats:
+class _DecisionMemo:
     """What repeats within one type's decision, a queue of thousands asking the same questions once the type
     is full: the room of a team's job of a size (valid until an admission changes the use), and that a
     team's job of a size and priority reclaims nothing (valid until a preemption changes what is left)."""
@@ -492,7 +492,7 @@ def _plan_type(
     def key(e: Entry) -> tuple:
         return (now - e.waiting_from < max_wait, not within(e.job), -e.job.priority, e.enqueued, e.job.id)
 
-    after, claimed, repeats = _after_preemptions(entries, gpu_type, used), set[str](), _Repeats(holding)
+    after, claimed, memo = _after_preemptions(entries, gpu_type, used), set[str](), _DecisionMemo(holding)
     no_borrowing: Verdict | None = None
     starving: Entry | None = None  # a job past the bound, waiting for slots: it holds a reservation
     verdicts: dict[str, Verdict] = {}
@@ -505,7 +505,7 @@ def _plan_type(
             message = f"sweep {job.group} has {job.group_limit} trial(s) running, its parallelism"
             verdicts[job.id] = Verdict.wait(WaitReason.SWEEP_PARALLELISM, message)
             continue
-        room = repeats.room(config, used, job)
+        room = memo.room(config, used, job)
         if isinstance(room, int) and room > 0 and no_borrowing is not None:
             room = no_borrowing
         if (
@@ -531,7 +531,7 @@ def _plan_type(
                 and (room.reason.fleet or room.reason is WaitReason.BORROWING_LIMIT)
                 and commitments.refusal(job, commitments.owed(job)) is None  # its budget would not keep it waiting
             ):
-                preempting = repeats.preempting(config, holding, job, after, now, preemption, claimed)
+                preempting = memo.preempting(config, holding, job, after, now, preemption, claimed)
             verdicts.update(preempting or {job.id: room})
             room = verdicts[job.id]
             fleet = room.reason is not None and room.reason.fleet
@@ -543,7 +543,7 @@ def _plan_type(
             continue
         verdicts[job.id] = Verdict.admit(job, room)
         used[job.team] += job.slots
-        repeats.rooms.clear()
+        memo.rooms.clear()
         running.append((now + job.max_hours * 3600, job.slots, job.team))
         in_group[job.group] = in_group.get(job.group, 0) + 1
         commitments.committed[job.team] += cost
