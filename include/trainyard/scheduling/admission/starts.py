@@ -9,7 +9,7 @@ Three answers:
   running job that has held its slots for a while is judged by the jobs that held theirs longer). Without
   that history (fewer than :data:`MIN_HISTORY` finished jobs, its team's or the fleet's) there is only
   the bound;
-* **the band** (:attr:`StartEstimate.early`, ``late``) the start falls in, nine times in ten: the expected
+* **the band** (:attr:`StartEstimate.early`, ``late``) the start falls in, about nine times in ten: the expected
   wait scaled by the quantiles of how the real waits of the last jobs compared with the waits they were
   told (split conformal prediction, on the ledger's own record: :data:`BAND`). What no forward run knows,
   jobs that arrive later and pass (a higher priority, or within their quota) and how far off a user's
@@ -21,8 +21,9 @@ how their waits came out. How good the estimate is, on replayed traces: BENCHMAR
 ``bench/scheduler.py --policy-only ... --start-estimates``).
 
 The forward run preempts nobody (a job already preempting starts once its victims have stopped, within the
-grace), and looks at the first :data:`WAITING_IN_SIGHT` waiting jobs of each GPU type in the policy's
-order: its cost grows with the square of the jobs it places, and a job further back is told so.
+grace), and places the waiting jobs the policy admits now and the first :data:`WAITING_IN_SIGHT` others of
+each GPU type in its order: its cost grows with the square of the jobs it places. A job further back is
+told so, and the starts of those placed assume that none of those further back passes them.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class History:
         return max(ran_s, _quantile(longer, q) * limit if longer else limit)
 
     def band(self, told_wait_s: float, floor_s: float = WAIT_FLOOR_S) -> tuple[float, float] | None:
-        """The waits (seconds) that a wait told as ``told_wait_s`` falls between, 9 times in 10 by the
+        """The waits (seconds) that a wait told as ``told_wait_s`` falls between, about 9 times in 10 by the
         record (:data:`BAND`); None without enough of it (:data:`MIN_TOLD`)."""
         n = len(self.ratios)
         if n < MIN_TOLD:
