@@ -223,3 +223,40 @@ def test_within_a_team_a_higher_priority_preempts_a_lower_one_only_where_its_pol
     # the same priority preempts nobody: it waits for its team's jobs as before
     same = [*entries[:3], Entry(Job("vision/peer", "vision", "a100", 2, 1, 24.0), NOW - 30, None, 0, NOW + 120)]
     assert plan(allowed, same, NOW, preemption=RULES)["vision/peer"].reason is WaitReason.BORROWING_LIMIT
+
+
+def test_what_a_decision_remembers_changes_no_verdict(monkeypatch):
+    """``plan`` remembers, within one type's decision, a team's room for a size and that a job reclaims
+    nothing (``_DecisionMemo``): on random queues, with and without preemption, every verdict is the one
+    the policy gives when it remembers nothing."""
+    import random
+
+    from trainyard.scheduling.admission import policy
+
+    fleet = parse_resources(
+        "gpu_types:\n  a100: {count: 8, price_per_hour: 2.0}\n  h100: {count: 4, price_per_hour: 3.0}\n"
+        "teams:\n  vision: {quota: {a100: 4, h100: 2}, borrowing_limit: {a100: 2}}\n"
+        "  nlp: {quota: {a100: 4}, lending_limit: {a100: 1}, policy: {preempt_by_priority: true}}\n"
+        "  research: {quota: {h100: 2}}\nscheduling:\n  max_wait_minutes: 30\n"
+    )
+
+    class Forgetful(policy._DecisionMemo):
+        def room(self, config, used, job):
+            return policy._room(config, used, job)
+
+        def preempting(self, config, holding, job, *args):
+            return policy._preempting(config, holding, job, *args)
+
+    rng = random.Random(5)
+    for _ in range(300):
+        entries = []
+        for i in range(rng.randint(1, 30)):
+            team, gpu_type = rng.choice(["vision", "nlp", "research"]), rng.choice(["a100", "h100"])
+            job = Job(f"{team}/{i}", team, gpu_type, rng.choice([1, 1, 2, 4]), rng.choice([1, 5, 9]), 1.0)
+            admitted = NOW - rng.uniform(0, 7200) if rng.random() < 0.4 else None
+            entries.append(Entry(job, NOW - rng.uniform(0, 4000), admitted, rng.choice([0, 0, 1, 2]), NOW + 180))
+        for rules in (None, RULES):
+            remembered = plan(fleet, entries, NOW, preemption=rules)
+            with monkeypatch.context() as m:
+                m.setattr(policy, "_DecisionMemo", Forgetful)
+                assert plan(fleet, entries, NOW, preemption=rules) == remembered
