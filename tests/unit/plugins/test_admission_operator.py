@@ -183,7 +183,7 @@ def test_a_waiting_job_s_log_says_its_place_and_says_it_again_while_it_waits(fle
         asyncio.run(watch_it_wait())
     said = [e["event"] % e.get("positional_args", ()) for e in logs]
     said = [line for line in said if line.startswith(f"admission of {job.id}:")]
-    why = "a100: 2 of 2 slots in use, the job needs 2"
+    why = "2 of 2 slots in use, the job needs 2"  # the verdict's "a100: ..." said once, after its type
     # its latest start: r1 ends by its max_hours (1 h), then r2 (first in line, 1 slot) runs its hour
     by = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(fleet.entries()[0].admitted + 2 * 3600))
     bound = f"starts by {by} if the running jobs end by their max_hours and no later job passes it"

@@ -514,7 +514,8 @@ def place_in_queue(ledger: Ledger, job_id: str, told: bool = False) -> str | Non
             logging.getLogger(__name__).warning("could not record the wait told to %s: %s", job_id, err)
     start = start_in_words(estimate, now)
     place = f"waiting, {k} of {n} for {mine[0].job.gpu_type}"
-    return f"{place}: {mine[1].message}; {start}"
+    why = mine[1].message.removeprefix(f"{mine[0].job.gpu_type}: ")  # "for cpu: 2 of 2 slots", not "cpu: cpu:"
+    return f"{place}: {why}; {start}"
 
 
 def verdict_in_words(ledger: Ledger, job_id: str, verdict: Verdict, since: float | None = None) -> str:
