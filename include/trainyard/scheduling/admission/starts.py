@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 WAITING_IN_SIGHT = 100
 MIN_HISTORY = 5  # finished jobs of a team before its own shares are used (else the fleet's)
 MIN_TOLD = 20  # jobs whose told and real waits are known, before a band is given
-BAND = (0.05, 0.95)  # the quantiles of real wait / told wait that bound the band: 9 starts in 10 inside
+BAND = (0.05, 0.95)  # the quantiles of real wait / told wait that bound the band: about 9 starts in 10
 WAIT_FLOOR_S = 60.0  # added to both waits of a ratio (a look's period): a wait of "now" has a ratio too
 HISTORY_KEPT_S = 30 * 24 * 3600.0  # how long the ledger keeps a finished job's hold and a wait's ratio
 HISTORY_READ = 1000  # the most recent holds (and ratios) read for an estimate: its cost does not grow with history
