@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,8 +86,6 @@ class StopWord:
         heard = self.heard.is_set()
         if self.strategy.world == 1:
             return heard
-        import time
-
         import torch  # imported by the worker long before: a lookup (this module is the launchers' too)
 
         self.steps += 1
@@ -102,8 +102,6 @@ class StopWord:
     def _agree_on_the_period(self, timed_s: float) -> None:
         """Every rank at the same step: the ranks' mean step time (the same number on every rank) sets the
         period of the checks."""
-        import math
-
         import torch
 
         mean_s = float(self._start(torch.tensor([timed_s / (TIMED_STEPS - 1)], dtype=torch.float32))()[0])
