@@ -435,6 +435,19 @@ def capacity_reference(config: ResourcesConfig, trace: list[TraceJob], types: li
     return {**result, "violations": []}  # it keeps no limit but capacity, so it has none to break
 
 
+def admission_job(job: TraceJob) -> Job:
+    """The ledger's view of a trace's job (what its run's ``resources`` would give)."""
+    return Job(job.name, job.team, job.gpu_type, job.slots, PRIORITY, max_hours_of(job))
+
+
+def _entries(waiting: list[TraceJob], running: list[tuple[TraceJob, float]]) -> list[Entry]:
+    """The ledger's entries of a simulated moment: the waiting jobs, and the running ones with their starts
+    (no lease runs out in a simulation)."""
+    return [Entry(admission_job(j), j.at, None, 0, math.inf) for j in waiting] + [
+        Entry(admission_job(j), j.at, started, 0, math.inf) for j, started in running
+    ]
+
+
 def policy_simulation(config: ResourcesConfig, trace: list[TraceJob], types: list[str], window: float) -> dict:
     """trainyard's admission policy on the trace in this process, with no latency: whenever a job arrives or
     ends, :func:`trainyard.scheduling.admission.policy.plan` (what the ledger applies) decides for every waiting
@@ -442,12 +455,8 @@ def policy_simulation(config: ResourcesConfig, trace: list[TraceJob], types: lis
     reference is what the policy costs (quotas, borrowing and lending limits, the wait bound's
     reservation); its distance from the replayed trainyard column is what Airflow's latencies cost."""
 
-    def admission_job(job: TraceJob) -> Job:
-        return Job(job.name, job.team, job.gpu_type, job.slots, PRIORITY, max_hours_of(job))
-
     def starts(now: float, waiting: list[TraceJob], running: list[tuple[TraceJob, float]]) -> list[TraceJob]:
-        entries = [Entry(admission_job(j), j.at, None, 0, math.inf) for j in waiting]
-        entries += [Entry(admission_job(j), j.at, started, 0, math.inf) for j, started in running]
+        entries = _entries(waiting, running)
         verdicts = plan(config, entries, now)
         return [j for j in waiting if verdicts[j.name].admitted]
 
@@ -493,8 +502,7 @@ def preemption_simulation(
     allocations: list[Allocation] = []
 
     def job(name: str) -> Job:
-        j = arrival[name]
-        return Job(j.name, j.team, j.gpu_type, j.slots, PRIORITY, max_hours_of(j))
+        return admission_job(arrival[name])
 
     def close(name: str, now: float) -> None:
         j, (started, _) = arrival[name], running.pop(name)
@@ -610,9 +618,6 @@ def start_estimates(
     the waits it was told (None: none) and its real wait. ``floor_s``: the ratios' floor in trace seconds
     (:data:`~trainyard.scheduling.admission.starts.WAIT_FLOOR_S`, a look, scaled)."""
 
-    def admission_job(job: TraceJob) -> Job:
-        return Job(job.name, job.team, job.gpu_type, job.slots, PRIORITY, max_hours_of(job))
-
     told: dict[str, tuple[float, StartEstimate | None]] = {}  # job -> when it was told, and what
     started: dict[str, float] = {}
     finished: list[tuple[str, float]] = []  # (team, share of its max_hours it held its slots)
@@ -626,8 +631,7 @@ def start_estimates(
         )
         was_running.clear()
         was_running.update({j.name: j for j, _ in running})
-        entries = [Entry(admission_job(j), j.at, None, 0, math.inf) for j in waiting]
-        entries += [Entry(admission_job(j), j.at, began, 0, math.inf) for j, began in running]
+        entries = _entries(waiting, running)
         verdicts = plan(config, entries, now)
         chosen = [j for j in waiting if verdicts[j.name].admitted]
         new = [j for j in waiting if j.name not in told and j not in chosen]
