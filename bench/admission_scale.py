@@ -135,7 +135,7 @@ def measure(server: airflow_services.Postgres, args: argparse.Namespace, n: int)
     jobs = queue(config, n, seed=n)
     figures: dict = {"waiting": n}
     for history in (0, args.history):
-        url = _database(server, f"scale_{n}_{history}")
+        url = server.database(f"scale_{n}_{history}")
         ledger = Ledger(url, config)
         fill(ledger, jobs, history)
         _vacuum(url)  # as autovacuum would soon after: the bulk insert's tables analyzed, its pages settled
@@ -148,7 +148,7 @@ def measure(server: airflow_services.Postgres, args: argparse.Namespace, n: int)
     estimates = estimate_starts(config, entries, ledger.now(), None, ledger.history())
     figures["estimates_cpu_s"] = round(time.process_time() - started, 3)
     figures["jobs_given_a_start"] = sum(e.latest is not None for e in estimates.values())
-    url = _database(server, f"drain_{n}")
+    url = server.database(f"drain_{n}")
     fill(Ledger(url, config), jobs, 0)
     figures["admissions_per_s"] = round(admissions_per_second(url, args.resources, jobs, args.procs, args.admit), 1)
     return figures
@@ -162,17 +162,6 @@ def _vacuum(url: str) -> None:
     with conn.cursor() as cur:
         cur.execute("VACUUM ANALYZE")
     conn.close()
-
-
-def _database(server: airflow_services.Postgres, name: str) -> str:
-    import psycopg2
-
-    admin = psycopg2.connect(host="127.0.0.1", port=server.port, user="postgres", dbname="postgres")
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    admin.close()
-    return f"postgresql://postgres@127.0.0.1:{server.port}/{name}"
 
 
 def main(argv: list[str] | None = None) -> int:

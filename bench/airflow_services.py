@@ -90,6 +90,21 @@ class Postgres:
         """Stop the server (its connections are cut), keeping its data."""
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
 
+    def database(self, name: str) -> str:
+        """A new, empty database ``name`` on this server (one of that name before is dropped), as a
+        ``postgresql://`` URL."""
+        import psycopg2
+
+        admin = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres")
+        admin.autocommit = True
+        try:
+            with admin.cursor() as cur:
+                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                cur.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            admin.close()
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError):
             self.stop_server()

@@ -194,17 +194,7 @@ class PostgresForTests:
 
     def database(self, name: str) -> str:
         """A new, empty database ``name`` (one of that name before is dropped), as a ``postgresql://`` URL."""
-        import psycopg2
-
-        admin = psycopg2.connect(host="127.0.0.1", port=self.server.port, user="postgres", dbname="postgres")
-        admin.autocommit = True
-        try:
-            with admin.cursor() as cur:
-                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-                cur.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            admin.close()
-        return f"postgresql://postgres@127.0.0.1:{self.server.port}/{name}"
+        return self.server.database(name)
 
 
 @pytest.fixture(scope="session")
