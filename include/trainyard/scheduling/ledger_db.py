@@ -17,6 +17,12 @@ Both give the ledger what its decisions need:
 
 A store is named by where it is: a filesystem path (SQLite) or a ``postgresql://`` URL (``postgresql+psycopg2://``
 is taken too, as Airflow and MLflow write it).
+
+A store opened **read-only** (the reports: ``trainyard queue``, the Jobs and Fleet pages, the budget check)
+changes nothing, its schema included: SQLite opens the file with ``mode=ro`` and PostgreSQL's sessions are
+``default_transaction_read_only``, so a reader needs no right to write, and a ledger made by an earlier
+version is refused with :class:`LedgerOutdated` (the next admission brings it up to date) rather than
+altered with the reader's rights.
 """
 
 from __future__ import annotations
@@ -97,6 +103,17 @@ class DatabaseUnavailable(RetryableError):
     timeout, a database that restarts, a connection dropped): try again later; nothing was decided."""
 
 
+class LedgerOutdated(DatabaseUnavailable):
+    """A read-only look at a ledger made by an earlier version of trainyard, which lacks tables or columns
+    this one reads; the next admission (any job's ``admit`` task, with the writer's rights) adds them."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"the admission ledger {where} was made by an earlier version of trainyard and a report does not "
+            "alter it: the next job's admission (its `admit` task) brings it up to date; look again then"
+        )
+
+
 class Cursor(Protocol):
     @property
     def rowcount(self) -> int: ...
@@ -131,9 +148,17 @@ class SqliteDb:
     """A SQLite file (WAL journal) shared by the processes of one host. It must be on a local disk:
     SQLite's locking does not hold on network filesystems."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, read_only: bool = False) -> None:
         self.path = Path(path)
         self.where = str(self.path)
+        self.read_only = read_only
+        if read_only:
+            with self.connection() as conn:
+                tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master").fetchall()}
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(admission)").fetchall()}
+            if NEWEST_SCHEMA_OBJECT not in tables or ADDED_COLUMNS[-1][0] not in columns:
+                raise LedgerOutdated(self.where)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.connection() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -149,7 +174,11 @@ class SqliteDb:
     @contextlib.contextmanager
     def connection(self) -> Iterator[Connection]:
         try:
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            if self.read_only:
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                conn = sqlite3.connect(uri, timeout=60, isolation_level=None, uri=True)
+            else:
+                conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         except sqlite3.OperationalError as err:
             raise DatabaseUnavailable(f"the admission ledger {self.where} cannot be opened: {err}") from err
         try:
@@ -204,9 +233,10 @@ class PostgresDb:
         "keepalives_count": 3,
     }
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, read_only: bool = False) -> None:
         self.url = _libpq_url(url)
         self.where = _without_password(self.url)
+        self.read_only = read_only
         with self._connect() as raw:
             conn = _PgConnection(raw)
             newest = ADDED_COLUMNS[-1][0]
@@ -216,6 +246,8 @@ class PostgresDb:
                 "WHERE table_schema = current_schema() AND table_name = 'admission' AND column_name = ?)",
                 (NEWEST_SCHEMA_OBJECT, newest),
             ).fetchone()
+            if not ready and read_only:
+                raise LedgerOutdated(self.where)
             if not ready:  # made once; two hosts starting at once would race on CREATE TABLE: one at a time
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
                 for statement in SCHEMA:
@@ -230,19 +262,20 @@ class PostgresDb:
             raw.commit()
 
     def _connect(self) -> contextlib.AbstractContextManager[Any]:
-        return self.connect(self.url)
+        return self.connect(self.url, read_only=self.read_only)
 
     @classmethod
     @contextlib.contextmanager
-    def connect(cls, url: str) -> Iterator[Any]:
-        """A psycopg2 connection to ``url``, closed at the end; DatabaseUnavailable when the server cannot be
-        reached or the connection drops."""
+    def connect(cls, url: str, read_only: bool = False) -> Iterator[Any]:
+        """A psycopg2 connection to ``url``, closed at the end (``read_only``: its transactions may not write);
+        DatabaseUnavailable when the server cannot be reached or the connection drops."""
         import psycopg2
 
         url = _libpq_url(url)
         where = _without_password(url)
+        options = str(cls.SESSION["options"]) + (" -c default_transaction_read_only=on" if read_only else "")
         try:
-            conn = psycopg2.connect(url, connect_timeout=cls.CONNECT_TIMEOUT_S, **cls.SESSION)
+            conn = psycopg2.connect(url, connect_timeout=cls.CONNECT_TIMEOUT_S, **{**cls.SESSION, "options": options})
         except psycopg2.OperationalError as err:
             raise DatabaseUnavailable(f"the shared database at {where} cannot be reached: {err}".strip()) from err
         try:
@@ -335,9 +368,10 @@ def advisory_lock(url: str, name: str) -> Iterator[None]:
                 cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
-def open_db(where: str | Path) -> LedgerDb:
-    """The store at ``where``: a ``postgresql://`` URL, or a path of a SQLite file."""
+def open_db(where: str | Path, read_only: bool = False) -> LedgerDb:
+    """The store at ``where``: a ``postgresql://`` URL, or a path of a SQLite file; ``read_only``: opened to
+    be read only (its schema as it is: :class:`LedgerOutdated` when an earlier version made it)."""
     text = str(where)
     if text.startswith(POSTGRES_SCHEMES):
-        return PostgresDb(text)
-    return SqliteDb(where)
+        return PostgresDb(text, read_only)
+    return SqliteDb(where, read_only)

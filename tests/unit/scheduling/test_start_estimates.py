@@ -197,3 +197,37 @@ def test_a_ledger_of_the_version_before_gains_the_estimates_tables_and_columns(w
     assert again.request(_job("nlp/w", "nlp", 4)).admitted
     history = again.history()
     assert history.shares["vision"] == [pytest.approx(60 / (10 * HOUR))] and history.ratios == [2.0]
+
+
+def test_a_report_reads_the_ledger_read_only_and_leaves_an_earlier_versions_schema_to_the_next_admission(where):
+    import re
+
+    from trainyard.scheduling.ledger_db import LedgerOutdated
+
+    writer = Ledger(where, FLEET)
+    assert writer.request(_job("vision/a", "vision", 2)).admitted
+    reader = Ledger(where, FLEET, read_only=True)  # as trainyard queue and the pages open it
+    assert [e.job.id for e in reader.entries()] == ["vision/a"]
+    assert [verdict.admitted for _, verdict in reader.standing()] == [True]
+    with pytest.raises(Exception, match=re.compile("read-?only", re.IGNORECASE)):
+        reader.request(_job("nlp/b", "nlp", 1))
+    assert [e.job.id for e in writer.entries()] == ["vision/a"]
+
+    with writer.db.connection() as conn:  # an earlier version's ledger: no told wait
+        conn.execute("ALTER TABLE admission DROP COLUMN told_wait")
+
+    def columns() -> set[str]:
+        with writer.db.connection() as conn:
+            if isinstance(where, str):
+                rows = conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = 'admission'"
+                ).fetchall()
+                return {r[0] for r in rows}
+            return {r[1] for r in conn.execute("PRAGMA table_info(admission)").fetchall()}
+
+    with pytest.raises(LedgerOutdated, match="next job's admission"):
+        Ledger(where, FLEET, read_only=True)
+    assert "told_wait" not in columns()  # the report altered nothing
+    Ledger(where, FLEET)  # an admission's open brings it up to date
+    assert "told_wait" in columns()
+    assert [e.job.id for e in Ledger(where, FLEET, read_only=True).entries()] == ["vision/a"]

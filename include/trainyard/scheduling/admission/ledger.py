@@ -77,13 +77,15 @@ class Ledger:
         config: ResourcesConfig,
         clock: Callable[[], float] | None = None,
         host: str | None = None,
+        read_only: bool = False,
     ) -> None:
         """``where``: a SQLite file's path or a ``postgresql://`` URL. ``clock``: the time leases are judged
         by; default, the store's (this host's for SQLite, the database server's for PostgreSQL). ``host``:
-        the name of this worker host, whose devices it hands out (default: its hostname)."""
+        the name of this worker host, whose devices it hands out (default: its hostname). ``read_only``: for
+        reports, which change nothing (:func:`~trainyard.scheduling.ledger_db.open_db`)."""
         import socket
 
-        self.db, self.config, self.clock = open_db(where), config, clock
+        self.db, self.config, self.clock = open_db(where, read_only), config, clock
         self.host = host or socket.gethostname()
 
     def _now(self, conn: Connection) -> float:
@@ -434,16 +436,17 @@ def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
     return Ledger(ledger_location(), config or resources_in_force())
 
 
-def existing_ledger(config: ResourcesConfig | None = None) -> Ledger | None:
+def existing_ledger(config: ResourcesConfig | None = None, for_writing: bool = False) -> Ledger | None:
     """This installation's ledger, over ``config`` or the resources in force, if a job was ever queued in
     it, else None: for reports and checks, which must not create a SQLite file (and work without
-    TRAINYARD_HOME). A PostgreSQL ledger is always there."""
+    TRAINYARD_HOME). A PostgreSQL ledger is always there. Opened read-only (a report needs no right to
+    write, and alters no schema) unless ``for_writing`` (a cancel, a direct reservation)."""
     from trainyard.scheduling.resources import resources_in_force
 
     where = ledger_location()
     if isinstance(where, Path) and not where.is_file():
         return None
-    return Ledger(where, config or resources_in_force())
+    return Ledger(where, config or resources_in_force(), read_only=not for_writing)
 
 
 def look(ledger: Ledger, job: Job) -> Verdict:
