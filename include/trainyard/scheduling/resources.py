@@ -472,6 +472,28 @@ def unknown_team(team: str, config: ResourcesConfig, field: str = "resources.tea
     return f"{field}: unknown team {team!r}; allowed: {sorted(config.teams)}"
 
 
+def mig_profile_problem(config: ResourcesConfig, gpu_type: str, profile: str | None) -> str | None:
+    """Why a job of ``gpu_type`` may not ask for the MIG ``profile`` (None: no profile), or None if it may.
+    A type with ``mig_profiles`` is partitioned: it offers only those slices, so a job names one; any other
+    type offers whole GPUs (or CPU slots), and a profile there would ask the cluster for slices its nodes
+    do not have: the pods would never be scheduled."""
+    offered = config.gpu_types[gpu_type].mig_profiles
+    if offered and profile not in offered:
+        got = f"got {profile!r}" if profile else "none was named"
+        return (
+            f"kubernetes.mig_profile: GPU type {gpu_type!r} is partitioned with MIG and offers only its slices: "
+            f"name one of {sorted(offered)} ({got})"
+        )
+    if profile and not offered:
+        partitioned = sorted(t for t, g in config.gpu_types.items() if g.mig_profiles)
+        return (
+            f"kubernetes.mig_profile: GPU type {gpu_type!r} is not partitioned with MIG (no mig_profiles in "
+            f"resources.yaml), so it has no {profile!r} slices; leave mig_profile out, or choose a MIG type: "
+            f"{partitioned}"
+        )
+    return None
+
+
 def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
     """Refuse a job that could never be scheduled (Airflow never runs a task whose pool_slots exceed the
     pool's size: it would wait forever instead), or that its team may not run: a GPU type the team has no
@@ -486,6 +508,9 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
         )
     if res.team not in config.teams:
         raise SpecError(spec_error_message([unknown_team(res.team, config)]))
+    mig = mig_profile_problem(config, res.gpu_type, spec.kubernetes.mig_profile)
+    if mig:
+        raise SpecError(spec_error_message([mig]))
     size = config.gpu_types[res.gpu_type].slots
     if res.total_gpus > size:
         raise SpecError(

@@ -24,6 +24,32 @@ def test_unschedulable_specs_are_refused(resources, field):
         check_spec(parse_spec({"resources": resources}), load_resources())
 
 
+@pytest.mark.parametrize(
+    "gpu_type, profile, refused",
+    [
+        ("a100-mig", "1g.10gb", None),
+        ("a100-mig", "2g.20gb", None),
+        ("a100-mig", "3g.40gb", r"'a100-mig' is partitioned .* name one of \['1g.10gb', '2g.20gb'\] \(got '3g.40gb'\)"),
+        ("a100-mig", None, r"offers only its slices: name one of \['1g.10gb', '2g.20gb'\] \(none was named\)"),
+        ("a100-80gb", "1g.10gb", r"'a100-80gb' is not partitioned .* choose a MIG type: \['a100-mig'\]"),
+        ("cpu", "1g.10gb", "'cpu' is not partitioned"),
+        ("a100-80gb", None, None),
+    ],
+)
+def test_a_job_names_a_mig_profile_its_gpu_type_has_or_is_refused_naming_those_there_are(gpu_type, profile, refused):
+    spec = parse_spec(
+        {
+            "resources": {"gpu_type": gpu_type, "gpus_per_node": 1, "team": "research"},
+            "kubernetes": {"mig_profile": profile},
+        }
+    )
+    if refused is None:
+        check_spec(spec, load_resources())
+    else:
+        with pytest.raises(SpecError, match="kubernetes.mig_profile: .*" + refused):
+            check_spec(spec, load_resources())
+
+
 def test_cost_is_price_times_hours_times_gpus():
     cfg = load_resources()
     price = cfg.gpu_types["h100-80gb"].price_per_hour

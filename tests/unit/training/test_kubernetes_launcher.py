@@ -42,14 +42,15 @@ BASE = {
     },
 }
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+A100_MIG = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG"}  # the shipped a100-mig type's nodes
 # name -> (spec overrides, expected GPU resource name or None, expected GPU-type selector)
 GPU_TYPES = {
     "cpu": ({"resources": {"gpu_type": "cpu"}}, None, {}),
     "a100": ({"resources": {"gpu_type": "a100-80gb"}}, "nvidia.com/gpu", A100),
     "a100-mig": (
-        {"resources": {"gpu_type": "a100-80gb"}, "kubernetes": {"mig_profile": "1g.10gb"}},
+        {"resources": {"gpu_type": "a100-mig"}, "kubernetes": {"mig_profile": "1g.10gb"}},
         "nvidia.com/mig-1g.10gb",
-        A100,
+        A100_MIG,
     ),
 }
 BYO = ["python", "train.py", "--node-rank", "$(NODE_RANK)"]
@@ -269,8 +270,8 @@ def test_run_labels_are_label_safe():
         ("whole GPUs", {"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 8}}, ("nvidia.com/gpu", 8)),
         (
             "MIG slices",
-            {"resources": {"gpu_type": "a100-80gb", "gpus_per_node": 1}, "kubernetes": {"mig_profile": "3g.40gb"}},
-            ("nvidia.com/mig-3g.40gb", 1),
+            {"resources": {"gpu_type": "a100-mig", "gpus_per_node": 1}, "kubernetes": {"mig_profile": "2g.20gb"}},
+            ("nvidia.com/mig-2g.20gb", 1),
         ),
     ],
 )
