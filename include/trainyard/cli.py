@@ -133,7 +133,7 @@ def cmd_queue_cancel(args) -> int:
     login = require_login()  # Airflow says who you are, and marks the run failed
     if not os.environ.get("TRAINYARD_HOME"):
         raise PermanentError("set TRAINYARD_HOME to the one the Airflow processes use: the queue lives there")
-    ledger = existing_ledger(for_writing=True)
+    ledger = existing_ledger(read_only=False)
     if ledger is None:
         raise NotFoundError(f"run {args.run} is not in the queue: no job was ever queued here")
     print(cancel_run(ledger, ledger.config, args.dag, args.run, api_url=login.url, token=bearer_token(login)))

@@ -255,11 +255,15 @@ def local_queue_place(job: str) -> str | None:
     import os
 
     from trainyard.scheduling.admission.ledger import existing_ledger, place_in_queue
+    from trainyard.scheduling.ledger_db import DatabaseUnavailable
 
     if not os.environ.get("TRAINYARD_HOME"):
         return None
-    ledger = existing_ledger()
-    return None if ledger is None else place_in_queue(ledger, job)
+    try:
+        ledger = existing_ledger()
+        return None if ledger is None else place_in_queue(ledger, job)
+    except DatabaseUnavailable as err:  # e.g. an earlier version's ledger, until the next admission: said once
+        return f"its place unknown: {err}"
 
 
 def cancel(client: Any, dag_id: str, run_id: str) -> None:

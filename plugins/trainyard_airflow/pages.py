@@ -128,13 +128,25 @@ def _mapping(value: Any) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def _ledger(config: Any) -> Any:
+    """The admission ledger as the pages read it (read-only), or None where none was made yet or it is an
+    earlier version's, which the next admission brings up to date: the page shows no queue meanwhile."""
+    from trainyard.scheduling.admission.ledger import existing_ledger
+    from trainyard.scheduling.ledger_db import LedgerOutdated
+
+    try:
+        return existing_ledger(config)
+    except LedgerOutdated as err:
+        log.warning("the page shows no queue: %s", err)
+        return None
+
+
 def _jobs(user: Any, limit: int) -> list[dict[str, Any]]:
     """The Jobs page's rows as ``user`` may see them: the latest ``limit`` runs of their teams' jobs. The
     runs are read from their teams' own DAGs (and the one shared DAG of an installation without teams in
     Airflow, four times as many, since its runs are every team's) and held to the reader
     (:func:`trainyard.jobs_view.visible_runs`) before MLflow is asked about them."""
     from trainyard.jobs_view import job_rows, tracked_runs, visible_runs
-    from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.resources import resources_in_force
     from trainyard.teams import TRAINING_DAG, training_dag
     from trainyard.tracking import mlflow_tracking as mt
@@ -153,7 +165,7 @@ def _jobs(user: Any, limit: int) -> list[dict[str, Any]]:
     except Exception as err:  # noqa: BLE001 - MLflow down: the page without progress, saying so
         log.warning("the Jobs page shows no MLflow runs: %s", err)
         tracked = {}
-    return job_rows(runs, reader, config, existing_ledger(config), tracked)
+    return job_rows(runs, reader, config, _ledger(config), tracked)
 
 
 @app.get("/jobs.json")
@@ -198,13 +210,12 @@ def seen_by(reader: Any, allocations: list[Any]) -> list[Any]:
 def _fleet(user: Any) -> dict[str, Any]:
     """The fleet as ``user`` (Airflow's, from the request's token) may see it, with each pool's utilisation
     over the last day (the reader's teams by name, the others as one)."""
-    from trainyard.scheduling.admission.ledger import existing_ledger
     from trainyard.scheduling.fleet_view import fleet
     from trainyard.scheduling.resources import resources_in_force
 
     config = resources_in_force()
     reader = _reader(user)
-    view = fleet(config, existing_ledger(config), reader)
+    view = fleet(config, _ledger(config), reader)
     try:
         used = _utilisation(UTILISATION_HOURS, reader)[0].as_dict()
     except Exception as err:  # noqa: BLE001 - the queue and the teams still show

@@ -37,7 +37,9 @@ def validate_spec(raw: dict, user: str | None = None, audit: bool = True, pipeli
         raise
     from trainyard.scheduling.admission.ledger import existing_ledger
 
-    check_budget(spec, fleet, team_standing(fleet, spec.resources.team, existing_ledger(fleet)))
+    # the run's first task, with the writer's rights: an earlier version's ledger is brought up to date here
+    standing = team_standing(fleet, spec.resources.team, existing_ledger(fleet, read_only=False))
+    check_budget(spec, fleet, standing)
     recipes.check_spec(spec)
     check_sweep(spec, fleet)
     # On Kubernetes the pods get GPUs exactly when the job names a GPU type, so a precision they cannot do

@@ -18,11 +18,13 @@ Both give the ledger what its decisions need:
 A store is named by where it is: a filesystem path (SQLite) or a ``postgresql://`` URL (``postgresql+psycopg2://``
 is taken too, as Airflow and MLflow write it).
 
-A store opened **read-only** (the reports: ``trainyard queue``, the Jobs and Fleet pages, the budget check)
+A store opened **read-only** (the reports: ``trainyard queue``, the Jobs and Fleet pages, the cost report)
 changes nothing, its schema included: SQLite opens the file with ``mode=ro`` and PostgreSQL's sessions are
-``default_transaction_read_only``, so a reader needs no right to write, and a ledger made by an earlier
-version is refused with :class:`LedgerOutdated` (the next admission brings it up to date) rather than
-altered with the reader's rights.
+``default_transaction_read_only``. A store where no ledger was ever made is :class:`LedgerAbsent` (nothing
+queued: an empty queue to a report), and a ledger made by an earlier version is refused with
+:class:`LedgerOutdated` (the next admission brings it up to date) rather than altered with the reader's
+rights. (SQLite still writes its WAL index beside the file when no writer has it open: a reader of a SQLite
+ledger needs to write in its folder, which a PostgreSQL reader does not.)
 """
 
 from __future__ import annotations
@@ -103,6 +105,14 @@ class DatabaseUnavailable(RetryableError):
     timeout, a database that restarts, a connection dropped): try again later; nothing was decided."""
 
 
+class LedgerAbsent(DatabaseUnavailable):
+    """A read-only look at a store where no ledger was ever made (a new cluster's empty database): no job
+    was ever queued there."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"no admission ledger in {where} yet: no job was ever queued there")
+
+
 class LedgerOutdated(DatabaseUnavailable):
     """A read-only look at a ledger made by an earlier version of trainyard, which lacks tables or columns
     this one reads; the next admission (any job's ``admit`` task, with the writer's rights) adds them."""
@@ -156,6 +166,8 @@ class SqliteDb:
             with self.connection() as conn:
                 tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master").fetchall()}
                 columns = {row[1] for row in conn.execute("PRAGMA table_info(admission)").fetchall()}
+            if "admission" not in tables:
+                raise LedgerAbsent(self.where)
             if NEWEST_SCHEMA_OBJECT not in tables or ADDED_COLUMNS[-1][0] not in columns:
                 raise LedgerOutdated(self.where)
             return
@@ -247,7 +259,8 @@ class PostgresDb:
                 (NEWEST_SCHEMA_OBJECT, newest),
             ).fetchone()
             if not ready and read_only:
-                raise LedgerOutdated(self.where)
+                (made,) = conn.execute("SELECT to_regclass('admission') IS NOT NULL").fetchone()
+                raise LedgerOutdated(self.where) if made else LedgerAbsent(self.where)
             if not ready:  # made once; two hosts starting at once would race on CREATE TABLE: one at a time
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
                 for statement in SCHEMA:

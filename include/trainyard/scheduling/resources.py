@@ -474,9 +474,10 @@ def unknown_team(team: str, config: ResourcesConfig, field: str = "resources.tea
 
 def mig_profile_problem(config: ResourcesConfig, gpu_type: str, profile: str | None) -> str | None:
     """Why a job of ``gpu_type`` may not ask for the MIG ``profile`` (None: no profile), or None if it may.
-    A type with ``mig_profiles`` is partitioned: it offers only those slices, so a job names one; any other
-    type offers whole GPUs (or CPU slots), and a profile there would ask the cluster for slices its nodes
-    do not have: the pods would never be scheduled."""
+    On Kubernetes a type with ``mig_profiles`` is partitioned: it offers only those slices, so a job names
+    one; any other type offers whole GPUs (or CPU slots), and a profile there would ask the cluster for
+    slices its nodes do not have: the pods would never be scheduled. (A local job's devices are the host's
+    ``TRAINYARD_GPU_DEVICES``, MIG UUIDs included: it names no profile.)"""
     offered = config.gpu_types[gpu_type].mig_profiles
     if offered and profile not in offered:
         got = f"got {profile!r}" if profile else "none was named"
@@ -496,9 +497,9 @@ def mig_profile_problem(config: ResourcesConfig, gpu_type: str, profile: str | N
 
 def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
     """Refuse a job that could never be scheduled (Airflow never runs a task whose pool_slots exceed the
-    pool's size: it would wait forever instead), or that its team may not run: a GPU type the team has no
-    quota of and may not borrow, more slots than its quota plus what it may borrow, a priority outside the
-    team's range."""
+    pool's size: it would wait forever instead; on Kubernetes, a MIG profile its GPU type does not offer,
+    :func:`mig_profile_problem`), or that its team may not run: a GPU type the team has no quota of and may
+    not borrow, more slots than its quota plus what it may borrow, a priority outside the team's range."""
     res = spec.resources
     if res.gpu_type not in config.gpu_types:
         raise SpecError(
@@ -508,7 +509,8 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
         )
     if res.team not in config.teams:
         raise SpecError(spec_error_message([unknown_team(res.team, config)]))
-    mig = mig_profile_problem(config, res.gpu_type, spec.kubernetes.mig_profile)
+    on_kubernetes = spec.backends.launcher == "kubernetes"  # where a MIG type's slices are asked for by name
+    mig = mig_profile_problem(config, res.gpu_type, spec.kubernetes.mig_profile) if on_kubernetes else None
     if mig:
         raise SpecError(spec_error_message([mig]))
     size = config.gpu_types[res.gpu_type].slots
@@ -532,7 +534,7 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
                 ]
             )
         )
-    if config.scheduling.kueue and spec.backends.launcher == "kubernetes":
+    if config.scheduling.kueue and on_kubernetes:
         wanted = team_namespace(res.team)
         if spec.kubernetes.namespace != wanted:
             raise SpecError(

@@ -144,7 +144,8 @@ class _TrainingRun:
 
         fleet, spec = resources_in_force(), self.job_spec
         wait_s = spec.kubernetes.schedule_timeout_s + IMAGE_PULL_TIMEOUT_S  # before max_hours counts
-        made = reserve(fleet, paths.runs_root(), spec, self.run_key, wait_s=wait_s, ledger=existing_ledger(fleet))
+        ledger = existing_ledger(fleet, read_only=False)  # a task's: an earlier version's is brought up to date
+        made = reserve(fleet, paths.runs_root(), spec, self.run_key, wait_s=wait_s, ledger=ledger)
         self.log.info(
             "reserved team %s's budget for %g h x %d GPU(s) of %s", made.team, made.max_hours, made.slots, made.gpu_type
         )

@@ -37,17 +37,20 @@ def test_unschedulable_specs_are_refused(resources, field):
     ],
 )
 def test_a_job_names_a_mig_profile_its_gpu_type_has_or_is_refused_naming_those_there_are(gpu_type, profile, refused):
-    spec = parse_spec(
-        {
-            "resources": {"gpu_type": gpu_type, "gpus_per_node": 1, "team": "research"},
-            "kubernetes": {"mig_profile": profile},
-        }
-    )
+    from trainyard.scheduling.resources import team_namespace
+
+    job = {
+        "resources": {"gpu_type": gpu_type, "gpus_per_node": 1, "team": "research"},
+        "backends": {"launcher": "kubernetes"},
+        "kubernetes": {"mig_profile": profile, "namespace": team_namespace("research")},
+    }
     if refused is None:
-        check_spec(spec, load_resources())
+        check_spec(parse_spec(job), load_resources())
     else:
         with pytest.raises(SpecError, match="kubernetes.mig_profile: .*" + refused):
-            check_spec(spec, load_resources())
+            check_spec(parse_spec(job), load_resources())
+    # a local job's devices are its host's (MIG UUIDs included): it names no profile, and one is not looked at
+    check_spec(parse_spec({**job, "backends": {"launcher": "local"}}), load_resources())
 
 
 def test_cost_is_price_times_hours_times_gpus():

@@ -231,3 +231,34 @@ def test_a_report_reads_the_ledger_read_only_and_leaves_an_earlier_versions_sche
     Ledger(where, FLEET)  # an admission's open brings it up to date
     assert "told_wait" in columns()
     assert [e.job.id for e in Ledger(where, FLEET, read_only=True).entries()] == ["vision/a"]
+
+
+def test_a_new_cluster_s_empty_database_is_an_empty_queue_to_a_report_and_a_job_s_first_task_makes_the_ledger(
+    postgres, trainyard_home, monkeypatch
+):
+    from trainyard.pipeline import validate_spec
+    from trainyard.scheduling.admission.ledger import existing_ledger
+
+    monkeypatch.setenv("TRAINYARD_DATABASE_URL", postgres.database("ledger_new_cluster"))
+    assert existing_ledger(FLEET) is None  # trainyard queue and the pages: nothing was ever queued
+    validate_spec({"resources": {"team": "default", "gpu_type": "cpu"}})  # the run's first task, a writer
+    ledger = existing_ledger(FLEET)
+    assert ledger is not None and ledger.entries() == []
+
+
+def test_a_job_s_first_task_brings_an_earlier_versions_ledger_up_to_date_where_a_report_is_refused(trainyard_home):
+    from trainyard import paths
+    from trainyard.pipeline import validate_spec
+    from trainyard.scheduling.admission.ledger import LEDGER_FILE, existing_ledger
+    from trainyard.scheduling.ledger_db import LedgerOutdated
+    from trainyard.submit import local_queue_place
+
+    made = Ledger(paths.home() / LEDGER_FILE, FLEET)
+    assert not made.request(_job("vision/big", "vision", 9)).admitted  # more than the fleet: it waits
+    with made.db.connection() as conn:
+        conn.execute("ALTER TABLE admission DROP COLUMN told_wait")
+    with pytest.raises(LedgerOutdated):
+        existing_ledger(FLEET)
+    assert local_queue_place("vision/big").startswith("its place unknown: the admission ledger")  # submit --wait
+    validate_spec({"resources": {"team": "default", "gpu_type": "cpu"}})
+    assert [e.job.id for e in existing_ledger(FLEET).entries()] == ["vision/big"]

@@ -34,7 +34,7 @@ from trainyard.scheduling.admission.starts import (
     start_in_words,
     wait_ratio,
 )
-from trainyard.scheduling.ledger_db import Connection, DatabaseUnavailable, open_db, shared_database_url
+from trainyard.scheduling.ledger_db import Connection, DatabaseUnavailable, LedgerAbsent, open_db, shared_database_url
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.spec import Resources
 
@@ -436,17 +436,22 @@ def default_ledger(config: ResourcesConfig | None = None) -> Ledger:
     return Ledger(ledger_location(), config or resources_in_force())
 
 
-def existing_ledger(config: ResourcesConfig | None = None, for_writing: bool = False) -> Ledger | None:
+def existing_ledger(config: ResourcesConfig | None = None, read_only: bool = True) -> Ledger | None:
     """This installation's ledger, over ``config`` or the resources in force, if a job was ever queued in
     it, else None: for reports and checks, which must not create a SQLite file (and work without
-    TRAINYARD_HOME). A PostgreSQL ledger is always there. Opened read-only (a report needs no right to
-    write, and alters no schema) unless ``for_writing`` (a cancel, a direct reservation)."""
+    TRAINYARD_HOME). Read-only by default: a report changes nothing in it, not even an earlier version's
+    schema (:class:`~trainyard.scheduling.ledger_db.LedgerOutdated`). ``read_only=False``: for a pipeline's
+    task or a cancel, which run with the writer's rights and bring an earlier version's ledger (or a new
+    cluster's empty database) up to date rather than fail."""
     from trainyard.scheduling.resources import resources_in_force
 
     where = ledger_location()
     if isinstance(where, Path) and not where.is_file():
         return None
-    return Ledger(where, config or resources_in_force(), read_only=not for_writing)
+    try:
+        return Ledger(where, config or resources_in_force(), read_only=read_only)
+    except LedgerAbsent:
+        return None
 
 
 def look(ledger: Ledger, job: Job) -> Verdict:
