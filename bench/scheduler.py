@@ -86,11 +86,11 @@ PHASES = ("vision", "nlp", "research")  # the busy team of each third of the win
 BUSY_SHARE = 0.55
 SIGMA = 1.0
 PRIORITY = 100
-# The Celery replay's two workers: every stand-in starts on the gpu worker before it defers, and one started
-# at a time (the profile's --concurrency 1, one CPU training at a time on 2 cores) queued the trace's starts
-# behind each other; a GPU host's worker runs as many tasks as it has GPUs. As many as the LocalExecutor's
-# parallelism here (replay_settings).
-REPLAY_WORKERS = {"worker-cpu": ("cpu", 4), "worker-gpu": ("gpu", 8)}
+# The Celery replay's GPU worker: every stand-in starts on it before it defers, and one started at a time (the
+# profile's --concurrency 1, one CPU training at a time on 2 cores) queued the trace's starts behind each
+# other; a GPU host's worker runs as many tasks as it has GPUs. As many as the LocalExecutor's parallelism
+# here (replay_settings). Its cpu worker runs 4.
+REPLAY_GPU_CONCURRENCY, REPLAY_CPU_CONCURRENCY = 8, 4
 GOAL = 0.97  # of the capacity-only reference's utilisation over the submission window
 
 
@@ -197,12 +197,22 @@ def write_config(config: ResourcesConfig, config_dir: Path) -> Path:
     return config_dir
 
 
+def one_host_with_every_type(config: ResourcesConfig) -> str:
+    """The inventory (``TRAINYARD_GPU_DEVICES``) of one host with every GPU type of ``config``, each with a
+    device per slot (the stand-ins claim none; a job is admitted only where one host has as many)."""
+    return ";".join(
+        f"{t}=" + ("" if t == "cpu" else ",".join(f"{t}-{i}" for i in range(gpu.slots)))
+        for t, gpu in config.gpu_types.items()
+    )
+
+
 @contextlib.contextmanager
 def fresh_airflow(config: ResourcesConfig, executor: str, workdir: Path):
     """A new Airflow that serves the replay under ``config``: ``local``, the LocalExecutor on its own
     PostgreSQL (under a job stream SQLite's single writer stops the scheduler or the triggerer with
     "database is locked", as Airflow's docs warn); ``celery``, the cluster profile (scripts/cluster.py:
-    PostgreSQL, Redis, Celery workers on the ``cpu`` and ``gpu`` queues, the ledger in PostgreSQL)."""
+    PostgreSQL, Redis, a Celery worker on the ``cpu`` queue and a GPU host's on every GPU type's, the ledger in
+    PostgreSQL)."""
     settings = replay_settings(write_config(config, workdir / "config"))
     if executor == "celery":
         if str(REPO / "scripts") not in sys.path:
@@ -214,7 +224,11 @@ def fresh_airflow(config: ResourcesConfig, executor: str, workdir: Path):
         root.mkdir(parents=True)
         root.chmod(0o755)  # PostgreSQL's own user reaches its folder through it
         workdir.chmod(0o755)
-        cluster = cluster_profile.Cluster(root, ports, settings, REPLAY_WORKERS)
+        workers = {
+            "worker-cpu": cluster_profile.Worker(REPLAY_CPU_CONCURRENCY, queues="cpu"),
+            "worker-gpu": cluster_profile.Worker(REPLAY_GPU_CONCURRENCY, gpus=one_host_with_every_type(config)),
+        }
+        cluster = cluster_profile.Cluster(root, ports, settings, workers)
         try:
             cluster.up(wait_s=600)
             yield airflow_services.OnCluster(cluster)

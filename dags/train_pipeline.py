@@ -236,16 +236,21 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
 
     from trainyard import paths
     from trainyard.errors import Preempted
-    from trainyard.scheduling.admission.lease import hold, host_devices
+    from trainyard.scheduling.admission.lease import hold
     from trainyard.scheduling.admission.ledger import NotAdmitted, default_ledger
     from trainyard.scheduling.budgets import current_spend
+    from trainyard.scheduling.hosts import HostLacksType, host_inventory
 
     ledger = default_ledger()
     spend = current_spend(ledger.config, paths.runs_root())
     context = get_current_context()
     ti = context["ti"]
-    # a GPU job gets devices of its own on this host (CUDA_VISIBLE_DEVICES), held with its admission
-    available = None if job.gpu_type == "cpu" else host_devices()
+    # a GPU job gets devices of its own type on this host (CUDA_VISIBLE_DEVICES), held with its admission
+    try:
+        available = host_inventory().devices_for(job.gpu_type)
+    except HostLacksType:  # it cannot train here: its slots go back at once, not when its lease runs out
+        ledger.release(job.id)
+        raise
     try:
         with (
             hold(ledger, job, final_try=ti.try_number > ti.max_tries, available=available, spend=spend) as lease,

@@ -11,8 +11,10 @@
 - an MLflow tracking server that stores and serves the artifacts (``--serve-artifacts``) and runs MLflow's
   auth app: each Airflow user logs into it with their Airflow password and reads only their teams'
   experiments, runs and models (``trainyard.tracking.mlflow_auth``; the tasks log as a service account);
-- Airflow with the CeleryExecutor: api-server, scheduler, dag-processor, triggerer, and Celery workers on
-  queues ``cpu`` (every task but the trainings) and ``gpu`` (the trainings: ``[trainyard] training_queue``).
+- Airflow with the CeleryExecutor: api-server, scheduler, dag-processor, triggerer, and two Celery workers:
+  one on queue ``cpu`` (every task but the trainings), and a GPU host's (``trainyard worker``) on the
+  training queue of each GPU type this machine's ``TRAINYARD_GPU_DEVICES`` lists (``gpu-<type>``: the
+  trainings of a type go only to the hosts that have it), the ``cpu`` type's alone where it is unset.
 
 Everything lives under one folder (``$TRAINYARD_CLUSTER_DIR``, default ``var/cluster``): the databases,
 the broker's file, the artifacts, ``trainyard/`` (TRAINYARD_HOME: datasets, runs and checkpoints, which
@@ -39,6 +41,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard.spec import MAX_HOURS_LIMIT
@@ -55,7 +58,21 @@ MLFLOW_SERVICE_USER = "trainyard"  # the tasks' account on the tracking server (
 # long is delivered again, to a second worker, while the first still trains (apache/airflow#62218): it
 # must outlast the longest training a JobSpec may ask for, plus an hour of queueing and set-up.
 VISIBILITY_TIMEOUT_S = int(MAX_HOURS_LIMIT * 3600 + 3600)
-WORKERS = {"worker-cpu": ("cpu", 2), "worker-gpu": ("gpu", 1)}  # name: (queues, concurrency)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A Celery worker: of ``queues`` (``airflow celery worker``), or a GPU host serving the GPU types its
+    inventory ``gpus`` lists (``trainyard worker``, ``TRAINYARD_GPU_DEVICES``; :data:`THIS_MACHINE`: this
+    machine's, else the ``cpu`` type's alone)."""
+
+    concurrency: int = 1
+    queues: str = ""
+    gpus: str = ""
+
+
+THIS_MACHINE = "this machine's"
+WORKERS = {"worker-cpu": Worker(2, queues="cpu"), "worker-gpu": Worker(1, gpus=THIS_MACHINE)}
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 SERVICES = ("redis", "mlflow", *AIRFLOW_COMPONENTS)  # besides PostgreSQL and the workers
 PASSED_ON = (signal.SIGTERM, signal.SIGINT)  # the signals a service's supervisor passes on to it
@@ -87,11 +104,11 @@ class Cluster:
         root: Path,
         ports: dict[str, int] | None = None,
         settings: dict[str, str] | None = None,
-        workers: dict[str, tuple[str, int]] | None = None,
+        workers: dict[str, Worker] | None = None,
     ):
         """``root``: the folder that holds everything; ``ports``: overrides of DEFAULT_PORTS; ``settings``:
         more environment (Airflow settings as ``AIRFLOW__SECTION__KEY``) for every process; ``workers``:
-        the Celery workers ``up`` starts, as ``{name: (queues, concurrency)}`` (default WORKERS)."""
+        the Celery workers ``up`` starts, by name (default WORKERS)."""
         self.root = root.resolve()
         self.workers = workers or WORKERS
         self.ports = {**DEFAULT_PORTS, **(ports or {})}
@@ -402,8 +419,8 @@ class Cluster:
             self._spawn(name, argv)
         for team in self.teams():  # a team's deferred tasks wait only in its own triggerer (multi-team mode)
             self._spawn(f"triggerer-{team}", ["airflow", "triggerer", "--skip-serve-logs", "--team-name", team])
-        for name, (queues, concurrency) in self.workers.items():
-            self.start_worker(name, queues, concurrency)
+        for name, worker in self.workers.items():
+            self.start_worker(name, worker)
 
     def teams(self) -> list[str]:
         """The teams that own a DAG bundle (the rendered config's, scripts/render_airflow_cfg.py)."""
@@ -414,14 +431,25 @@ class Cluster:
         workers aside)."""
         return (*SERVICES, *(f"triggerer-{team}" for team in self.teams()))
 
-    def start_worker(self, name: str, queues: str, concurrency: int = 1) -> None:
-        """A Celery worker ``name`` on ``queues`` (its own hostname; it serves no logs: the task logs are
-        files under AIRFLOW_HOME that the api-server reads)."""
+    def start_worker(self, name: str, worker: Worker) -> None:
+        """A Celery worker ``name`` (its own hostname; it serves no logs: the task logs are files under
+        AIRFLOW_HOME that the api-server reads). A GPU host's serves its inventory's types' training queues
+        and announces them in the ledger (``trainyard worker``), as host ``name``."""
+        common = ["--skip-serve-logs", "--without-gossip", "--without-mingle"]
+        if not worker.gpus:
+            self._spawn(
+                name,
+                ["airflow", "celery", "worker", "--queues", worker.queues, "--concurrency", str(worker.concurrency),
+                 "--celery-hostname", f"{name}@%h", *common],
+            )  # fmt: skip
+            return
+        gpus = os.environ.get("TRAINYARD_GPU_DEVICES", "cpu=") if worker.gpus == THIS_MACHINE else worker.gpus
+        extra = ["--queue", worker.queues] if worker.queues else []
         self._spawn(
             name,
-            ["airflow", "celery", "worker", "--queues", queues, "--concurrency", str(concurrency),
-             "--celery-hostname", f"{name}@%h", "--skip-serve-logs", "--without-gossip", "--without-mingle"],
-        )  # fmt: skip
+            ["trainyard", "worker", "--name", name, "--concurrency", str(worker.concurrency), *extra, "--", *common],
+            env={"TRAINYARD_GPU_DEVICES": gpus},
+        )
 
     # -- the whole ---------------------------------------------------------------------------------------
 

@@ -655,8 +655,10 @@ def add_runs_parser(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command group adds itself, as ``add_<group>_parser(subparsers)`` (those of a room of their own
-    live there: submit and replay in :mod:`trainyard.submit_cli`, models in :mod:`trainyard.registry.cli`)."""
+    live there: submit and replay in :mod:`trainyard.submit_cli`, models in :mod:`trainyard.registry.cli`, the
+    worker in :mod:`trainyard.scheduling.worker`)."""
     from trainyard.registry.cli import add_models_parser
+    from trainyard.scheduling.worker import add_worker_parser
     from trainyard.submit_cli import add_replay_parser, add_submit_parser
 
     parser = argparse.ArgumentParser(
@@ -669,7 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     groups = [add_pools_parser, add_cluster_parser, add_queue_parser, add_report_parser, add_audit_parser]
     groups += [add_sandbox_parser, add_validate_parser, add_data_parser, add_show_parser, add_submit_parser]
-    groups += [add_replay_parser, add_models_parser, add_runs_parser]
+    groups += [add_replay_parser, add_models_parser, add_runs_parser, add_worker_parser]
     for add in groups:
         add(sub)
     return parser

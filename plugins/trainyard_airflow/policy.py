@@ -12,8 +12,11 @@ It touches only tasks already placed in a GPU pool (``gpu-*``) by their DAG, and
 conf carries ``resources``; an invalid conf is left alone, because the first task rejects it with a
 message naming the field.
 
-The same hook sends every task of a GPU pool (the trainings) to ``[trainyard] training_queue`` when it is
-set: the cluster profile's ``gpu`` Celery workers, while the rest goes to ``[operators] default_queue``.
+Where ``[trainyard] training_queue`` is set (the cluster profile: ``gpu``), the same hook sends every task of
+a GPU pool (the trainings) to its GPU type's queue, ``gpu-<type>``
+(:func:`trainyard.scheduling.hosts.training_queue_of`): only the Celery workers of hosts with that type serve
+it (``trainyard worker`` serves the types of its host's inventory), while the rest goes to ``[operators]
+default_queue``.
 
 Team policy on pods (``pod_mutation_hook``): the JobSpec's team policy is checked in ``validate_spec`` and
 where the pods are built; this hook checks the pod itself, so whatever builds a pod labelled for a team
@@ -57,6 +60,17 @@ def reservation(conf: dict | None) -> tuple[str, int, int] | None:
     return pool_name(res.gpu_type), res.total_gpus, training_priority(res.priority)
 
 
+def on_kubernetes(conf: dict | None) -> bool:
+    """Whether a run's conf asks for the Kubernetes launcher (``backends.launcher``, either shape)."""
+    from trainyard.form import ConfError, spec_input
+
+    try:
+        backends = spec_input(conf).get("backends") if isinstance(conf, dict) else None
+    except ConfError:
+        return False
+    return isinstance(backends, dict) and backends.get("launcher") == "kubernetes"
+
+
 def pod_mutation_hook(pod) -> None:
     """Airflow's pod cluster policy, run on every pod an operator builds (trainyard's operators call it
     after building theirs, and check the pod once more after every policy has run): a pod labelled for a
@@ -71,24 +85,25 @@ def pod_mutation_hook(pod) -> None:
 
 
 def training_queue() -> str | None:
-    """The executor queue of training tasks (``[trainyard] training_queue``; the cluster profile sets
-    ``gpu``, its other tasks go to ``[operators] default_queue``, ``cpu``); None: the task's own."""
+    """The prefix of the executor queues of training tasks, one per GPU type (``[trainyard] training_queue``;
+    the cluster profile sets ``gpu``, its other tasks go to ``[operators] default_queue``, ``cpu``); None:
+    the task's own queue."""
     from airflow.configuration import conf
 
     return conf.get("trainyard", "training_queue", fallback=None) or None
 
 
 def task_instance_mutation_hook(task_instance, dag_run=None) -> None:
+    from trainyard.scheduling.hosts import training_queue_of
     from trainyard.scheduling.resources import POOL_PREFIX
 
     if not (task_instance.pool or "").startswith(POOL_PREFIX):
         return
+    found = None if dag_run is None else reservation(getattr(dag_run, "conf", None))
+    if found is not None:
+        task_instance.pool, task_instance.pool_slots, task_instance.priority_weight = found
     queue = training_queue()
-    if queue:  # a training task: to the workers of the GPU hosts (Celery); LocalExecutor has one queue
-        task_instance.queue = queue
-    if dag_run is None:
-        return
-    found = reservation(getattr(dag_run, "conf", None))
-    if found is None:
-        return
-    task_instance.pool, task_instance.pool_slots, task_instance.priority_weight = found
+    # to the workers of the hosts with its GPU type (Celery; LocalExecutor has one queue); a training on
+    # Kubernetes needs no GPU of its worker's (its pods get theirs there): it stays on the default queue
+    if queue and not on_kubernetes(None if dag_run is None else getattr(dag_run, "conf", None)):
+        task_instance.queue = training_queue_of(queue, task_instance.pool.removeprefix(POOL_PREFIX))

@@ -51,6 +51,7 @@ HEARTBEAT_TIMEOUT_S = 20
 FLEET = REPO / "tests" / "fixtures" / "replay_fleet.yaml"
 TIME_SCALE = 60  # the replay's: max_wait_minutes is scaled by it
 MEDIAN_S = 8
+H100_HOST = "worker-h100"
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +71,9 @@ def cluster():
     c = cluster_profile.Cluster(root, ports, settings)
     try:
         c.up(wait_s=600)
-        c.start_worker("worker-gpu-b", "gpu", 1)  # a second GPU host
-        c.start_worker("worker-cpu-b", "cpu", 2)  # and a second host for everything else
+        c.start_worker("worker-gpu-b", cluster_profile.Worker(1, gpus="cpu="))  # a second host of the `cpu` type
+        c.start_worker("worker-cpu-b", cluster_profile.Worker(2, queues="cpu"))  # and of everything else
+        _start_h100_host(c)
         with pytest.MonkeyPatch.context() as mp:  # this process reads MLflow as the tasks do: the service account
             for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
                 mp.setenv(name, c.env()[name])
@@ -80,6 +82,17 @@ def cluster():
         c.down(wait_s=5)  # the data is thrown away: no need to wait for a graceful end
         if not os.environ.get("TRAINYARD_KEEP_CLUSTER"):  # kept to look into a failure
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_h100_host(cluster) -> None:
+    """The one host with H100s (the replay's stand-ins hold up to 8 of them): the other GPU workers serve the
+    `cpu` type alone."""
+    cluster.start_worker(H100_HOST, cluster_profile.Worker(1, gpus=f"h100-80gb={','.join(map(str, range(8)))}"))
+
+
+def _ran(cluster, worker: str, run_id: str, task: str) -> bool:
+    """Whether ``worker``'s log says it ran ``task`` of the pipeline's run ``run_id``."""
+    return f"dag_id={DAG}/run_id={run_id}/task_id={task}/" in (cluster.logs / f"{worker}.log").read_text()
 
 
 def _training_worker(cluster) -> str | None:
@@ -130,12 +143,12 @@ def _shared_ledger(cluster):
     return fleet, Ledger(cluster.database_url("trainyard"), fleet)
 
 
-def _digits_job(name: str, epochs: int, min_accuracy: float) -> dict:
-    """A digits training on the fleet's `cpu` type, one slot, gated on its val accuracy."""
+def _digits_job(name: str, epochs: int, min_accuracy: float, gpu_type: str = "cpu") -> dict:
+    """A digits training on the fleet's `cpu` type (or ``gpu_type``), one slot, gated on its val accuracy."""
     return {
         "name": name,
         "hyperparameters": {"epochs": epochs, "batch_size": 32, "learning_rate": 0.01, "momentum": 0.9, "seed": 1},
-        "resources": {"gpus_per_node": 1, "gpu_type": "cpu"},
+        "resources": {"gpus_per_node": 1, "gpu_type": gpu_type},
         "gates": [{"metric": "val_accuracy", "min": min_accuracy}],
     }
 
@@ -291,6 +304,7 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
 
 
 def test_a_job_stream_admitted_by_two_workers_keeps_every_limit_and_finishes(cluster):
+    _start_h100_host(cluster)  # the replay's GPU type (if an earlier test stopped it)
     fleet = load_resources(FLEET)
     trace = scheduler_replay.make_trace(fleet, ["h100-80gb"], window=40, load=1.25, median=MEDIAN_S, seed=3)
     assert len(trace) >= 10, trace
@@ -324,28 +338,32 @@ def test_a_job_stream_admitted_by_two_workers_keeps_every_limit_and_finishes(clu
 def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster):
     """``down`` then ``up`` (what ``make down-cluster`` and ``make up-cluster`` run): the finished runs and
     registered versions are still there, and a job that was waiting for its GPUs when everything stopped
-    waits again in the ledger, in its place, and trains once they are free. The restart is made longer than
-    a waiting job's lease (its ledger row is dropped while the profile is down, as a decision would drop a
-    row that lapsed): the restarted triggerer's look queues it again with its first arrival. Last in this
-    module: the second workers the fixture added are not started again."""
+    waits again in the ledger, in its place, and trains once they are there. The job is an H100 one, and
+    the one host with H100s is stopped first: it waits because no live worker serves its type, saying so
+    (the other GPU hosts' workers serve the `cpu` type alone). The restart is made longer than a waiting
+    job's lease (its ledger row is dropped while the profile is down, as a decision would drop a row that
+    lapsed): the restarted triggerer's look queues it again with its first arrival. Once the H100 host
+    is back it trains there, and on no other host. Last in this module: the second workers the fixture
+    added are not started again by ``up``."""
     from mlflow.tracking import MlflowClient
 
     from trainyard.scheduling.admission.ledger import WAITING_LEASE_S
-    from trainyard.scheduling.admission.policy import Job
+    from trainyard.scheduling.admission.policy import WaitReason
 
     api, headers = _api_with_the_dag(cluster)
     fleet, ledger = _shared_ledger(cluster)
-    # every `cpu` slot held by another job, its lease long enough to outlive the restart
-    blocker = Job("restart-test/blocker", "default", "cpu", fleet.gpu_types["cpu"].slots, 0, 1.0)
-    admitted, renewed = ledger.request(blocker).admitted, ledger.renew(blocker.id, lease_s=1800)
-    assert admitted and renewed
-    run_id = api.trigger(DAG, _digits_job("digits-restart", epochs=3, min_accuracy=0.3), headers)
+    cluster.kill(H100_HOST)  # its worker retires its announcement as it ends
+    assert "h100-80gb" not in (ledger.served() or {"h100-80gb": "not routed"}), ledger.hosts()
+    run_id = api.trigger(DAG, _digits_job("digits-restart", epochs=3, min_accuracy=0.3, gpu_type="h100-80gb"), headers)
     key = f"{DAG}/{run_id}"
 
-    def waits() -> bool:
-        return any(e.job.id == key and e.admitted is None for e in ledger.entries())
+    def unserved() -> str | None:
+        """Why the job waits, where it waits for a worker of its type."""
+        verdict = next((v for e, v in ledger.standing() if e.job.id == key and e.admitted is None), None)
+        return verdict.message if verdict is not None and verdict.reason is WaitReason.UNSERVED else None
 
-    api.wait(waits, 300, f"{key} to wait for the cpu slots in the ledger")
+    api.wait(unserved, 300, f"{key} to wait in the ledger for a worker of its type")
+    assert "h100-80gb: no live worker serves it (the workers serve ['cpu'])" in unserved(), unserved()
     enqueued = next(e.enqueued for e in ledger.entries() if e.job.id == key)
 
     def admit_state() -> str | None:
@@ -381,16 +399,21 @@ def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster
     assert {r: s for r, s in runs_after.items() if r != run_id} == {r: s for r, s in runs_before.items() if r != run_id}
     assert versions() == versions_before
     # the restarted triggerer looks again (a lease from after the restart): the job waits, in its place
-    # (its arrival is kept apart from its row and lease)
-    api.wait(waits, 300, f"{key} to wait again after the restart")
+    # (its arrival is kept apart from its row and lease), for a worker of its type still
+    api.wait(unserved, 300, f"{key} to wait again after the restart")
     waiting = [e for e in ledger.entries() if e.job.id == key]
     assert waiting[0].lease_until >= down + WAITING_LEASE_S and waiting[0].enqueued == enqueued, (waiting, enqueued)
     assert api.task_instances(DAG, run_id, headers)["train"]["state"] in (None, "scheduled", "queued"), (
         api.task_instances(DAG, run_id, headers)["train"]
     )
 
-    ledger.release(blocker.id)
+    _start_h100_host(cluster)
     run = api.wait_run(DAG, run_id, headers, seconds=600)
     assert run["state"] == "success", api.failure_report(DAG, run_id, headers)
     assert {v[:1] for v in versions() - versions_before} == {("digits-restart",)}
     assert not [e for e in ledger.entries() if e.job.id == key]
+    # trained on the H100 host's worker, its own type's devices, and on no other host
+    assert _ran(cluster, H100_HOST, run_id, "train"), (cluster.logs / f"{H100_HOST}.log").read_text()[-3000:]
+    assert not any(_ran(cluster, w, run_id, "train") for w in ("worker-gpu", "worker-gpu-b", "worker-cpu"))
+    train_log = api.task_log(DAG, run_id, "train", headers)
+    assert f"holds h100-80gb device(s) ['0'] of host {H100_HOST}" in train_log, train_log[-3000:]

@@ -73,6 +73,10 @@ SCHEMA = (
     # how each admitted job's real wait came out against the wait it was told: the estimates' band
     "CREATE TABLE IF NOT EXISTS wait_ratios (id TEXT PRIMARY KEY, ratio DOUBLE PRECISION NOT NULL, "
     "at DOUBLE PRECISION NOT NULL)",
+    # the worker hosts and the GPU types each serves, with its devices ('' for a type whose slots are no
+    # devices), announced while the worker runs (trainyard worker): a type no live host serves waits
+    "CREATE TABLE IF NOT EXISTS hosts (host TEXT NOT NULL, gpu_type TEXT NOT NULL, devices TEXT NOT NULL, "
+    "seen_until DOUBLE PRECISION NOT NULL, PRIMARY KEY (host, gpu_type))",
     # every decision drops what ran out by time: indexed, its cost does not grow with the history (named
     # for the ledger: the database may hold other tables, the sweeps' studies)
     "CREATE INDEX IF NOT EXISTS ledger_arrivals_enqueued ON arrivals (enqueued)",
@@ -81,9 +85,10 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS ledger_holds_at ON holds (at)",
     "CREATE INDEX IF NOT EXISTS ledger_admission_lease_until ON admission (lease_until)",
     "CREATE INDEX IF NOT EXISTS ledger_wait_ratios_at ON wait_ratios (at)",
+    "CREATE INDEX IF NOT EXISTS ledger_hosts_seen_until ON hosts (seen_until)",
 )
 # The last of SCHEMA: a PostgreSQL ledger that has it (and ADDED_COLUMNS' last) is made to this version
-NEWEST_SCHEMA_OBJECT = "ledger_wait_ratios_at"
+NEWEST_SCHEMA_OBJECT = "ledger_hosts_seen_until"
 # Columns a ledger made by an earlier version may lack (devices allocated, users shown, sweeps capped, the
 # host whose devices a job holds, preemptions, the wait a job was told).
 ADDED_COLUMNS = (

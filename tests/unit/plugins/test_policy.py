@@ -44,14 +44,25 @@ def test_hook_routes_gpu_tasks_only():
     assert untouched.pool_slots == 2
 
 
-def test_with_a_training_queue_set_trainings_go_to_it_and_nothing_else_does(monkeypatch):
+def test_with_a_training_queue_set_trainings_go_to_their_gpu_type_s_queue_and_nothing_else_does(monkeypatch):
     run = SimpleNamespace(conf={})
     monkeypatch.setenv("AIRFLOW__TRAINYARD__TRAINING_QUEUE", "gpu")
     training, other = _ti(), _ti(pool="default_pool")
     training.queue = other.queue = "cpu"
     task_instance_mutation_hook(training, dag_run=run)
     task_instance_mutation_hook(other, dag_run=run)
-    assert (training.queue, other.queue) == ("gpu", "cpu")
+    assert (training.queue, other.queue) == ("gpu-cpu", "cpu")  # the DAG's own pool: its default type's queue
+    h100 = _ti()
+    task_instance_mutation_hook(h100, dag_run=SimpleNamespace(conf={"resources": {"gpu_type": "h100-80gb"}}))
+    assert (h100.pool, h100.queue) == ("gpu-h100-80gb", "gpu-h100-80gb")  # the run's type, not the DAG's
+    rerun = _ti(pool="gpu-a100-80gb")  # a task created before the run was at hand keeps its pool's queue
+    task_instance_mutation_hook(rerun, dag_run=None)
+    assert rerun.queue == "gpu-a100-80gb"
+    pods = _ti()
+    pods.queue = "cpu"
+    kubernetes = {"backends": {"launcher": "kubernetes"}, "resources": {"gpu_type": "h100-80gb"}}
+    task_instance_mutation_hook(pods, dag_run=SimpleNamespace(conf=kubernetes))
+    assert (pods.pool, pods.queue) == ("gpu-h100-80gb", "cpu")  # its pods get GPUs on the cluster, not its worker
     monkeypatch.delenv("AIRFLOW__TRAINYARD__TRAINING_QUEUE")
     unset = _ti()
     unset.queue = "default"

@@ -498,11 +498,11 @@ def test_worker_hosts_sharing_a_ledger_each_hand_out_their_own_devices(store, cl
 
 
 def test_a_job_s_workers_see_only_its_devices(monkeypatch):
-    from trainyard.scheduling.admission.lease import host_devices
+    from trainyard.scheduling.hosts import host_inventory
     from trainyard.training.launchers.local import this_host
 
     monkeypatch.setenv("TRAINYARD_GPU_DEVICES", "0, 1,MIG-ab")
-    assert host_devices() == ["0", "1", "MIG-ab"]
+    assert host_inventory().devices_for("a100-80gb") == ["0", "1", "MIG-ab"]
     host = this_host(["1", "MIG-ab"])
     assert host.cuda_devices == 2 and host.env["CUDA_VISIBLE_DEVICES"] == "1,MIG-ab"
 

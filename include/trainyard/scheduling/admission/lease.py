@@ -33,19 +33,6 @@ class AdmissionLost(RetryableError):
     stopped (never two jobs on one GPU). A retry resumes from its newest checkpoint once admitted again."""
 
 
-def host_devices() -> list[str]:
-    """This host's GPUs as the allocator hands them out: ``TRAINYARD_GPU_DEVICES`` (a comma list of CUDA
-    indices or MIG UUIDs) when set, else every CUDA device torch sees."""
-    import os
-
-    listed = os.environ.get("TRAINYARD_GPU_DEVICES")
-    if listed is not None:
-        return [d.strip() for d in listed.split(",") if d.strip()]
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-
-
 @dataclass
 class Lease:
     """What :func:`hold` gives the training: the devices it may use and the signal to stop."""
@@ -167,6 +154,8 @@ def hold(
     except PermanentError:  # more devices than the host has: this job can never run here
         ledger.release(job.id)
         raise
+    if devices is not None:
+        log.info("job %s holds %s device(s) %s of host %s", job.id, job.gpu_type, devices, ledger.host)
     entry = next((e for e in ledger.entries() if e.job.id == job.id), None)
     waited = None if entry is None or entry.admitted is None else max(entry.admitted - entry.waiting_from, 0.0)
     lease = Lease(devices, threading.Event(), waited, grace_s=ledger.config.scheduling.preemption.grace_seconds)

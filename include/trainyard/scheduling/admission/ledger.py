@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 WAITING_LEASE_S = 120.0  # a waiting job looks every admission_poll_seconds; one silent for 2 min is dropped
 ADMITTED_LEASE_S = 600.0  # from admission to the training task's first heartbeat (and between retries)
 RUNNING_LEASE_S = 180.0  # a running training's lease, renewed by its heartbeat (lease.HEARTBEAT_S)
+HOST_BEAT_S = 5.0  # a worker host announces the GPU types it serves this often (trainyard worker)
+HOST_LEASE_S = 20.0  # and one silent this long serves none: its types' jobs wait for another
+HOSTS_KEPT_S = 7 * 24 * 3600.0  # a host gone this long is forgotten (with none left, no type is routed)
 ADMISSION_TIMEOUT_S = 7 * 24 * 3600.0  # the longest a job waits for its GPUs before its run fails
 ARRIVAL_KEPT_S = ADMISSION_TIMEOUT_S + 24 * 3600.0  # a job's arrival outlives its longest wait
 # Runs of a training DAG in flight at once. A run that waits for GPUs holds no worker (its admit task is
@@ -57,6 +61,19 @@ JOB_COLUMNS = 'id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_
 
 def _job_row(job: Job) -> tuple:
     return dataclasses.astuple(job)  # JOB_COLUMNS' order
+
+
+@dataclasses.dataclass(frozen=True)
+class HostRecord:
+    """A worker host's announcement of one GPU type it serves, with its devices of that type."""
+
+    host: str
+    gpu_type: str
+    devices: tuple[str, ...]  # () for a type whose slots are no devices (cpu)
+    seen_until: float  # it serves the type until then, unless it announces itself again
+
+    def live(self, now: float) -> bool:
+        return self.seen_until > now
 
 
 class NotAdmitted(RuntimeError):
@@ -81,12 +98,13 @@ class Ledger:
     ) -> None:
         """``where``: a SQLite file's path or a ``postgresql://`` URL. ``clock``: the time leases are judged
         by; default, the store's (this host's for SQLite, the database server's for PostgreSQL). ``host``:
-        the name of this worker host, whose devices it hands out (default: its hostname). ``read_only``: for
-        reports, which change nothing (:func:`~trainyard.scheduling.ledger_db.open_db`)."""
-        import socket
+        the name of this worker host, whose devices it hands out (default:
+        :func:`~trainyard.scheduling.hosts.host_name`). ``read_only``: for reports, which change nothing
+        (:func:`~trainyard.scheduling.ledger_db.open_db`)."""
+        from trainyard.scheduling.hosts import host_name
 
         self.db, self.config, self.clock = open_db(where, read_only), config, clock
-        self.host = host or socket.gethostname()
+        self.host = host or host_name()
 
     def _now(self, conn: Connection) -> float:
         return self.clock() if self.clock is not None else self.db.now(conn)
@@ -126,9 +144,10 @@ class Ledger:
         conn.execute("DELETE FROM preempted WHERE at < ?", (now - ARRIVAL_KEPT_S,))
         conn.execute("DELETE FROM holds WHERE at < ?", (now - HISTORY_KEPT_S,))
         conn.execute("DELETE FROM wait_ratios WHERE at < ?", (now - HISTORY_KEPT_S,))
+        conn.execute("DELETE FROM hosts WHERE seen_until < ?", (now - HOSTS_KEPT_S,))
         config = self.config
         entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
-        verdicts = plan(config, entries, now, spend, PreemptionRules.of(config))
+        verdicts = plan(config, entries, now, spend, PreemptionRules.of(config), served=self._served(conn, now))
         for job_id, verdict in verdicts.items():
             if verdict.admitted:
                 sql = "UPDATE admission SET admitted = ?, borrowed = ? WHERE id = ?"
@@ -345,6 +364,53 @@ class Ledger:
             )
             return free[:count]
 
+    def announce(self, by_type: Mapping[str, Sequence[str]], lease_s: float = HOST_LEASE_S) -> None:
+        """This host (``self.host``) serves ``by_type``'s GPU types, each with those devices, for ``lease_s``:
+        what a worker says while it runs (``trainyard worker``, every :data:`HOST_BEAT_S`). A type it no
+        longer lists it serves no more. Once any host has announced itself, a job of a type no live host
+        serves waits, saying so (:func:`~.policy.unserved`)."""
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            conn.execute("DELETE FROM hosts WHERE host = ?", (self.host,))
+            for gpu_type, devices in by_type.items():
+                conn.execute(
+                    "INSERT INTO hosts (host, gpu_type, devices, seen_until) VALUES (?, ?, ?, ?)",
+                    (self.host, gpu_type, ",".join(devices), now + lease_s),
+                )
+
+    def retire(self) -> None:
+        """This host serves nothing from now (its worker ended): its types' waiting jobs wait for another
+        host's worker. Its record stays, so its types are still routed (:data:`HOSTS_KEPT_S`)."""
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            conn.execute("UPDATE hosts SET seen_until = ? WHERE host = ? AND seen_until > ?", (now, self.host, now))
+
+    def hosts(self) -> list[HostRecord]:
+        """Every host's announcements, the lapsed ones too (:meth:`HostRecord.live` says which serve now)."""
+        with self.db.connection() as conn:
+            rows = conn.execute("SELECT host, gpu_type, devices, seen_until FROM hosts ORDER BY host, gpu_type")
+            return [HostRecord(h, t, tuple(d.split(",")) if d else (), until) for h, t, d, until in rows.fetchall()]
+
+    @staticmethod
+    def _served(conn: Connection, now: float) -> dict[str, float] | None:
+        """GPU type -> the most of its devices on one live host (``math.inf`` for a type whose slots are no
+        devices), for :func:`~.policy.plan`; None where no host ever announced itself (one host, LocalExecutor:
+        its trainings run wherever Airflow runs its tasks)."""
+        rows = conn.execute("SELECT gpu_type, devices, seen_until FROM hosts").fetchall()
+        if not rows:
+            return None
+        served: dict[str, float] = {}
+        for gpu_type, devices, until in rows:
+            if until > now:
+                count = len(devices.split(",")) if devices else math.inf
+                served[gpu_type] = max(served.get(gpu_type, 0), count)
+        return served
+
+    def served(self) -> dict[str, float] | None:
+        """:meth:`_served` now."""
+        with self.db.connection() as conn:
+            return self._served(conn, self._now(conn))
+
     def history(self) -> History:
         """How long the most recent finished jobs held their slots, per team, and how the most recent
         admitted jobs' waits came out against the waits they were told (each at most
@@ -391,8 +457,9 @@ class Ledger:
         with self.db.connection() as conn:
             now = self._now(conn)
             entries = [e for e in self._entries(conn) if e.lease_until >= now]
+            served = self._served(conn, now)
         known = [e for e in entries if e.job.gpu_type in self.config.gpu_types and e.job.team in self.config.teams]
-        verdicts = plan(self.config, known, now, spend, PreemptionRules.of(self.config))
+        verdicts = plan(self.config, known, now, spend, PreemptionRules.of(self.config), served=served)
         place = {job_id: i for i, job_id in enumerate(verdicts)}
         rows = []
         for e in sorted(entries, key=lambda e: (e.admitted is None, place.get(e.job.id, len(place)), e.enqueued)):
@@ -491,7 +558,7 @@ def starts_of(ledger: Ledger, entries: list[Entry], now: float, spend: Spend | N
     with _starts_lock:
         if _starts is not None and _starts[0] == state and now - _starts[1] < STARTS_KEPT_S:
             return _starts[2]
-        found = estimate_starts(ledger.config, entries, now, spend, ledger.history())
+        found = estimate_starts(ledger.config, entries, now, spend, ledger.history(), served=ledger.served())
         _starts = (state, now, found)
         return found
 

@@ -19,6 +19,8 @@ The rules (the package's docstring says why):
   :func:`_would_delay`: EASY backfill, as in Slurm);
 * with the teams' spend, a team's admitted jobs' commitments stay within its monthly budget's rest;
 * a sweep has at most ``sweep.parallelism`` trials admitted at once;
+* where workers announce the GPU types they serve (``served``), a job waits while no live worker serves
+  its type with enough devices on one host, without holding anything back (:func:`unserved`);
 * with :class:`PreemptionRules`, a job within its team's quota reclaims the slots other teams borrow of
   it (:func:`reclaim`): the ledger marks the jobs it preempts, their trainings hear it through their
   lease, checkpoint and stop, and wait again in their places (:mod:`.lease`).
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -97,6 +100,7 @@ class WaitReason(enum.StrEnum):
     RESERVATION = "reservation"  # it could delay a job that holds a reservation
     BUDGET = "budget"  # its commitment does not fit in its team's monthly budget's rest
     PREEMPTING = "preempting"  # within its quota, it waits for borrowers it preempted to checkpoint and stop
+    UNSERVED = "unserved"  # no live worker serves its GPU type, or none has as many of its devices
     FITS_NOW = "fits_now"  # nothing holds it back: its next look admits it (trainyard queue only)
     UNKNOWN = "unknown"  # no verdict of the policy for it (its row was gone by the decision)
 
@@ -396,6 +400,29 @@ class _Commitments:
         return Verdict.wait(WaitReason.BUDGET, message)
 
 
+def unserved(entries: list[Entry], served: Mapping[str, float]) -> dict[str, Verdict]:
+    """The waiting jobs no live worker can run (``served``: GPU type -> the most of its devices on one live
+    host, ``math.inf`` for a type whose slots are no devices): their type is served by none, or by none with
+    as many of its devices as the job needs. They wait, holding nothing back; a worker that starts serving
+    the type lets them in at the next decision."""
+    verdicts = {}
+    for e in entries:
+        t, need = e.job.gpu_type, e.job.slots
+        if e.admitted is not None or served.get(t, 0) >= need:
+            continue
+        if t not in served:
+            message = (
+                f"{t}: no live worker serves it (the workers serve {sorted(served) or 'nothing'}): it starts once "
+                f"one whose TRAINYARD_GPU_DEVICES lists {t} runs `trainyard worker`"
+            )
+        else:
+            message = (
+                f"{t}: the job needs {need} devices on one host, and the live workers have {served[t]:.0f} at most"
+            )
+        verdicts[e.job.id] = Verdict.wait(WaitReason.UNSERVED, message)
+    return verdicts
+
+
 def plan(
     config: ResourcesConfig,
     entries: list[Entry],
@@ -403,6 +430,7 @@ def plan(
     spend: Spend | None = None,
     preemption: PreemptionRules | None = None,
     admissions_only: bool = False,
+    served: Mapping[str, float] | None = None,
 ) -> dict[str, Verdict]:
     """Every waiting job's verdict now: job id -> admitted (with the slots it borrows) or waiting (and why), per GPU
     type in the order the jobs are looked at (past the bound on waiting first, then within quota, then by priority,
@@ -412,7 +440,12 @@ def plan(
     month's spend. ``preemption``: with it, a waiting job within its quota reclaims what others borrow of it
     (:func:`reclaim`), and the jobs it preempts have a verdict too (:attr:`Standing.PREEMPTED`).
     ``admissions_only``: without ``preemption``, the verdicts of a type's waiting jobs only until it is
-    full, which admits no more (running the policy forward needs no more: :mod:`.starts`)."""
+    full, which admits no more (running the policy forward needs no more: :mod:`.starts`). ``served``: the
+    types the live workers serve (:func:`unserved`); None where no worker announces any (one host, whose
+    trainings run wherever Airflow runs its tasks)."""
+    held_back = {} if served is None else unserved(entries, served)
+    if held_back:
+        entries = [e for e in entries if e.job.id not in held_back]
     commitments = _Commitments(config, spend, [e.job for e in entries if e.admitted is not None])
     in_group: dict[str, int] = {}  # a sweep's admitted trials
     for e in entries:
@@ -422,6 +455,7 @@ def plan(
     asked = {e.job.gpu_type for e in entries if e.admitted is None}  # a type nobody waits for has no verdicts
     for gpu_type in (t for t in config.gpu_types if t in asked):
         verdicts.update(_plan_type(config, entries, gpu_type, now, commitments, in_group, preemption, admissions_only))
+    verdicts.update(held_back)
     return verdicts
 
 

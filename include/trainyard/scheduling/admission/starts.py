@@ -193,20 +193,25 @@ def _forward_type(
 
 
 def _in_sight(
-    config: ResourcesConfig, entries: list[Entry], now: float, spend: Spend | None
+    config: ResourcesConfig,
+    entries: list[Entry],
+    now: float,
+    spend: Spend | None,
+    served: Mapping[str, float] | None = None,
 ) -> tuple[list[Entry], set[str]]:
     """What the forward runs place, and the waiting jobs too far back in their queues to be placed: of the
     teams and GPU types of ``config``, the admitted, and of each type's waiting jobs every one the policy
     admits now and the first :data:`WAITING_IN_SIGHT` of the others in its order. A job its team's budget
-    holds back now (``spend``) is in neither: it has no start from the fleet's side alone."""
+    holds back now (``spend``), or that no live worker can run (``served``, :func:`.policy.unserved`), is in
+    neither: it has no start from the fleet's side alone."""
     live = [e for e in entries if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
     by_id = {e.job.id: e for e in live}
     sight = [e for e in live if e.admitted is not None]
     seen: dict[str, int] = {}
     behind: set[str] = set()
-    for job_id, verdict in plan(config, live, now, spend).items():  # each type's waiting jobs, in its order
+    for job_id, verdict in plan(config, live, now, spend, served=served).items():  # each type's, in its order
         e = by_id[job_id]
-        if verdict.reason is WaitReason.BUDGET:
+        if verdict.reason in (WaitReason.BUDGET, WaitReason.UNSERVED):
             continue
         if verdict.admitted or seen.get(e.job.gpu_type, 0) < WAITING_IN_SIGHT:
             seen[e.job.gpu_type] = seen.get(e.job.gpu_type, 0) + (not verdict.admitted)
@@ -237,11 +242,13 @@ def estimate_starts(
     spend: Spend | None = None,
     history: History = NO_HISTORY,
     floor_s: float = WAIT_FLOOR_S,
+    served: Mapping[str, float] | None = None,
 ) -> dict[str, StartEstimate]:
     """Each waiting job's :class:`StartEstimate` (none for a job no forward run starts: a limit or its budget
     holds it): the latest start, and with ``history`` (the ledger's) the expected start and its band.
-    ``floor_s``: :func:`wait_ratio`'s, for a record kept at another time scale (the replay's)."""
-    sight, behind = _in_sight(config, entries, now, spend)
+    ``floor_s``: :func:`wait_ratio`'s, for a record kept at another time scale (the replay's). ``served``:
+    the types the live workers serve (:meth:`~.ledger.Ledger.served`)."""
+    sight, behind = _in_sight(config, entries, now, spend, served)
     latest = _forward(config, sight, now, _bound)
     waiting = [e.job for e in sight if e.admitted is None]
     known = [job for job in waiting if history.known(job.team)]

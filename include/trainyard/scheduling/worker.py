@@ -1,0 +1,138 @@
+"""``trainyard worker``: a GPU host's Celery worker, serving only the GPU types its host has.
+
+It reads the host's inventory (``TRAINYARD_GPU_DEVICES``, typed: :mod:`trainyard.scheduling.hosts`), starts
+``airflow celery worker`` on those types' queues (``<[trainyard] training_queue>-<type>``, where the
+cluster policy sends each type's trainings), and while that runs announces the host's types and devices
+in the admission ledger every :data:`~.admission.ledger.HOST_BEAT_S` (:meth:`~.admission.ledger.Ledger.announce`):
+a job of a type no live worker serves waits, saying so, instead of being admitted to a queue nobody reads.
+When the Celery worker ends, the host retires at once; killed with it, its announcement lapses within
+:data:`~.admission.ledger.HOST_LEASE_S`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from trainyard.errors import PermanentError, cli_command
+from trainyard.scheduling.admission.ledger import HOST_BEAT_S, HOST_LEASE_S
+from trainyard.scheduling.hosts import DEVICES_ENV, HOST_ENV, Inventory, training_queue_of
+from trainyard.scheduling.ledger_db import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from trainyard.scheduling.admission.ledger import Ledger
+    from trainyard.scheduling.resources import ResourcesConfig
+
+log = logging.getLogger(__name__)
+
+
+def routing_prefix() -> str | None:
+    """``[trainyard] training_queue``: the prefix of the per-type training queues; None where trainings are
+    not routed (LocalExecutor: one queue). Read from Airflow's configuration, as its scheduler reads it."""
+    from airflow.configuration import conf
+
+    return conf.get("trainyard", "training_queue", fallback=None) or None
+
+
+def worker_queues(prefix: str, inventory: Inventory, config: ResourcesConfig) -> list[str]:
+    """The queues of the GPU types ``inventory`` lists; PermanentError for an untyped inventory or a type
+    the fleet (resources.yaml) does not have (a typo would serve nothing, and say nothing)."""
+    if inventory.by_type is None:
+        raise PermanentError(
+            f"trainyard worker serves the GPU types its host lists: set {DEVICES_ENV} to "
+            "'<type>=<devices>;...', e.g. 'h100-80gb=0,1,2,3;cpu=' (the cpu type bare)"
+        )
+    unknown = sorted(set(inventory.by_type) - set(config.gpu_types))
+    if unknown:
+        raise PermanentError(
+            f"{DEVICES_ENV} lists GPU type(s) {unknown} that resources.yaml does not have "
+            f"(it lists {sorted(config.gpu_types)}): correct the name, or add the type to the fleet"
+        )
+    if not inventory.by_type:
+        raise PermanentError(f"{DEVICES_ENV} lists no GPU type: this worker would serve nothing")
+    return [training_queue_of(prefix, t) for t in inventory.by_type]
+
+
+def serve(ledger: Ledger, inventory: Inventory, argv: Sequence[str], beat_s: float = HOST_BEAT_S) -> int:
+    """Run ``argv`` (the Celery worker) and announce ``inventory`` for ``ledger.host`` every ``beat_s`` while
+    it runs; SIGTERM and SIGINT are passed on to it (Celery's warm shutdown: its tasks finish). Retired once
+    it has ended; its exit status is returned. A ledger that cannot be reached for a while is logged, and
+    the worker runs on: the host's jobs wait, saying the type is not served, until it is reached again."""
+    by_type = inventory.by_type or {}
+    child = subprocess.Popen(list(argv))
+
+    def pass_on(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                ledger.announce(by_type, lease_s=max(HOST_LEASE_S, 4 * beat_s))
+            except DatabaseUnavailable as err:
+                log.warning("host %s not announced (its types' jobs wait until it is): %s", ledger.host, err)
+            try:
+                return child.wait(timeout=beat_s)
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            child.wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        try:
+            ledger.retire()
+        except DatabaseUnavailable as err:
+            log.warning("host %s not retired (its announcement lapses by itself): %s", ledger.host, err)
+
+
+def celery_args(remainder: list[str]) -> list[str]:
+    """What follows ``--`` on the command line (argparse keeps the ``--`` in a REMAINDER)."""
+    return remainder[1:] if remainder[:1] == ["--"] else remainder
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from trainyard.scheduling.admission.ledger import default_ledger
+    from trainyard.scheduling.hosts import host_inventory, host_name
+
+    prefix = routing_prefix()
+    if prefix is None:
+        raise PermanentError(
+            "trainings are not routed by GPU type here ([trainyard] training_queue is unset; with LocalExecutor "
+            "every task runs on this host): set it (the cluster profile sets 'gpu') to run type workers"
+        )
+    if args.name:
+        os.environ[HOST_ENV] = args.name  # the tasks it runs claim devices as this host (Ledger.host)
+    name = host_name()
+    ledger = default_ledger()
+    inventory = host_inventory()
+    queues = [*worker_queues(prefix, inventory, ledger.config), *args.queues]
+    argv = ["airflow", "celery", "worker", "--queues", ",".join(queues), "--concurrency", str(args.concurrency),
+            "--celery-hostname", f"{name}@%h", *celery_args(args.celery_args)]  # fmt: skip
+    log.info("host %s serves %s on queues %s", name, inventory.by_type, queues)
+    return serve(ledger, inventory, argv)
+
+
+def add_worker_parser(sub) -> None:
+    p = sub.add_parser(
+        "worker",
+        help=f"a GPU host's Celery worker, serving the GPU types {DEVICES_ENV} lists (routed by type)",
+        description=(
+            f"Start `airflow celery worker` on the training queues of the GPU types {DEVICES_ENV} lists "
+            "('<type>=<devices>;...'), and announce them in the admission ledger while it runs: a job of a "
+            "type no live worker serves waits, saying so. Arguments after '--' go to the Celery worker."
+        ),
+    )
+    p.add_argument("--name", help=f"this host's name in the ledger (default: ${HOST_ENV}, else the hostname)")
+    p.add_argument("--concurrency", type=int, default=1, help="trainings at once (default 1)")
+    p.add_argument(
+        "--queue", dest="queues", action="append", default=[], help="another queue to serve too (repeatable)"
+    )
+    p.add_argument("celery_args", nargs=argparse.REMAINDER, help="after '--': more arguments for the Celery worker")
+    p.set_defaults(func=cli_command(cmd_worker))

@@ -1,0 +1,171 @@
+"""A worker host's inventory (``TRAINYARD_GPU_DEVICES``) and the ledger's routing by GPU type: a job of a
+type no live worker serves (or none with as many of its devices) waits, saying so, and holds nothing back;
+a worker that announces the type lets it in; one that ends or falls silent serves it no more. The ledger's
+part runs against both of its stores, announcements from concurrent processes included."""
+
+import math
+
+import pytest
+
+from processes import in_processes
+from trainyard.scheduling.admission.ledger import HOST_LEASE_S, Ledger
+from trainyard.scheduling.admission.policy import Job, Standing, WaitReason
+from trainyard.scheduling.admission.starts import estimate_starts
+from trainyard.scheduling.hosts import HostLacksType, InventoryError, parse_inventory, training_queue_of
+from trainyard.scheduling.resources import parse_resources
+
+FLEET = """\
+gpu_types:
+  a100: {count: 8, price_per_hour: 1.0}
+  h100: {count: 4, price_per_hour: 3.0}
+  cpu: {count: 2, price_per_hour: 0.0}
+teams:
+  vision: {quota: {a100: 4, h100: 2, cpu: 2}}
+"""
+
+
+def test_a_typed_inventory_hands_each_type_only_its_own_devices():
+    inventory = parse_inventory(" h100=0, 1 ; a100=MIG-1c2d/1/0,2;cpu= ")
+    assert inventory.devices_for("h100") == ["0", "1"]
+    assert inventory.devices_for("a100") == ["MIG-1c2d/1/0", "2"]
+    assert inventory.devices_for("cpu") is None  # its slots are no devices
+    with pytest.raises(HostLacksType, match=r"host 'gpu-7' has no 'v100' GPUs .*\['a100', 'cpu', 'h100'\]"):
+        inventory.devices_for("v100", host="gpu-7")
+    untyped = parse_inventory("0,1")  # a one-type host from before routing: its devices for any type
+    assert untyped.devices_for("v100") == ["0", "1"] and not untyped.typed
+    assert training_queue_of("gpu", "h100") == "gpu-h100"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("h100=0;h100=1", "'h100' is listed twice"),
+        ("h100=0;a100=0", "device '0' is listed under 'h100' and 'a100'"),
+        ("0,0", "lists a device twice"),
+        ("cpu=0", "list it bare, 'cpu='"),
+        ("h100=", "'h100' lists no devices"),
+        ("H100=0", "is not '<gpu type>=<device>,<device>'"),
+        ("h100=0;a100", "'a100' is not '<gpu type>=<device>,<device>'"),
+        ("h100=0 1", r"\['0 1'\] in 'h100=0 1' are not device names"),
+        ("h100=$(reboot)", "are not device names"),
+    ],
+)
+def test_an_inventory_that_is_wrong_is_refused_saying_what_is(text, says):
+    with pytest.raises(InventoryError, match=says):
+        parse_inventory(text)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def where(request, tmp_path):
+    if request.param == "sqlite":
+        return tmp_path / "admission.db"
+    return request.getfixturevalue("postgres").database("ledger_hosts")
+
+
+def _job(name: str, gpu_type: str, slots: int) -> Job:
+    return Job(name, "vision", gpu_type, slots, 1, max_hours=1.0)
+
+
+def test_a_job_waits_while_no_live_worker_serves_its_type_and_holds_nothing_back(where):
+    clock, config = Clock(), parse_resources(FLEET)
+    on = {host: Ledger(where, config, clock, host=host) for host in ("gpu-a", "gpu-b")}
+    ledger = on["gpu-a"]
+    assert ledger.served() is None  # no worker ever announced itself: one host, nothing routed
+    assert ledger.request(_job("before", "h100", 1)).admitted
+    ledger.release("before")
+
+    on["gpu-a"].announce({"a100": ["0", "1"], "cpu": []})
+    assert ledger.served() == {"a100": 2, "cpu": math.inf}
+    h100 = ledger.request(_job("h", "h100", 1))
+    assert h100.reason is WaitReason.UNSERVED
+    assert "h100: no live worker serves it (the workers serve ['a100', 'cpu'])" in h100.message
+    too_big = ledger.request(_job("big", "a100", 4))  # within the type's 8 slots, but no host has 4
+    assert too_big.reason is WaitReason.UNSERVED and "needs 4 devices on one host" in too_big.message
+    assert ledger.request(_job("small", "a100", 2)).admitted  # nothing held back behind them
+    assert ledger.request(_job("c", "cpu", 2)).admitted
+    standing = {e.job.id: v for e, v in ledger.standing()}
+    assert standing["h"].reason is WaitReason.UNSERVED and standing["small"].standing is Standing.ADMITTED
+    served = ledger.served()
+    assert "h" not in estimate_starts(config, ledger.entries(), clock.now, served=served)  # no start in sight
+
+    on["gpu-b"].announce({"h100": ["0"]})  # another host's devices, numbered from 0 too
+    assert ledger.request(_job("h", "h100", 1)).admitted
+    assert [(r.host, r.gpu_type, r.devices) for r in ledger.hosts()] == [
+        ("gpu-a", "a100", ("0", "1")), ("gpu-a", "cpu", ()), ("gpu-b", "h100", ("0",))
+    ]  # fmt: skip
+
+    on["gpu-b"].retire()  # its worker ended: the type is served no more, its record kept
+    assert ledger.request(_job("h2", "h100", 1)).reason is WaitReason.UNSERVED
+    assert not any(r.live(clock.now) for r in ledger.hosts() if r.host == "gpu-b")
+    clock.now += HOST_LEASE_S + 1  # gpu-a fell silent (its worker killed): its types are served no more
+    assert ledger.request(_job("small2", "a100", 1)).reason is WaitReason.UNSERVED
+    on["gpu-a"].announce({"a100": ["0", "1"]})  # back, without cpu: cpu is served no more
+    assert ledger.request(_job("small2", "a100", 1)).admitted
+    assert ledger.served() == {"a100": 2}
+
+
+def _announce_often(where, fleet: str, host: str, times: int) -> int:
+    ledger = Ledger(where, parse_resources(fleet), host=host)
+    for i in range(times):
+        ledger.announce({"a100": [str(d) for d in range(1 + i % 3)]})
+        ledger.request(_job(f"{host}-{i}", "a100", 1))
+        ledger.release(f"{host}-{i}")
+    return len(ledger.hosts())
+
+
+def test_workers_announcing_themselves_at_once_from_their_own_processes_each_keep_one_record(where):
+    Ledger(where, parse_resources(FLEET))  # made once, before the race
+    counts = in_processes(_announce_often, [(where, FLEET, f"gpu-{n}", 15) for n in range(4)], timeout=300)
+    assert all(1 <= c <= 4 for c in counts)
+    records = Ledger(where, parse_resources(FLEET)).hosts()
+    assert sorted((r.host, r.devices) for r in records) == [(f"gpu-{n}", ("0", "1", "2")) for n in range(4)]
+
+
+def test_a_worker_serves_the_queues_of_its_hosts_types_and_refuses_an_inventory_it_cannot_route():
+    from trainyard.errors import PermanentError
+    from trainyard.scheduling.worker import worker_queues
+
+    config = parse_resources(FLEET)
+    assert worker_queues("gpu", parse_inventory("h100=0,1;cpu="), config) == ["gpu-h100", "gpu-cpu"]
+    with pytest.raises(PermanentError, match=r"set TRAINYARD_GPU_DEVICES to '<type>=<devices>;\.\.\.'"):
+        worker_queues("gpu", parse_inventory("0,1"), config)
+    with pytest.raises(PermanentError, match=r"\['h100-80gb'\] that resources.yaml does not have"):
+        worker_queues("gpu", parse_inventory("h100-80gb=0"), config)
+
+
+CHILD = """\
+import sys, time
+from trainyard.scheduling.admission.ledger import Ledger
+from trainyard.scheduling.resources import parse_resources
+ledger = Ledger(sys.argv[1], parse_resources(sys.argv[2]))
+deadline = time.time() + 30
+while time.time() < deadline:
+    if ledger.served() == {"h100": 2, "cpu": float("inf")}:
+        sys.exit(7)  # seen announced from another process while its worker ran
+    time.sleep(0.1)
+sys.exit(1)
+"""
+
+
+def test_a_worker_host_is_announced_while_its_celery_worker_runs_and_retired_when_it_ends(tmp_path):
+    """``serve`` with a stand-in for ``airflow celery worker``: a process that reads the ledger until it sees
+    the host's types, and exits with the status that says so; the status comes back, and the host is
+    retired once it has ended."""
+    import sys
+
+    from trainyard.scheduling.worker import serve
+
+    where = tmp_path / "admission.db"
+    ledger = Ledger(where, parse_resources(FLEET), host="gpu-a")
+    status = serve(ledger, parse_inventory("h100=0,1;cpu="), [sys.executable, "-c", CHILD, str(where), FLEET], 0.2)
+    assert status == 7
+    assert [(r.gpu_type, r.live(ledger.now())) for r in ledger.hosts()] == [("cpu", False), ("h100", False)]
+    assert ledger.served() == {}  # routed, and nothing serves: the types' jobs wait, saying so
