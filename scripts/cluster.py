@@ -73,6 +73,7 @@ class Worker:
 
 THIS_MACHINE = "this machine's"
 WORKERS = {"worker-cpu": Worker(2, queues="cpu"), "worker-gpu": Worker(1, gpus=THIS_MACHINE)}
+TASK_HEARTBEAT_TIMEOUT_S = 20  # a dead worker's try fails after this (Airflow's default: 300)
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 SERVICES = ("redis", "mlflow", *AIRFLOW_COMPONENTS)  # besides PostgreSQL and the workers
 PASSED_ON = (signal.SIGTERM, signal.SIGINT)  # the signals a service's supervisor passes on to it
@@ -167,6 +168,12 @@ class Cluster:
             "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "trainyard_airflow.celery_config.CELERY_CONFIG",
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "cpu",
             "AIRFLOW__TRAINYARD__TRAINING_QUEUE": "gpu",
+            # A try whose worker died (its host lost) fails once the scheduler has not heard its supervisor for
+            # this long, and its retry starts on another host: 300 s by default. The supervisor, a process of
+            # its own beside the training, beats every [workers] min_heartbeat_interval (5 s) however long a
+            # step or a checkpoint takes: four beats missed in a row, not a slow training, fail it.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(TASK_HEARTBEAT_TIMEOUT_S),
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__BASE_URL": self.api_url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",

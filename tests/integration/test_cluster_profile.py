@@ -7,10 +7,11 @@ team limit binds), and it serves the replay's DAG beside the pipelines (a second
 - A sweep's trials run two at a time, one on each GPU worker, against its study in PostgreSQL; the losers
   are pruned and the best is registered.
 - The Celery worker that runs a training is killed with SIGKILL, every process under it too, as when its
-  host dies: Airflow fails the try once its heartbeat stops, the retry runs on the other GPU worker and
-  resumes from the checkpoint on the shared volume; PostgreSQL (Airflow's metadata, MLflow's store, the
-  ledger) is restarted while the retry trains; the run registers exactly one version, and the shared
-  ledger never holds more than the fleet has.
+  host dies: Airflow fails the try once its heartbeat stops (the profile's 20 s), the retry runs on the
+  other GPU worker within 60 s of the death and resumes from the checkpoint on the shared volume; its
+  training processes stopped past the heartbeat timeout are no false alarm; PostgreSQL (Airflow's
+  metadata, MLflow's store, the ledger) is restarted while the retry trains; the run registers exactly one
+  version, and the shared ledger never holds more than the fleet has.
 - The scheduler replay at a small size: a stream of jobs from two teams, admitted concurrently by the
   tasks on both ``cpu`` workers and by the triggerer against the one ledger in PostgreSQL. Only invariants
   are asserted, never a utilisation figure (that is ``make bench-scheduler``'s): from Airflow's own task
@@ -46,8 +47,9 @@ scheduler_replay = checkout.scheduler_replay()
 
 pytestmark = pytest.mark.integration
 DAG = "train_pipeline.default"  # team default's own (multi-team mode)
-# A try whose worker died is failed once the scheduler has not heard from it this long (300 s by default).
-HEARTBEAT_TIMEOUT_S = 20
+# A try whose worker died is failed once the scheduler has not heard from it this long: the profile's own
+HEARTBEAT_TIMEOUT_S = cluster_profile.TASK_HEARTBEAT_TIMEOUT_S
+RECOVERY_GOAL_S = 60  # from a worker's death to its job training again on another host (issue 43)
 FLEET = REPO / "tests" / "fixtures" / "replay_fleet.yaml"
 TIME_SCALE = 60  # the replay's: max_wait_minutes is scaled by it
 MEDIAN_S = 8
@@ -61,8 +63,6 @@ def cluster():
     ports = {name: airflow_services._free_port() for name in cluster_profile.DEFAULT_PORTS}
     fleet = scheduler_replay.scenario_config(load_resources(FLEET), "trainyard", TIME_SCALE, poll=1.0)
     settings = {
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
         **airflow_services.QUIETER_FOR_TESTS,
         **scheduler_replay.replay_settings(
             scheduler_replay.write_config(fleet, root / "config"), beside_the_pipelines=True
@@ -93,6 +93,13 @@ def _start_h100_host(cluster) -> None:
 def _ran(cluster, worker: str, run_id: str, task: str) -> bool:
     """Whether ``worker``'s log says it ran ``task`` of the pipeline's run ``run_id``."""
     return f"dag_id={DAG}/run_id={run_id}/task_id={task}/" in (cluster.logs / f"{worker}.log").read_text()
+
+
+def _in_training(p: psutil.Process) -> bool:
+    """Whether ``p`` is torchrun or one of its workers."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return any(m in " ".join(p.cmdline()) for m in ("torch.distributed.run", "trainyard.training.entry"))
+    return False
 
 
 def _training_worker(cluster) -> str | None:
@@ -238,6 +245,7 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
     api.wait(trains_past_a_checkpoint, 600, "a checkpoint of the training")
     first = training_on[-1]
     killed = _kill_host(cluster, first)
+    died = time.monotonic()
     survivor = {"worker-gpu": "worker-gpu-b", "worker-gpu-b": "worker-gpu"}[first]
 
     fleet, ledger = _shared_ledger(cluster)
@@ -254,6 +262,23 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
         return _training_worker(cluster) == survivor
 
     api.wait(retry_trains, 600, f"the retry to train on {survivor}")
+    recovered_s = time.monotonic() - died
+    print(f"\nworker {first} killed: training again on {survivor} {recovered_s:.1f} s later")
+    assert recovered_s <= RECOVERY_GOAL_S, f"training again {recovered_s:.0f} s after the worker's death"
+    # No false alarm: the retry's training processes stopped (SIGSTOP, as a step or a checkpoint that takes
+    # longer than the heartbeat timeout) past the timeout are not taken for a dead host: the task's supervisor
+    # beats on beside them. Its try is still the second and still running afterwards.
+    training = [p for p in psutil.Process(cluster.pid(survivor)).children(True) if _in_training(p)]
+    for p in training:
+        p.suspend()
+    try:
+        time.sleep(HEARTBEAT_TIMEOUT_S + 15)
+    finally:
+        for p in training:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.resume()
+    paused = api.task_instances(DAG, run_id, headers)["train"]
+    assert (paused["state"], paused["try_number"]) == ("running", 2), paused
     # the database every component writes to (Airflow's metadata, MLflow's store, the ledger) restarts
     # under the running retry: its heartbeats, lease renewals and metrics meet a closed server for a while
     restarted = time.time()
