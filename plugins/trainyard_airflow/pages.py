@@ -270,8 +270,24 @@ def _job_rows(jobs: list[dict[str, Any]]) -> str:
     return "".join(rows)
 
 
+def _host_table(hosts: list[dict[str, Any]]) -> str:
+    """The worker hosts and their devices, each free or held (by a team's job; its run where it is the
+    reader's); nothing where no host announces itself."""
+    if not hosts:
+        return ""
+    rows = []
+    for h in hosts:
+        held = [
+            f"{d['device']}: " + ("free" if d["team"] is None else d["run"] or f"a job of {d['team']}")
+            for d in h["devices"]
+        ]
+        state = "serving" if h["serving"] else "gone"
+        rows.append(_cells([h["host"], h["gpu_type"], state, "; ".join(held) or "(no devices: CPU slots)"]))
+    return f"<h2>Hosts</h2><table>{_cells(['host', 'GPU type', 'state', 'devices'], 'th')}{''.join(rows)}</table>"
+
+
 def render(view: dict[str, Any]) -> str:
-    """The Fleet page's HTML (every value escaped): a table per GPU type, then the teams."""
+    """The Fleet page's HTML (every value escaped): a table per GPU type, then the hosts, then the teams."""
     header = ["team", "user", "GPUs", "priority", "waited (min)", "run", "why"]
     parts = ["<h1>Fleet</h1>"]
     for t in view["gpu_types"]:
@@ -284,6 +300,7 @@ def render(view: dict[str, Any]) -> str:
                 parts.append(f"<h3>{title}</h3><table>{_cells(header, 'th')}{_job_rows(jobs)}</table>")
         if not t["holders"] and not t["waiting"]:
             parts.append("<p>no job holds or waits for it</p>")
+    parts.append(_host_table(view.get("hosts") or []))
     parts.append("<h2>Teams</h2><table>")
     parts.append(_cells(["team", "quota", "may borrow", "may lend", "spent", "committed", "budget", "left"], "th"))
     for team in view["teams"]:

@@ -84,9 +84,30 @@ def live_queue(ledger: Ledger | None, reader: Acting) -> list[dict[str, Any]]:
     return queue_jobs(rows, reader, now, starts_of(ledger, [e for e, _ in rows], now, spend))
 
 
+def hosts(ledger: Ledger | None, reader: Acting) -> list[dict[str, Any]]:
+    """Per worker host and GPU type it announced (``trainyard worker``): whether it serves now, and each of
+    its devices with the job that holds it (its team; its run where ``reader`` may read the team). Empty
+    where no host announces itself (one host, nothing routed)."""
+    if ledger is None:
+        return []
+    now = ledger.now()
+    holders = {(e.host, d): e.job for e in ledger.entries() if e.admitted is not None for d in e.devices}
+    rows = []
+    for record in ledger.hosts():
+        devices = []
+        for device in record.devices:
+            job = holders.get((record.host, device))
+            team = job.team if job is not None else None
+            run = job.id if job is not None and reader.may_read(job.team) else None
+            devices.append({"device": device, "team": team, "run": run})
+        rows.append({"host": record.host, "gpu_type": record.gpu_type, "serving": record.live(now), "devices": devices})
+    return rows
+
+
 def fleet(config: ResourcesConfig, ledger: Ledger | None, reader: Acting) -> dict[str, Any]:
-    """Per GPU type its slots, the slots admitted jobs hold, who holds them and who waits, and why; per team
-    its quota and limits, and, where ``reader`` may read the team, this month's spend against its budget."""
+    """Per GPU type its slots, the slots admitted jobs hold, who holds them and who waits, and why; per worker
+    host its types and devices and who holds each (:func:`hosts`); per team its quota and limits, and, where
+    ``reader`` may read the team, this month's spend against its budget."""
     from trainyard import paths
     from trainyard.scheduling.budgets import month_of, team_months
 
@@ -122,4 +143,4 @@ def fleet(config: ResourcesConfig, ledger: Ledger | None, reader: Acting) -> dic
                 budget=month.budget, left=None if month.left is None else round(month.left, 2),
             )  # fmt: skip
         teams.append(row)
-    return {"gpu_types": types, "teams": teams}
+    return {"gpu_types": types, "hosts": hosts(ledger, reader), "teams": teams}

@@ -81,6 +81,48 @@ def test_the_fleet_shows_a_team_its_own_jobs_and_money_and_others_only_what_ever
     assert "spent" not in teams["nlp"] and teams["nlp"]["quota"] == {"a100": 2}  # the inventory is everyone's
     admin = fleet(ledger.config, ledger, Acting("root", (), admin=True))
     assert admin["gpu_types"][0]["holders"][0]["user"] == "nina"
+    assert view["hosts"] == []  # no worker host announced itself: nothing routed
+
+
+def test_the_fleet_shows_each_host_s_devices_and_who_holds_them(tmp_path, monkeypatch):
+    """The hosts the workers announce (trainyard worker), each device free or held, a team's run named to its
+    members only; a host that retired shown as gone; the page escapes what hosts are named."""
+    from fleets import local_fleet
+    from trainyard.acting import Acting
+    from trainyard.scheduling.admission.ledger import Ledger
+    from trainyard.scheduling.admission.policy import Job
+    from trainyard.scheduling.fleet_view import fleet
+    from trainyard_airflow.pages import render
+
+    ledger = local_fleet(
+        tmp_path,
+        monkeypatch,
+        "gpu_types:\n  a100: {count: 4, price_per_hour: 2.0}\n  cpu: {count: 2, price_per_hour: 0.0}\n"
+        "teams:\n  vision: {quota: {a100: 2, cpu: 2}}\n  nlp: {quota: {a100: 2}}\n",
+    )
+    on_a = Ledger(ledger.db.where, ledger.config, host="gpu-a")
+    on_a.announce({"a100": ["0", "1"], "cpu": []})
+    old = Ledger(ledger.db.where, ledger.config, host="<b>old</b>")
+    old.announce({"a100": ["0"]})
+    old.retire()
+    job = Job("train_pipeline.nlp/r1", "nlp", "a100", 1, 1, 1.0, "nina")
+    assert on_a.request(job).admitted and on_a.claim_devices(job.id, 1, ["0", "1"]) == ["0"]
+
+    def devices(reader: Acting) -> dict[tuple[str, str], tuple[bool, list]]:
+        return {
+            (h["host"], h["gpu_type"]): (h["serving"], [(d["device"], d["team"], d["run"]) for d in h["devices"]])
+            for h in fleet(ledger.config, ledger, reader)["hosts"]
+        }
+
+    assert devices(Acting("nina", ("nlp",))) == {
+        ("<b>old</b>", "a100"): (False, [("0", None, None)]),
+        ("gpu-a", "a100"): (True, [("0", "nlp", "train_pipeline.nlp/r1"), ("1", None, None)]),
+        ("gpu-a", "cpu"): (True, []),
+    }
+    assert devices(Acting("tina", ("vision",)))[("gpu-a", "a100")] == (True, [("0", "nlp", None), ("1", None, None)])
+    page = render(fleet(ledger.config, ledger, Acting("tina", ("vision",))))
+    assert "<h2>Hosts</h2>" in page and "<td>0: a job of nlp; 1: free</td>" in page
+    assert "&lt;b&gt;old&lt;/b&gt;</td><td>a100</td><td>gone</td>" in page and "<b>old</b>" not in page
 
 
 def test_the_fleets_use_shows_a_reader_their_teams_by_name_and_the_others_as_one():
