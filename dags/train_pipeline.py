@@ -62,7 +62,7 @@ TEAM = bundle_team(__file__)
 DEFAULT_SPEC = JobSpec.model_validate({"resources": {"team": TEAM}}) if TEAM else JobSpec()
 DEFAULT = DEFAULT_SPEC.model_dump(mode="json")
 # Parse-time defaults; the cluster policy (plugins/trainyard_airflow/policy.py) sets them per run.
-GPU_POOL = pool_name(DEFAULT_SPEC.resources.gpu_type)
+GPU_POOL = pool_name(DEFAULT_SPEC.resources.slot_type)
 GPU_SLOTS = DEFAULT_SPEC.resources.total_gpus
 TRAINING_WEIGHT = training_priority(DEFAULT_SPEC.resources.priority)
 

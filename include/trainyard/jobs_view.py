@@ -143,13 +143,15 @@ def _cost(config: ResourcesConfig, run: AirflowRun, spec: Mapping[str, Any], now
     from trainyard import paths
     from trainyard.scheduling.budgets import recorded_cost
     from trainyard.scheduling.resources import run_cost
+    from trainyard.spec import slot_type_of
 
     res = spec["resources"]
     done = recorded_cost(config, paths.run_path(spec["name"], run.key))
-    if run.training_started is None or res["gpu_type"] not in config.gpu_types:
+    slots = slot_type_of(res["gpu_type"], res.get("mig_profile"))
+    if run.training_started is None or slots not in config.slot_types:
         return round(done, 2)
     gpus = res["nodes"] * res["gpus_per_node"]
-    return round(done + run_cost(config, res["gpu_type"], max(now - run.training_started, 0.0) * gpus), 2)
+    return round(done + run_cost(config, slots, max(now - run.training_started, 0.0) * gpus), 2)
 
 
 def _links(run: AirflowRun, tracked: Tracked | None, registered: Mapping[str, Any] | None) -> dict[str, str]:

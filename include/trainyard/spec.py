@@ -23,6 +23,7 @@ from trainyard.recipes.catalog import SOURCES
 RECIPES = (*BUILT_IN_RECIPES, "custom")
 SOURCE_CHOICES = (*SOURCES, "none")
 NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+MIG_PROFILE_RE = r"^[0-9]+g\.[0-9]+gb$"  # a MIG profile: 1g.10gb, 3g.40gb
 MAX_HOURS_LIMIT = 24 * 31  # the longest resources.max_hours: a month (the cluster profile's Celery redelivery bound)
 
 
@@ -185,6 +186,14 @@ class Resources(_Model):
     nodes: int = Field(1, ge=1, le=256, description="> 1 needs the kubernetes launcher")
     gpus_per_node: int = Field(2, ge=1, le=64, description="worker processes (GPUs) on each node")
     gpu_type: str = Field("cpu", pattern=NAME_RE, description="a key of resources.yaml gpu_types")
+    mig_profile: str | None = Field(
+        None,
+        pattern=MIG_PROFILE_RE,
+        description=(
+            "on a GPU type partitioned with MIG, the slice each GPU of the job is (e.g. 1g.10gb, one of the "
+            "type's mig_profiles): gpus_per_node counts these slices"
+        ),
+    )
     team: str = Field("default", pattern=NAME_RE, description="a key of resources.yaml teams")
     priority: int = Field(
         1, ge=1, le=1000, description="order among waiting jobs; the train task's priority_weight is 1000 + this"
@@ -223,6 +232,13 @@ class Resources(_Model):
         """All of the job's GPUs (nodes x gpus_per_node): its pool slots, its cost multiplier."""
         return self.nodes * self.gpus_per_node
 
+    @property
+    def slot_type(self) -> str:
+        """What its slots are counted in: its GPU type, or on a MIG type its profile's slices
+        (``a100-mig.1g.10gb``): the pool, the queue, the ledger's count, the price
+        (:attr:`trainyard.scheduling.resources.ResourcesConfig.slot_types`)."""
+        return slot_type_of(self.gpu_type, self.mig_profile)
+
 
 class Threshold(_Model):
     """One gate: ``metric`` must be >= min and/or <= max."""
@@ -238,8 +254,23 @@ class Threshold(_Model):
         return self
 
 
+def slot_type_of(gpu_type: str, mig_profile: str | None) -> str:
+    """The type a job's slots are counted in: ``gpu_type``, or its MIG profile's slices, ``<type>.<profile>``
+    (a GPU type's name has no '.')."""
+    return f"{gpu_type}.{mig_profile}" if mig_profile else gpu_type
+
+
 class KubernetesSpec(_Model):
     """Where and how the pods of a ``launcher: kubernetes`` job run."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mig_profile_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "mig_profile" in data:
+            raise ValueError(
+                "mig_profile moved to resources.mig_profile (a MIG type's slices are counted on every launcher)"
+            )
+        return data
 
     namespace: str = Field(
         "trainyard",
@@ -257,9 +288,6 @@ class KubernetesSpec(_Model):
     tolerations: tuple[dict[str, Any], ...] = Field(
         ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
         description="pod tolerations (Kubernetes Toleration objects)",
-    )
-    mig_profile: str | None = Field(
-        None, pattern=r"^[0-9]+g\.[0-9]+gb$", description="e.g. 1g.10gb -> nvidia.com/mig-1g.10gb"
     )
     data_pvc: str = Field("trainyard-data", description="PVC mounted at TRAINYARD_HOME in every pod and on the worker")
     env: dict[str, str] = Field({}, description="extra environment variables of the training container")

@@ -4,7 +4,8 @@ Per-run GPU reservation: route a training task to the pool, slots and priority i
 
 Airflow fixes ``pool`` and ``pool_slots`` when a DAG is parsed, but a JobSpec arrives per run (trigger
 form, REST ``conf``). Airflow's ``task_instance_mutation_hook`` runs in the scheduler when task instances
-are created, with the run at hand, so it is where ``resources.gpu_type`` becomes the pool,
+are created, with the run at hand, so it is where ``resources.gpu_type`` (on a MIG type with its
+``mig_profile``: :attr:`trainyard.spec.Resources.slot_type`) becomes the pool,
 ``resources.nodes x gpus_per_node`` the pool_slots (a gang reservation: all of the job's GPUs or none)
 and ``resources.priority`` the priority_weight, above every other task's (:func:`training_priority`).
 
@@ -57,7 +58,7 @@ def reservation(conf: dict | None) -> tuple[str, int, int] | None:
         res = Resources.model_validate(resources)
     except (ConfError, ValidationError):
         return None
-    return pool_name(res.gpu_type), res.total_gpus, training_priority(res.priority)
+    return pool_name(res.slot_type), res.total_gpus, training_priority(res.priority)
 
 
 def on_kubernetes(conf: dict | None) -> bool:

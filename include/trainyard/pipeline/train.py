@@ -208,7 +208,7 @@ def collect_training(
     found = {} if not result else custom.collect(out_dir) if spec.recipe == "custom" else built_in_result(out_dir)
     gpu_seconds = usage.gpu_seconds(out_dir)
     tries = usage.tries(out_dir)
-    cost = run_cost(resources_in_force(), spec.resources.gpu_type, gpu_seconds)
+    cost = run_cost(resources_in_force(), spec.resources.slot_type, gpu_seconds)
     record = _result_record(  # before the run is marked finished: workers' values of the wrong type fail it
         found,
         **plan.model_dump(include={"mlflow_run_id", "run_dir", "tensorboard_dir"}),
@@ -222,7 +222,7 @@ def collect_training(
         gpu_seconds,
         len(tries),
         "y" if len(tries) == 1 else "ies",
-        spec.resources.gpu_type,
+        spec.resources.slot_type,
         cost,
     )
     c.log_metric(plan.mlflow_run_id, "gpu_seconds", gpu_seconds)

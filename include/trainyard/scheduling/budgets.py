@@ -40,7 +40,7 @@ from typing import Protocol
 
 from trainyard.errors import RetryableError, spec_error_message
 from trainyard.scheduling.resources import ResourcesConfig, run_cost
-from trainyard.spec import JobSpec, SpecError, safe_key
+from trainyard.spec import JobSpec, SpecError, safe_key, slot_type_of
 from trainyard.training.run_config import RUN_CONFIG_FILE
 from trainyard.training.usage import SPEND_LOCK, USAGE_FILE, journal_dir, journal_line, month_of, read_usage
 
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 def worst_case(config: ResourcesConfig, gpu_type: str, slots: int, max_hours: float) -> float:
-    return config.gpu_types[gpu_type].price_per_hour * max_hours * slots
+    return config.slot_types[gpu_type].price_per_hour * max_hours * slots
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def _run_usage(usage: Path, cache: bool = True) -> tuple[str, str, list[dict]]:
         return cached[1]
     resources = json.loads(config.read_text())["spec"]["resources"]
     records = read_usage(usage)
-    parsed = (str(resources["team"]), str(resources["gpu_type"]), records)
+    parsed = (str(resources["team"]), slot_type_of(str(resources["gpu_type"]), resources.get("mig_profile")), records)
     if cache:
         with _parsed_lock:
             _parsed[usage] = (stamp, parsed)
@@ -114,7 +114,7 @@ def _run_tries(config: ResourcesConfig, usage: Path, cache: bool = True) -> Iter
 
 def _cost(config: ResourcesConfig, gpu_type: str, gpu_seconds: float) -> float:
     """At the inventory's current price; a GPU type the inventory no longer has costs nothing."""
-    return run_cost(config, gpu_type, gpu_seconds) if gpu_type in config.gpu_types else 0.0
+    return run_cost(config, gpu_type, gpu_seconds) if gpu_type in config.slot_types else 0.0
 
 
 def fill_journal(config: ResourcesConfig, runs_root: Path) -> None:
@@ -275,7 +275,7 @@ def team_months(config: ResourcesConfig, month: str, runs_root: Path, ledger=Non
     committed = dict.fromkeys(config.teams, 0.0)
     for entry in ledger.entries() if ledger is not None else []:
         job = entry.job
-        if entry.admitted is None or job.team not in committed or job.gpu_type not in config.gpu_types:
+        if entry.admitted is None or job.team not in committed or job.gpu_type not in config.slot_types:
             continue
         committed[job.team] += commitment(config, job, run_spent(config, runs_root, job.id))
     for team, amount in reserved(config, runs_root).items():
@@ -305,9 +305,9 @@ def check_budget(spec: JobSpec, config: ResourcesConfig, standing: TeamMonth) ->
     if left is None:
         return
     at_once = min(spec.sweep.parallelism, spec.sweep.trials) if spec.sweep is not None else 1
-    worst = at_once * worst_case(config, res.gpu_type, res.total_gpus, res.max_hours)
+    worst = at_once * worst_case(config, res.slot_type, res.total_gpus, res.max_hours)
     if worst > left:
-        price = config.gpu_types[res.gpu_type].price_per_hour
+        price = config.slot_types[res.slot_type].price_per_hour
         what = (
             "the job's worst case"
             if at_once == 1
@@ -377,7 +377,7 @@ def reserved(config: ResourcesConfig, runs_root: Path, now: float | None = None)
         return {}
     out: dict[str, float] = {}
     for key, r in held.items():
-        if r.team in config.teams and r.gpu_type in config.gpu_types:
+        if r.team in config.teams and r.gpu_type in config.slot_types:
             out[r.team] = out.get(r.team, 0.0) + commitment(config, r, run_spent(config, runs_root, key))
     return out
 
@@ -406,7 +406,7 @@ def reserve(
     with file_lock(runs_root / SPEND_LOCK):
         held = reservations(runs_root, now)
         made = Reservation(
-            res.team, res.gpu_type, res.total_gpus, res.max_hours, now, now + wait_s + res.max_hours * 3600
+            res.team, res.slot_type, res.total_gpus, res.max_hours, now, now + wait_s + res.max_hours * 3600
         )
         if run_key in held:  # a retry: counted already; it lapses from this try's start
             _write_reservations(runs_root, {**held, run_key: made})

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 
 from trainyard.scheduling.resources import ResourcesConfig, max_reach, team_namespace, unassigned
+from trainyard.spec import slot_type_of
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -72,37 +73,43 @@ def _quota_entry(name: str, nominal: int, borrowing: int | None, lending: int | 
 
 def _resource_groups(config: ResourcesConfig, team: str | None) -> list[dict]:
     """One group of whole GPUs (``nvidia.com/gpu``, a flavor per GPU type) and one per MIG type (its
-    slices; a flavor sits in one group only). ``team`` None: the cohort's own quota, the slots in nobody's
-    quota. Every flavor of a group lists every covered resource, in the group's order (Kueue refuses
-    anything else)."""
+    slices, each profile's quota its slot type's, :attr:`ResourcesConfig.slot_types`: the ledger's count;
+    a flavor sits in one group only). ``team`` None: the cohort's own quota, the slots in nobody's quota.
+    Every flavor of a group lists every covered resource, in the group's order (Kueue refuses anything
+    else)."""
 
-    def entries(t: str, resources: list[tuple[str, int]]) -> list[dict]:
+    def entries(resources: list[tuple[str, str]]) -> list[dict]:
+        """(resource name, slot type) -> its quota entry."""
         if team is None:
-            return [_quota_entry(name, unassigned(config, t) * per_gpu, None, None) for name, per_gpu in resources]
-        borrowing, lending = config.borrowing_limit(team, t), config.teams[team].lending_limit.get(t)
+            return [_quota_entry(name, unassigned(config, slots), None, None) for name, slots in resources]
         return [
             _quota_entry(
                 name,
-                config.quota(team, t) * per_gpu,
-                None if borrowing is None else borrowing * per_gpu,
-                None if lending is None else lending * per_gpu,
+                config.quota(team, slots),
+                config.borrowing_limit(team, slots),
+                config.lending_limit(team, slots) if _lends(config, team, slots) else None,
             )
-            for name, per_gpu in resources
+            for name, slots in resources
         ]
 
-    whole = [{"name": t, "resources": entries(t, [(GPU, 1)])} for t in _gpu_types(config) if not _mig(config, t)]
+    whole = [{"name": t, "resources": entries([(GPU, t)])} for t in _gpu_types(config) if not _mig(config, t)]
     groups = [{"coveredResources": [GPU], "flavors": whole}] if whole else []
     for t in _gpu_types(config):
         profiles = _mig(config, t)
         if profiles:
-            slices = [(mig_resource(p), n) for p, n in profiles.items()]
+            slices = [(mig_resource(p), slot_type_of(t, p)) for p in profiles]
             groups.append(
                 {
                     "coveredResources": [name for name, _ in slices],
-                    "flavors": [{"name": t, "resources": entries(t, slices)}],
+                    "flavors": [{"name": t, "resources": entries(slices)}],
                 }
             )
     return groups
+
+
+def _lends(config: ResourcesConfig, team: str, slot_type: str) -> bool:
+    """Whether ``team``'s file sets a lending limit for the GPU type of ``slot_type`` (else Kueue lends all)."""
+    return slot_type.split(".", 1)[0] in config.teams[team].lending_limit
 
 
 def _mig(config: ResourcesConfig, gpu_type: str) -> dict[str, int]:
@@ -114,9 +121,9 @@ def _team_namespace(config: ResourcesConfig, team: str) -> list[dict]:
     """A team's namespace, and its ResourceQuota: the most GPUs (and MIG slices) it can ever hold at once."""
     hard = {f"requests.{GPU}": str(sum(max_reach(config, team, t) for t in _gpu_types(config) if not _mig(config, t)))}
     for t in _gpu_types(config):
-        for p, n in _mig(config, t).items():
+        for p in _mig(config, t):
             key = f"requests.{mig_resource(p)}"
-            hard[key] = str(int(hard.get(key, "0")) + max_reach(config, team, t) * n)
+            hard[key] = str(int(hard.get(key, "0")) + max_reach(config, team, slot_type_of(t, p)))
     namespace = team_namespace(team)
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {TEAM_LABEL: team}}},

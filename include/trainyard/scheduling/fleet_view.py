@@ -113,7 +113,7 @@ def fleet(config: ResourcesConfig, ledger: Ledger | None, reader: Acting) -> dic
 
     jobs = live_queue(ledger, reader)
     types = []
-    for name, gpu in config.gpu_types.items():
+    for name, gpu in config.slot_types.items():
         held = [j for j in jobs if j["gpu_type"] == name and j["state"] == "admitted"]
         in_use = sum(j["gpus"] for j in held)
         types.append(

@@ -3,7 +3,8 @@
 A host says what it has in ``TRAINYARD_GPU_DEVICES``:
 
 * typed, ``<type>=<device>,<device>;<type>=...``: each GPU type the host serves with its devices (CUDA
-  indices or MIG UUIDs), e.g. ``h100-80gb=0,1;a100-80gb=2,3``; a type whose slots are no devices (the
+  indices or MIG UUIDs), e.g. ``h100-80gb=0,1;a100-80gb=2,3``; a MIG type's slices by profile, each its
+  own slot type (``a100-mig.1g.10gb=MIG-<uuid>,MIG-<uuid>``); a type whose slots are no devices (the
   ``cpu`` type) is listed bare, ``cpu=``. The host runs only those types' trainings, each on its own type's
   devices; its worker serves only their queues (:func:`training_queue_of`, ``trainyard worker``);
 * untyped, ``0,1``: the devices of a one-type host from before types were routed, handed to a job of any
@@ -24,9 +25,12 @@ from dataclasses import dataclass
 from trainyard.errors import PermanentError
 from trainyard.scheduling.cluster import CPU_TYPE
 from trainyard.scheduling.resources import NAME
+from trainyard.spec import MIG_PROFILE_RE
 
 DEVICES_ENV = "TRAINYARD_GPU_DEVICES"
 HOST_ENV = "TRAINYARD_HOST"
+# a GPU type, or a MIG type's profile as a slot type of its own (a100-mig.1g.10gb): what a host serves
+SLOT_TYPE = NAME.removesuffix("$") + "(?:[.]" + MIG_PROFILE_RE.removeprefix("^")[:-1] + ")?$"
 _DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./:-]*$")  # a CUDA index or a MIG UUID (MIG-<uuid>, MIG-GPU-.../1/0)
 
 
@@ -88,7 +92,7 @@ def parse_inventory(text: str) -> Inventory:
         if not entry:
             continue
         gpu_type, sep, listed = (part.strip() for part in entry.partition("="))
-        if not sep or not re.match(NAME, gpu_type):
+        if not sep or not re.match(SLOT_TYPE, gpu_type):
             raise InventoryError(
                 f"{DEVICES_ENV}: {entry!r} is not '<gpu type>=<device>,<device>' (e.g. 'h100-80gb=0,1;cpu=')"
             )

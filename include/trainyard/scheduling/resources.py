@@ -20,17 +20,23 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from trainyard import TRAINER_IMAGE
 from trainyard.errors import spec_error_message
 from trainyard.notifications import NOTICE_KINDS, NoticeKind
-from trainyard.spec import JobSpec, SpecError
+from trainyard.spec import JobSpec, SpecError, slot_type_of
 
 POOL_PREFIX = "gpu-"
 NAME = r"^[a-z0-9][a-z0-9-]{0,40}$"  # DNS-label-like: it names pools, namespaces and Kueue objects
 MIG_PROFILE = re.compile(r"^(?P<g>[1-7])g\.(?P<gb>\d+)gb$")
 MIG_COMPUTE_SLICES = 7  # an A100 / H100 splits into at most seven compute slices
+
+
+def mig_compute(profile: str) -> int:
+    """The compute slices of a MIG profile (1g.10gb: 1); 1 for a name that is no profile."""
+    m = MIG_PROFILE.match(profile)
+    return int(m["g"]) if m else 1
 
 
 class ResourcesError(ValueError):
@@ -223,20 +229,59 @@ class ResourcesConfig(_Model):
     scheduling: Scheduling = Scheduling()
     limits: JobLimits = Field(JobLimits(), description="every team's jobs' host limits, unless its policy sets its own")
 
+    # slot type -> (its GPU type, slices of it per GPU: 1 for a type of whole GPUs or shares)
+    _slot_types: dict[str, tuple[str, int]] = PrivateAttr(default_factory=dict)
+    _slot_gpus: dict[str, GpuType] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any, /) -> None:
+        for name, gpu in self.gpu_types.items():
+            if not gpu.mig_profiles:
+                self._slot_types[name], self._slot_gpus[name] = (name, 1), gpu
+                continue
+            compute = sum(mig_compute(p) * n for p, n in gpu.mig_profiles.items())
+            for profile, per_gpu in gpu.mig_profiles.items():
+                slot = slot_type_of(name, profile)
+                self._slot_types[slot] = (name, per_gpu)
+                self._slot_gpus[slot] = GpuType(
+                    count=gpu.count * per_gpu,
+                    price_per_hour=gpu.price_per_hour * mig_compute(profile) / compute,
+                    description=f"{gpu.description or name}: its {profile} slices",
+                    node_selector=gpu.node_selector,
+                )
+
+    @property
+    def slot_types(self) -> dict[str, GpuType]:
+        """What slots are counted in: each GPU type of whole GPUs (or time-sliced shares), and for a type
+        partitioned with MIG each of its profiles' slices as a type of its own, ``<type>.<profile>``, with
+        count x slices per GPU slots, each priced at its share of the GPU's compute slices (a 1g slice of a
+        GPU cut into 3 x 1g + 2 x 2g costs 1/7 of its price). Pools, the ledger, quotas, budgets and Kueue's
+        MIG resources count these; a job's is :attr:`trainyard.spec.Resources.slot_type`."""
+        return self._slot_gpus
+
+    def _per_gpu(self, slot_type: str) -> tuple[str, int]:
+        """(its GPU type, slices of it per GPU); a name that is no slot type: itself, 1."""
+        return self._slot_types.get(slot_type, (slot_type, 1))
+
     def job_limits(self, team: str) -> JobLimits:
         """The host limits of ``team``'s jobs: its policy's, else the file's."""
         return self.teams[team].policy.limits or self.limits
 
-    def quota(self, team: str, gpu_type: str) -> int:
-        return self.teams[team].quota.get(gpu_type, 0)
+    def quota(self, team: str, slot_type: str) -> int:
+        """``team``'s quota of ``slot_type``: of a MIG profile's slices, its quota of the GPU type x the
+        profile's slices per GPU (as Kueue counts it)."""
+        gpu_type, per_gpu = self._per_gpu(slot_type)
+        return self.teams[team].quota.get(gpu_type, 0) * per_gpu
 
-    def borrowing_limit(self, team: str, gpu_type: str) -> int | None:
-        return self.teams[team].borrowing_limit.get(gpu_type)
+    def borrowing_limit(self, team: str, slot_type: str) -> int | None:
+        gpu_type, per_gpu = self._per_gpu(slot_type)
+        limit = self.teams[team].borrowing_limit.get(gpu_type)
+        return None if limit is None else limit * per_gpu
 
-    def lending_limit(self, team: str, gpu_type: str) -> int:
-        """What of ``team``'s quota of ``gpu_type`` others may borrow while it is idle."""
+    def lending_limit(self, team: str, slot_type: str) -> int:
+        """What of ``team``'s quota of ``slot_type`` others may borrow while it is idle."""
+        gpu_type, per_gpu = self._per_gpu(slot_type)
         t = self.teams[team]
-        return t.lending_limit.get(gpu_type, t.quota.get(gpu_type, 0))
+        return t.lending_limit.get(gpu_type, t.quota.get(gpu_type, 0)) * per_gpu
 
     def lent(self, gpu_type: str, used: Mapping[str, int]) -> tuple[int, int]:
         """(borrowed, lendable) of ``gpu_type`` when each team holds ``used[team]`` slots: what the teams above
@@ -245,7 +290,7 @@ class ResourcesConfig(_Model):
         what a team keeps out of lending stays its own, also while it takes its lent quota back."""
         quota = {team: self.quota(team, gpu_type) for team in self.teams}
         borrowed = sum(max(0, used.get(team, 0) - q) for team, q in quota.items())
-        lendable = self.gpu_types[gpu_type].slots - sum(quota.values())
+        lendable = self.slot_types[gpu_type].slots - sum(quota.values())
         lendable += sum(min(self.lending_limit(t, gpu_type), max(0, q - used.get(t, 0))) for t, q in quota.items())
         return borrowed, lendable
 
@@ -437,15 +482,16 @@ def pool_name(gpu_type: str) -> str:
 
 
 def pools(config: ResourcesConfig) -> dict[str, dict]:
-    """Airflow pools, in the shape `airflow pools import` reads: one per GPU type, a slot per GPU (per
-    share on a time-sliced type), counting deferred tasks (a deferred training keeps its GPUs)."""
+    """Airflow pools, in the shape `airflow pools import` reads: one per slot type (a GPU type, or each
+    profile of a type partitioned with MIG: :attr:`ResourcesConfig.slot_types`), a slot per GPU (per share
+    on a time-sliced type, per slice), counting deferred tasks (a deferred training keeps its GPUs)."""
     return {
         pool_name(name): {
             "slots": gpu.slots,
             "description": f"{gpu.description or name}: {gpu.slots} slot(s) at {gpu.price_per_hour}/hour each",
             "include_deferred": True,
         }
-        for name, gpu in sorted(config.gpu_types.items())
+        for name, gpu in sorted(config.slot_types.items())
     }
 
 
@@ -474,21 +520,20 @@ def unknown_team(team: str, config: ResourcesConfig, field: str = "resources.tea
 
 def mig_profile_problem(config: ResourcesConfig, gpu_type: str, profile: str | None) -> str | None:
     """Why a job of ``gpu_type`` may not ask for the MIG ``profile`` (None: no profile), or None if it may.
-    On Kubernetes a type with ``mig_profiles`` is partitioned: it offers only those slices, so a job names
-    one; any other type offers whole GPUs (or CPU slots), and a profile there would ask the cluster for
-    slices its nodes do not have: the pods would never be scheduled. (A local job's devices are the host's
-    ``TRAINYARD_GPU_DEVICES``, MIG UUIDs included: it names no profile.)"""
+    A type with ``mig_profiles`` is partitioned: it offers only those slices, each profile counted apart
+    (its pool, its quota, its devices, :attr:`ResourcesConfig.slot_types`), so a job names one; any other
+    type offers whole GPUs (or CPU slots), and a profile there would ask for slices no host has."""
     offered = config.gpu_types[gpu_type].mig_profiles
     if offered and profile not in offered:
         got = f"got {profile!r}" if profile else "none was named"
         return (
-            f"kubernetes.mig_profile: GPU type {gpu_type!r} is partitioned with MIG and offers only its slices: "
+            f"resources.mig_profile: GPU type {gpu_type!r} is partitioned with MIG and offers only its slices: "
             f"name one of {sorted(offered)} ({got})"
         )
     if profile and not offered:
         partitioned = sorted(t for t, g in config.gpu_types.items() if g.mig_profiles)
         return (
-            f"kubernetes.mig_profile: GPU type {gpu_type!r} is not partitioned with MIG (no mig_profiles in "
+            f"resources.mig_profile: GPU type {gpu_type!r} is not partitioned with MIG (no mig_profiles in "
             f"resources.yaml), so it has no {profile!r} slices; leave mig_profile out, or choose a MIG type: "
             f"{partitioned}"
         )
@@ -509,27 +554,28 @@ def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
         )
     if res.team not in config.teams:
         raise SpecError(spec_error_message([unknown_team(res.team, config)]))
-    on_kubernetes = spec.backends.launcher == "kubernetes"  # where a MIG type's slices are asked for by name
-    mig = mig_profile_problem(config, res.gpu_type, spec.kubernetes.mig_profile) if on_kubernetes else None
+    on_kubernetes = spec.backends.launcher == "kubernetes"
+    mig = mig_profile_problem(config, res.gpu_type, res.mig_profile)
     if mig:
         raise SpecError(spec_error_message([mig]))
-    size = config.gpu_types[res.gpu_type].slots
+    slots = res.slot_type
+    size = config.slot_types[slots].slots
     if res.total_gpus > size:
         raise SpecError(
             spec_error_message(
                 [
-                    f"resources.gpus_per_node: the job needs {res.total_gpus} {res.gpu_type} GPU(s) "
-                    f"(nodes x gpus_per_node) but pool {pool_name(res.gpu_type)!r} has only {size}"
+                    f"resources.gpus_per_node: the job needs {res.total_gpus} {slots} GPU(s) "
+                    f"(nodes x gpus_per_node) but pool {pool_name(slots)!r} has only {size}"
                 ]
             )
         )
-    reach = max_reach(config, res.team, res.gpu_type)
+    reach = max_reach(config, res.team, slots)
     if res.total_gpus > reach:
         raise SpecError(
             spec_error_message(
                 [
-                    f"resources.gpus_per_node: team {res.team!r} may hold at most {reach} {res.gpu_type} slot(s) "
-                    f"(quota {config.quota(res.team, res.gpu_type)} plus what it may borrow), the job needs "
+                    f"resources.gpus_per_node: team {res.team!r} may hold at most {reach} {slots} slot(s) "
+                    f"(quota {config.quota(res.team, slots)} plus what it may borrow), the job needs "
                     f"{res.total_gpus}; ask for fewer, another gpu_type, or a larger quota in resources.yaml"
                 ]
             )
@@ -563,15 +609,15 @@ def max_reach(config: ResourcesConfig, team: str, gpu_type: str) -> int:
     lendable = sum(config.lending_limit(t, gpu_type) for t in config.teams if t != team) + unassigned(config, gpu_type)
     limit = config.borrowing_limit(team, gpu_type)
     borrow = lendable if limit is None else min(limit, lendable)
-    return min(config.quota(team, gpu_type) + borrow, config.gpu_types[gpu_type].slots)
+    return min(config.quota(team, gpu_type) + borrow, config.slot_types[gpu_type].slots)
 
 
 def unassigned(config: ResourcesConfig, gpu_type: str) -> int:
     """The slots of ``gpu_type`` in no team's quota: any team may borrow them."""
-    return config.gpu_types[gpu_type].slots - sum(config.quota(t, gpu_type) for t in config.teams)
+    return config.slot_types[gpu_type].slots - sum(config.quota(t, gpu_type) for t in config.teams)
 
 
 def run_cost(config: ResourcesConfig, gpu_type: str, gpu_seconds: float) -> float:
     """Cost of a run = price per GPU-hour x GPU-hours, where ``gpu_seconds`` sums hours x GPUs over every
     try (``trainyard.training.usage.gpu_seconds``)."""
-    return config.gpu_types[gpu_type].price_per_hour * gpu_seconds / 3600.0
+    return config.slot_types[gpu_type].price_per_hour * gpu_seconds / 3600.0

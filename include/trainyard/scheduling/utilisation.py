@@ -214,10 +214,10 @@ def _lent_beyond_limits(
 
 def check_types(config: ResourcesConfig, gpu_types: Sequence[str] | None) -> list[str]:
     """The GPU types of the fleet figure: ``gpu_types`` (each must be in the file), or every type."""
-    types = list(gpu_types or config.gpu_types)
-    unknown = [t for t in types if t not in config.gpu_types]
+    types = list(gpu_types or config.slot_types)
+    unknown = [t for t in types if t not in config.slot_types]
     if unknown:
-        raise ValueError(f"GPU types {unknown} are not in the resources file; it has {sorted(config.gpu_types)}")
+        raise ValueError(f"GPU types {unknown} are not in the resources file; it has {sorted(config.slot_types)}")
     return types
 
 
@@ -257,7 +257,9 @@ def report(
     if window <= 0:
         raise ValueError(f"the window is empty: since {since} is not before until {until}")
     types = check_types(config, gpu_types)
-    pools = {t: PoolUse(slots=config.gpu_types[t].slots, capacity_s=config.gpu_types[t].slots * window) for t in types}
+    pools = {
+        t: PoolUse(slots=config.slot_types[t].slots, capacity_s=config.slot_types[t].slots * window) for t in types
+    }
     teams: dict[str, dict[str, float]] = {}
     spans: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
     for a in allocations:

@@ -47,11 +47,11 @@ def worker_queues(prefix: str, inventory: Inventory, config: ResourcesConfig) ->
             f"trainyard worker serves the GPU types its host lists: set {DEVICES_ENV} to "
             "'<type>=<devices>;...', e.g. 'h100-80gb=0,1,2,3;cpu=' (the cpu type bare)"
         )
-    unknown = sorted(set(inventory.by_type) - set(config.gpu_types))
+    unknown = sorted(set(inventory.by_type) - set(config.slot_types))
     if unknown:
         raise PermanentError(
-            f"{DEVICES_ENV} lists GPU type(s) {unknown} that resources.yaml does not have "
-            f"(it lists {sorted(config.gpu_types)}): correct the name, or add the type to the fleet"
+            f"{DEVICES_ENV} lists GPU type(s) {unknown} that resources.yaml does not have (it lists "
+            f"{sorted(config.slot_types)}, a MIG type by its profiles): correct the name, or add the type to the fleet"
         )
     if not inventory.by_type:
         raise PermanentError(f"{DEVICES_ENV} lists no GPU type: this worker would serve nothing")

@@ -63,11 +63,11 @@ def check_sweep(spec: JobSpec, fleet: ResourcesConfig) -> None:
                 problems.append(f"sweep.parameters[{i}] ({p.name} = {value!r}): {why}")
                 break
     res = spec.resources
-    most = max_reach(fleet, res.team, res.gpu_type)
+    most = max_reach(fleet, res.team, res.slot_type)
     if sweep.parallelism * res.total_gpus > most:
         problems.append(
             f"sweep.parallelism: {sweep.parallelism} trials x {res.total_gpus} GPU(s) need "
-            f"{sweep.parallelism * res.total_gpus} {res.gpu_type} slots at once; team {res.team} may hold at most "
+            f"{sweep.parallelism * res.total_gpus} {res.slot_type} slots at once; team {res.team} may hold at most "
             f"{most} (its quota and what others lend it, within its borrowing limit): lower the parallelism to "
             f"{max(most // res.total_gpus, 1)}"
         )

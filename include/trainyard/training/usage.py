@@ -76,6 +76,7 @@ def journal_line(run: str, team: str, gpu_type: str, ended: float, gpu_seconds: 
 def _journal_try(run_dir: Path, *, ended: float, gpu_seconds: float) -> None:
     """Append one try of the run in ``run_dir`` to its month's journal, if the journal exists (until then,
     filling it from the usage files counts this try). The caller holds the journal's lock."""
+    from trainyard.spec import slot_type_of
     from trainyard.training.run_config import RUN_CONFIG_FILE
 
     journal = journal_dir(runs_root_of(run_dir))
@@ -86,7 +87,8 @@ def _journal_try(run_dir: Path, *, ended: float, gpu_seconds: float) -> None:
     except (OSError, ValueError, KeyError) as err:  # its team is unknown: no budget can be charged
         log.warning("%s: try not counted against a team's budget (no readable run config: %s)", run_dir, err)
         return
-    line = journal_line(run_dir.name, str(resources["team"]), str(resources["gpu_type"]), ended, gpu_seconds)
+    slots = slot_type_of(str(resources["gpu_type"]), resources.get("mig_profile"))
+    line = journal_line(run_dir.name, str(resources["team"]), slots, ended, gpu_seconds)
     _append_line(journal / f"{month_of(ended)}.jsonl", line)
 
 

@@ -832,3 +832,29 @@ def test_a_borrower_preempted_after_the_wait_bound_does_not_take_the_slots_back_
     ledger.requeue("v2")
     assert not ledger.request(job("v2", "vision", 2)).admitted  # its look admits the lender, not itself
     assert admitted(ledger) == {"v1": 0, "n1": 0, "r1": 0, "r2": 0}
+
+
+def test_a_mig_type_admits_as_many_jobs_as_each_profile_has_slices(store, clock):
+    """Two A100s cut into 3 x 1g.10gb + 2 x 2g.20gb each: six 1g jobs at once and four 2g jobs beside
+    them, each profile counted apart (a JobSpec's resources.mig_profile), not two jobs for two GPUs; the
+    seventh 1g job waits for a 1g slice."""
+    from trainyard.scheduling.admission.ledger import job_for
+    from trainyard.spec import Resources
+
+    fleet = parse_resources(
+        "gpu_types:\n  a100-mig: {count: 2, price_per_hour: 1.4, mig_profiles: {1g.10gb: 3, 2g.20gb: 2}}\n"
+        "teams:\n  vision: {quota: {a100-mig: 2}}\n"
+    )
+    ledger = Ledger(store("mig"), fleet, clock)
+
+    def sliced(n: int, profile: str):
+        res = Resources(gpu_type="a100-mig", mig_profile=profile, gpus_per_node=1, team="vision", max_hours=1.0)
+        return job_for(res, f"{profile}-{n}")
+
+    assert all(ledger.request(sliced(n, "1g.10gb")).admitted for n in range(6))
+    seventh = ledger.request(sliced(6, "1g.10gb"))
+    assert seventh.reason is WaitReason.SLOTS_IN_USE and "a100-mig.1g.10gb: 6 of 6 slots in use" in seventh.message
+    assert all(ledger.request(sliced(n, "2g.20gb")).admitted for n in range(4))
+    assert ledger.request(sliced(4, "2g.20gb")).reason is WaitReason.SLOTS_IN_USE
+    ledger.release("1g.10gb-0")
+    assert ledger.request(sliced(6, "1g.10gb")).admitted

@@ -1,6 +1,6 @@
 import pytest
 
-from trainyard.scheduling.resources import check_spec, load_resources, pool_name, pools, run_cost
+from trainyard.scheduling.resources import check_spec, load_resources, parse_resources, pool_name, pools, run_cost
 from trainyard.spec import SpecError, parse_spec
 
 
@@ -8,7 +8,8 @@ def test_pools_from_the_shipped_resources_file():
     cfg = load_resources()
     result = pools(cfg)
     assert result["gpu-cpu"]["slots"] == cfg.gpu_types["cpu"].count
-    assert set(result) == {pool_name(t) for t in cfg.gpu_types}
+    assert set(result) == {pool_name(t) for t in cfg.slot_types}  # a MIG type's pools are its profiles'
+    assert result["gpu-a100-mig.1g.10gb"]["slots"] == cfg.gpu_types["a100-mig"].count * 3
 
 
 @pytest.mark.parametrize(
@@ -40,17 +41,61 @@ def test_a_job_names_a_mig_profile_its_gpu_type_has_or_is_refused_naming_those_t
     from trainyard.scheduling.resources import team_namespace
 
     job = {
-        "resources": {"gpu_type": gpu_type, "gpus_per_node": 1, "team": "research"},
+        "resources": {"gpu_type": gpu_type, "mig_profile": profile, "gpus_per_node": 1, "team": "research"},
         "backends": {"launcher": "kubernetes"},
-        "kubernetes": {"mig_profile": profile, "namespace": team_namespace("research")},
+        "kubernetes": {"namespace": team_namespace("research")},
     }
-    if refused is None:
-        check_spec(parse_spec(job), load_resources())
-    else:
-        with pytest.raises(SpecError, match="kubernetes.mig_profile: .*" + refused):
-            check_spec(parse_spec(job), load_resources())
-    # a local job's devices are its host's (MIG UUIDs included): it names no profile, and one is not looked at
-    check_spec(parse_spec({**job, "backends": {"launcher": "local"}}), load_resources())
+    local = {**job, "backends": {"launcher": "local"}}
+    for spec in (job, local):  # a MIG type's slices are counted per profile wherever the job runs
+        if refused is None:
+            check_spec(parse_spec(spec), load_resources())
+        else:
+            with pytest.raises(SpecError, match="resources.mig_profile: .*" + refused):
+                check_spec(parse_spec(spec), load_resources())
+
+
+def test_a_mig_profile_named_in_its_old_place_is_refused_saying_where_it_went():
+    with pytest.raises(SpecError, match=r"mig_profile moved to resources.mig_profile"):
+        parse_spec({"resources": {"gpu_type": "a100-mig"}, "kubernetes": {"mig_profile": "1g.10gb"}})
+
+
+def test_a_mig_type_offers_each_profile_s_slices_as_slots_and_pools_quotas_kueue_and_prices_agree():
+    """a100-mig (2 GPUs, each 3 x 1g.10gb + 2 x 2g.20gb) counts 6 and 4 slots, not 2: the pools, a team's
+    quota (its GPUs x the profile's slices per GPU), Kueue's ClusterQueues and the cohort, and the price
+    (the slice's share of the GPU's 7 compute slices); a time-sliced type's shares agree the same way."""
+    from trainyard.scheduling import cluster
+    from trainyard.scheduling.resources import pool_name, pools
+
+    config = parse_resources(
+        "gpu_types:\n"
+        "  a100-mig: {count: 2, price_per_hour: 1.4, mig_profiles: {1g.10gb: 3, 2g.20gb: 2}}\n"
+        "  v100: {count: 2, price_per_hour: 1.0, time_slicing: {replicas: 4}}\n"
+        "teams:\n"
+        "  vision: {quota: {a100-mig: 1, v100: 1}, borrowing_limit: {a100-mig: 1}}\n"
+        "  nlp: {quota: {v100: 1}, lending_limit: {v100: 1}}\n"
+    )
+    slots = {t: (g.slots, round(g.price_per_hour, 4)) for t, g in config.slot_types.items()}
+    assert slots == {"a100-mig.1g.10gb": (6, 0.2), "a100-mig.2g.20gb": (4, 0.4), "v100": (8, 1.0)}
+    assert {name: p["slots"] for name, p in pools(config).items()} == {
+        pool_name("a100-mig.1g.10gb"): 6, pool_name("a100-mig.2g.20gb"): 4, pool_name("v100"): 8
+    }  # fmt: skip
+    assert (config.quota("vision", "a100-mig.1g.10gb"), config.borrowing_limit("vision", "a100-mig.2g.20gb")) == (3, 2)
+    # a time-sliced type's quotas are written in its shares already
+    assert (config.quota("vision", "v100"), config.lending_limit("nlp", "v100")) == (1, 1)
+    queues = {
+        m["metadata"]["name"]: m["spec"] for m in cluster.manifests(config) if m["kind"] in ("ClusterQueue", "Cohort")
+    }
+    kueue = {
+        (name, r["name"]): r["nominalQuota"]
+        for name, spec in queues.items()
+        for group in spec["resourceGroups"]
+        for flavor in group["flavors"]
+        for r in flavor["resources"]
+    }
+    for team in ("vision", "nlp"):
+        for slot_type, resource in (("a100-mig.1g.10gb", "nvidia.com/mig-1g.10gb"), ("v100", "nvidia.com/gpu")):
+            assert kueue[(f"trainyard-{team}", resource)] == config.quota(team, slot_type), (team, slot_type)
+    assert kueue[("trainyard", "nvidia.com/mig-2g.20gb")] == 4 - 2  # the slices in nobody's quota
 
 
 def test_cost_is_price_times_hours_times_gpus():

@@ -48,7 +48,7 @@ GPU_TYPES = {
     "cpu": ({"resources": {"gpu_type": "cpu"}}, None, {}),
     "a100": ({"resources": {"gpu_type": "a100-80gb"}}, "nvidia.com/gpu", A100),
     "a100-mig": (
-        {"resources": {"gpu_type": "a100-mig"}, "kubernetes": {"mig_profile": "1g.10gb"}},
+        {"resources": {"gpu_type": "a100-mig", "mig_profile": "1g.10gb"}},
         "nvidia.com/mig-1g.10gb",
         A100_MIG,
     ),
@@ -270,7 +270,7 @@ def test_run_labels_are_label_safe():
         ("whole GPUs", {"resources": {"gpu_type": "h100-80gb", "gpus_per_node": 8}}, ("nvidia.com/gpu", 8)),
         (
             "MIG slices",
-            {"resources": {"gpu_type": "a100-mig", "gpus_per_node": 1}, "kubernetes": {"mig_profile": "2g.20gb"}},
+            {"resources": {"gpu_type": "a100-mig", "mig_profile": "2g.20gb", "gpus_per_node": 1}},
             ("nvidia.com/mig-2g.20gb", 1),
         ),
     ],
@@ -284,8 +284,8 @@ def test_gpu_resource(name, overrides, expected):
     [
         (
             "MIG on cpu",
-            {"kubernetes": {"mig_profile": "1g.10gb"}, "resources": {"gpu_type": "cpu"}},
-            "kubernetes.mig_profile",
+            {"resources": {"gpu_type": "cpu", "mig_profile": "1g.10gb"}},
+            "resources.mig_profile",
         ),
         ("bad cpu quantity", {"kubernetes": {"cpu_per_gpu": "four"}}, "kubernetes.cpu_per_gpu"),
         ("bad memory quantity", {"kubernetes": {"memory_per_gpu": "16 GB"}}, "kubernetes.memory_per_gpu"),

@@ -146,7 +146,7 @@ class Ledger:
         conn.execute("DELETE FROM wait_ratios WHERE at < ?", (now - HISTORY_KEPT_S,))
         conn.execute("DELETE FROM hosts WHERE seen_until < ?", (now - HOSTS_KEPT_S,))
         config = self.config
-        entries = [e for e in self._entries(conn) if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
+        entries = [e for e in self._entries(conn) if e.job.gpu_type in config.slot_types and e.job.team in config.teams]
         verdicts = plan(config, entries, now, spend, PreemptionRules.of(config), served=self._served(conn, now))
         for job_id, verdict in verdicts.items():
             if verdict.admitted:
@@ -231,11 +231,11 @@ class Ledger:
                 return True
             conn.execute("DELETE FROM admission WHERE id = ?", (job.id,))  # a waiting row of its own, if any
             live = [e for e in self._entries(conn) if e.admitted is not None]
-            if job.gpu_type not in self.config.gpu_types or job.team not in self.config.teams:
+            if job.gpu_type not in self.config.slot_types or job.team not in self.config.teams:
                 return False
             # counted from the rows themselves: one may be of a team this process's config does not know yet
             of_type = [e.job for e in live if e.job.gpu_type == job.gpu_type]
-            if sum(j.slots for j in of_type) + job.slots > self.config.gpu_types[job.gpu_type].slots:
+            if sum(j.slots for j in of_type) + job.slots > self.config.slot_types[job.gpu_type].slots:
                 return False
             if set(devices) & {d for e in live if self._here(e.host) for d in e.devices}:
                 return False
@@ -458,7 +458,7 @@ class Ledger:
             now = self._now(conn)
             entries = [e for e in self._entries(conn) if e.lease_until >= now]
             served = self._served(conn, now)
-        known = [e for e in entries if e.job.gpu_type in self.config.gpu_types and e.job.team in self.config.teams]
+        known = [e for e in entries if e.job.gpu_type in self.config.slot_types and e.job.team in self.config.teams]
         verdicts = plan(self.config, known, now, spend, PreemptionRules.of(self.config), served=served)
         place = {job_id: i for i, job_id in enumerate(verdicts)}
         rows = []
@@ -607,7 +607,8 @@ def verdict_in_words(ledger: Ledger, job_id: str, verdict: Verdict, since: float
 
 def job_for(res: Resources, run_key: str, user: str | None = None, group: str = "", group_limit: int = 0) -> Job:
     """The ledger's view of a run's JobSpec (its ``resources``), triggered by ``user``; a sweep's trial is
-    one of ``group``, of which at most ``group_limit`` are admitted at once."""
+    one of ``group``, of which at most ``group_limit`` are admitted at once. Its ``gpu_type`` is the type its
+    slots are counted in (:attr:`~trainyard.spec.Resources.slot_type`: on a MIG type, its profile's slices)."""
     return Job(
-        run_key, res.team, res.gpu_type, res.total_gpus, res.priority, res.max_hours, user or "", group, group_limit
+        run_key, res.team, res.slot_type, res.total_gpus, res.priority, res.max_hours, user or "", group, group_limit
     )

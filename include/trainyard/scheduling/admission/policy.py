@@ -147,11 +147,11 @@ class Verdict:
 
 def inadmissible(config: ResourcesConfig, job: Job) -> Verdict | None:
     """The verdict on a job ``config`` can never admit (its team or GPU type is not in it), or None."""
-    if job.team in config.teams and job.gpu_type in config.gpu_types:
+    if job.team in config.teams and job.gpu_type in config.slot_types:
         return None
     missing = [
         f"{what} {name!r} is not in resources.yaml (it lists {sorted(listed)})"
-        for what, name, listed in (("team", job.team, config.teams), ("GPU type", job.gpu_type, config.gpu_types))
+        for what, name, listed in (("team", job.team, config.teams), ("GPU type", job.gpu_type, config.slot_types))
         if name not in listed
     ]
     message = f"inadmissible: {'; '.join(missing)}; trigger the job again with one it lists, or add it back"
@@ -175,7 +175,7 @@ def _usage(config: ResourcesConfig, entries: list[Entry], gpu_type: str) -> dict
 def _room(config: ResourcesConfig, used: dict[str, int], job: Job) -> int | Verdict:
     """The slots ``job`` would borrow if it fits now, else the verdict that it waits."""
     t, team = job.gpu_type, job.team
-    capacity = config.gpu_types[t].slots
+    capacity = config.slot_types[t].slots
     in_use = sum(used.values())
     quota = config.quota(team, t)
     borrow = beyond_quota(used[team], job.slots, quota)
@@ -355,7 +355,7 @@ def _would_delay(
     rule of :func:`_room`: the slots, its team's borrowing limit, and what the others lend. A starving job
     that a limit other than the slots holds back has no room at its reserved start either, so nothing
     that borrows or is of its team passes it."""
-    capacity = config.gpu_types[starving.gpu_type].slots
+    capacity = config.slot_types[starving.gpu_type].slots
     reserved = _reserved_start(capacity - sum(used.values()), running, starving.slots, now)
     then = dict.fromkeys(used, 0)
     for end, slots, team in [*running, (now + job.max_hours * 3600, job.slots, job.team)]:
@@ -453,7 +453,7 @@ def plan(
             in_group[e.job.group] = in_group.get(e.job.group, 0) + 1
     verdicts: dict[str, Verdict] = {}
     asked = {e.job.gpu_type for e in entries if e.admitted is None}  # a type nobody waits for has no verdicts
-    for gpu_type in (t for t in config.gpu_types if t in asked):
+    for gpu_type in (t for t in config.slot_types if t in asked):
         verdicts.update(_plan_type(config, entries, gpu_type, now, commitments, in_group, preemption, admissions_only))
     verdicts.update(held_back)
     return verdicts
@@ -513,7 +513,7 @@ def _plan_type(
     admissions_only: bool = False,
 ) -> dict[str, Verdict]:
     """:func:`plan` for the waiting jobs of one GPU type, in their order."""
-    max_wait, capacity = config.scheduling.max_wait_minutes * 60, config.gpu_types[gpu_type].slots
+    max_wait, capacity = config.scheduling.max_wait_minutes * 60, config.slot_types[gpu_type].slots
     used = _usage(config, entries, gpu_type)
     waiting = [e for e in entries if e.admitted is None and e.job.gpu_type == gpu_type]
     holding = [e for e in entries if e.admitted is not None and e.job.gpu_type == gpu_type]  # who may be preempted

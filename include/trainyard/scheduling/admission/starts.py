@@ -149,7 +149,7 @@ def _forward(
         if e.admitted is not None
     }
     starts: dict[str, float] = {}
-    for gpu_type in config.gpu_types:
+    for gpu_type in config.slot_types:
         of_type = [e for e in sight if e.job.gpu_type == gpu_type]
         if any(e.admitted is None for e in of_type):
             starts.update(_forward_type(config, of_type, now, hold_s, ends))
@@ -165,7 +165,7 @@ def _forward_type(
 ) -> dict[str, float]:
     """:func:`_forward` for the entries of one GPU type; ``ends``: when each admitted one ends, which this
     adds to."""
-    capacity = config.gpu_types[live[0].job.gpu_type].slots
+    capacity = config.slot_types[live[0].job.gpu_type].slots
     max_wait = config.scheduling.max_wait_minutes * 60
     starts: dict[str, float] = {}
     at = now
@@ -204,7 +204,7 @@ def _in_sight(
     admits now and the first :data:`WAITING_IN_SIGHT` of the others in its order. A job its team's budget
     holds back now (``spend``), or that no live worker can run (``served``, :func:`.policy.unserved`), is in
     neither: it has no start from the fleet's side alone."""
-    live = [e for e in entries if e.job.gpu_type in config.gpu_types and e.job.team in config.teams]
+    live = [e for e in entries if e.job.gpu_type in config.slot_types and e.job.team in config.teams]
     by_id = {e.job.id: e for e in live}
     sight = [e for e in live if e.admitted is not None]
     seen: dict[str, int] = {}

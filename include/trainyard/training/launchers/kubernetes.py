@@ -56,7 +56,7 @@ from kubernetes import client as k8s
 from trainyard import recipes
 from trainyard.data.prepare import PreparedData
 from trainyard.errors import PermanentError, spec_error_message
-from trainyard.scheduling.cluster import TEAM_LABEL, label_value
+from trainyard.scheduling.cluster import TEAM_LABEL, label_value, mig_resource
 from trainyard.scheduling.resources import ResourcesConfig, resources_in_force
 from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
@@ -152,12 +152,12 @@ def gpu_resource(spec: JobSpec) -> tuple[str, int] | None:
     """The extended resource each pod asks for; None for ``gpu_type: cpu`` (CPU pods).
 
     A MIG profile assumes the NVIDIA device plugin's ``mixed`` strategy (``nvidia.com/mig-<profile>``)."""
-    k, res = spec.kubernetes, spec.resources
+    res = spec.resources
     if res.gpu_type == "cpu":
-        if k.mig_profile:
-            raise _bad("kubernetes.mig_profile", f"needs a GPU type, not 'cpu' (got {k.mig_profile!r})")
+        if res.mig_profile:
+            raise _bad("resources.mig_profile", f"needs a GPU type, not 'cpu' (got {res.mig_profile!r})")
         return None
-    return (f"nvidia.com/mig-{k.mig_profile}" if k.mig_profile else "nvidia.com/gpu", res.gpus_per_node)
+    return (mig_resource(res.mig_profile) if res.mig_profile else "nvidia.com/gpu", res.gpus_per_node)
 
 
 def pod_host(spec: JobSpec, run_key: str, index: int, *, attempt: int = 1) -> str:
