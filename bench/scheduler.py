@@ -76,6 +76,7 @@ from trainyard.scheduling.admission.starts import (  # noqa: E402
     estimate_starts,
     wait_ratio,
 )
+from trainyard.scheduling.cluster import CPU_TYPE  # noqa: E402
 from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
 from trainyard.scheduling.utilisation import SIZE_BUCKETS, Allocation  # noqa: E402
 from trainyard.scheduling.utilisation import report as utilisation_report  # noqa: E402
@@ -201,8 +202,8 @@ def one_host_with_every_type(config: ResourcesConfig) -> str:
     """The inventory (``TRAINYARD_GPU_DEVICES``) of one host with every GPU type of ``config``, each with a
     device per slot (the stand-ins claim none; a job is admitted only where one host has as many)."""
     return ";".join(
-        f"{t}=" + ("" if t == "cpu" else ",".join(f"{t}-{i}" for i in range(gpu.slots)))
-        for t, gpu in config.gpu_types.items()
+        f"{t}=" + ("" if t == CPU_TYPE else ",".join(f"{t}-{i}" for i in range(gpu.slots)))
+        for t, gpu in config.slot_types.items()
     )
 
 

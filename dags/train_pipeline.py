@@ -239,7 +239,7 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
     from trainyard.scheduling.admission.lease import hold
     from trainyard.scheduling.admission.ledger import NotAdmitted, default_ledger
     from trainyard.scheduling.budgets import current_spend
-    from trainyard.scheduling.hosts import HostLacksType, host_inventory
+    from trainyard.scheduling.hosts import devices_here
 
     ledger = default_ledger()
     spend = current_spend(ledger.config, paths.runs_root())
@@ -247,8 +247,8 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
     ti = context["ti"]
     # a GPU job gets devices of its own type on this host (CUDA_VISIBLE_DEVICES), held with its admission
     try:
-        available = host_inventory().devices_for(job.gpu_type)
-    except HostLacksType:  # it cannot train here: its slots go back at once, not when its lease runs out
+        available = devices_here(job.gpu_type)
+    except PermanentError:  # no such type here, or no inventory: its slots go back at once, not at its lease's end
         ledger.release(job.id)
         raise
     try:

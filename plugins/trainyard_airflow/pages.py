@@ -278,7 +278,7 @@ def _host_table(hosts: list[dict[str, Any]]) -> str:
     rows = []
     for h in hosts:
         held = [
-            f"{d['device']}: " + ("free" if d["team"] is None else d["run"] or f"a job of {d['team']}")
+            f"{d['device']}: " + (d["run"] or f"a job of {d['team']}" if d["team"] else "free" if h["serving"] else "-")
             for d in h["devices"]
         ]
         state = "serving" if h["serving"] else "gone"

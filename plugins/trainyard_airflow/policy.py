@@ -85,26 +85,29 @@ def pod_mutation_hook(pod) -> None:
     check_pod(pod, resources_in_force())  # a typo in the file fails no pod: the last good one holds
 
 
-def training_queue() -> str | None:
-    """The prefix of the executor queues of training tasks, one per GPU type (``[trainyard] training_queue``;
-    the cluster profile sets ``gpu``, its other tasks go to ``[operators] default_queue``, ``cpu``); None:
-    the task's own queue."""
-    from airflow.configuration import conf
-
-    return conf.get("trainyard", "training_queue", fallback=None) or None
-
-
 def task_instance_mutation_hook(task_instance, dag_run=None) -> None:
-    from trainyard.scheduling.hosts import training_queue_of
+    """Airflow calls it when it makes a task instance (without the run, then again with it) and when one
+    is cleared: each call decides anew from the run's conf where there is one."""
+    from trainyard.scheduling.hosts import routing_prefix, training_queue_of
     from trainyard.scheduling.resources import POOL_PREFIX
 
     if not (task_instance.pool or "").startswith(POOL_PREFIX):
         return
-    found = None if dag_run is None else reservation(getattr(dag_run, "conf", None))
+    conf = None if dag_run is None else getattr(dag_run, "conf", None)
+    found = reservation(conf)
     if found is not None:
         task_instance.pool, task_instance.pool_slots, task_instance.priority_weight = found
-    queue = training_queue()
-    # to the workers of the hosts with its GPU type (Celery; LocalExecutor has one queue); a training on
-    # Kubernetes needs no GPU of its worker's (its pods get theirs there): it stays on the default queue
-    if queue and not on_kubernetes(None if dag_run is None else getattr(dag_run, "conf", None)):
-        task_instance.queue = training_queue_of(queue, task_instance.pool.removeprefix(POOL_PREFIX))
+    prefix = routing_prefix()
+    if not prefix:  # LocalExecutor: one queue
+        return
+    if on_kubernetes(conf):  # its pods get GPUs on the cluster: its worker needs none, the task's own queue
+        task = getattr(task_instance, "task", None)
+        task_instance.queue = getattr(task, "queue", None) or default_queue()
+    else:  # to the workers of the hosts with its GPU type (Celery)
+        task_instance.queue = training_queue_of(prefix, task_instance.pool.removeprefix(POOL_PREFIX))
+
+
+def default_queue() -> str:
+    from airflow.configuration import conf
+
+    return conf.get("operators", "default_queue")

@@ -84,16 +84,22 @@ def live_queue(ledger: Ledger | None, reader: Acting) -> list[dict[str, Any]]:
     return queue_jobs(rows, reader, now, starts_of(ledger, [e for e, _ in rows], now, spend))
 
 
+GONE_SHOWN_S = 3600.0  # a host gone this long is not shown (pods named anew at each start would pile up)
+
+
 def hosts(ledger: Ledger | None, reader: Acting) -> list[dict[str, Any]]:
     """Per worker host and GPU type it announced (``trainyard worker``): whether it serves now, and each of
-    its devices with the job that holds it (its team; its run where ``reader`` may read the team). Empty
-    where no host announces itself (one host, nothing routed)."""
+    its devices with the job that holds it (its team; its run where ``reader`` may read the team); a host
+    gone for :data:`GONE_SHOWN_S` is left out. Empty where no host announces itself (one host, nothing
+    routed)."""
     if ledger is None:
         return []
     now = ledger.now()
     holders = {(e.host, d): e.job for e in ledger.entries() if e.admitted is not None for d in e.devices}
     rows = []
     for record in ledger.hosts():
+        if now - record.seen_until > GONE_SHOWN_S:
+            continue
         devices = []
         for device in record.devices:
             job = holders.get((record.host, device))

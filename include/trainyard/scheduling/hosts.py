@@ -108,6 +108,8 @@ def parse_inventory(text: str) -> Inventory:
                     else f"GPU type {gpu_type!r} lists no devices; name them ('{gpu_type}=0,1')"
                 )
             )
+        if len(set(devices)) != len(devices):
+            raise InventoryError(f"{DEVICES_ENV}: {entry!r} lists a device twice")
         for device in devices:
             if device in seen:
                 raise InventoryError(
@@ -130,11 +132,28 @@ def host_inventory() -> Inventory:
     return Inventory(untyped=tuple(str(i) for i in range(count)))
 
 
+def devices_here(gpu_type: str) -> list[str] | None:
+    """What a job of ``gpu_type`` may be handed on this host (:meth:`Inventory.devices_for`); the ``cpu`` type
+    on a host that lists nothing needs no inventory (nor torch's import to count its GPUs)."""
+    if gpu_type == CPU_TYPE and DEVICES_ENV not in os.environ:
+        return None
+    return host_inventory().devices_for(gpu_type)
+
+
 def host_name() -> str:
     """This host's name in the ledger: ``TRAINYARD_HOST``, else its hostname."""
     import socket
 
     return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
+def routing_prefix() -> str | None:
+    """``[trainyard] training_queue``: the prefix of the per-type training queues; None where trainings are
+    not routed (LocalExecutor: one queue). Read from Airflow's configuration, as its scheduler reads it (an
+    import of seconds: for Airflow's processes and ``trainyard worker``)."""
+    from airflow.configuration import conf
+
+    return conf.get("trainyard", "training_queue", fallback=None) or None
 
 
 def training_queue_of(training_queue: str, gpu_type: str) -> str:

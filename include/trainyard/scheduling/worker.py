@@ -16,12 +16,13 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from trainyard.errors import PermanentError, cli_command
 from trainyard.scheduling.admission.ledger import HOST_BEAT_S, HOST_LEASE_S
-from trainyard.scheduling.hosts import DEVICES_ENV, HOST_ENV, Inventory, training_queue_of
+from trainyard.scheduling.cluster import CPU_TYPE
+from trainyard.scheduling.hosts import DEVICES_ENV, HOST_ENV, Inventory, routing_prefix, training_queue_of
 from trainyard.scheduling.ledger_db import DatabaseUnavailable
 
 if TYPE_CHECKING:
@@ -31,17 +32,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def routing_prefix() -> str | None:
-    """``[trainyard] training_queue``: the prefix of the per-type training queues; None where trainings are
-    not routed (LocalExecutor: one queue). Read from Airflow's configuration, as its scheduler reads it."""
-    from airflow.configuration import conf
-
-    return conf.get("trainyard", "training_queue", fallback=None) or None
-
-
-def worker_queues(prefix: str, inventory: Inventory, config: ResourcesConfig) -> list[str]:
-    """The queues of the GPU types ``inventory`` lists; PermanentError for an untyped inventory or a type
-    the fleet (resources.yaml) does not have (a typo would serve nothing, and say nothing)."""
+def worker_queues(prefix: str, inventory: Inventory, config: ResourcesConfig, extra: Sequence[str] = ()) -> list[str]:
+    """The queues of the GPU types ``inventory`` lists, and ``extra`` ones; PermanentError for an untyped
+    inventory, a type the fleet (resources.yaml) does not have (a typo would serve nothing, and say
+    nothing), or an extra queue that is another type's training queue (its trainings would fail here)."""
     if inventory.by_type is None:
         raise PermanentError(
             f"trainyard worker serves the GPU types its host lists: set {DEVICES_ENV} to "
@@ -55,41 +49,84 @@ def worker_queues(prefix: str, inventory: Inventory, config: ResourcesConfig) ->
         )
     if not inventory.by_type:
         raise PermanentError(f"{DEVICES_ENV} lists no GPU type: this worker would serve nothing")
-    return [training_queue_of(prefix, t) for t in inventory.by_type]
+    own = [training_queue_of(prefix, t) for t in inventory.by_type]
+    others = [q for q in extra if q.startswith(f"{prefix}-") and q not in own]
+    if others:
+        raise PermanentError(
+            f"--queue {others}: another GPU type's training queue; list the type and its devices in {DEVICES_ENV}"
+        )
+    return [*own, *(q for q in extra if q not in own)]
+
+
+def default_concurrency(inventory: Inventory, config: ResourcesConfig) -> int:
+    """Trainings at once on a host: one per device it lists, and the ``cpu`` type's slots where it lists
+    that type (the ledger admits that many; fewer would leave admitted jobs in the broker)."""
+    by_type = inventory.by_type or {}
+    cpu = config.gpu_types[CPU_TYPE].count if CPU_TYPE in by_type and CPU_TYPE in config.gpu_types else 0
+    return max(1, sum(len(devices) for devices in by_type.values()) + cpu)
+
+
+def _die_with_parent() -> None:
+    """In the Celery worker's process before it runs: it gets SIGTERM when ``trainyard worker`` dies (a
+    SIGKILL, an OOM kill), as its host's announcement lapses, instead of serving on unannounced."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 def serve(ledger: Ledger, inventory: Inventory, argv: Sequence[str], beat_s: float = HOST_BEAT_S) -> int:
     """Run ``argv`` (the Celery worker) and announce ``inventory`` for ``ledger.host`` every ``beat_s`` while
-    it runs; SIGTERM and SIGINT are passed on to it (Celery's warm shutdown: its tasks finish). Retired once
-    it has ended; its exit status is returned. A ledger that cannot be reached for a while is logged, and
-    the worker runs on: the host's jobs wait, saying the type is not served, until it is reached again."""
+    it runs. SIGTERM or SIGINT retires the host at once (no job is admitted for it while it drains) and is
+    passed on as SIGTERM: Celery's warm shutdown, its running trainings finish (a SIGINT would cancel them).
+    The worker runs in a session of its own (a terminal's Ctrl-C reaches it through here only) and dies
+    with this process. Its exit status is returned, the host retired. A ledger that cannot be reached for a
+    while is logged, and the worker runs on: the host's jobs wait, saying the type is not served, until it
+    is reached again."""
     by_type = inventory.by_type or {}
-    child = subprocess.Popen(list(argv))
+    stop: list[int] = []  # the signal that asked for the end, once one did
+    child: subprocess.Popen | None = None
 
     def pass_on(signum: int, _frame: object) -> None:
-        child.send_signal(signum)
+        stop.append(signum)
+        if child is not None:
+            child.send_signal(signal.SIGTERM)
 
     previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        child = subprocess.Popen(list(argv), start_new_session=True, preexec_fn=_die_with_parent)
+        if stop:  # asked to stop before the worker was there to hear it
+            child.send_signal(signal.SIGTERM)
+        retired = False
         while True:
-            try:
-                ledger.announce(by_type, lease_s=max(HOST_LEASE_S, 4 * beat_s))
-            except DatabaseUnavailable as err:
-                log.warning("host %s not announced (its types' jobs wait until it is): %s", ledger.host, err)
+            if stop and not retired:
+                retired = _retire(ledger, by_type)
+            elif not stop:
+                try:
+                    ledger.announce(by_type, lease_s=max(HOST_LEASE_S, 4 * beat_s))
+                except DatabaseUnavailable as err:
+                    log.warning("host %s not announced (its types' jobs wait until it is): %s", ledger.host, err)
             try:
                 return child.wait(timeout=beat_s)
             except subprocess.TimeoutExpired:
                 continue
     finally:
-        if child.poll() is None:
+        if child is not None and child.poll() is None:
             child.terminate()
             child.wait()
         for s, handler in previous.items():
             signal.signal(s, handler)
-        try:
-            ledger.retire()
-        except DatabaseUnavailable as err:
-            log.warning("host %s not retired (its announcement lapses by itself): %s", ledger.host, err)
+        _retire(ledger, by_type)
+
+
+def _retire(ledger: Ledger, by_type: Mapping[str, Sequence[str]]) -> bool:
+    """The host's types served no more; False (logged) where the ledger cannot be reached now."""
+    try:
+        ledger.retire(by_type)
+    except DatabaseUnavailable as err:
+        log.warning("host %s not retired (its announcement lapses by itself): %s", ledger.host, err)
+        return False
+    return True
 
 
 def celery_args(remainder: list[str]) -> list[str]:
@@ -112,8 +149,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     name = host_name()
     ledger = default_ledger()
     inventory = host_inventory()
-    queues = [*worker_queues(prefix, inventory, ledger.config), *args.queues]
-    argv = ["airflow", "celery", "worker", "--queues", ",".join(queues), "--concurrency", str(args.concurrency),
+    queues = worker_queues(prefix, inventory, ledger.config, args.queues)
+    concurrency = args.concurrency or default_concurrency(inventory, ledger.config)
+    argv = ["airflow", "celery", "worker", "--queues", ",".join(queues), "--concurrency", str(concurrency),
             "--celery-hostname", f"{name}@%h", *celery_args(args.celery_args)]  # fmt: skip
     log.info("host %s serves %s on queues %s", name, inventory.by_type, queues)
     return serve(ledger, inventory, argv)
@@ -130,7 +168,9 @@ def add_worker_parser(sub) -> None:
         ),
     )
     p.add_argument("--name", help=f"this host's name in the ledger (default: ${HOST_ENV}, else the hostname)")
-    p.add_argument("--concurrency", type=int, default=1, help="trainings at once (default 1)")
+    p.add_argument(
+        "--concurrency", type=int, help="trainings at once (default: one per device listed, and the cpu type's slots)"
+    )
     p.add_argument(
         "--queue", dest="queues", action="append", default=[], help="another queue to serve too (repeatable)"
     )

@@ -104,7 +104,7 @@ def test_the_fleet_shows_each_host_s_devices_and_who_holds_them(tmp_path, monkey
     on_a.announce({"a100": ["0", "1"], "cpu": []})
     old = Ledger(ledger.db.where, ledger.config, host="<b>old</b>")
     old.announce({"a100": ["0"]})
-    old.retire()
+    old.retire({"a100": ["0"]})
     job = Job("train_pipeline.nlp/r1", "nlp", "a100", 1, 1, 1.0, "nina")
     assert on_a.request(job).admitted and on_a.claim_devices(job.id, 1, ["0", "1"]) == ["0"]
 
@@ -122,7 +122,7 @@ def test_the_fleet_shows_each_host_s_devices_and_who_holds_them(tmp_path, monkey
     assert devices(Acting("tina", ("vision",)))[("gpu-a", "a100")] == (True, [("0", "nlp", None), ("1", None, None)])
     page = render(fleet(ledger.config, ledger, Acting("tina", ("vision",))))
     assert "<h2>Hosts</h2>" in page and "<td>0: a job of nlp; 1: free</td>" in page
-    assert "&lt;b&gt;old&lt;/b&gt;</td><td>a100</td><td>gone</td>" in page and "<b>old</b>" not in page
+    assert "&lt;b&gt;old&lt;/b&gt;</td><td>a100</td><td>gone</td><td>0: -</td>" in page and "<b>old</b>" not in page
 
 
 def test_the_fleets_use_shows_a_reader_their_teams_by_name_and_the_others_as_one():

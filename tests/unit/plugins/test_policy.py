@@ -58,11 +58,24 @@ def test_with_a_training_queue_set_trainings_go_to_their_gpu_type_s_queue_and_no
     rerun = _ti(pool="gpu-a100-80gb")  # a task created before the run was at hand keeps its pool's queue
     task_instance_mutation_hook(rerun, dag_run=None)
     assert rerun.queue == "gpu-a100-80gb"
+    # as Airflow makes a task instance: the hook without the run first, then with it
     pods = _ti()
+    pods.task = SimpleNamespace(queue="cpu")  # the operator's own queue ([operators] default_queue)
     pods.queue = "cpu"
     kubernetes = {"backends": {"launcher": "kubernetes"}, "resources": {"gpu_type": "h100-80gb"}}
+    task_instance_mutation_hook(pods, dag_run=None)
+    assert pods.queue == "gpu-cpu"  # the DAG's own pool's, until the run is at hand
     task_instance_mutation_hook(pods, dag_run=SimpleNamespace(conf=kubernetes))
     assert (pods.pool, pods.queue) == ("gpu-h100-80gb", "cpu")  # its pods get GPUs on the cluster, not its worker
+    local = _ti()
+    task_instance_mutation_hook(local, dag_run=None)
+    task_instance_mutation_hook(local, dag_run=SimpleNamespace(conf={"resources": {"gpu_type": "a100-80gb"}}))
+    assert (local.pool, local.queue) == ("gpu-a100-80gb", "gpu-a100-80gb")
+    mig = _ti()
+    task_instance_mutation_hook(
+        mig, dag_run=SimpleNamespace(conf={"resources": {"gpu_type": "a100-mig", "mig_profile": "1g.10gb"}})
+    )
+    assert (mig.pool, mig.queue) == ("gpu-a100-mig.1g.10gb", "gpu-a100-mig.1g.10gb")  # its profile's slices
     monkeypatch.delenv("AIRFLOW__TRAINYARD__TRAINING_QUEUE")
     unset = _ti()
     unset.queue = "default"

@@ -40,6 +40,7 @@ def test_a_typed_inventory_hands_each_type_only_its_own_devices():
     ("text", "says"),
     [
         ("h100=0;h100=1", "'h100' is listed twice"),
+        ("h100=0,0", "'h100=0,0' lists a device twice"),
         ("h100=0;a100=0", "device '0' is listed under 'h100' and 'a100'"),
         ("0,0", "lists a device twice"),
         ("cpu=0", "list it bare, 'cpu='"),
@@ -102,7 +103,7 @@ def test_a_job_waits_while_no_live_worker_serves_its_type_and_holds_nothing_back
         ("gpu-a", "a100", ("0", "1")), ("gpu-a", "cpu", ()), ("gpu-b", "h100", ("0",))
     ]  # fmt: skip
 
-    on["gpu-b"].retire()  # its worker ended: the type is served no more, its record kept
+    on["gpu-b"].retire({"h100": ["0"]})  # its worker ended: the type is served no more, its record kept
     assert ledger.request(_job("h2", "h100", 1)).reason is WaitReason.UNSERVED
     assert not any(r.live(clock.now) for r in ledger.hosts() if r.host == "gpu-b")
     clock.now += HOST_LEASE_S + 1  # gpu-a fell silent (its worker killed): its types are served no more
@@ -110,6 +111,33 @@ def test_a_job_waits_while_no_live_worker_serves_its_type_and_holds_nothing_back
     on["gpu-a"].announce({"a100": ["0", "1"]})  # back, without cpu: cpu is served no more
     assert ledger.request(_job("small2", "a100", 1)).admitted
     assert ledger.served() == {"a100": 2}
+
+
+def test_a_job_no_host_can_run_keeps_no_borrower_waiting_behind_it(where):
+    """Within its team's quota and waiting for slots, a job would keep borrowers back (no borrowing behind a
+    job that waits for its own quota); one that no live host can run (it needs more devices than any has)
+    keeps nobody back: the borrower behind it starts."""
+    fleet = "gpu_types:\n  a100: {count: 4, price_per_hour: 1.0}\nteams:\n  vision: {quota: {a100: 4}}\n  nlp: {}\n"
+    clock, config = Clock(), parse_resources(fleet)
+    ledger = Ledger(where, config, clock, host="gpu-a")
+    ledger.announce({"a100": ["0", "1", "2"]})
+    assert ledger.request(Job("lent", "nlp", "a100", 2, 1, 1.0)).admitted  # borrows vision's idle quota
+    assert ledger.request(Job("own", "vision", "a100", 4, 1, 1.0)).reason is WaitReason.UNSERVED
+    assert ledger.request(Job("next", "nlp", "a100", 1, 1, 1.0)).admitted
+    ledger.announce({"a100": ["0", "1", "2", "3"]})  # a host with four: now it waits for its quota, in front
+    assert ledger.request(Job("own", "vision", "a100", 4, 1, 1.0)).reason is WaitReason.SLOTS_IN_USE
+    assert ledger.request(Job("after", "nlp", "a100", 1, 1, 1.0)).reason is WaitReason.NO_BORROWING
+
+
+def test_two_workers_of_one_host_name_serving_different_types_each_keep_theirs(where):
+    config = parse_resources(FLEET)
+    first, second = (Ledger(where, config, host="gpu-a") for _ in range(2))
+    first.announce({"a100": ["0"]})
+    second.announce({"h100": ["1"]})
+    first.announce({"a100": ["0"]})
+    assert first.served() == {"a100": 1, "h100": 1}
+    second.retire({"h100": ["1"]})
+    assert first.served() == {"a100": 1}
 
 
 def _announce_often(where, fleet: str, host: str, times: int) -> int:
@@ -169,3 +197,93 @@ def test_a_worker_host_is_announced_while_its_celery_worker_runs_and_retired_whe
     assert status == 7
     assert [(r.gpu_type, r.live(ledger.now())) for r in ledger.hosts()] == [("cpu", False), ("h100", False)]
     assert ledger.served() == {}  # routed, and nothing serves: the types' jobs wait, saying so
+
+
+DRAINING = """\
+import signal, sys, time
+from pathlib import Path
+from trainyard.scheduling.admission.ledger import Ledger
+from trainyard.scheduling.resources import parse_resources
+ledger = Ledger(sys.argv[1], parse_resources(sys.argv[2]))
+got = []
+signal.signal(signal.SIGTERM, lambda *_: got.append("TERM"))
+signal.signal(signal.SIGINT, lambda *_: got.append("INT"))
+Path(sys.argv[3]).write_text("ready")
+deadline = time.time() + 30
+while not got and time.time() < deadline:
+    time.sleep(0.05)
+for _ in range(60):  # draining, as Celery's warm shutdown does: the host serves nothing by now
+    if ledger.served() == {}:
+        sys.exit(10 if got == ["TERM"] else 11)
+    time.sleep(0.05)
+sys.exit(12)
+"""
+
+
+def test_a_stop_retires_the_host_at_once_and_reaches_its_worker_as_a_warm_shutdown(tmp_path):
+    """A Ctrl-C (SIGINT) to ``trainyard worker``: its host serves nothing from that moment (no job is
+    admitted for it while its trainings finish), and the Celery worker gets SIGTERM, its warm shutdown,
+    once (a SIGINT would cancel its trainings)."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    from trainyard.scheduling.worker import serve
+
+    where, ready = tmp_path / "admission.db", tmp_path / "ready"
+    ledger = Ledger(where, parse_resources(FLEET), host="gpu-a")
+
+    def interrupt() -> None:
+        deadline = time.time() + 30
+        while not ready.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    child = [sys.executable, "-c", DRAINING, str(where), FLEET, str(ready)]
+    assert serve(ledger, parse_inventory("h100=0"), child, 0.2) == 10
+
+
+def test_a_worker_whose_trainyard_worker_is_killed_dies_with_it(tmp_path):
+    """``trainyard worker`` SIGKILLed (its announcement lapses): the Celery worker under it gets SIGTERM
+    rather than serving on, unannounced."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    serving = (
+        "import sys\n"
+        "from trainyard.scheduling.admission.ledger import Ledger\n"
+        "from trainyard.scheduling.hosts import parse_inventory\n"
+        "from trainyard.scheduling.resources import parse_resources\n"
+        "from trainyard.scheduling.worker import serve\n"
+        "ledger = Ledger(sys.argv[1], parse_resources(sys.argv[2]), host='gpu-a')\n"
+        "child = 'import os, sys, time; open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(60)'\n"
+        "serve(ledger, parse_inventory('h100=0'), [sys.executable, '-c', child, sys.argv[3]], 0.2)\n"
+    )
+    pid_file = tmp_path / "celery.pid"
+    parent = subprocess.Popen([sys.executable, "-c", serving, str(tmp_path / "admission.db"), FLEET, str(pid_file)])
+    try:
+        deadline = time.time() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+            time.sleep(0.1)
+        worker = psutil.Process(int(pid_file.read_text()))
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+
+        def gone() -> bool:
+            try:
+                return worker.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        while not gone() and time.time() < deadline:
+            time.sleep(0.1)
+        assert gone(), "the worker outlived trainyard worker"
+    finally:
+        parent.kill()

@@ -47,7 +47,7 @@ ADMITTED_LEASE_S = 600.0  # from admission to the training task's first heartbea
 RUNNING_LEASE_S = 180.0  # a running training's lease, renewed by its heartbeat (lease.HEARTBEAT_S)
 HOST_BEAT_S = 5.0  # a worker host announces the GPU types it serves this often (trainyard worker)
 HOST_LEASE_S = 20.0  # and one silent this long serves none: its types' jobs wait for another
-HOSTS_KEPT_S = 7 * 24 * 3600.0  # a host gone this long is forgotten (with none left, no type is routed)
+HOSTS_KEPT_S = 7 * 24 * 3600.0  # a host gone this long is forgotten (the last one seen is kept: still routed)
 ADMISSION_TIMEOUT_S = 7 * 24 * 3600.0  # the longest a job waits for its GPUs before its run fails
 ARRIVAL_KEPT_S = ADMISSION_TIMEOUT_S + 24 * 3600.0  # a job's arrival outlives its longest wait
 # Runs of a training DAG in flight at once. A run that waits for GPUs holds no worker (its admit task is
@@ -144,7 +144,11 @@ class Ledger:
         conn.execute("DELETE FROM preempted WHERE at < ?", (now - ARRIVAL_KEPT_S,))
         conn.execute("DELETE FROM holds WHERE at < ?", (now - HISTORY_KEPT_S,))
         conn.execute("DELETE FROM wait_ratios WHERE at < ?", (now - HISTORY_KEPT_S,))
-        conn.execute("DELETE FROM hosts WHERE seen_until < ?", (now - HOSTS_KEPT_S,))
+        # the host seen last is kept however long ago: once routed, a fleet whose hosts are all gone says so
+        conn.execute(
+            "DELETE FROM hosts WHERE seen_until < ? AND seen_until < (SELECT MAX(seen_until) FROM hosts)",
+            (now - HOSTS_KEPT_S,),
+        )
         config = self.config
         entries = [e for e in self._entries(conn) if e.job.gpu_type in config.slot_types and e.job.team in config.teams]
         verdicts = plan(config, entries, now, spend, PreemptionRules.of(config), served=self._served(conn, now))
@@ -366,24 +370,31 @@ class Ledger:
 
     def announce(self, by_type: Mapping[str, Sequence[str]], lease_s: float = HOST_LEASE_S) -> None:
         """This host (``self.host``) serves ``by_type``'s GPU types, each with those devices, for ``lease_s``:
-        what a worker says while it runs (``trainyard worker``, every :data:`HOST_BEAT_S`). A type it no
-        longer lists it serves no more. Once any host has announced itself, a job of a type no live host
-        serves waits, saying so (:func:`~.policy.unserved`)."""
-        with self.db.transaction() as conn:
+        what a worker says while it runs (``trainyard worker``, every :data:`HOST_BEAT_S`). Once any host has
+        announced itself, a job of a type no live host serves waits, saying so (:func:`~.policy.unserved`).
+        One statement per type, outside the decisions' lock (hundreds of hosts beat without queueing behind
+        a decision); a type the host stops listing lapses by itself, and two workers of one host name
+        serving different types each keep theirs."""
+        with self.db.connection() as conn:
             now = self._now(conn)
-            conn.execute("DELETE FROM hosts WHERE host = ?", (self.host,))
             for gpu_type, devices in by_type.items():
                 conn.execute(
-                    "INSERT INTO hosts (host, gpu_type, devices, seen_until) VALUES (?, ?, ?, ?)",
+                    "INSERT INTO hosts (host, gpu_type, devices, seen_until) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (host, gpu_type) DO UPDATE SET devices = excluded.devices, "
+                    "seen_until = excluded.seen_until",
                     (self.host, gpu_type, ",".join(devices), now + lease_s),
                 )
 
-    def retire(self) -> None:
-        """This host serves nothing from now (its worker ended): its types' waiting jobs wait for another
-        host's worker. Its record stays, so its types are still routed (:data:`HOSTS_KEPT_S`)."""
-        with self.db.transaction() as conn:
+    def retire(self, by_type: Mapping[str, Sequence[str]]) -> None:
+        """This host serves ``by_type``'s types no more (its worker is ending): their waiting jobs wait for
+        another host's worker. The records stay, so types are still routed (:data:`HOSTS_KEPT_S`)."""
+        with self.db.connection() as conn:
             now = self._now(conn)
-            conn.execute("UPDATE hosts SET seen_until = ? WHERE host = ? AND seen_until > ?", (now, self.host, now))
+            for gpu_type in by_type:
+                conn.execute(
+                    "UPDATE hosts SET seen_until = ? WHERE host = ? AND gpu_type = ? AND seen_until > ?",
+                    (now, self.host, gpu_type, now),
+                )
 
     def hosts(self) -> list[HostRecord]:
         """Every host's announcements, the lapsed ones too (:meth:`HostRecord.live` says which serve now)."""
@@ -554,11 +565,12 @@ def starts_of(ledger: Ledger, entries: list[Entry], now: float, spend: Spend | N
     start as the queue changes, and running the policy forward twice costs 0.2 CPU-s with 10,000 jobs
     waiting (bench/admission_scale.py)."""
     global _starts
-    state = tuple(sorted((e.job.id, e.admitted, e.preempted_for) for e in entries))
+    served = ledger.served()
+    state = (tuple(sorted((e.job.id, e.admitted, e.preempted_for) for e in entries)), served)
     with _starts_lock:
         if _starts is not None and _starts[0] == state and now - _starts[1] < STARTS_KEPT_S:
             return _starts[2]
-        found = estimate_starts(ledger.config, entries, now, spend, ledger.history(), served=ledger.served())
+        found = estimate_starts(ledger.config, entries, now, spend, ledger.history(), served=served)
         _starts = (state, now, found)
         return found
 
