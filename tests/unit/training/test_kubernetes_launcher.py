@@ -139,6 +139,9 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     assert [(t.key, t.operator, t.value, t.effect, t.toleration_seconds) for t in pod.tolerations] == [
         ("nvidia.com/gpu", "Exists", None, "NoSchedule", None),
         ("spot", "Equal", "true", "NoExecute", 60),
+        # a lost node's pod evicted after 30 s, not Kubernetes' 300: its Job fails and the retry resumes
+        ("node.kubernetes.io/not-ready", "Exists", None, "NoExecute", 30),
+        ("node.kubernetes.io/unreachable", "Exists", None, "NoExecute", 30),
     ]
     volumes = {v.name: v for v in pod.volumes}
     assert volumes["data"].persistent_volume_claim.claim_name == "datasets"
@@ -633,4 +636,26 @@ def test_a_recipe_s_input_file_is_mounted_read_only(worker_home):
     (container,) = plan.objects[-1].spec.containers
     assert ("/var/trainyard/weights/resnet18.pth", "weights/resnet18.pth", True) in [
         (m.mount_path, m.sub_path, m.read_only) for m in container.volume_mounts
+    ]
+
+
+def test_a_job_that_names_its_own_lost_node_toleration_keeps_it():
+    spec = parse_spec(
+        {
+            "name": "x",
+            "kubernetes": {
+                "tolerations": [
+                    {
+                        "key": "node.kubernetes.io/unreachable",
+                        "operator": "Exists",
+                        "effect": "NoExecute",
+                        "tolerationSeconds": 120,
+                    }
+                ]
+            },
+        }
+    )
+    assert [(t.key, t.toleration_seconds) for t in K._tolerations(spec)] == [
+        ("node.kubernetes.io/unreachable", 120),
+        ("node.kubernetes.io/not-ready", K.NODE_LOST_S),
     ]

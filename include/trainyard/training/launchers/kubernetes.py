@@ -71,6 +71,9 @@ RDZV_PORT = 29400
 HOROVOD_RDZV_PORT = 29401
 RDZV_TIMEOUT_S = 900  # how far apart the pods of one job may start (image pulls, scheduling)
 CLUSTER_DOMAIN = "cluster.local"
+# the taints a node gets when it stops answering, and how long a training's pod stays on such a node
+NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+NODE_LOST_S = 30
 JOB_TTL_S = 24 * 3600  # the cluster removes a finished Job (and, by owner reference, its Service) a day later
 NAME_MAX = 52  # leaves room for "-<index>" in the 63-character pod hostname
 INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -277,6 +280,10 @@ def _env(s: JobSpec, run_key: str, config_path: str, attempt: int, data_dir: str
 
 
 def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
+    """The spec's tolerations, and, unless it names them, :data:`NODE_LOST_TAINTS` tolerated for
+    :data:`NODE_LOST_S` only: a pod whose node stopped answering is evicted then (Kubernetes' default, 300 s,
+    would hold the job's other pods at the rendezvous that long), its Job fails (``backoffLimit`` 0), and
+    Airflow's retry resumes from the newest checkpoint on the volume."""
     out = []
     for i, t in enumerate(s.kubernetes.tolerations):
         unknown = sorted(set(t) - set(_TOLERATION_FIELDS))
@@ -285,6 +292,12 @@ def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
                 f"kubernetes.tolerations.{i}", f"unknown field(s) {unknown}; allowed: {list(_TOLERATION_FIELDS)}"
             )
         out.append(k8s.V1Toleration(**{_TOLERATION_FIELDS[k]: v for k, v in t.items()}))
+    named = {t.key for t in out}
+    out += [
+        k8s.V1Toleration(key=key, operator="Exists", effect="NoExecute", toleration_seconds=NODE_LOST_S)
+        for key in NODE_LOST_TAINTS
+        if key not in named
+    ]
     return out
 
 
