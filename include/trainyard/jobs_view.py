@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainyard.spec import slot_type_of
+
 if TYPE_CHECKING:
     from trainyard.acting import Acting
     from trainyard.scheduling.admission.ledger import Ledger
@@ -143,7 +145,6 @@ def _cost(config: ResourcesConfig, run: AirflowRun, spec: Mapping[str, Any], now
     from trainyard import paths
     from trainyard.scheduling.budgets import recorded_cost
     from trainyard.scheduling.resources import run_cost
-    from trainyard.spec import slot_type_of
 
     res = spec["resources"]
     done = recorded_cost(config, paths.run_path(spec["name"], run.key))
@@ -214,7 +215,7 @@ def job_rows(
             job=spec["name"],
             recipe=spec["recipe"],
             team=team,
-            gpu_type=res["gpu_type"],
+            gpu_type=slot_type_of(res["gpu_type"], res.get("mig_profile")),  # a MIG job's: its slices'
             gpus=res["nodes"] * res["gpus_per_node"],
             place=queued["place"] if queued else None,
             reason=queued["reason"] if queued else None,

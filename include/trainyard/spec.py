@@ -263,15 +263,6 @@ def slot_type_of(gpu_type: str, mig_profile: str | None) -> str:
 class KubernetesSpec(_Model):
     """Where and how the pods of a ``launcher: kubernetes`` job run."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _mig_profile_moved(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "mig_profile" in data:
-            raise ValueError(
-                "mig_profile moved to resources.mig_profile (a MIG type's slices are counted on every launcher)"
-            )
-        return data
-
     namespace: str = Field(
         "trainyard",
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
@@ -594,11 +585,33 @@ class JobSpec(_Model):
         ),
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mig_profile_moved(cls, data: Any) -> Any:
+        """``kubernetes.mig_profile`` of a spec written before the profile moved to ``resources`` (a stored
+        run config, a registered version to replay, an old run's conf): taken to its new place (null: left
+        out), refused only where both places name different profiles."""
+        if not isinstance(data, dict) or not isinstance(data.get("kubernetes"), dict):
+            return data
+        if "mig_profile" not in data["kubernetes"]:
+            return data
+        kubernetes = dict(data["kubernetes"])
+        profile = kubernetes.pop("mig_profile")
+        if profile is None:
+            return {**data, "kubernetes": kubernetes}
+        resources = dict(data.get("resources") or {})
+        if resources.get("mig_profile") not in (None, profile):
+            raise ValueError(
+                f"kubernetes.mig_profile ({profile!r}) and resources.mig_profile ({resources['mig_profile']!r}) "
+                "differ: name the profile once, in resources.mig_profile"
+            )
+        return {**data, "kubernetes": kubernetes, "resources": {**resources, "mig_profile": profile}}
+
     def headline(self) -> str:
         """What a run of this job is called where runs are listed (the note of its Airflow run): "digits:
         digits_cnn on 2 x a100, team vision", and a sweep's or a replay's mark."""
         res = self.resources
-        words = f"{self.name}: {self.recipe} on {res.total_gpus} x {res.gpu_type}, team {res.team}"
+        words = f"{self.name}: {self.recipe} on {res.total_gpus} x {res.slot_type}, team {res.team}"
         if self.sweep is not None:
             words += f", sweep of {self.sweep.trials} trials"
         return words + (f", replay of {self.replay_of}" if self.replay_of else "")

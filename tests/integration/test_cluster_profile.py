@@ -435,6 +435,10 @@ def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster
     _start_h100_host(cluster)
     run = api.wait_run(DAG, run_id, headers, seconds=600)
     assert run["state"] == "success", api.failure_report(DAG, run_id, headers)
+    # the Fleet page's hosts: each GPU host's worker with its types and devices, all serving again
+    hosts = requests.get(f"{api.url}/trainyard/fleet.json", headers=headers, timeout=30).json()["hosts"]
+    serving = {(h["host"], h["gpu_type"]): len(h["devices"]) for h in hosts if h["serving"]}
+    assert serving.get((H100_HOST, "h100-80gb")) == 8 and serving.get(("worker-gpu", "cpu")) == 0, hosts
     assert {v[:1] for v in versions() - versions_before} == {("digits-restart",)}
     assert not [e for e in ledger.entries() if e.job.id == key]
     # trained on the H100 host's worker, its own type's devices, and on no other host

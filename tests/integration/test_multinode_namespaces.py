@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -49,8 +50,11 @@ def two_hosts():
         subprocess.run(["ip", *args], check=True, capture_output=True)
 
     try:
-        for name in names:
-            ip("netns", "add", name)
+        try:
+            ip("netns", "add", names[0])
+        except subprocess.CalledProcessError as err:  # root without CAP_SYS_ADMIN (an unprivileged container)
+            pytest.skip(f"no network namespace can be made here: {err.stderr.decode().strip()}")
+        ip("netns", "add", names[1])
         ip("link", "add", ends[0], "type", "veth", "peer", "name", ends[1])
         for name, end, address in zip(names, ends, ADDRESSES, strict=True):
             ip("link", "set", end, "netns", name)
@@ -59,6 +63,7 @@ def two_hosts():
             ip("-n", name, "link", "set", "lo", "up")
         yield names
     finally:
+        subprocess.run(["ip", "link", "del", ends[0]], capture_output=True)  # where it never left this namespace
         for name in names:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
@@ -115,7 +120,8 @@ def _start_pods(two_hosts, tmp_path: Path, job, attempt: int = 1) -> tuple[list[
     assert indexed.spec.template.spec.subdomain == service.metadata.name  # the pods' names resolve under it
     Path(K.TRAINYARD_HOME).mkdir(parents=True, exist_ok=True)  # the mount point of the volume in the pods
     hosts = [K.pod_host(spec, RUN_KEY, i, attempt=attempt) for i in range(2)]
-    procs, outputs = [], []
+    procs: list[subprocess.Popen] = []
+    outputs: list[Path] = []
     for i, netns in enumerate(two_hosts):
         etc_hosts = tmp_path / f"hosts-{attempt}-{i}"  # the kubelet's, and the other pod's from the cluster's DNS
         short = hosts[i].split(".", 1)[0]
@@ -132,7 +138,12 @@ def _start_pods(two_hosts, tmp_path: Path, job, attempt: int = 1) -> tuple[list[
         ]  # fmt: skip
         out = tmp_path / f"pod-{attempt}-{i}.log"
         outputs.append(out)
-        procs.append(subprocess.Popen(argv, stdout=out.open("w"), stderr=subprocess.STDOUT, start_new_session=True))
+        try:
+            with out.open("w") as log:
+                procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        except BaseException:  # the pod started first would wait for the second at the rendezvous: end it
+            _kill_all(procs)
+            raise
     return procs, outputs
 
 
@@ -147,10 +158,15 @@ def _kill_all(procs: list[subprocess.Popen]) -> None:
 
 
 def _wait(procs: list[subprocess.Popen], outputs: list[Path], timeout: float = LIMIT_S) -> list[str]:
+    """Both pods' output once both have ended; a failure, or pods still running after ``timeout`` seconds
+    (then killed), shows both pods' output."""
+    deadline = time.monotonic() + timeout
     try:
-        codes = [p.wait(timeout) for p in procs]
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         _kill_all(procs)
+    codes = [p.wait(10) for p in procs]
     logs = [out.read_text() for out in outputs]
     report = "\n".join(
         f"--- pod {i} (exit {c})\n{log[-4000:]}" for i, (c, log) in enumerate(zip(codes, logs, strict=True))

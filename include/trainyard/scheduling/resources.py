@@ -3,8 +3,9 @@ classes, and the queueing bound; the Airflow pools made from it; the checks a Jo
 
 Units: a GPU type's ``slots`` are what jobs ask for and quotas count: its GPUs, or, on a time-sliced type,
 its GPUs x ``time_slicing.replicas`` (each replica is advertised as one ``nvidia.com/gpu`` with no memory
-isolation, so a quota must count replicas, not GPUs). MIG profiles are listed per type for the Kubernetes
-objects (each profile is a resource of its own there).
+isolation, so a quota must count replicas, not GPUs). A type partitioned with MIG offers its profiles'
+slices instead, each profile a slot type of its own (:attr:`ResourcesConfig.slot_types`), as each is a
+resource of its own on Kubernetes.
 
 A file that cannot describe a real fleet is refused with the line at fault: quotas that sum past a type's
 slots, an unknown GPU type, a lending limit above the quota, a borrowing limit past what exists, MIG
@@ -238,8 +239,10 @@ class ResourcesConfig(_Model):
             if not gpu.mig_profiles:
                 self._slot_types[name], self._slot_gpus[name] = (name, 1), gpu
                 continue
-            compute = sum(mig_compute(p) * n for p, n in gpu.mig_profiles.items())
-            for profile, per_gpu in gpu.mig_profiles.items():
+            # a profile of no slices is _problems' to report (parse_resources), with the file's line
+            profiles = {p: n for p, n in gpu.mig_profiles.items() if n >= 1}
+            compute = sum(mig_compute(p) * n for p, n in profiles.items())
+            for profile, per_gpu in profiles.items():
                 slot = slot_type_of(name, profile)
                 self._slot_types[slot] = (name, per_gpu)
                 self._slot_gpus[slot] = GpuType(
@@ -253,9 +256,10 @@ class ResourcesConfig(_Model):
     def slot_types(self) -> dict[str, GpuType]:
         """What slots are counted in: each GPU type of whole GPUs (or time-sliced shares), and for a type
         partitioned with MIG each of its profiles' slices as a type of its own, ``<type>.<profile>``, with
-        count x slices per GPU slots, each priced at its share of the GPU's compute slices (a 1g slice of a
-        GPU cut into 3 x 1g + 2 x 2g costs 1/7 of its price). Pools, the ledger, quotas, budgets and Kueue's
-        MIG resources count these; a job's is :attr:`trainyard.spec.Resources.slot_type`."""
+        count x slices per GPU slots, each priced at its share of the compute slices its GPU is cut into (a
+        1g slice of a GPU cut into 3 x 1g + 2 x 2g costs 1/7 of its price; of one cut into 2 x 3g, 1/2).
+        Pools, the ledger, quotas, budgets and Kueue's MIG resources count these; a job's is
+        :attr:`trainyard.spec.Resources.slot_type`."""
         return self._slot_gpus
 
     def _per_gpu(self, slot_type: str) -> tuple[str, int]:
@@ -542,8 +546,8 @@ def mig_profile_problem(config: ResourcesConfig, gpu_type: str, profile: str | N
 
 def check_spec(spec: JobSpec, config: ResourcesConfig) -> None:
     """Refuse a job that could never be scheduled (Airflow never runs a task whose pool_slots exceed the
-    pool's size: it would wait forever instead; on Kubernetes, a MIG profile its GPU type does not offer,
-    :func:`mig_profile_problem`), or that its team may not run: a GPU type the team has no quota of and may
+    pool's size: it would wait forever instead; a MIG profile its GPU type does not offer, or none on a MIG
+    type, :func:`mig_profile_problem`), or that its team may not run: a GPU type the team has no quota of and may
     not borrow, more slots than its quota plus what it may borrow, a priority outside the team's range."""
     res = spec.resources
     if res.gpu_type not in config.gpu_types:

@@ -16,7 +16,8 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from trainyard.errors import PermanentError, cli_command
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from trainyard.scheduling.resources import ResourcesConfig
 
 log = logging.getLogger(__name__)
+STOP_POLL_S = 0.2  # how soon a stop retires the host (and the worker's end is seen)
 
 
 def worker_queues(prefix: str, inventory: Inventory, config: ResourcesConfig, extra: Sequence[str] = ()) -> list[str]:
@@ -66,50 +68,59 @@ def default_concurrency(inventory: Inventory, config: ResourcesConfig) -> int:
     return max(1, sum(len(devices) for devices in by_type.values()) + cpu)
 
 
-def _die_with_parent() -> None:
-    """In the Celery worker's process before it runs: it gets SIGTERM when ``trainyard worker`` dies (a
-    SIGKILL, an OOM kill), as its host's announcement lapses, instead of serving on unannounced."""
+def _die_with_parent() -> Callable[[], None]:
+    """What the Celery worker's process runs before it execs: ask Linux for SIGTERM when ``trainyard worker``
+    dies (a SIGKILL, an OOM kill), as its host's announcement lapses, instead of serving on unannounced;
+    where the parent is gone already, end at once. libc's prctl is found here, in the parent: the child
+    only calls it."""
     import ctypes
 
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    parent = os.getpid()
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+    def in_child() -> None:
+        if prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(1)
+
+    return in_child
 
 
 def serve(ledger: Ledger, inventory: Inventory, argv: Sequence[str], beat_s: float = HOST_BEAT_S) -> int:
     """Run ``argv`` (the Celery worker) and announce ``inventory`` for ``ledger.host`` every ``beat_s`` while
     it runs. SIGTERM or SIGINT retires the host at once (no job is admitted for it while it drains) and is
-    passed on as SIGTERM: Celery's warm shutdown, its running trainings finish (a SIGINT would cancel them).
-    The worker runs in a session of its own (a terminal's Ctrl-C reaches it through here only) and dies
-    with this process. Its exit status is returned, the host retired. A ledger that cannot be reached for a
-    while is logged, and the worker runs on: the host's jobs wait, saying the type is not served, until it
-    is reached again."""
+    passed on as SIGTERM: Celery's warm shutdown, its running trainings finish (a SIGINT would cancel them);
+    a second one is passed on as SIGQUIT, Celery's cold shutdown. The worker runs in a session of its own (a
+    terminal's Ctrl-C reaches it through here only) and dies with this process. Its exit status is
+    returned, the host retired. A ledger that cannot be reached for a while is logged, and the worker runs
+    on: the host's jobs wait, saying the type is not served, until it is reached again."""
     by_type = inventory.by_type or {}
-    stop: list[int] = []  # the signal that asked for the end, once one did
+    stop: list[int] = []  # the signals that asked for the end
     child: subprocess.Popen | None = None
 
     def pass_on(signum: int, _frame: object) -> None:
         stop.append(signum)
         if child is not None:
-            child.send_signal(signal.SIGTERM)
+            child.send_signal(signal.SIGTERM if len(stop) == 1 else signal.SIGQUIT)
 
     previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        child = subprocess.Popen(list(argv), start_new_session=True, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(list(argv), start_new_session=True, preexec_fn=_die_with_parent())
         if stop:  # asked to stop before the worker was there to hear it
             child.send_signal(signal.SIGTERM)
-        retired = False
-        while True:
+        retired, announced = False, 0.0
+        while child.poll() is None:
             if stop and not retired:
                 retired = _retire(ledger, by_type)
-            elif not stop:
+            elif not stop and time.monotonic() - announced >= beat_s:
+                announced = time.monotonic()
                 try:
                     ledger.announce(by_type, lease_s=max(HOST_LEASE_S, 4 * beat_s))
                 except DatabaseUnavailable as err:
                     log.warning("host %s not announced (its types' jobs wait until it is): %s", ledger.host, err)
-            try:
-                return child.wait(timeout=beat_s)
-            except subprocess.TimeoutExpired:
-                continue
+            time.sleep(STOP_POLL_S)
+        return child.returncode
     finally:
         if child is not None and child.poll() is None:
             child.terminate()

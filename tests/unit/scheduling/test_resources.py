@@ -54,9 +54,14 @@ def test_a_job_names_a_mig_profile_its_gpu_type_has_or_is_refused_naming_those_t
                 check_spec(parse_spec(spec), load_resources())
 
 
-def test_a_mig_profile_named_in_its_old_place_is_refused_saying_where_it_went():
-    with pytest.raises(SpecError, match=r"mig_profile moved to resources.mig_profile"):
-        parse_spec({"resources": {"gpu_type": "a100-mig"}, "kubernetes": {"mig_profile": "1g.10gb"}})
+def test_a_spec_written_with_the_profile_in_its_old_place_still_reads():
+    """Run configs, registered versions and old runs' confs name ``kubernetes.mig_profile`` (null on every
+    job of another type): it is read in its new place; two different profiles are refused."""
+    old = parse_spec({"resources": {"gpu_type": "a100-mig"}, "kubernetes": {"mig_profile": "1g.10gb"}})
+    assert (old.resources.mig_profile, old.resources.slot_type) == ("1g.10gb", "a100-mig.1g.10gb")
+    assert parse_spec({"kubernetes": {"mig_profile": None}}).resources.mig_profile is None
+    with pytest.raises(SpecError, match=r"kubernetes.mig_profile \('1g.10gb'\) and resources.mig_profile"):
+        parse_spec({"resources": {"mig_profile": "2g.20gb"}, "kubernetes": {"mig_profile": "1g.10gb"}})
 
 
 def test_a_mig_type_offers_each_profile_s_slices_as_slots_and_pools_quotas_kueue_and_prices_agree():

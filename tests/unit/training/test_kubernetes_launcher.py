@@ -659,3 +659,5 @@ def test_a_job_that_names_its_own_lost_node_toleration_keeps_it():
         ("node.kubernetes.io/unreachable", 120),
         ("node.kubernetes.io/not-ready", K.NODE_LOST_S),
     ]
+    every = parse_spec({"name": "x", "kubernetes": {"tolerations": [{"operator": "Exists"}]}})
+    assert [(t.key, t.toleration_seconds) for t in K._tolerations(every)] == [(None, None)]  # nothing cut short

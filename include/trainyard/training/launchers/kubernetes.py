@@ -292,6 +292,8 @@ def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
                 f"kubernetes.tolerations.{i}", f"unknown field(s) {unknown}; allowed: {list(_TOLERATION_FIELDS)}"
             )
         out.append(k8s.V1Toleration(**{_TOLERATION_FIELDS[k]: v for k, v in t.items()}))
+    if any(t.key is None and t.operator == "Exists" for t in out):  # it tolerates every taint, as it chose
+        return out
     named = {t.key for t in out}
     out += [
         k8s.V1Toleration(key=key, operator="Exists", effect="NoExecute", toleration_seconds=NODE_LOST_S)
