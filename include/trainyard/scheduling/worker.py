@@ -106,7 +106,9 @@ def serve(ledger: Ledger, inventory: Inventory, argv: Sequence[str], beat_s: flo
 
     previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        child = subprocess.Popen(list(argv), start_new_session=True, preexec_fn=_die_with_parent())
+        child = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent()
+        )
         if stop:  # asked to stop before the worker was there to hear it
             child.send_signal(signal.SIGTERM)
         retired, announced = False, 0.0
