@@ -184,6 +184,17 @@ class Resources(_Model):
     of the train task and, on Kubernetes, the pod's ``nvidia.com/gpu`` limit."""
 
     nodes: int = Field(1, ge=1, le=256, description="> 1 needs the kubernetes launcher")
+    min_nodes: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description=(
+            "elastic multi-node ddp: the fewest nodes the training goes on with once some are lost, from its "
+            "newest checkpoint (each worker keeps its batch_size, the learning rate follows the global batch, "
+            "the cosine schedule ends with the steps left; a node that comes back rejoins); empty: all of "
+            "them, and a lost node's return is waited for"
+        ),
+    )
     gpus_per_node: int = Field(2, ge=1, le=64, description="worker processes (GPUs) on each node")
     gpu_type: str = Field("cpu", pattern=NAME_RE, description="a key of resources.yaml gpu_types")
     mig_profile: str | None = Field(
@@ -217,6 +228,17 @@ class Resources(_Model):
             "(notice long_training); the training goes on until max_hours"
         ),
     )
+
+    @model_validator(mode="after")
+    def _min_nodes_within_nodes(self) -> Resources:
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) must be at most nodes ({self.nodes})")
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the training goes on with fewer nodes than it started with (``min_nodes`` < ``nodes``)."""
+        return self.min_nodes is not None and self.min_nodes < self.nodes
 
     @model_validator(mode="after")
     def _expected_within_max(self) -> Resources:
@@ -626,6 +648,12 @@ class JobSpec(_Model):
     def _launcher_fits(self) -> JobSpec:
         if self.backends.launcher == "local" and self.resources.nodes > 1:
             raise ValueError("resources.nodes > 1 needs backends.launcher = 'kubernetes' (local runs one node)")
+        if self.resources.elastic and (self.recipe == "custom" or self.distributed.strategy != "ddp"):
+            raise ValueError(
+                "resources.min_nodes below resources.nodes (elastic) needs a built-in recipe with distributed.strategy "
+                "'ddp': a custom program, horovod and deepspeed's sharded states cannot go on with fewer workers; "
+                "leave min_nodes empty"
+            )
         if self.recipe == "custom" and self.custom is None:
             raise ValueError("recipe 'custom' needs the custom section (command, optional image)")
         return self

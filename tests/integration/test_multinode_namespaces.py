@@ -12,6 +12,7 @@ Skipped where it cannot run: network namespaces need root, ``ip`` (iproute2) and
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -81,17 +82,21 @@ def _pod_env(container, index: int) -> dict[str, str]:
     return env
 
 
-def _job(tmp_path: Path, prepared, epochs: int):
-    """A 2-node digits JobSpec with its run config on a shared volume (``home``) holding the prepared data."""
-    spec = parse_spec(
-        {
-            "name": "digits-two-nodes",
-            "hyperparameters": {"epochs": epochs, "batch_size": 32, "learning_rate": 0.1, "momentum": 0.9, "seed": 3},
-            "resources": {"nodes": 2, "gpus_per_node": 1, "gpu_type": "cpu"},
-            "backends": {"launcher": "kubernetes"},
-            "kubernetes": {"cpu_per_gpu": "1"},  # two pods on two cores
-        }
-    )
+def _job(tmp_path: Path, prepared, epochs: int, batch_size: int = 32, **more: dict):
+    """A 2-node digits JobSpec with its run config on a shared volume (``home``) holding the prepared data;
+    ``more``: sections merged into the spec's."""
+    raw: dict = {
+        "name": "digits-two-nodes",
+        "hyperparameters": {
+            "epochs": epochs, "batch_size": batch_size, "learning_rate": 0.1, "momentum": 0.9, "seed": 3,
+        },
+        "resources": {"nodes": 2, "gpus_per_node": 1, "gpu_type": "cpu"},
+        "backends": {"launcher": "kubernetes"},
+        "kubernetes": {"cpu_per_gpu": "1"},  # two pods on two cores
+    }  # fmt: skip
+    for section, fields in more.items():
+        raw[section] = {**raw.get(section, {}), **fields}
+    spec = parse_spec(raw)
     home = tmp_path / "home"  # the shared volume, as the worker mounts it
     moved = home / "cache" / "prepared" / "digits"
     shutil.copytree(prepared.path, moved)
@@ -110,8 +115,11 @@ def _job(tmp_path: Path, prepared, epochs: int):
     return spec, home, data, run_dir, str(cfg.dump(run_dir / "run_config.json"))
 
 
-def _start_pods(two_hosts, tmp_path: Path, job, attempt: int = 1) -> tuple[list[subprocess.Popen], list[Path]]:
-    """Each pod of try ``attempt``'s rendered Job, started as a process in its own namespace."""
+def _start_pods(
+    two_hosts, tmp_path: Path, job, attempt: int = 1, indexes: tuple[int, ...] = (0, 1), tag: str = ""
+) -> tuple[list[subprocess.Popen], list[Path]]:
+    """The pods ``indexes`` of try ``attempt``'s rendered Job, each started as a process in its own namespace
+    (``tag`` names a pod that the Job controller started again)."""
     spec, home, data, run_dir, config_path = job
     plan = K.KubernetesLauncher(RUN_KEY, attempt, home).plan(spec, data, run_dir=str(run_dir), config_path=config_path)
     service, indexed = plan.objects
@@ -122,21 +130,27 @@ def _start_pods(two_hosts, tmp_path: Path, job, attempt: int = 1) -> tuple[list[
     hosts = [K.pod_host(spec, RUN_KEY, i, attempt=attempt) for i in range(2)]
     procs: list[subprocess.Popen] = []
     outputs: list[Path] = []
-    for i, netns in enumerate(two_hosts):
+    for i in indexes:
+        netns = two_hosts[i]
         etc_hosts = tmp_path / f"hosts-{attempt}-{i}"  # the kubelet's, and the other pod's from the cluster's DNS
         short = hosts[i].split(".", 1)[0]
         other = 1 - i
         etc_hosts.write_text(
             f"127.0.0.1 localhost\n{ADDRESSES[i]} {hosts[i]} {short}\n{ADDRESSES[other]} {hosts[other]}\n"
         )
-        env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path), **_pod_env(container, i)}
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "LOGLEVEL": "INFO",  # torchrun's rendezvous rounds, with their times, in the pod's log
+            **_pod_env(container, i),
+        }
         argv = [
             "ip", "netns", "exec", netns,
             "bwrap", "--dev-bind", "/", "/", "--bind", str(home), K.TRAINYARD_HOME,
             "--ro-bind", str(etc_hosts), "/etc/hosts", "--unshare-uts", "--hostname", short, "--die-with-parent",
             "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *container.command,
         ]  # fmt: skip
-        out = tmp_path / f"pod-{attempt}-{i}.log"
+        out = tmp_path / f"pod-{attempt}-{i}{tag}.log"
         outputs.append(out)
         try:
             with out.open("w") as log:
@@ -186,3 +200,75 @@ def test_two_pods_of_the_rendered_job_train_together_across_network_namespaces(t
     result = json.loads((run_dir / "work" / "train_result.json").read_text())
     assert result["world_size"] == 2 and result["epochs"] == 2 and result["val_accuracy"] > 0.5, result
     assert (run_dir / "work" / "model.pt").is_file()
+
+
+def _until(output: Path, words: str, after: int, pods: list[subprocess.Popen], timeout: float = 120) -> int:
+    """The offset in ``output`` (a pod's log) just past the first ``words`` found after offset ``after``,
+    waiting for them; an AssertionError with the log once ``timeout`` seconds pass or every pod has ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = output.read_text()
+        found = text.find(words, after)
+        if found >= 0:
+            return found + len(words)
+        if time.monotonic() > deadline or all(p.poll() is not None for p in pods):
+            raise AssertionError(f"no {words!r} in {output.name}:\n{text[-4000:]}")
+        time.sleep(0.1)
+
+
+EPOCHS = 30
+REPLACED_AFTER_S = 30  # from a pod's loss to the Job's new pod for its index (Kubernetes: its node's
+# NotReady, 40 s, then NODE_LOST_S, then the new pod's start)
+
+
+@pytest.mark.parametrize(
+    "min_nodes",
+    [
+        1,
+        pytest.param(
+            None,  # plain checkpoint-restart: the figures BENCHMARKS.md compares with; the suite runs elastic only
+            marks=pytest.mark.skipif(not os.environ.get("TRAINYARD_BENCH_NODE_LOSS"), reason="a benchmark's run"),
+        ),
+    ],
+    ids=["elastic", "restart"],
+)
+def test_a_pod_lost_mid_epoch_its_node_goes_on_and_takes_its_new_pod_back(two_hosts, prepared, tmp_path, min_nodes):
+    """Pod 1 and everything in it killed mid-epoch, as when its node dies. Elastic (min_nodes 1), pod 0's
+    torchrun goes on alone from the newest checkpoint, each worker's position carried over by samples; the
+    new pod 1 that the Job starts (its pod failure policy ignores an eviction) rejoins, and both finish the
+    run. Without min_nodes, pod 0 waits for the new pod and both go on from the checkpoint."""
+    job = _job(
+        tmp_path, prepared, epochs=EPOCHS, batch_size=8,  # 183 steps an epoch alone: still at it when the new pod comes
+        hyperparameters={"learning_rate": 0.02}, resources={"min_nodes": min_nodes}, checkpointing={"every_steps": 50},
+    )  # fmt: skip
+    procs, outputs = _start_pods(two_hosts, tmp_path, job)
+    spare: list[subprocess.Popen] = []
+    try:
+        seen = _until(outputs[0], "checkpoint step-", 0, procs)  # the first checkpoint: well into epoch 1
+        time.sleep(1)
+        _kill_all(procs[1:])
+        killed = time.monotonic()
+        alone = None
+        if min_nodes is not None:
+            seen = _until(outputs[0], "resuming on 1 worker(s) what 2 trained", seen, procs[:1])
+            seen = _until(outputs[0], "resumed from checkpoint", seen, procs[:1])
+            alone = time.monotonic() - killed
+        time.sleep(max(0.0, REPLACED_AFTER_S - (time.monotonic() - killed)))
+        spare, spare_out = _start_pods(two_hosts, tmp_path, job, indexes=(1,), tag="-new")
+        back = _until(outputs[0], "world_size=2", seen, [procs[0], *spare])
+        both = time.monotonic() - killed
+        logs = _wait([procs[0], *spare], [outputs[0], *spare_out])
+    finally:
+        _kill_all(procs + spare)
+    resumed = re.findall(r"resumed from checkpoint step-\d+\.pt at step (\d+)", logs[0])
+    mode = "elastic" if min_nodes else "restart"
+    print(f"\nnode loss ({mode}): training again {alone and round(alone, 1)} s after the kill, on 1 node; "
+          f"on 2 again {both:.1f} s after it (the new pod started {REPLACED_AFTER_S} s after); "
+          f"resumed at steps {resumed}")  # fmt: skip
+    result = json.loads((job[3] / "work" / "train_result.json").read_text())
+    assert result["world_size"] == 2 and result["epochs"] == EPOCHS and result["val_accuracy"] > 0.5, result
+    assert "[rank 0]:" in logs[1][back - len("world_size=2") :] or "[rank 0]:" in logs[0][back:]
+    assert "[rank 1]:" in logs[1] and "[rank 0]:" not in logs[1], logs[1][-3000:]  # the new pod: rank 1
+    if min_nodes is not None:
+        assert alone is not None and alone < REPLACED_AFTER_S, alone  # it went on before the new pod came
+        assert "resuming on 2 worker(s) what 1 trained" in logs[0][back:] or "resumed from checkpoint" in logs[0][back:]

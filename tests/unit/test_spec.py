@@ -21,6 +21,7 @@ def test_defaults_are_valid():
         ({"dataset": {"repo": "Bad Name!"}}, "dataset.repo", "should match pattern"),
         ({"gates": [{"metric": "val_accuracy"}]}, "gates.0", "needs min or max"),
         ({"gates": [{"metric": "a", "min": 1}, {"metric": "a", "max": 2}]}, "gates", "repeated"),
+        ({"resources": {"nodes": 2, "min_nodes": 3}}, "resources", "min_nodes (3) must be at most nodes (2)"),
     ],
 )
 def test_invalid_spec_names_the_field(raw, field, words):
@@ -109,3 +110,18 @@ def test_a_run_is_listed_by_its_job_s_name_recipe_gpus_and_team():
     }
     assert parse_spec({"sweep": sweep}).headline() == "digits: digits_cnn on 2 x cpu, team default, sweep of 6 trials"
     assert parse_spec({"replay_of": "digits:3"}).headline().endswith(", replay of digits:3")
+
+
+@pytest.mark.parametrize(
+    "other",
+    [{"distributed": {"strategy": "deepspeed"}}, {"distributed": {"strategy": "horovod"}},
+     {"recipe": "custom", "custom": {"command": ["python", "train.py"]}}],
+)  # fmt: skip
+def test_only_a_built_in_ddp_training_goes_on_with_fewer_nodes(other):
+    elastic = {"resources": {"nodes": 4, "min_nodes": 2}, "backends": {"launcher": "kubernetes"}}
+    assert parse_spec(elastic).resources.elastic
+    with pytest.raises(SpecError, match="min_nodes below resources.nodes .elastic. needs a built-in recipe"):
+        parse_spec({**elastic, **other})
+    assert not parse_spec(
+        {**other, "resources": {"nodes": 4, "min_nodes": 4}, "backends": {"launcher": "kubernetes"}}
+    ).resources.elastic

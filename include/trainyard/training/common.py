@@ -4,6 +4,7 @@ schedule made from the JobSpec, torch checkpoint files, the resume position, pro
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import sys
@@ -176,10 +177,29 @@ class Checkpoints:
         return None
 
 
-def resume_point(state: dict, batches_per_epoch: int, source: str, log) -> tuple[int, int, int]:
+def resume_point(
+    state: dict, batches_per_epoch: int, source: str, log, *, world: int = 1, batch_size: int = 1, size: int = 0
+) -> tuple[int, int, int]:
     """(epoch, batches to skip in it, global step) to continue from a checkpoint's data position; a
-    checkpoint taken after an epoch's last batch continues with the next epoch."""
+    checkpoint taken after an epoch's last batch continues with the next epoch.
+
+    On another number of workers than the checkpoint's (``world``, an elastic training that lost or got
+    back nodes), the position is carried over by samples: each epoch's order is one permutation that the
+    ranks take strided (:class:`trainyard.training.data.ShardSampler`), so what was done is its first
+    ``then x (each rank's samples done)`` samples; each of the ``world`` ranks now skips its share of
+    them in whole batches, so fewer than ``world x batch_size`` samples are trained twice, none skipped.
+    ``size``: the training set's; ``batch_size``: each worker's."""
     epoch, skip, step = state["epoch"], state["batches_done"], state["step"]
+    then = state.get("world", world)
+    if then != world:
+        done = min(skip * batch_size, math.ceil(size / then)) * then
+        if done >= size:
+            epoch, skip, again = epoch + 1, 0, 0
+        else:
+            skip = done // (world * batch_size)
+            again = done - skip * world * batch_size
+        log(f"resuming on {world} worker(s) what {then} trained: {min(done, size)} of the epoch's {size} samples "
+            f"were done, {again} of them are trained again")  # fmt: skip
     if skip >= batches_per_epoch:
         epoch, skip = epoch + 1, 0
     log(f"resumed from checkpoint {source} at step {step} (epoch {epoch + 1}, batch {skip})")

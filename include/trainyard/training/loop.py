@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainyard.recipes.base import Recipe
+from trainyard.spec import Hyperparameters
 from trainyard.training import handshake
 from trainyard.training.common import atomic_save, resume_point, to_device
 from trainyard.training.data import ShardSampler, already_batched
@@ -236,7 +237,7 @@ class _Steps:
     def epoch(self, loader: DataLoader, epoch: int, first: int, progress: Progress) -> None:
         """The batches of ``epoch`` from the ``first`` on (a resumed run did those before)."""
         strategy, tracker, recipe, window = self.strategy, self.tracker, self.recipe, self.window
-        device, world, per_epoch = strategy.device, strategy.world, len(loader)
+        device, world, per_epoch = strategy.device, strategy.world, first + len(loader)  # the loader's: those left
         log_every = self.cfg.spec.tracking.log_every_steps
         histogram_every = self.cfg.spec.tracking.histogram_every_steps
         for i, batch in enumerate(loader, start=first):
@@ -263,7 +264,8 @@ class _Steps:
             if stop or strategy.due(step, end_of_epoch):  # logged by the strategy once on disk
                 window.finish(tracker)  # every point up to the checkpoint's step goes before it exists
                 saved_t0 = time.perf_counter()
-                strategy.save({"epoch": epoch, "batches_done": i + 1, "step": step, "rng": torch.get_rng_state()}, step)
+                position = {"epoch": epoch, "batches_done": i + 1, "step": step, "world": strategy.world}
+                strategy.save({**position, "rng": torch.get_rng_state()}, step)
                 self.stall, self.saves = self.stall + time.perf_counter() - saved_t0, self.saves + 1
             if step == self.fail_at:
                 _crash(step, self.cfg.out_dir, strategy)
@@ -272,15 +274,29 @@ class _Steps:
                 return
 
 
-def _resumed(strategy: Strategy, per_epoch: int) -> tuple[int, int, int]:
+def _resumed(strategy: Strategy, hp: Hyperparameters, per_epoch: int, size: int) -> tuple[int, int, int, int]:
     """Every rank: the newest usable checkpoint restored, and where the loop goes on (epoch, its batches
-    done, step); (0, 0, 0) where there is none."""
+    done, step) and ends (its total steps); (0, 0, 0, all the steps) where there is none. A checkpoint of
+    another number of workers (an elastic training's new size) is carried over by samples, with the
+    learning rate scaled to the new global batch (``batch_size`` x the workers now)."""
+    total = hp.epochs * per_epoch
     loaded = strategy.load()
     if loaded is None:
-        return 0, 0, 0
+        return 0, 0, 0, total
     source, position = loaded
     torch.set_rng_state(position["rng"])
-    return resume_point(position, per_epoch, source, strategy.log)
+    world, then = strategy.world, position.get("world", strategy.world)
+    epoch, skip, step = resume_point(
+        position, per_epoch, source, strategy.log, world=world, batch_size=hp.batch_size, size=size
+    )
+    if then != world:
+        total = step + (hp.epochs - epoch) * per_epoch - skip
+        strategy.resize(total, lr_scale=world / then)
+        strategy.log(
+            f"{then} -> {world} worker(s): the learning rate follows the global batch ({hp.batch_size} x {world}), "
+            f"x {world / then:g}; the cosine schedule goes on from there to its end at step {total}"
+        )
+    return epoch, skip, step, total
 
 
 def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: Recipe | None, word: StopWord) -> dict:
@@ -296,10 +312,9 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     dataset, val, meta = recipe.load(cfg)
     sampler, loader = _loader(cfg, strategy, dataset)
     per_epoch = len(loader)
-    total_steps = hp.epochs * per_epoch
-    strategy.prepare(recipe.build_model(meta, options).to(strategy.device), total_steps)
+    strategy.prepare(recipe.build_model(meta, options).to(strategy.device), hp.epochs * per_epoch)
 
-    start_epoch, skip, step = _resumed(strategy, per_epoch)
+    start_epoch, skip, step, total_steps = _resumed(strategy, hp, per_epoch, len(dataset))
     resumed_from = step if step else None
     log(
         f"strategy={strategy.name} world_size={world} {strategy.describe()} train={len(dataset)} "

@@ -1,6 +1,8 @@
 """The worker's data path: splits streamed or held by size, batches by index, resumed epochs skipping
 without reading."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -90,3 +92,37 @@ def test_shard_order_is_distributed_samplers(size, world):
             ours.set_epoch(epoch)
             theirs.set_epoch(epoch)
             assert list(ours) == list(theirs) and len(ours) == len(theirs)
+
+
+@pytest.mark.parametrize(("size", "then", "now", "batch", "done"), [(1437, 2, 1, 32, 7), (1437, 1, 2, 32, 7),
+                         (1000, 4, 3, 16, 5), (1437, 2, 1, 32, 22), (100, 3, 2, 8, 0)])  # fmt: skip
+def test_a_position_carried_to_another_world_skips_nothing_and_redoes_less_than_a_batch_a_worker(
+    size, then, now, batch, done
+):
+    """An elastic training resumed on ``now`` workers from a checkpoint that ``then`` wrote after ``done``
+    batches a worker: together the new shards hold every sample the old ones had not reached, and fewer
+    than ``now x batch`` samples twice."""
+    from trainyard.training.common import resume_point
+
+    data = range(size)
+    old = [ShardSampler(data, then, r, seed=5) for r in range(then)]
+    seen = {int(i) for s in old for i in s.shard()[: done * batch]}
+    per_epoch = math.ceil(math.ceil(size / now) / batch)
+    epoch, skip, step = resume_point(
+        {"epoch": 2, "batches_done": done, "step": 99, "world": then}, per_epoch, "ck", print,
+        world=now, batch_size=batch, size=size,
+    )  # fmt: skip
+    assert (epoch, step) == (2, 99)
+    new = [ShardSampler(data, now, r, seed=5) for r in range(now)]
+    for s in new:
+        s.set_epoch(2 - 2, skip_samples=skip * batch)  # the same epoch's permutation (seed + epoch)
+    left = [int(i) for s in new for i in s.shard()]
+    assert set(range(size)) - seen <= set(left)  # nothing skipped
+    assert len(seen & set(left)) < now * batch  # little redone
+
+
+def test_a_position_of_a_finished_epoch_carried_to_another_world_goes_on_with_the_next():
+    from trainyard.training.common import resume_point
+
+    position = {"epoch": 0, "batches_done": 23, "step": 23, "world": 2}  # 1437 / 2 = 719 a worker: 23 batches
+    assert resume_point(position, 45, "ck", print, world=1, batch_size=32, size=1437) == (1, 0, 23)

@@ -3,6 +3,7 @@ per tracking.log_every_steps window kept without a per-step sync, checkpoints an
 distributed.precision honoured."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -104,6 +105,32 @@ def test_a_try_resumed_mid_epoch_times_only_its_whole_epochs(tmp_path, prepared)
     assert [s for s, _ in _scalars(tmp_path / "tb2", "epoch")] == [46]
     with pytest.raises(KeyError, match="epoch/seconds"):  # none for the rest of an epoch: not a fast epoch
         _scalars(tmp_path / "tb2", "epoch/seconds")
+
+
+def test_a_checkpoint_of_two_workers_resumes_on_one_by_samples_with_half_the_learning_rate(tmp_path, prepared, capsys):
+    """What an elastic training does after losing a node: the step-30 checkpoint, as two workers would
+    have written it (7 batches of 64 each into epoch 2), resumed by one: the 896 samples done are skipped
+    (14 of its batches), its 9 batches left are trained, the learning rate is halved with the global batch,
+    and the cosine schedule ends with them."""
+    cfg = _cfg(tmp_path, prepared, checkpointing={"every_steps": 30}, tracking={"log_every_steps": 1})
+    assert train(cfg, strategies.for_run(cfg))["steps"] == 46
+    path = cfg.checkpoint_dir / "step-00000030.pt"
+    state = torch.load(path, weights_only=True)
+    assert (state["epoch"], state["batches_done"], state["world"]) == (1, 7, 1)
+    torch.save({**state, "world": 2}, path)
+    capsys.readouterr()
+    retry = RunConfig(spec=cfg.spec, data=prepared, out_dir=cfg.out_dir, tensorboard_dir=str(tmp_path / "tb2"))
+    result = train(retry, strategies.for_run(retry))
+    out = capsys.readouterr().out
+    assert "resuming on 1 worker(s) what 2 trained: 896 of the epoch's" in out and "0 of them are trained again" in out
+    assert "at step 30 (epoch 2, batch 14)" in out
+    assert (result["resumed_from_step"], result["steps"]) == (30, 39)
+    assert "2 -> 1 worker(s): the learning rate follows the global batch (64 x 1), x 0.5" in out
+    rates = _scalars(tmp_path / "tb2", "train/lr")
+    at_30 = 0.1 * (1 + math.cos(math.pi * 30 / 46)) / 2  # where the two workers' schedule was
+    assert rates[0][0] == 31 and rates[0][1] == pytest.approx(at_30 / 2, rel=1e-4)
+    assert rates[-1][0] == 39 and rates[-1][1] < 0.01 * 0.1  # near the end of the cosine, as the run ends
+    assert all(b <= a for (_, a), (_, b) in zip(rates, rates[1:], strict=False))
 
 
 def test_every_step_is_a_point_when_asked(tmp_path, prepared):

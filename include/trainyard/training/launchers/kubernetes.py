@@ -70,6 +70,10 @@ CONTAINER = "trainer"
 RDZV_PORT = 29400
 HOROVOD_RDZV_PORT = 29401
 RDZV_TIMEOUT_S = 900  # how far apart the pods of one job may start (image pulls, scheduling)
+# Elastic (min_nodes < nodes): once min_nodes are at a rendezvous, how long it waits for the rest. The nodes
+# left go on this long after torchrun's keep-alive has given a lost node up (3 missed beats 5 s apart); at the
+# start, a pod later than this joins once it comes (its nodes start again, from where they are, with it).
+ELASTIC_LAST_CALL_S = 5
 CLUSTER_DOMAIN = "cluster.local"
 # the taints a node gets when it stops answering, and how long a training's pod stays on such a node
 NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -185,12 +189,15 @@ def worker_command(spec: JobSpec, run_key: str, config_path: str, *, attempt: in
     if res.nodes == 1:
         argv += ["--standalone", "--nnodes=1"]
     else:
+        rdzv_conf = f"join_timeout={RDZV_TIMEOUT_S},read_timeout={RDZV_TIMEOUT_S}"
+        if res.elastic:  # past min_nodes, a round waits this long for the others, then goes on without them
+            rdzv_conf += f",last_call_timeout={ELASTIC_LAST_CALL_S}"
         argv += [
-            f"--nnodes={res.nodes}",
+            f"--nnodes={res.min_nodes}:{res.nodes}" if res.elastic else f"--nnodes={res.nodes}",
             "--rdzv_backend=c10d",
             f"--rdzv_endpoint={pod_host(spec, run_key, 0, attempt=attempt)}:{RDZV_PORT}",
             f"--rdzv_id={job_name(spec, run_key, attempt=attempt)}",
-            f"--rdzv_conf=join_timeout={RDZV_TIMEOUT_S},read_timeout={RDZV_TIMEOUT_S}",
+            f"--rdzv_conf={rdzv_conf}",
         ]
     return argv + ["-m", "trainyard.training.entry", "--config", config_path]
 
@@ -282,8 +289,9 @@ def _env(s: JobSpec, run_key: str, config_path: str, attempt: int, data_dir: str
 def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
     """The spec's tolerations, and, unless it names them, :data:`NODE_LOST_TAINTS` tolerated for
     :data:`NODE_LOST_S` only: a pod whose node stopped answering is evicted then (Kubernetes' default, 300 s,
-    would hold the job's other pods at the rendezvous that long), its Job fails (``backoffLimit`` 0), and
-    Airflow's retry resumes from the newest checkpoint on the volume."""
+    would hold the job's other pods at the rendezvous that long). Its Job starts it again on another node
+    (the eviction is a ``DisruptionTarget``, which the Job's pod failure policy ignores): it rejoins the
+    rendezvous, where the other pods wait for it, or, elastic, have gone on without it."""
     out = []
     for i, t in enumerate(s.kubernetes.tolerations):
         unknown = sorted(set(t) - set(_TOLERATION_FIELDS))
@@ -453,6 +461,20 @@ def build_job(request: PodRequest) -> k8s.V1Job:
             completions=spec.resources.nodes,
             parallelism=spec.resources.nodes,
             backoff_limit=0,  # retries are Airflow's: one place decides, and a retry resumes from a checkpoint
+            # A pod lost with its node (evicted: DisruptionTarget) is no failure of the training: the Job
+            # starts it again, and it rejoins its nodes' rendezvous (elastic: they went on without it).
+            pod_failure_policy=k8s.V1PodFailurePolicy(
+                rules=[
+                    k8s.V1PodFailurePolicyRule(
+                        action="Ignore",
+                        on_pod_conditions=[
+                            k8s.V1PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")
+                        ],
+                    )
+                ]
+            ),
+            # rank 0's pod writes the result: its success is the Job's, and ends the other pods
+            success_policy=k8s.V1SuccessPolicy(rules=[k8s.V1SuccessPolicyRule(succeeded_indexes="0")]),
             ttl_seconds_after_finished=JOB_TTL_S,
             template=pod_template(request, resources),
         ),

@@ -121,6 +121,12 @@ class Strategy:
         and log ``checkpoint <name> saved at step <step>`` once it is on disk (maybe after this returns)."""
         raise NotImplementedError
 
+    def resize(self, total_steps: int, lr_scale: float) -> None:
+        """After a checkpoint of another number of workers was restored: the learning-rate schedule made to
+        end after ``total_steps`` optimizer steps in all (the steps done included), its rates times
+        ``lr_scale`` (the global batch's change)."""
+        raise NotImplementedError
+
     def checkpoints_written(self, check: bool = True) -> None:
         """Every rank: wait until the checkpoints saved so far are on disk; with ``check``, raise if one
         could not be written."""
@@ -161,6 +167,16 @@ class TorchStrategy(Strategy):
             self.forward = cast(torch.nn.Module, torch.compile(forward, dynamic=False))
         else:
             self.forward = forward
+
+    def resize(self, total_steps: int, lr_scale: float) -> None:
+        # The cosine's next factors are ratios of cos(pi t / T_max) (torch's recursive form) applied to the
+        # rate it is at: with the new T_max, the rate goes on from there and reaches its floor at the end.
+        sched = cast(torch.optim.lr_scheduler.CosineAnnealingLR, self.sched)
+        sched.T_max = max(total_steps, sched.last_epoch + 1)
+        for group in self.opt.param_groups:
+            group["lr"] *= lr_scale
+        sched.base_lrs = [lr * lr_scale for lr in sched.base_lrs]
+        sched._last_lr = [float(group["lr"]) for group in self.opt.param_groups]  # what lr() reports
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """What the loss runs the batch through (DDP: the wrapper that averages gradients in backward)."""
