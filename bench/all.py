@@ -121,6 +121,13 @@ BENCHES = (
         ("bench/admission_scale.py", "--waiting", "200", "--admit", "40", "--history", "1000", "--procs", "2"),
     ),
     Bench(
+        "node-loss",
+        "Node loss on the Kubernetes path: going on elastic against waiting for the new pod",
+        ("bench/node_loss.py",),
+        ("bench/node_loss.py",),  # one size: the timeouts it measures are fixed
+        in_all=False,  # root, network namespaces; about two minutes
+    ),
+    Bench(
         "scheduler-celery",
         "Scheduler replay on the cluster profile: the same job stream through the CeleryExecutor, the ledger in "
         "PostgreSQL",

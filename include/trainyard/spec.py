@@ -654,6 +654,11 @@ class JobSpec(_Model):
                 "'ddp': a custom program, horovod and deepspeed's sharded states cannot go on with fewer workers; "
                 "leave min_nodes empty"
             )
+        if self.resources.elastic and self.distributed.max_restarts == 0:
+            raise ValueError(
+                "resources.min_nodes below resources.nodes (elastic) needs distributed.max_restarts of 1 or more: "
+                "each node lost uses one restart of the nodes left"
+            )
         if self.recipe == "custom" and self.custom is None:
             raise ValueError("recipe 'custom' needs the custom section (command, optional image)")
         return self

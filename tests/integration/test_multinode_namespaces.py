@@ -216,7 +216,7 @@ def _until(output: Path, words: str, after: int, pods: list[subprocess.Popen], t
         time.sleep(0.1)
 
 
-EPOCHS = 30
+EPOCHS = 60  # about 20 s of steps alone on an idle 2-core machine: still training when the new pod comes
 REPLACED_AFTER_S = 30  # from a pod's loss to the Job's new pod for its index (Kubernetes: its node's
 # NotReady, 40 s, then NODE_LOST_S, then the new pod's start)
 
@@ -230,7 +230,7 @@ REPLACED_AFTER_S = 30  # from a pod's loss to the Job's new pod for its index (K
             marks=pytest.mark.skipif(not os.environ.get("TRAINYARD_BENCH_NODE_LOSS"), reason="a benchmark's run"),
         ),
     ],
-    ids=["elastic", "restart"],
+    ids=["elastic", "waiting"],
 )
 def test_a_pod_lost_mid_epoch_its_node_goes_on_and_takes_its_new_pod_back(two_hosts, prepared, tmp_path, min_nodes):
     """Pod 1 and everything in it killed mid-epoch, as when its node dies. Elastic (min_nodes 1), pod 0's
@@ -255,20 +255,21 @@ def test_a_pod_lost_mid_epoch_its_node_goes_on_and_takes_its_new_pod_back(two_ho
             alone = time.monotonic() - killed
         time.sleep(max(0.0, REPLACED_AFTER_S - (time.monotonic() - killed)))
         spare, spare_out = _start_pods(two_hosts, tmp_path, job, indexes=(1,), tag="-new")
-        back = _until(outputs[0], "world_size=2", seen, [procs[0], *spare])
+        back = _until(outputs[0], "[trainer] strategy=ddp world_size=2", seen, [procs[0], *spare])
         both = time.monotonic() - killed
         logs = _wait([procs[0], *spare], [outputs[0], *spare_out])
     finally:
         _kill_all(procs + spare)
-    resumed = re.findall(r"resumed from checkpoint step-\d+\.pt at step (\d+)", logs[0])
-    mode = "elastic" if min_nodes else "restart"
-    print(f"\nnode loss ({mode}): training again {alone and round(alone, 1)} s after the kill, on 1 node; "
-          f"on 2 again {both:.1f} s after it (the new pod started {REPLACED_AFTER_S} s after); "
-          f"resumed at steps {resumed}")  # fmt: skip
+    resumed = [int(s) for s in re.findall(r"resumed from checkpoint step-\d+\.pt at step (\d+)", logs[0])]
+    alone_words = f"on 1 node {alone:.1f} s after the kill, " if alone is not None else "nothing on 1 node, "
+    print(f"\nnode loss ({'elastic' if min_nodes else 'waiting'}): training again {alone_words}on 2 nodes "
+          f"{both:.1f} s after it; resumed from the checkpoint of step {resumed[0]} (every 50 steps); "
+          f"{resumed[1] - resumed[0] if len(resumed) > 1 else 0} steps of batch 8 trained alone")  # fmt: skip
     result = json.loads((job[3] / "work" / "train_result.json").read_text())
     assert result["world_size"] == 2 and result["epochs"] == EPOCHS and result["val_accuracy"] > 0.5, result
-    assert "[rank 0]:" in logs[1][back - len("world_size=2") :] or "[rank 0]:" in logs[0][back:]
     assert "[rank 1]:" in logs[1] and "[rank 0]:" not in logs[1], logs[1][-3000:]  # the new pod: rank 1
     if min_nodes is not None:
         assert alone is not None and alone < REPLACED_AFTER_S, alone  # it went on before the new pod came
-        assert "resuming on 2 worker(s) what 1 trained" in logs[0][back:] or "resumed from checkpoint" in logs[0][back:]
+        assert "resuming on 2 worker(s) what 1 trained" in logs[0][:back], logs[0][-3000:]
+    else:
+        assert "resuming on" not in logs[0] and "resumed from checkpoint" in logs[0][:back], logs[0][-3000:]

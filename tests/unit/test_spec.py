@@ -122,6 +122,8 @@ def test_only_a_built_in_ddp_training_goes_on_with_fewer_nodes(other):
     assert parse_spec(elastic).resources.elastic
     with pytest.raises(SpecError, match="min_nodes below resources.nodes .elastic. needs a built-in recipe"):
         parse_spec({**elastic, **other})
+    with pytest.raises(SpecError, match="needs distributed.max_restarts of 1 or more"):
+        parse_spec({**elastic, "distributed": {"max_restarts": 0}})
     assert not parse_spec(
         {**other, "resources": {"nodes": 4, "min_nodes": 4}, "backends": {"launcher": "kubernetes"}}
     ).resources.elastic

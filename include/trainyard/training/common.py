@@ -178,7 +178,7 @@ class Checkpoints:
 
 
 def resume_point(
-    state: dict, batches_per_epoch: int, source: str, log, *, world: int = 1, batch_size: int = 1, size: int = 0
+    state: dict, batches_per_epoch: int, source: str, log, *, world: int, batch_size: int, size: int
 ) -> tuple[int, int, int]:
     """(epoch, batches to skip in it, global step) to continue from a checkpoint's data position; a
     checkpoint taken after an epoch's last batch continues with the next epoch.

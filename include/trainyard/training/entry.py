@@ -12,6 +12,7 @@ from trainyard import environment
 from trainyard.files import atomic_write
 from trainyard.training import strategies
 from trainyard.training.loop import train
+from trainyard.training.preemption import ON_SIGTERM_ENV
 from trainyard.training.run_config import RunConfig
 
 REPLAY_DIFFERENCES_FILE = "replay_differences.txt"  # in work/: a replay allowed to differ says how
@@ -38,13 +39,20 @@ def check_environment(cfg: RunConfig, installed: list[str], first: bool) -> None
         atomic_write(work / REPLAY_DIFFERENCES_FILE, (text + "\n").encode())
 
 
+STOPPED_ON_SIGTERM_EXIT = 3  # a pod's workers stopped on SIGTERM, checkpointed: not a finished training
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainyard.training.entry")
     parser.add_argument("--config", required=True, help="RunConfig JSON written by the train task")
     args = parser.parse_args(argv)
     cfg = RunConfig.load(args.config)
     check_environment(cfg, environment.installed(), first=os.environ.get("RANK", "0") == "0")
-    train(cfg, strategies.for_run(cfg))
+    result = train(cfg, strategies.for_run(cfg))
+    if result.get("preempted_at_step") is not None and os.environ.get(ON_SIGTERM_ENV) == "1":
+        # A pod's workers stopped on SIGTERM (its eviction, or torchrun's restart of the group) did not finish:
+        # torchrun restarts the nodes left (elastic) or the pod fails, and a pod 0 that succeeds has the result.
+        return STOPPED_ON_SIGTERM_EXIT
     return 0
 
 

@@ -165,7 +165,8 @@ def trial_stopped(cfg: RunConfig, strategy: Strategy, epoch: int, metrics: dict)
 
 
 def train(cfg: RunConfig, strategy: Strategy, recipe: Recipe | None = None) -> dict:
-    """Run the job's epochs with ``strategy``; rank 0 returns the result record (the others ``{}``). The
+    """Run the job's epochs with ``strategy``; rank 0 returns the result record (the others ``{}``; every
+    rank of workers stopped on the word, ``{"preempted_at_step": step}``). The
     tracker and the process group are closed whatever happens, from the moment they exist. ``recipe``:
     the JobSpec's recipe unless given (``bench/gpu.py`` trains a model of its own through this loop)."""
     strategy.init()
@@ -282,6 +283,12 @@ def _resumed(strategy: Strategy, hp: Hyperparameters, per_epoch: int, size: int)
     total = hp.epochs * per_epoch
     loaded = strategy.load()
     if loaded is None:
+        full = strategy.spec.resources.total_gpus  # learning_rate is for the job's full size
+        if strategy.spec.resources.elastic and strategy.world != full:  # started before every node came
+            strategy.resize(total, lr_scale=strategy.world / full)
+            strategy.log(
+                f"started on {strategy.world} of {full} workers: the learning rate x {strategy.world / full:g}"
+            )
         return 0, 0, 0, total
     source, position = loaded
     torch.set_rng_state(position["rng"])
@@ -366,7 +373,7 @@ def _train(cfg: RunConfig, strategy: Strategy, tracker: Tracker | None, recipe: 
     if steps.stopped:  # no model: the launcher hands the job back to the queue, and its next try resumes
         if rank == 0:
             record_stop(cfg.out_dir, steps.step)
-        return {"preempted_at_step": steps.step} if rank == 0 else {}
+        return {"preempted_at_step": steps.step}  # every rank: a pod's workers exit non-zero on it (entry)
     if pruned_at is not None:  # no model: the launching task ends the trial as pruned and removes its files
         return {"pruned_at_epoch": pruned_at, "steps": steps.step} if rank == 0 else {}
     final = strategy.final_model(recipe, meta, options)

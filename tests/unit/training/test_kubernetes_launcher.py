@@ -128,13 +128,7 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     assert job.spec.completion_mode == "Indexed"
     assert job.spec.parallelism == job.spec.completions == nodes
     assert job.spec.backoff_limit == 0
-    # a pod evicted with its node is started again (no failure); pod 0's success (rank 0's result) is the Job's
-    (rule,) = job.spec.pod_failure_policy.rules
-    assert (rule.action, [(c.type, c.status) for c in rule.on_pod_conditions]) == (
-        "Ignore",
-        [("DisruptionTarget", "True")],
-    )
-    assert [r.succeeded_indexes for r in job.spec.success_policy.rules] == ["0"]
+    assert job.spec.pod_failure_policy is None and job.spec.success_policy is None  # elastic Jobs' only
     assert job.metadata.labels == job.spec.template.metadata.labels == labels
     assert labels["trainyard.io/team"] == "vision" and labels["app.kubernetes.io/name"] == "trainyard"
 
@@ -146,7 +140,7 @@ def test_job_for_every_combination(nodes, strategy, gpu):
     assert [(t.key, t.operator, t.value, t.effect, t.toleration_seconds) for t in pod.tolerations] == [
         ("nvidia.com/gpu", "Exists", None, "NoSchedule", None),
         ("spot", "Equal", "true", "NoExecute", 60),
-        # a lost node's pod evicted after 30 s, not Kubernetes' 300: the Job starts it again elsewhere
+        # a lost node's pod evicted after 30 s, not Kubernetes' 300: its Job fails and the retry resumes
         ("node.kubernetes.io/not-ready", "Exists", None, "NoExecute", 30),
         ("node.kubernetes.io/unreachable", "Exists", None, "NoExecute", 30),
     ]
@@ -231,6 +225,14 @@ def test_an_elastic_job_goes_on_with_min_nodes_and_is_valid_kubernetes(version):
     spec = spec_for({"resources": {"nodes": 4, "min_nodes": 2}})
     (c,) = K.build_job(K.PodRequest(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR)).spec.template.spec.containers
     assert "--nnodes=2:4" in c.command
+    job = K.build_job(K.PodRequest(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR))
+    # a pod evicted with its node is started again (no failure); pod 0's success (rank 0's result) is the Job's
+    (rule,) = job.spec.pod_failure_policy.rules
+    assert (rule.action, [(c.type, c.status) for c in rule.on_pod_conditions]) == (
+        "Ignore",
+        [("DisruptionTarget", "True")],
+    )
+    assert [r.succeeded_indexes for r in job.spec.success_policy.rules] == ["0"]
     conf = f"--rdzv_conf=join_timeout=900,read_timeout=900,last_call_timeout={K.ELASTIC_LAST_CALL_S}"
     assert conf in c.command
     for manifest in K.manifests(K.PodRequest(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR)):

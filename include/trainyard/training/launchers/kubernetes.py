@@ -289,9 +289,10 @@ def _env(s: JobSpec, run_key: str, config_path: str, attempt: int, data_dir: str
 def _tolerations(s: JobSpec) -> list[k8s.V1Toleration]:
     """The spec's tolerations, and, unless it names them, :data:`NODE_LOST_TAINTS` tolerated for
     :data:`NODE_LOST_S` only: a pod whose node stopped answering is evicted then (Kubernetes' default, 300 s,
-    would hold the job's other pods at the rendezvous that long). Its Job starts it again on another node
-    (the eviction is a ``DisruptionTarget``, which the Job's pod failure policy ignores): it rejoins the
-    rendezvous, where the other pods wait for it, or, elastic, have gone on without it."""
+    would hold the job's other pods at the rendezvous that long): its Job fails (``backoffLimit`` 0) and
+    Airflow's retry resumes from the newest checkpoint. An elastic Job starts the pod again instead (its pod
+    failure policy ignores the eviction, a ``DisruptionTarget``), and the new pod rejoins the nodes that went
+    on without it."""
     out = []
     for i, t in enumerate(s.kubernetes.tolerations):
         unknown = sorted(set(t) - set(_TOLERATION_FIELDS))
@@ -446,6 +447,17 @@ def build_service(spec: JobSpec, run_key: str, *, attempt: int = 1) -> k8s.V1Ser
     )
 
 
+_ELASTIC_FAILURE_POLICY = k8s.V1PodFailurePolicy(
+    rules=[
+        k8s.V1PodFailurePolicyRule(
+            action="Ignore",
+            on_pod_conditions=[k8s.V1PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")],
+        )
+    ]
+)
+_ELASTIC_SUCCESS_POLICY = k8s.V1SuccessPolicy(rules=[k8s.V1SuccessPolicyRule(succeeded_indexes="0")])
+
+
 def build_job(request: PodRequest) -> k8s.V1Job:
     """An Indexed Job, one pod per node, all started together, never retried by the cluster; suspended and
     labelled with the team's queue when Kueue admits the trainings."""
@@ -461,20 +473,11 @@ def build_job(request: PodRequest) -> k8s.V1Job:
             completions=spec.resources.nodes,
             parallelism=spec.resources.nodes,
             backoff_limit=0,  # retries are Airflow's: one place decides, and a retry resumes from a checkpoint
-            # A pod lost with its node (evicted: DisruptionTarget) is no failure of the training: the Job
-            # starts it again, and it rejoins its nodes' rendezvous (elastic: they went on without it).
-            pod_failure_policy=k8s.V1PodFailurePolicy(
-                rules=[
-                    k8s.V1PodFailurePolicyRule(
-                        action="Ignore",
-                        on_pod_conditions=[
-                            k8s.V1PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")
-                        ],
-                    )
-                ]
-            ),
-            # rank 0's pod writes the result: its success is the Job's, and ends the other pods
-            success_policy=k8s.V1SuccessPolicy(rules=[k8s.V1SuccessPolicyRule(succeeded_indexes="0")]),
+            # Elastic: a pod lost with its node (evicted: DisruptionTarget) is no failure of the training, the Job
+            # starts it again and it rejoins the nodes that went on without it; rank 0's pod writes the result,
+            # so its success is the Job's and ends the other pods (successPolicy: Kubernetes 1.33 and later).
+            pod_failure_policy=_ELASTIC_FAILURE_POLICY if spec.resources.elastic else None,
+            success_policy=_ELASTIC_SUCCESS_POLICY if spec.resources.elastic else None,
             ttl_seconds_after_finished=JOB_TTL_S,
             template=pod_template(request, resources),
         ),
