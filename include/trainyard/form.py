@@ -187,6 +187,21 @@ def _field(path: str, node: dict[str, Any], defaults: Mapping[str, Any], section
     return FormField(default=default, description=description, schema=schema)
 
 
+def _priced(config: ResourcesConfig, gpu_type: str) -> str:
+    """How the form lists ``gpu_type``: its price per GPU-hour and its GPUs, or for a type partitioned with
+    MIG each profile's price per slice-hour and its slices (:attr:`ResourcesConfig.slot_types`)."""
+    gpu = config.gpu_types[gpu_type]
+    if not gpu.mig_profiles:
+        return f"{gpu_type}: ${gpu.price_per_hour:.2f} per GPU-hour, {gpu.slots} in the fleet"
+    slices = {
+        name.removeprefix(f"{gpu_type}."): slot
+        for name, slot in config.slot_types.items()
+        if name.startswith(f"{gpu_type}.")
+    }
+    each = ", ".join(f"{p} ${s.price_per_hour:.2f} per slice-hour ({s.slots})" for p, s in slices.items())
+    return f"{gpu_type}: MIG slices, name one in resources.mig_profile: {each}"
+
+
 def _choices(
     placed: dict[str, FormField], defaults: Mapping[str, Any], config: ResourcesConfig | None, team: str | None
 ) -> None:
@@ -200,16 +215,15 @@ def _choices(
     res = defaults["resources"]
     gpus = res["nodes"] * res["gpus_per_node"]
     types = list(config.gpu_types)
-    shown = {
-        t: f"{t}: ${g.price_per_hour:.2f} per GPU-hour, {g.slots} in the fleet" for t, g in config.gpu_types.items()
-    }
-    worst = ", ".join(f"{t} ${res['max_hours'] * gpus * g.price_per_hour:,.2f}" for t, g in config.gpu_types.items())
+    shown = {t: _priced(config, t) for t in types}
+    # what a job's slots are priced at: a whole GPU, or on a type partitioned with MIG each profile's slice
+    worst = ", ".join(f"{t} ${res['max_hours'] * gpus * g.price_per_hour:,.2f}" for t, g in config.slot_types.items())
     field = placed["resources.gpu_type"]
     placed["resources.gpu_type"] = FormField(
         field.default,
-        f"{field.description}. A job's worst-case cost is max hours x GPUs x its type's price; admission refuses "
-        f"a job whose worst case is more than its team's budget has left. At {res['max_hours']:g} h on {gpus} "
-        f"GPU(s): {worst}",
+        f"{field.description}. A job's worst-case cost is max hours x GPUs (or MIG slices) x their price; "
+        f"admission refuses a job whose worst case is more than its team's budget has left. At "
+        f"{res['max_hours']:g} h on {gpus} GPU(s): {worst}",
         {
             **field.schema,
             "enum": [*types, *([field.default] if field.default not in types else [])],

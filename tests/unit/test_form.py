@@ -73,6 +73,18 @@ def test_gpu_types_and_teams_are_choices_from_the_resources_file_with_prices():
     )
     worst = DEFAULTS["resources"]["max_hours"] * DEFAULTS["resources"]["gpus_per_node"] * h100.price_per_hour
     assert f"h100-80gb ${worst:,.2f}" in gpu_type.description
+    # a type partitioned with MIG: priced per slice of each profile (a 1g of 3 x 1g + 2 x 2g: 1/7 of the GPU)
+    mig = config.gpu_types["a100-mig"]
+    one_g = config.slot_types["a100-mig.1g.10gb"]
+    assert one_g.price_per_hour == pytest.approx(mig.price_per_hour / 7)
+    assert gpu_type.schema["values_display"]["a100-mig"] == (
+        f"a100-mig: MIG slices, name one in resources.mig_profile: 1g.10gb ${one_g.price_per_hour:.2f} per "
+        f"slice-hour ({one_g.slots}), 2g.20gb ${config.slot_types['a100-mig.2g.20gb'].price_per_hour:.2f} per "
+        f"slice-hour ({config.slot_types['a100-mig.2g.20gb'].slots})"
+    )
+    worst_slice = DEFAULTS["resources"]["max_hours"] * DEFAULTS["resources"]["gpus_per_node"] * one_g.price_per_hour
+    assert f"a100-mig.1g.10gb ${worst_slice:,.2f}" in gpu_type.description
+    assert "a100-mig $" not in gpu_type.description  # no whole GPU of it is ever priced
     assert fields["resources.team"].schema["enum"] == list(config.teams)
     # a team's own DAG: its team is fixed (Airflow's form hides an input with a const)
     own = form_fields({**DEFAULTS, "resources": {**DEFAULTS["resources"], "team": "vision"}}, config, "vision")

@@ -296,8 +296,8 @@ def _resumed(strategy: Strategy, hp: Hyperparameters, per_epoch: int, size: int)
     epoch, skip, step = resume_point(
         position, per_epoch, source, strategy.log, world=world, batch_size=hp.batch_size, size=size
     )
+    total = step + (hp.epochs - epoch) * per_epoch - skip  # after a resize, not epochs x per_epoch
     if then != world:
-        total = step + (hp.epochs - epoch) * per_epoch - skip
         strategy.resize(total, lr_scale=world / then)
         strategy.log(
             f"{then} -> {world} worker(s): the learning rate follows the global batch ({hp.batch_size} x {world}), "
