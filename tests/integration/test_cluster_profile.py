@@ -18,6 +18,8 @@ team limit binds), and it serves the replay's DAG beside the pipelines (a second
   records, through ``trainyard report utilisation``, never more slots allocated than exist, no team above
   its quota plus its borrowing limit (for more than a handover's moment); borrowing happened; every job
   finishes; the large job starts within the wait bound; the cost report has the run's GPU time.
+- A MIG type runs a job per slice at once: seven one-slice jobs through the replay's DAG, six at a time on
+  the host that lists the slices.
 - The whole profile stops and starts again (``down``, ``up``): runs, registered versions and a job waiting
   in the ledger for its GPUs are all still there, and the waiting job trains once its GPUs are free.
 """
@@ -29,6 +31,7 @@ import shutil
 import signal
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -54,6 +57,7 @@ FLEET = REPO / "tests" / "fixtures" / "replay_fleet.yaml"
 TIME_SCALE = 60  # the replay's: max_wait_minutes is scaled by it
 MEDIAN_S = 8
 H100_HOST = "worker-h100"
+MIG_HOLD_S = 30  # long enough for six to start before the first ends
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +94,9 @@ def _start_h100_host(cluster) -> None:
     cluster.start_worker(H100_HOST, cluster_profile.Worker(1, gpus=f"h100-80gb={','.join(map(str, range(8)))}"))
 
 
-def _ran(cluster, worker: str, run_id: str, task: str) -> bool:
-    """Whether ``worker``'s log says it ran ``task`` of the pipeline's run ``run_id``."""
-    return f"dag_id={DAG}/run_id={run_id}/task_id={task}/" in (cluster.logs / f"{worker}.log").read_text()
+def _ran(cluster, worker: str, run_id: str, task: str, dag: str = DAG) -> bool:
+    """Whether ``worker``'s log says it ran ``task`` of ``dag``'s (the pipeline's) run ``run_id``."""
+    return f"dag_id={dag}/run_id={run_id}/task_id={task}/" in (cluster.logs / f"{worker}.log").read_text()
 
 
 def _in_training(p: psutil.Process) -> bool:
@@ -358,6 +362,39 @@ def test_a_job_stream_admitted_by_two_workers_keeps_every_limit_and_finishes(clu
         admits = [line for line in log.splitlines() if "dag_id=scheduler_replay/run_id=j" in line]
         admits = [line for line in admits if "/task_id=admit/" in line]
         assert admits, f"{worker} ran no admission of the trace:\n{log[-3000:]}"
+
+
+def test_a_mig_type_runs_a_job_per_slice_at_once_and_no_more(cluster):
+    """Seven one-slice jobs of the fleet's MIG type (two A100s cut into 3 x 1g.10gb + 2 x 2g.20gb each: six
+    1g slices) through the replay's DAG: six hold their slices at once, on the one host whose inventory
+    lists them, and the seventh starts once one has ended. (Before slices were counted, the type's pool had 2
+    slots: 2 jobs at a time.)"""
+    mig_host = "worker-a100-mig"
+    cluster.start_worker(
+        mig_host, cluster_profile.Worker(3, gpus="a100-mig.1g.10gb=" + ",".join(f"MIG-{i}" for i in range(6)))
+    )
+    api = airflow_services.OnCluster(cluster)
+    headers = api.headers("admin")
+    resources = {"team": "vision", "gpu_type": "a100-mig", "mig_profile": "1g.10gb", "nodes": 1, "gpus_per_node": 1}
+    runs = [
+        api.trigger(scheduler_replay.DAG, {"resources": resources, "hold_seconds": MIG_HOLD_S}, headers)
+        for _ in range(7)
+    ]
+    spans = []
+    for run_id in runs:
+        assert api.wait_run(scheduler_replay.DAG, run_id, headers, 600)["state"] == "success", api.failure_report(
+            scheduler_replay.DAG, run_id, headers
+        )
+        train = api.task_instances(scheduler_replay.DAG, run_id, headers)["train"]
+        assert (train["pool"], train["pool_slots"], train["queue"]) == (
+            "gpu-a100-mig.1g.10gb", 1, "gpu-a100-mig.1g.10gb"
+        ), train  # fmt: skip
+        assert _ran(cluster, mig_host, run_id, "train", dag=scheduler_replay.DAG), run_id
+        spans.append((datetime.fromisoformat(train["start_date"]), datetime.fromisoformat(train["end_date"])))
+    at_once = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert at_once == 6, sorted(spans)
+    last = max(spans)  # the seventh to start: after the first of the others ended
+    assert last[0] >= min(e for s, e in spans if (s, e) != last), sorted(spans)
 
 
 def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster):

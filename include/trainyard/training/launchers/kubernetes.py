@@ -37,6 +37,8 @@ ranks itself and, unlike static, re-rendezvouses every node when one restarts (`
 hosts the store because the endpoint is its fully qualified name, which its own /etc/hosts already maps
 (torch's ``_matches_machine_hostname``), so hosting does not wait for DNS; other pods retry name lookup
 and connection until ``RDZV_TIMEOUT_S``. Starting the gang together is the cluster's job (e.g. Kueue).
+c10d numbers the nodes of a round in the order of their names, so pod 0 (``<job>-0.``, first) is group rank 0,
+which writes the result, in every round it is in; an elastic Job's success is therefore pod 0's.
 """
 
 from __future__ import annotations
