@@ -12,7 +12,8 @@ step. A check every step cost the digits recipe's two CPU workers 12 % of their 
 collective of about 0.7 ms): after :data:`TIMED_STEPS` steps the ranks agree on a period of about
 :data:`CHECK_EVERY_S` of steps (every step for a step that long), so the word is agreed within two periods. The loop
 (:mod:`trainyard.training.loop`) then writes a checkpoint at that step, rank 0 writes :data:`STOPPED_FILE`,
-and the workers end with status 0.
+and the workers end with status 0, or in a pod (SIGTERM heard) with 3 (``entry.STOPPED_ON_SIGTERM_EXIT``): a
+stopped pod is never a finished one, and the nodes left of an elastic job start again without it.
 """
 
 from __future__ import annotations
