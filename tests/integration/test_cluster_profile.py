@@ -57,7 +57,7 @@ FLEET = REPO / "tests" / "fixtures" / "replay_fleet.yaml"
 TIME_SCALE = 60  # the replay's: max_wait_minutes is scaled by it
 MEDIAN_S = 8
 H100_HOST = "worker-h100"
-MIG_HOLD_S = 30  # long enough for six to start before the first ends
+MIG_HOLD_S = 60  # long enough for six to start before the first ends, on a loaded machine too
 
 
 @pytest.fixture(scope="module")
