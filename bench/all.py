@@ -128,6 +128,13 @@ BENCHES = (
         in_all=False,  # root, network namespaces; about two minutes
     ),
     Bench(
+        "worker-loss",
+        "A dead Celery worker on the cluster profile: its job training again on another host",
+        ("bench/worker_loss.py",),
+        ("bench/worker_loss.py",),  # one size: the timeouts it measures are fixed
+        in_all=False,  # the cluster profile; about six minutes
+    ),
+    Bench(
         "scheduler-celery",
         "Scheduler replay on the cluster profile: the same job stream through the CeleryExecutor, the ledger in "
         "PostgreSQL",

@@ -267,7 +267,8 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
 
     api.wait(retry_trains, 600, f"the retry to train on {survivor}")
     recovered_s = time.monotonic() - died
-    print(f"\nworker {first} killed: training again on {survivor} {recovered_s:.1f} s later")
+    print(f"\nworker {first} killed: training again on {survivor} {recovered_s:.1f} s later, from its checkpoint "
+          f"(the task heartbeat timeout: {HEARTBEAT_TIMEOUT_S} s)")  # fmt: skip
     assert recovered_s <= RECOVERY_GOAL_S, f"training again {recovered_s:.0f} s after the worker's death"
     # No false alarm: the retry's training processes stopped (SIGSTOP, as a step or a checkpoint that takes
     # longer than the heartbeat timeout) past the timeout are not taken for a dead host: the task's supervisor
