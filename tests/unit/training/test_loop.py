@@ -133,6 +133,21 @@ def test_a_checkpoint_of_two_workers_resumes_on_one_by_samples_with_half_the_lea
     assert all(b <= a for (_, a), (_, b) in zip(rates, rates[1:], strict=False))
 
 
+def test_an_elastic_job_started_short_of_its_nodes_scales_its_learning_rate_to_them(tmp_path, prepared, capsys):
+    """learning_rate is for the job's full size (2 nodes x 1 worker): begun by one worker (its other node not
+    there yet), the rate is halved, as it would be after losing that node."""
+    elastic = {
+        "resources": {"nodes": 2, "min_nodes": 1, "gpus_per_node": 1},
+        "backends": {"launcher": "kubernetes"},
+        "tracking": {"log_every_steps": 1},
+    }
+    cfg = _cfg(tmp_path, prepared, **elastic)
+    train(cfg, strategies.for_run(cfg))
+    assert "started on 1 of 2 workers: the learning rate x 0.5" in capsys.readouterr().out
+    rates = _scalars(tmp_path / "tb", "train/lr")
+    assert rates[0] == (1, pytest.approx(0.05))
+
+
 def test_every_step_is_a_point_when_asked(tmp_path, prepared):
     cfg = _cfg(tmp_path, prepared, tracking={"log_every_steps": 1})
     steps = train(cfg, strategies.for_run(cfg))["steps"]
