@@ -271,6 +271,6 @@ def test_a_pod_lost_mid_epoch_its_node_goes_on_and_takes_its_new_pod_back(two_ho
     if min_nodes is not None:
         # it went on alone (the new pod is started only once it has), then took the new pod back
         assert "resuming on 2 worker(s) what 1 trained" in logs[0][:back], logs[0][-3000:]
-        assert len(resumed) == 2 and resumed[1] > resumed[0], resumed  # steps trained by one node meanwhile
+        assert len(resumed) >= 2 and resumed[1] > resumed[0], resumed  # steps trained by one node meanwhile
     else:
         assert "resuming on" not in logs[0] and "resumed from checkpoint" in logs[0][:back], logs[0][-3000:]
