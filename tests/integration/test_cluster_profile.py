@@ -374,24 +374,27 @@ def test_a_mig_type_runs_a_job_per_slice_at_once_and_no_more(cluster):
     cluster.start_worker(
         mig_host, cluster_profile.Worker(3, gpus="a100-mig.1g.10gb=" + ",".join(f"MIG-{i}" for i in range(6)))
     )
-    api = airflow_services.OnCluster(cluster)
-    headers = api.headers("admin")
-    resources = {"team": "vision", "gpu_type": "a100-mig", "mig_profile": "1g.10gb", "nodes": 1, "gpus_per_node": 1}
-    runs = [
-        api.trigger(scheduler_replay.DAG, {"resources": resources, "hold_seconds": MIG_HOLD_S}, headers)
-        for _ in range(7)
-    ]
-    spans = []
-    for run_id in runs:
-        assert api.wait_run(scheduler_replay.DAG, run_id, headers, 600)["state"] == "success", api.failure_report(
-            scheduler_replay.DAG, run_id, headers
-        )
-        train = api.task_instances(scheduler_replay.DAG, run_id, headers)["train"]
-        assert (train["pool"], train["pool_slots"], train["queue"]) == (
-            "gpu-a100-mig.1g.10gb", 1, "gpu-a100-mig.1g.10gb"
-        ), train  # fmt: skip
-        assert _ran(cluster, mig_host, run_id, "train", dag=scheduler_replay.DAG), run_id
-        spans.append((datetime.fromisoformat(train["start_date"]), datetime.fromisoformat(train["end_date"])))
+    try:
+        api = airflow_services.OnCluster(cluster)
+        headers = api.headers("admin")
+        resources = {"team": "vision", "gpu_type": "a100-mig", "mig_profile": "1g.10gb", "nodes": 1, "gpus_per_node": 1}
+        runs = [
+            api.trigger(scheduler_replay.DAG, {"resources": resources, "hold_seconds": MIG_HOLD_S}, headers)
+            for _ in range(7)
+        ]
+        spans = []
+        for run_id in runs:
+            assert api.wait_run(scheduler_replay.DAG, run_id, headers, 600)["state"] == "success", api.failure_report(
+                scheduler_replay.DAG, run_id, headers
+            )
+            train = api.task_instances(scheduler_replay.DAG, run_id, headers)["train"]
+            assert (train["pool"], train["pool_slots"], train["queue"]) == (
+                "gpu-a100-mig.1g.10gb", 1, "gpu-a100-mig.1g.10gb"
+            ), train  # fmt: skip
+            assert _ran(cluster, mig_host, run_id, "train", dag=scheduler_replay.DAG), run_id
+            spans.append((datetime.fromisoformat(train["start_date"]), datetime.fromisoformat(train["end_date"])))
+    finally:
+        cluster.kill(mig_host)  # its worker retires its announcement: the next test's hosts are the fixture's
     at_once = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
     assert at_once == 6, sorted(spans)
     last = max(spans)  # the seventh to start: after the first of the others ended
