@@ -90,8 +90,9 @@ def cluster():
 
 def _start_h100_host(cluster) -> None:
     """The one host with H100s (the replay's stand-ins hold up to 8 of them): the other GPU workers serve the
-    `cpu` type alone."""
-    cluster.start_worker(H100_HOST, cluster_profile.Worker(1, gpus=f"h100-80gb={','.join(map(str, range(8)))}"))
+    `cpu` type alone. Four of the job stream's stand-ins start at once (each takes a worker slot until it
+    defers): with one, a slow machine started them too far apart for any team to borrow."""
+    cluster.start_worker(H100_HOST, cluster_profile.Worker(4, gpus=f"h100-80gb={','.join(map(str, range(8)))}"))
 
 
 def _ran(cluster, worker: str, run_id: str, task: str, dag: str = DAG) -> bool:
