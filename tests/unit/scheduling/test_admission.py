@@ -370,17 +370,15 @@ def test_concurrent_processes_never_admit_past_capacity_or_quota(store):
     assert in_processes(_worker, [(path, FLEET, seed, 12) for seed in range(4)], timeout=600) == [[]] * 4
 
 
+def _a100s(count: int, **teams: str):
+    """A fleet of one GPU type, ``count`` a100s at 1.0 an hour, and ``teams``: each team's name and the
+    inside of its mapping in resources.yaml (``quota: {a100: 2}``)."""
+    listed = "".join(f"  {name}: {{{body}}}\n" for name, body in teams.items())
+    return parse_resources(f"gpu_types:\n  a100: {{count: {count}, price_per_hour: 1.0}}\nteams:\n{listed}")
+
+
 def test_a_lending_limit_holds_while_others_borrow(store):
-    cfg = parse_resources(
-        """\
-gpu_types:
-  a100: {count: 10, price_per_hour: 1.0}
-teams:
-  a: {quota: {a100: 4}}
-  b: {quota: {a100: 3}}
-  c: {quota: {a100: 3}, lending_limit: {a100: 1}}
-"""
-    )
+    cfg = _a100s(10, a="quota: {a100: 4}", b="quota: {a100: 3}", c="quota: {a100: 3}, lending_limit: {a100: 1}")
     ledger = Ledger(store("lend"), cfg)
     assert ledger.request(Job("b1", "b", "a100", 5, 1, 1.0)).admitted  # 2 borrowed: a's idle and c's 1
     refused = ledger.request(Job("a1", "a", "a100", 5, 1, 1.0))  # would borrow 1 more: only c's kept 2 are left
@@ -391,16 +389,7 @@ teams:
 def test_a_lender_taking_its_quota_back_waits_rather_than_take_another_teams_reserve(store):
     """c lends nothing: its 2 slots are its own whatever happens. When a wants back the quota b borrowed,
     the free slots are c's, so a waits for b (nothing running is preempted), and c still gets its own."""
-    cfg = parse_resources(
-        """\
-gpu_types:
-  a100: {count: 6, price_per_hour: 1.0}
-teams:
-  a: {quota: {a100: 2}}
-  b: {quota: {a100: 2}}
-  c: {quota: {a100: 2}, lending_limit: {a100: 0}}
-"""
-    )
+    cfg = _a100s(6, a="quota: {a100: 2}", b="quota: {a100: 2}", c="quota: {a100: 2}, lending_limit: {a100: 0}")
     ledger = Ledger(store("reserve"), cfg)
     assert ledger.request(Job("b1", "b", "a100", 4, 1, 1.0)).admitted  # borrows a's idle 2
     back = ledger.request(Job("a1", "a", "a100", 1, 1, 1.0))
@@ -415,19 +404,10 @@ teams:
 def test_a_fleet_already_lending_too_much_still_admits_what_makes_it_no_worse(store):
     """After the file lowers a lending limit, what is running may lend more than the new limits allow: a job
     that makes that no worse (one of a team that lends nothing) still starts."""
-    before = """\
-gpu_types:
-  a100: {count: 6, price_per_hour: 1.0}
-teams:
-  a: {quota: {a100: 2}}
-  b: {quota: {a100: 2}}
-  r: {quota: {a100: 2}, lending_limit: {a100: 0}}
-"""
-    ledger = Ledger(store("edit"), parse_resources(before))
+    reserved = "quota: {a100: 2}, lending_limit: {a100: 0}"
+    ledger = Ledger(store("edit"), _a100s(6, a="quota: {a100: 2}", b="quota: {a100: 2}", r=reserved))
     assert ledger.request(Job("b1", "b", "a100", 4, 1, 1.0)).admitted  # borrows a's idle 2
-    ledger.config = parse_resources(
-        before.replace("a: {quota: {a100: 2}}", "a: {quota: {a100: 2}, lending_limit: {a100: 0}}")
-    )
+    ledger.config = _a100s(6, a=reserved, b="quota: {a100: 2}", r=reserved)
     assert ledger.request(Job("r1", "r", "a100", 1, 1, 1.0)).admitted  # r's own reserve, no worse for anyone
     refused = ledger.request(Job("b2", "b", "a100", 1, 1, 1.0))
     assert not refused.admitted and "0 are lendable" in refused.message

@@ -2,6 +2,7 @@
 runner, and launch() writing a usage record for every try, failed and interrupted ones too."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -221,6 +222,13 @@ def _custom(tmp_path: Path, code: str):
     return spec, prepared_in(tmp_path / "prepared"), run_dir
 
 
+def _preempted(spec, data, run_dir: Path, on_line, preemption: local.Preemption) -> local.Preempted:
+    """What ``launch`` raises for a job told to stop by ``preemption``: it must stop, never end normally."""
+    with pytest.raises(local.Preempted) as stopped:
+        local.launch(spec, data, run_dir=str(run_dir), config_path="c.json", on_line=on_line, preemption=preemption)
+    return stopped.value
+
+
 def test_no_worker_gets_the_tasks_secrets():
     task_env = {
         "PATH": "/usr/bin",
@@ -354,15 +362,8 @@ def test_a_custom_program_told_by_sigterm_ends_in_its_grace_and_the_launch_is_pr
         if line.endswith("worker up"):
             word.set()
 
-    with pytest.raises(local.Preempted, match="its program ended after SIGTERM .*same arguments"):
-        local.launch(
-            spec,
-            data,
-            run_dir=str(run_dir),
-            config_path="c.json",
-            on_line=on_line,
-            preemption=local.Preemption(word, 20),
-        )
+    stopped = _preempted(spec, data, run_dir, on_line, local.Preemption(word, 20))
+    assert re.search("its program ended after SIGTERM .*same arguments", str(stopped)), stopped
     assert any(line.endswith("checkpointed within 20") for line in lines)
     (record,) = usage.tries(run_dir)
     assert record["ended"] - record["started"] < 30
@@ -378,13 +379,7 @@ def test_a_custom_program_deaf_to_sigterm_is_killed_after_its_grace(tmp_path):
     spec, data, run_dir = _custom(tmp_path, code)
     word = threading.Event()
     started = time.monotonic()
-    with pytest.raises(local.Preempted, match="did not end within the 2 s grace and were killed"):
-        local.launch(
-            spec,
-            data,
-            run_dir=str(run_dir),
-            config_path="c.json",
-            on_line=lambda line: word.set() if line.endswith("worker up") else None,
-            preemption=local.Preemption(word, 2),
-        )
+    on_line = lambda line: word.set() if line.endswith("worker up") else None  # noqa: E731
+    stopped = _preempted(spec, data, run_dir, on_line, local.Preemption(word, 2))
+    assert "did not end within the 2 s grace and were killed" in str(stopped)
     assert time.monotonic() - started < 30
