@@ -256,17 +256,15 @@ def _cells(values: list[Any], tag: str = "td") -> str:
     return "<tr>" + "".join(f"<{tag}>{escape('' if v is None else str(v))}</{tag}>" for v in values) + "</tr>"
 
 
-def _job_rows(jobs: list[dict[str, Any]]) -> str:
+def _job_rows(jobs: list[dict[str, Any]], waiting: bool) -> str:
+    """A table's rows of holding or (``waiting``) waiting jobs; a waiting job's last cell is its start."""
     rows = []
     for j in jobs:
         if "run" in j:
-            rows.append(
-                _cells(
-                    [j["team"], j["user"] or "-", j["gpus"], j["priority"], j["waited_minutes"], j["run"], j["reason"]]
-                )
-            )
+            values = [j["team"], j["user"] or "-", j["gpus"], j["priority"], j["waited_minutes"], j["run"], j["reason"]]
         else:  # another team's job: what everyone may see of it
-            rows.append(_cells([j["team"], "-", j["gpus"], j["priority"], "-", "-", "(another team's job)"]))
+            values = [j["team"], "-", j["gpus"], j["priority"], "-", "-", "(another team's job)"]
+        rows.append(_cells([*values, j.get("start") or "-"] if waiting else values))
     return "".join(rows)
 
 
@@ -293,11 +291,13 @@ def render(view: dict[str, Any]) -> str:
     for t in view["gpu_types"]:
         parts.append(
             f"<h2>{escape(t['gpu_type'])}: {t['in_use']} of {t['slots']} slots in use, {t['free']} free "
-            f"({t['price_per_hour']:g} an hour a slot)</h2>"
+            f"({t['price_per_hour']:.2f} an hour a slot)</h2>"
         )
         for title, jobs in (("holding", t["holders"]), ("waiting", t["waiting"])):
+            waiting = title == "waiting"
             if jobs:
-                parts.append(f"<h3>{title}</h3><table>{_cells(header, 'th')}{_job_rows(jobs)}</table>")
+                names = _cells([*header, "start"] if waiting else header, "th")
+                parts.append(f"<h3>{title}</h3><table>{names}{_job_rows(jobs, waiting)}</table>")
         if not t["holders"] and not t["waiting"]:
             parts.append("<p>no job holds or waits for it</p>")
     parts.append(_host_table(view.get("hosts") or []))

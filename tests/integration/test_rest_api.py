@@ -38,6 +38,8 @@ def airflow(tmp_path_factory):
     # tina, who may trigger runs and nothing more, in team default only (resources.yaml)
     af.setup(users="admin:admin,ann:viewer,bob:op,tina:user")
     af.start(teams=("default",))  # every run here is team default's (vision's is refused before it runs)
+    headers = af.headers("admin")  # every test may trigger at once, whichever runs first
+    af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 600, "the DAG")
     yield af
     af.stop()
 
@@ -335,15 +337,16 @@ def _the_jobs_and_fleet_pages_show_them(airflow, headers, holder, waiting, reaso
     )
     assert "/#/experiments/" in training["links"]["mlflow"] and "curves" in training["links"]
     assert (queued["stage"], queued["place"], queued["reason"]) == ("waiting for GPUs", "1 of 1", reason)
+    assert queued["start"].startswith("starts by "), queued  # the holder's max_hours bound it
     assert queued["note"] == "waiting: digits_cnn on 2 x cpu, team default"  # the note the scheduler gave it
     with browser.logged_in(airflow, "tina") as b:
         b.open("/plugin/jobs")  # the page as the UI's navigation shows it, in the UI's frame
         shown = b.wait_for(lambda: (t := b.text()) and "waiting for GPUs" in t and t, 60, "the Jobs page")
-        assert "epoch 3/10, 512 samples/s, ETA 95 s" in shown and f"1 of 1: {reason}" in shown, shown
+        assert "epoch 3/10, 512 samples/s, ETA 95 s" in shown and f"1 of 1: {reason}; {queued['start']}" in shown, shown
         b.screenshot("jobs-page")
         b.open("/plugin/fleet")
         shown = b.wait_for(lambda: (t := b.text()) and "slots in use" in t and t, 60, "the Fleet page")
-        assert "cpu: 2 of 2 slots in use, 0 free" in shown and reason in shown, shown
+        assert "cpu: 2 of 2 slots in use, 0 free" in shown and reason in shown and queued["start"] in shown, shown
         assert re.search(r"Utilisation, last 24 h: \d+%", shown) and re.search(r"cpu \d+%", shown), shown
         b.wait_for(  # the chart, drawn from Airflow's task records, loaded by the browser with the page's login
             lambda: b.driver.execute_script(
@@ -375,7 +378,6 @@ def test_the_trigger_form_has_an_input_per_field_names_a_bad_value_and_submits_a
 
     admin = airflow.headers("admin")
     one_run = f"{airflow.url}/api/v2/dags/{DAG}/dagRuns"
-    airflow.wait(lambda: requests.get(f"{airflow.url}/api/v2/dags/{DAG}", headers=admin, timeout=10).ok, 600, "the DAG")
 
     def from_the_form():
         runs = requests.get(f"{one_run}?order_by=-run_after&limit=5", headers=admin, timeout=10).json()["dag_runs"]

@@ -1,6 +1,8 @@
 """The Fleet page's HTML (trainyard_airflow.pages.render): what a user chose (a run id, a reason naming a
 job) is text on the page, never markup."""
 
+from html import escape
+
 from trainyard_airflow.pages import render
 
 
@@ -48,7 +50,7 @@ def test_the_fleet_page_escapes_what_users_chose():
     assert "Utilisation, last 24 h: 50%</h2><p>a100 50%</p>" in page and 'src="fleet/utilisation.png"' in page
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "behind &lt;b&gt;x&lt;/b&gt;" in page
-    assert "a100: 4 of 4 slots in use, 0 free (2.5 an hour a slot)" in page
+    assert "a100: 4 of 4 slots in use, 0 free (2.50 an hour a slot)" in page
     assert "(another team&#x27;s job)" in page and "(not your team)" in page
 
 
@@ -76,6 +78,8 @@ def test_the_fleet_shows_a_team_its_own_jobs_and_money_and_others_only_what_ever
     assert mine["run"] == "train_pipeline.vision/r2" and mine["user"] == "tina" and mine["why"] == "slots_in_use"
     nlp_ends = next(e.admitted for e in ledger.entries() if e.admitted is not None) + 3600  # its max_hours
     assert mine["starts_by"] == nlp_ends and mine["start"].startswith("starts by ")
+    page = render(view)  # the waiting table says when each job starts; the holding one has no such column
+    assert page.count("<th>start</th>") == 1 and f"<td>{escape(mine['start'])}</td>" in page
     teams = {t["team"]: t for t in view["teams"]}
     assert teams["vision"]["budget"] == 100 and teams["vision"]["left"] is not None
     assert "spent" not in teams["nlp"] and teams["nlp"]["quota"] == {"a100": 2}  # the inventory is everyone's
