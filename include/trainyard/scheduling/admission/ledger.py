@@ -150,7 +150,8 @@ class Ledger:
             (now - HOSTS_KEPT_S,),
         )
         config = self.config
-        entries = [e for e in self._entries(conn) if e.job.gpu_type in config.slot_types and e.job.team in config.teams]
+        types, teams = config.slot_types, config.teams  # each read once: a model's attribute is slow to get
+        entries = [e for e in self._entries(conn) if e.job.gpu_type in types and e.job.team in teams]
         verdicts = plan(config, entries, now, spend, PreemptionRules.of(config), served=self._served(conn, now))
         for job_id, verdict in verdicts.items():
             if verdict.admitted:

@@ -106,12 +106,13 @@ class WaitReason(enum.StrEnum):
 
     @property
     def fleet(self) -> bool:
-        return self in (
-            WaitReason.SLOTS_IN_USE,
-            WaitReason.NOT_LENDABLE,
-            WaitReason.QUOTA_LENT_OUT,
-            WaitReason.PREEMPTING,
-        )
+        return self in _FLEET_REASONS
+
+
+# asked twice of each waiting job in a decision: a set's look-up, not a tuple's comparisons
+_FLEET_REASONS = frozenset(
+    {WaitReason.SLOTS_IN_USE, WaitReason.NOT_LENDABLE, WaitReason.QUOTA_LENT_OUT, WaitReason.PREEMPTING}
+)
 
 
 @dataclass(frozen=True)
@@ -463,10 +464,12 @@ def _after_preemptions(entries: list[Entry], gpu_type: str, used: dict[str, int]
     """The teams' use of ``gpu_type`` once the preemptions under way are done: each victim gone, the job it
     was preempted for running."""
     after = dict(used)
+    victims = [e for e in entries if e.preempted_for and e.admitted is not None and e.job.gpu_type == gpu_type]
+    if not victims:  # the usual case: nothing to look up among the waiting jobs
+        return after
+    for e in victims:
+        after[e.job.team] -= e.job.slots
     waiting = {e.job.id: e.job for e in entries if e.admitted is None}
-    for e in entries:
-        if e.admitted is not None and e.job.gpu_type == gpu_type and e.preempted_for:
-            after[e.job.team] -= e.job.slots
     for job_id in {e.preempted_for for e in entries if e.preempted_for and e.job.gpu_type == gpu_type}:
         if job_id in waiting:
             after[waiting[job_id].team] += waiting[job_id].slots
@@ -502,6 +505,24 @@ class _DecisionMemo:
         return found
 
 
+def _in_look_order(waiting: list[Entry], used: dict[str, int], quotas: dict[str, int], bound: float) -> list[Entry]:
+    """A type's waiting jobs in the order they are looked at: those waiting since before ``bound`` (past the
+    wait bound) first, then those within their team's quota (``quotas``, with its ``used`` slots), then by
+    priority, by arrival and by id."""
+
+    def key(e: Entry) -> tuple:
+        job = e.job
+        return (
+            e.waiting_from > bound,
+            used[job.team] + job.slots > quotas[job.team],
+            -job.priority,
+            e.enqueued,
+            job.id,
+        )
+
+    return sorted(waiting, key=key)
+
+
 def _plan_type(
     config: ResourcesConfig,
     entries: list[Entry],
@@ -519,18 +540,12 @@ def _plan_type(
     holding = [e for e in entries if e.admitted is not None and e.job.gpu_type == gpu_type]  # who may be preempted
     # (when it ends at the latest, slots, team): what a reservation counts on
     running = [((e.admitted or 0.0) + e.job.max_hours * 3600, e.job.slots, e.job.team) for e in holding]
-
-    def within(job: Job) -> bool:
-        return used[job.team] + job.slots <= config.quota(job.team, gpu_type)
-
-    def key(e: Entry) -> tuple:
-        return (now - e.waiting_from < max_wait, not within(e.job), -e.job.priority, e.enqueued, e.job.id)
-
+    quotas = {team: config.quota(team, gpu_type) for team in config.teams}  # asked twice a waiting job
     after, claimed, memo = _after_preemptions(entries, gpu_type, used), set[str](), _DecisionMemo(holding)
     no_borrowing: Verdict | None = None
     starving: Entry | None = None  # a job past the bound, waiting for slots: it holds a reservation
     verdicts: dict[str, Verdict] = {}
-    for e in sorted(waiting, key=key):
+    for e in _in_look_order(waiting, used, quotas, now - max_wait):
         if admissions_only and preemption is None and sum(used.values()) >= capacity:
             break
         job = e.job
@@ -571,7 +586,7 @@ def _plan_type(
             fleet = room.reason is not None and room.reason.fleet
             if fleet and starving is None and now - e.waiting_from >= max_wait:
                 starving = e
-            if fleet and within(job):
+            if fleet and used[job.team] + job.slots <= quotas[job.team]:
                 message = f"no borrowing while {_seen_by_all(job)} waits for its team's own quota"
                 no_borrowing = Verdict.wait(WaitReason.NO_BORROWING, message)
             continue
