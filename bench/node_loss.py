@@ -12,21 +12,19 @@ by the test itself from the kill. Needs root, ``ip`` and ``bwrap``; about two mi
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-TEST = "tests/integration/test_multinode_namespaces.py"
+from child_process import figures_of_test
 
 
 def main() -> None:
     env = {**os.environ, "TRAINYARD_BENCH_NODE_LOSS": "1"}  # the test's second mode, left out of the suite
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", TEST, "-k", "pod_lost"]
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    figures = [line for line in done.stdout.splitlines() if line.startswith("node loss (")]
-    if done.returncode or len(figures) != 2:
-        raise SystemExit(f"{' '.join(argv)} exited with {done.returncode}:\n{done.stdout[-4000:]}")
+    figures = figures_of_test(
+        "tests/integration/test_multinode_namespaces.py",
+        "pod_lost",
+        lambda line: line.startswith("node loss ("),
+        2,
+        env,
+    )
     print("pod 1 of 2 killed mid-epoch; the Job's new pod for it started 30 s later (one process a pod, 2 cores)")
     for line in figures:
         print("  " + line.removeprefix("node loss "))

@@ -12,23 +12,19 @@ from the kill. About six minutes with the cluster's start.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-TEST = "tests/integration/test_cluster_profile.py"
+from child_process import figures_of_test
 
 
 def main() -> None:
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", TEST, "-k", "host_dies"]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
-    figures = [line for line in done.stdout.splitlines() if line.startswith("worker ") and " killed: " in line]
-    if done.returncode or len(figures) != 1:
-        raise SystemExit(f"{' '.join(argv)} exited with {done.returncode}:\n{done.stdout[-4000:]}")
+    (figure,) = figures_of_test(
+        "tests/integration/test_cluster_profile.py",
+        "host_dies",
+        lambda line: line.startswith("worker ") and " killed: " in line,
+        1,
+    )
     print("a GPU host's Celery worker SIGKILLed with everything under it mid-training (with Airflow's default")
     print("task heartbeat timeout, 300 s, the retry started 313 s after the death, tried as a new user would):")
-    print("  " + figures[0])
+    print("  " + figure)
 
 
 if __name__ == "__main__":

@@ -280,28 +280,27 @@ def _resumed(strategy: Strategy, hp: Hyperparameters, per_epoch: int, size: int)
     done, step) and ends (its total steps); (0, 0, 0, all the steps) where there is none. A checkpoint of
     another number of workers (an elastic training's new size) is carried over by samples, with the
     learning rate scaled to the new global batch (``batch_size`` x the workers now)."""
-    total = hp.epochs * per_epoch
-    loaded = strategy.load()
+    world, loaded = strategy.world, strategy.load()
     if loaded is None:
+        epoch = skip = step = 0
+        total = hp.epochs * per_epoch
         full = strategy.spec.resources.total_gpus  # learning_rate is for the job's full size
-        if strategy.spec.resources.elastic and strategy.world != full:  # started before every node came
-            strategy.resize(total, lr_scale=strategy.world / full)
-            strategy.log(
-                f"started on {strategy.world} of {full} workers: the learning rate x {strategy.world / full:g}"
-            )
-        return 0, 0, 0, total
-    source, position = loaded
-    torch.set_rng_state(position["rng"])
-    world, then = strategy.world, position.get("world", strategy.world)
-    epoch, skip, step = resume_point(
-        position, per_epoch, source, strategy.log, world=world, batch_size=hp.batch_size, size=size
-    )
-    total = step + (hp.epochs - epoch) * per_epoch - skip  # after a resize, not epochs x per_epoch
+        then = full if strategy.spec.resources.elastic else world  # an elastic start before every node came
+        change = f"started on {world} of {full} workers"
+    else:
+        source, position = loaded
+        torch.set_rng_state(position["rng"])
+        then = position.get("world", world)
+        epoch, skip, step = resume_point(
+            position, per_epoch, source, strategy.log, world=world, batch_size=hp.batch_size, size=size
+        )
+        total = step + (hp.epochs - epoch) * per_epoch - skip  # after a resize, not epochs x per_epoch
+        change = f"{then} -> {world} worker(s)"
     if then != world:
         strategy.resize(total, lr_scale=world / then)
         strategy.log(
-            f"{then} -> {world} worker(s): the learning rate follows the global batch ({hp.batch_size} x {world}), "
-            f"x {world / then:g}; the cosine schedule goes on from there to its end at step {total}"
+            f"{change}: the learning rate follows the global batch ({hp.batch_size} x {world}), x {world / then:g}; "
+            f"the cosine schedule goes on from there to its end at step {total}"
         )
     return epoch, skip, step, total
 

@@ -143,7 +143,10 @@ def test_an_elastic_job_started_short_of_its_nodes_scales_its_learning_rate_to_t
     }
     cfg = _cfg(tmp_path, prepared, **elastic)
     train(cfg, strategies.for_run(cfg))
-    assert "started on 1 of 2 workers: the learning rate x 0.5" in capsys.readouterr().out
+    assert (
+        "started on 1 of 2 workers: the learning rate follows the global batch (64 x 1), x 0.5"
+        in capsys.readouterr().out
+    )
     rates = _scalars(tmp_path / "tb", "train/lr")
     assert rates[0] == (1, pytest.approx(0.05))
 
