@@ -23,12 +23,12 @@ def child_result(argv: list[str], env: Mapping[str, str] | None = None) -> Any:
 
 
 def figures_of_test(
-    test: str, chosen: str, is_figure: Callable[[str], bool], count: int, env: Mapping[str, str] | None = None
+    test: str, keyword: str, is_figure: Callable[[str], bool], count: int, env: Mapping[str, str] | None = None
 ) -> list[str]:
     """The ``count`` lines of stdout that ``is_figure`` picks, printed by the tests of file ``test`` (relative
-    to the checkout) that ``-k chosen`` selects, run with ``pytest -s``; a SystemExit with the end of pytest's
+    to the checkout) that ``-k keyword`` selects, run with ``pytest -s``; a SystemExit with the end of pytest's
     output when they fail or print another number of such lines."""
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", test, "-k", chosen]
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", test, "-k", keyword]
     checkout = Path(__file__).resolve().parents[1]
     done = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, check=False)
     figures = [line for line in done.stdout.splitlines() if is_figure(line)]

@@ -834,14 +834,14 @@ def against_the_goal(results: list[dict]) -> list[str]:
     return lines
 
 
-def _traces(args: argparse.Namespace) -> dict:
+def _replay_options(args: argparse.Namespace) -> dict:
     """The command line's choice of traces and replay settings, as the policy-only replays take them."""
     return {"seeds": args.policy_only, "loads": args.loads, "window": args.window, "median": args.median,
             "time_scale": args.time_scale, "poll": args.poll}  # fmt: skip
 
 
 def _print_preemption(base: ResourcesConfig, args: argparse.Namespace) -> int:
-    rows = preemption_on_traces(base, args.types, **_traces(args))
+    rows = preemption_on_traces(base, args.types, **_replay_options(args))
     for r in rows:
         print(
             f"seed {r['seed']:3d} load {r['load']:<5g} jobs {r['jobs']:4d} preemption {r['preemption']:3s}: "
@@ -907,11 +907,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.policy_only and args.preemption:
         return _print_preemption(base, args)
     if args.policy_only and args.start_estimates:
-        figures = start_estimates_on_traces(base, args.types, **_traces(args))
+        figures = start_estimates_on_traces(base, args.types, **_replay_options(args))
         print(json.dumps(figures, indent=1))
         return 0
     if args.policy_only:
-        rows = policy_on_traces(base, args.types, **_traces(args))
+        rows = policy_on_traces(base, args.types, **_replay_options(args))
         for r in rows:
             print(
                 f"seed {r['seed']:3d} load {r['load']:<5g} jobs {r['jobs']:4d}: policy {r['policy']:.1%}, reference "

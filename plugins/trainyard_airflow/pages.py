@@ -252,11 +252,16 @@ def utilisation_chart(
         return Response(png.read_bytes(), media_type="image/png")
 
 
+def _money(amount: float) -> str:
+    """An amount of resources.yaml's prices, as the Jobs page shows costs."""
+    return f"${amount:,.2f}"
+
+
 def _cells(values: list[Any], tag: str = "td") -> str:
     return "<tr>" + "".join(f"<{tag}>{escape('' if v is None else str(v))}</{tag}>" for v in values) + "</tr>"
 
 
-def _job_rows(jobs: list[dict[str, Any]], waiting: bool) -> str:
+def _job_rows(jobs: list[dict[str, Any]], *, waiting: bool) -> str:
     """A table's rows of holding or (``waiting``) waiting jobs; a waiting job's last cell is its start."""
     rows = []
     for j in jobs:
@@ -291,13 +296,13 @@ def render(view: dict[str, Any]) -> str:
     for t in view["gpu_types"]:
         parts.append(
             f"<h2>{escape(t['gpu_type'])}: {t['in_use']} of {t['slots']} slots in use, {t['free']} free "
-            f"({t['price_per_hour']:.2f} an hour a slot)</h2>"
+            f"({_money(t['price_per_hour'])} an hour a slot)</h2>"
         )
         for title, jobs in (("holding", t["holders"]), ("waiting", t["waiting"])):
             waiting = title == "waiting"
             if jobs:
                 names = _cells([*header, "start"] if waiting else header, "th")
-                parts.append(f"<h3>{title}</h3><table>{names}{_job_rows(jobs, waiting)}</table>")
+                parts.append(f"<h3>{title}</h3><table>{names}{_job_rows(jobs, waiting=waiting)}</table>")
         if not t["holders"] and not t["waiting"]:
             parts.append("<p>no job holds or waits for it</p>")
     parts.append(_host_table(view.get("hosts") or []))
@@ -311,6 +316,7 @@ def render(view: dict[str, Any]) -> str:
         money = [
             team.get(k, "(not your team)" if k == "spent" else "") for k in ("spent", "committed", "budget", "left")
         ]
+        money = [_money(v) if isinstance(v, int | float) else v for v in money]  # None: no budget, an empty cell
         parts.append(_cells([team["team"], *limits, *money]))
     parts.append("</table>")
     used = view.get("utilisation")

@@ -312,9 +312,15 @@ class LakeFSStore:
         return self.get_commit(repo, ref.id)
 
     def commit_files(
-        self, repo: str, branch: str, files: Mapping[str, bytes], message: str,
-        metadata: Mapping[str, str] | None = None, *, replace: bool = False,
-    ) -> Commit:  # fmt: skip
+        self,
+        repo: str,
+        branch: str,
+        files: Mapping[str, bytes],
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        replace: bool = False,
+    ) -> Commit:
         """Commit ``files`` on top of the branch head (``replace``: as the whole tree) without sharing the
         branch's staging area: a private branch from the head gets the files and a commit, then that change
         lands on ``branch`` as one commit whose parent is the head at that time (a squash merge; with

@@ -103,9 +103,15 @@ class DatasetStore(Protocol):
     def upload(self, repo: str, branch: str, path: str, data: bytes) -> Entry: ...
     def commit(self, repo: str, branch: str, message: str, metadata: Mapping[str, str] | None = None) -> Commit: ...
     def commit_files(
-        self, repo: str, branch: str, files: Mapping[str, bytes], message: str,
-        metadata: Mapping[str, str] | None = None, *, replace: bool = False,
-    ) -> Commit: ...  # fmt: skip
+        self,
+        repo: str,
+        branch: str,
+        files: Mapping[str, bytes],
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        replace: bool = False,
+    ) -> Commit: ...
     def resolve(self, repo: str, ref: str) -> str: ...
     def read(self, repo: str, ref: str, path: str) -> bytes: ...
     def list(self, repo: str, ref: str, prefix: str = "") -> list[Entry]: ...
@@ -284,9 +290,15 @@ class LocalStore:
         return commit
 
     def commit_files(
-        self, repo: str, branch: str, files: Mapping[str, bytes], message: str,
-        metadata: Mapping[str, str] | None = None, *, replace: bool = False,
-    ) -> Commit:  # fmt: skip
+        self,
+        repo: str,
+        branch: str,
+        files: Mapping[str, bytes],
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        replace: bool = False,
+    ) -> Commit:
         """Commit ``files`` on top of the branch head in one step (``replace``: as the whole tree), without
         touching this writer's staging."""
         repo_dir, written = self._put_blobs(repo, branch, files)

@@ -279,7 +279,8 @@ def _resumed(strategy: Strategy, hp: Hyperparameters, per_epoch: int, size: int)
     """Every rank: the newest usable checkpoint restored, and where the loop goes on (epoch, its batches
     done, step) and ends (its total steps); (0, 0, 0, all the steps) where there is none. A checkpoint of
     another number of workers (an elastic training's new size) is carried over by samples, with the
-    learning rate scaled to the new global batch (``batch_size`` x the workers now)."""
+    learning rate scaled to the new global batch (``batch_size`` x the workers now); so is an elastic
+    training's start short of its nodes, ``learning_rate`` being for its full size."""
     world, loaded = strategy.world, strategy.load()
     if loaded is None:
         epoch = skip = step = 0
@@ -300,7 +301,7 @@ def _resumed(strategy: Strategy, hp: Hyperparameters, per_epoch: int, size: int)
         strategy.resize(total, lr_scale=world / then)
         strategy.log(
             f"{change}: the learning rate follows the global batch ({hp.batch_size} x {world}), x {world / then:g}; "
-            f"the cosine schedule goes on from there to its end at step {total}"
+            f"the cosine schedule runs from step {step} to its end at step {total}"
         )
     return epoch, skip, step, total
 

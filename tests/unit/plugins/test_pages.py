@@ -19,6 +19,7 @@ def test_the_fleet_page_escapes_what_users_chose():
         "reason": "behind <b>x</b>",
     }
     other = {"gpu_type": "a100", "state": "admitted", "team": "nlp", "gpus": 4, "priority": 5}
+    others_waiting = {"gpu_type": "a100", "state": "waiting", "team": "nlp", "gpus": 1, "priority": 2}
     view = {
         "gpu_types": [
             {
@@ -28,7 +29,7 @@ def test_the_fleet_page_escapes_what_users_chose():
                 "free": 0,
                 "price_per_hour": 2.5,
                 "holders": [other],
-                "waiting": [job],
+                "waiting": [job, others_waiting],
             }
         ],
         "teams": [
@@ -50,8 +51,14 @@ def test_the_fleet_page_escapes_what_users_chose():
     assert "Utilisation, last 24 h: 50%</h2><p>a100 50%</p>" in page and 'src="fleet/utilisation.png"' in page
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "behind &lt;b&gt;x&lt;/b&gt;" in page
-    assert "a100: 4 of 4 slots in use, 0 free (2.50 an hour a slot)" in page
+    # a waiting job of another team: team, GPUs and priority, and no start
+    assert (
+        "<td>nlp</td><td>-</td><td>1</td><td>2</td><td>-</td><td>-</td><td>(another team&#x27;s job)</td><td>-</td>"
+        in page
+    )
+    assert "a100: 4 of 4 slots in use, 0 free ($2.50 an hour a slot)" in page
     assert "(another team&#x27;s job)" in page and "(not your team)" in page
+    assert "<td>vision</td><td>a100: 2</td><td>-</td><td>-</td><td>$1.50</td><td>$0.00</td><td></td><td></td>" in page
 
 
 def test_the_fleet_shows_a_team_its_own_jobs_and_money_and_others_only_what_everyone_sees(tmp_path, monkeypatch):

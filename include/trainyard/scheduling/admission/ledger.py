@@ -150,7 +150,7 @@ class Ledger:
             (now - HOSTS_KEPT_S,),
         )
         config = self.config
-        types, teams = config.slot_types, config.teams  # each read once: a model's attribute is slow to get
+        types, teams = config.slot_types, config.teams  # once: slot_types is a property, slow to reach on a model
         entries = [e for e in self._entries(conn) if e.job.gpu_type in types and e.job.team in teams]
         verdicts = plan(config, entries, now, spend, PreemptionRules.of(config), served=self._served(conn, now))
         for job_id, verdict in verdicts.items():

@@ -109,7 +109,7 @@ class WaitReason(enum.StrEnum):
         return self in _FLEET_REASONS
 
 
-# asked twice of each waiting job in a decision: a set's look-up, not a tuple's comparisons
+# asked of every held-back job in a decision, twice with preemption on: a set's look-up, not a tuple's comparisons
 _FLEET_REASONS = frozenset(
     {WaitReason.SLOTS_IN_USE, WaitReason.NOT_LENDABLE, WaitReason.QUOTA_LENT_OUT, WaitReason.PREEMPTING}
 )
@@ -464,13 +464,14 @@ def _after_preemptions(entries: list[Entry], gpu_type: str, used: dict[str, int]
     """The teams' use of ``gpu_type`` once the preemptions under way are done: each victim gone, the job it
     was preempted for running."""
     after = dict(used)
+    # only an admitted job is preempted_for another (the ledger sets it on admitted rows; requeue clears both)
     victims = [e for e in entries if e.preempted_for and e.admitted is not None and e.job.gpu_type == gpu_type]
     if not victims:  # the usual case: nothing to look up among the waiting jobs
         return after
     for e in victims:
         after[e.job.team] -= e.job.slots
     waiting = {e.job.id: e.job for e in entries if e.admitted is None}
-    for job_id in {e.preempted_for for e in entries if e.preempted_for and e.job.gpu_type == gpu_type}:
+    for job_id in {e.preempted_for for e in victims}:
         if job_id in waiting:
             after[waiting[job_id].team] += waiting[job_id].slots
     return after
@@ -505,15 +506,17 @@ class _DecisionMemo:
         return found
 
 
-def _in_look_order(waiting: list[Entry], used: dict[str, int], quotas: dict[str, int], bound: float) -> list[Entry]:
-    """A type's waiting jobs in the order they are looked at: those waiting since before ``bound`` (past the
-    wait bound) first, then those within their team's quota (``quotas``, with its ``used`` slots), then by
-    priority, by arrival and by id."""
+def _in_look_order(
+    waiting: list[Entry], used: dict[str, int], quotas: dict[str, int], now: float, max_wait: float
+) -> list[Entry]:
+    """A type's waiting jobs in the order they are looked at: those that waited ``max_wait`` seconds or more
+    first, then those within their team's quota (``quotas``, with its ``used`` slots), then by priority, by
+    arrival and by id."""
 
     def key(e: Entry) -> tuple:
         job = e.job
         return (
-            e.waiting_from > bound,
+            now - e.waiting_from < max_wait,
             used[job.team] + job.slots > quotas[job.team],
             -job.priority,
             e.enqueued,
@@ -540,12 +543,12 @@ def _plan_type(
     holding = [e for e in entries if e.admitted is not None and e.job.gpu_type == gpu_type]  # who may be preempted
     # (when it ends at the latest, slots, team): what a reservation counts on
     running = [((e.admitted or 0.0) + e.job.max_hours * 3600, e.job.slots, e.job.team) for e in holding]
-    quotas = {team: config.quota(team, gpu_type) for team in config.teams}  # asked twice a waiting job
+    quotas = {team: config.quota(team, gpu_type) for team in config.teams}  # asked once or twice per waiting job
     after, claimed, memo = _after_preemptions(entries, gpu_type, used), set[str](), _DecisionMemo(holding)
     no_borrowing: Verdict | None = None
     starving: Entry | None = None  # a job past the bound, waiting for slots: it holds a reservation
     verdicts: dict[str, Verdict] = {}
-    for e in _in_look_order(waiting, used, quotas, now - max_wait):
+    for e in _in_look_order(waiting, used, quotas, now, max_wait):
         if admissions_only and preemption is None and sum(used.values()) >= capacity:
             break
         job = e.job
