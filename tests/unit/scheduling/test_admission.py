@@ -370,6 +370,47 @@ def test_concurrent_processes_never_admit_past_capacity_or_quota(store):
     assert in_processes(_worker, [(path, FLEET, seed, 12) for seed in range(4)], timeout=600) == [[]] * 4
 
 
+def _writes_elsewhere(path: str, fleet: str) -> None:
+    """Another process's writes to a ledger: two jobs queued (or admitted), one renewed and released."""
+    ledger = Ledger(path, parse_resources(fleet))
+    ledger.request(job("far-1", "nlp", 1))
+    ledger.renew("far-1")
+    ledger.request(job("far-2", "research", 1))
+    ledger.release("far-1")
+
+
+def test_a_look_on_postgresql_reads_again_every_row_changed_since_this_process_last_read_it(postgres):
+    """A decision on PostgreSQL keeps the rows it read and reads again only those whose xmin changed
+    (Ledger._queue): after every kind of write, by this process, in the decision's own transaction or by
+    another process, the rows it decides on are those a full read gives."""
+    url = postgres.database("ledger_kept")
+    ledger = Ledger(url, parse_resources(FLEET))
+    rng = random.Random(7)
+
+    def same_as_a_full_read() -> None:
+        with ledger.db.transaction() as conn:
+            kept, read = ledger._queue(conn), ledger._entries(conn)
+        assert sorted(kept, key=lambda e: e.job.id) == sorted(read, key=lambda e: e.job.id)
+
+    for i in range(40):
+        name = f"j{i % 12}"  # a name comes back: a row deleted and made again
+        action = rng.choice(["request", "request", "release", "withdraw", "claim", "renew", "cancel"])
+        if action == "request":
+            ledger.request(job(name, rng.choice(["vision", "nlp", "research"]), rng.choice([1, 2, 3])))
+        elif action == "claim" and any(e.job.id == name and e.admitted for e in ledger.entries()):
+            ledger.claim_devices(name, next(e.job.slots for e in ledger.entries() if e.job.id == name), list("0123456"))
+        elif action == "renew":
+            ledger.renew(name)
+        elif action == "cancel":
+            ledger.cancel(name, "cancelled by a test")
+        elif action in ("release", "withdraw"):
+            getattr(ledger, action)(name)
+        same_as_a_full_read()
+    in_processes(_writes_elsewhere, [(url, FLEET)])
+    same_as_a_full_read()
+    assert {"far-1", "far-2"} & {e.job.id for e in ledger.entries()} == {"far-2"}
+
+
 def _a100s(count: int, **teams: str):
     """A fleet of one GPU type, ``count`` a100s at 1.0 an hour, and ``teams``: each team's name and the
     inside of its mapping in resources.yaml (``quota: {a100: 2}``)."""

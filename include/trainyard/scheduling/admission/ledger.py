@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +36,14 @@ from trainyard.scheduling.admission.starts import (
     start_in_words,
     wait_ratio,
 )
-from trainyard.scheduling.ledger_db import Connection, DatabaseUnavailable, LedgerAbsent, open_db, shared_database_url
+from trainyard.scheduling.ledger_db import (
+    Connection,
+    DatabaseUnavailable,
+    LedgerAbsent,
+    PostgresDb,
+    open_db,
+    shared_database_url,
+)
 from trainyard.scheduling.resources import ResourcesConfig
 from trainyard.spec import Resources
 
@@ -57,6 +65,29 @@ RUNS_IN_FLIGHT = 256
 LEDGER_FILE = "scheduling/admission.db"  # under TRAINYARD_HOME
 # A Job's fields as the admission table's columns, in the dataclass's order
 JOB_COLUMNS = 'id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_limit'
+
+ENTRY_COLUMNS = (
+    f"{JOB_COLUMNS}, enqueued, admitted, borrowed, lease_until, devices, host, preemptions, preempted_for, "
+    "waiting_since"
+)
+# PostgreSQL ledgers' rows as this process last read them, by database: (the row's xmin, its Entry) by job id
+_KEPT: dict[str, dict[str, tuple[str, Entry]]] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def _forget_kept() -> None:
+    """In a forked child: nothing kept, and a lock no thread of the parent can have left held."""
+    global _KEPT_LOCK
+    _KEPT.clear()
+    _KEPT_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_kept)
+
+
+def _entry(r: Sequence) -> Entry:
+    """An admission row of :data:`ENTRY_COLUMNS` as an Entry."""
+    return Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else (), *r[14:18])
 
 
 def _job_row(job: Job) -> tuple:
@@ -116,14 +147,36 @@ class Ledger:
 
     @staticmethod
     def _entries(conn: Connection) -> list[Entry]:
-        rows = conn.execute(
-            f"SELECT {JOB_COLUMNS}, enqueued, admitted, borrowed, lease_until, devices, host, preemptions, "
-            "preempted_for, waiting_since FROM admission"
-        ).fetchall()
-        return [
-            Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else (), *r[14:18])
-            for r in rows
-        ]
+        return [_entry(r) for r in conn.execute(f"SELECT {ENTRY_COLUMNS} FROM admission").fetchall()]
+
+    def _queue(self, conn: Connection) -> list[Entry]:
+        """Every row, as :meth:`_entries` reads them, for a decision. On PostgreSQL the rows are kept between
+        looks in this process (:data:`_KEPT`) and only those another transaction changed since are read again:
+        a row's ``xmin`` (the transaction that wrote it) changes with every update, and a row deleted and
+        made again has a new one. A look at 10,000 waiting jobs then reads 10,000 short pairs instead of
+        10,000 rows of 18 columns, and makes only the changed rows anew (a look took half the time, and
+        admissions a second at 10,000 waiting went from 34 to 45: BENCHMARKS.md). The rows are those of the
+        first read, each as new as then or newer: what one full read gives under the decisions' lock (READ
+        COMMITTED), where only the writes outside a decision (renewals, releases) can come in between."""
+        if not isinstance(self.db, PostgresDb):
+            return self._entries(conn)
+        written = dict(conn.execute("SELECT id, xmin::text FROM admission").fetchall())
+        with _KEPT_LOCK:
+            kept = _KEPT.setdefault(self.db.where, {})
+            for gone in kept.keys() - written.keys():
+                del kept[gone]
+            stale = [i for i, xmin in written.items() if i not in kept or kept[i][0] != xmin]
+            if stale:
+                this = "mod(txid_current(), 4294967296)::text"  # this transaction's xid, as xmin shows it
+                sql = f"SELECT xmin::text, {this}, {ENTRY_COLUMNS} FROM admission WHERE id = ANY(?)"
+                fresh = conn.execute(sql, (stale,)).fetchall()
+                for xmin, this_transaction, *row in fresh:
+                    # a row this transaction wrote keeps that xmin through its later writes to it (an admission
+                    # below): kept without one, so that the next look reads it again
+                    kept[row[0]] = ("" if xmin == this_transaction else xmin, _entry(row))
+                for gone in set(stale) - {r[2] for r in fresh}:  # deleted since the first read
+                    kept.pop(gone, None)
+            return [kept[i][1] for i in written if i in kept]
 
     def _here(self, host: str) -> bool:
         """Whether devices recorded for ``host`` are this host's: on a shared ledger every worker host
@@ -151,7 +204,7 @@ class Ledger:
         )
         config = self.config
         types, teams = config.slot_types, config.teams  # once: slot_types is a property, slow to reach on a model
-        entries = [e for e in self._entries(conn) if e.job.gpu_type in types and e.job.team in teams]
+        entries = [e for e in self._queue(conn) if e.job.gpu_type in types and e.job.team in teams]
         verdicts = plan(config, entries, now, spend, PreemptionRules.of(config), served=self._served(conn, now))
         for job_id, verdict in verdicts.items():
             if verdict.admitted:
