@@ -70,8 +70,18 @@ ENTRY_COLUMNS = (
     f"{JOB_COLUMNS}, enqueued, admitted, borrowed, lease_until, devices, host, preemptions, preempted_for, "
     "waiting_since"
 )
-# PostgreSQL ledgers' rows as this process last read them, by database: (the row's xmin, its Entry) by job id
-_KEPT: dict[str, dict[str, tuple[str, Entry]]] = {}
+
+
+@dataclasses.dataclass
+class _Kept:
+    """A PostgreSQL ledger's rows as this process last read them: (its xmin, the Entry) by job id, and the
+    server they were read from: (its start, the admission table's oid, the 64-bit xid of that look)."""
+
+    server: tuple[str, str, int] = ("", "", 0)
+    rows: dict[str, tuple[str, Entry]] = dataclasses.field(default_factory=dict)
+
+
+_KEPT: dict[str, _Kept] = {}  # by the database's full URL
 _KEPT_LOCK = threading.Lock()
 
 
@@ -150,33 +160,47 @@ class Ledger:
         return [_entry(r) for r in conn.execute(f"SELECT {ENTRY_COLUMNS} FROM admission").fetchall()]
 
     def _queue(self, conn: Connection) -> list[Entry]:
-        """Every row, as :meth:`_entries` reads them, for a decision. On PostgreSQL the rows are kept between
-        looks in this process (:data:`_KEPT`) and only those another transaction changed since are read again:
-        a row's ``xmin`` (the transaction that wrote it) changes with every update, and a row deleted and
-        made again has a new one. A look at 10,000 waiting jobs then reads 10,000 short pairs instead of
-        10,000 rows of 18 columns, and makes only the changed rows anew (a look took half the time, and
-        admissions a second at 10,000 waiting went from 34 to 45: BENCHMARKS.md). The rows are those of the
-        first read, each as new as then or newer: what one full read gives under the decisions' lock (READ
-        COMMITTED), where only the writes outside a decision (renewals, releases) can come in between."""
+        """Every row, as :meth:`_entries` reads them, for a decision (in its transaction, under the decisions'
+        lock). On PostgreSQL the rows are kept between looks in this process (:class:`_Kept`) and only those
+        written since are read again: a row's ``xmin`` (the transaction that wrote it) changes with every
+        update, and a row deleted and made again has a new one. A look at 10,000 waiting jobs then reads
+        10,000 short pairs instead of 10,000 rows of 18 columns, and makes only the changed rows anew (a look
+        took half the time, and admissions a second at 10,000 waiting went from 34 to 45: BENCHMARKS.md).
+
+        Every other write to the table takes the decisions' lock too, so the two reads see one state, but
+        for columns no decision reads (``record_told_wait``) or a hand-made change in between (a row deleted
+        then is left out). An xmin names one write only within one server's history and 2^31 transactions:
+        the rows kept are dropped when the server started again since (a restart, a restore, a promoted
+        replica, which may hand out the same xids again), when the table was made anew, or after 2^31
+        transactions. A decision must make no savepoint: a row written in one carries its subtransaction's
+        xid, which the rule for this transaction's own rows below would not see."""
         if not isinstance(self.db, PostgresDb):
             return self._entries(conn)
-        written = dict(conn.execute("SELECT id, xmin::text FROM admission").fetchall())
         with _KEPT_LOCK:
-            kept = _KEPT.setdefault(self.db.where, {})
-            for gone in kept.keys() - written.keys():
-                del kept[gone]
-            stale = [i for i, xmin in written.items() if i not in kept or kept[i][0] != xmin]
-            if stale:
-                this = "mod(txid_current(), 4294967296)::text"  # this transaction's xid, as xmin shows it
-                sql = f"SELECT xmin::text, {this}, {ENTRY_COLUMNS} FROM admission WHERE id = ANY(?)"
-                fresh = conn.execute(sql, (stale,)).fetchall()
-                for xmin, this_transaction, *row in fresh:
-                    # a row this transaction wrote keeps that xmin through its later writes to it (an admission
-                    # below): kept without one, so that the next look reads it again
-                    kept[row[0]] = ("" if xmin == this_transaction else xmin, _entry(row))
-                for gone in set(stale) - {r[2] for r in fresh}:  # deleted since the first read
-                    kept.pop(gone, None)
-            return [kept[i][1] for i in written if i in kept]
+            kept = _KEPT.setdefault(self.db.url, _Kept())
+        started, table, xid = conn.execute(
+            "SELECT pg_postmaster_start_time()::text, 'admission'::regclass::oid::text, txid_current()"
+        ).fetchone()
+        if kept.server[:2] != (started, table) or xid - kept.server[2] >= 2**31:
+            kept.rows.clear()
+        kept.server, rows = (started, table, xid), kept.rows
+        if not rows:  # a first look in this process: one read of everything
+            fresh = conn.execute(f"SELECT xmin::text, {ENTRY_COLUMNS} FROM admission").fetchall()
+        else:
+            written = dict(conn.execute("SELECT id, xmin::text FROM admission").fetchall())
+            for gone in rows.keys() - written.keys():
+                del rows[gone]
+            stale = [i for i, xmin in written.items() if i not in rows or rows[i][0] != xmin]
+            sql = f"SELECT xmin::text, {ENTRY_COLUMNS} FROM admission WHERE id = ANY(?)"
+            fresh = conn.execute(sql, (stale,)).fetchall() if stale else []
+            for gone in set(stale) - {r[1] for r in fresh}:  # deleted by hand since the first read
+                rows.pop(gone, None)
+        this = str(xid % 2**32)  # this transaction's xid, as xmin shows it
+        for xmin, *row in fresh:
+            # a row this transaction wrote keeps that xmin through its later writes to it (an admission below):
+            # kept without one, so that the next look reads it again
+            rows[row[0]] = ("" if xmin == this else xmin, _entry(row))
+        return [entry for _, entry in rows.values()]
 
     def _here(self, host: str) -> bool:
         """Whether devices recorded for ``host`` are this host's: on a shared ledger every worker host
