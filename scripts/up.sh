@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 MLFLOW_PORT=${MLFLOW_PORT:-5000}
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+trap 'exit 143' TERM  # a SIGTERM (kill, a service manager's stop) ends the services too, not only Ctrl-C
 start() {  # start NAME COMMAND...: in the background, its output in $AIRFLOW_HOME/NAME.log
   local name=$1
   shift
