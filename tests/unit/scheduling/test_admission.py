@@ -433,6 +433,37 @@ def test_a_decision_on_postgresql_decides_on_the_rows_a_full_read_gives_while_it
     ledger.request(job("after-a-restart", "vision", 1))  # compared with a full read, as every look here
 
 
+def test_a_change_made_by_hand_between_a_decisions_two_reads_is_seen_at_the_next_look_at_the_latest(postgres):
+    """Between Ledger._queue's two reads only a hand-made change can come (every write of the ledger's takes
+    the decisions' lock): a row deleted then, which the first read found changed, is left out and not kept;
+    a row changed then, which the first read found unchanged, is decided on as it was, and read again at
+    the next look."""
+    from trainyard.scheduling.admission import ledger as ledgers
+
+    url = postgres.database("ledger_by_hand")
+    ledger = Ledger(url, parse_resources(FLEET))
+    for name in ("deleted", "edited", "other"):
+        ledger.request(job(name, "nlp", 3))  # three rows, admitted or waiting
+    ledger.renew("deleted")  # written since this process's last look: the next look reads it again
+
+    with ledger.db.transaction() as conn:
+
+        class ByHandInBetween:
+            def execute(self, sql: str, params: tuple = ()):
+                done = conn.execute(sql, params)
+                if sql.startswith("SELECT id, xmin"):
+                    with ledger.db.connection() as other:
+                        other.execute("DELETE FROM admission WHERE id = 'deleted'")
+                        other.execute("UPDATE admission SET priority = 7 WHERE id = 'edited'")
+                return done
+
+        decided = {e.job.id: e for e in ledger._queue(ByHandInBetween())}
+    assert "deleted" not in decided and "deleted" not in ledgers._KEPT[url].rows
+    assert decided["edited"].job.priority == 1  # as the first read saw it
+    with ledger.db.transaction() as conn:
+        assert {e.job.id: e.job.priority for e in ledger._queue(conn)} == {"edited": 7, "other": 1}
+
+
 def _a100s(count: int, **teams: str):
     """A fleet of one GPU type, ``count`` a100s at 1.0 an hour, and ``teams``: each team's name and the
     inside of its mapping in resources.yaml (``quota: {a100: 2}``)."""
