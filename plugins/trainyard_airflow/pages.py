@@ -253,7 +253,7 @@ def utilisation_chart(
 
 
 def _money(amount: float) -> str:
-    """An amount of resources.yaml's prices, as the Jobs page shows costs."""
+    """An amount in resources.yaml's prices (a cost, a spend, a price an hour), as both pages show it."""
     return f"${amount:,.2f}"
 
 
@@ -361,7 +361,7 @@ def render_jobs(rows: list[dict[str, Any]]) -> str:
         gpus = f"{j['gpu_type']} x {j['gpus']}" if "gpus" in j else ""
         values = [
             j["run"].partition("/")[2], j.get("job"), j.get("recipe"), j.get("team"), gpus, j["stage"], queue,
-            _progress_words(j.get("progress")), "" if j.get("cost") is None else f"${j['cost']:,.2f}", j.get("result"),
+            _progress_words(j.get("progress")), "" if j.get("cost") is None else _money(j["cost"]), j.get("result"),
         ]  # fmt: skip
         parts.append(_cells(values)[: -len("</tr>")] + _link_cells(j["links"]) + "</tr>")
     parts.append("</table>")

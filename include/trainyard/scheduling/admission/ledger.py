@@ -170,10 +170,10 @@ class Ledger:
         Every other write to the table takes the decisions' lock too, so the two reads see one state, but
         for columns no decision reads (``record_told_wait``) or a change made by hand in between: a row the
         first read found changed is then read as it is (left out if deleted), another as the first read saw
-        it, and again at the next look. An xmin names one write only within one server's history and 2^31 transactions:
-        the rows kept are dropped when the server started again since (a restart, a restore, a promoted
-        replica, which may hand out the same xids again), when the table was made anew, or after 2^31
-        transactions. A decision must make no savepoint: a row written in one carries its subtransaction's
+        it, and again at the next look. An xmin names one write only within one server's history and 2^31
+        transactions: the rows kept are dropped when the server started again since (a restart, a restore, a
+        promoted replica, which may hand out the same xids again), when the table was made anew, or after
+        2^31 transactions. A decision must make no savepoint: a row written in one carries its subtransaction's
         xid, which the rule for this transaction's own rows below would not see."""
         if not isinstance(self.db, PostgresDb):
             return self._entries(conn)

@@ -506,6 +506,11 @@ class _DecisionMemo:
         return found
 
 
+def _within(job: Job, used: dict[str, int], quotas: dict[str, int]) -> bool:
+    """Whether ``job`` fits in its team's quota of the type, with the team's ``used`` slots of it."""
+    return used[job.team] + job.slots <= quotas[job.team]
+
+
 def _in_look_order(
     waiting: list[Entry], used: dict[str, int], quotas: dict[str, int], now: float, max_wait: float
 ) -> list[Entry]:
@@ -515,13 +520,7 @@ def _in_look_order(
 
     def key(e: Entry) -> tuple:
         job = e.job
-        return (
-            now - e.waiting_from < max_wait,
-            used[job.team] + job.slots > quotas[job.team],
-            -job.priority,
-            e.enqueued,
-            job.id,
-        )
+        return (now - e.waiting_from < max_wait, not _within(job, used, quotas), -job.priority, e.enqueued, job.id)
 
     return sorted(waiting, key=key)
 
@@ -589,7 +588,7 @@ def _plan_type(
             fleet = room.reason is not None and room.reason.fleet
             if fleet and starving is None and now - e.waiting_from >= max_wait:
                 starving = e
-            if fleet and used[job.team] + job.slots <= quotas[job.team]:
+            if fleet and _within(job, used, quotas):
                 message = f"no borrowing while {_seen_by_all(job)} waits for its team's own quota"
                 no_borrowing = Verdict.wait(WaitReason.NO_BORROWING, message)
             continue
