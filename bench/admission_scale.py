@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "include"))
 
 import airflow_services  # noqa: E402
 
-from trainyard.scheduling.admission.ledger import JOB_COLUMNS, Ledger, _job_row  # noqa: E402
+from trainyard.scheduling.admission.ledger import JOB_COLUMNS, JOB_VALUES, Ledger, _job_row  # noqa: E402
 from trainyard.scheduling.admission.policy import Job, PreemptionRules, plan  # noqa: E402
 from trainyard.scheduling.admission.starts import estimate_starts  # noqa: E402
 from trainyard.scheduling.resources import ResourcesConfig, load_resources  # noqa: E402
@@ -70,7 +70,7 @@ def fill(ledger: Ledger, jobs: list[Job], history: int) -> None:
             at = now - len(jobs) + i
             conn.execute("INSERT INTO arrivals (id, enqueued) VALUES (?, ?)", (job.id, at))
             conn.execute(
-                f"INSERT INTO admission ({JOB_COLUMNS}, enqueued, lease_until) VALUES ({', '.join('?' * 11)})",
+                f"INSERT INTO admission ({JOB_COLUMNS}, enqueued, lease_until) VALUES ({JOB_VALUES}, ?, ?)",
                 (*_job_row(job), at, now + DAY),
             )
         rng = random.Random(1)

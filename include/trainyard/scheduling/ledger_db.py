@@ -65,7 +65,8 @@ SCHEMA = (
     preempted_for TEXT NOT NULL DEFAULT '',
     waiting_since DOUBLE PRECISION NOT NULL DEFAULT 0,
     told_at DOUBLE PRECISION NOT NULL DEFAULT 0,
-    told_wait DOUBLE PRECISION NOT NULL DEFAULT 0
+    told_wait DOUBLE PRECISION NOT NULL DEFAULT 0,
+    nodes INTEGER NOT NULL DEFAULT 1
 )""",
     # how long each finished job held its slots, as a share of its max_hours: the start estimates' history
     "CREATE TABLE IF NOT EXISTS holds (id TEXT PRIMARY KEY, team TEXT NOT NULL, share DOUBLE PRECISION NOT NULL, "
@@ -86,22 +87,27 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS ledger_admission_lease_until ON admission (lease_until)",
     "CREATE INDEX IF NOT EXISTS ledger_wait_ratios_at ON wait_ratios (at)",
     "CREATE INDEX IF NOT EXISTS ledger_hosts_seen_until ON hosts (seen_until)",
+    # each node of an admitted multi-node job: the host it runs on and the devices it holds there, and node
+    # 0's rendezvous endpoint (address:port) for the others to join; gone with the job's admission
+    "CREATE TABLE IF NOT EXISTS job_nodes (id TEXT NOT NULL, node INTEGER NOT NULL, host TEXT NOT NULL, "
+    "devices TEXT NOT NULL DEFAULT '', endpoint TEXT NOT NULL DEFAULT '', PRIMARY KEY (id, node))",
 )
 # The last of SCHEMA: a PostgreSQL ledger that has it (and ADDED_COLUMNS' last) is made to this version
-NEWEST_SCHEMA_OBJECT = "ledger_hosts_seen_until"
-# Columns a ledger made by an earlier version may lack (devices allocated, users shown, sweeps capped, the
-# host whose devices a job holds, preemptions, the wait a job was told).
+NEWEST_SCHEMA_OBJECT = "job_nodes"
+# Columns a ledger made by an earlier version may lack, with the value its rows get (devices allocated, users
+# shown, sweeps capped, the host whose devices a job holds, preemptions, the wait a job was told, its nodes).
 ADDED_COLUMNS = (
-    ("devices", "TEXT"),
-    ("user", "TEXT"),
-    ("grp", "TEXT"),
-    ("grp_limit", "INTEGER"),
-    ("host", "TEXT"),
-    ("preemptions", "INTEGER"),
-    ("preempted_for", "TEXT"),
-    ("waiting_since", "DOUBLE PRECISION"),
-    ("told_at", "DOUBLE PRECISION"),
-    ("told_wait", "DOUBLE PRECISION"),
+    ("devices", "TEXT", "''"),
+    ("user", "TEXT", "''"),
+    ("grp", "TEXT", "''"),
+    ("grp_limit", "INTEGER", "0"),
+    ("host", "TEXT", "''"),
+    ("preemptions", "INTEGER", "0"),
+    ("preempted_for", "TEXT", "''"),
+    ("waiting_since", "DOUBLE PRECISION", "0"),
+    ("told_at", "DOUBLE PRECISION", "0"),
+    ("told_wait", "DOUBLE PRECISION", "0"),
+    ("nodes", "INTEGER", "1"),
 )
 
 
@@ -182,9 +188,8 @@ class SqliteDb:
             for statement in SCHEMA:
                 conn.execute(statement)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(admission)").fetchall()}
-            for column, kind in ADDED_COLUMNS:
+            for column, kind, default in ADDED_COLUMNS:
                 if column not in columns:
-                    default = "''" if kind == "TEXT" else "0"
                     with contextlib.suppress(sqlite3.OperationalError):  # another process added it meanwhile
                         conn.execute(f'ALTER TABLE admission ADD COLUMN "{column}" {kind} NOT NULL DEFAULT {default}')
 
@@ -270,8 +275,7 @@ class PostgresDb:
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
                 for statement in SCHEMA:
                     conn.execute(statement)
-                for column, kind in ADDED_COLUMNS:
-                    default = "''" if kind == "TEXT" else "0"
+                for column, kind, default in ADDED_COLUMNS:
                     conn.execute(
                         f'ALTER TABLE admission ADD COLUMN IF NOT EXISTS "{column}" {kind} NOT NULL DEFAULT {default}'
                     )

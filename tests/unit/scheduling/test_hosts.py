@@ -84,7 +84,7 @@ def test_a_job_waits_while_no_live_worker_serves_its_type_and_holds_nothing_back
     ledger.release("before")
 
     on["gpu-a"].announce({"a100": ["0", "1"], "cpu": []})
-    assert ledger.served() == {"a100": 2, "cpu": math.inf}
+    assert ledger.served() == {"a100": (2,), "cpu": (math.inf,)}
     h100 = ledger.request(_job("h", "h100", 1))
     assert h100.reason is WaitReason.UNSERVED
     assert "h100: no live worker serves it (the workers serve ['a100', 'cpu'])" in h100.message
@@ -110,7 +110,7 @@ def test_a_job_waits_while_no_live_worker_serves_its_type_and_holds_nothing_back
     assert ledger.request(_job("small2", "a100", 1)).reason is WaitReason.UNSERVED
     on["gpu-a"].announce({"a100": ["0", "1"]})  # back, without cpu: cpu is served no more
     assert ledger.request(_job("small2", "a100", 1)).admitted
-    assert ledger.served() == {"a100": 2}
+    assert ledger.served() == {"a100": (2,)}
 
 
 def test_a_job_no_host_can_run_keeps_no_borrower_waiting_behind_it(where):
@@ -129,15 +129,39 @@ def test_a_job_no_host_can_run_keeps_no_borrower_waiting_behind_it(where):
     assert ledger.request(Job("after", "nlp", "a100", 1, 1, 1.0)).reason is WaitReason.NO_BORROWING
 
 
+def test_a_multi_node_job_waits_until_as_many_live_hosts_as_its_nodes_have_its_devices_each(where):
+    """Its nodes run on hosts of their own: two nodes of 2 devices need two hosts with 2 each, not one with
+    4; a type whose slots are no devices needs as many hosts serving it."""
+    clock, config = Clock(), parse_resources(FLEET)
+    on = {host: Ledger(where, config, clock, host=host) for host in ("gpu-a", "gpu-b")}
+    on["gpu-a"].announce({"a100": ["0", "1", "2", "3"], "cpu": []})
+    on["gpu-b"].announce({"a100": ["0"]})
+    ledger = on["gpu-a"]
+    assert ledger.served() == {"a100": (4, 1), "cpu": (math.inf,)}
+    pair = Job("pair", "vision", "a100", 4, 1, 1.0, nodes=2)
+    waits = ledger.request(pair)
+    assert waits.reason is WaitReason.UNSERVED
+    assert "a100: the job's 2 nodes need 2 hosts with 2 of its devices each, and 1 live host(s) have them" in (
+        waits.message
+    )
+    assert ledger.request(Job("cpus", "vision", "cpu", 2, 1, 1.0, nodes=2)).reason is WaitReason.UNSERVED
+    assert ledger.request(Job("one", "vision", "a100", 4, 1, 1.0)).admitted  # one node: the host with four
+    ledger.release("one")
+    on["gpu-b"].announce({"a100": ["0", "1"], "cpu": []})
+    assert ledger.request(pair).admitted
+    assert ledger.request(Job("cpus", "vision", "cpu", 2, 1, 1.0, nodes=2)).admitted
+    assert {e.job.id: e.job.nodes for e in ledger.entries()} == {"pair": 2, "cpus": 2}  # kept in its row
+
+
 def test_two_workers_of_one_host_name_serving_different_types_each_keep_theirs(where):
     config = parse_resources(FLEET)
     first, second = (Ledger(where, config, host="gpu-a") for _ in range(2))
     first.announce({"a100": ["0"]})
     second.announce({"h100": ["1"]})
     first.announce({"a100": ["0"]})
-    assert first.served() == {"a100": 1, "h100": 1}
+    assert first.served() == {"a100": (1,), "h100": (1,)}
     second.retire({"h100": ["1"]})
-    assert first.served() == {"a100": 1}
+    assert first.served() == {"a100": (1,)}
 
 
 def _announce_often(where, fleet: str, host: str, times: int) -> int:
@@ -176,7 +200,7 @@ from trainyard.scheduling.resources import parse_resources
 ledger = Ledger(sys.argv[1], parse_resources(sys.argv[2]))
 deadline = time.time() + 30
 while time.time() < deadline:
-    if ledger.served() == {"h100": 2, "cpu": float("inf")}:
+    if ledger.served() == {"h100": (2,), "cpu": (float("inf"),)}:
         sys.exit(7)  # seen announced from another process while its worker ran
     time.sleep(0.1)
 sys.exit(1)

@@ -183,10 +183,10 @@ def test_a_ledger_of_the_version_before_gains_the_estimates_tables_and_columns(w
         for statement in SCHEMA:
             if statement.startswith("CREATE INDEX"):
                 conn.execute("DROP INDEX " + statement.split()[5])
-        conn.execute("DROP TABLE holds")
-        conn.execute("DROP TABLE wait_ratios")
-        conn.execute("ALTER TABLE admission DROP COLUMN told_at")
-        conn.execute("ALTER TABLE admission DROP COLUMN told_wait")
+        for table in ("holds", "wait_ratios", "job_nodes"):  # the last: the version after
+            conn.execute(f"DROP TABLE {table}")
+        for column in ("told_at", "told_wait", "nodes"):
+            conn.execute(f"ALTER TABLE admission DROP COLUMN {column}")
     now = [NOW]
     again = Ledger(where, FLEET, lambda: now[0])
     assert again.request(_job("vision/all", "vision", 8)).admitted
@@ -213,8 +213,10 @@ def test_a_report_reads_the_ledger_read_only_and_leaves_an_earlier_versions_sche
         reader.request(_job("nlp/b", "nlp", 1))
     assert [e.job.id for e in writer.entries()] == ["vision/a"]
 
-    with writer.db.connection() as conn:  # an earlier version's ledger: no told wait
-        conn.execute("ALTER TABLE admission DROP COLUMN told_wait")
+    with writer.db.connection() as conn:  # an earlier version's ledger: no told wait, no nodes
+        conn.execute("DROP TABLE job_nodes")
+        for column in ("told_wait", "nodes"):
+            conn.execute(f"ALTER TABLE admission DROP COLUMN {column}")
 
     def columns() -> set[str]:
         with writer.db.connection() as conn:
@@ -227,9 +229,9 @@ def test_a_report_reads_the_ledger_read_only_and_leaves_an_earlier_versions_sche
 
     with pytest.raises(LedgerOutdated, match="next job's admission"):
         Ledger(where, FLEET, read_only=True)
-    assert "told_wait" not in columns()  # the report altered nothing
+    assert not {"told_wait", "nodes"} & columns()  # the report altered nothing
     Ledger(where, FLEET)  # an admission's open brings it up to date
-    assert "told_wait" in columns()
+    assert {"told_wait", "nodes"} <= columns()
     assert [e.job.id for e in Ledger(where, FLEET, read_only=True).entries()] == ["vision/a"]
 
 
@@ -255,8 +257,10 @@ def test_a_job_s_first_task_brings_an_earlier_versions_ledger_up_to_date_where_a
 
     made = Ledger(paths.home() / LEDGER_FILE, FLEET)
     assert not made.request(_job("vision/big", "vision", 9)).admitted  # more than the fleet: it waits
-    with made.db.connection() as conn:
-        conn.execute("ALTER TABLE admission DROP COLUMN told_wait")
+    with made.db.connection() as conn:  # an earlier version's: no told wait, no nodes
+        conn.execute("DROP TABLE job_nodes")
+        for column in ("told_wait", "nodes"):
+            conn.execute(f"ALTER TABLE admission DROP COLUMN {column}")
     with pytest.raises(LedgerOutdated):
         existing_ledger(FLEET)
     assert local_queue_place("vision/big").startswith("its place unknown: the admission ledger")  # submit --wait

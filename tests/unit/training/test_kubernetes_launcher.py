@@ -16,6 +16,7 @@ from trainyard import TRAINER_IMAGE
 from trainyard.spec import JobSpec, SpecError, parse_spec
 from trainyard.training import custom
 from trainyard.training.launchers import kubernetes as K
+from trainyard.training.launchers.base import ELASTIC_LAST_CALL_S
 
 RUN_KEY = "train_pipeline/manual__2026-05-01T10:00:00+00:00"
 CONFIG = "/var/trainyard/runs/digits/train_pipeline_manual/run_config.json"
@@ -233,7 +234,7 @@ def test_an_elastic_job_goes_on_with_min_nodes_and_is_valid_kubernetes(version):
         [("DisruptionTarget", "True")],
     )
     assert [r.succeeded_indexes for r in job.spec.success_policy.rules] == ["0"]
-    conf = f"--rdzv_conf=join_timeout=900,read_timeout=900,last_call_timeout={K.ELASTIC_LAST_CALL_S}"
+    conf = f"--rdzv_conf=join_timeout=900,read_timeout=900,last_call_timeout={ELASTIC_LAST_CALL_S}"
     assert conf in c.command
     for manifest in K.manifests(K.PodRequest(spec, RUN_KEY, CONFIG, data_dir=DATA_DIR)):
         kubernetes_validate.validate(manifest, version, strict=True)

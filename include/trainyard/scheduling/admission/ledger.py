@@ -64,7 +64,9 @@ ARRIVAL_KEPT_S = ADMISSION_TIMEOUT_S + 24 * 3600.0  # a job's arrival outlives i
 RUNS_IN_FLIGHT = 256
 LEDGER_FILE = "scheduling/admission.db"  # under TRAINYARD_HOME
 # A Job's fields as the admission table's columns, in the dataclass's order
-JOB_COLUMNS = 'id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_limit'
+JOB_COLUMNS = 'id, team, gpu_type, slots, priority, max_hours, "user", grp, grp_limit, nodes'
+_JOB_WIDTH = len(dataclasses.fields(Job))
+JOB_VALUES = ", ".join("?" * _JOB_WIDTH)  # their placeholders
 
 ENTRY_COLUMNS = (
     f"{JOB_COLUMNS}, enqueued, admitted, borrowed, lease_until, devices, host, preemptions, preempted_for, "
@@ -97,7 +99,19 @@ os.register_at_fork(after_in_child=_forget_kept)
 
 def _entry(r: Sequence) -> Entry:
     """An admission row of :data:`ENTRY_COLUMNS` as an Entry."""
-    return Entry(Job(*r[:9]), r[9], r[10], r[11], r[12], tuple(r[13].split(",")) if r[13] else (), *r[14:18])
+    enqueued, admitted, borrowed, lease_until, devices, host, preemptions, preempted_for, waiting_since = r[_JOB_WIDTH:]
+    return Entry(
+        Job(*r[:_JOB_WIDTH]),
+        enqueued,
+        admitted,
+        borrowed,
+        lease_until,
+        tuple(devices.split(",")) if devices else (),
+        host,
+        preemptions,
+        preempted_for,
+        waiting_since,
+    )
 
 
 def _job_row(job: Job) -> tuple:
@@ -266,7 +280,7 @@ class Ledger:
             conn.execute("INSERT INTO arrivals (id, enqueued) VALUES (?, ?) ON CONFLICT (id) DO NOTHING", (job.id, now))
             (arrived,) = conn.execute("SELECT enqueued FROM arrivals WHERE id = ?", (job.id,)).fetchone()
             conn.execute(
-                f"INSERT INTO admission ({JOB_COLUMNS}, enqueued, lease_until) VALUES ({', '.join('?' * 11)}) "
+                f"INSERT INTO admission ({JOB_COLUMNS}, enqueued, lease_until) VALUES ({JOB_VALUES}, ?, ?) "
                 "ON CONFLICT (id) DO UPDATE SET lease_until = CASE WHEN excluded.lease_until > "
                 "admission.lease_until THEN excluded.lease_until ELSE admission.lease_until END",
                 (*_job_row(job), arrived, now + WAITING_LEASE_S),
@@ -329,7 +343,7 @@ class Ledger:
             borrowed = beyond_quota(team_used, job.slots, self.config.quota(job.team, job.gpu_type))
             conn.execute(
                 f"INSERT INTO admission ({JOB_COLUMNS}, enqueued, admitted, borrowed, devices, host, lease_until) "
-                f"VALUES ({', '.join('?' * 15)})",
+                f"VALUES ({JOB_VALUES}, ?, ?, ?, ?, ?, ?)",
                 (*_job_row(job), arrived, now, borrowed, ",".join(devices), self.host, now + RUNNING_LEASE_S),
             )
             return True
@@ -482,21 +496,20 @@ class Ledger:
             return [HostRecord(h, t, tuple(d.split(",")) if d else (), until) for h, t, d, until in rows.fetchall()]
 
     @staticmethod
-    def _served(conn: Connection, now: float) -> dict[str, float] | None:
-        """GPU type -> the most of its devices on one live host (``math.inf`` for a type whose slots are no
-        devices), for :func:`~.policy.plan`; None where no host ever announced itself (one host, LocalExecutor:
-        its trainings run wherever Airflow runs its tasks)."""
+    def _served(conn: Connection, now: float) -> dict[str, tuple[float, ...]] | None:
+        """GPU type -> how many of its devices each live host serving it has, most first (``math.inf`` for a
+        type whose slots are no devices), for :func:`~.policy.plan`; None where no host ever announced itself
+        (one host, LocalExecutor: its trainings run wherever Airflow runs its tasks)."""
         rows = conn.execute("SELECT gpu_type, devices, seen_until FROM hosts").fetchall()
         if not rows:
             return None
-        served: dict[str, float] = {}
+        served: dict[str, list[float]] = {}
         for gpu_type, devices, until in rows:
             if until > now:
-                count = len(devices.split(",")) if devices else math.inf
-                served[gpu_type] = max(served.get(gpu_type, 0), count)
-        return served
+                served.setdefault(gpu_type, []).append(len(devices.split(",")) if devices else math.inf)
+        return {gpu_type: tuple(sorted(counts, reverse=True)) for gpu_type, counts in served.items()}
 
-    def served(self) -> dict[str, float] | None:
+    def served(self) -> dict[str, tuple[float, ...]] | None:
         """:meth:`_served` now."""
         with self.db.connection() as conn:
             return self._served(conn, self._now(conn))
@@ -701,5 +714,14 @@ def job_for(res: Resources, run_key: str, user: str | None = None, group: str = 
     one of ``group``, of which at most ``group_limit`` are admitted at once. Its ``gpu_type`` is the type its
     slots are counted in (:attr:`~trainyard.spec.Resources.slot_type`: on a MIG type, its profile's slices)."""
     return Job(
-        run_key, res.team, res.slot_type, res.total_gpus, res.priority, res.max_hours, user or "", group, group_limit
+        run_key,
+        res.team,
+        res.slot_type,
+        res.total_gpus,
+        res.priority,
+        res.max_hours,
+        user or "",
+        group,
+        group_limit,
+        res.nodes,
     )

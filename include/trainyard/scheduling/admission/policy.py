@@ -20,7 +20,8 @@ The rules (the package's docstring says why):
 * with the teams' spend, a team's admitted jobs' commitments stay within its monthly budget's rest;
 * a sweep has at most ``sweep.parallelism`` trials admitted at once;
 * where workers announce the GPU types they serve (``served``), a job waits while no live worker serves
-  its type with enough devices on one host, without holding anything back (:func:`unserved`);
+  its type with enough devices on one host (a multi-node job: on as many hosts as it has nodes), without
+  holding anything back (:func:`unserved`);
 * with :class:`PreemptionRules`, a job within its team's quota reclaims the slots other teams borrow of
   it (:func:`reclaim`): the ledger marks the jobs it preempts, their trainings hear it through their
   lease, checkpoint and stop, and wait again in their places (:mod:`.lease`).
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,7 @@ class Job:
     user: str = ""  # who triggered the run ("" for a schedule): shown by `trainyard queue`
     group: str = ""  # a sweep's trials share one: its run key
     group_limit: int = 0  # at most this many jobs of the group admitted at once (sweep.parallelism); 0: any
+    nodes: int = 1  # hosts its slots are spread over, slots / nodes on each (resources.nodes): admitted together
 
 
 @dataclass(frozen=True)
@@ -401,24 +403,31 @@ class _Commitments:
         return Verdict.wait(WaitReason.BUDGET, message)
 
 
-def unserved(entries: list[Entry], served: Mapping[str, float]) -> dict[str, Verdict]:
-    """The waiting jobs no live worker can run (``served``: GPU type -> the most of its devices on one live
-    host, ``math.inf`` for a type whose slots are no devices): their type is served by none, or by none with
-    as many of its devices as the job needs. They wait, holding nothing back; a worker that starts serving
-    the type lets them in at the next decision."""
+def unserved(entries: list[Entry], served: Mapping[str, Sequence[float]]) -> dict[str, Verdict]:
+    """The waiting jobs no live workers can run (``served``: GPU type -> how many of its devices each live
+    host serving it has, ``math.inf`` for a type whose slots are no devices): their type is served by none,
+    or by fewer hosts with as many of its devices as each of the job's nodes needs (``slots / nodes``) than
+    it has nodes. They wait, holding nothing back; a worker that starts serving the type lets them in at the
+    next decision."""
     verdicts = {}
     for e in entries:
-        t, need = e.job.gpu_type, e.job.slots
-        if e.admitted is not None or served.get(t, 0) >= need:
+        t, nodes = e.job.gpu_type, e.job.nodes
+        per_node = e.job.slots // nodes  # resources.total_gpus: nodes x gpus_per_node
+        if e.admitted is not None or sum(count >= per_node for count in served.get(t, ())) >= nodes:
             continue
         if t not in served:
             message = (
                 f"{t}: no live worker serves it (the workers serve {sorted(served) or 'nothing'}): it starts once "
                 f"one whose TRAINYARD_GPU_DEVICES lists {t} runs `trainyard worker`"
             )
+        elif nodes == 1:
+            most = max(served[t])
+            message = f"{t}: the job needs {per_node} devices on one host, and the live workers have {most:.0f} at most"
         else:
+            enough = sum(count >= per_node for count in served[t])
             message = (
-                f"{t}: the job needs {need} devices on one host, and the live workers have {served[t]:.0f} at most"
+                f"{t}: the job's {nodes} nodes need {nodes} hosts with {per_node} of its devices each, and "
+                f"{enough} live host(s) have them"
             )
         verdicts[e.job.id] = Verdict.wait(WaitReason.UNSERVED, message)
     return verdicts
@@ -431,7 +440,7 @@ def plan(
     spend: Spend | None = None,
     preemption: PreemptionRules | None = None,
     admissions_only: bool = False,
-    served: Mapping[str, float] | None = None,
+    served: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Verdict]:
     """Every waiting job's verdict now: job id -> admitted (with the slots it borrows) or waiting (and why), per GPU
     type in the order the jobs are looked at (past the bound on waiting first, then within quota, then by priority,

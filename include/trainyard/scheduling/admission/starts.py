@@ -32,7 +32,7 @@ import bisect
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -197,7 +197,7 @@ def _in_sight(
     entries: list[Entry],
     now: float,
     spend: Spend | None,
-    served: Mapping[str, float] | None = None,
+    served: Mapping[str, Sequence[float]] | None = None,
 ) -> tuple[list[Entry], set[str]]:
     """What the forward runs place, and the waiting jobs too far back in their queues to be placed: of the
     teams and GPU types of ``config``, the admitted, and of each type's waiting jobs every one the policy
@@ -242,7 +242,7 @@ def estimate_starts(
     spend: Spend | None = None,
     history: History = NO_HISTORY,
     floor_s: float = WAIT_FLOOR_S,
-    served: Mapping[str, float] | None = None,
+    served: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, StartEstimate]:
     """Each waiting job's :class:`StartEstimate` (none for a job no forward run starts: a limit or its budget
     holds it): the latest start, and with ``history`` (the ledger's) the expected start and its band.

@@ -97,6 +97,33 @@ def worker_env(
     return env
 
 
+# How far apart the nodes of one job may start (image pulls, scheduling, a node task queued behind another).
+RDZV_TIMEOUT_S = 900
+# Elastic (min_nodes < nodes): once min_nodes are at a rendezvous, how long it waits for the rest. The nodes
+# left go on this long after torchrun's keep-alive has given a lost node up (3 missed beats 5 s apart); at the
+# start, a node later than this joins once it comes (its nodes start again, from where they are, with it).
+ELASTIC_LAST_CALL_S = 5
+
+
+def rendezvous_args(spec: JobSpec, endpoint: str, rdzv_id: str, is_host: bool | None = None) -> list[str]:
+    """torchrun's options for one node of ``spec``'s nodes: c10d's rendezvous in a store that node 0 serves at
+    ``endpoint`` (``host:port``), the round named ``rdzv_id``; ``is_host``: whether this node serves the store
+    (None: torch decides, by whether ``endpoint`` names this machine). The same on Kubernetes and locally."""
+    res = spec.resources
+    conf = f"join_timeout={RDZV_TIMEOUT_S},read_timeout={RDZV_TIMEOUT_S}"
+    if res.elastic:  # past min_nodes, a round waits this long for the others, then goes on without them
+        conf += f",last_call_timeout={ELASTIC_LAST_CALL_S}"
+    if is_host is not None:
+        conf += f",is_host={str(is_host).lower()}"
+    return [
+        f"--nnodes={res.min_nodes}:{res.nodes}" if res.elastic else f"--nnodes={res.nodes}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={endpoint}",
+        f"--rdzv_id={rdzv_id}",
+        f"--rdzv_conf={conf}",
+    ]
+
+
 def this_host_cores() -> int:
     """The cores this process may run on (its CPU affinity: a container's or a `taskset`'s share, not the
     whole machine's count)."""

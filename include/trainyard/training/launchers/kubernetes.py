@@ -36,7 +36,7 @@ Why c10d and no ``--node_rank``: torchrun ignores node_rank outside the static b
 ranks itself and, unlike static, re-rendezvouses every node when one restarts (``--max_restarts``). Pod 0
 hosts the store because the endpoint is its fully qualified name, which its own /etc/hosts already maps
 (torch's ``_matches_machine_hostname``), so hosting does not wait for DNS; other pods retry name lookup
-and connection until ``RDZV_TIMEOUT_S``. Starting the gang together is the cluster's job (e.g. Kueue).
+and connection until ``RDZV_TIMEOUT_S`` (launchers.base). Starting the gang together is the cluster's job (e.g. Kueue).
 c10d numbers the nodes of a round in the order of their names, so pod 0 (``<job>-0.``, first) is group rank 0,
 which writes the result, in every round it is in; an elastic Job's success is therefore pod 0's.
 """
@@ -62,7 +62,7 @@ from trainyard.scheduling.cluster import TEAM_LABEL, label_value, mig_resource
 from trainyard.scheduling.resources import ResourcesConfig, resources_in_force
 from trainyard.spec import JobSpec, SpecError
 from trainyard.training import custom
-from trainyard.training.launchers.base import Interval, Launcher, time_left
+from trainyard.training.launchers.base import Interval, Launcher, rendezvous_args, time_left
 from trainyard.training.preemption import GRACE_ENV, ON_SIGTERM_ENV
 from trainyard.training.run_config import RunConfig, work_dir
 
@@ -71,11 +71,6 @@ TRAINYARD_HOME = "/var/trainyard"  # the data PVC's mount point in every pod
 CONTAINER = "trainer"
 RDZV_PORT = 29400
 HOROVOD_RDZV_PORT = 29401
-RDZV_TIMEOUT_S = 900  # how far apart the pods of one job may start (image pulls, scheduling)
-# Elastic (min_nodes < nodes): once min_nodes are at a rendezvous, how long it waits for the rest. The nodes
-# left go on this long after torchrun's keep-alive has given a lost node up (3 missed beats 5 s apart); at the
-# start, a pod later than this joins once it comes (its nodes start again, from where they are, with it).
-ELASTIC_LAST_CALL_S = 5
 CLUSTER_DOMAIN = "cluster.local"
 # the taints a node gets when it stops answering, and how long a training's pod stays on such a node
 NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -191,16 +186,8 @@ def worker_command(spec: JobSpec, run_key: str, config_path: str, *, attempt: in
     if res.nodes == 1:
         argv += ["--standalone", "--nnodes=1"]
     else:
-        rdzv_conf = f"join_timeout={RDZV_TIMEOUT_S},read_timeout={RDZV_TIMEOUT_S}"
-        if res.elastic:  # past min_nodes, a round waits this long for the others, then goes on without them
-            rdzv_conf += f",last_call_timeout={ELASTIC_LAST_CALL_S}"
-        argv += [
-            f"--nnodes={res.min_nodes}:{res.nodes}" if res.elastic else f"--nnodes={res.nodes}",
-            "--rdzv_backend=c10d",
-            f"--rdzv_endpoint={pod_host(spec, run_key, 0, attempt=attempt)}:{RDZV_PORT}",
-            f"--rdzv_id={job_name(spec, run_key, attempt=attempt)}",
-            f"--rdzv_conf={rdzv_conf}",
-        ]
+        endpoint = f"{pod_host(spec, run_key, 0, attempt=attempt)}:{RDZV_PORT}"
+        argv += rendezvous_args(spec, endpoint, job_name(spec, run_key, attempt=attempt))
     return argv + ["-m", "trainyard.training.entry", "--config", config_path]
 
 
