@@ -6,7 +6,9 @@ One training job through the whole production line:
 `validate_spec` → `resolve_dataset` → `validate_data` → `prepare_data` → `choose_launcher`, then one of
 three branches (the others are skipped):
 
-- one training here: `admit` → `train`;
+- one training here: `admit` → `train`, and for a job of several nodes (`resources.nodes`) `plan_nodes` →
+  a `train_node` per node but the first (mapped): `train` is node 0, which serves the rendezvous, and each
+  node runs on a worker of the job's GPU type (on the cluster profile, a host of its own);
 - on Kubernetes: `plan_kubernetes` → `train_kubernetes` → `collect_kubernetes`;
 - a sweep: `plan_sweep` → a `trial` per slot (`trial.admit` → `trial.train_trial`, mapped) → `close_sweep`;
 
@@ -15,7 +17,8 @@ then `training_result` → `evaluate` → `gate` → `export_onnx` → `register
 The **JobSpec** is this DAG's Params (the trigger form) or the REST `conf`. It is validated once, by the
 first task; an invalid spec fails that task and nothing else runs. The training task (`train` or
 `train_kubernetes`) runs in the GPU pool of `resources.gpu_type` and holds `nodes x gpus_per_node` slots,
-all of the job's GPUs at once (set per run by the cluster policy in `plugins/airflow_local_settings.py`).
+all of the job's GPUs at once (a local job of several nodes: each node's task its node's; set per run by the
+cluster policy in `plugins/airflow_local_settings.py`).
 Before a local training, `admit` waits until the admission ledger gives the job its GPUs within its team's
 quota and what it may borrow (`trainyard/scheduling/admission/`).
 
@@ -204,9 +207,10 @@ def _evaluated_here(job_spec: JobSpec) -> Path:
     return folder
 
 
-def _leased(lease: Any) -> LocalLaunch:
+def _leased(lease: Any, place: Any = None) -> LocalLaunch:
     """How a training runs on this worker (a LocalLaunch): as its admission's lease says (its devices, the
-    signal to stop, its wait in the queue), with its run's MLflow tags; its links shown once it starts."""
+    signal to stop, its wait in the queue), with its run's MLflow tags; its links shown once it starts;
+    ``place``: this node's among a multi-node job's (a NodePlace)."""
     from trainyard.pipeline.train import LocalLaunch
     from trainyard.training.launchers.local import Preemption
     from trainyard_airflow.links import push_while_training
@@ -219,27 +223,34 @@ def _leased(lease: Any) -> LocalLaunch:
         waited_s=lease.waited_s,
         tags=_run_tags(),
         on_plan=lambda plan: push_while_training(ti, plan),
+        node=place,
     )
 
 
-def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) -> dict:
-    """``work(lease)`` while ``job`` holds its admission (renewed by a heartbeat; released once its
+def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0, node: int = 0) -> dict:
+    """``work(lease, place)`` while ``job`` holds its admission (renewed by a heartbeat; released once its
     training can no longer run); a retry long after its admission waits for it again, holding nothing, and
     so does a training that was preempted (its GPUs went back; it resumes from its checkpoint once admitted
     again). It waits rescheduled, not deferred: its GPU pool counts deferred tasks (a Kubernetes training
     holds its GPUs while deferred), and a deferred training would keep the slots its preemptor needs.
-    Past ``spec``'s expected hours (``earlier_s`` of earlier tries included) its team is told, once."""
+    Past ``spec``'s expected hours (``earlier_s`` of earlier tries included) its team is told, once.
+
+    A multi-node job's ``node`` (``place``, a NodePlace; None for a job of one node): node 0 holds the
+    admission and serves the rendezvous, each other node follows its admission and joins it
+    (:func:`trainyard.scheduling.admission.lease.follow`)."""
     import logging
+    from contextlib import nullcontext
     from datetime import UTC, datetime
 
     from airflow.sdk.exceptions import AirflowRescheduleException
 
     from trainyard import paths
     from trainyard.errors import Preempted
-    from trainyard.scheduling.admission.lease import hold
+    from trainyard.scheduling.admission.lease import follow, hold
     from trainyard.scheduling.admission.ledger import NotAdmitted, default_ledger
     from trainyard.scheduling.budgets import current_spend
     from trainyard.scheduling.hosts import devices_here
+    from trainyard.scheduling.nodes import node_place
 
     ledger = default_ledger()
     spend = current_spend(ledger.config, paths.runs_root())
@@ -249,14 +260,18 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0) 
     try:
         available = devices_here(job.gpu_type)
     except PermanentError:  # no such type here, or no inventory: its slots go back at once, not at its lease's end
-        ledger.release(job.id)
+        if node == 0:  # (node 0 holds a multi-node job's admission)
+            ledger.release(job.id)
         raise
+    final_try = ti.try_number > ti.max_tries
     try:
         with (
-            hold(ledger, job, final_try=ti.try_number > ti.max_tries, available=available, spend=spend) as lease,
-            training_time_watch(spec, job.id, _run_key(), earlier_s, context),
+            hold(ledger, job, final_try=final_try, available=available, spend=spend)
+            if node == 0
+            else follow(ledger, job, node, available=available) as lease,
+            training_time_watch(spec, job.id, _run_key(), earlier_s, context) if node == 0 else nullcontext(),
         ):
-            return work(lease)
+            return work(lease, node_place(ledger, job, node, lease))
     except (NotAdmitted, Preempted) as err:
         # Not sooner than RESCHEDULE_MIN_S: a task the scheduler queues again before this process has ended
         # (its log upload, under load, took 2.3 s) is failed as "killed externally" when the exit is reported
@@ -347,9 +362,39 @@ def train(spec: dict, dataset: dict, data: dict) -> dict:
     return _while_admitted(
         job,
         job_spec,
-        lambda lease: run(job_spec, pinned, prepared, _run_key(), _leased(lease)).model_dump(mode="json"),
+        lambda lease, place: run(job_spec, pinned, prepared, _run_key(), _leased(lease, place)).model_dump(mode="json"),
         earlier_s=wall_seconds(run_dir(job_spec, _run_key())),
     )
+
+
+@task(multiple_outputs=False)
+@fail_permanently
+def plan_nodes(spec: dict) -> list[int]:
+    """The nodes of a multi-node job but node 0 (which `train` runs): one `train_node` each; none for a job
+    of one node."""
+    return list(range(1, _spec(spec).resources.nodes))
+
+
+@task(**ON_GPUS)
+@fail_permanently
+def train_node(spec: dict, dataset: dict, data: dict, node: int) -> dict:
+    """Node ``node`` of a multi-node training: its workers on this machine, peers of node 0's (`train`),
+    which holds the job's admission, serves the rendezvous and writes the result. One whose job ended
+    before it joined (node 0 finished without it: an elastic job) has nothing left to do."""
+    from trainyard.pipeline.train import train_node as run
+    from trainyard.scheduling.admission.ledger import default_ledger, job_for
+
+    job_spec = _spec(spec)
+    prepared = _prepared(job_spec, _dataset(job_spec, dataset))
+    job = job_for(job_spec.resources, _run_key(), triggering_user())
+    if default_ledger().finished(job.id):
+        return {"node": node, "ended": "the job finished before this node joined it"}
+
+    def work(lease: Any, place: Any) -> dict:
+        run(job_spec, prepared, _run_key(), _leased(lease, place))
+        return {"node": node}
+
+    return _while_admitted(job, job_spec, work, node=node)
 
 
 @task
@@ -599,6 +644,9 @@ def train_pipeline():
     [launcher, data] >> admitted
     launcher >> plan
     admitted >> local
+    nodes: Any = plan_nodes(spec)
+    admitted >> nodes
+    train_node.partial(spec=spec, dataset=dataset, data=data).expand(node=nodes)
     on_kubernetes >> remote
     trained: Any = training_result()
     [local, remote, best] >> trained

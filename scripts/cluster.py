@@ -2,7 +2,8 @@
 
     python scripts/cluster.py up|down|status|env      (make up-cluster / down-cluster / cluster-status)
 
-``up`` starts, each only if it is not running yet, every service on 127.0.0.1 only:
+``up`` starts, each only if it is not running yet, every service on 127.0.0.1 only (or on the address of the
+cluster's :class:`Network`, where workers run on hosts of their own):
 
 - PostgreSQL (the Debian package's binaries): database ``airflow`` (Airflow's metadata and Celery's
   results), ``mlflow`` (the tracking server's backend store), ``mlflow_auth`` (its users, roles and
@@ -44,6 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainyard.scheduling.hosts import ADDRESS_ENV as HOST_ADDRESS_ENV
 from trainyard.spec import MAX_HOURS_LIMIT
 from trainyard.tracking import mlflow_auth
 
@@ -64,11 +66,67 @@ VISIBILITY_TIMEOUT_S = int(MAX_HOURS_LIMIT * 3600 + 3600)
 class Worker:
     """A Celery worker: of ``queues`` (``airflow celery worker``), or a GPU host serving the GPU types its
     inventory ``gpus`` lists (``trainyard worker``, ``TRAINYARD_GPU_DEVICES``; :data:`THIS_MACHINE`: this
-    machine's, else the ``cpu`` type's alone)."""
+    machine's, else the ``cpu`` type's alone). ``own_host``: in a network namespace of its own, with its own
+    address (the cluster's :class:`Network`), as a separate machine would be."""
 
     concurrency: int = 1
     queues: str = ""
     gpus: str = ""
+    own_host: bool = False
+
+
+@dataclass(frozen=True)
+class Network:
+    """Hosts of their own on this one machine: a bridge that holds the services' address (``<prefix>.1``),
+    and for each worker with ``own_host`` a network namespace joined to it by a veth pair, with an address of
+    its own (``<prefix>.<10 + i>``). What runs in a namespace reaches the services and the other hosts, not
+    this machine's loopback. Needs root and ``ip`` (iproute2). ``name``: a short tag of this cluster's, in
+    the names of its bridge, namespaces and links (an interface name holds at most 15 characters)."""
+
+    name: str = "ty"
+    prefix: str = "10.213.7"
+
+    @property
+    def address(self) -> str:
+        return f"{self.prefix}.1"
+
+    def named(self, what: str) -> str:
+        """This network's name for ``what``: its bridge (``br``), a veth link, a host's namespace."""
+        return f"{self.name}-{what}"
+
+    @staticmethod
+    def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+    def up(self) -> None:
+        """The bridge with the services' address (once)."""
+        if self._ip("link", "show", self.named("br"), check=False).returncode == 0:
+            return
+        self._ip("link", "add", self.named("br"), "type", "bridge")
+        self._ip("addr", "add", f"{self.address}/24", "dev", self.named("br"))
+        self._ip("link", "set", self.named("br"), "up")
+
+    def add_host(self, host: str, index: int) -> tuple[str, str]:
+        """Host ``host``'s namespace and address (made once): the ``index``-th host of the cluster."""
+        namespace, address = self.named(host), f"{self.prefix}.{10 + index}"
+        if self._ip("netns", "pids", namespace, check=False).returncode == 0:
+            return namespace, address
+        link = self.named(f"v{index}")
+        self._ip("link", "del", link, check=False)  # a link left by a namespace deleted by hand
+        self._ip("netns", "add", namespace)
+        self._ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        self._ip("link", "set", link, "master", self.named("br"), "up")
+        self._ip("-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+        self._ip("-n", namespace, "link", "set", "eth0", "up")
+        self._ip("-n", namespace, "link", "set", "lo", "up")
+        return namespace, address
+
+    def down(self) -> None:
+        """Every namespace of this cluster's and its bridge (their links go with them)."""
+        listed = self._ip("netns", "list", check=False).stdout.split("\n")
+        for namespace in (line.split()[0] for line in listed if line.startswith(f"{self.name}-")):
+            self._ip("netns", "del", namespace, check=False)
+        self._ip("link", "del", self.named("br"), check=False)
 
 
 THIS_MACHINE = "this machine's"
@@ -106,12 +164,17 @@ class Cluster:
         ports: dict[str, int] | None = None,
         settings: dict[str, str] | None = None,
         workers: dict[str, Worker] | None = None,
+        network: Network | None = None,
     ):
         """``root``: the folder that holds everything; ``ports``: overrides of DEFAULT_PORTS; ``settings``:
         more environment (Airflow settings as ``AIRFLOW__SECTION__KEY``) for every process; ``workers``:
-        the Celery workers ``up`` starts, by name (default WORKERS)."""
+        the Celery workers ``up`` starts, by name (default WORKERS); ``network``: hosts of their own for the
+        workers that ask for one, and the services on its address instead of loopback."""
         self.root = root.resolve()
         self.workers = workers or WORKERS
+        self.network = network
+        self.address = network.address if network else "127.0.0.1"  # where every service listens
+        self.hosts: dict[str, str] = {}  # the workers on hosts of their own: name -> namespace
         self.ports = {**DEFAULT_PORTS, **(ports or {})}
         self.settings = settings or {}
         self.logs, self.pids = self.root / "logs", self.root / "pids"
@@ -136,15 +199,15 @@ class Cluster:
         return known[name]
 
     def database_url(self, name: str, driver: str = "postgresql") -> str:
-        return f"{driver}://postgres:{self.secret('postgres')}@127.0.0.1:{self.ports['postgres']}/{name}"
+        return f"{driver}://postgres:{self.secret('postgres')}@{self.address}:{self.ports['postgres']}/{name}"
 
     @property
     def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['api']}"
+        return f"http://{self.address}:{self.ports['api']}"
 
     @property
     def mlflow_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['mlflow']}"
+        return f"http://{self.address}:{self.ports['mlflow']}"
 
     def env(self) -> dict[str, str]:
         """The environment that makes Airflow and trainyard the cluster profile (nothing else differs)."""
@@ -161,7 +224,7 @@ class Cluster:
             "AIRFLOW_API_URL": self.api_url,
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url("airflow", "postgresql+psycopg2"),
-            "AIRFLOW__CELERY__BROKER_URL": f"redis://:{self.secret('redis')}@127.0.0.1:{self.ports['redis']}/0",
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://:{self.secret('redis')}@{self.address}:{self.ports['redis']}/0",
             "AIRFLOW__CELERY__RESULT_BACKEND": self.database_url("airflow", "db+postgresql+psycopg2"),
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
             # the workers import the heavy libraries once, before forking their pool (trainyard_airflow.celery_config)
@@ -174,7 +237,7 @@ class Cluster:
             # step or a checkpoint takes: four beats missed in a row, not a slow training, fail it.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(TASK_HEARTBEAT_TIMEOUT_S),
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
-            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__HOST": self.address,
             "AIRFLOW__API__BASE_URL": self.api_url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
             **self.settings,
@@ -209,15 +272,17 @@ class Cluster:
             return None
         return proc.pid
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        """Start service ``name`` under :func:`supervise` (its pid file names the supervisor)."""
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, namespace: str = "") -> None:
+        """Start service ``name`` under :func:`supervise` (its pid file names the supervisor), in network
+        namespace ``namespace`` if one is named (``ip netns exec`` execs it there: the pid is the same)."""
         if self.pid(name):
             return
         self.logs.mkdir(parents=True, exist_ok=True)
         self.pids.mkdir(parents=True, exist_ok=True)
+        inside = ["ip", "netns", "exec", namespace] if namespace else []
         with open(self.logs / f"{name}.log", "a") as log:
             proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "supervise", name, "--", *argv],
+                [*inside, sys.executable, str(Path(__file__).resolve()), "supervise", name, "--", *argv],
                 env={**self.process_env(), **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -347,13 +412,19 @@ class Cluster:
         if self._pg_running():
             return
         socket_dir = self.pg_data.parent
-        options = f"-p {self.ports['postgres']} -k {socket_dir} -c listen_addresses=127.0.0.1"
+        options = f"-p {self.ports['postgres']} -k {socket_dir} -c listen_addresses={self.address}"
+        if self.network is not None:  # the hosts of their own connect from the network's addresses
+            hba = self.pg_data / "pg_hba.conf"
+            line = f"host all all {self.network.prefix}.0/24 scram-sha-256"
+            if line not in hba.read_text().splitlines():
+                with open(hba, "a") as fh:
+                    fh.write(line + "\n")
         log = self.pg_data.parent / "postgres.log"
         self._pg("pg_ctl", "-D", str(self.pg_data), "-o", options, "-l", str(log), "-w", "start")
         for db in DATABASES:
             with contextlib.suppress(subprocess.CalledProcessError):  # made by an earlier `up`
                 port = str(self.ports["postgres"])
-                self._pg("createdb", "-h", "127.0.0.1", "-p", port, "-U", "postgres", db, login=True)
+                self._pg("createdb", "-h", self.address, "-p", port, "-U", "postgres", db, login=True)
 
     def _pg_running(self) -> bool:
         try:
@@ -376,11 +447,11 @@ class Cluster:
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(
-                f'bind 127.0.0.1\nport {self.ports["redis"]}\ndir {data}\nappendonly yes\nsave ""\n'
+                f'bind {self.address}\nport {self.ports["redis"]}\ndir {data}\nappendonly yes\nsave ""\n'
                 f"protected-mode yes\nrequirepass {self.secret('redis')}\n"
             )
         self._spawn("redis", ["redis-server", str(conf)])
-        _wait_port(self.ports["redis"], 30, "Redis")
+        _wait_port(self.address, self.ports["redis"], 30, "Redis")
 
     # -- MLflow and Airflow -----------------------------------------------------------------------------
 
@@ -396,9 +467,9 @@ class Cluster:
         )
         self._spawn(  # its store's URL (with the password) by environment, not on the command line
             "mlflow",
-            ["mlflow", "server", "--app-name", "basic-auth", "--host", "127.0.0.1", "--port", str(port),
+            ["mlflow", "server", "--app-name", "basic-auth", "--host", self.address, "--port", str(port),
              "--serve-artifacts", "--artifacts-destination", str(artifacts),
-             "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}", "--workers", "2"],
+             "--allowed-hosts", f"{self.address}:{port},localhost:{port}", "--workers", "2"],
             {
                 **mlflow_auth.server_env(auth, self.secret("mlflow_csrf")),
                 "MLFLOW_BACKEND_STORE_URI": self.database_url("mlflow", "postgresql+psycopg2"),
@@ -452,15 +523,26 @@ class Cluster:
             return
         gpus = os.environ.get("TRAINYARD_GPU_DEVICES", "cpu=") if worker.gpus == THIS_MACHINE else worker.gpus
         extra = ["--queue", worker.queues] if worker.queues else []
+        env, namespace = {"TRAINYARD_GPU_DEVICES": gpus}, ""
+        if worker.own_host:
+            if self.network is None:
+                raise SystemExit(f"worker {name} asks for a host of its own, and the cluster has no Network")
+            index = list(self.hosts).index(name) if name in self.hosts else len(self.hosts)
+            namespace, address = self.network.add_host(name, index)
+            self.hosts[name] = namespace
+            env[HOST_ADDRESS_ENV] = address  # where the other nodes of a multi-node job reach it
         self._spawn(
             name,
             ["trainyard", "worker", "--name", name, "--concurrency", str(worker.concurrency), *extra, "--", *common],
-            env={"TRAINYARD_GPU_DEVICES": gpus},
+            env=env,
+            namespace=namespace,
         )
 
     # -- the whole ---------------------------------------------------------------------------------------
 
     def up(self, wait_s: float = 300) -> None:
+        if self.network is not None:
+            self.network.up()
         self.start_postgres()
         self.start_redis()
         self.start_mlflow()
@@ -488,6 +570,9 @@ class Cluster:
         self.kill(*airflow, wait_s=wait_s)
         self.kill("mlflow", "redis", wait_s=wait_s)
         self.stop_postgres()
+        if self.network is not None:
+            self.network.down()
+            self.hosts.clear()
 
     def status(self) -> dict[str, int | None]:
         running = {name: self.pid(name) for name in (*self.services(), *self.workers)}
@@ -577,13 +662,13 @@ def supervise(name: str, argv: list[str]) -> int:
     return code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
 
 
-def _wait_port(port: int, seconds: float, what: str) -> None:
+def _wait_port(address: str, port: int, seconds: float, what: str) -> None:
     deadline = time.time() + seconds
     while time.time() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=1):
             return
         time.sleep(0.2)
-    raise SystemExit(f"{what} is not listening on 127.0.0.1:{port} after {seconds:.0f} s")
+    raise SystemExit(f"{what} is not listening on {address}:{port} after {seconds:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

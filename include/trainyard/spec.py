@@ -183,7 +183,15 @@ class Resources(_Model):
     """What the job needs. ``gpus_per_node`` is also the local process count, the Airflow pool_slots
     of the train task and, on Kubernetes, the pod's ``nvidia.com/gpu`` limit."""
 
-    nodes: int = Field(1, ge=1, le=256, description="> 1 needs the kubernetes launcher")
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description=(
+            "hosts the job trains on, gpus_per_node on each: on Kubernetes pods, locally workers of its GPU type "
+            "(ddp and deepspeed)"
+        ),
+    )
     min_nodes: int | None = Field(
         None,
         ge=1,
@@ -646,8 +654,13 @@ class JobSpec(_Model):
 
     @model_validator(mode="after")
     def _launcher_fits(self) -> JobSpec:
-        if self.backends.launcher == "local" and self.resources.nodes > 1:
-            raise ValueError("resources.nodes > 1 needs backends.launcher = 'kubernetes' (local runs one node)")
+        one_node_only = self.recipe == "custom" or self.distributed.strategy == "horovod" or self.sweep is not None
+        if self.backends.launcher == "local" and self.resources.nodes > 1 and one_node_only:
+            raise ValueError(
+                "resources.nodes > 1 with backends.launcher 'local' trains a built-in recipe with "
+                "distributed.strategy 'ddp' or 'deepspeed', one job (no sweep); a custom command or horovod "
+                "on several nodes needs backends.launcher 'kubernetes'"
+            )
         if self.resources.elastic and (self.recipe == "custom" or self.distributed.strategy != "ddp"):
             raise ValueError(
                 "resources.min_nodes below resources.nodes (elastic) needs a built-in recipe with distributed.strategy "

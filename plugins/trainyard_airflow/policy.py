@@ -6,7 +6,8 @@ Airflow fixes ``pool`` and ``pool_slots`` when a DAG is parsed, but a JobSpec ar
 form, REST ``conf``). Airflow's ``task_instance_mutation_hook`` runs in the scheduler when task instances
 are created, with the run at hand, so it is where ``resources.gpu_type`` (on a MIG type with its
 ``mig_profile``: :attr:`trainyard.spec.Resources.slot_type`) becomes the pool,
-``resources.nodes x gpus_per_node`` the pool_slots (a gang reservation: all of the job's GPUs or none)
+``resources.nodes x gpus_per_node`` the pool_slots (a gang reservation: all of the job's GPUs or none; a
+local training's task of one node of several, :data:`PER_NODE_TASKS`, its node's)
 and ``resources.priority`` the priority_weight, above every other task's (:func:`training_priority`).
 
 It touches only tasks already placed in a GPU pool (``gpu-*``) by their DAG, and only when the run's
@@ -43,8 +44,15 @@ def training_priority(priority: int) -> int:
     return TRAINING_PRIORITY_BASE + priority
 
 
-def reservation(conf: dict | None) -> tuple[str, int, int] | None:
-    """(pool, pool_slots, priority_weight) for a run's conf, or None to keep the DAG's own values."""
+# A local training's tasks each run one node (node 0, `train`, and each other node of a multi-node job) and hold
+# its GPUs, so the pool counts a job's GPUs once over its nodes (a job of one node: all of them); a Kubernetes
+# training's task holds all of its pods'.
+PER_NODE_TASKS = frozenset({"train", "train_node"})
+
+
+def reservation(conf: dict | None, per_node: bool = False) -> tuple[str, int, int] | None:
+    """(pool, pool_slots, priority_weight) for a run's conf, or None to keep the DAG's own values; ``per_node``:
+    for the task of one node."""
     from pydantic import ValidationError
 
     from trainyard.form import ConfError, spec_input
@@ -58,7 +66,7 @@ def reservation(conf: dict | None) -> tuple[str, int, int] | None:
         res = Resources.model_validate(resources)
     except (ConfError, ValidationError):
         return None
-    return pool_name(res.slot_type), res.total_gpus, training_priority(res.priority)
+    return pool_name(res.slot_type), res.gpus_per_node if per_node else res.total_gpus, training_priority(res.priority)
 
 
 def on_kubernetes(conf: dict | None) -> bool:
@@ -94,7 +102,7 @@ def task_instance_mutation_hook(task_instance, dag_run=None) -> None:
     if not (task_instance.pool or "").startswith(POOL_PREFIX):
         return
     conf = None if dag_run is None else getattr(dag_run, "conf", None)
-    found = reservation(conf)
+    found = reservation(conf, per_node=task_instance.task_id in PER_NODE_TASKS)
     if found is not None:
         task_instance.pool, task_instance.pool_slots, task_instance.priority_weight = found
     prefix = routing_prefix()

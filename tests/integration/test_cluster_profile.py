@@ -72,10 +72,17 @@ def cluster():
             scheduler_replay.write_config(fleet, root / "config"), beside_the_pipelines=True
         ),
     }
-    c = cluster_profile.Cluster(root, ports, settings)
+    # the two GPU hosts of the `cpu` type on hosts of their own (network namespaces), where this machine allows
+    network = _network() if OWN_HOSTS else None
+    workers = {
+        "worker-cpu": cluster_profile.Worker(2, queues="cpu"),
+        "worker-gpu": cluster_profile.Worker(1, gpus=cluster_profile.THIS_MACHINE, own_host=OWN_HOSTS),
+    }
+    c = cluster_profile.Cluster(root, ports, settings, workers, network)
     try:
         c.up(wait_s=600)
-        c.start_worker("worker-gpu-b", cluster_profile.Worker(1, gpus="cpu="))  # a second host of the `cpu` type
+        # a second host of the `cpu` type
+        c.start_worker("worker-gpu-b", cluster_profile.Worker(1, gpus="cpu=", own_host=OWN_HOSTS))
         c.start_worker("worker-cpu-b", cluster_profile.Worker(2, queues="cpu"))  # and of everything else
         _start_h100_host(c)
         with pytest.MonkeyPatch.context() as mp:  # this process reads MLflow as the tasks do: the service account
@@ -86,6 +93,19 @@ def cluster():
         c.down(wait_s=5)  # the data is thrown away: no need to wait for a graceful end
         if not os.environ.get("TRAINYARD_KEEP_CLUSTER"):  # kept to look into a failure
             shutil.rmtree(root, ignore_errors=True)
+
+
+# Root with iproute2: the GPU hosts of the `cpu` type each run in a network namespace of its own
+OWN_HOSTS = os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+def _network():
+    """A network of this cluster's own: a bridge and namespaces whose names and addresses no other cluster on
+    this machine uses (one left by a killed run is removed first)."""
+    tag = f"{os.getpid() % 250 + 1}"
+    network = cluster_profile.Network(name=f"ty{tag}", prefix=f"10.213.{tag}")
+    network.down()
+    return network
 
 
 def _start_h100_host(cluster) -> None:
@@ -229,6 +249,76 @@ def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresq
     assert requests.get(model, auth=("admin", password), timeout=30).status_code == 200
     assert version.tags["sweep.trial"] == str(best.number), version.tags
     assert json.loads(version.tags["params"])["learning_rate"] == best.params["hyperparameters.learning_rate"]
+
+
+def _torchrun_addresses(cluster) -> dict[str, str]:
+    """The GPU hosts of the `cpu` type whose torchrun runs now, each with the address it is reached at."""
+    found = {}
+    for name in ("worker-gpu", "worker-gpu-b"):
+        pid = cluster.pid(name)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for p in psutil.Process(pid).children(True) if pid else []:
+                argv = p.cmdline()
+                if "torch.distributed.run" in argv:
+                    found[name] = next(a.split("=", 1)[1] for a in argv if a.startswith("--local-addr="))
+    return found
+
+
+def test_a_two_node_job_trains_across_two_hosts_and_finishes_without_a_person_when_one_dies(cluster):
+    """A 2-node digits job, elastic down to one node, on the two GPU hosts of the `cpu` type, each in a network
+    namespace of its own: admitted once for both, node 0 (`train`) serves the c10d rendezvous at its host's
+    address and node 1 (`train_node`) joins it from the other's, and both train one model. Node 1's host is
+    killed mid-epoch with everything on it: node 0 goes on alone from its checkpoint, with no person and no
+    retry of its own, and the run registers one version."""
+    if not OWN_HOSTS:
+        pytest.skip("hosts of their own need root and iproute2 (network namespaces)")
+    from mlflow.tracking import MlflowClient
+
+    api, headers = _api_with_the_dag(cluster)
+    job = _digits_job("digits-nodes", epochs=40, min_accuracy=0.5)
+    job["resources"].update(nodes=2, min_nodes=1)
+    job["distributed"] = {"max_restarts": 2}
+    run_id = api.trigger(DAG, job, headers)
+    run_dir = cluster.trainyard_home / "runs" / "digits-nodes"
+    addresses: dict[str, str] = {}
+
+    def both_train_past_a_checkpoint() -> bool:
+        addresses.update(_torchrun_addresses(cluster))
+        return len(addresses) == 2 and any(run_dir.glob("*/work/checkpoints/step-*.pt"))
+
+    api.wait(both_train_past_a_checkpoint, 600, "both nodes training past a checkpoint")
+    prefix = cluster.network.prefix + "."
+    assert len(set(addresses.values())) == 2 and all(a.startswith(prefix) for a in addresses.values()), addresses
+    node_1 = next(w for w in addresses if _ran(cluster, w, run_id, "train_node"))
+    node_0 = next(w for w in addresses if w != node_1)
+    assert _ran(cluster, node_0, run_id, "train")
+    killed_at = time.time()
+    _kill_host(cluster, node_1)
+    try:
+
+        def alone_past_a_new_checkpoint() -> bool:
+            return any(c.stat().st_mtime > killed_at for c in run_dir.glob("*/work/checkpoints/step-*.pt"))
+
+        api.wait(alone_past_a_new_checkpoint, 300, "node 0's first checkpoint after node 1's death")
+        recovered_s = time.time() - killed_at
+        print(f"\nnode 1's host killed: node 0 wrote its next checkpoint alone {recovered_s:.1f} s later")
+
+        def ended() -> bool:
+            r = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10)
+            return r.ok and r.json()["state"] in ("success", "failed")
+
+        api.wait(ended, 900, f"run {run_id}")
+        run = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10).json()
+        log = api.task_log(DAG, run_id, "train", headers)
+        assert run["state"] == "success", f"{log[-4000:]}\n{api.failure_report(DAG, run_id, headers)}"
+        assert api.task_instances(DAG, run_id, headers)["train"]["try_number"] == 1  # no retry, no person
+        assert "2 -> 1 worker(s)" in log, log[-4000:]  # from the checkpoint, on the node left
+        assert recovered_s <= RECOVERY_GOAL_S, f"node 0 trained again {recovered_s:.0f} s after node 1's death"
+        versions = MlflowClient(cluster.mlflow_url).search_model_versions("name = 'digits-nodes'")
+        assert len(versions) == 1, [(v.version, v.tags) for v in versions]
+    finally:  # the host back, for the tests after this one
+        inventory = cluster_profile.THIS_MACHINE if node_1 == "worker-gpu" else "cpu="
+        cluster.start_worker(node_1, cluster_profile.Worker(1, gpus=inventory, own_host=True))
 
 
 def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_database_restart(cluster):

@@ -127,3 +127,18 @@ def test_only_a_built_in_ddp_training_goes_on_with_fewer_nodes(other):
     assert not parse_spec(
         {**other, "resources": {"nodes": 4, "min_nodes": 4}, "backends": {"launcher": "kubernetes"}}
     ).resources.elastic
+
+
+@pytest.mark.parametrize(
+    "other",
+    [{"distributed": {"strategy": "horovod"}}, {"recipe": "custom", "custom": {"command": ["python", "train.py"]}},
+     {"sweep": {"name": "lr", "trials": 2,
+                "parameters": [{"name": "hyperparameters.learning_rate", "type": "float", "low": 0.01, "high": 0.1}]}}],
+)  # fmt: skip
+def test_a_local_job_of_several_nodes_is_a_built_in_ddp_or_deepspeed_training(other):
+    nodes = {"resources": {"nodes": 2, "gpus_per_node": 1}}
+    assert parse_spec(nodes).resources.nodes == 2
+    assert parse_spec({**nodes, "distributed": {"strategy": "deepspeed"}}).resources.total_gpus == 2
+    with pytest.raises(SpecError, match="needs backends.launcher 'kubernetes'"):
+        parse_spec({**nodes, **other})
+    assert parse_spec({**nodes, **other, "backends": {"launcher": "kubernetes"}}).resources.nodes == 2

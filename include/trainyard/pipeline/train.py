@@ -29,6 +29,7 @@ from trainyard.spec import JobSpec, safe_key
 if TYPE_CHECKING:
     import threading
 
+    from trainyard.training.launchers.command import NodePlace
     from trainyard.training.launchers.local import Preemption
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class LocalLaunch:
     waited_s: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     on_plan: Callable[[TrainingPlan], None] | None = None
+    node: NodePlace | None = None  # where this node stands among a multi-node job's (None: the job's only)
 
 
 def in_pods(spec: JobSpec) -> bool:
@@ -182,6 +184,29 @@ def launch_local(spec: JobSpec, data: PreparedData, plan: TrainingPlan, local: L
         devices=local.devices,
         stop=local.stop,
         preemption=local.preemption,
+        node=local.node,
+    )
+
+
+def train_node(spec: JobSpec, data: PreparedData, run_key: str, local: LocalLaunch) -> None:
+    """One of a multi-node training's other nodes (``local.node``, not 0): its workers, peers of node 0's,
+    on this machine. Node 0's task plans the run (its MLflow run and run config) before it says where its
+    rendezvous is, relays the metrics and collects the result; this node records its own GPU time."""
+    from trainyard.training.launchers import local as launcher
+    from trainyard.training.run_config import RUN_CONFIG_FILE
+
+    assert local.node is not None and local.node.index > 0
+    out_dir = run_dir(spec, run_key)
+    launcher.launch(
+        spec,
+        data,
+        run_dir=str(out_dir),
+        config_path=str(out_dir / RUN_CONFIG_FILE),
+        on_line=local.on_line or (lambda line: log.info("%s", line)),
+        devices=local.devices,
+        stop=local.stop,
+        preemption=local.preemption,
+        node=local.node,
     )
 
 

@@ -14,6 +14,9 @@ A host says what it has in ``TRAINYARD_GPU_DEVICES``:
 ``TRAINYARD_HOST`` names the host in the ledger (default: its hostname): the devices a job holds are
 recorded with it, and a worker's announcement (:meth:`~trainyard.scheduling.admission.ledger.Ledger.announce`)
 says which types it serves. Several workers on one machine (the cluster profile) each set their own.
+
+``TRAINYARD_HOST_ADDRESS`` is where the other nodes of a multi-node job reach this host (default: the address
+its hostname resolves to): node 0 serves its rendezvous there.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from trainyard.spec import MIG_PROFILE_RE
 
 DEVICES_ENV = "TRAINYARD_GPU_DEVICES"
 HOST_ENV = "TRAINYARD_HOST"
+ADDRESS_ENV = "TRAINYARD_HOST_ADDRESS"
 # a GPU type, or a MIG type's profile as a slot type of its own (a100-mig.1g.10gb): what a host serves
 SLOT_TYPE = NAME.removesuffix("$") + "(?:[.]" + MIG_PROFILE_RE.removeprefix("^")[:-1] + ")?$"
 _DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./:-]*$")  # a CUDA index or a MIG UUID (MIG-<uuid>, MIG-GPU-.../1/0)
@@ -145,6 +149,24 @@ def host_name() -> str:
     import socket
 
     return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
+def host_address() -> tuple[str, str]:
+    """Where the other nodes of a multi-node job reach this host: its address (``TRAINYARD_HOST_ADDRESS``, else
+    the one its hostname resolves to) and the network interface that has it. PermanentError where no
+    interface of this host has it (a name that resolves to loopback, or to another network's address)."""
+    import socket
+
+    import psutil  # type: ignore[import-untyped]  # (no stubs installed)
+
+    address = os.environ.get(ADDRESS_ENV) or socket.gethostbyname(socket.gethostname())
+    for interface, addresses in psutil.net_if_addrs().items():
+        if interface != "lo" and any(a.address == address for a in addresses):
+            return address, interface
+    raise PermanentError(
+        f"this host's address {address} ({ADDRESS_ENV} or its hostname's) is on none of its network interfaces "
+        f"but loopback, so the other nodes of a multi-node job cannot reach it: set {ADDRESS_ENV} for its worker"
+    )
 
 
 def routing_prefix() -> str | None:

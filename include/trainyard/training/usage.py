@@ -34,10 +34,14 @@ def month_of(ts: float) -> str:
     return time.strftime("%Y-%m", time.gmtime(ts))
 
 
-def record_try(run_dir: str | Path, *, attempt: int, started: float, ended: float, gpus: int, where: str) -> None:
-    """Append one try's usage: ``started``/``ended`` are epoch seconds; ``gpus`` held for that span. The
-    try goes into its month's spend journal too, under the journal's lock: the one-time fill of the journal
-    (``trainyard.scheduling.budgets``) sees either neither line or both, so no try is counted twice."""
+def record_try(
+    run_dir: str | Path, *, attempt: int, started: float, ended: float, gpus: int, where: str, node: int = 0
+) -> None:
+    """Append one try's usage: ``started``/``ended`` are epoch seconds; ``gpus`` held for that span;
+    ``node``: a node of a multi-node job launched by a task of its own records its own GPUs, and node 0's
+    records are the job's tries (:func:`tries`). The try goes into its month's spend journal too, under the
+    journal's lock: the one-time fill of the journal (``trainyard.scheduling.budgets``) sees either neither
+    line or both, so no try is counted twice."""
     from trainyard.files import file_lock
 
     if ended < started:
@@ -46,7 +50,10 @@ def record_try(run_dir: str | Path, *, attempt: int, started: float, ended: floa
     with file_lock(runs_root_of(run_dir) / SPEND_LOCK):
         _append_line(
             run_dir / USAGE_FILE,
-            json.dumps({"attempt": attempt, "started": started, "ended": ended, "gpus": gpus, "where": where}),
+            json.dumps(
+                {"attempt": attempt, "started": started, "ended": ended, "gpus": gpus, "where": where}
+                | ({"node": node} if node else {})
+            ),
         )
         _journal_try(run_dir, ended=ended, gpu_seconds=(ended - started) * gpus)
 
@@ -113,14 +120,21 @@ def read_usage(path: str | Path) -> list[dict]:
     return records
 
 
-def tries(run_dir: str | Path) -> list[dict]:
+def records(run_dir: str | Path) -> list[dict]:
+    """Every usage record of the run: each try's, and each of its other nodes' where a multi-node job's nodes
+    were launched by tasks of their own."""
     path = Path(run_dir) / USAGE_FILE
     return read_usage(path) if path.exists() else []
 
 
+def tries(run_dir: str | Path) -> list[dict]:
+    """The run's tries: their records (node 0's of a multi-node job launched a task per node)."""
+    return [r for r in records(run_dir) if not r.get("node")]
+
+
 def gpu_seconds(run_dir: str | Path) -> float:
-    """GPU-seconds of every recorded try of the run."""
-    return sum((t["ended"] - t["started"]) * t["gpus"] for t in tries(run_dir))
+    """GPU-seconds of every recorded try of the run, on every node."""
+    return sum((t["ended"] - t["started"]) * t["gpus"] for t in records(run_dir))
 
 
 def wall_seconds(run_dir: str | Path) -> float:

@@ -7,8 +7,8 @@ import pytest
 from trainyard_airflow.policy import reservation, task_instance_mutation_hook
 
 
-def _ti(pool="gpu-cpu"):
-    return SimpleNamespace(pool=pool, pool_slots=2, priority_weight=1)
+def _ti(pool="gpu-cpu", task_id="train"):
+    return SimpleNamespace(pool=pool, pool_slots=2, priority_weight=1, task_id=task_id)
 
 
 @pytest.mark.parametrize(
@@ -42,6 +42,16 @@ def test_hook_routes_gpu_tasks_only():
     untouched = _ti()
     task_instance_mutation_hook(untouched, dag_run=None)
     assert untouched.pool_slots == 2
+
+
+def test_each_node_s_task_of_a_local_multi_node_job_holds_its_node_s_gpus_and_a_kubernetes_one_all():
+    run = SimpleNamespace(conf={"resources": {"gpu_type": "a100-80gb", "nodes": 3, "gpus_per_node": 2}})
+    first, other, pods = _ti(), _ti(task_id="train_node"), _ti(task_id="train_kubernetes")
+    for ti in (first, other, pods):
+        task_instance_mutation_hook(ti, dag_run=run)
+    assert [(ti.pool, ti.pool_slots) for ti in (first, other, pods)] == [("gpu-a100-80gb", 2)] * 2 + [
+        ("gpu-a100-80gb", 6)
+    ]
 
 
 def test_with_a_training_queue_set_trainings_go_to_their_gpu_type_s_queue_and_nothing_else_does(monkeypatch):

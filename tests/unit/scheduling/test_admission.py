@@ -932,3 +932,28 @@ def test_a_mig_type_admits_as_many_jobs_as_each_profile_has_slices(store, clock)
     assert ledger.request(sliced(4, "2g.20gb")).reason is WaitReason.SLOTS_IN_USE
     ledger.release("1g.10gb-0")
     assert ledger.request(sliced(6, "1g.10gb")).admitted
+
+
+def test_another_node_of_a_multi_node_job_follows_node_0_s_admission_and_hears_its_word_and_its_cancel(
+    ledger, monkeypatch
+):
+    """Node 1 neither asks for nor renews the admission (node 0's hold does): it trains while the job is
+    admitted, sets its lease's word when the job is preempted and its stop when the job is cancelled."""
+    from trainyard.errors import PermanentError
+    from trainyard.scheduling.admission import lease as leases
+
+    monkeypatch.setattr(leases, "WORD_POLL_S", 0.05)
+    pair = dataclasses.replace(job("pair", "vision", 2), nodes=2)
+    with pytest.raises(NotAdmitted, match="waits for node 0's admission"), leases.follow(ledger, pair, 1):
+        pass
+    assert ledger.entries() == []  # it asked for nothing
+    assert ledger.request(pair).admitted
+    with leases.follow(ledger, pair, 1) as lease:
+        assert lease.devices is None and not lease.preempted.is_set()
+        with ledger.db.transaction() as conn:  # as a decision marks the job it preempts
+            conn.execute("UPDATE admission SET preempted_for = 'n1' WHERE id = 'pair'")
+        assert lease.preempted.wait(5), "node 1 never heard the word"
+    assert ledger.node_devices("pair") == {1: (ledger.host, ())}  # it joined; it released nothing
+    with pytest.raises(PermanentError, match="cancelled by alice"), leases.follow(ledger, pair, 1) as lease:
+        ledger.cancel("pair", "cancelled by alice (trainyard queue cancel)")
+        assert lease.lost.wait(5)

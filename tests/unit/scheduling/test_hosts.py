@@ -8,7 +8,7 @@ import math
 import pytest
 
 from processes import in_processes
-from trainyard.scheduling.admission.ledger import HOST_LEASE_S, Ledger
+from trainyard.scheduling.admission.ledger import ADMITTED_LEASE_S, HOST_LEASE_S, Ledger
 from trainyard.scheduling.admission.policy import Job, Standing, WaitReason
 from trainyard.scheduling.admission.starts import estimate_starts
 from trainyard.scheduling.hosts import HostLacksType, InventoryError, parse_inventory, training_queue_of
@@ -151,6 +151,43 @@ def test_a_multi_node_job_waits_until_as_many_live_hosts_as_its_nodes_have_its_d
     assert ledger.request(pair).admitted
     assert ledger.request(Job("cpus", "vision", "cpu", 2, 1, 1.0, nodes=2)).admitted
     assert {e.job.id: e.job.nodes for e in ledger.entries()} == {"pair": 2, "cpus": 2}  # kept in its row
+
+
+def test_each_node_of_a_multi_node_job_claims_its_devices_on_its_own_host_and_node_0_says_where_to_meet(where):
+    """Admitted once for all its nodes; each node's devices are its host's (numbered from 0 on each), held
+    against every other job there, the same ones again on a retry; node 0's rendezvous endpoint is read by
+    the others; all of it goes with the job's admission."""
+    from trainyard.scheduling.admission.ledger import NoFreeDevices, NotAdmitted
+
+    clock, config = Clock(), parse_resources(FLEET)
+    on = {host: Ledger(where, config, clock, host=host) for host in ("gpu-a", "gpu-b")}
+    for ledger in on.values():
+        ledger.announce({"a100": ["0", "1", "2"]})
+    pair = Job("pair", "vision", "a100", 4, 1, 1.0, nodes=2)
+    with pytest.raises(NotAdmitted):
+        on["gpu-b"].join_node("pair", 1)  # no node joins a job that is not admitted
+    assert on["gpu-a"].request(pair).admitted
+    assert on["gpu-a"].claim_devices("pair", 2, ["0", "1", "2"], node=0) == ["0", "1"]
+    assert on["gpu-b"].claim_devices("pair", 2, ["0", "1", "2"], node=1) == ["0", "1"]  # the other host's
+    assert on["gpu-b"].claim_devices("pair", 2, ["0", "1", "2"], node=1) == ["0", "1"]  # a retry: the same
+    assert on["gpu-a"].endpoint("pair") is None
+    on["gpu-a"].join_node("pair", 0, "10.0.0.10:29500")
+    assert on["gpu-b"].endpoint("pair") == "10.0.0.10:29500"
+    assert on["gpu-a"].node_devices("pair") == {0: ("gpu-a", ("0", "1")), 1: ("gpu-b", ("0", "1"))}
+    assert on["gpu-a"].request(Job("one", "vision", "a100", 1, 1, 1.0)).admitted
+    assert on["gpu-b"].claim_devices("one", 1, ["0", "1", "2"]) == ["2"]  # node 1's are held on gpu-b
+    assert on["gpu-a"].request(Job("two", "vision", "a100", 1, 1, 1.0)).admitted
+    with pytest.raises(NoFreeDevices):  # gpu-b's three are held: node 1's two and one's
+        on["gpu-b"].claim_devices("two", 1, ["0", "1", "2"])
+    assert not on["gpu-a"].finished("pair")
+    on["gpu-a"].release("pair")
+    assert on["gpu-a"].finished("pair") and on["gpu-a"].node_devices("pair") == {}
+    assert on["gpu-b"].endpoint("pair") is None
+    assert on["gpu-b"].claim_devices("two", 1, ["0", "1", "2"]) == ["0"]  # free again
+    late = Job("late", "vision", "a100", 2, 1, 1.0, nodes=2)
+    assert on["gpu-a"].request(late).admitted
+    clock.now += ADMITTED_LEASE_S + 1  # its lease ran out: a multi-node row is not taken back (its nodes' went)
+    assert not on["gpu-a"].reclaim(late)
 
 
 def test_two_workers_of_one_host_name_serving_different_types_each_keep_theirs(where):

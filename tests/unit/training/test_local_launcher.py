@@ -13,7 +13,7 @@ from trainyard.errors import PermanentError
 from trainyard.spec import parse_spec
 from trainyard.training import usage
 from trainyard.training.launchers import local
-from trainyard.training.launchers.command import Host, local_command, torchrun_argv
+from trainyard.training.launchers.command import Host, NodePlace, local_command, torchrun_argv
 from trainyard.training.launchers.local import LaunchError, run, worker_env
 
 CONFIG = "/runs/a b/run_config.json"  # a space: must stay one argv item
@@ -383,3 +383,33 @@ def test_a_custom_program_deaf_to_sigterm_is_killed_after_its_grace(tmp_path):
     stopped = _preempted(spec, data, run_dir, on_line, local.Preemption(word, 2))
     assert "did not end within the 2 s grace and were killed" in str(stopped)
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_a_node_of_several_joins_node_0_s_rendezvous_at_its_own_address(index):
+    """Each node runs torchrun with c10d's rendezvous at node 0's endpoint (node 0 serves its store), is
+    reached at its host's address, and its workers' collectives bind the interface that has it."""
+    spec = parse_spec({"resources": {"nodes": 2, "min_nodes": 1, "gpus_per_node": 1}})
+    place = NodePlace(index, "10.0.0.10:29500", "train_pipeline-run1", f"10.0.0.1{index}", "eth0")
+    command = local_command(spec, CPU, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR, node=place)
+    argv = command.argv
+    assert "--standalone" not in argv and "--nnodes=1:2" in argv and "--rdzv_backend=c10d" in argv
+    assert "--rdzv_endpoint=10.0.0.10:29500" in argv and "--rdzv_id=train_pipeline-run1" in argv
+    (conf,) = [a for a in argv if a.startswith("--rdzv_conf=")]
+    assert conf.endswith(f",is_host={'true' if index == 0 else 'false'}") and "last_call_timeout=" in conf
+    assert f"--local-addr=10.0.0.1{index}" in argv
+    assert command.env["GLOO_SOCKET_IFNAME"] == command.env["NCCL_SOCKET_IFNAME"] == "eth0"
+    alone = local_command(parse_spec({}), CPU, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR)
+    assert "--standalone" in alone.argv and "--local-addr=127.0.0.1" in alone.argv
+    assert "GLOO_SOCKET_IFNAME" not in alone.env
+    with pytest.raises(PermanentError, match="each node needs its place"):
+        local_command(spec, CPU, config_path=CONFIG, data_dir=DATA, run_dir=RUN_DIR)
+
+
+def test_each_node_records_its_own_gpus_and_node_0_s_records_are_the_job_s_tries(tmp_path):
+    for node, (started, ended) in ((0, (0.0, 10.0)), (1, (1.0, 10.0)), (0, (20.0, 30.0))):
+        usage.record_try(tmp_path, attempt=1, started=started, ended=ended, gpus=2, where="local", node=node)
+    assert [t["started"] for t in usage.tries(tmp_path)] == [0.0, 20.0]  # the job's two tries
+    assert usage.wall_seconds(tmp_path) == 20.0
+    assert usage.gpu_seconds(tmp_path) == (10 + 9 + 10) * 2  # every node's GPU time is billed
+    assert [r.get("node", 0) for r in usage.records(tmp_path)] == [0, 1, 0]

@@ -3,6 +3,10 @@ ledger (:mod:`.ledger`) and takes it back if it ran out, and listens for the wor
 preempted; its release once the training can no longer run, or, preempted, its return to the queue in its
 old place. Nothing leaks when a process dies: a lease that is not renewed runs out, and the next decision
 drops it.
+
+A multi-node job is admitted once, for all its nodes: node 0's training holds the admission, and each other
+node's follows it (:func:`follow`): it claims its devices on its own host, hears the word as node 0 does,
+and neither renews nor releases anything; its devices go with the job's admission.
 """
 
 from __future__ import annotations
@@ -125,6 +129,67 @@ def _hand_back(ledger: Ledger, job: Job, for_good: bool, preempted: bool = False
         log.warning("could not hand back the admission of %s: %s", job.id, err)
 
 
+def _claimed(ledger: Ledger, job: Job, node: int, available: list[str] | None) -> list[str] | None:
+    """Node ``node``'s devices of this host (None for a type whose slots are no devices): a job of one node
+    has all its slots here, a node of several its share (its host recorded, its endpoint not yet said)."""
+    if job.nodes == 1:
+        return None if available is None else ledger.claim_devices(job.id, job.slots, available)
+    if available is None:
+        ledger.join_node(job.id, node)
+        return None
+    return ledger.claim_devices(job.id, job.slots // job.nodes, available, node=node)
+
+
+class _Follower:
+    """A thread that looks every :data:`WORD_POLL_S` at the admission a multi-node job's node 0 holds: the
+    word that the job is preempted sets ``lease.preempted``; its cancel sets ``lease.lost``."""
+
+    def __init__(self, ledger: Ledger, job: Job, lease: Lease) -> None:
+        self.ledger, self.job, self.lease = ledger, job, lease
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._look, name="trainyard-admission-follower", daemon=True)
+        self.thread.start()
+
+    def _look(self) -> None:
+        while not self.stop.wait(WORD_POLL_S):
+            try:
+                if not self.lease.preempted.is_set() and self.ledger.preempted_for(self.job.id):
+                    log.warning("%s is preempted: this node's workers checkpoint and stop with node 0's", self.job.id)
+                    self.lease.preempted.set()
+                if self.ledger.cancelled(self.job.id):
+                    log.error("%s was cancelled; stopping this node's workers", self.job.id)
+                    self.lease.lost.set()
+                    return
+            except Exception as err:  # noqa: BLE001 - looked at again; the thread must not die
+                log.warning("admission look of %s failed: %s: %s", self.job.id, type(err).__name__, err)
+
+    def end(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+@contextlib.contextmanager
+def follow(ledger: Ledger, job: Job, node: int, *, available: list[str] | None = None) -> Iterator[Lease]:
+    """Around the training of node ``node`` (not 0) of the multi-node ``job``, whose node 0 holds its
+    admission (:func:`hold`): its share of ``available`` (this host's GPUs), the word that the job is
+    preempted (node 0 gives the slots back), and its cancel. NotAdmitted where the job is not admitted now
+    (the task waits and looks again). A node whose job lost its admission otherwise learns it from its
+    rendezvous: node 0's store is gone, and torchrun ends."""
+    if not ledger.admitted(job.id):
+        raise NotAdmitted(f"job {job.id} is not admitted now: its node {node} waits for node 0's admission")
+    devices = _claimed(ledger, job, node, available)
+    if devices is not None:
+        log.info("job %s node %d holds %s device(s) %s of host %s", job.id, node, job.gpu_type, devices, ledger.host)
+    lease = Lease(devices, threading.Event(), grace_s=ledger.config.scheduling.preemption.grace_seconds)
+    follower = _Follower(ledger, job, lease)
+    try:
+        yield lease
+        if lease.lost.is_set():
+            raise _lost(ledger, job)
+    finally:
+        follower.end()
+
+
 @contextlib.contextmanager
 def hold(
     ledger: Ledger,
@@ -150,7 +215,7 @@ def hold(
     (:meth:`Ledger.requeue`)."""
     _admitted(ledger, job, spend)
     try:
-        devices = None if available is None else ledger.claim_devices(job.id, job.slots, available)
+        devices = _claimed(ledger, job, 0, available)
     except PermanentError:  # more devices than the host has: this job can never run here
         ledger.release(job.id)
         raise

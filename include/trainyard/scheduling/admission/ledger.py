@@ -224,8 +224,24 @@ class Ledger:
 
     @staticmethod
     def _drop_lapsed(conn: Connection, now: float) -> None:
-        """Rows whose lease ran out go before anything is handed out: their slots and devices are free."""
+        """Rows whose lease ran out go before anything is handed out: their slots and devices are free, and
+        so are the devices of the nodes of a job admitted no more (released, lapsed, preempted)."""
         conn.execute("DELETE FROM admission WHERE lease_until < ?", (now,))
+        conn.execute(
+            "DELETE FROM job_nodes WHERE NOT EXISTS "
+            "(SELECT 1 FROM admission a WHERE a.id = job_nodes.id AND a.admitted IS NOT NULL)"
+        )
+
+    def _held_here(self, conn: Connection, now: float, job_id: str) -> set[str]:
+        """This host's devices that live jobs other than ``job_id`` hold: a job's of one node (its row), and
+        the nodes' of multi-node jobs here."""
+        rows = conn.execute(
+            "SELECT devices, host FROM admission WHERE id != ? AND lease_until >= ? AND devices != '' "
+            "UNION ALL SELECT n.devices, n.host FROM job_nodes n JOIN admission a ON a.id = n.id "
+            "WHERE n.id != ? AND a.lease_until >= ? AND a.admitted IS NOT NULL AND n.devices != ''",
+            (job_id, now, job_id, now),
+        ).fetchall()
+        return {d for devices, host in rows if self._here(host) for d in devices.split(",")}
 
     def _decide(self, conn: Connection, now: float, spend: Spend | None) -> dict[str, Verdict]:
         """Drop what ran out, admit what the plan admits. A job admitted on another's request keeps its
@@ -317,7 +333,8 @@ class Ledger:
         minutes, a paused VM, a clock step) takes it back, admitted, with ``devices``, if its type still
         has the slots and no live job holds one of those devices; False if not (its slots went to another
         job meanwhile, and its training must stop). Quotas and the budget are not asked again: it was
-        admitted within them and is running."""
+        admitted within them and is running. A multi-node job's row is not taken back: its other nodes'
+        devices went with it."""
         with self.db.transaction() as conn:
             now = self._now(conn)
             self._drop_lapsed(conn, now)
@@ -330,11 +347,13 @@ class Ledger:
             live = [e for e in self._entries(conn) if e.admitted is not None]
             if job.gpu_type not in self.config.slot_types or job.team not in self.config.teams:
                 return False
+            if job.nodes > 1:  # its nodes' devices went with its row: another job may have them now
+                return False
             # counted from the rows themselves: one may be of a team this process's config does not know yet
             of_type = [e.job for e in live if e.job.gpu_type == job.gpu_type]
             if sum(j.slots for j in of_type) + job.slots > self.config.slot_types[job.gpu_type].slots:
                 return False
-            if set(devices) & {d for e in live if self._here(e.host) for d in e.devices}:
+            if set(devices) & self._held_here(conn, now, job.id):
                 return False
             (arrived,) = conn.execute(
                 "SELECT coalesce(min(enqueued), ?) FROM arrivals WHERE id = ?", (now, job.id)
@@ -388,6 +407,7 @@ class Ledger:
                     (job_id, row[0], share, now),
                 )
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
+            conn.execute("DELETE FROM job_nodes WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM preempted WHERE id = ?", (job_id,))
 
@@ -397,6 +417,7 @@ class Ledger:
         it runs, stops at its next heartbeat)."""
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
+            conn.execute("DELETE FROM job_nodes WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM arrivals WHERE id = ?", (job_id,))
             conn.execute("DELETE FROM preempted WHERE id = ?", (job_id,))
             conn.execute(
@@ -417,10 +438,11 @@ class Ledger:
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
 
-    def claim_devices(self, job_id: str, count: int, available: list[str]) -> list[str]:
+    def claim_devices(self, job_id: str, count: int, available: list[str], node: int | None = None) -> list[str]:
         """``count`` of this host's devices (``available``: CUDA indices or MIG UUIDs) for an admitted job,
         none of them held by another live job; the same ones again for a job that has them (a retry). They
-        go with the job's admission row, so they come back when it is released or its lease runs out.
+        go with the job's admission row, so they come back when it is released or its lease runs out. ``node``:
+        for that node of a multi-node job, on the host it runs on (:meth:`node_devices` has them all).
         NoFreeDevices when fewer are free (the task waits and tries again)."""
         if count > len(available):
             raise PermanentError(
@@ -438,28 +460,79 @@ class Ledger:
             ).fetchone()
             if row is None:
                 raise NotAdmitted(f"job {job_id} is not admitted: no devices for it")
+            if node is not None:
+                found = conn.execute(
+                    "SELECT devices, host FROM job_nodes WHERE id = ? AND node = ?", (job_id, node)
+                ).fetchone()
+                row = found or ("", "")
             if row[0] and self._here(row[1]):  # a retry on the same host: the same ones
                 return row[0].split(",")
             # (a retry on another host claims this host's devices anew)
-            held = {
-                d
-                for (devices, host) in conn.execute(
-                    "SELECT devices, host FROM admission WHERE id != ? AND lease_until >= ? AND devices != ''",
-                    (job_id, now),
-                ).fetchall()
-                if self._here(host)
-                for d in devices.split(",")
-            }
+            held = self._held_here(conn, now, job_id)
             free = [d for d in available if d not in held]
             if len(free) < count:
                 raise NoFreeDevices(
                     f"job {job_id} needs {count} device(s); this host has {len(available)}, "
                     f"{len(free)} free ({sorted(held)} held by other jobs)"
                 )
-            conn.execute(
-                "UPDATE admission SET devices = ?, host = ? WHERE id = ?", (",".join(free[:count]), self.host, job_id)
-            )
+            claimed = ",".join(free[:count])
+            if node is None:
+                conn.execute("UPDATE admission SET devices = ?, host = ? WHERE id = ?", (claimed, self.host, job_id))
+            else:
+                conn.execute(
+                    "INSERT INTO job_nodes (id, node, host, devices) VALUES (?, ?, ?, ?) ON CONFLICT (id, node) "
+                    "DO UPDATE SET host = excluded.host, devices = excluded.devices, endpoint = ''",
+                    (job_id, node, self.host, claimed),
+                )
             return free[:count]
+
+    def join_node(self, job_id: str, node: int, endpoint: str = "") -> None:
+        """Node ``node`` of the admitted multi-node job ``job_id`` runs on this host (a type whose slots are
+        no devices claims none); node 0 says where its rendezvous store is served (``endpoint``,
+        ``address:port``) for the others to find (:meth:`endpoint`). NotAdmitted where the job is not."""
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            live = conn.execute(
+                "SELECT 1 FROM admission WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?", (job_id, now)
+            ).fetchone()
+            if live is None:
+                raise NotAdmitted(f"job {job_id} is not admitted: its node {node} cannot join it")
+            conn.execute(
+                "INSERT INTO job_nodes (id, node, host, endpoint) VALUES (?, ?, ?, ?) ON CONFLICT (id, node) "
+                "DO UPDATE SET host = excluded.host, endpoint = excluded.endpoint",
+                (job_id, node, self.host, endpoint),
+            )
+
+    def endpoint(self, job_id: str) -> str | None:
+        """Where node 0 of the multi-node job ``job_id`` serves its rendezvous store, once it said so."""
+        with self.db.connection() as conn:
+            row = conn.execute("SELECT endpoint FROM job_nodes WHERE id = ? AND node = 0", (job_id,)).fetchone()
+        return row[0] if row and row[0] else None
+
+    def node_devices(self, job_id: str) -> dict[int, tuple[str, tuple[str, ...]]]:
+        """Each node of the multi-node job ``job_id`` that runs: node -> (its host, its devices there)."""
+        with self.db.connection() as conn:
+            rows = conn.execute("SELECT node, host, devices FROM job_nodes WHERE id = ?", (job_id,)).fetchall()
+        return {node: (host, tuple(devices.split(",")) if devices else ()) for node, host, devices in rows}
+
+    def finished(self, job_id: str) -> bool:
+        """Whether ``job_id`` held its admission and gave it back for good (released: its hold is in the
+        history), and is not queued again since."""
+        with self.db.connection() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM holds h WHERE h.id = ? AND NOT EXISTS (SELECT 1 FROM admission a WHERE a.id = h.id)",
+                (job_id,),
+            ).fetchone()
+        return row is not None
+
+    def admitted(self, job_id: str) -> bool:
+        """Whether ``job_id`` is admitted now (a multi-node job's other nodes follow node 0's hold)."""
+        with self.db.connection() as conn:
+            now = self._now(conn)
+            row = conn.execute(
+                "SELECT 1 FROM admission WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?", (job_id, now)
+            ).fetchone()
+        return row is not None
 
     def announce(self, by_type: Mapping[str, Sequence[str]], lease_s: float = HOST_LEASE_S) -> None:
         """This host (``self.host``) serves ``by_type``'s GPU types, each with those devices, for ``lease_s``:

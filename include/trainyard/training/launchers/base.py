@@ -61,8 +61,9 @@ class Launcher(ABC):
     def collect(self, plan: Any, observed: Any) -> Interval | None:
         """When this try's workers ran, from what the launch observed; None if they never started."""
 
-    def record(self, spec: JobSpec, run_dir: str | Path, interval: Interval | None) -> int:
-        """Append this try's usage record (a try whose workers never started held no GPU: nothing to add)."""
+    def record(self, spec: JobSpec, run_dir: str | Path, interval: Interval | None, node: int | None = None) -> int:
+        """Append this try's usage record (a try whose workers never started held no GPU: nothing to add):
+        all of the job's GPUs, or with ``node``, that node's, launched on its own."""
         attempt = next_attempt(run_dir)
         if interval is not None:
             usage.record_try(
@@ -70,8 +71,9 @@ class Launcher(ABC):
                 attempt=attempt,
                 started=interval.started,
                 ended=interval.ended,
-                gpus=spec.resources.total_gpus,
+                gpus=spec.resources.total_gpus if node is None else spec.resources.gpus_per_node,
                 where=self.where,
+                node=node or 0,
             )
         return attempt
 

@@ -132,18 +132,13 @@ def custom_argv(spec: JobSpec, python: str | None = None) -> list[str]:
 
 def _among_nodes(spec: JobSpec, node: NodePlace | None) -> tuple[list[str] | None, str, dict[str, str]]:
     """A node's torchrun rendezvous options, its address, and the environment that binds its workers'
-    collectives to its interface; nothing for a job of one node. PermanentError for what runs on one node
-    only here, or a node without its place."""
+    collectives to its interface; nothing for a job of one node (what runs on several: the JobSpec's rule).
+    PermanentError for a node without its place."""
     nodes = spec.resources.nodes
     if nodes == 1:
         return None, "127.0.0.1", {}
     if node is None:
         raise PermanentError(f"resources.nodes is {nodes}: each node needs its place (NodePlace), none was given")
-    if spec.recipe == "custom" or spec.distributed.strategy == "horovod":
-        raise PermanentError(
-            "resources.nodes > 1 with the local launcher runs the built-in ddp and deepspeed strategies; a custom "
-            "command or horovod on several nodes needs backends.launcher 'kubernetes'"
-        )
     rendezvous = rendezvous_args(spec, node.endpoint, node.rdzv_id, is_host=node.index == 0)
     return rendezvous, node.address, {"GLOO_SOCKET_IFNAME": node.interface, "NCCL_SOCKET_IFNAME": node.interface}
 

@@ -40,7 +40,7 @@ from trainyard.training.launchers.base import (
     time_left,
     worker_env,
 )
-from trainyard.training.launchers.command import Command, Host, local_command, torchrun_argv
+from trainyard.training.launchers.command import Command, Host, NodePlace, local_command, torchrun_argv
 from trainyard.training.metrics import LiveRelay
 from trainyard.training.preemption import GRACE_ENV
 from trainyard.training.run_config import RunConfig, work_dir
@@ -112,6 +112,13 @@ def this_host(devices: list[str] | None = None) -> Host:
 # In the run directory once a try has run sandboxed: what that try's workers wrote (a checkpoint is a
 # pickle) is never loaded by a later try that would run as the task's own user.
 SANDBOXED_MARK = "sandboxed"
+# Why a node of a multi-node job runs its workers as the task's user: the sandbox's network is loopback only,
+# and its work/ directory is its one user's, while the nodes reach each other and every rank reads the
+# checkpoints rank 0 writes (docs/security.md).
+AMONG_NODES = (
+    "a node of a multi-node job reaches the other nodes over this host's network and reads the checkpoints "
+    "node 0 writes, which the sandbox (loopback only, work/ its one user's) does not allow"
+)
 
 
 @dataclass(frozen=True)
@@ -139,12 +146,16 @@ class LocalLauncher(Launcher):
         self.host = host
         self.workers_started: float | None = None  # once a sandbox user is had: the try's GPU time starts
 
-    def plan(self, spec: JobSpec, data: PreparedData, *, run_dir: str, config_path: str) -> LocalPlan:
+    def plan(
+        self, spec: JobSpec, data: PreparedData, *, run_dir: str, config_path: str, node: NodePlace | None = None
+    ) -> LocalPlan:
         """MaxHoursReached if the run's earlier tries used all of ``resources.max_hours``; SpecError if its
-        team's policy does not allow it (checked again here, where the command is started).
+        team's policy does not allow it (checked again here, where the command is started). ``node``: where
+        this node stands among a multi-node job's (node 0 relays the metrics; the others only train).
 
         The workers run in the sandbox: a custom command always (SandboxUnavailable where there is none), a
-        built-in trainer's wherever this host has one (elsewhere as the task's user, and the log says why)."""
+        built-in trainer's wherever this host has one (elsewhere as the task's user, and the log says why),
+        but for a node of a multi-node job (:data:`AMONG_NODES`)."""
         from trainyard import recipes
         from trainyard.scheduling.resources import resources_in_force
         from trainyard.teams import check_policy
@@ -156,7 +167,7 @@ class LocalLauncher(Launcher):
             sandbox.require()
             why, readable = None, [data.path]
         else:
-            why = sandbox.unavailable_reason()
+            why = AMONG_NODES if spec.resources.nodes > 1 else sandbox.unavailable_reason()
             if why and (Path(run_dir) / SANDBOXED_MARK).exists():
                 raise sandbox.SandboxError(
                     f"an earlier try of this run ran in the sandbox, so its work/ files (checkpoints) were "
@@ -173,14 +184,16 @@ class LocalLauncher(Launcher):
             data_dir=data.path,
             run_dir=run_dir,
             trial=cfg is not None and cfg.trial_objective is not None,
+            node=node,
         )
+        relays = cfg is not None and bool(cfg.metrics_file) and (node is None or node.index == 0)
         return LocalPlan(
             command,
             run_dir,
             left,
             readable=tuple(readable),
             unsandboxed_because=why,
-            relay_to_run=cfg.mlflow_run_id if cfg and cfg.metrics_file else None,
+            relay_to_run=cfg.mlflow_run_id if cfg and relays else None,
             tensorboard_dir=cfg.tensorboard_dir if cfg else None,
             limits=limits.job_limits(spec, resources),
             custom=spec.recipe == "custom",
@@ -294,15 +307,17 @@ def launch(
     devices: list[str] | None = None,
     stop: threading.Event | None = None,
     preemption: Preemption | None = None,
+    node: NodePlace | None = None,
 ) -> None:
     """Run ``spec``'s workers on this machine (on ``devices``, when the job was given some) and wait, or
     stop them once ``stop`` is set (the job lost its admission), or tell them to checkpoint and end once
-    ``preemption``'s word is set (Preempted); append this try's usage record whatever happens.
+    ``preemption``'s word is set (Preempted); append this try's usage record whatever happens (``node``:
+    this node's of a multi-node job, with its GPUs).
 
     A spec this machine cannot run (more GPUs than it has) fails before anything starts and records
     nothing."""
     launcher = LocalLauncher(this_host(devices) if devices is not None else None)
-    plan = launcher.plan(spec, data, run_dir=run_dir, config_path=config_path)
+    plan = launcher.plan(spec, data, run_dir=run_dir, config_path=config_path, node=node)
     on_line("launching: " + " ".join(plan.command.argv))
     try:
         launcher.launch(plan, on_line, stop, preemption)
@@ -310,7 +325,8 @@ def launch(
         # from the workers' start: waiting for a free sandbox user holds the job's GPUs, but is not its use
         started = launcher.workers_started
         if started is not None:
-            launcher.record(spec, run_dir, launcher.collect(plan, Interval(started, time.time())))
+            interval = launcher.collect(plan, Interval(started, time.time()))
+            launcher.record(spec, run_dir, interval, node=None if node is None else node.index)
 
 
 @contextlib.contextmanager
