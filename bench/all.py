@@ -129,10 +129,10 @@ BENCHES = (
     ),
     Bench(
         "worker-loss",
-        "A dead Celery worker on the cluster profile: its job training again on another host",
+        "A lost host on the cluster profile: a 2-node job going on elastic, a dead worker's job retried on another",
         ("bench/worker_loss.py",),
         ("bench/worker_loss.py",),  # one size: the timeouts it measures are fixed
-        in_all=False,  # the cluster profile; about six minutes
+        in_all=False,  # the cluster profile; about eight minutes
     ),
     Bench(
         "scheduler-celery",
