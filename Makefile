@@ -68,9 +68,10 @@ up: setup
 
 # The cluster profile on this machine (scripts/cluster.py): PostgreSQL, Redis, an MLflow server, Airflow with
 # the CeleryExecutor and a worker per queue (cpu, gpu), all on 127.0.0.1, data under $(TRAINYARD_CLUSTER_DIR).
+# HOSTS=2: two GPU hosts, each in a network namespace of its own (root), for a job of several nodes.
 export TRAINYARD_CLUSTER_DIR ?= $(CURDIR)/var/cluster
 up-cluster: setup
-	@python scripts/cluster.py up
+	@python scripts/cluster.py up $(if $(HOSTS),--hosts $(HOSTS))
 
 down-cluster:
 	@python scripts/cluster.py down

@@ -88,6 +88,9 @@ ON_GPUS: dict[str, Any] = {
     "weight_rule": "absolute",
     **AT_TRAINING_END,
 }
+# The other nodes of a multi-node training: their node's GPUs (the cluster policy), and no word of the
+# training's end to the team (node 0's task says it once).
+ON_OTHER_NODES: dict[str, Any] = {k: v for k, v in ON_GPUS.items() if k not in AT_TRAINING_END}
 RESCHEDULE_MIN_S = 10.0  # the least a training task that waits for its GPUs again is rescheduled by
 default_args = {
     "owner": "trainyard",
@@ -375,7 +378,7 @@ def plan_nodes(spec: dict) -> list[int]:
     return list(range(1, _spec(spec).resources.nodes))
 
 
-@task(**ON_GPUS)
+@task(**ON_OTHER_NODES)
 @fail_permanently
 def train_node(spec: dict, dataset: dict, data: dict, node: int) -> dict:
     """Node ``node`` of a multi-node training: its workers on this machine, peers of node 0's (`train`),
@@ -429,7 +432,7 @@ def train_trial(spec: dict, dataset: dict, data: dict, slot: str) -> dict:
         return _while_admitted(
             job,
             job_spec,
-            lambda lease: run(job_spec, pinned, prepared, _run_key(), number, _leased(lease)),
+            lambda lease, _place: run(job_spec, pinned, prepared, _run_key(), number, _leased(lease)),
         )
     except GridSpent as err:  # another run of the sweep took the last points: nothing to train here
         raise AirflowSkipException(str(err)) from None

@@ -1,6 +1,7 @@
 """The cluster profile on one machine: trainyard on the engines a team shares, as separate processes.
 
     python scripts/cluster.py up|down|status|env      (make up-cluster / down-cluster / cluster-status)
+    python scripts/cluster.py up --hosts 2            (GPU hosts of their own: a job of several nodes across them)
 
 ``up`` starts, each only if it is not running yet, every service on 127.0.0.1 only (or on the address of the
 cluster's :class:`Network`, where workers run on hosts of their own):
@@ -109,8 +110,9 @@ class Network:
     def add_host(self, host: str, index: int) -> tuple[str, str]:
         """Host ``host``'s namespace and address (made once): the ``index``-th host of the cluster."""
         namespace, address = self.named(host), f"{self.prefix}.{10 + index}"
-        if self._ip("netns", "pids", namespace, check=False).returncode == 0:
-            return namespace, address
+        made = self._ip("-n", namespace, "-4", "-o", "addr", "show", "eth0", check=False)
+        if made.returncode == 0 and made.stdout.split():  # made before (by another `up`): its own address
+            return namespace, made.stdout.split()[3].split("/")[0]
         link = self.named(f"v{index}")
         self._ip("link", "del", link, check=False)  # a link left by a namespace deleted by hand
         self._ip("netns", "add", namespace)
@@ -389,6 +391,9 @@ class Cluster:
                 print(f"[cluster] the postgres user may now search {directory} (ACL u:postgres:x)", file=sys.stderr)
 
     def start_postgres(self) -> None:
+        """PostgreSQL, the first service up: the network whose address the services listen on comes first."""
+        if self.network is not None:
+            self.network.up()
         self.pg_data.parent.parent.mkdir(parents=True, exist_ok=True)
         self._let_postgres_in()
         if not (self.pg_data / "PG_VERSION").exists():
@@ -541,8 +546,6 @@ class Cluster:
     # -- the whole ---------------------------------------------------------------------------------------
 
     def up(self, wait_s: float = 300) -> None:
-        if self.network is not None:
-            self.network.up()
         self.start_postgres()
         self.start_redis()
         self.start_mlflow()
@@ -671,14 +674,46 @@ def _wait_port(address: str, port: int, seconds: float, what: str) -> None:
     raise SystemExit(f"{what} is not listening on {address}:{port} after {seconds:.0f} s")
 
 
+HOSTS_FILE = "hosts.json"  # how many GPU hosts of their own the last `up --hosts N` started
+
+
+def in_folder(root: Path, hosts: int | None = None) -> Cluster:
+    """The profile whose folder is ``root``. ``hosts``: that many GPU hosts, each in a network namespace of its
+    own with its own address (``up --hosts N``: a job of several nodes trains across them), kept in the folder
+    for the commands after it; None: as the last ``up`` left it (0: this machine's one GPU host)."""
+    path = root / HOSTS_FILE
+    if hosts is None:
+        hosts = json.loads(path.read_text())["hosts"] if path.exists() else 0
+    elif hosts:
+        root.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"hosts": hosts}))
+    else:
+        path.unlink(missing_ok=True)
+    if not hosts:
+        return Cluster(root)
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        raise SystemExit("--hosts: hosts of their own are network namespaces, which need root and iproute2 (ip)")
+    own = {f"gpu-host-{i}": Worker(1, gpus=THIS_MACHINE, own_host=True) for i in range(1, hosts + 1)}
+    return Cluster(root, workers={"worker-cpu": WORKERS["worker-cpu"], **own}, network=Network())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["supervise"] and "--" in argv:  # how _spawn starts every service
         return supervise(argv[1], argv[argv.index("--") + 1 :])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["up", "down", "status", "env"])
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=None,
+        help="up: GPU hosts, each in a network namespace of its own (root): a job of several nodes trains across "
+        "them; kept for the later commands (default: as the last up; 0: this machine's one GPU host)",
+    )
     args = parser.parse_args(argv)
-    cluster = Cluster(Path(os.environ.get("TRAINYARD_CLUSTER_DIR", REPO / "var" / "cluster")))
+    if args.hosts is not None and (args.command != "up" or not 0 <= args.hosts <= 200):
+        parser.error("--hosts goes with up, and takes 0 to 200")
+    cluster = in_folder(Path(os.environ.get("TRAINYARD_CLUSTER_DIR", REPO / "var" / "cluster")), args.hosts)
     if args.command == "up":
         cluster.up()
         print(f"Airflow UI + REST API: {cluster.api_url}   (users and passwords: "

@@ -163,6 +163,12 @@ def policy_problems(spec: JobSpec, config: ResourcesConfig) -> list[str]:
             f"recipe: team {team!r} may not run its own commands (policy.custom_commands is false); "
             "use a built-in recipe, or ask for custom_commands in resources.yaml"
         )
+    if spec.backends.launcher == "local" and spec.resources.nodes > 1 and not policy.local_multi_node:
+        problems.append(
+            f"resources.nodes: team {team!r} may not train on several nodes with the local launcher, whose nodes "
+            "run outside the sandbox (policy.local_multi_node is false); use backends.launcher 'kubernetes', "
+            "or ask for local_multi_node in resources.yaml"
+        )
     if policy.max_gpus_per_job is not None and spec.resources.total_gpus > policy.max_gpus_per_job:
         problems.append(
             f"resources.gpus_per_node: team {team!r} may ask for at most {policy.max_gpus_per_job} GPU(s) per "

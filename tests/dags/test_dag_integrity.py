@@ -250,3 +250,17 @@ def test_the_jobs_page_names_the_stages_of_tasks_the_pipeline_has():
 
     tasks = set(DagBag(dag_folder=str(REPO / "dags" / "train_pipeline.py")).dags["train_pipeline"].task_ids)
     assert {task for task, _ in STAGES} <= tasks, {task for task, _ in STAGES} - tasks
+
+
+def test_the_tasks_the_cluster_policy_gives_a_node_s_gpus_are_the_pipeline_s_local_trainings():
+    """The cluster policy gives each task of PER_NODE_TASKS its node's GPUs, not the job's: each is one of the
+    pipeline's local trainings, in a GPU pool, so a renamed task cannot take all of a job's GPUs per node."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from trainyard.scheduling.resources import POOL_PREFIX
+    from trainyard_airflow.policy import PER_NODE_TASKS
+
+    dag = DagBag(dag_folder=str(REPO / "dags" / "train_pipeline.py")).dags["train_pipeline"]
+    for task_id in PER_NODE_TASKS:
+        assert dag.get_task(task_id).pool.startswith(POOL_PREFIX), task_id
+    assert dag.get_task("train_kubernetes").task_id not in PER_NODE_TASKS  # its pods: all of the job's GPUs

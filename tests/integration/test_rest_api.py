@@ -85,7 +85,7 @@ def test_trigger_with_conf_runs_to_success(airflow, tmp_path):
     report = "\n".join(lines)
     wall = r"pipeline wall: first run +in process +[\d.]+ s +under Airflow +[\d.]+ s +ratio [\d.]+x"
     assert re.search(wall, report), report
-    assert re.search(r"gap between tasks: median [\d.]+ s, p95 [\d.]+ s \(12 tasks\)", report), report
+    assert re.search(r"gap between tasks: median [\d.]+ s, p95 [\d.]+ s \(13 tasks\)", report), report
     assert re.search(r"\n  register +[\d.]+ s +[\d.]+ s", report), report
     tis = _task_instances(airflow, headers, run_id)  # the run succeeded: measure says why when it did not
     # no red line in a task that succeeded (MLflow's stderr handler and progress bars, the exporter's notes)

@@ -6,6 +6,7 @@ its team's.
 
 from __future__ import annotations
 
+from trainyard.errors import PermanentError
 from trainyard.spec import JobSpec, SpecError, parse_spec
 
 
@@ -52,12 +53,23 @@ def validate_spec(raw: dict, user: str | None = None, audit: bool = True, pipeli
 
 def check_worker(spec: JobSpec) -> None:
     """What the worker that runs the job must offer, checked on it before any data moves: a local custom
-    command needs the sandbox (SandboxUnavailable, saying why, where there is none). Apart from
-    validate_spec, which also runs where the job is only written (``trainyard validate``)."""
+    command needs the sandbox (SandboxUnavailable, saying why, where there is none); a local job of several
+    nodes needs its trainings routed to hosts of their own (the cluster profile's ``[trainyard]
+    training_queue``), not every task on one host. Apart from validate_spec, which also runs where the job
+    is only written (``trainyard validate``)."""
     if spec.recipe == "custom" and spec.backends.launcher == "local":
         from trainyard.training.launchers.sandbox import require
 
         require()
+    if spec.backends.launcher == "local" and spec.resources.nodes > 1:
+        from trainyard.scheduling.hosts import routing_prefix
+
+        if routing_prefix() is None:
+            raise PermanentError(
+                f"resources.nodes is {spec.resources.nodes}: a local job of several nodes trains on hosts of their "
+                "own, and this deployment runs every task on one host (no [trainyard] training_queue: the "
+                "cluster profile sets it); use nodes: 1 here, or the cluster profile, or Kubernetes"
+            )
 
 
 def check_ownership(spec: JobSpec, client=None, *, claim: bool = False) -> None:

@@ -190,8 +190,10 @@ def launch_local(spec: JobSpec, data: PreparedData, plan: TrainingPlan, local: L
 
 def train_node(spec: JobSpec, data: PreparedData, run_key: str, local: LocalLaunch) -> None:
     """One of a multi-node training's other nodes (``local.node``, not 0): its workers, peers of node 0's,
-    on this machine. Node 0's task plans the run (its MLflow run and run config) before it says where its
-    rendezvous is, relays the metrics and collects the result; this node records its own GPU time."""
+    on this machine. Node 0's task plans the run (its MLflow run and run config), relays the metrics and
+    collects the result; this node records its own GPU time. Node 0 says where its rendezvous is before it
+    plans, but no worker of any node starts before node 0's torchrun, started after the plan, has joined
+    the rendezvous: the run config is there when this node's workers read it."""
     from trainyard.training.launchers import local as launcher
     from trainyard.training.run_config import RUN_CONFIG_FILE
 

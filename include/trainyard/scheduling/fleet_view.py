@@ -95,7 +95,10 @@ def hosts(ledger: Ledger | None, reader: Acting) -> list[dict[str, Any]]:
     if ledger is None:
         return []
     now = ledger.now()
-    holders = {(e.host, d): e.job for e in ledger.entries() if e.admitted is not None for d in e.devices}
+    admitted = [e for e in ledger.entries() if e.admitted is not None]
+    holders = {(e.host, d): e.job for e in admitted for d in e.devices}
+    for e in (e for e in admitted if e.job.nodes > 1):  # each node's devices, on its own host
+        holders.update({(host, d): e.job for host, devices in ledger.node_devices(e.job.id).values() for d in devices})
     rows = []
     for record in ledger.hosts():
         if now - record.seen_until > GONE_SHOWN_S:

@@ -1,5 +1,5 @@
 """Where the nodes of a multi-node job meet: node 0 serves torchrun's c10d rendezvous at its host's address
-and says so in the ledger; every other node waits for it there (:func:`node_place`). The nodes run on hosts
+and says so in the ledger; every other node looks for it there (:func:`node_place`). The nodes run on hosts
 of their own, each a worker of the job's GPU type, each task's node given by its map index."""
 
 from __future__ import annotations
@@ -8,23 +8,17 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from trainyard.errors import RetryableError
+from trainyard.scheduling.admission.ledger import Ledger, NotAdmitted
 from trainyard.scheduling.hosts import host_address
 from trainyard.spec import safe_key
-from trainyard.training.launchers.base import RDZV_TIMEOUT_S
 from trainyard.training.launchers.command import NodePlace
 
 if TYPE_CHECKING:
     from trainyard.scheduling.admission.lease import Lease
-    from trainyard.scheduling.admission.ledger import Ledger
     from trainyard.scheduling.admission.policy import Job
 
 ENDPOINT_POLL_S = 1.0  # a node looks this often for node 0's rendezvous endpoint
-
-
-class NoRendezvous(RetryableError):
-    """Node 0 did not say where its rendezvous is in time (its task queued, failed or ended): a retry of
-    this node looks again."""
+ENDPOINT_WAIT_S = 60.0  # and this long before its task gives its worker back and looks again later
 
 
 def _free_port(address: str) -> int:
@@ -33,10 +27,12 @@ def _free_port(address: str) -> int:
         return probe.getsockname()[1]
 
 
-def node_place(ledger: Ledger, job: Job, node: int, lease: Lease, wait_s: float = RDZV_TIMEOUT_S) -> NodePlace | None:
+def node_place(ledger: Ledger, job: Job, node: int, lease: Lease, wait_s: float = ENDPOINT_WAIT_S) -> NodePlace | None:
     """Node ``node``'s place among ``job``'s nodes; None for a job of one node. Node 0 takes a free port at
-    this host's address and records it as the rendezvous endpoint; another node waits up to ``wait_s`` for
-    node 0's (NoRendezvous), or until its lease is lost or preempted (then its launch ends at once)."""
+    this host's address and records it as the rendezvous endpoint (until its try ends: ``lease.leave_node``);
+    another node waits up to ``wait_s`` for node 0's. NotAdmitted (its task waits rescheduled, holding no
+    worker, and looks again) where node 0 has not said it by then, or where the job was preempted or lost
+    its admission meanwhile."""
     if job.nodes == 1:
         return None
     address, interface = host_address()
@@ -47,9 +43,7 @@ def node_place(ledger: Ledger, job: Job, node: int, lease: Lease, wait_s: float 
         return NodePlace(0, served, rdzv_id, address, interface)
     deadline = time.monotonic() + wait_s
     while (endpoint := ledger.endpoint(job.id)) is None:
-        if lease.lost.is_set() or lease.preempted.is_set():
-            break
-        if time.monotonic() > deadline:
-            raise NoRendezvous(f"job {job.id}: node 0 did not say where its rendezvous is within {wait_s:.0f} s")
+        if lease.lost.is_set() or lease.preempted.is_set() or time.monotonic() > deadline:
+            raise NotAdmitted(f"job {job.id}: node 0 has not said where its rendezvous is; node {node} looks again")
         time.sleep(ENDPOINT_POLL_S)
-    return NodePlace(node, endpoint or "", rdzv_id, address, interface)
+    return NodePlace(node, endpoint, rdzv_id, address, interface)

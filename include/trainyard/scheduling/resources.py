@@ -99,6 +99,13 @@ class TeamPolicy(_Model):
         [], description="environment variables its jobs may set (kubernetes.env), as names or patterns (NCCL_*)"
     )
     custom_commands: bool = Field(False, description="whether it may run its own command (recipe: custom)")
+    local_multi_node: bool = Field(
+        False,
+        description=(
+            "whether its jobs may train on several nodes with the local launcher: their workers run outside the "
+            "sandbox, as the worker's user, with their host's network (docs/security.md)"
+        ),
+    )
     max_gpus_per_job: int | None = Field(None, ge=1, description="the most GPUs (slots) one job may ask for")
     limits: JobLimits | None = Field(None, description="its jobs' host limits (absent: the file's top-level limits)")
     promoters: list[str] | None = Field(

@@ -944,16 +944,21 @@ def test_another_node_of_a_multi_node_job_follows_node_0_s_admission_and_hears_i
 
     monkeypatch.setattr(leases, "WORD_POLL_S", 0.05)
     pair = dataclasses.replace(job("pair", "vision", 2), nodes=2)
-    with pytest.raises(NotAdmitted, match="waits for node 0's admission"), leases.follow(ledger, pair, 1):
+    with pytest.raises(leases.JobGone, match="neither admitted nor waiting"), leases.follow(ledger, pair, 1):
         pass
     assert ledger.entries() == []  # it asked for nothing
     assert ledger.request(pair).admitted
     with leases.follow(ledger, pair, 1) as lease:
         assert lease.devices is None and not lease.preempted.is_set()
+        assert ledger.node_devices("pair") == {1: (ledger.host, ())}  # it joined, on this host
         with ledger.db.transaction() as conn:  # as a decision marks the job it preempts
             conn.execute("UPDATE admission SET preempted_for = 'n1' WHERE id = 'pair'")
         assert lease.preempted.wait(5), "node 1 never heard the word"
-    assert ledger.node_devices("pair") == {1: (ledger.host, ())}  # it joined; it released nothing
+    assert ledger.node_devices("pair") == {} and ledger.admitted("pair")  # it left; it released nothing
+    ledger.requeue("pair")  # node 0 gave the slots back: the job waits, and so does this node
+    with pytest.raises(NotAdmitted, match="waits for node 0's admission"), leases.follow(ledger, pair, 1):
+        pass
+    assert ledger.request(pair).admitted
     with pytest.raises(PermanentError, match="cancelled by alice"), leases.follow(ledger, pair, 1) as lease:
         ledger.cancel("pair", "cancelled by alice (trainyard queue cancel)")
         assert lease.lost.wait(5)

@@ -190,6 +190,25 @@ def test_each_node_of_a_multi_node_job_claims_its_devices_on_its_own_host_and_no
     assert not on["gpu-a"].reclaim(late)
 
 
+def test_two_nodes_of_one_job_on_one_host_hold_different_devices_and_a_node_that_left_holds_none(where):
+    clock, config = Clock(), parse_resources(FLEET)
+    ledger = Ledger(where, config, clock, host="gpu-a")
+    ledger.announce({"a100": ["0", "1", "2", "3"]})
+    pair = Job("pair", "vision", "a100", 4, 1, 1.0, nodes=2)
+    Ledger(where, config, clock, host="gpu-b").announce({"a100": ["0", "1"]})
+    assert ledger.request(pair).admitted
+    assert ledger.claim_devices("pair", 2, ["0", "1", "2", "3"], node=0) == ["0", "1"]
+    assert ledger.claim_devices("pair", 2, ["0", "1", "2", "3"], node=1) == ["2", "3"]  # not node 0's again
+    ledger.join_node("pair", 0, "10.0.0.10:29500")
+    ledger.leave_node("pair", 0)  # node 0's try ended: its devices and its endpoint go at once
+    assert ledger.endpoint("pair") is None and ledger.node_devices("pair") == {1: ("gpu-a", ("2", "3"))}
+    assert ledger.claim_devices("pair", 2, ["0", "1", "2", "3"], node=0) == ["0", "1"]  # its retry
+    ledger.join_node("pair", 0, "10.0.0.10:29501")
+    assert ledger.endpoint("pair") == "10.0.0.10:29501"
+    ledger.requeue("pair")  # preempted: it waits again, and no node holds anything or meets anywhere
+    assert ledger.endpoint("pair") is None and ledger.node_devices("pair") == {}
+
+
 def test_two_workers_of_one_host_name_serving_different_types_each_keep_theirs(where):
     config = parse_resources(FLEET)
     first, second = (Ledger(where, config, host="gpu-a") for _ in range(2))

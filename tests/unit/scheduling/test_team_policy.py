@@ -4,11 +4,12 @@ and what is allowed, and written to the audit trail."""
 
 import pytest
 
+from trainyard.errors import PermanentError
 from trainyard.scheduling.resources import load_resources, parse_resources
 from trainyard.spec import SpecError, parse_spec
 from trainyard.teams import check_member, policy_problems
 
-FLEET = parse_resources("""\
+FLEET_TEXT = """\
 gpu_types:
   a100: {count: 8, price_per_hour: 1.0}
 teams:
@@ -24,7 +25,8 @@ teams:
       env: ["NCCL_*", WANDB_MODE]
       max_gpus_per_job: 4
 priority_classes: {low: 100, high: 900}
-""")
+"""
+FLEET = parse_resources(FLEET_TEXT)
 
 
 def spec(team="vision", **kubernetes):
@@ -92,6 +94,27 @@ def test_own_commands_and_large_jobs_are_refused_unless_allowed():
     problems = policy_problems(custom, FLEET)
     assert problems[0].startswith("recipe: team 'vision' may not run its own commands")
     assert "may ask for at most 4 GPU(s) per job (policy.max_gpus_per_job); the job asks for 6" in problems[1]
+
+
+def test_a_local_job_of_several_nodes_runs_only_for_a_team_whose_policy_lets_its_nodes_out_of_the_sandbox(
+    monkeypatch,
+):
+    from trainyard.pipeline.spec import check_worker
+
+    nodes = {"resources": {"team": "vision", "gpu_type": "a100", "nodes": 2, "gpus_per_node": 1}}
+    (problem,) = policy_problems(parse_spec(nodes), FLEET)
+    assert problem.startswith("resources.nodes: team 'vision' may not train on several nodes with the local launcher")
+    assert "policy.local_multi_node is false" in problem
+    opted_in = "max_gpus_per_job: 4\n      local_multi_node: true"
+    allowed = parse_resources(FLEET_TEXT.replace("max_gpus_per_job: 4", opted_in))
+    assert policy_problems(parse_spec(nodes), allowed) == []
+    on_kubernetes = parse_spec({**nodes, "backends": {"launcher": "kubernetes"}})  # pods: sandboxed by the cluster
+    assert not [p for p in policy_problems(on_kubernetes, FLEET) if p.startswith("resources.nodes")]
+    monkeypatch.delenv("AIRFLOW__TRAINYARD__TRAINING_QUEUE", raising=False)  # every task on one host
+    with pytest.raises(PermanentError, match="trains on hosts of their own, and this deployment runs every task"):
+        check_worker(parse_spec(nodes))
+    monkeypatch.setenv("AIRFLOW__TRAINYARD__TRAINING_QUEUE", "gpu")  # routed: the cluster profile
+    check_worker(parse_spec(nodes))
 
 
 def test_validate_spec_refuses_a_non_member_and_audits_it(trainyard_home):

@@ -137,12 +137,28 @@ def _claimed(ledger: Ledger, job: Job, node: int, available: list[str] | None) -
     if available is None:
         ledger.join_node(job.id, node)
         return None
-    return ledger.claim_devices(job.id, job.slots // job.nodes, available, node=node)
+    return ledger.claim_devices(job.id, job.per_node, available, node=node)
+
+
+class JobGone(RetryableError):
+    """A node of a multi-node job found the job neither admitted nor waiting (node 0's try ended without
+    giving it back, its lease ran out): a retry looks again once node 0's retry has queued it again."""
+
+
+def _leave(ledger: Ledger, job: Job, node: int) -> None:
+    """A multi-node job's node ``node`` ends its try here: its devices and (node 0's) endpoint go at once."""
+    if job.nodes > 1:
+        try:
+            ledger.leave_node(job.id, node)
+        except DatabaseUnavailable as err:  # they go with the job's admission all the same
+            log.warning("could not record that node %d of %s left: %s", node, job.id, err)
 
 
 class _Follower:
     """A thread that looks every :data:`WORD_POLL_S` at the admission a multi-node job's node 0 holds: the
-    word that the job is preempted sets ``lease.preempted``; its cancel sets ``lease.lost``."""
+    word that the job is preempted sets ``lease.preempted``; its cancel, or its admission gone while the job
+    has not finished (its lease ran out, or it waits again), sets ``lease.lost``: this node's devices are
+    free then, and its workers must stop."""
 
     def __init__(self, ledger: Ledger, job: Job, lease: Lease) -> None:
         self.ledger, self.job, self.lease = ledger, job, lease
@@ -151,17 +167,21 @@ class _Follower:
         self.thread.start()
 
     def _look(self) -> None:
+        ledger, job = self.ledger, self.job
         while not self.stop.wait(WORD_POLL_S):
             try:
-                if not self.lease.preempted.is_set() and self.ledger.preempted_for(self.job.id):
-                    log.warning("%s is preempted: this node's workers checkpoint and stop with node 0's", self.job.id)
+                if not self.lease.preempted.is_set() and ledger.preempted_for(job.id):
+                    log.warning("%s is preempted: this node's workers checkpoint and stop with node 0's", job.id)
                     self.lease.preempted.set()
-                if self.ledger.cancelled(self.job.id):
-                    log.error("%s was cancelled; stopping this node's workers", self.job.id)
+                why = ledger.cancelled(job.id)
+                if why is None and not self.lease.preempted.is_set() and not ledger.admitted(job.id):
+                    why = None if ledger.finished(job.id) else "its admission is gone (node 0's try ended)"
+                if why is not None:
+                    log.error("%s: %s; stopping this node's workers", job.id, why)
                     self.lease.lost.set()
                     return
             except Exception as err:  # noqa: BLE001 - looked at again; the thread must not die
-                log.warning("admission look of %s failed: %s: %s", self.job.id, type(err).__name__, err)
+                log.warning("admission look of %s failed: %s: %s", job.id, type(err).__name__, err)
 
     def end(self) -> None:
         self.stop.set()
@@ -172,11 +192,15 @@ class _Follower:
 def follow(ledger: Ledger, job: Job, node: int, *, available: list[str] | None = None) -> Iterator[Lease]:
     """Around the training of node ``node`` (not 0) of the multi-node ``job``, whose node 0 holds its
     admission (:func:`hold`): its share of ``available`` (this host's GPUs), the word that the job is
-    preempted (node 0 gives the slots back), and its cancel. NotAdmitted where the job is not admitted now
-    (the task waits and looks again). A node whose job lost its admission otherwise learns it from its
-    rendezvous: node 0's store is gone, and torchrun ends."""
+    preempted (node 0 gives the slots back), its cancel (PermanentError), and its admission gone. NotAdmitted
+    where the job waits (the task waits and looks again); JobGone where it is not queued at all."""
+    cancelled = ledger.cancelled(job.id)
+    if cancelled:
+        raise PermanentError(f"job {job.id}: {cancelled}")
     if not ledger.admitted(job.id):
-        raise NotAdmitted(f"job {job.id} is not admitted now: its node {node} waits for node 0's admission")
+        if ledger.queued(job.id):
+            raise NotAdmitted(f"job {job.id} is not admitted now: its node {node} waits for node 0's admission")
+        raise JobGone(f"job {job.id} is neither admitted nor waiting: node 0's try ended without it")
     devices = _claimed(ledger, job, node, available)
     if devices is not None:
         log.info("job %s node %d holds %s device(s) %s of host %s", job.id, node, job.gpu_type, devices, ledger.host)
@@ -188,6 +212,7 @@ def follow(ledger: Ledger, job: Job, node: int, *, available: list[str] | None =
             raise _lost(ledger, job)
     finally:
         follower.end()
+        _leave(ledger, job, node)
 
 
 @contextlib.contextmanager
@@ -252,4 +277,5 @@ def hold(
         raise
     finally:
         heartbeat.end()
+        _leave(ledger, job, 0)
         _hand_back(ledger, job, for_good, preempted)

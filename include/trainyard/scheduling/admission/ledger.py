@@ -178,7 +178,7 @@ class Ledger:
         lock). On PostgreSQL the rows are kept between looks in this process (:class:`_Kept`) and only those
         written since are read again: a row's ``xmin`` (the transaction that wrote it) changes with every
         update, and a row deleted and made again has a new one. A look at 10,000 waiting jobs then reads
-        10,000 short pairs instead of 10,000 rows of 18 columns, and makes only the changed rows anew (a look
+        10,000 short pairs instead of 10,000 rows of 19 columns, and makes only the changed rows anew (a look
         took half the time, and admissions a second at 10,000 waiting went from 34 to 45: BENCHMARKS.md).
 
         Every other write to the table takes the decisions' lock too, so the two reads see one state, but
@@ -232,14 +232,16 @@ class Ledger:
             "(SELECT 1 FROM admission a WHERE a.id = job_nodes.id AND a.admitted IS NOT NULL)"
         )
 
-    def _held_here(self, conn: Connection, now: float, job_id: str) -> set[str]:
-        """This host's devices that live jobs other than ``job_id`` hold: a job's of one node (its row), and
-        the nodes' of multi-node jobs here."""
+    def _held_here(self, conn: Connection, now: float, job_id: str, node: int | None = None) -> set[str]:
+        """This host's devices that live jobs hold, but for ``job_id``'s own (its row's; with ``node``, that
+        node's: the job's other nodes on this host hold theirs): a job's of one node (its row), and the
+        nodes' of multi-node jobs here."""
         rows = conn.execute(
             "SELECT devices, host FROM admission WHERE id != ? AND lease_until >= ? AND devices != '' "
             "UNION ALL SELECT n.devices, n.host FROM job_nodes n JOIN admission a ON a.id = n.id "
-            "WHERE n.id != ? AND a.lease_until >= ? AND a.admitted IS NOT NULL AND n.devices != ''",
-            (job_id, now, job_id, now),
+            "WHERE NOT (n.id = ? AND n.node = ?) AND a.lease_until >= ? AND a.admitted IS NOT NULL "
+            "AND n.devices != ''",
+            (job_id, now, job_id, -1 if node is None else node, now),
         ).fetchall()
         return {d for devices, host in rows if self._here(host) for d in devices.split(",")}
 
@@ -385,6 +387,7 @@ class Ledger:
                 (job_id, now),
             )
             (times,) = conn.execute("SELECT times FROM preempted WHERE id = ?", (job_id,)).fetchone()
+            conn.execute("DELETE FROM job_nodes WHERE id = ?", (job_id,))
             conn.execute(
                 "UPDATE admission SET admitted = NULL, borrowed = 0, devices = '', host = '', preempted_for = '', "
                 "told_at = 0, preemptions = ?, waiting_since = ?, lease_until = ? WHERE id = ?",
@@ -437,6 +440,7 @@ class Ledger:
         arrival stays (it runs out by itself), so a job withdrawn by mistake that asks again keeps its place."""
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM admission WHERE id = ?", (job_id,))
+            conn.execute("DELETE FROM job_nodes WHERE id = ?", (job_id,))
 
     def claim_devices(self, job_id: str, count: int, available: list[str], node: int | None = None) -> list[str]:
         """``count`` of this host's devices (``available``: CUDA indices or MIG UUIDs) for an admitted job,
@@ -468,7 +472,7 @@ class Ledger:
             if row[0] and self._here(row[1]):  # a retry on the same host: the same ones
                 return row[0].split(",")
             # (a retry on another host claims this host's devices anew)
-            held = self._held_here(conn, now, job_id)
+            held = self._held_here(conn, now, job_id, node)
             free = [d for d in available if d not in held]
             if len(free) < count:
                 raise NoFreeDevices(
@@ -503,11 +507,27 @@ class Ledger:
                 (job_id, node, self.host, endpoint),
             )
 
+    def leave_node(self, job_id: str, node: int) -> None:
+        """Node ``node`` of ``job_id`` ended here (its try is over): its devices are free at once, and node
+        0's endpoint goes, so that no later node joins a store that is gone."""
+        with self.db.transaction() as conn:
+            conn.execute("DELETE FROM job_nodes WHERE id = ? AND node = ?", (job_id, node))
+
     def endpoint(self, job_id: str) -> str | None:
-        """Where node 0 of the multi-node job ``job_id`` serves its rendezvous store, once it said so."""
+        """Where node 0 of the admitted multi-node job ``job_id`` serves its rendezvous store, once it said so
+        (and until its try ends)."""
         with self.db.connection() as conn:
-            row = conn.execute("SELECT endpoint FROM job_nodes WHERE id = ? AND node = 0", (job_id,)).fetchone()
+            row = conn.execute(
+                "SELECT n.endpoint FROM job_nodes n JOIN admission a ON a.id = n.id "
+                "WHERE n.id = ? AND n.node = 0 AND a.admitted IS NOT NULL AND a.lease_until >= ?",
+                (job_id, self._now(conn)),
+            ).fetchone()
         return row[0] if row and row[0] else None
+
+    def queued(self, job_id: str) -> bool:
+        """Whether ``job_id`` has a row in the queue now, waiting or admitted."""
+        with self.db.connection() as conn:
+            return conn.execute("SELECT 1 FROM admission WHERE id = ?", (job_id,)).fetchone() is not None
 
     def node_devices(self, job_id: str) -> dict[int, tuple[str, tuple[str, ...]]]:
         """Each node of the multi-node job ``job_id`` that runs: node -> (its host, its devices there)."""

@@ -54,6 +54,11 @@ class Job:
     group_limit: int = 0  # at most this many jobs of the group admitted at once (sweep.parallelism); 0: any
     nodes: int = 1  # hosts its slots are spread over, slots / nodes on each (resources.nodes): admitted together
 
+    @property
+    def per_node(self) -> int:
+        """The slots (devices) each of its nodes holds: resources.gpus_per_node."""
+        return self.slots // self.nodes
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -412,7 +417,7 @@ def unserved(entries: list[Entry], served: Mapping[str, Sequence[float]]) -> dic
     verdicts = {}
     for e in entries:
         t, nodes = e.job.gpu_type, e.job.nodes
-        per_node = e.job.slots // nodes  # resources.total_gpus: nodes x gpus_per_node
+        per_node = e.job.per_node
         if e.admitted is not None or sum(count >= per_node for count in served.get(t, ())) >= nodes:
             continue
         if t not in served:

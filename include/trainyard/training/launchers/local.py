@@ -132,6 +132,7 @@ class LocalPlan:
     tensorboard_dir: str | None = None
     limits: limits.HostLimits | None = None  # the job's CPU, memory and process limits (None: none asked)
     custom: bool = False  # a custom program (told of a preemption by SIGTERM), not a built-in trainer
+    first_node: bool = True  # node 0 of a multi-node job, or a job's one node: it relays, and owns the word's files
 
     @property
     def sandboxed(self) -> bool:
@@ -186,7 +187,8 @@ class LocalLauncher(Launcher):
             trial=cfg is not None and cfg.trial_objective is not None,
             node=node,
         )
-        relays = cfg is not None and bool(cfg.metrics_file) and (node is None or node.index == 0)
+        first_node = node is None or node.index == 0
+        relays = cfg is not None and bool(cfg.metrics_file) and first_node
         return LocalPlan(
             command,
             run_dir,
@@ -197,6 +199,7 @@ class LocalLauncher(Launcher):
             tensorboard_dir=cfg.tensorboard_dir if cfg else None,
             limits=limits.job_limits(spec, resources),
             custom=spec.recipe == "custom",
+            first_node=first_node,
         )
 
     def launch(
@@ -211,7 +214,8 @@ class LocalLauncher(Launcher):
         work = work_dir(plan.run_dir)
         told = None
         if preemption is not None:
-            preempting.clear(work)  # no word or record of an earlier try
+            if plan.first_node:  # no word or record of an earlier try (the other nodes share the run's work/)
+                preempting.clear(work)
             told = _Told(preemption, _word_for(plan), on_line)
             plan = dataclasses.replace(
                 plan, command=Command(plan.command.argv, {**plan.command.env, GRACE_ENV: f"{preemption.grace_s:g}"})
