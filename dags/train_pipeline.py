@@ -392,6 +392,9 @@ def train_node(spec: dict, dataset: dict, data: dict, node: int) -> dict:
     job = job_for(job_spec.resources, _run_key(), triggering_user())
     if default_ledger().finished(job.id):
         return {"node": node, "ended": "the job finished before this node joined it"}
+    ti = get_current_context()["ti"]
+    if ti.get_ti_count(dag_id=ti.dag_id, task_ids=["train"], run_ids=[ti.run_id], states=["failed", "upstream_failed"]):
+        raise PermanentError(f"node 0's task (train) failed for good: node {node} has no training to join")
 
     def work(lease: Any, place: Any) -> dict:
         run(job_spec, prepared, _run_key(), _leased(lease, place))

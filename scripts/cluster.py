@@ -113,6 +113,7 @@ class Network:
         made = self._ip("-n", namespace, "-4", "-o", "addr", "show", "eth0", check=False)
         if made.returncode == 0 and made.stdout.split():  # made before (by another `up`): its own address
             return namespace, made.stdout.split()[3].split("/")[0]
+        self._ip("netns", "del", namespace, check=False)  # one left half made
         link = self.named(f"v{index}")
         self._ip("link", "del", link, check=False)  # a link left by a namespace deleted by hand
         self._ip("netns", "add", namespace)
@@ -682,17 +683,20 @@ def in_folder(root: Path, hosts: int | None = None) -> Cluster:
     own with its own address (``up --hosts N``: a job of several nodes trains across them), kept in the folder
     for the commands after it; None: as the last ``up`` left it (0: this machine's one GPU host)."""
     path = root / HOSTS_FILE
-    if hosts is None:
-        hosts = json.loads(path.read_text())["hosts"] if path.exists() else 0
-    elif hosts:
-        root.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"hosts": hosts}))
-    else:
-        path.unlink(missing_ok=True)
+    before = json.loads(path.read_text())["hosts"] if path.exists() else 0
+    if hosts is not None and hosts != before and Cluster(root).pid("api-server") is not None:
+        raise SystemExit(
+            f"the cluster in {root} runs with {before} host(s) of their own: `make down-cluster` first (it takes "
+            "their network namespaces down), then up again with the hosts you want"
+        )
+    hosts = before if hosts is None else hosts
     if not hosts:
+        path.unlink(missing_ok=True)
         return Cluster(root)
     if os.geteuid() != 0 or shutil.which("ip") is None:
         raise SystemExit("--hosts: hosts of their own are network namespaces, which need root and iproute2 (ip)")
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"hosts": hosts}))
     own = {f"gpu-host-{i}": Worker(1, gpus=THIS_MACHINE, own_host=True) for i in range(1, hosts + 1)}
     return Cluster(root, workers={"worker-cpu": WORKERS["worker-cpu"], **own}, network=Network())
 

@@ -35,10 +35,26 @@ def test_every_address_is_loopback_and_celery_outlasts_the_longest_training(tmp_
     assert cluster_profile.Cluster(tmp_path).secret("postgres") == cluster.secret("postgres")
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="hosts of their own need root and ip")
+def test_hosts_of_their_own_put_every_address_on_the_bridge_and_are_kept_for_the_next_commands(tmp_path):
+    """`up --hosts 2`: two GPU hosts in network namespaces, every service on the bridge's address (which the
+    namespaces reach), and the choice kept in the folder for `down`, `status` and `env`; `--hosts 0` again
+    goes back to loopback."""
+    two = cluster_profile.in_folder(tmp_path, 2)
+    assert [n for n, w in two.workers.items() if w.own_host] == ["gpu-host-1", "gpu-host-2"]
+    urls = [v for v in two.env().values() if "://" in v]
+    assert {urlsplit(u.removeprefix("db+")).hostname for u in urls} == {two.network.address}
+    assert cluster_profile.in_folder(tmp_path).network == two.network  # a later command without --hosts
+    assert cluster_profile.in_folder(tmp_path, 0).network is None
+    assert cluster_profile.in_folder(tmp_path).network is None
+
+
 def test_no_password_is_on_a_command_line(tmp_path, monkeypatch):
     cluster = cluster_profile.Cluster(tmp_path)
     started: list[tuple[str, list[str], dict]] = []
-    monkeypatch.setattr(cluster, "_spawn", lambda name, argv, env=None: started.append((name, argv, env or {})))
+    monkeypatch.setattr(
+        cluster, "_spawn", lambda name, argv, env=None, namespace="": started.append((name, argv, env or {}))
+    )
     monkeypatch.setattr(cluster_profile, "_wait_port", lambda *args: None)
     monkeypatch.setattr(cluster_profile.shutil, "which", lambda name: f"/usr/bin/{name}")
     cluster.start_redis()

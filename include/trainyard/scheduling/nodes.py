@@ -42,8 +42,19 @@ def node_place(ledger: Ledger, job: Job, node: int, lease: Lease, wait_s: float 
         ledger.join_node(job.id, 0, served)
         return NodePlace(0, served, rdzv_id, address, interface)
     deadline = time.monotonic() + wait_s
-    while (endpoint := ledger.endpoint(job.id)) is None:
+    while (endpoint := ledger.endpoint(job.id)) is None or not _answers(endpoint):
         if lease.lost.is_set() or lease.preempted.is_set() or time.monotonic() > deadline:
             raise NotAdmitted(f"job {job.id}: node 0 has not said where its rendezvous is; node {node} looks again")
         time.sleep(ENDPOINT_POLL_S)
     return NodePlace(node, endpoint, rdzv_id, address, interface)
+
+
+def _answers(endpoint: str) -> bool:
+    """Whether something listens at ``endpoint``: the endpoint of a node 0 that died without leaving (its row
+    stays until its admission goes) answers nothing, and is not joined."""
+    host, port = endpoint.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False

@@ -1,6 +1,7 @@
 """Where the nodes of a multi-node job meet (trainyard.scheduling.nodes), and the address a host is reached at
 (trainyard.scheduling.hosts.host_address)."""
 
+import socket
 import threading
 
 import psutil
@@ -35,7 +36,10 @@ def test_node_0_serves_the_rendezvous_at_its_address_and_the_other_node_finds_it
     address, port = first.endpoint.rsplit(":", 1)
     assert (first.index, address, first.address, first.interface) == (0, "127.0.0.1", "127.0.0.1", "lo")
     assert int(port) > 0 and first.rdzv_id == "train_run-1"
-    second = nodes.node_place(ledger, PAIR, 1, _lease())
+    with pytest.raises(NotAdmitted):  # nothing listens there yet (node 0's torchrun starts after this)
+        nodes.node_place(ledger, PAIR, 1, _lease(), wait_s=0.05)
+    with socket.create_server((address, int(port))):  # node 0's store, up
+        second = nodes.node_place(ledger, PAIR, 1, _lease())
     assert (second.index, second.endpoint, second.rdzv_id) == (1, first.endpoint, first.rdzv_id)
 
 
@@ -50,6 +54,29 @@ def test_a_node_that_finds_no_endpoint_gives_its_worker_back_and_looks_again_lat
     ledger.leave_node(PAIR.id, 0)  # an endpoint of a try that ended is never handed out
     with pytest.raises(NotAdmitted):
         nodes.node_place(ledger, PAIR, 1, preempted, wait_s=10)
+
+
+def test_a_node_hears_its_job_wait_again_or_go_but_not_finish(ledger, monkeypatch):
+    """Node 0 gave the slots back before this node heard the word: it checkpoints and waits too (the word);
+    the job's row gone with the job unfinished: its workers stop; the job finished: nothing to stop."""
+    from trainyard.scheduling.admission import lease as leases
+
+    monkeypatch.setattr(leases, "WORD_POLL_S", 0.02)
+    for ending in ("requeue", "drop", "release"):
+        assert ledger.request(PAIR).admitted, ending
+        with follow(ledger, PAIR, 1) as lease:
+            if ending == "requeue":
+                ledger.requeue(PAIR.id)
+                assert lease.preempted.wait(5) and not lease.lost.is_set()
+            elif ending == "drop":
+                with ledger.db.transaction() as conn:  # its lease ran out and a decision dropped it
+                    conn.execute("DELETE FROM admission WHERE id = ?", (PAIR.id,))
+                assert lease.lost.wait(5)
+                lease.lost.clear()  # (as the launcher's stop would leave it, for the next round's checks)
+            else:
+                ledger.release(PAIR.id)
+                assert not lease.lost.wait(0.3) and not lease.preempted.is_set()
+        ledger.release(PAIR.id)
 
 
 def test_a_node_of_a_job_cancelled_or_no_longer_queued_does_not_wait_for_it(ledger):

@@ -140,9 +140,10 @@ def _claimed(ledger: Ledger, job: Job, node: int, available: list[str] | None) -
     return ledger.claim_devices(job.id, job.per_node, available, node=node)
 
 
-class JobGone(RetryableError):
+class JobGone(NotAdmitted):
     """A node of a multi-node job found the job neither admitted nor waiting (node 0's try ended without
-    giving it back, its lease ran out): a retry looks again once node 0's retry has queued it again."""
+    giving it back, its lease ran out): its task looks again later (rescheduled, no retry used), once node
+    0's retry has queued the job again, and stops once node 0's task has failed for good."""
 
 
 def _leave(ledger: Ledger, job: Job, node: int) -> None:
@@ -174,8 +175,13 @@ class _Follower:
                     log.warning("%s is preempted: this node's workers checkpoint and stop with node 0's", job.id)
                     self.lease.preempted.set()
                 why = ledger.cancelled(job.id)
-                if why is None and not self.lease.preempted.is_set() and not ledger.admitted(job.id):
-                    why = None if ledger.finished(job.id) else "its admission is gone (node 0's try ended)"
+                if why is None and not self.lease.preempted.is_set():
+                    if ledger.queued(job.id) and not ledger.admitted(job.id, live=False):
+                        # waiting again (preempted, node 0 gave the slots back before this look heard the word)
+                        log.warning("%s waits again: this node's workers checkpoint and stop", job.id)
+                        self.lease.preempted.set()
+                    elif not ledger.queued(job.id) and not ledger.finished(job.id):
+                        why = "its admission is gone (node 0's try ended without it)"
                 if why is not None:
                     log.error("%s: %s; stopping this node's workers", job.id, why)
                     self.lease.lost.set()

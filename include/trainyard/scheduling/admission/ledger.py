@@ -470,6 +470,8 @@ class Ledger:
                 ).fetchone()
                 row = found or ("", "")
             if row[0] and self._here(row[1]):  # a retry on the same host: the same ones
+                if node is not None:  # and no endpoint of the try before it
+                    conn.execute("UPDATE job_nodes SET endpoint = '' WHERE id = ? AND node = ?", (job_id, node))
                 return row[0].split(",")
             # (a retry on another host claims this host's devices anew)
             held = self._held_here(conn, now, job_id, node)
@@ -545,10 +547,12 @@ class Ledger:
             ).fetchone()
         return row is not None
 
-    def admitted(self, job_id: str) -> bool:
-        """Whether ``job_id`` is admitted now (a multi-node job's other nodes follow node 0's hold)."""
+    def admitted(self, job_id: str, live: bool = True) -> bool:
+        """Whether ``job_id`` is admitted now (a multi-node job's other nodes follow node 0's hold); with
+        ``live`` False, also while its lease has run out and no decision has dropped its row yet (its holder
+        may still renew it: a database that was down)."""
         with self.db.connection() as conn:
-            now = self._now(conn)
+            now = self._now(conn) if live else -math.inf
             row = conn.execute(
                 "SELECT 1 FROM admission WHERE id = ? AND admitted IS NOT NULL AND lease_until >= ?", (job_id, now)
             ).fetchone()
