@@ -46,7 +46,7 @@ def test_every_benchmark_runs_and_reports(tmp_path):
         r"sacrebleu BLEU \+ chrF, 40 sentences",
         r"resnet_classifier \(ResNet-18, 64 px\) +1 +2 +[\d.]+ +[\d.]+ +[\d.]+x",
         r"transformer_translator \(greedy, 31 tokens\)",
-        r"train_pipeline\.py +19 +\d+ ms",
+        r"train_pipeline\.py +21 +\d+ ms",
         r"cpu-smoke \(tiny\), batch 4, bf16, compile False, best of 1:\n +hand +\d+ tokens/s +MFU",
         r"\n +trainyard +\d+ tokens/s +MFU [\d.]+% \(6N\)",
         r"preemption on: 1 traces, utilisation \d\.\d+x the reference at worst .* GPU-s lost at most [\d.]+%",
