@@ -9,7 +9,7 @@ from trainyard.scheduling.resources import load_resources, parse_resources
 from trainyard.spec import SpecError, parse_spec
 from trainyard.teams import check_member, policy_problems
 
-FLEET_TEXT = """\
+FLEET = parse_resources("""\
 gpu_types:
   a100: {count: 8, price_per_hour: 1.0}
 teams:
@@ -25,8 +25,7 @@ teams:
       env: ["NCCL_*", WANDB_MODE]
       max_gpus_per_job: 4
 priority_classes: {low: 100, high: 900}
-"""
-FLEET = parse_resources(FLEET_TEXT)
+""")
 
 
 def spec(team="vision", **kubernetes):
@@ -105,8 +104,9 @@ def test_a_local_job_of_several_nodes_runs_only_for_a_team_whose_policy_lets_its
     (problem,) = policy_problems(parse_spec(nodes), FLEET)
     assert problem.startswith("resources.nodes: team 'vision' may not train on several nodes with the local launcher")
     assert "policy.local_multi_node is false" in problem
-    opted_in = "max_gpus_per_job: 4\n      local_multi_node: true"
-    allowed = parse_resources(FLEET_TEXT.replace("max_gpus_per_job: 4", opted_in))
+    vision = FLEET.teams["vision"]
+    opted_in = vision.model_copy(update={"policy": vision.policy.model_copy(update={"local_multi_node": True})})
+    allowed = FLEET.model_copy(update={"teams": {**FLEET.teams, "vision": opted_in}})
     assert policy_problems(parse_spec(nodes), allowed) == []
     on_kubernetes = parse_spec({**nodes, "backends": {"launcher": "kubernetes"}})  # pods: sandboxed by the cluster
     assert not [p for p in policy_problems(on_kubernetes, FLEET) if p.startswith("resources.nodes")]
