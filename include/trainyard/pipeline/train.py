@@ -172,14 +172,18 @@ def launch_local(spec: JobSpec, data: PreparedData, plan: TrainingPlan, local: L
     """The strategy's launcher (torchrun, horovodrun, deepspeed; or the custom command under torchrun) as a
     subprocess, as ``local`` says (:class:`LocalLaunch`). The launcher records this try's GPU time in the
     run's usage file, failed tries included."""
+    _launch(spec, data, plan.run_dir, plan.config_path, local or LocalLaunch())
+
+
+def _launch(spec: JobSpec, data: PreparedData, run_dir: str, config_path: str, local: LocalLaunch) -> None:
+    """The workers of this machine's node, as ``local`` says (every node's task: node 0 through a plan)."""
     from trainyard.training.launchers import local as launcher
 
-    local = local or LocalLaunch()
     launcher.launch(
         spec,
         data,
-        run_dir=plan.run_dir,
-        config_path=plan.config_path,
+        run_dir=run_dir,
+        config_path=config_path,
         on_line=local.on_line or (lambda line: log.info("%s", line)),
         devices=local.devices,
         stop=local.stop,
@@ -194,22 +198,11 @@ def train_node(spec: JobSpec, data: PreparedData, run_key: str, local: LocalLaun
     collects the result; this node records its own GPU time. Node 0 says where its rendezvous is before it
     plans, but no worker of any node starts before node 0's torchrun, started after the plan, has joined
     the rendezvous: the run config is there when this node's workers read it."""
-    from trainyard.training.launchers import local as launcher
     from trainyard.training.run_config import RUN_CONFIG_FILE
 
     assert local.node is not None and local.node.index > 0
     out_dir = run_dir(spec, run_key)
-    launcher.launch(
-        spec,
-        data,
-        run_dir=str(out_dir),
-        config_path=str(out_dir / RUN_CONFIG_FILE),
-        on_line=local.on_line or (lambda line: log.info("%s", line)),
-        devices=local.devices,
-        stop=local.stop,
-        preemption=local.preemption,
-        node=local.node,
-    )
+    _launch(spec, data, str(out_dir), str(out_dir / RUN_CONFIG_FILE), local)
 
 
 def collect_training(
