@@ -135,6 +135,13 @@ BENCHES = (
         in_all=False,  # the cluster profile; about eight minutes
     ),
     Bench(
+        "preemption-resume",
+        "Preemption under the real executor: many borrowers preempted at once, each resumed with one version",
+        ("bench/preemption_resume.py",),
+        ("bench/preemption_resume.py", "--borrowers", "2"),
+        in_all=False,  # an Airflow and 20 jobs' pipelines; about 25 minutes
+    ),
+    Bench(
         "scheduler-celery",
         "Scheduler replay on the cluster profile: the same job stream through the CeleryExecutor, the ledger in "
         "PostgreSQL",
