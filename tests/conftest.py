@@ -63,7 +63,7 @@ _airflow_db_per_xdist_worker()
 # The sandbox users tests marked `sandbox` take; every other process of the suite (the Airflow servers it
 # starts included) trains under the others. Set at import, before any fixture starts a server.
 SANDBOX_TEST_USERS = "0-7"
-os.environ["TRAINYARD_SANDBOX_USERS"] = "8-15"
+os.environ["TRAINYARD_SANDBOX_USERS"] = "8-63"
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +71,7 @@ def _sandbox_or_skip(request, monkeypatch):
     """Tests marked ``sandbox`` need the sandbox. Without root it cannot exist: skipped. As root (CI) it
     must: a missing one fails the test, naming what `trainyard sandbox setup` would fix.
 
-    They take sandbox users 0-7, every other test's trainings (sandboxed too, where it can be had) 8-15
+    They take sandbox users 0-7, every other test's trainings (sandboxed too, where it can be had) 8-63
     (see above): a training beside a sandbox test must not take or clean up the users that test looks at."""
     if request.node.get_closest_marker("sandbox") is None:
         yield

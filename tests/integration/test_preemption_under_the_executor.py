@@ -32,8 +32,15 @@ def airflow(tmp_path_factory):
     # one CPU slot more than alice's jobs take, all team default's: tina asks for every one of them
     fleet["gpu_types"]["cpu"]["count"] = fleet["teams"]["default"]["quota"]["cpu"] = BORROWERS + 1
     resources.write_text(yaml.safe_dump(fleet))
-    if BORROWERS > 1:  # every borrower's training at once, with the lender's tasks beside them
+    postgres = None
+    if BORROWERS > 1:
+        # every borrower's training at once, with the lender's tasks beside them; Airflow's database and the
+        # ledger in PostgreSQL, as a fleet shared by many would have them (with SQLite, the api-server took
+        # over 30 s to create the seventh of 20 runs while the scheduler started the first ones' tasks)
         af.env["AIRFLOW__CORE__PARALLELISM"] = af.env["AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG"] = str(BORROWERS + 8)
+        postgres = airflow_services.Postgres().start()
+        af.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = postgres.url
+        af.env["TRAINYARD_DATABASE_URL"] = postgres.database("trainyard")
     af.setup(users="admin:admin,tina:user,alice:user")  # tina is of team default, alice of vision
     af.start(teams=("default", "vision"))
     headers = af.headers("admin")
@@ -41,6 +48,8 @@ def airflow(tmp_path_factory):
         af.wait(lambda d=dag_id: requests.get(f"{af.url}/api/v2/dags/{d}", headers=headers, timeout=10).ok, 600, dag_id)
     yield af
     af.stop()
+    if postgres is not None:
+        postgres.stop()
 
 
 def test_a_lender_takes_its_cpu_slot_back_and_the_borrower_resumes_where_it_stopped(airflow):
@@ -58,9 +67,6 @@ def test_a_lender_takes_its_cpu_slot_back_and_the_borrower_resumes_where_it_stop
     resources.write_text(yaml.safe_dump(edited))
     digits = {"recipe": "digits_cnn", "gates": [], "checkpointing": {"every_steps": 50}}
     names = [f"borrows-a-slot-{i}" if BORROWERS > 1 else "borrows-a-slot" for i in range(BORROWERS)]
-    # long enough that the first borrower still trains when the lender comes: many share the 2 cores and
-    # start minutes apart (a digits epoch of batch 16: 0.2 s of a core, 6,900 samples/s in this test's log)
-    epochs = 120 if BORROWERS == 1 else 200
     try:
         borrowers = {
             name: airflow.trigger(
@@ -68,7 +74,7 @@ def test_a_lender_takes_its_cpu_slot_back_and_the_borrower_resumes_where_it_stop
                 {
                     **digits,
                     "name": name,
-                    "hyperparameters": {"epochs": epochs, "batch_size": 16},
+                    "hyperparameters": {"epochs": 120, "batch_size": 16},
                     "resources": {"gpus_per_node": 1, "gpu_type": "cpu", "team": "vision"},
                 },
                 alice,

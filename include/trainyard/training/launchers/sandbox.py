@@ -6,7 +6,7 @@ of trainyard's. Their metrics reach MLflow through a file the launching task rel
 (:mod:`trainyard.training.metrics`), so the workers never touch MLflow's store.
 
 **Who.** ``trainyard sandbox setup`` (``scripts/setup.sh``, as root) creates :data:`USERS` system users,
-``trainyard-run0`` ... ``trainyard-run15``, each with its own group and no home or login shell. A launch
+``trainyard-run0`` ... ``trainyard-run63``, each with its own group and no home or login shell. A launch
 takes one that no other launch on this host holds (an exclusive ``flock`` in :data:`STATE_DIR`, released by
 the kernel when the launching process dies), so two runs never share a user and cannot read each other's
 files. A launch waits a while for a free user; a fleet of sandboxes that stays busy is a retryable error.
