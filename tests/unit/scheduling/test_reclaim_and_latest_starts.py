@@ -8,7 +8,16 @@ says: tests/unit/scheduling/test_admission.py). The latest start
 
 from __future__ import annotations
 
-from trainyard.scheduling.admission.policy import Entry, Job, PreemptionRules, Standing, WaitReason, plan, reclaim
+from trainyard.scheduling.admission.policy import (
+    MAX_RECLAIM_CANDIDATES,
+    Entry,
+    Job,
+    PreemptionRules,
+    Standing,
+    WaitReason,
+    plan,
+    reclaim,
+)
 from trainyard.scheduling.resources import parse_resources
 
 # a100: 8 slots; vision's quota 4, nlp's 4; nlp may borrow vision's idle quota
@@ -260,3 +269,28 @@ def test_what_a_decision_remembers_changes_no_verdict(monkeypatch):
             with monkeypatch.context() as m:
                 m.setattr(policy, "_DecisionMemo", Forgetful)
                 assert plan(fleet, entries, NOW, preemption=rules) == remembered
+
+
+def test_a_lender_whose_borrowers_hold_its_quota_in_more_pieces_than_are_searched_takes_them_in_order():
+    """More victims than the first MAX_RECLAIM_CANDIDATES: the lender still reclaims its quota, from the
+    borrowers in preemption order (the lowest priority, then the most recently admitted), no more than it
+    needs. (20 one-slot jobs, once found waiting for all of them to end.)"""
+    fleet = parse_resources(
+        "gpu_types:\n  cpu: {count: 21, price_per_hour: 0}\n"
+        "teams:\n  default: {quota: {cpu: 21}}\n  vision: {quota: {cpu: 0}}\n"
+    )
+    assert MAX_RECLAIM_CANDIDATES < 20
+    borrowers = [
+        Entry(Job(f"vision/{i:02d}", "vision", "cpu", 1, 1 + i % 2, 24.0), NOW - 4000, NOW - 3600 + i, 1, NOW)
+        for i in range(20)
+    ]
+    used = {"default": 0, "vision": 20}
+    everything = reclaim(fleet, borrowers, Job("default/all", "default", "cpu", 21, 1, 24.0), used, NOW, RULES)
+    assert sorted(v.job.id for v in everything) == [f"vision/{i:02d}" for i in range(20)]
+    # 15 wanted, 1 free: 14 of them, priority 1 first (the even ones), the most recently admitted first
+    some = reclaim(fleet, borrowers, Job("default/some", "default", "cpu", 15, 1, 24.0), used, NOW, RULES)
+    evens, odds = [f"vision/{i:02d}" for i in range(18, -1, -2)], [f"vision/{i:02d}" for i in range(19, 0, -2)]
+    assert [v.job.id for v in some] == evens + odds[:4]
+    # a borrower protected by the minimum runtime is passed over, and with too few left nothing is preempted
+    fresh = [*borrowers[:10], *(Entry(b.job, NOW - 100, NOW - 60, 1, NOW) for b in borrowers[10:])]
+    assert reclaim(fleet, fresh, Job("default/all", "default", "cpu", 21, 1, 24.0), used, NOW, RULES) is None

@@ -235,7 +235,10 @@ class PreemptionRules:
         )
 
 
-MAX_RECLAIM_CANDIDATES = 12  # the sets of victims looked at: at most 4095 of the first 12 in preemption order
+# The sets of victims searched for the fewest: at most 4095, of the first 12 in preemption order. Where none
+# of them frees enough (a job within its quota whose borrowers hold it in many small pieces), the victims are
+# taken in preemption order until enough is free.
+MAX_RECLAIM_CANDIDATES = 12
 
 
 def reclaim(
@@ -253,7 +256,9 @@ def reclaim(
     team's own quota); where its team's policy says ``preempt_by_priority``, also its own team's jobs of a
     lower priority, so that it runs within its quota. Never a sweep's trial (``Entry.group_member``). The
     fewest jobs that free enough for ``job`` by every rule of :func:`_room`, and among as many, the first in
-    preemption order (the lowest priority first, then the most recently admitted). ``used``: each team's
+    preemption order (the lowest priority first, then the most recently admitted); where that takes more
+    than the first :data:`MAX_RECLAIM_CANDIDATES` in that order, the jobs in that order until enough is
+    free. ``used``: each team's
     slots once the jobs already being preempted have ended and the jobs they were preempted for run;
     ``claimed``: jobs another waiting job preempts in this decision. None where ``job`` would borrow itself,
     or no such jobs free enough: it waits as before."""
@@ -267,7 +272,7 @@ def reclaim(
             return by_priority and e.job.priority < job.priority
         return e.borrowed > 0  # another team's: only what it borrows
 
-    candidates = sorted(
+    in_order = sorted(
         (
             e
             for e in entries
@@ -279,21 +284,36 @@ def reclaim(
             and rules.may_preempt(e, now)
         ),
         key=lambda e: (e.job.priority, -(e.admitted or 0.0), e.job.id),
-    )[:MAX_RECLAIM_CANDIDATES]
+    )
 
     def left(victims: tuple[Entry, ...]) -> dict[str, int] | None:
+        """Each team's slots once ``victims`` have stopped; None where that takes another team's own quota."""
         held = dict(used)
         for v in victims:
             held[v.job.team] -= v.job.slots
             if v.job.team != job.team and held[v.job.team] < config.quota(v.job.team, t):
-                return None  # that would take another team's own quota
-        return held if held[job.team] + job.slots <= quota else None  # it runs within its quota
+                return None
+        return held
 
-    for size in range(1, len(candidates) + 1):
-        for victims in itertools.combinations(candidates, size):
-            held = left(victims)
-            if held is not None and not isinstance(_room(config, held, job), Verdict):
+    def frees_enough(held: dict[str, int] | None) -> bool:  # it runs within its quota, by every rule
+        return (
+            held is not None
+            and held[job.team] + job.slots <= quota
+            and not isinstance(_room(config, held, job), Verdict)
+        )
+
+    first = in_order[:MAX_RECLAIM_CANDIDATES]
+    for size in range(1, len(first) + 1):
+        for victims in itertools.combinations(first, size):
+            if frees_enough(left(victims)):
                 return list(victims)
+    taken: tuple[Entry, ...] = ()
+    for e in in_order if len(in_order) > len(first) else ():
+        if left((*taken, e)) is None:
+            continue  # it would take its team below its quota
+        taken = (*taken, e)
+        if frees_enough(left(taken)):
+            return list(taken)
     return None
 
 

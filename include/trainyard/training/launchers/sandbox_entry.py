@@ -47,8 +47,9 @@ import sys
 
 USER_PREFIX = "trainyard-run"
 # Sandbox users on a host: trainyard-run0 ... trainyard-run63. A sandboxed training holds one for its whole run,
-# so they bound the trainings a host runs at once: an 8-GPU host in 7 MIG slices each runs 56. With 16, the
-# 17th job admitted to a host held its slots and waited for a user (20 one-slot jobs on the CPU type, 2026-12-07).
+# so they bound the trainings a host runs at once: an 8-GPU host in 7 MIG slices each runs 56. Once they are
+# all taken, the next job admitted to the host holds its slots and waits for one (seen with 20 one-slot jobs
+# on the CPU type and the 8 users the test suite has of the 16 there were, 2026-12-07).
 USERS = 64
 # where root looks for bwrap: never the caller's PATH
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
