@@ -287,6 +287,11 @@ def test_a_lender_whose_borrowers_hold_its_quota_in_more_pieces_than_are_searche
     used = {"default": 0, "vision": 20}
     everything = reclaim(fleet, borrowers, Job("default/all", "default", "cpu", 21, 1, 24.0), used, NOW, RULES)
     assert sorted(v.job.id for v in everything) == [f"vision/{i:02d}" for i in range(20)]
+    entries = [*borrowers, Entry(Job("default/all", "default", "cpu", 21, 1, 24.0), NOW - 30, None, 0, NOW + 120)]
+    said = plan(fleet, entries, NOW, preemption=RULES)["default/all"]
+    assert said.message.startswith(  # the same description once, with how many
+        "reclaiming 20 cpu slot(s) of team default's quota from 20 x team vision's job of 1 cpu slot(s); "
+    ), said.message
     # 15 wanted, 1 free: 14 of them, priority 1 first (the even ones), the most recently admitted first
     some = reclaim(fleet, borrowers, Job("default/some", "default", "cpu", 15, 1, 24.0), used, NOW, RULES)
     evens, odds = [f"vision/{i:02d}" for i in range(18, -1, -2)], [f"vision/{i:02d}" for i in range(19, 0, -2)]

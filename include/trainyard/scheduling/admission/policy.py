@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -341,7 +342,8 @@ def _preempting(
         after[job.team] += job.slots
         claimed.update(v.job.id for v in victims)
     slots = sum(v.job.slots for v in victims)
-    named = ", ".join(_seen_by_all(v.job) for v in victims)
+    # the same description once, with how many: 20 borrowers of one slot are one phrase, not 20
+    named = ", ".join(d if n == 1 else f"{n} x {d}" for d, n in Counter(_seen_by_all(v.job) for v in victims).items())
     wait = (
         f"reclaiming {slots} {job.gpu_type} slot(s) of team {job.team}'s quota from {named}; "
         "it starts when they have stopped"
