@@ -139,7 +139,7 @@ BENCHES = (
         "Preemption under the real executor: many borrowers preempted at once, each resumed with one version",
         ("bench/preemption_resume.py",),
         ("bench/preemption_resume.py", "--borrowers", "2"),
-        in_all=False,  # an Airflow and 20 jobs' pipelines; about 25 minutes
+        in_all=False,  # an Airflow and 21 jobs' pipelines; about 21 minutes
     ),
     Bench(
         "scheduler-celery",

@@ -7,7 +7,7 @@ digits jobs of one slot each on the slots team default lends; once every one has
 stop at a step with a checkpoint there, its task waits again (not failed, no retry used), tina's job
 trains and ends, and each borrower resumes at the step it stopped at and registers one model version.
 The test ``tests/integration/test_preemption_under_the_executor.py`` does this with one borrower in the
-suite; here with ``--borrowers`` of them (the goal: 20 of 20). About 25 minutes on 2 cores for 20.
+suite; here with ``--borrowers`` of them (the goal: 20 of 20). About 21 minutes on 2 cores for 20.
 """
 
 from __future__ import annotations

@@ -25,20 +25,20 @@ BORROWERS = int(os.environ.get("TRAINYARD_BENCH_BORROWERS", "1"))
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(tmp_path_factory, request):
     af = airflow_with_its_config(tmp_path_factory, airflow_services)
     resources = af.config_dir / "resources.yaml"
     fleet = yaml.safe_load(resources.read_text())
     # one CPU slot more than alice's jobs take, all team default's: tina asks for every one of them
     fleet["gpu_types"]["cpu"]["count"] = fleet["teams"]["default"]["quota"]["cpu"] = BORROWERS + 1
     resources.write_text(yaml.safe_dump(fleet))
-    postgres = None
     if BORROWERS > 1:
         # every borrower's training at once, with the lender's tasks beside them; Airflow's database and the
         # ledger in PostgreSQL, as a fleet shared by many would have them (with SQLite, the api-server took
         # over 30 s to create the seventh of 20 runs while the scheduler started the first ones' tasks)
         af.env["AIRFLOW__CORE__PARALLELISM"] = af.env["AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG"] = str(BORROWERS + 8)
         postgres = airflow_services.Postgres().start()
+        request.addfinalizer(postgres.stop)  # after Airflow's stop below, and whatever fails before it
         af.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = postgres.url
         af.env["TRAINYARD_DATABASE_URL"] = postgres.database("trainyard")
     af.setup(users="admin:admin,tina:user,alice:user")  # tina is of team default, alice of vision
@@ -48,8 +48,6 @@ def airflow(tmp_path_factory):
         af.wait(lambda d=dag_id: requests.get(f"{af.url}/api/v2/dags/{d}", headers=headers, timeout=10).ok, 600, dag_id)
     yield af
     af.stop()
-    if postgres is not None:
-        postgres.stop()
 
 
 def test_a_lender_takes_its_cpu_slot_back_and_the_borrower_resumes_where_it_stopped(airflow):
@@ -96,18 +94,22 @@ def test_a_lender_takes_its_cpu_slot_back_and_the_borrower_resumes_where_it_stop
             },
             tina,
         )
-        assert airflow.wait_run(DAG, lender, tina, 600)["state"] == "success", airflow.failure_report(DAG, lender, tina)
+        lent_back = airflow.wait_run(DAG, lender, tina, 600 + 30 * BORROWERS)  # every borrower stops first
+        assert lent_back["state"] == "success", airflow.failure_report(DAG, lender, tina)
         for run in borrowers.values():
             ended = airflow.wait_run(VISION_DAG, run, alice, 600 * BORROWERS)
             assert ended["state"] == "success", airflow.failure_report(VISION_DAG, run, alice)
     finally:
         resources.write_text(good)
     took = airflow.task_log(DAG, lender, "admit", tina)
-    assert f"reclaiming {BORROWERS} cpu slot(s) of team default's quota from" in took, took[-3000:]
+    victims = (
+        "team vision's job of 1 cpu slot(s)" if BORROWERS == 1 else f"{BORROWERS} x team vision's job of 1 cpu slot(s)"
+    )
+    assert f"reclaiming {BORROWERS} cpu slot(s) of team default's quota from {victims};" in took, took[-3000:]
     from mlflow.tracking import MlflowClient
 
     mlflow = MlflowClient(f"sqlite:///{airflow.trainyard_home / 'mlflow' / 'mlflow.db'}")
-    resumed = []
+    resumed, steps = [], []
     for name, run in borrowers.items():
         train = airflow.task_instances(VISION_DAG, run, alice)["train"]
         assert train["try_number"] == 1, train  # preempted is not failed: no retry was used
@@ -118,6 +120,7 @@ def test_a_lender_takes_its_cpu_slot_back_and_the_borrower_resumes_where_it_stop
         assert again and again[1] == stopped[1], log[-4000:]  # not one step trained twice
         assert len(mlflow.search_model_versions(f"name = '{name}'")) == 1, name
         resumed.append(name)
+        steps.append(int(stopped[1]))
     everywhere = [e.experiment_id for e in mlflow.search_experiments()]
     runs = mlflow.search_runs(everywhere, filter_string="tags.`trainyard.preemptions` = '1'")
     # alice's training runs: each preempted once, then trained to its end
@@ -126,6 +129,6 @@ def test_a_lender_takes_its_cpu_slot_back_and_the_borrower_resumes_where_it_stop
     started = datetime.fromisoformat(airflow.task_instances(DAG, lender, tina)["train"]["start_date"])
     print(  # bench/preemption_resume.py's figures
         f"preempted at once and resumed to the end with one model version: {len(resumed)} of {BORROWERS}; "
-        f"each resumed at the step it had stopped at; the lender's train task started "
-        f"{(started - queued).total_seconds():.1f} s after its first task was queued"
+        f"each resumed at the step it had stopped at (steps {min(steps)} to {max(steps)}); "
+        f"the lender's train task started {(started - queued).total_seconds():.1f} s after its first task was queued"
     )

@@ -296,6 +296,39 @@ def test_a_lender_whose_borrowers_hold_its_quota_in_more_pieces_than_are_searche
     some = reclaim(fleet, borrowers, Job("default/some", "default", "cpu", 15, 1, 24.0), used, NOW, RULES)
     evens, odds = [f"vision/{i:02d}" for i in range(18, -1, -2)], [f"vision/{i:02d}" for i in range(19, 0, -2)]
     assert [v.job.id for v in some] == evens + odds[:4]
-    # a borrower protected by the minimum runtime is passed over, and with too few left nothing is preempted
-    fresh = [*borrowers[:10], *(Entry(b.job, NOW - 100, NOW - 60, 1, NOW) for b in borrowers[10:])]
+    # borrowers protected by the minimum runtime are passed over: 14 may go, enough for 15 slots, not for 21
+    fresh = [*borrowers[:14], *(Entry(b.job, NOW - 100, NOW - 60, 1, NOW) for b in borrowers[14:])]
     assert reclaim(fleet, fresh, Job("default/all", "default", "cpu", 21, 1, 24.0), used, NOW, RULES) is None
+    some = reclaim(fleet, fresh, Job("default/some", "default", "cpu", 15, 1, 24.0), used, NOW, RULES)
+    assert sorted(v.job.id for v in some) == [f"vision/{i:02d}" for i in range(14)]
+
+
+def test_beyond_the_searched_candidates_only_the_victims_needed_are_preempted():
+    """The walk in preemption order keeps only what the lender needs: another team's borrowers of a lower
+    priority come first in that order but free nothing of the lender's own team's quota, and of many small
+    borrowers only as many go as, with a big one, free enough."""
+    fleet = parse_resources(
+        "gpu_types:\n  cpu: {count: 33, price_per_hour: 0}\n"
+        "teams:\n  a: {quota: {cpu: 20}, policy: {preempt_by_priority: true}}\n  b: {quota: {cpu: 13}}\n"
+        "  c: {quota: {cpu: 0}}\n"
+    )
+    own = [
+        Entry(Job("a/low", "a", "cpu", 4, 50, 24.0), NOW - 4000, NOW - 3600, 0, NOW),
+        Entry(Job("a/high", "a", "cpu", 16, 200, 24.0), NOW - 4000, NOW - 3600, 0, NOW),
+    ]
+    # team c borrows b's whole idle quota in 13 one-slot jobs of priority 1: first in preemption order
+    borrowers = [
+        Entry(Job(f"c/{i:02d}", "c", "cpu", 1, 1, 24.0), NOW - 4000, NOW - 3600 + i, 1, NOW) for i in range(13)
+    ]
+    used = {"a": 20, "b": 0, "c": 13}
+    lender = Job("a/new", "a", "cpu", 4, 100, 24.0)  # a is at its quota: only a/low's 4 slots make room
+    assert [v.job.id for v in reclaim(fleet, [*own, *borrowers], lender, used, NOW, RULES)] == ["a/low"]
+
+    # twelve one-slot borrowers, then (admitted first, so last in the order) one of 8; 13 wanted, none free
+    fleet = parse_resources(
+        "gpu_types:\n  cpu: {count: 20, price_per_hour: 0}\nteams:\n  a: {quota: {cpu: 20}}\n  c: {quota: {cpu: 0}}\n"
+    )
+    small = [Entry(Job(f"c/{i:02d}", "c", "cpu", 1, 1, 24.0), NOW - 4000, NOW - 3000 - i, 1, NOW) for i in range(12)]
+    big = Entry(Job("c/big", "c", "cpu", 8, 1, 24.0), NOW - 9000, NOW - 8000, 8, NOW)
+    victims = reclaim(fleet, [*small, big], Job("a/x", "a", "cpu", 13, 1, 24.0), {"a": 0, "c": 20}, NOW, RULES)
+    assert [v.job.id for v in victims] == ["c/00", "c/01", "c/02", "c/03", "c/04", "c/big"]

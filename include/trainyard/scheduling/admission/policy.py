@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -238,7 +238,7 @@ class PreemptionRules:
 
 # The sets of victims searched for the fewest: at most 4095, of the first 12 in preemption order. Where none
 # of them frees enough (a job within its quota whose borrowers hold it in many small pieces), the victims are
-# taken in preemption order until enough is free.
+# taken in preemption order until enough is free, less those not needed (reclaim).
 MAX_RECLAIM_CANDIDATES = 12
 
 
@@ -257,10 +257,11 @@ def reclaim(
     team's own quota); where its team's policy says ``preempt_by_priority``, also its own team's jobs of a
     lower priority, so that it runs within its quota. Never a sweep's trial (``Entry.group_member``). The
     fewest jobs that free enough for ``job`` by every rule of :func:`_room`, and among as many, the first in
-    preemption order (the lowest priority first, then the most recently admitted); where that takes more
-    than the first :data:`MAX_RECLAIM_CANDIDATES` in that order, the jobs in that order until enough is
-    free. ``used``: each team's
-    slots once the jobs already being preempted have ended and the jobs they were preempted for run;
+    preemption order (the lowest priority first, then the most recently admitted), searched among the first
+    :data:`MAX_RECLAIM_CANDIDATES` in that order. Where no set of those frees enough, the jobs in that order
+    until enough is free, less each of them (the last first) that is not needed: few, not always the fewest.
+    ``used``: each team's slots once the jobs already being preempted have ended and the jobs they were
+    preempted for run;
     ``claimed``: jobs another waiting job preempts in this decision. None where ``job`` would borrow itself,
     or no such jobs free enough: it waits as before."""
     t, quota = job.gpu_type, config.quota(job.team, job.gpu_type)
@@ -308,12 +309,30 @@ def reclaim(
         for victims in itertools.combinations(first, size):
             if frees_enough(left(victims)):
                 return list(victims)
+    if len(in_order) == len(first):  # every set was looked at
+        return None
+    return _walk(in_order, lambda victims: frees_enough(left(victims)), lambda victims: left(victims) is None)
+
+
+def _walk(
+    in_order: list[Entry],
+    frees_enough: Callable[[tuple[Entry, ...]], bool],
+    takes_a_quota: Callable[[tuple[Entry, ...]], bool],
+) -> list[Entry] | None:
+    """:func:`reclaim`'s victims beyond its search: ``in_order`` taken one by one (each that would take
+    its team below its own quota passed over) until they free enough, less each of them, the last first,
+    that is not needed (another team's low priority comes first in the order but frees nothing of the
+    lender's own team's quota); a victim let go only raises its team's slots."""
     taken: tuple[Entry, ...] = ()
-    for e in in_order if len(in_order) > len(first) else ():
-        if left((*taken, e)) is None:
-            continue  # it would take its team below its quota
+    for e in in_order:
+        if takes_a_quota((*taken, e)):
+            continue
         taken = (*taken, e)
-        if frees_enough(left(taken)):
+        if frees_enough(taken):
+            for v in reversed(taken):
+                rest = tuple(k for k in taken if k is not v)
+                if frees_enough(rest):
+                    taken = rest
             return list(taken)
     return None
 
