@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(rows, indent=1))
     finally:
-        server.stop_server()
+        server.stop()  # and its data folder (stop_server kept it: a folder in /tmp left by every run)
     return 0
 
 
