@@ -93,6 +93,16 @@ def airflow_with_its_config(tmp_path_factory, airflow_services):
     return af
 
 
+def wait_for_dags(airflow, headers: dict, *dag_ids: str, seconds: float = 600) -> None:
+    """Until ``airflow`` knows each of ``dag_ids`` (parsed and stored): before that, Airflow answers 404 for
+    it, not what a test asks of it (a 403 of another team's DAG, a run)."""
+    import requests
+
+    for dag_id in dag_ids:
+        url = f"{airflow.url}/api/v2/dags/{dag_id}"
+        airflow.wait(lambda url=url: requests.get(url, headers=headers, timeout=10).ok, seconds, dag_id)
+
+
 def trainyard_cli(airflow, *argv: str, token: str | None = None, env: dict | None = None, timeout: float = 120):
     """``trainyard *argv`` against ``airflow`` as the user ``token`` names (none: nobody logged in unless
     ``env`` says otherwise): the finished process, its output captured as text."""

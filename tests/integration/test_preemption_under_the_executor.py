@@ -9,9 +9,8 @@ import re
 from datetime import datetime
 
 import pytest
-import requests
 import yaml
-from dag_helpers import airflow_with_its_config
+from dag_helpers import airflow_with_its_config, wait_for_dags
 
 import checkout
 
@@ -44,8 +43,7 @@ def airflow(tmp_path_factory, request):
     af.setup(users="admin:admin,tina:user,alice:user")  # tina is of team default, alice of vision
     af.start(teams=("default", "vision"))
     headers = af.headers("admin")
-    for dag_id in (DAG, VISION_DAG):
-        af.wait(lambda d=dag_id: requests.get(f"{af.url}/api/v2/dags/{d}", headers=headers, timeout=10).ok, 600, dag_id)
+    wait_for_dags(af, headers, DAG, VISION_DAG)
     yield af
     af.stop()
 
@@ -125,8 +123,9 @@ def test_a_lender_takes_its_cpu_slot_back_and_the_borrower_resumes_where_it_stop
     runs = mlflow.search_runs(everywhere, filter_string="tags.`trainyard.preemptions` = '1'")
     # alice's training runs: each preempted once, then trained to its end
     assert [r.info.status for r in runs] == ["FINISHED"] * BORROWERS
-    queued = datetime.fromisoformat(airflow.task_instances(DAG, lender, tina)["validate_spec"]["queued_when"])
-    started = datetime.fromisoformat(airflow.task_instances(DAG, lender, tina)["train"]["start_date"])
+    lenders = airflow.task_instances(DAG, lender, tina)
+    queued = datetime.fromisoformat(lenders["validate_spec"]["queued_when"])
+    started = datetime.fromisoformat(lenders["train"]["start_date"])
     print(  # bench/preemption_resume.py's figures
         f"preempted at once and resumed to the end with one model version: {len(resumed)} of {BORROWERS}; "
         f"each resumed at the step it had stopped at (steps {min(steps)} to {max(steps)}); "

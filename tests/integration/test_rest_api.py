@@ -19,7 +19,7 @@ from pathlib import Path
 import browser
 import pytest
 import requests
-from dag_helpers import airflow_with_its_config, require_the_sandbox, trainyard_cli
+from dag_helpers import airflow_with_its_config, require_the_sandbox, trainyard_cli, wait_for_dags
 
 import checkout
 
@@ -40,10 +40,7 @@ def airflow(tmp_path_factory):
     af.setup(users="admin:admin,ann:viewer,bob:op,tina:user")
     af.start(teams=("default",))  # every run here is team default's (vision's is refused before it runs)
     headers = af.headers("admin")  # so any test may trigger at once, whichever runs first
-    # both teams' DAGs parsed: Airflow answers 404 for one not parsed yet, not the 403 a test asks of it
-    for dag_id in (DAG, VISION_DAG):
-        url = f"{af.url}/api/v2/dags/{dag_id}"
-        af.wait(lambda url=url: requests.get(url, headers=headers, timeout=10).ok, 600, dag_id)
+    wait_for_dags(af, headers, DAG, VISION_DAG)  # both teams': one test asks for a 403 of vision's
     yield af
     af.stop()
 
