@@ -43,6 +43,12 @@ QUIETER_FOR_TESTS = {
 }
 
 
+# One request that is not repeated (a trigger, a token, a log) waits this long for its answer. The suite's
+# Airflows share 2 busy cores with the trainings they run: on CI's host a trigger once took over 30 s to be
+# answered. A trigger is not repeated after a timeout, since the run may have been made all the same.
+PATIENT_SECONDS = 120
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -254,7 +260,11 @@ class Airflow:
 
     def token(self, user: str) -> str:
         passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
-        r = requests.post(f"{self.url}/auth/token", json={"username": user, "password": passwords[user]}, timeout=10)
+        r = requests.post(
+            f"{self.url}/auth/token",
+            json={"username": user, "password": passwords[user]},
+            timeout=PATIENT_SECONDS,
+        )
         assert r.status_code == 201, r.text
         return r.json()["access_token"]
 
@@ -266,7 +276,7 @@ class Airflow:
             f"{self.url}/api/v2/dags/{dag_id}/dagRuns",
             headers=headers,
             json={"logical_date": None, "conf": conf},
-            timeout=30,
+            timeout=PATIENT_SECONDS,
         )
         r.raise_for_status()
         return r.json()["dag_run_id"]
@@ -289,7 +299,7 @@ class Airflow:
             f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{attempt}",
             headers={**headers, "Accept": "application/json"},
             params={"map_index": map_index},
-            timeout=30,
+            timeout=PATIENT_SECONDS,
         )
         r.raise_for_status()
         return r.text

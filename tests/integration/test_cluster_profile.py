@@ -163,7 +163,13 @@ def _api_with_the_dag(cluster):
     """The cluster's API and an admin's headers, once the pipeline's DAG is served."""
     api = airflow_services.OnCluster(cluster)
     headers = api.headers("admin")
-    api.wait(lambda: requests.get(f"{api.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 300, "the DAG")
+    api.wait(
+        lambda: (
+            requests.get(f"{api.url}/api/v2/dags/{DAG}", headers=headers, timeout=airflow_services.PATIENT_SECONDS).ok
+        ),
+        300,
+        "the DAG",
+    )
     return api, headers
 
 
@@ -244,9 +250,9 @@ def test_a_sweep_trains_its_trials_on_both_gpu_hosts_with_its_study_in_postgresq
     # the tracking server runs MLflow's auth app: nobody reads without a login; Airflow's admin logs in with
     # their Airflow password (told to MLflow at `up`) and reads every team's model
     model = f"{cluster.mlflow_url}/api/2.0/mlflow/registered-models/get?name=sweep-cluster"
-    assert requests.get(model, timeout=30).status_code == 401
+    assert requests.get(model, timeout=airflow_services.PATIENT_SECONDS).status_code == 401
     password = json.loads((cluster.airflow_home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
-    assert requests.get(model, auth=("admin", password), timeout=30).status_code == 200
+    assert requests.get(model, auth=("admin", password), timeout=airflow_services.PATIENT_SECONDS).status_code == 200
     assert version.tags["sweep.trial"] == str(best.number), version.tags
     assert json.loads(version.tags["params"])["learning_rate"] == best.params["hyperparameters.learning_rate"]
 
@@ -304,11 +310,17 @@ def test_a_two_node_job_trains_across_two_hosts_and_finishes_without_a_person_wh
         print(f"\nnode 1's host killed: node 0 wrote its next checkpoint alone {recovered_s:.1f} s later")
 
         def ended() -> bool:
-            r = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10)
+            r = requests.get(
+                f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}",
+                headers=headers,
+                timeout=airflow_services.PATIENT_SECONDS,
+            )
             return r.ok and r.json()["state"] in ("success", "failed")
 
         api.wait(ended, 900, f"run {run_id}")
-        run = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10).json()
+        run = requests.get(
+            f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=airflow_services.PATIENT_SECONDS
+        ).json()
         log = api.task_log(DAG, run_id, "train", headers)
         assert run["state"] == "success", f"{log[-4000:]}\n{api.failure_report(DAG, run_id, headers)}"
         assert api.task_instances(DAG, run_id, headers)["train"]["try_number"] == 1  # no retry, no person
@@ -389,11 +401,15 @@ def test_a_training_whose_worker_host_dies_resumes_on_the_other_through_a_databa
 
     def ended() -> bool:
         held()
-        r = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10)
+        r = requests.get(
+            f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=airflow_services.PATIENT_SECONDS
+        )
         return r.ok and r.json()["state"] in ("success", "failed")
 
     api.wait(ended, 900, f"run {run_id}")
-    run = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10).json()
+    run = requests.get(
+        f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=airflow_services.PATIENT_SECONDS
+    ).json()
     tries = "\n".join(
         f"--- train, try {n}\n{api.task_log(DAG, run_id, 'train', headers, attempt=n)[-4000:]}" for n in (1, 2)
     )
@@ -531,7 +547,12 @@ def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster
     api.wait(lambda: admit_state() == "deferred", 120, f"{key}'s admit task to defer")
 
     def runs(h: dict) -> dict[str, str]:
-        r = requests.get(f"{api.url}/api/v2/dags/{DAG}/dagRuns", headers=h, params={"limit": 100}, timeout=10)
+        r = requests.get(
+            f"{api.url}/api/v2/dags/{DAG}/dagRuns",
+            headers=h,
+            params={"limit": 100},
+            timeout=airflow_services.PATIENT_SECONDS,
+        )
         r.raise_for_status()
         return {d["dag_run_id"]: d["state"] for d in r.json()["dag_runs"]}
 
@@ -568,7 +589,9 @@ def test_the_whole_profile_restarts_with_its_runs_models_and_queued_jobs(cluster
     run = api.wait_run(DAG, run_id, headers, seconds=600)
     assert run["state"] == "success", api.failure_report(DAG, run_id, headers)
     # the Fleet page's hosts: each GPU host's worker with its types and devices, all serving again
-    hosts = requests.get(f"{api.url}/trainyard/fleet.json", headers=headers, timeout=30).json()["hosts"]
+    hosts = requests.get(
+        f"{api.url}/trainyard/fleet.json", headers=headers, timeout=airflow_services.PATIENT_SECONDS
+    ).json()["hosts"]
     serving = {(h["host"], h["gpu_type"]): len(h["devices"]) for h in hosts if h["serving"]}
     assert serving.get((H100_HOST, "h100-80gb")) == 8 and serving.get(("worker-gpu", "cpu")) == 0, hosts
     assert {v[:1] for v in versions() - versions_before} == {("digits-restart",)}

@@ -56,11 +56,13 @@ def _task_instances(af, headers, run_id):
 def _post_run(af, headers, conf=None, dag_id=DAG) -> requests.Response:
     """Airflow's answer to a trigger of ``dag_id`` with ``conf`` (none: the DAG's defaults)."""
     body = {"logical_date": None} if conf is None else {"logical_date": None, "conf": conf}
-    return requests.post(f"{af.url}/api/v2/dags/{dag_id}/dagRuns", headers=headers, json=body, timeout=10)
+    return requests.post(
+        f"{af.url}/api/v2/dags/{dag_id}/dagRuns", headers=headers, json=body, timeout=airflow_services.PATIENT_SECONDS
+    )
 
 
 def test_auth_is_required(airflow):
-    assert requests.get(f"{airflow.url}/api/v2/dags", timeout=10).status_code == 401
+    assert requests.get(f"{airflow.url}/api/v2/dags", timeout=airflow_services.PATIENT_SECONDS).status_code == 401
     r = _post_run(airflow, {})
     assert r.status_code == 401
 
@@ -71,7 +73,11 @@ def test_trigger_with_conf_runs_to_success(airflow, tmp_path):
     side), against this Airflow rather than a second one."""
     headers = {"Authorization": f"Bearer {airflow.token('admin')}"}
     airflow.wait(
-        lambda: requests.get(f"{airflow.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok,
+        lambda: (
+            requests.get(
+                f"{airflow.url}/api/v2/dags/{DAG}", headers=headers, timeout=airflow_services.PATIENT_SECONDS
+            ).ok
+        ),
         600,
         "the DAG to be parsed",
     )
@@ -96,12 +102,14 @@ def test_trigger_with_conf_runs_to_success(airflow, tmp_path):
     train = tis["train"]
     assert (train["pool"], train["pool_slots"], train["priority_weight"]) == ("gpu-cpu", 1, 1007)
     # triggered without a note, the run got one as the scheduler started it: which job it is
-    run = requests.get(f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=10).json()
+    run = requests.get(
+        f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}", headers=headers, timeout=airflow_services.PATIENT_SECONDS
+    ).json()
     assert run["note"] == "digits: digits_cnn on 1 x cpu, team default", run
     r = requests.get(
         f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/register/xcomEntries/return_value",
         headers=headers,
-        timeout=10,
+        timeout=airflow_services.PATIENT_SECONDS,
     )
     assert r.ok, r.text
     assert "version" in json.dumps(r.json()["value"])
@@ -129,7 +137,7 @@ def test_invalid_conf_fails_at_the_first_task(airflow):
     log = requests.get(
         f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/validate_spec/logs/1",
         headers={**headers, "Accept": "application/json"},
-        timeout=10,
+        timeout=airflow_services.PATIENT_SECONDS,
     )
     assert log.ok, log.text
     assert "invalid JobSpec" in log.text and "val_fraction + test_fraction must be < 1" in log.text
@@ -152,7 +160,7 @@ def test_a_user_outside_a_team_cannot_run_its_job(airflow):
     log = requests.get(
         f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/validate_spec/logs/1",
         headers={**headers, "Accept": "application/json"},
-        timeout=10,
+        timeout=airflow_services.PATIENT_SECONDS,
     )
     assert "resources.team: 'vision' is not the team of train_pipeline.default" in log.text, log.text[-3000:]
 
@@ -290,17 +298,19 @@ def test_trainyard_queue_shows_why_a_job_waits_and_its_user_cancels_it(airflow):
 
         # the Fleet page of the Airflow UI says the same, behind Airflow's login, as each user may see it
         fleet = f"{airflow.url}/trainyard/fleet"
-        assert requests.get(f"{fleet}.json", timeout=10).status_code == 401
-        view = requests.get(f"{fleet}.json", headers=headers, timeout=10).json()
+        assert requests.get(f"{fleet}.json", timeout=airflow_services.PATIENT_SECONDS).status_code == 401
+        view = requests.get(f"{fleet}.json", headers=headers, timeout=airflow_services.PATIENT_SECONDS).json()
         (cpu,) = [t for t in view["gpu_types"] if t["gpu_type"] == "cpu"]
         assert (cpu["slots"], cpu["in_use"], cpu["free"]) == (2, 2, 0), cpu
         assert [j["run"] for j in cpu["holders"]] == [f"{DAG}/{holder}"]
         assert [(j["run"], j["reason"]) for j in cpu["waiting"]] == [(f"{DAG}/{waiting}", second["reason"])]
         teams = {t["team"]: t for t in view["teams"]}
         assert "spent" in teams["default"] and "spent" not in teams["vision"]  # tina's team's money only
-        page = requests.get(fleet, headers=headers, timeout=10)
+        page = requests.get(fleet, headers=headers, timeout=airflow_services.PATIENT_SECONDS)
         assert page.ok and "cpu: 2 of 2 slots in use, 0 free" in page.text and second["reason"] in page.text
-        plugins = requests.get(f"{airflow.url}/api/v2/plugins", headers=headers, timeout=10).json()["plugins"]
+        plugins = requests.get(
+            f"{airflow.url}/api/v2/plugins", headers=headers, timeout=airflow_services.PATIENT_SECONDS
+        ).json()["plugins"]
         views = {v["name"]: v["href"] for p in plugins for v in p["external_views"]}
         assert views == {"Jobs": "/trainyard/jobs", "Fleet": "/trainyard/fleet"}, views  # in the UI's navigation
         _the_jobs_and_fleet_pages_show_them(airflow, headers, holder, waiting, second["reason"])
@@ -321,10 +331,15 @@ def _the_jobs_and_fleet_pages_show_them(airflow, headers, holder, waiting, reaso
     """The Jobs page (its JSON, then in a browser, as tina logs in) lists the training job with its progress
     and links and the waiting one with its place and reason; the Fleet page shows who holds the slots."""
     jobs_url = f"{airflow.url}/trainyard/jobs.json"
-    assert requests.get(jobs_url, timeout=10).status_code == 401  # Airflow's login, as every page
+    assert (
+        requests.get(jobs_url, timeout=airflow_services.PATIENT_SECONDS).status_code == 401
+    )  # Airflow's login, as every page
 
     def jobs():
-        return {j["run"]: j for j in requests.get(jobs_url, headers=headers, timeout=10).json()}
+        return {
+            j["run"]: j
+            for j in requests.get(jobs_url, headers=headers, timeout=airflow_services.PATIENT_SECONDS).json()
+        }
 
     airflow.wait(lambda: (jobs()[f"{DAG}/{holder}"].get("progress") or {}).get("epoch") == 3, 120, "the progress")
     rows = jobs()
@@ -381,7 +396,9 @@ def test_the_trigger_form_has_an_input_per_field_names_a_bad_value_and_submits_a
     one_run = f"{airflow.url}/api/v2/dags/{DAG}/dagRuns"
 
     def from_the_form():
-        runs = requests.get(f"{one_run}?order_by=-run_after&limit=5", headers=admin, timeout=10).json()["dag_runs"]
+        runs = requests.get(
+            f"{one_run}?order_by=-run_after&limit=5", headers=admin, timeout=airflow_services.PATIENT_SECONDS
+        ).json()["dag_runs"]
         return [r for r in runs if r["conf"].get("name") == "from-the-form"]
 
     with browser.logged_in(airflow, "tina") as b:
@@ -409,8 +426,12 @@ def test_the_trigger_form_has_an_input_per_field_names_a_bad_value_and_submits_a
     assert run["conf"]["hyperparameters.epochs"] == 2 and run["conf"]["split.val_fraction"] == 0.25
     this_run = f"{one_run}/{run['dag_run_id']}"
     try:
-        airflow.wait(lambda: requests.get(this_run, headers=admin, timeout=10).json()["note"], 60, "the run's note")
-        note = requests.get(this_run, headers=admin, timeout=10).json()["note"]
+        airflow.wait(
+            lambda: requests.get(this_run, headers=admin, timeout=airflow_services.PATIENT_SECONDS).json()["note"],
+            60,
+            "the run's note",
+        )
+        note = requests.get(this_run, headers=admin, timeout=airflow_services.PATIENT_SECONDS).json()["note"]
         assert note == "from-the-form: digits_cnn on 2 x cpu, team default", note
     finally:  # nothing of it needs to train
-        requests.patch(this_run, headers=admin, json={"state": "failed"}, timeout=10)
+        requests.patch(this_run, headers=admin, json={"state": "failed"}, timeout=airflow_services.PATIENT_SECONDS)

@@ -57,7 +57,13 @@ def airflow(tmp_path_factory):
     )  # fmt: skip
     af.start(teams=("default", "vision"))  # tina's and alice's: the other teams' triggerers would idle
     headers = af.headers("admin")
-    af.wait(lambda: requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=10).ok, 600, "the DAG")
+    af.wait(
+        lambda: (
+            requests.get(f"{af.url}/api/v2/dags/{DAG}", headers=headers, timeout=airflow_services.PATIENT_SECONDS).ok
+        ),
+        600,
+        "the DAG",
+    )
     yield af
     af.stop()
 
@@ -162,7 +168,11 @@ def test_a_built_in_trainers_workers_hold_no_descriptor_of_the_supervisor(airflo
                     continue  # it ended meanwhile
                 seen[p.pid] = {"fds": fds, "ancestors_sockets": above}
                 if not links_while_training:  # a worker is training: so is the task
-                    links_while_training.update(requests.get(links, headers=headers, timeout=10).json()["extra_links"])
+                    links_while_training.update(
+                        requests.get(links, headers=headers, timeout=airflow_services.PATIENT_SECONDS).json()[
+                            "extra_links"
+                        ]
+                    )
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -317,7 +327,9 @@ def test_a_sweep_prunes_losers_survives_a_killed_worker_registers_the_best_and_r
     # the UI's links from the evaluation and from each trial to its MLflow run and its curves
     def links(task_id: str, map_index: int = -1) -> dict:
         url = f"{airflow.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/links"
-        return requests.get(url, headers=headers, params={"map_index": map_index}, timeout=10).json()["extra_links"]
+        return requests.get(
+            url, headers=headers, params={"map_index": map_index}, timeout=airflow_services.PATIENT_SECONDS
+        ).json()["extra_links"]
 
     evaluated = links("evaluate")
     assert evaluated["MLflow run"].endswith(f"/runs/{version.run_id}"), evaluated
@@ -379,12 +391,17 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     dag_id = "retrain_pets"
 
     def dag() -> dict:
-        return requests.get(f"{api}/dags/{dag_id}", headers=headers, timeout=10).json()
+        return requests.get(f"{api}/dags/{dag_id}", headers=headers, timeout=airflow_services.PATIENT_SECONDS).json()
 
     airflow.wait(lambda: "dag_id" in dag(), 300, "the job's DAG")
 
     def runs() -> list[dict]:
-        r = requests.get(f"{api}/dags/{dag_id}/dagRuns", headers=headers, params={"order_by": "id"}, timeout=10)
+        r = requests.get(
+            f"{api}/dags/{dag_id}/dagRuns",
+            headers=headers,
+            params={"order_by": "id"},
+            timeout=airflow_services.PATIENT_SECONDS,
+        )
         return r.json()["dag_runs"]
 
     def retrained(count: int, state: str = "success") -> dict:
@@ -395,7 +412,9 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
         ended = airflow.wait_run(dag_id, run["dag_run_id"], headers, 600)
         assert ended["state"] == state, airflow.failure_report(dag_id, run["dag_run_id"], headers)
         training = f"{dag_id}__{run['dag_run_id']}"
-        r = requests.get(f"{api}/dags/{DAG}/dagRuns/{training}", headers=headers, timeout=10)
+        r = requests.get(
+            f"{api}/dags/{DAG}/dagRuns/{training}", headers=headers, timeout=airflow_services.PATIENT_SECONDS
+        )
         assert r.json()["state"] == state, airflow.failure_report(DAG, training, headers)
         return {"conf": r.json()["conf"], "run": training, "note": r.json()["note"]}
 
@@ -403,10 +422,15 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
         run_id = airflow.trigger(INGEST, {"folder": str(folder), "repo": "pets"}, headers)
         assert airflow.wait_run(INGEST, run_id, headers, 300)["state"] == "success"
         url = f"{api}/dags/{INGEST}/dagRuns/{run_id}/taskInstances/commit_upload/xcomEntries/return_value"
-        return requests.get(url, headers=headers, timeout=10).json()["value"]
+        return requests.get(url, headers=headers, timeout=airflow_services.PATIENT_SECONDS).json()["value"]
 
     def events(asset_id: int) -> int:
-        r = requests.get(f"{api}/assets/events", headers=headers, params={"asset_id": asset_id}, timeout=10)
+        r = requests.get(
+            f"{api}/assets/events",
+            headers=headers,
+            params={"asset_id": asset_id},
+            timeout=airflow_services.PATIENT_SECONDS,
+        )
         return r.json()["total_entries"]
 
     resources = airflow.config_dir / "resources.yaml"
@@ -429,7 +453,9 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
             assert training["note"] == "pets: digits_cnn on 1 x cpu, team default, retraining on new data"
 
             uri = dataset_uri("local", "pets", "main")
-            r = requests.get(f"{api}/assets", headers=headers, params={"uri_pattern": uri}, timeout=10)
+            r = requests.get(
+                f"{api}/assets", headers=headers, params={"uri_pattern": uri}, timeout=airflow_services.PATIENT_SECONDS
+            )
             (asset,) = r.json()["assets"]
             assert events(asset["id"]) == 1
             same = upload(write_files(tmp_path / "v1-again", files))
@@ -443,7 +469,12 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
             # an event posted over REST (as a lakeFS hook or a data pipeline would) for the commit just trained:
             # the run it starts trains nothing and names the version that holds that commit and spec
             event = {"asset_id": asset["id"], "extra": {"commit": first["commit"]}}
-            assert requests.post(f"{api}/assets/events", headers=headers, json=event, timeout=10).status_code == 200
+            assert (
+                requests.post(
+                    f"{api}/assets/events", headers=headers, json=event, timeout=airflow_services.PATIENT_SECONDS
+                ).status_code
+                == 200
+            )
             airflow.wait(lambda: len(runs()) == 2, 300, "the run of the REST event")
             skipped = runs()[1]["dag_run_id"]
             assert airflow.wait_run(dag_id, skipped, headers, 300)["state"] == "success"
@@ -524,7 +555,9 @@ def test_a_job_file_retrains_on_each_new_commit_skips_what_is_registered_and_its
     assert "train: success" in replayed.stderr and f"run {DAG}/{replay_run}: success" in replayed.stderr
     states = {t: ti["state"] for t, ti in airflow.task_instances(DAG, replay_run, headers).items()}
     assert (states["gate"], states["export_onnx"], states["register"]) == ("success", "skipped", "skipped")
-    replay_note = requests.get(f"{api}/dags/{DAG}/dagRuns/{replay_run}", headers=headers, timeout=10).json()["note"]
+    replay_note = requests.get(
+        f"{api}/dags/{DAG}/dagRuns/{replay_run}", headers=headers, timeout=airflow_services.PATIENT_SECONDS
+    ).json()["note"]
     assert replay_note == "pets: digits_cnn on 1 x cpu, team default, replay of pets:1", replay_note
     assert len(client.search_model_versions("name = 'pets'")) == 1
 
@@ -555,7 +588,7 @@ def _answer(airflow, run_id: str, user: str, option: str = "Approve") -> request
         f"{airflow.url}/api/v2/dags/{VISION_PROMOTE}/dagRuns/{run_id}/taskInstances/approve/-1/hitlDetails",
         headers=airflow.headers(user),
         json={"chosen_options": [option], "params_input": {}},
-        timeout=30,
+        timeout=airflow_services.PATIENT_SECONDS,
     )
 
 
@@ -582,7 +615,10 @@ def test_a_model_belongs_to_its_team_and_only_its_promoters_move_or_approve(airf
     # refuses it at verify, and so does the command line; nothing moved
     conf = {"model": name, "version": version, "reason": "mine now"}
     refused = requests.post(
-        f"{airflow.url}/api/v2/dags/{VISION_PROMOTE}/dagRuns", headers=tina, json={"conf": conf}, timeout=30
+        f"{airflow.url}/api/v2/dags/{VISION_PROMOTE}/dagRuns",
+        headers=tina,
+        json={"conf": conf},
+        timeout=airflow_services.PATIENT_SECONDS,
     )
     assert refused.status_code == 403, refused.text
     run = airflow.trigger(TINA_PROMOTE, conf, tina)
@@ -638,13 +674,24 @@ def _another_team_reads_nothing_of(airflow, dag_id: str, run_id: str, *, owner: 
         f"{run}/taskInstances/validate_spec/xcomEntries/return_value",
     ]
     for url in reads:
-        assert requests.get(url, headers=airflow.headers(owner), timeout=30).status_code == 200, url
-        assert requests.get(url, headers=airflow.headers(other), timeout=30).status_code == 403, url
+        assert (
+            requests.get(url, headers=airflow.headers(owner), timeout=airflow_services.PATIENT_SECONDS).status_code
+            == 200
+        ), url
+        assert (
+            requests.get(url, headers=airflow.headers(other), timeout=airflow_services.PATIENT_SECONDS).status_code
+            == 403
+        ), url
     for listing in (f"{api}/dags", f"{api}/dags/~/dagRuns", f"{api}/dags/~/dagRuns/~/taskInstances"):
-        seen = requests.get(listing, headers=airflow.headers(other), params={"limit": 1000}, timeout=30).text
+        seen = requests.get(
+            listing, headers=airflow.headers(other), params={"limit": 1000}, timeout=airflow_services.PATIENT_SECONDS
+        ).text
         assert dag_id not in seen and run_id not in seen, listing
     refused = requests.post(
-        f"{api}/dags/{dag_id}/dagRuns", headers=airflow.headers(other), json={"logical_date": None}, timeout=30
+        f"{api}/dags/{dag_id}/dagRuns",
+        headers=airflow.headers(other),
+        json={"logical_date": None},
+        timeout=airflow_services.PATIENT_SECONDS,
     )
     assert refused.status_code == 403, refused.text
     theirs = trainyard_cli(airflow, "runs", "status", run_id, "--json", token=airflow.token(owner))
@@ -666,10 +713,13 @@ def _a_team_s_data_is_its_own(airflow, folder: Path, job: dict) -> str:
     assert ended["state"] == "success", airflow.failure_report(VISION_INGEST, run_id, alice)
     run = f"{api}/dags/{VISION_INGEST}/dagRuns/{run_id}"
     for url in (f"{api}/dags/{VISION_INGEST}", run, f"{run}/taskInstances/commit_upload/xcomEntries/return_value"):
-        assert requests.get(url, headers=alice, timeout=30).status_code == 200, url
-        assert requests.get(url, headers=tina, timeout=30).status_code == 403, url
+        assert requests.get(url, headers=alice, timeout=airflow_services.PATIENT_SECONDS).status_code == 200, url
+        assert requests.get(url, headers=tina, timeout=airflow_services.PATIENT_SECONDS).status_code == 403, url
     refused = requests.post(
-        f"{api}/dags/{VISION_INGEST}/dagRuns", headers=tina, json={"logical_date": None}, timeout=30
+        f"{api}/dags/{VISION_INGEST}/dagRuns",
+        headers=tina,
+        json={"logical_date": None},
+        timeout=airflow_services.PATIENT_SECONDS,
     )
     assert refused.status_code == 403, refused.text
     assert trainyard_cli(airflow, "data", "log", "--repo", "vision-pets", token=airflow.token("alice")).returncode == 0
@@ -764,7 +814,7 @@ def test_a_team_s_run_is_its_own_and_hogs_end_at_their_team_s_limits_while_it_wo
                 f"{airflow.url}/api/v2/dags/{VISION_DAG}/dagRuns/{trains_on}",
                 headers=alice,
                 json={"state": "failed"},
-                timeout=30,
+                timeout=airflow_services.PATIENT_SECONDS,
             )
             # marked failed, its task is killed at its next heartbeat, and its processes with it
             airflow.wait(
