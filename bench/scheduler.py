@@ -164,6 +164,10 @@ def scenario_config(base: ResourcesConfig, scenario: str, time_scale: float, pol
     data = base.model_dump(mode="json", exclude_unset=False)
     data["scheduling"]["max_wait_minutes"] = base.scheduling.max_wait_minutes / time_scale
     data["scheduling"]["admission_poll_seconds"] = poll
+    # a preempted stand-in (bench/replay/replay_standin.py) stops within the grace, after the minimum runtime
+    said = base.scheduling.preemption
+    data["scheduling"]["preemption"]["min_runtime_minutes"] = said.min_runtime_minutes / time_scale
+    data["scheduling"]["preemption"]["grace_seconds"] = said.grace_seconds / time_scale
     if scenario == "static":
         for team in data["teams"].values():
             team["borrowing_limit"] = dict.fromkeys(base.gpu_types, 0)
@@ -275,6 +279,7 @@ def run_trace(
                 "max_hours": max_hours_of(job),
             },
             "hold_seconds": round(job.seconds, 2),
+            "restart_seconds": PREEMPTION_RESTART_S,
         }
         try:
             r = requests.post(
@@ -326,6 +331,57 @@ def run_trace(
         "violations": whole["violations"],
         "makespan_s": round(end - t0, 1),
         "cost_report": cost,
+        "holds": held_slots(af.env, trace, t0, window, types, PREEMPTION_RESTART_S),
+    }
+
+
+def held_slots(
+    env: dict, trace: list[TraceJob], t0: float, window: float, types: list[str], restart_s: float
+) -> dict:  # fmt: skip
+    """What the stand-ins' own usage records say of a replay that started at ``t0``, under its ``env`` (its
+    TRAINYARD_HOME and config; a record per hold, so a job preempted k times has k + 1): utilisation over the
+    window of the fleet's ``types``, preemptions, the GPU time lost to them (``restart_s`` a preemption, as
+    :func:`preemption_simulation` counts it), and the p95 wait to the first hold of the jobs their team's
+    quota had room for when they arrived (less the team's jobs holding slots of that type then): the
+    lender's guarantee."""
+    from trainyard.spec import safe_key
+    from trainyard.training.usage import tries
+
+    config = load_resources(Path(env["TRAINYARD_CONFIG_DIR"]) / "resources.yaml")
+    runs = Path(env["TRAINYARD_HOME"]) / "runs" / "replay"
+    holds = {j.name: tries(runs / safe_key(f"{DAG}/{j.name}")) for j in trace}
+    capacity = sum(config.gpu_types[t].slots for t in types)
+    in_window = sum(
+        j.slots * max(0.0, min(h["ended"], t0 + window) - max(h["started"], t0))
+        for j in trace
+        if j.gpu_type in types
+        for h in holds[j.name]
+    )
+    by_name = {j.name: j for j in trace}
+
+    def holding(team: str, gpu_type: str, at: float) -> int:
+        return sum(
+            by_name[n].slots
+            for n, hs in holds.items()
+            if by_name[n].team == team and by_name[n].gpu_type == gpu_type
+            for h in hs
+            if h["started"] <= at < h["ended"]
+        )
+
+    quota_free = [
+        min(h["started"] for h in holds[j.name]) - (t0 + j.at)
+        for j in trace
+        if holds[j.name] and holding(j.team, j.gpu_type, t0 + j.at) + j.slots <= config.quota(j.team, j.gpu_type)
+    ]
+    preemptions = {n: max(len(hs) - 1, 0) for n, hs in holds.items()}
+    work = sum(j.seconds * j.slots for j in trace)
+    return {
+        "utilisation": in_window / (capacity * window) if capacity and window else 0.0,
+        "p95_wait_quota_free_s": round(statistics.quantiles(quota_free, n=20)[-1], 2) if len(quota_free) > 1 else None,
+        "preemptions": sum(preemptions.values()),
+        "most_preemptions_of_a_job": max(preemptions.values(), default=0),
+        "gpu_seconds_lost_share": sum(preemptions[j.name] * restart_s * j.slots for j in trace) / work,
+        "unrecorded": sorted(n for n, hs in holds.items() if not hs),
     }
 
 
@@ -607,8 +663,8 @@ def preemption_on_traces(
     """:func:`preemption_simulation` without and with the preemption of resources.yaml (its minimum runtime
     scaled with the trace's time) against the capacity-only reference, on a trace per seed and load."""
     config = scenario_config(base, "trainyard", time_scale, poll)
-    said = base.scheduling.preemption
-    rules = PreemptionRules(said.min_runtime_minutes * 60 / time_scale, said.max_preemptions)
+    said = config.scheduling.preemption
+    rules = PreemptionRules(said.min_runtime_minutes * 60, said.max_preemptions)  # "on" where the file has it off
     rows = []
     for seed in seeds:
         for load in loads:
@@ -819,6 +875,16 @@ def table(results: list[dict]) -> str:
     return "\n".join(f"{r[0]:{width}s}  " + "  ".join(f"{c:>22s}" for c in r[1:]) for r in rows)
 
 
+def _holds_line(scenario: str, h: dict) -> str:
+    """One line of a replay's preemption figures (:func:`held_slots`, or :func:`preemption_simulation`'s)."""
+    wait = h["p95_wait_quota_free_s"]
+    return (
+        f"{scenario}: utilisation {h['utilisation']:.1%} (by the holds), preemptions {h['preemptions']} (at most "
+        f"{h['most_preemptions_of_a_job']} a job), GPU-s lost {h['gpu_seconds_lost_share']:.2%}, p95 wait of jobs "
+        f"their quota had room for {'-' if wait is None else f'{wait:.1f} s'}"
+    )
+
+
 def against_the_goal(results: list[dict]) -> list[str]:
     """trainyard's utilisation over the submission window against GOAL x the reference's (static
     partitions are there to show what queueing buys, not to meet it), and the policy's alone."""
@@ -944,7 +1010,12 @@ def main(argv: list[str] | None = None) -> int:
                                     drain_timeout=args.drain_timeout, png=png)  # fmt: skip
             results.append(figures)
             print(f"{scenario}: replayed in {time.time() - started:.0f} s", flush=True)
+            print(_holds_line(scenario, figures["holds"]), flush=True)
     simulated = scenario_config(base, "trainyard", args.time_scale, args.poll)
+    rules = PreemptionRules.of(simulated)
+    if rules is not None:  # the same trace through the policy alone, preempting as the ledger does
+        alone = preemption_simulation(simulated, trace, args.types, args.window, rules)
+        print(_holds_line("simulated, preempting", alone), flush=True)
     results.append(policy_simulation(simulated, trace, args.types, args.window))
     results.append(capacity_reference(base, trace, args.types, args.window))
     print(table(results))

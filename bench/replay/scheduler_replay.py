@@ -3,7 +3,8 @@
 One job of the scheduler replay (``bench/scheduler.py``, ``make bench-scheduler``): the admission of
 ``train_pipeline`` (the same ``AdmitOperator``), then a stand-in that holds the job's slots of its GPU
 pool for ``hold_seconds`` instead of training. The run's ``conf`` is ``{"resources": {...}, "hold_seconds":
-s}``; the cluster policy puts ``train`` in the pool and slots of ``resources``, as for a real training.
+s, "restart_seconds": r}`` (``r``, default 0: the time a preempted job spends starting again); the cluster
+policy puts ``train`` in the pool and slots of ``resources``, as for a real training.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def scheduler_replay():
         task_id="train",
         spec="{{ dag_run.conf }}",
         seconds="{{ dag_run.conf['hold_seconds'] }}",
+        restart_seconds="{{ dag_run.conf.get('restart_seconds', 0) }}",
         run_key=RUN_KEY,
         pool="gpu-cpu",
         pool_slots=1,
