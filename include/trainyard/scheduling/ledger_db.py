@@ -91,9 +91,15 @@ SCHEMA = (
     # 0's rendezvous endpoint (address:port) for the others to join; gone with the job's admission
     "CREATE TABLE IF NOT EXISTS job_nodes (id TEXT NOT NULL, node INTEGER NOT NULL, host TEXT NOT NULL, "
     "devices TEXT NOT NULL DEFAULT '', endpoint TEXT NOT NULL DEFAULT '', PRIMARY KEY (id, node))",
+    # each stint a preempted job held its slots, from its admission to its requeue: what Airflow's records of a
+    # rescheduled task lose (its start is the last one's), read by the utilisation report
+    "CREATE TABLE IF NOT EXISTS stints (id TEXT NOT NULL, team TEXT NOT NULL, gpu_type TEXT NOT NULL, "
+    "slots INTEGER NOT NULL, admitted DOUBLE PRECISION NOT NULL, ended DOUBLE PRECISION NOT NULL, "
+    "PRIMARY KEY (id, admitted))",
+    "CREATE INDEX IF NOT EXISTS ledger_stints_ended ON stints (ended)",
 )
 # The last of SCHEMA: a PostgreSQL ledger that has it (and ADDED_COLUMNS' last) is made to this version
-NEWEST_SCHEMA_OBJECT = "job_nodes"
+NEWEST_SCHEMA_OBJECT = "ledger_stints_ended"
 # Columns a ledger made by an earlier version may lack, with the value its rows get (devices allocated, users
 # shown, sweeps capped, the host whose devices a job holds, preemptions, the wait a job was told, its nodes).
 ADDED_COLUMNS = (

@@ -28,11 +28,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainyard.scheduling.resources import POOL_PREFIX, ResourcesConfig
+
+if TYPE_CHECKING:
+    from trainyard.scheduling.admission.ledger import Stint
 
 # a training try in one of these states held nothing (a skipped branch, a cancelled or failed run); a
 # skipped one still has a start (the moment it was skipped)
@@ -464,6 +467,41 @@ def allocations_from_rows(
     return out
 
 
+def with_stints(allocations: Sequence[Allocation], stints: Iterable[Stint]) -> list[Allocation]:
+    """``allocations`` (Airflow's records) with each preempted job's stints on its slots (the ledger's,
+    :meth:`~trainyard.scheduling.admission.ledger.Ledger.stints`). Airflow keeps one record of a task that was
+    rescheduled, its start the last one's: the time it held its slots before a preemption is not in it. The
+    first stint is the run's first start (its wait ends there); the run's own records are later tries, and a
+    record of it waiting again is no new wait."""
+    by_run: dict[str, list[Stint]] = defaultdict(list)
+    for stint in stints:
+        by_run[stint.id].append(stint)
+    out: list[Allocation] = []
+    for a in allocations:
+        held = by_run.get(a.run)
+        if held is None:
+            out.append(a)
+            continue
+        if a.first_try:
+            for i, stint in enumerate(sorted(held, key=lambda st: st.admitted)):
+                first = i == 0
+                out.append(
+                    Allocation(
+                        a.run,
+                        a.team or stint.team,
+                        stint.gpu_type,
+                        stint.slots,
+                        stint.admitted,
+                        stint.ended,
+                        asked=a.asked if first else None,
+                        first_try=first,
+                    )  # fmt: skip
+                )
+        if a.start is not None:
+            out.append(replace(a, asked=None, first_try=False))
+    return out
+
+
 def allocations_from_airflow(since: float, until: float) -> list[Allocation]:
     """Every try of a training task (a task in a ``gpu-*`` pool) that overlaps the window, or whose job was
     waiting in it, from this Airflow's database. The team is the run conf's ``resources.team``, else the
@@ -528,7 +566,20 @@ def allocations_from_airflow(since: float, until: float) -> list[Allocation]:
             for run_id, conf in session.execute(query):
                 team = _conf_team(conf)
                 teams[(dag_id, run_id)] = str(team or team_of_dag(dag_id) or default_team)
-    return allocations_from_rows(rows, asked, teams)
+    return with_stints(allocations_from_rows(rows, asked, teams), _stints(since, until))
+
+
+def _stints(since: float, until: float) -> list[Stint]:
+    """The ledger's stints of preempted jobs in the window; none where there is no ledger, or one of a version
+    from before stints were kept (it recorded none)."""
+    from trainyard.scheduling.admission.ledger import existing_ledger
+    from trainyard.scheduling.ledger_db import LedgerOutdated
+
+    try:
+        ledger = existing_ledger()
+    except LedgerOutdated:
+        return []
+    return [] if ledger is None else ledger.stints(since, until)
 
 
 def _conf_team(conf: Any) -> Any:

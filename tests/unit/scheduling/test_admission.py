@@ -20,6 +20,7 @@ from trainyard.scheduling.admission.ledger import (
     Ledger,
     NoFreeDevices,
     NotAdmitted,
+    Stint,
     default_ledger,
 )
 from trainyard.scheduling.admission.policy import Entry, Job, Standing, WaitReason, plan
@@ -859,7 +860,11 @@ def test_a_lender_takes_its_quota_back_and_the_borrower_waits_again_in_its_place
     shown = {e.job.id: v for e, v in ledger.standing()}
     assert shown["v2"].standing is Standing.PREEMPTED
     assert shown["v2"].message.startswith("preempted for team nlp's job of 2 a100 slot(s) within its quota")
+    (held,) = [e for e in ledger.entries() if e.job.id == "v2"]
     ledger.requeue("v2")  # its training stopped at a checkpoint
+    # its stint on the slots is kept (Airflow's record of its rescheduled task will show the next one only)
+    assert ledger.stints(0, clock.now) == [Stint("v2", "vision", "a100", 2, held.admitted, clock.now)]
+    assert ledger.stints(clock.now + 1, clock.now + 2) == []  # outside the window
     assert ledger.request(n1).admitted
     again = ledger.request(job("v2", "vision", 2))
     assert not again.admitted

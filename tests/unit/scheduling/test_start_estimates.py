@@ -183,7 +183,7 @@ def test_a_ledger_of_the_version_before_gains_the_estimates_tables_and_columns(w
         for statement in SCHEMA:
             if statement.startswith("CREATE INDEX"):
                 conn.execute("DROP INDEX " + statement.split()[5])
-        for table in ("holds", "wait_ratios", "job_nodes"):  # the last: the version after
+        for table in ("holds", "wait_ratios", "job_nodes", "stints"):  # the last two: versions after
             conn.execute(f"DROP TABLE {table}")
         for column in ("told_at", "told_wait", "nodes"):
             conn.execute(f"ALTER TABLE admission DROP COLUMN {column}")

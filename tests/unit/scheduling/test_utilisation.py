@@ -190,3 +190,30 @@ def test_a_runs_team_is_read_from_its_conf_in_either_shape():
     assert _conf_team({"resources.team": "nlp", "resources.gpu_type": "cpu"}) == "nlp"  # the trigger form
     assert _conf_team({"resources": {"team": "a"}, "resources.team": "b"}) is None  # two teams: none trusted
     assert _conf_team(None) is None and _conf_team({"resources": "x"}) is None
+
+
+def test_a_preempted_job_counts_each_stint_and_waits_once():
+    """Airflow's record of a rescheduled training is its last stint only (its start the last one's); the
+    ledger's stints before it are added: all the GPU time held, and one wait, to the first start."""
+    from trainyard.scheduling.admission.ledger import Stint
+    from trainyard.scheduling.utilisation import allocations_from_rows, with_stints
+
+    run = "train_pipeline/r1"
+    asked = {("train_pipeline", "r1"): 5.0}
+    resumed = allocations_from_rows([row(1, "success", 70, 90)], asked, {("train_pipeline", "r1"): "vision"})
+    assert [(a.start, a.asked) for a in resumed] == [(70, 5.0)]  # as Airflow has it: a 65 s wait, 20 s held
+    stints = [Stint(run, "vision", "a100", 2, 40, 60), Stint(run, "vision", "a100", 2, 10, 30)]
+    got = sorted(with_stints(resumed, stints), key=lambda a: a.start)
+    assert [(a.start, a.end, a.first_try, a.asked, a.team) for a in got] == [
+        (10, 30, True, 5.0, "vision"),
+        (40, 60, False, None, "vision"),
+        (70, 90, False, None, "vision"),
+    ]
+    rep = report(FLEET, got, 0, 100)
+    assert rep.pools["a100"].allocated_s == 2 * (20 + 20 + 20)
+    assert rep.waits["2"].max_s == 5  # one wait, to its first start
+    # waiting again after its preemption: not a second wait, and its stint counts
+    waiting = allocations_from_rows([row(1, "up_for_reschedule", None, None)], asked, {})
+    (held,) = with_stints(waiting, stints[1:])
+    assert (held.start, held.end, held.first_try, held.asked) == (10, 30, True, 5.0)
+    assert with_stints(waiting, []) == waiting  # no stint: Airflow's records as they are

@@ -131,6 +131,18 @@ class HostRecord:
         return self.seen_until > now
 
 
+@dataclasses.dataclass(frozen=True)
+class Stint:
+    """A preempted job's time on its slots: from its admission to its requeue (epoch seconds)."""
+
+    id: str  # the job's, its run key "<dag_id>/<run_id>"
+    team: str
+    gpu_type: str
+    slots: int
+    admitted: float
+    ended: float
+
+
 class NotAdmitted(RuntimeError):
     """The job's reservation ran out before its training started, and it cannot be admitted again now."""
 
@@ -253,6 +265,7 @@ class Ledger:
         conn.execute("DELETE FROM cancelled WHERE at < ?", (now - ARRIVAL_KEPT_S,))
         conn.execute("DELETE FROM preempted WHERE at < ?", (now - ARRIVAL_KEPT_S,))
         conn.execute("DELETE FROM holds WHERE at < ?", (now - HISTORY_KEPT_S,))
+        conn.execute("DELETE FROM stints WHERE ended < ?", (now - HISTORY_KEPT_S,))
         conn.execute("DELETE FROM wait_ratios WHERE at < ?", (now - HISTORY_KEPT_S,))
         # the host seen last is kept however long ago: once routed, a fleet whose hosts are all gone says so
         conn.execute(
@@ -378,9 +391,16 @@ class Ledger:
     def requeue(self, job_id: str) -> None:
         """A preempted job whose workers have ended: its slots and devices go (to the job it was preempted
         for, at that job's next look), and it waits again, in its old place (its arrival is kept; the wait
-        bound counts from now: it has run), one preemption more on its count."""
+        bound counts from now: it has run), one preemption more on its count. The stint it held its slots goes
+        into :meth:`stints`."""
         with self.db.transaction() as conn:
             now = self._now(conn)
+            conn.execute(
+                "INSERT INTO stints (id, team, gpu_type, slots, admitted, ended) "
+                "SELECT id, team, gpu_type, slots, admitted, ? FROM admission "
+                "WHERE id = ? AND admitted IS NOT NULL ON CONFLICT (id, admitted) DO NOTHING",
+                (now, job_id),
+            )
             conn.execute(
                 "INSERT INTO preempted (id, times, at) VALUES (?, 1, ?) "
                 "ON CONFLICT (id) DO UPDATE SET times = preempted.times + 1, at = excluded.at",
@@ -624,6 +644,17 @@ class Ledger:
                 "SELECT ratio FROM wait_ratios WHERE at >= ? ORDER BY at DESC LIMIT ?", (since, HISTORY_READ)
             ).fetchall()
         return History.of(((team, share) for team, share in holds), (r for (r,) in ratios))
+
+    def stints(self, since: float, until: float) -> list[Stint]:
+        """The stints of preempted jobs that overlap ``since``..``until`` (epoch seconds), each from the job's
+        admission to its requeue, oldest first: the GPU time a rescheduled task's own record loses."""
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                "SELECT id, team, gpu_type, slots, admitted, ended FROM stints WHERE ended >= ? AND admitted <= ? "
+                "ORDER BY admitted",
+                (since, until),
+            ).fetchall()
+        return [Stint(*row) for row in rows]
 
     def record_told_wait(self, job_id: str, told_at: float, wait_s: float) -> None:
         """The waiting job ``job_id`` was told at ``told_at`` that it waits about ``wait_s`` more (its first
