@@ -48,7 +48,7 @@ from trainyard_airflow.auth import triggering_user
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.links import LINKS, ModelVersionLink
 from trainyard_airflow.notifications import TeamNotifier, training_time_watch
-from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator
+from trainyard_airflow.operators.admission import RESCHEDULE_MIN_S, RUN_KEY, AdmitOperator
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 from trainyard_airflow.policy import training_priority
 from trainyard_airflow.team_dags import bundle_team, makes_dags
@@ -91,7 +91,6 @@ ON_GPUS: dict[str, Any] = {
 # The other nodes of a multi-node training: their node's GPUs (the cluster policy), and no word of the
 # training's end to the team (node 0's task says it once).
 ON_OTHER_NODES: dict[str, Any] = {k: v for k, v in ON_GPUS.items() if k not in AT_TRAINING_END}
-RESCHEDULE_MIN_S = 10.0  # the least a training task that waits for its GPUs again is rescheduled by
 default_args = {
     "owner": "trainyard",
     "retries": 1,
@@ -276,8 +275,7 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0, 
         ):
             return work(lease, node_place(ledger, job, node, lease))
     except (NotAdmitted, Preempted) as err:
-        # Not sooner than RESCHEDULE_MIN_S: a task the scheduler queues again before this process has ended
-        # (its log upload, under load, took 2.3 s) is failed as "killed externally" when the exit is reported
+        # not sooner than RESCHEDULE_MIN_S (a task queued again before its exit is reported is failed)
         poll_s = max(ledger.config.scheduling.admission_poll_seconds, RESCHEDULE_MIN_S)
         logging.getLogger(__name__).info("%s; looking again in %ss", err, poll_s)
         again = datetime.now(UTC) + timedelta(seconds=poll_s)

@@ -29,10 +29,6 @@ from airflow.sdk import BaseOperator
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 PREEMPTED = "preempted"  # the event of a hold that heard the word
-# The least a preempted stand-in is rescheduled by: a task queued again before its process has ended is failed
-# as "killed externally" (the pipeline's train task waits 10 s, dags/train_pipeline.py RESCHEDULE_MIN_S; the
-# stand-in's exit is quicker, and the replay's time runs 60 times faster)
-RESCHEDULE_MIN_S = 3.0
 
 
 class HoldTrigger(BaseTrigger):
@@ -132,6 +128,8 @@ class HoldSlots(BaseOperator):
     def _look_again(self, ledger: Any, why: str) -> None:
         """Back to waiting, not failed: the task is rescheduled and asks again at the next look."""
         from airflow.sdk.exceptions import AirflowRescheduleException
+
+        from trainyard_airflow.operators.admission import RESCHEDULE_MIN_S
 
         poll_s = max(ledger.config.scheduling.admission_poll_seconds, RESCHEDULE_MIN_S)
         self.log.info("%s; looking again in %ss", why, poll_s)
