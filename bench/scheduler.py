@@ -315,6 +315,7 @@ def run_trace(
         return json.loads(out)
 
     in_window, whole = utilisation(window_end, png), utilisation(end)
+    failures = {run_id: _why_failed(af, headers, run_id) for run_id in _failed_runs(af, headers)[:3]}
     runs = {s: states[s] - before[s] for s in states}
     runs["success"] -= 1  # the warm-up run
     cost = subprocess.run(
@@ -332,7 +333,31 @@ def run_trace(
         "makespan_s": round(end - t0, 1),
         "cost_report": cost,
         "holds": held_slots(af.env, trace, t0, window, types, PREEMPTION_RESTART_S),
+        "failures": failures,
     }
+
+
+def _failed_runs(af, headers) -> list[str]:
+    r = requests.get(
+        f"{af.url}/api/v2/dags/{DAG}/dagRuns", headers=headers, params={"state": "failed", "limit": 100}, timeout=60
+    )
+    r.raise_for_status()
+    return [run["dag_run_id"] for run in r.json()["dag_runs"]]
+
+
+def _why_failed(af, headers, run_id: str) -> str:
+    """A failed run's task states, its failed tasks' last log lines, and what the scheduler said of it (a
+    task the executor reported after the scheduler had queued it again is failed there, not in its log)."""
+    tis = af.task_instances(DAG, run_id, headers)
+    lines = [json.dumps({t: (ti["state"], ti["try_number"]) for t, ti in tis.items()})]
+    for ti in tis.values():
+        if ti["state"] == "failed":
+            lines.append(af.task_log(DAG, run_id, ti["task_id"], headers, ti["try_number"])[-1500:])
+    for log in (af.home / "scheduler.log", getattr(getattr(af, "cluster", None), "logs", af.home) / "scheduler.log"):
+        if log.is_file():
+            lines += [line[:400] for line in log.read_text().splitlines() if run_id in line and "ailed" in line]
+            break
+    return "\n".join(lines)
 
 
 def held_slots(
@@ -1023,6 +1048,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         for v in r["violations"]:
             print(f"VIOLATION ({r['scenario']}): {v}")
+        for run_id, why in r.get("failures", {}).items():
+            print(f"FAILED ({r['scenario']}): {run_id}\n{why}")
     if args.out:
         Path(args.out).write_text(json.dumps({"trace": [asdict(j) for j in trace], "results": results}, indent=1))
     return 1 if any(r["violations"] or r["submit_errors"] for r in results) else 0
