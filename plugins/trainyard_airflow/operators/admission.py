@@ -33,8 +33,8 @@ ADMISSION_TIMEOUT = timedelta(seconds=ADMISSION_TIMEOUT_S)
 RUN_KEY = "{{ dag_run.dag_id }}/{{ dag_run.run_id }}"
 # The least a training task that waits for its GPUs again (preempted, or its admission lapsed) is rescheduled
 # by: a task the scheduler queues again before the executor has reported its exit is failed as "killed
-# externally" (the report came 5 s after the exit in the scheduler replay on a loaded host; a log upload
-# took 2.3 s)
+# externally" (Airflow's race for reschedules, apache/airflow#71172; the report came 5.5 s after the exit in
+# the scheduler replay on a loaded host, and a log upload took 2.3 s)
 RESCHEDULE_MIN_S = 10.0
 
 
