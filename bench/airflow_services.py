@@ -43,7 +43,7 @@ QUIETER_FOR_TESTS = {
 }
 
 
-# One request that is not repeated (a trigger, a token, a log) waits this long for its answer. The suite's
+# A request to a test's Airflow (a trigger, a token, a log, a look) waits this long for its answer. The suite's
 # Airflows share 2 busy cores with the trainings they run: on CI's host a trigger once took over 30 s to be
 # answered. A trigger is not repeated after a timeout, since the run may have been made all the same.
 PATIENT_SECONDS = 120

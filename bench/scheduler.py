@@ -60,6 +60,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
+sys.path.insert(0, str(REPO / "bench" / "replay"))  # the stand-in's words for what it recorded
 
 from trainyard.scheduling.admission.policy import (  # noqa: E402
     Entry,
@@ -352,7 +353,10 @@ def _why_failed(af, headers, run_id: str) -> str:
     lines = [json.dumps({t: (ti["state"], ti["try_number"]) for t, ti in tis.items()})]
     for ti in tis.values():
         if ti["state"] == "failed":
-            lines.append(af.task_log(DAG, run_id, ti["task_id"], headers, ti["try_number"])[-1500:])
+            try:
+                lines.append(af.task_log(DAG, run_id, ti["task_id"], headers, ti["try_number"])[-1500:])
+            except requests.RequestException as err:  # the replay's figures must not be lost for a log
+                lines.append(f"(its log could not be fetched: {err})")
     for log in (af.home / "scheduler.log", getattr(getattr(af, "cluster", None), "logs", af.home) / "scheduler.log"):
         if log.is_file():
             lines += [line[:400] for line in log.read_text().splitlines() if run_id in line and "ailed" in line]
@@ -369,6 +373,8 @@ def held_slots(
     :func:`preemption_simulation` counts it), and the p95 wait to the first hold of the jobs their team's
     quota had room for when they arrived (less the team's jobs holding slots of that type then): the
     lender's guarantee."""
+    from replay_standin import PREEMPTED_WHERE
+
     from trainyard.spec import safe_key
     from trainyard.training.usage import tries
 
@@ -384,25 +390,27 @@ def held_slots(
     )
     by_name = {j.name: j for j in trace}
 
-    def holding(team: str, gpu_type: str, at: float) -> int:
+    def holding(team: str, gpu_type: str, at: float, name: str) -> int:
+        """The slots of ``team``'s other jobs of ``gpu_type`` held at ``at``."""
         return sum(
             by_name[n].slots
             for n, hs in holds.items()
             if by_name[n].team == team and by_name[n].gpu_type == gpu_type
             for h in hs
-            if h["started"] <= at < h["ended"]
+            if h["started"] <= at < h["ended"] and n != name
         )
 
     quota_free = [
         min(h["started"] for h in holds[j.name]) - (t0 + j.at)
         for j in trace
-        if holds[j.name] and holding(j.team, j.gpu_type, t0 + j.at) + j.slots <= config.quota(j.team, j.gpu_type)
+        if holds[j.name]
+        and holding(j.team, j.gpu_type, t0 + j.at, j.name) + j.slots <= config.quota(j.team, j.gpu_type)
     ]
-    preemptions = {n: max(len(hs) - 1, 0) for n, hs in holds.items()}
+    preemptions = {n: sum(h["where"] == PREEMPTED_WHERE for h in hs) for n, hs in holds.items()}
     work = sum(j.seconds * j.slots for j in trace)
     return {
         "utilisation": in_window / (capacity * window) if capacity and window else 0.0,
-        "p95_wait_quota_free_s": round(statistics.quantiles(quota_free, n=20)[-1], 2) if len(quota_free) > 1 else None,
+        "p95_wait_quota_free_s": round(p95(quota_free), 2) if quota_free else None,
         "preemptions": sum(preemptions.values()),
         "most_preemptions_of_a_job": max(preemptions.values(), default=0),
         "gpu_seconds_lost_share": sum(preemptions[j.name] * restart_s * j.slots for j in trace) / work,
@@ -567,6 +575,11 @@ PREEMPTION_STOP_S = 0.5
 PREEMPTION_RESTART_S = 2.0
 
 
+def p95(values: list[float]) -> float:
+    """The 95th percentile of ``values`` (statistics' exclusive method); the one value, or 0 for none."""
+    return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else (values[0] if values else 0.0)
+
+
 def preemption_simulation(
     config: ResourcesConfig,
     trace: list[TraceJob],
@@ -663,9 +676,6 @@ def preemption_simulation(
     quota_owed = [w for n, w in waits.items() if n in owed]
     lost = sum(counts[n] * restart_s * arrival[n].slots for n in counts)
     work = sum(j.seconds * j.slots for j in trace)
-
-    def p95(values: list[float]) -> float:
-        return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else (values[0] if values else 0.0)
 
     return {
         "utilisation": in_window["utilisation"],

@@ -48,7 +48,7 @@ from trainyard_airflow.auth import triggering_user
 from trainyard_airflow.errors import fail_permanently
 from trainyard_airflow.links import LINKS, ModelVersionLink
 from trainyard_airflow.notifications import TeamNotifier, training_time_watch
-from trainyard_airflow.operators.admission import RESCHEDULE_MIN_S, RUN_KEY, AdmitOperator
+from trainyard_airflow.operators.admission import RUN_KEY, AdmitOperator, reschedule_at
 from trainyard_airflow.operators.launch import KubernetesTrainingLauncher
 from trainyard_airflow.policy import training_priority
 from trainyard_airflow.team_dags import bundle_team, makes_dags
@@ -242,7 +242,6 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0, 
     (:func:`trainyard.scheduling.admission.lease.follow`)."""
     import logging
     from contextlib import nullcontext
-    from datetime import UTC, datetime
 
     from airflow.sdk.exceptions import AirflowRescheduleException
 
@@ -275,10 +274,8 @@ def _while_admitted(job: Any, spec: JobSpec, work: Any, earlier_s: float = 0.0, 
         ):
             return work(lease, node_place(ledger, job, node, lease))
     except (NotAdmitted, Preempted) as err:
-        # not sooner than RESCHEDULE_MIN_S (a task queued again before its exit is reported is failed)
-        poll_s = max(ledger.config.scheduling.admission_poll_seconds, RESCHEDULE_MIN_S)
-        logging.getLogger(__name__).info("%s; looking again in %ss", err, poll_s)
-        again = datetime.now(UTC) + timedelta(seconds=poll_s)
+        again = reschedule_at(ledger.config)
+        logging.getLogger(__name__).info("%s; looking again at %s", err, again.isoformat(timespec="seconds"))
         raise AirflowRescheduleException(again) from None
 
 

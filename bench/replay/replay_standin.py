@@ -22,13 +22,13 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 PREEMPTED = "preempted"  # the event of a hold that heard the word
+PREEMPTED_WHERE = "replay, preempted"  # the usage record of such a hold (where="replay" for one that ran out)
 
 
 class HoldTrigger(BaseTrigger):
@@ -44,6 +44,7 @@ class HoldTrigger(BaseTrigger):
         from trainyard.scheduling.admission.lease import HEARTBEAT_S, WORD_POLL_S
         from trainyard.scheduling.admission.ledger import default_ledger
         from trainyard.scheduling.admission.policy import Job
+        from trainyard.scheduling.ledger_db import DatabaseUnavailable
 
         ledger = await asyncio.to_thread(default_ledger)
         job = Job(**self.job)
@@ -53,22 +54,25 @@ class HoldTrigger(BaseTrigger):
         renewed = time.time()
         while (left := self.until - time.time()) > 0:
             await asyncio.sleep(min(left, look_s))
-            if preemption.enabled and await asyncio.to_thread(ledger.preempted_for, job.id):
-                await self._record(time.time(), job.slots)
-                await asyncio.to_thread(ledger.requeue, job.id)
-                yield TriggerEvent({"status": PREEMPTED})
-                return
-            if time.time() - renewed < HEARTBEAT_S:
-                continue
-            renewed = time.time()
-            if not await asyncio.to_thread(ledger.renew, job.id):  # as lease.hold does: ask again
-                self.log.warning("admission of %s ran out while holding; asking again", job.id)
-                await asyncio.to_thread(ledger.request, job)
-        await self._record(time.time(), job.slots)
+            try:
+                if preemption.enabled and await asyncio.to_thread(ledger.preempted_for, job.id):
+                    await self._record(time.time(), job.slots, PREEMPTED_WHERE)
+                    await asyncio.to_thread(ledger.requeue, job.id)
+                    yield TriggerEvent({"status": PREEMPTED})
+                    return
+                if time.time() - renewed < HEARTBEAT_S:
+                    continue
+                renewed = time.time()
+                if not await asyncio.to_thread(ledger.renew, job.id):  # as lease.hold does: ask again
+                    self.log.warning("admission of %s ran out while holding; asking again", job.id)
+                    await asyncio.to_thread(ledger.request, job)
+            except DatabaseUnavailable as err:  # as lease.hold's heartbeat: tried again at the next look
+                self.log.warning("the ledger did not answer for %s: %s", job.id, err)
+        await self._record(time.time(), job.slots, "replay")
         await asyncio.to_thread(ledger.release, job.id)
         yield TaskSuccessEvent()
 
-    async def _record(self, ended: float, gpus: int) -> None:
+    async def _record(self, ended: float, gpus: int, where: str) -> None:
         """This hold's usage record, once: a triggerer restarted after it runs the trigger again."""
         from trainyard.training.usage import record_try, tries
 
@@ -77,7 +81,7 @@ class HoldTrigger(BaseTrigger):
             return
         attempt = len(recorded) + 1  # as a launch numbers its tries (launchers.base.next_attempt)
         await asyncio.to_thread(
-            record_try, self.run_dir, attempt=attempt, started=self.started, ended=ended, gpus=gpus, where="replay"
+            record_try, self.run_dir, attempt=attempt, started=self.started, ended=ended, gpus=gpus, where=where
         )
 
 
@@ -107,7 +111,7 @@ class HoldSlots(BaseOperator):
                 raise NotAdmitted(f"job {job.id} holds no admission")
             verdict = ledger.request(job)  # preempted: it waits in its old place until admitted again
             if not verdict.admitted:
-                self._look_again(ledger, f"job {job.id} waits to be admitted again: {verdict.message}")
+                self._reschedule(ledger, f"job {job.id} waits to be admitted again: {verdict.message}")
             ledger.renew(job.id)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / RUN_CONFIG_FILE).write_text(json.dumps({"spec": {"resources": resources.model_dump(mode="json")}}))
@@ -123,14 +127,14 @@ class HoldSlots(BaseOperator):
         from trainyard.scheduling.admission.ledger import default_ledger
 
         if isinstance(event, dict) and event.get("status") == PREEMPTED:
-            self._look_again(default_ledger(), "preempted: it gave its slots back and waits again in its place")
+            self._reschedule(default_ledger(), "preempted: it gave its slots back and waits again in its place")
 
-    def _look_again(self, ledger: Any, why: str) -> None:
+    def _reschedule(self, ledger: Any, why: str) -> NoReturn:
         """Back to waiting, not failed: the task is rescheduled and asks again at the next look."""
         from airflow.sdk.exceptions import AirflowRescheduleException
 
-        from trainyard_airflow.operators.admission import RESCHEDULE_MIN_S
+        from trainyard_airflow.operators.admission import reschedule_at
 
-        poll_s = max(ledger.config.scheduling.admission_poll_seconds, RESCHEDULE_MIN_S)
-        self.log.info("%s; looking again in %ss", why, poll_s)
-        raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=poll_s))
+        again = reschedule_at(ledger.config)
+        self.log.info("%s; looking again at %s", why, again.isoformat(timespec="seconds"))
+        raise AirflowRescheduleException(again)

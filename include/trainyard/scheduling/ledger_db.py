@@ -91,8 +91,7 @@ SCHEMA = (
     # 0's rendezvous endpoint (address:port) for the others to join; gone with the job's admission
     "CREATE TABLE IF NOT EXISTS job_nodes (id TEXT NOT NULL, node INTEGER NOT NULL, host TEXT NOT NULL, "
     "devices TEXT NOT NULL DEFAULT '', endpoint TEXT NOT NULL DEFAULT '', PRIMARY KEY (id, node))",
-    # each stint a preempted job held its slots, from its admission to its requeue: what Airflow's records of a
-    # rescheduled task lose (its start is the last one's), read by the utilisation report
+    # each stint a preempted job held its slots, from its admission to its requeue (admission.ledger.Stint)
     "CREATE TABLE IF NOT EXISTS stints (id TEXT NOT NULL, team TEXT NOT NULL, gpu_type TEXT NOT NULL, "
     "slots INTEGER NOT NULL, admitted DOUBLE PRECISION NOT NULL, ended DOUBLE PRECISION NOT NULL, "
     "PRIMARY KEY (id, admitted))",

@@ -469,36 +469,31 @@ def allocations_from_rows(
 
 def with_stints(allocations: Sequence[Allocation], stints: Iterable[Stint]) -> list[Allocation]:
     """``allocations`` (Airflow's records) with each preempted job's stints on its slots (the ledger's,
-    :meth:`~trainyard.scheduling.admission.ledger.Ledger.stints`). Airflow keeps one record of a task that was
-    rescheduled, its start the last one's: the time it held its slots before a preemption is not in it. The
-    first stint is the run's first start (its wait ends there); the run's own records are later tries, and a
-    record of it waiting again is no new wait."""
+    :meth:`~trainyard.scheduling.admission.ledger.Ledger.stints`, which says why Airflow's lose them). A run's
+    stints are added once, whatever number of records it has (a task per node), each from the end of the
+    run's last record before it (an admission kept for a retry stays the first try's). The run's earliest
+    start carries its one wait (the ``asked`` of its first record); a record of it waiting again is none."""
     by_run: dict[str, list[Stint]] = defaultdict(list)
     for stint in stints:
-        by_run[stint.id].append(stint)
-    out: list[Allocation] = []
-    for a in allocations:
-        held = by_run.get(a.run)
-        if held is None:
-            out.append(a)
+        by_run[stint.job_id].append(stint)
+    if not by_run:
+        return list(allocations)
+    out = [a for a in allocations if a.run not in by_run]
+    for run, held in by_run.items():
+        records = [a for a in allocations if a.run == run]
+        ended = [a.end for a in records if a.end is not None]
+        asked = next((a.asked for a in records if a.first_try and a.asked is not None), None)
+        team = next((a.team for a in records if a.team), held[0].team)
+        pieces = [replace(a, asked=None, first_try=False) for a in records if a.start is not None]
+        for stint in held:
+            start = max([stint.admitted, *(e for e in ended if e <= stint.ended)])
+            if start < stint.ended:
+                pieces.append(Allocation(run, team, stint.gpu_type, stint.slots, start, stint.ended, None, False))
+        if not pieces:
             continue
-        if a.first_try:
-            for i, stint in enumerate(sorted(held, key=lambda st: st.admitted)):
-                first = i == 0
-                out.append(
-                    Allocation(
-                        a.run,
-                        a.team or stint.team,
-                        stint.gpu_type,
-                        stint.slots,
-                        stint.admitted,
-                        stint.ended,
-                        asked=a.asked if first else None,
-                        first_try=first,
-                    )  # fmt: skip
-                )
-        if a.start is not None:
-            out.append(replace(a, asked=None, first_try=False))
+        first = min(range(len(pieces)), key=lambda k: pieces[k].start or 0.0)
+        pieces[first] = replace(pieces[first], asked=asked, first_try=True)
+        out += pieces
     return out
 
 
@@ -566,20 +561,26 @@ def allocations_from_airflow(since: float, until: float) -> list[Allocation]:
             for run_id, conf in session.execute(query):
                 team = _conf_team(conf)
                 teams[(dag_id, run_id)] = str(team or team_of_dag(dag_id) or default_team)
-    return with_stints(allocations_from_rows(rows, asked, teams), _stints(since, until))
+    return with_stints(allocations_from_rows(rows, asked, teams), _stints(until))
 
 
-def _stints(since: float, until: float) -> list[Stint]:
-    """The ledger's stints of preempted jobs in the window; none where there is no ledger, or one of a version
-    from before stints were kept (it recorded none)."""
+def _stints(until: float) -> list[Stint]:
+    """The ledger's stints of preempted jobs up to ``until``; none where there is no ledger, one of a version
+    from before stints were kept (it recorded none), or its database is unavailable (said in the log)."""
+    import logging
+
     from trainyard.scheduling.admission.ledger import existing_ledger
-    from trainyard.scheduling.ledger_db import LedgerOutdated
+    from trainyard.scheduling.ledger_db import DatabaseUnavailable, LedgerOutdated
 
     try:
         ledger = existing_ledger()
+        # all it keeps up to the window's end: a run's first stint, before the window, says where its wait ended
+        return [] if ledger is None else ledger.stints(0.0, until)
     except LedgerOutdated:
         return []
-    return [] if ledger is None else ledger.stints(since, until)
+    except DatabaseUnavailable as err:  # Airflow's records alone: the report still stands
+        logging.getLogger(__name__).warning("preempted jobs' stints left out, the ledger is unavailable: %s", err)
+        return []
 
 
 def _conf_team(conf: Any) -> Any:

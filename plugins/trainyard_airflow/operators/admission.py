@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator
@@ -36,6 +36,13 @@ RUN_KEY = "{{ dag_run.dag_id }}/{{ dag_run.run_id }}"
 # externally" (Airflow's race for reschedules, apache/airflow#71172; the report came 5.5 s after the exit in
 # the scheduler replay on a loaded host, and a log upload took 2.3 s)
 RESCHEDULE_MIN_S = 10.0
+
+
+def reschedule_at(config: Any) -> datetime:
+    """When a training task that waits for its GPUs again looks next: ``config``'s (a ResourcesConfig)
+    ``admission_poll_seconds`` from now, :data:`RESCHEDULE_MIN_S` at least."""
+    poll_s = max(config.scheduling.admission_poll_seconds, RESCHEDULE_MIN_S)
+    return datetime.now(UTC) + timedelta(seconds=poll_s)
 
 
 class AdmitOperator(BaseOperator):

@@ -5,6 +5,7 @@ place, and its task is rescheduled, not failed. The Airflow replay's preemption 
 import asyncio
 import dataclasses
 import time
+from datetime import UTC, datetime
 
 import pytest
 from airflow.sdk.exceptions import AirflowRescheduleException
@@ -14,6 +15,7 @@ from trainyard.scheduling.admission import ledger as ledgers
 from trainyard.scheduling.admission.policy import Job, WaitReason
 from trainyard.scheduling.resources import parse_resources
 from trainyard.training.usage import tries
+from trainyard_airflow.operators.admission import RESCHEDULE_MIN_S
 
 standin = checkout.load("bench/replay/replay_standin.py")
 
@@ -53,7 +55,7 @@ def test_a_preempted_stand_in_records_its_hold_gives_its_slots_back_and_is_resch
     event = asyncio.run(preempted_while_holding())
     assert event.payload == {"status": standin.PREEMPTED}
     (held,) = tries(run_dir)  # its GPU time is counted, once
-    assert (held["attempt"], held["gpus"], held["started"]) == (1, 2, started)
+    assert (held["attempt"], held["gpus"], held["started"], held["where"]) == (1, 2, started, standin.PREEMPTED_WHERE)
     assert held["ended"] - started < 5  # it stopped at the word, not at its end
     assert ledger.request(lender).admitted  # its slots went back
     (waiting,) = [e for e in ledger.entries() if e.job.id == borrower.id]
@@ -61,6 +63,44 @@ def test_a_preempted_stand_in_records_its_hold_gives_its_slots_back_and_is_resch
 
     # the task goes back to waiting, not failed: rescheduled at the next look
     operator = standin.HoldSlots(task_id="train", spec={}, seconds=60, run_key="r")
-    with pytest.raises(AirflowRescheduleException):
+    with pytest.raises(AirflowRescheduleException) as rescheduled:
         operator.execute_complete({}, event.payload)
-    assert operator.execute_complete({}, None) is None  # a hold that ran out ends the task
+    # not sooner than the executor reports its exit (else Airflow fails it as killed externally)
+    assert (rescheduled.value.reschedule_date - datetime.now(UTC)).total_seconds() > RESCHEDULE_MIN_S - 2
+
+
+def test_the_replay_s_figures_from_the_stand_ins_records(tmp_path):
+    """bench/scheduler.py's held_slots: utilisation over the window by the holds, a preemption per hold that
+    ended in one (a run that failed after it included), the restart counted as lost, and the wait of the
+    jobs their quota had room for when they arrived."""
+    from trainyard.spec import safe_key
+    from trainyard.training.usage import record_try
+
+    scheduler = checkout.scheduler_replay()
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "resources.yaml").write_text(FLEET)
+    t0 = 1000.0
+    trace = [
+        scheduler.TraceJob("v2", 0.0, "vision", "a100", 2, 30.0),  # borrows, preempted at 20, back at 40
+        scheduler.TraceJob("n", 5.0, "nlp", "a100", 2, 10.0),  # the lender: its quota was free when it came
+        scheduler.TraceJob("v3", 6.0, "vision", "a100", 2, 10.0),  # preempted, then its run failed
+    ]
+    holds = {
+        "v2": [(1000, 1020, standin.PREEMPTED_WHERE), (1040, 1052, "replay")],
+        "n": [(1021, 1031, "replay")],
+        "v3": [(1010, 1015, standin.PREEMPTED_WHERE)],
+    }
+    for name, spans in holds.items():
+        for i, (started, ended, where) in enumerate(spans, 1):
+            run_dir = tmp_path / "home" / "runs" / "replay" / safe_key(f"{scheduler.DAG}/{name}")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            record_try(run_dir, attempt=i, started=started, ended=ended, gpus=2, where=where)
+    env = {"TRAINYARD_HOME": str(tmp_path / "home"), "TRAINYARD_CONFIG_DIR": str(config)}
+    figures = scheduler.held_slots(env, trace, t0, 100.0, ["a100"], restart_s=2.0)
+    assert (figures["preemptions"], figures["most_preemptions_of_a_job"]) == (2, 1)
+    assert figures["gpu_seconds_lost_share"] == pytest.approx(2 * 2.0 * 2 / (30 * 2 + 10 * 2 + 10 * 2))
+    assert figures["utilisation"] == pytest.approx(2 * (20 + 12 + 10 + 5) / (4 * 100.0))
+    # n waited 16 s for its quota, v2 none; v3 came while v2 held vision's whole quota: not counted
+    assert figures["p95_wait_quota_free_s"] == pytest.approx(scheduler.p95([0.0, 16.0]))
+    assert figures["unrecorded"] == []

@@ -217,3 +217,25 @@ def test_a_preempted_job_counts_each_stint_and_waits_once():
     (held,) = with_stints(waiting, stints[1:])
     assert (held.start, held.end, held.first_try, held.asked) == (10, 30, True, 5.0)
     assert with_stints(waiting, []) == waiting  # no stint: Airflow's records as they are
+
+
+def test_a_preempted_job_s_stints_count_once_for_all_its_nodes_and_not_over_an_earlier_try():
+    from trainyard.scheduling.admission.ledger import Stint
+    from trainyard.scheduling.utilisation import with_stints
+
+    # a 2-node job: a record per node's task (2 slots each), its stint of all 4 slots counted once
+    nodes = [alloc("r1", "vision", "a100", 2, 70, 90, asked=5), alloc("r1", "vision", "a100", 2, 71, 90, asked=5)]
+    got = with_stints(nodes, [Stint("r1", "vision", "a100", 4, 10, 30)])
+    assert report(FLEET, got, 0, 100).pools["a100"].allocated_s == 4 * 20 + 2 * 20 + 2 * 19
+    assert [(a.start, a.asked) for a in got if a.first_try] == [(10, 5)]  # one wait
+    # a retry keeps its first try's admission: the stint begins where the failed try's record ends
+    tries = [alloc("r2", "nlp", "a100", 2, 10, 20, asked=5), alloc("r2", "nlp", "a100", 2, 50, 60, first=False)]
+    got = sorted(with_stints(tries, [Stint("r2", "nlp", "a100", 2, 8, 40)]), key=lambda a: a.start)
+    assert [(a.start, a.end, a.first_try, a.asked) for a in got] == [
+        (10, 20, True, 5),
+        (20, 40, False, None),
+        (50, 60, False, None),
+    ]
+    # a stint whose run has no record in the window (its restart came later) still counts
+    (alone,) = with_stints([], [Stint("r3", "nlp", "h100", 1, 10, 30)])
+    assert (alone.run, alone.team, alone.start, alone.end, alone.asked) == ("r3", "nlp", 10, 30, None)

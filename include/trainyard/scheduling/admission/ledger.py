@@ -133,9 +133,10 @@ class HostRecord:
 
 @dataclasses.dataclass(frozen=True)
 class Stint:
-    """A preempted job's time on its slots: from its admission to its requeue (epoch seconds)."""
+    """A preempted job's time on its slots: from its admission to its requeue (epoch seconds). Airflow keeps
+    one record of a task that was rescheduled, its start the last one's: these are the times it loses."""
 
-    id: str  # the job's, its run key "<dag_id>/<run_id>"
+    job_id: str  # its run key, "<dag_id>/<run_id>"
     team: str
     gpu_type: str
     slots: int
@@ -646,8 +647,8 @@ class Ledger:
         return History.of(((team, share) for team, share in holds), (r for (r,) in ratios))
 
     def stints(self, since: float, until: float) -> list[Stint]:
-        """The stints of preempted jobs that overlap ``since``..``until`` (epoch seconds), each from the job's
-        admission to its requeue, oldest first: the GPU time a rescheduled task's own record loses."""
+        """The stints of preempted jobs (:class:`Stint`) that overlap ``since``..``until`` (epoch seconds),
+        oldest first."""
         with self.db.connection() as conn:
             rows = conn.execute(
                 "SELECT id, team, gpu_type, slots, admitted, ended FROM stints WHERE ended >= ? AND admitted <= ? "
