@@ -96,6 +96,7 @@ class HoldSlots(BaseOperator):
 
     def execute(self, context: Any) -> None:
         from trainyard import paths
+        from trainyard.scheduling.admission.lease import admitted
         from trainyard.scheduling.admission.ledger import NotAdmitted, default_ledger, job_for
         from trainyard.spec import Resources, safe_key
         from trainyard.training.run_config import RUN_CONFIG_FILE
@@ -106,13 +107,13 @@ class HoldSlots(BaseOperator):
         ledger = default_ledger()
         run_dir = paths.runs_root() / "replay" / safe_key(self.run_key)
         held = tries(run_dir)  # each ended in a preemption: a hold that ran out ended the task
-        if not ledger.renew(job.id):
-            if not held:  # the admit task admitted it: no admission here is a fault
-                raise NotAdmitted(f"job {job.id} holds no admission")
-            verdict = ledger.request(job)  # preempted: it waits in its old place until admitted again
-            if not verdict.admitted:
-                self._reschedule(ledger, f"job {job.id} waits to be admitted again: {verdict.message}")
-            ledger.renew(job.id)
+        if held:  # preempted: it waits in its old place until admitted again, as a training does
+            try:
+                admitted(ledger, job)
+            except NotAdmitted as err:
+                self._reschedule(ledger, str(err))
+        elif not ledger.renew(job.id):  # the admit task admitted it: no admission here is a fault
+            raise NotAdmitted(f"job {job.id} holds no admission")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / RUN_CONFIG_FILE).write_text(json.dumps({"spec": {"resources": resources.model_dump(mode="json")}}))
         worked = sum(t["ended"] - t["started"] for t in held)

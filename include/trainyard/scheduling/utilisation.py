@@ -476,11 +476,12 @@ def with_stints(allocations: Sequence[Allocation], stints: Iterable[Stint]) -> l
     by_run: dict[str, list[Stint]] = defaultdict(list)
     for stint in stints:
         by_run[stint.job_id].append(stint)
-    if not by_run:
-        return list(allocations)
-    out = [a for a in allocations if a.run not in by_run]
+    records_of: dict[str, list[Allocation]] = defaultdict(list)
+    out: list[Allocation] = []
+    for a in allocations:
+        (records_of[a.run] if a.run in by_run else out).append(a)
     for run, held in by_run.items():
-        records = [a for a in allocations if a.run == run]
+        records = records_of[run]
         ended = [a.end for a in records if a.end is not None]
         asked = next((a.asked for a in records if a.first_try and a.asked is not None), None)
         team = next((a.team for a in records if a.team), held[0].team)

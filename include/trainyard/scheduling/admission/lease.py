@@ -49,8 +49,9 @@ class Lease:
     grace_s: float = 30.0  # from the word to the kill (scheduling.preemption.grace_seconds)
 
 
-def _admitted(ledger: Ledger, job: Job, spend: Spend | None) -> None:
-    """The job's admission, renewed; asked for again where it ran out (a retry long after its try)."""
+def admitted(ledger: Ledger, job: Job, spend: Spend | None = None) -> None:
+    """The job's admission, renewed; asked for again where it ran out (a retry long after its try, a preempted
+    job back in its place). NotAdmitted if it cannot be had now; PermanentError if it never can."""
     if ledger.renew(job.id):
         return
     verdict = ledger.request(job, spend)
@@ -244,7 +245,7 @@ def hold(
     Where the ledger preempts the job, ``Lease.preempted`` is set for the launcher to tell the workers; a
     training that ends in Preempted gives its slots back and waits again in its old place
     (:meth:`Ledger.requeue`)."""
-    _admitted(ledger, job, spend)
+    admitted(ledger, job, spend)
     try:
         devices = _claimed(ledger, job, 0, available)
     except PermanentError:  # more devices than the host has: this job can never run here
